@@ -1,0 +1,133 @@
+"""One exception hierarchy for everything the consumer raises.
+
+``KafkaError`` is the root.  ``retriable`` tells whether trying the same call
+again may succeed.  Broker error codes map to one named class each
+(``error_for_code``); the classes are generated into ``_broker_errors``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from .structs import TopicPartition
+
+
+class KafkaError(Exception):
+    """Root of every exception asyncconsumer raises."""
+
+    retriable: ClassVar[bool] = False
+
+
+class ConfigError(KafkaError, ValueError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+class IllegalStateError(KafkaError):
+    """The call does not fit the consumer's state (e.g. not started, no assignment)."""
+
+
+class ConsumerClosedError(IllegalStateError):
+    """The consumer was closed; create a new one."""
+
+
+class ConcurrentAccessError(IllegalStateError):
+    """Two unrelated tasks used the consumer at the same time (see ``Consumer.acquire``)."""
+
+
+class KafkaTimeoutError(KafkaError, TimeoutError):
+    """An operation did not finish within its timeout."""
+
+    retriable = True
+
+
+class KafkaConnectionError(KafkaError, ConnectionError):
+    """A broker could not be reached, or the connection broke."""
+
+    retriable = True
+
+
+class NoBrokersAvailableError(KafkaConnectionError):
+    """None of the bootstrap servers answered."""
+
+
+class AuthenticationError(KafkaError):
+    """TLS or SASL authentication with a broker failed."""
+
+
+class ProtocolError(KafkaError):
+    """A broker sent bytes that do not follow the Kafka protocol."""
+
+
+class RecordError(KafkaError):
+    """A record set could not be decoded; names the partition and offset."""
+
+    def __init__(self, message: str, *, topic: str = "", partition: int = -1, offset: int = -1) -> None:
+        where = f" ({topic}-{partition} at offset {offset})" if topic else ""
+        super().__init__(message + where)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+
+
+class CorruptRecordError(RecordError):
+    """A batch failed its CRC check, or its bytes are inconsistent."""
+
+
+class UnsupportedMagicError(RecordError):
+    """A batch has a message-format version ('magic') this client cannot read."""
+
+
+class UnsupportedCodecError(RecordError):
+    """A batch uses a compression codec that is unknown or whose library is missing."""
+
+
+class CommitFailedError(KafkaError):
+    """A commit could not be completed (e.g. the partitions are no longer owned)."""
+
+
+class NoOffsetForPartitionError(KafkaError):
+    """No committed offset and ``auto_offset_reset="none"``."""
+
+    def __init__(self, partitions: "list[TopicPartition]") -> None:
+        names = ", ".join(str(tp) for tp in partitions)
+        super().__init__(
+            f"no committed offset for {names} and auto_offset_reset='none'; "
+            "seek() to a position or set auto_offset_reset"
+        )
+        self.partitions = partitions
+
+
+class BrokerResponseError(KafkaError):
+    """A broker answered with a non-zero error code."""
+
+    code: ClassVar[int] = -1
+    error_name: ClassVar[str] = "UNKNOWN_SERVER_ERROR"
+
+    def __init__(self, message: str | None = None) -> None:
+        text = f"[Error {self.code}] {self.error_name}"
+        if message:
+            text += f": {message}"
+        super().__init__(text)
+        self.detail = message
+
+
+_BY_CODE: dict[int, type[BrokerResponseError]] = {}
+
+
+def error_for_code(code: int, message: str | None = None) -> BrokerResponseError:
+    """Return an instance of the named class for broker error ``code``."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return BrokerResponseError(f"unknown error code {code}" + (f": {message}" if message else ""))
+    return cls(message)
+
+
+def error_class(code: int) -> type[BrokerResponseError]:
+    return _BY_CODE.get(code, BrokerResponseError)
+
+
+from ._broker_errors import *  # noqa: E402,F403
+from ._broker_errors import ALL_BROKER_ERRORS  # noqa: E402
+
+_BY_CODE.update({cls.code: cls for cls in ALL_BROKER_ERRORS})

@@ -1,0 +1,63 @@
+"""Plain value types shared by every layer (no I/O, no behaviour)."""
+
+from __future__ import annotations
+
+from typing import Generic, NamedTuple, TypeVar
+
+KT = TypeVar("KT")
+VT = TypeVar("VT")
+
+#: ``ConsumerRecord.timestamp_type`` values (Kafka's batch attribute bit 3).
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+
+
+class TopicPartition(NamedTuple):
+    """A topic name and a partition number; hashable, usable as a dict key."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class ConsumerRecord(NamedTuple, Generic[KT, VT]):
+    """One record as handed to the application.
+
+    A tuple subclass: records are built by the thousand per fetch, and a tuple
+    costs a fraction of an object with ``__init__`` (see docs/performance.md).
+    Field names follow aiokafka's ``ConsumerRecord`` so code can move over.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: KT | None
+    value: VT | None
+    serialized_key_size: int
+    serialized_value_size: int
+    headers: tuple[tuple[str, bytes | None], ...]
+    leader_epoch: int | None = None
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+class OffsetAndMetadata(NamedTuple):
+    """An offset to commit (the *next* offset to read) with optional metadata."""
+
+    offset: int
+    metadata: str = ""
+    leader_epoch: int | None = None
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """Result of ``Consumer.offsets_for_times``: first offset at/after a time."""
+
+    offset: int
+    timestamp: int
+    leader_epoch: int | None = None
