@@ -1,6 +1,47 @@
-"""asyncconsumer: an asyncio-native Apache Kafka consumer (asyncio and trio via anyio)."""
+"""asyncconsumer: an asyncio-native Apache Kafka consumer (asyncio and trio via anyio).
 
-from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+    async with Consumer(bootstrap_servers="127.0.0.1:9092", group_id="g1") as consumer:
+        consumer.assign([TopicPartition("events", 0)])
+        async for record in consumer:
+            ...
+"""
 
-__all__ = ["ConsumerRecord", "OffsetAndMetadata", "OffsetAndTimestamp", "TopicPartition"]
-__version__ = "0.1.0"
+from ._version import __version__
+from . import errors
+from .config import ConsumerConfig
+from .consumer import Consumer, RecordDeserializationError
+from .errors import (
+    CommitFailedError,
+    ConcurrentAccessError,
+    ConfigError,
+    ConsumerClosedError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    NoBrokersAvailableError,
+    NoOffsetForPartitionError,
+)
+from .structs import CREATE_TIME, LOG_APPEND_TIME, ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+
+__all__ = [
+    "CREATE_TIME",
+    "LOG_APPEND_TIME",
+    "CommitFailedError",
+    "ConcurrentAccessError",
+    "ConfigError",
+    "Consumer",
+    "ConsumerClosedError",
+    "ConsumerConfig",
+    "ConsumerRecord",
+    "KafkaConnectionError",
+    "KafkaError",
+    "KafkaTimeoutError",
+    "NoBrokersAvailableError",
+    "NoOffsetForPartitionError",
+    "OffsetAndMetadata",
+    "OffsetAndTimestamp",
+    "RecordDeserializationError",
+    "TopicPartition",
+    "__version__",
+    "errors",
+]

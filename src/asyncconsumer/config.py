@@ -1,0 +1,282 @@
+"""Consumer configuration: Kafka's option names in snake_case, validated up front.
+
+``ConsumerConfig`` is immutable; ``Consumer(**kwargs)`` builds one and every
+problem (unknown name, wrong type, out-of-range value, inconsistent security
+settings) is a ``ConfigError`` that names the option before any I/O happens.
+``from_properties`` accepts Java / librdkafka dotted names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import ssl
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from .errors import ConfigError
+
+Deserializer = Callable[[bytes], Any]
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+OFFSET_RESETS = ("earliest", "latest", "none")
+ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
+ASSIGNORS = ("range", "roundrobin", "sticky", "cooperative-sticky")
+GROUP_PROTOCOLS = ("classic", "consumer")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerConfig:
+    """Every consumer option with its default.  Durations keep Kafka's ``_ms`` names."""
+
+    bootstrap_servers: tuple[str, ...] = ("127.0.0.1:9092",)
+    client_id: str = "asyncconsumer"
+    client_rack: str = ""
+    # Group and offsets.
+    group_id: str | None = None
+    group_instance_id: str | None = None
+    auto_offset_reset: Literal["earliest", "latest", "none"] = "latest"
+    enable_auto_commit: bool = True
+    auto_commit_interval_ms: int = 5000
+    session_timeout_ms: int = 45000
+    heartbeat_interval_ms: int = 3000
+    max_poll_interval_ms: int = 300000
+    rebalance_timeout_ms: int | None = None
+    partition_assignment_strategy: tuple[str, ...] = ("range", "cooperative-sticky")
+    group_protocol: Literal["classic", "consumer"] = "classic"
+    # Fetching.
+    fetch_min_bytes: int = 1
+    fetch_max_bytes: int = 52428800
+    fetch_max_wait_ms: int = 500
+    max_partition_fetch_bytes: int = 1048576
+    fetch_buffer_bytes: int = 67108864
+    max_poll_records: int | None = None
+    isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
+    check_crcs: bool = True
+    exclude_internal_topics: bool = True
+    key_deserializer: Deserializer | None = None
+    value_deserializer: Deserializer | None = None
+    # Network.
+    request_timeout_ms: int = 30000
+    socket_connection_setup_timeout_ms: int = 10000
+    connections_max_idle_ms: int = 540000
+    reconnect_backoff_ms: int = 50
+    reconnect_backoff_max_ms: int = 1000
+    retry_backoff_ms: int = 100
+    metadata_max_age_ms: int = 300000
+    # Security.
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    ssl_context: ssl.SSLContext | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @property
+    def effective_rebalance_timeout_ms(self) -> int:
+        return self.rebalance_timeout_ms if self.rebalance_timeout_ms is not None else self.max_poll_interval_ms
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ConsumerConfig)}
+_POSITIVE = {
+    "auto_commit_interval_ms", "session_timeout_ms", "heartbeat_interval_ms", "max_poll_interval_ms",
+    "fetch_max_bytes", "max_partition_fetch_bytes", "fetch_buffer_bytes", "request_timeout_ms",
+    "socket_connection_setup_timeout_ms", "connections_max_idle_ms", "metadata_max_age_ms",
+}
+_NON_NEGATIVE = {"fetch_min_bytes", "fetch_max_wait_ms", "reconnect_backoff_ms", "reconnect_backoff_max_ms",
+                 "retry_backoff_ms"}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "auto_offset_reset": OFFSET_RESETS,
+    "isolation_level": ISOLATION_LEVELS,
+    "security_protocol": SECURITY_PROTOCOLS,
+    "sasl_mechanism": SASL_MECHANISMS,
+    "group_protocol": GROUP_PROTOCOLS,
+}
+
+
+def _unknown(name: str) -> ConfigError:
+    hint = difflib.get_close_matches(name, _FIELDS, n=1)
+    extra = f"; did you mean {hint[0]!r}?" if hint else ""
+    return ConfigError(f"unknown consumer option {name!r}{extra}")
+
+
+def _servers(value: object) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError(f"bootstrap_servers must be a 'host:port[,host:port]' string or a list, got {value!r}")
+    servers = tuple(str(s).strip() for s in items if str(s).strip())
+    if not servers:
+        raise ConfigError("bootstrap_servers is empty: give at least one 'host:port'")
+    for server in servers:
+        parse_host_port(server)
+    return servers
+
+
+def parse_host_port(server: str) -> tuple[str, int]:
+    """Split 'host:port' ('[::1]:9092' for IPv6); a missing port means 9092."""
+    host, sep, port = server.rpartition(":")
+    if not sep or host.endswith(":") and not host.startswith("["):
+        host, port = server, "9092"
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"bootstrap server {server!r} is not 'host:port'")
+    return host, int(port)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    field = _FIELDS[name]
+    if name == "bootstrap_servers":
+        return _servers(value)
+    if name == "partition_assignment_strategy":
+        items = value.split(",") if isinstance(value, str) else value
+        strategies = tuple(str(s).strip() for s in items)
+        for s in strategies:
+            if s not in ASSIGNORS:
+                raise ConfigError(f"partition_assignment_strategy {s!r} is not one of {', '.join(ASSIGNORS)}")
+        if not strategies:
+            raise ConfigError("partition_assignment_strategy is empty")
+        return strategies
+    if name in _CHOICES:
+        if value not in _CHOICES[name]:
+            raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, _CHOICES[name]))}")
+        return value
+    annotation = str(field.type)
+    if annotation.startswith("bool"):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be True or False, got {value!r}")
+        return value
+    if annotation.startswith("int"):
+        if value is None and "None" in annotation:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+        if name in _POSITIVE and value <= 0:
+            raise ConfigError(f"{name} must be > 0, got {value}")
+        if name in _NON_NEGATIVE and value < 0:
+            raise ConfigError(f"{name} must be >= 0, got {value}")
+        if name == "max_poll_records" and value <= 0:
+            raise ConfigError(f"max_poll_records must be > 0 or None, got {value}")
+        return value
+    if name == "ssl_context":
+        if value is not None and not isinstance(value, ssl.SSLContext):
+            raise ConfigError(f"ssl_context must be an ssl.SSLContext, got {type(value).__name__}")
+        return value
+    if name.endswith("_deserializer"):
+        if value is not None and not callable(value):
+            raise ConfigError(f"{name} must be callable (bytes -> value), got {value!r}")
+        return value
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def build_config(options: Mapping[str, Any]) -> ConsumerConfig:
+    values = {}
+    for name, value in options.items():
+        if name not in _FIELDS:
+            raise _unknown(name)
+        values[name] = _coerce(name, value)
+    config = ConsumerConfig(**values)
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(c: ConsumerConfig) -> None:
+    if c.fetch_max_bytes < 1024:
+        raise ConfigError("fetch_max_bytes must be at least 1024")
+    if c.fetch_buffer_bytes < c.max_partition_fetch_bytes:
+        raise ConfigError(
+            f"fetch_buffer_bytes ({c.fetch_buffer_bytes}) must be >= max_partition_fetch_bytes "
+            f"({c.max_partition_fetch_bytes}), or no fetch could ever be buffered"
+        )
+    if c.heartbeat_interval_ms >= c.session_timeout_ms:
+        raise ConfigError("heartbeat_interval_ms must be lower than session_timeout_ms")
+    if c.reconnect_backoff_max_ms < c.reconnect_backoff_ms:
+        raise ConfigError("reconnect_backoff_max_ms must be >= reconnect_backoff_ms")
+    if c.group_instance_id is not None and c.group_id is None:
+        raise ConfigError("group_instance_id needs a group_id")
+    if c.uses_sasl and (not c.sasl_plain_username or c.sasl_plain_password is None):
+        raise ConfigError(
+            f"security_protocol={c.security_protocol} needs sasl_plain_username and sasl_plain_password"
+        )
+    if c.ssl_context is not None and not c.uses_tls:
+        raise ConfigError(
+            f"ssl_context is set but security_protocol={c.security_protocol}; use 'SSL' or 'SASL_SSL'"
+        )
+
+
+# Java / librdkafka names that are not simply dots -> underscores.
+_PROPERTY_ALIASES = {
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "sasl.jaas.config": None,
+    "metadata.broker.list": "bootstrap_servers",
+    "group.instance.id": "group_instance_id",
+    "partition.assignment.strategy": "partition_assignment_strategy",
+    "socket.connection.setup.timeout.ms": "socket_connection_setup_timeout_ms",
+}
+_RESET_ALIASES = {"smallest": "earliest", "beginning": "earliest", "largest": "latest", "end": "latest",
+                  "error": "none"}
+_SSL_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password",
+                   "ssl.endpoint.identification.algorithm")
+
+
+def from_properties(properties: Mapping[str, Any]) -> ConsumerConfig:
+    """Build a config from dotted Java/librdkafka names (``"bootstrap.servers"``)."""
+    options: dict[str, Any] = {}
+    ssl_props: dict[str, str] = {}
+    for key, raw in properties.items():
+        if key in _SSL_PROPERTIES:
+            ssl_props[key] = str(raw)
+            continue
+        name = _PROPERTY_ALIASES.get(key, key.replace(".", "_"))
+        if name is None:
+            raise ConfigError(f"{key} is not supported: use sasl.username / sasl.password")
+        if name not in _FIELDS:
+            raise ConfigError(f"unknown consumer property {key!r}")
+        options[name] = _from_text(name, raw)
+    if ssl_props:
+        options.setdefault("ssl_context", _ssl_context_from_properties(ssl_props))
+    return build_config(options)
+
+
+def _from_text(name: str, raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    annotation = str(_FIELDS[name].type)
+    if annotation.startswith("bool"):
+        if raw.lower() not in ("true", "false"):
+            raise ConfigError(f"{name} must be 'true' or 'false', got {raw!r}")
+        return raw.lower() == "true"
+    if annotation.startswith("int"):
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if name == "auto_offset_reset":
+        return _RESET_ALIASES.get(raw, raw)
+    if name == "security_protocol":
+        return raw.upper()
+    if name == "sasl_mechanism":
+        return raw.upper()
+    return raw
+
+
+def _ssl_context_from_properties(props: Mapping[str, str]) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=props.get("ssl.ca.location"))
+    if props.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
+        context.check_hostname = False
+    if "ssl.certificate.location" in props:
+        context.load_cert_chain(
+            props["ssl.certificate.location"], props.get("ssl.key.location"), props.get("ssl.key.password")
+        )
+    return context

@@ -1,0 +1,637 @@
+"""The public ``Consumer``: the application side of the engine.
+
+Every public call is bracketed by ``acquire()``/``release()`` (KIP-957), packs
+its work as an application event for the background loop when it needs the
+network, raises background errors, and collects records from the fetch
+buffer.  See docs/architecture.md for the whole picture.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+
+import anyio
+import anyio.abc
+import sniffio
+
+from .config import ConsumerConfig, build_config, from_properties
+from .engine.fetch_buffer import Record
+from .engine.loop import Engine
+from .errors import (
+    ConcurrentAccessError,
+    ConfigError,
+    ConsumerClosedError,
+    IllegalStateError,
+    KafkaError,
+    KafkaTimeoutError,
+    RecordError,
+)
+from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
+from .managers.subscription import PartitionState
+from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+
+log = logging.getLogger("asyncconsumer.consumer")
+
+KT = TypeVar("KT")
+VT = TypeVar("VT")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: Set while a consumer callback runs; tasks started inside it inherit it (KIP-957).
+_CALLBACK_OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("asyncconsumer_callback",
+                                                                               default=None)
+_POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches"})
+_DEFAULT_BATCH = 500
+
+
+class RecordDeserializationError(RecordError):
+    """A key or value deserializer raised; the position stays at the failing record."""
+
+
+def _bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Run an async public method between ``acquire(operation)`` and ``release(operation)``."""
+
+    def decorate(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(method)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            self = cast("Consumer[Any, Any]", args[0])
+            self.acquire(operation)
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                self.release(operation)
+
+        return wrapper
+
+    return decorate
+
+
+class Consumer(Generic[KT, VT]):
+    """An Apache Kafka consumer for asyncio and trio.
+
+    Options are keyword arguments with Kafka's names in snake_case (see
+    docs/configuration.md); ``Consumer.from_properties`` takes dotted names.
+    Use it as ``async with Consumer(...) as consumer:`` (asyncio and trio), or
+    ``await consumer.start()`` / ``await consumer.close()`` on asyncio.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        self._config = build_config(options)
+        self._engine: Engine | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._runner: Any = None
+        self._poller: int | None = None
+        self._poll_depth = 0
+        self._callback_token: object | None = None
+        self._iter_chunks: list[tuple[PartitionState, int, list[Record], int]] = []
+        self._closed = False
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, Any], **options: Any) -> Consumer[Any, Any]:
+        """Build from Java/librdkafka dotted names (``{"bootstrap.servers": ...}``); ``options`` override."""
+        base = from_properties(properties)
+        merged = {name: getattr(base, name) for name in base.__dataclass_fields__}
+        merged.update(options)
+        return cls(**merged)
+
+    @property
+    def config(self) -> ConsumerConfig:
+        return self._config
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Consumer[KT, VT]:
+        if self._engine is not None:
+            raise IllegalStateError("the consumer was already started")
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        try:
+            engine = self._new_engine()
+            await task_group.start(engine.run)
+            await self._bootstrap()
+        except BaseException as exc:
+            await self._shutdown(1.0)
+            await task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            self._task_group = None
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self.close()
+        finally:
+            task_group, self._task_group = self._task_group, None
+            if task_group is not None:
+                await task_group.__aexit__(exc_type, exc, tb)
+
+    async def start(self) -> None:
+        """Start without ``async with`` (asyncio only: trio needs a nursery, so use ``async with``)."""
+        if self._engine is not None:
+            raise IllegalStateError("the consumer was already started")
+        if sniffio.current_async_library() != "asyncio":
+            raise IllegalStateError("start()/close() without 'async with' work on asyncio only; "
+                                    "on trio use 'async with Consumer(...) as consumer:'")
+        import asyncio
+
+        engine = self._new_engine()
+        started = asyncio.get_running_loop().create_future()
+
+        class _Status:
+            def started(self, value: object = None) -> None:
+                if not started.done():
+                    started.set_result(None)
+
+        self._runner = asyncio.create_task(engine.run(task_status=cast(Any, _Status())))
+        await started
+        try:
+            await self._bootstrap()
+        except BaseException:
+            await self._shutdown(1.0)
+            raise
+
+    def _new_engine(self) -> Engine:
+        self._engine = Engine(self._config)
+        return self._engine
+
+    async def _bootstrap(self) -> None:
+        engine = self._running()
+        await engine.wait_for_metadata(self._config.request_timeout_ms / 1000)
+
+    async def close(self, timeout: float = 30.0) -> None:
+        """Commit (with auto-commit on), leave, stop the loop and close connections.
+
+        Bounded by ``timeout`` seconds and always returns; safe to call twice.
+        """
+        if self._closed or self._engine is None:
+            self._closed = True
+            return
+        engine = self._engine
+        try:
+            with anyio.move_on_after(timeout, shield=True):
+                if engine.commits is not None and self._config.enable_auto_commit and not engine.closed:
+                    offsets = self._consumed_offsets()
+                    if offsets:
+                        try:
+                            await self._commit_now(offsets, timeout)
+                        except KafkaError as exc:
+                            log.warning("final auto-commit on close failed: %s", exc)
+        finally:
+            self._closed = True
+            await self._shutdown(max(0.5, min(timeout, 5.0)))
+
+    async def _shutdown(self, timeout: float) -> None:
+        engine = self._engine
+        if engine is None:
+            return
+        engine.stop()
+        with anyio.move_on_after(timeout, shield=True):
+            await engine.wait_stopped()
+        runner, self._runner = self._runner, None
+        if runner is not None and not runner.done():
+            runner.cancel()
+
+    def _running(self) -> Engine:
+        if self._engine is None:
+            raise IllegalStateError("the consumer is not started: use 'async with' or 'await start()'")
+        if self._closed:
+            raise ConsumerClosedError("the consumer is closed")
+        self._engine.check_running()
+        return self._engine
+
+    # -- KIP-957: acquire / release ---------------------------------------------------------------
+
+    def acquire(self, operation: str) -> None:
+        """Called before every public call; override to change the concurrency rules.
+
+        Default: any task may call the consumer, but only one task at a time may
+        poll it (``async for``, ``getmany``, ``getone``).  While a consumer callback
+        runs, the callback and tasks it started may poll and commit too.  Another
+        task polling at the same time gets ``ConcurrentAccessError``.
+        """
+        if operation not in _POLL_OPERATIONS:
+            return
+        me = anyio.get_current_task().id
+        if self._poller is None or self._poller == me:
+            self._poller = me
+            self._poll_depth += 1
+            return
+        if self._callback_token is not None and _CALLBACK_OWNER.get() is self._callback_token:
+            self._poll_depth += 1
+            return
+        raise ConcurrentAccessError(
+            f"{operation}() called from task {me} while task {self._poller} is polling this consumer; "
+            "poll from one task, or override Consumer.acquire()/release() (docs/concurrency.md)"
+        )
+
+    def release(self, operation: str) -> None:
+        """Called after every public call (also on error or cancellation)."""
+        if operation not in _POLL_OPERATIONS or self._poll_depth == 0:
+            return
+        self._poll_depth -= 1
+        if self._poll_depth == 0:
+            self._poller = None
+
+    # -- assignment (plain methods) ---------------------------------------------------------------
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Read exactly these partitions (manual assignment, no group membership)."""
+        tps = _check_partitions(partitions, "assign")
+        self.acquire("assign")
+        try:
+            engine = self._running()
+            removed = engine.subscriptions.assign(tps)
+            assigned = engine.subscriptions.partitions
+            engine.buffer.drop(lambda f: f.tp in assigned)
+            self._drop_iter_chunks()
+            if removed and engine.commits is not None and self._config.enable_auto_commit:
+                commits = engine.commits
+                engine.post(lambda now: commits.commit(now, commits.processed_offsets()))
+            engine.wake()
+        finally:
+            self.release("assign")
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._engine.subscriptions.partitions) if self._engine is not None else set()
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop returning (and fetching) records for these partitions until ``resume``."""
+        for state in self._states(partitions, "pause"):
+            state.paused = True
+        self._drop_iter_chunks()
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        for state in self._states(partitions, "resume"):
+            state.paused = False
+        self._running().wake()
+
+    def paused(self) -> set[TopicPartition]:
+        if self._engine is None:
+            return set()
+        return {tp for tp, s in self._engine.subscriptions.partitions.items() if s.paused}
+
+    def _states(self, partitions: Iterable[TopicPartition], operation: str) -> list[PartitionState]:
+        engine = self._running()
+        states = []
+        for tp in _check_partitions(partitions, operation):
+            state = engine.subscriptions.get(tp)
+            if state is None:
+                raise IllegalStateError(f"{operation}: partition {tp} is not assigned to this consumer")
+            states.append(state)
+        return states
+
+    # -- positions --------------------------------------------------------------------------------
+
+    @_bracketed("seek")
+    async def seek(self, partition: TopicPartition, offset: int) -> None:
+        """Make ``offset`` the next record returned for ``partition``."""
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ConfigError(f"seek offset must be an integer >= 0, got {offset!r}")
+        state = self._states([partition], "seek")[0]
+        engine = self._running()
+        state.set_position(offset)
+        state.retry_at = 0.0
+        self._forget_buffered(engine, [partition])
+
+    @_bracketed("seek_to_beginning")
+    async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        """Move to the earliest offset (all assigned partitions when none are given)."""
+        self._seek_to(partitions, "earliest", "seek_to_beginning")
+
+    @_bracketed("seek_to_end")
+    async def seek_to_end(self, *partitions: TopicPartition) -> None:
+        """Move to the end: only records produced from now on are returned."""
+        self._seek_to(partitions, "latest", "seek_to_end")
+
+    def _seek_to(self, partitions: tuple[TopicPartition, ...], where: str, operation: str) -> None:
+        engine = self._running()
+        tps = list(partitions) or list(engine.subscriptions.partitions)
+        self._states(tps, operation)
+        for tp in tps:
+            engine.subscriptions.request_reset(tp, where)
+        self._forget_buffered(engine, tps)
+
+    def _forget_buffered(self, engine: Engine, tps: Iterable[TopicPartition]) -> None:
+        gone = set(tps)
+        engine.buffer.drop(lambda f: f.tp not in gone)
+        self._drop_iter_chunks()
+        engine.wake()
+
+    @_bracketed("position")
+    async def position(self, partition: TopicPartition, *, timeout: float | None = None) -> int:
+        """The offset of the next record returned for ``partition`` (waits for it to be known)."""
+        state = self._states([partition], "position")[0]
+        engine = self._running()
+        with anyio.move_on_after(self._timeout(timeout)):
+            while True:
+                event = engine.app_event()
+                self._raise_background_error()
+                if state.has_position:
+                    return state.consumed
+                await event.wait()
+        raise KafkaTimeoutError(f"the position of {partition} was not known within {self._timeout(timeout):.1f}s")
+
+    # -- offsets lookups --------------------------------------------------------------------------
+
+    @_bracketed("beginning_offsets")
+    async def beginning_offsets(self, partitions: Iterable[TopicPartition], *,
+                                timeout: float | None = None) -> dict[TopicPartition, int]:
+        results = await self._list_offsets({tp: EARLIEST for tp in _check_partitions(partitions, "beginning_offsets")},
+                                           timeout)
+        return {tp: r[0] if r is not None else -1 for tp, r in results.items()}
+
+    @_bracketed("end_offsets")
+    async def end_offsets(self, partitions: Iterable[TopicPartition], *,
+                          timeout: float | None = None) -> dict[TopicPartition, int]:
+        """The offset after the last record (the last stable offset with read_committed)."""
+        results = await self._list_offsets({tp: LATEST for tp in _check_partitions(partitions, "end_offsets")},
+                                           timeout)
+        return {tp: r[0] if r is not None else -1 for tp, r in results.items()}
+
+    @_bracketed("offsets_for_times")
+    async def offsets_for_times(self, timestamps: Mapping[TopicPartition, int], *,
+                                timeout: float | None = None) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """For each partition, the first offset whose timestamp is >= the given one (ms)."""
+        _check_partitions(timestamps, "offsets_for_times")
+        for tp, ts in timestamps.items():
+            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+                raise ConfigError(f"offsets_for_times: timestamp for {tp} must be an int >= 0 (ms), got {ts!r}")
+        results = await self._list_offsets(dict(timestamps), timeout)
+        return {tp: OffsetAndTimestamp(*r) if r is not None else None for tp, r in results.items()}
+
+    async def _list_offsets(self, timestamps: dict[TopicPartition, int],
+                            timeout: float | None) -> dict[TopicPartition, OffsetResult]:
+        engine = self._running()
+        waiter = await engine.call(lambda now: engine.offsets.lookup(timestamps))
+        seconds = self._timeout(timeout)
+        with anyio.move_on_after(seconds):
+            return await waiter.wait()
+        waiter.set_exception(KafkaTimeoutError("cancelled"))
+        raise engine.unreachable_or_timeout("ListOffsets", seconds)
+
+    # -- commits ----------------------------------------------------------------------------------
+
+    @_bracketed("commit")
+    async def commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None, *,
+                     timeout: float | None = None) -> None:
+        """Commit ``offsets`` (the *next* offset to read), or the positions of every record returned so far."""
+        engine = self._running()
+        if engine.commits is None:
+            raise IllegalStateError("commit() needs a group_id: offsets are stored per consumer group")
+        if offsets is None:
+            to_commit = self._consumed_offsets()
+        else:
+            _check_partitions(offsets, "commit")
+            to_commit = {}
+            for tp, value in offsets.items():
+                om = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(value)
+                if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
+                    raise ConfigError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
+                to_commit[tp] = om
+        await self._commit_now(to_commit, self._timeout(timeout))
+
+    async def _commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata], timeout: float) -> None:
+        engine = self._running()
+        commits = engine.commits
+        assert commits is not None
+        waiter = await engine.call(lambda now: commits.commit(now, offsets, timeout))
+        await waiter.wait()
+
+    def _consumed_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        engine = self._engine
+        if engine is None:
+            return {}
+        return {tp: OffsetAndMetadata(s.consumed, "", s.leader_epoch)
+                for tp, s in engine.subscriptions.partitions.items() if s.has_position and s.consumed >= 0}
+
+    @overload
+    async def committed(self, partitions: TopicPartition, *, timeout: float | None = None) -> int | None: ...
+
+    @overload
+    async def committed(self, partitions: Iterable[TopicPartition], *,
+                        timeout: float | None = None) -> dict[TopicPartition, OffsetAndMetadata | None]: ...
+
+    async def committed(self, partitions: TopicPartition | Iterable[TopicPartition], *,
+                        timeout: float | None = None) -> int | None | dict[TopicPartition, OffsetAndMetadata | None]:
+        """The group's committed offsets: for one partition an int (or None), for several a dict."""
+        self.acquire("committed")
+        try:
+            single = isinstance(partitions, TopicPartition)
+            tps = _check_partitions([partitions] if single else partitions, "committed")  # type: ignore[list-item]
+            engine = self._running()
+            commits = engine.commits
+            if commits is None:
+                raise IllegalStateError("committed() needs a group_id")
+            waiter = await engine.call(lambda now: commits.fetch_committed(tps))
+            seconds = self._timeout(timeout)
+            with anyio.move_on_after(seconds):
+                result = await waiter.wait()
+                if single:
+                    om = result.get(tps[0])
+                    return om.offset if om is not None else None
+                return result
+            waiter.set_exception(KafkaTimeoutError("cancelled"))
+            raise KafkaTimeoutError(f"OffsetFetch did not complete within {seconds:.1f}s "
+                                    f"(coordinator: {engine.coordinator.last_error if engine.coordinator else None})")
+        finally:
+            self.release("committed")
+
+    # -- metadata ---------------------------------------------------------------------------------
+
+    @_bracketed("topics")
+    async def topics(self, *, timeout: float | None = None) -> set[str]:
+        """Every topic this client may see (internal topics left out unless configured)."""
+        cluster = await self._running().wait_for_metadata(self._timeout(timeout))
+        return {name for name, t in cluster.topics.items()
+                if not (t.is_internal and self._config.exclude_internal_topics)}
+
+    @_bracketed("partitions_for_topic")
+    async def partitions_for_topic(self, topic: str, *, timeout: float | None = None) -> set[int] | None:
+        """Partition numbers of ``topic``, or None if it does not exist."""
+        cluster = await self._running().wait_for_metadata(self._timeout(timeout))
+        info = cluster.topics.get(topic)
+        return set(info.partitions) if info is not None else None
+
+    # -- records ----------------------------------------------------------------------------------
+
+    @_bracketed("getmany")
+    async def getmany(self, *partitions: TopicPartition, timeout: float | None = None,
+                      max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
+        """Records by partition: waits up to ``timeout`` seconds (None: until there are some; 0: don't wait)."""
+        if max_records is not None and (isinstance(max_records, bool) or max_records <= 0):
+            raise ConfigError(f"max_records must be a positive int, got {max_records!r}")
+        limit = max_records or self._config.max_poll_records or _DEFAULT_BATCH * 20
+        only = set(_check_partitions(partitions, "getmany")) if partitions else None
+        self._drop_iter_chunks()
+        engine = self._running()
+        self._mark_processed(engine)
+        with anyio.move_on_after(self._timeout_or_inf(timeout)):
+            while True:
+                event = engine.app_event()
+                self._raise_background_error()
+                records = self._collect(engine, only, limit)
+                if records:
+                    for tp, recs in records.items():
+                        engine.subscriptions.partitions[tp].consumed = recs[-1].offset + 1
+                    return self._deserialize_many(engine, records)
+                if timeout == 0:
+                    break
+                await event.wait()
+        return {}
+
+    @_bracketed("getone")
+    async def getone(self, *partitions: TopicPartition) -> ConsumerRecord[KT, VT]:
+        """The next record (from the given partitions, or any)."""
+        result = await self.getmany(*partitions, timeout=None, max_records=1)
+        return next(iter(result.values()))[0]
+
+    def __aiter__(self) -> AsyncIterator[ConsumerRecord[KT, VT]]:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord[KT, VT]:
+        self.acquire("__anext__")
+        try:
+            engine = self._running()
+            chunks = self._iter_chunks
+            while True:
+                while chunks:
+                    state, epoch, records, index = chunks[0]
+                    if state.epoch != epoch or state.paused or engine.subscriptions.get(state.tp) is not state:
+                        chunks.pop(0)
+                        continue
+                    record = records[index]
+                    if index + 1 >= len(records):
+                        chunks.pop(0)
+                    else:
+                        chunks[0] = (state, epoch, records, index + 1)
+                    state.consumed = record.offset + 1
+                    return self._deserialize(record)
+                self._mark_processed(engine)
+                event = engine.app_event()
+                self._raise_background_error()
+                collected = self._collect(engine, None, self._config.max_poll_records or _DEFAULT_BATCH)
+                for tp, recs in collected.items():
+                    state = engine.subscriptions.partitions[tp]
+                    chunks.append((state, state.epoch, recs, 0))
+                if not chunks:
+                    await event.wait()
+        except ConsumerClosedError:
+            raise StopAsyncIteration from None
+        finally:
+            self.release("__anext__")
+
+    def _drop_iter_chunks(self) -> None:
+        """Records taken for ``async for`` but not yet handed out go back (their positions too)."""
+        for state, epoch, records, index in self._iter_chunks:
+            if state.epoch == epoch and index < len(records):
+                state.set_position(records[index].offset, state.leader_epoch)
+                state.processed = state.consumed = records[index].offset
+        if self._iter_chunks and self._engine is not None:
+            gone = {state.tp for state, epoch, _, _ in self._iter_chunks}
+            self._engine.buffer.drop(lambda f: f.tp not in gone)
+        self._iter_chunks = []
+
+    def _mark_processed(self, engine: Engine) -> None:
+        # A new poll means the application is done with what it got before (auto-commit).
+        for state in engine.subscriptions.partitions.values():
+            if state.consumed >= 0:
+                state.processed = state.consumed
+
+    def _collect(self, engine: Engine, only: set[TopicPartition] | None,
+                 limit: int) -> dict[TopicPartition, list[Record]]:
+        subscriptions = engine.subscriptions
+        buffer = engine.buffer
+        result: dict[TopicPartition, list[Record]] = {}
+        seen: set[TopicPartition] = set()
+        count = 0
+        for fetch in buffer.fetches():
+            tp = fetch.tp
+            state = subscriptions.partitions.get(tp)
+            if state is None or state.epoch != fetch.epoch:
+                buffer.remove(fetch)
+                continue
+            if tp in seen or state.paused or (only is not None and tp not in only):
+                continue  # one completed fetch per partition at a time keeps offsets in order
+            seen.add(tp)
+            if count >= limit:
+                break
+            records = fetch.take(limit - count, state.position)
+            if records:
+                state.position = records[-1].offset + 1
+                result.setdefault(tp, []).extend(records)
+                count += len(records)
+            if fetch.exhausted:
+                state.position = max(state.position, fetch.next_offset)
+                if not records and state.consumed < state.position and tp not in result:
+                    state.consumed = state.position  # only control records or compaction gaps
+                buffer.remove(fetch)
+                seen.discard(tp)
+        return result
+
+    def _deserialize(self, record: Record) -> ConsumerRecord[KT, VT]:
+        key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
+        if key_fn is None and value_fn is None:
+            return cast(ConsumerRecord[KT, VT], record)
+        try:
+            key = key_fn(record.key) if key_fn is not None and record.key is not None else record.key
+            value = value_fn(record.value) if value_fn is not None and record.value is not None else record.value
+        except Exception as exc:
+            engine = self._running()
+            state = engine.subscriptions.partitions[record.topic_partition]
+            state.set_position(record.offset, state.leader_epoch)
+            self._forget_buffered(engine, [record.topic_partition])
+            raise RecordDeserializationError(
+                f"deserializing the record failed: {exc!r}; seek past it to skip",
+                topic=record.topic, partition=record.partition, offset=record.offset) from exc
+        return cast(ConsumerRecord[KT, VT], record._replace(key=key, value=value))
+
+    def _deserialize_many(self, engine: Engine,
+                          records: dict[TopicPartition, list[Record]]) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
+        if self._config.key_deserializer is None and self._config.value_deserializer is None:
+            return cast(dict[TopicPartition, list[ConsumerRecord[KT, VT]]], records)
+        out: dict[TopicPartition, list[ConsumerRecord[KT, VT]]] = {}
+        for tp, recs in records.items():
+            try:
+                out[tp] = [self._deserialize(r) for r in recs]
+            except RecordDeserializationError:
+                state = engine.subscriptions.partitions[tp]
+                state.set_position(recs[0].offset, state.leader_epoch)  # nothing of this chunk handed out
+                raise
+        return out
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _raise_background_error(self) -> None:
+        engine = self._engine
+        if engine is None:
+            return
+        error = engine.pop_error()
+        if error is not None:
+            raise error
+        engine.check_running()
+
+    def _timeout(self, timeout: float | None) -> float:
+        return self._config.request_timeout_ms / 1000 if timeout is None else timeout
+
+    @staticmethod
+    def _timeout_or_inf(timeout: float | None) -> float:
+        return float("inf") if timeout is None else timeout
+
+
+def _check_partitions(partitions: Iterable[Any], operation: str) -> list[TopicPartition]:
+    if isinstance(partitions, (str, bytes)):
+        raise ConfigError(f"{operation}: expected TopicPartition objects, got {partitions!r}")
+    tps = list(partitions)
+    for tp in tps:
+        if not isinstance(tp, TopicPartition):
+            raise ConfigError(f"{operation}: expected TopicPartition, got {tp!r}")
+        if not tp.topic or not isinstance(tp.partition, int) or tp.partition < 0:
+            raise ConfigError(f"{operation}: invalid partition {tp!r}")
+    return tps

@@ -1,0 +1,1 @@
+"""The background engine: network client, event loop, fetch buffer."""

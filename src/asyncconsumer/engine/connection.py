@@ -1,0 +1,243 @@
+"""One TCP (optionally TLS) connection to one broker.
+
+Requests are pipelined: ``request()`` writes a frame and waits for the response
+with the same correlation id, which a reader task delivers (Kafka answers in
+order on a connection).  A request that times out, or any protocol error,
+closes the connection, because nothing after it on that stream can be trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from .._version import __version__
+from ..errors import (
+    AuthenticationError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProtocolError,
+    UnsupportedVersionError,
+)
+from ..protocol import api as protocol
+from .waiter import Waiter
+
+log = logging.getLogger("asyncconsumer.connection")
+
+Body = dict[str, Any]
+Spawn = Callable[..., None]
+_READ_CHUNK = 1 << 20
+
+
+class BrokerConnection:
+    """A connection to ``host:port``; ``node_id`` is negative for bootstrap servers."""
+
+    def __init__(
+        self,
+        node_id: int,
+        host: str,
+        port: int,
+        *,
+        client_id: str,
+        request_timeout: float,
+        setup_timeout: float,
+        ssl_context: ssl.SSLContext | None,
+        sasl: Callable[[], Any] | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.port = port
+        self._client_id = client_id
+        self._request_timeout = request_timeout
+        self._setup_timeout = setup_timeout
+        self._ssl_context = ssl_context
+        self._sasl = sasl
+        self._stream: anyio.abc.ByteStream | None = None
+        self._send_lock = anyio.Lock()
+        self._pending: dict[int, tuple[str, int, Waiter[Body]]] = {}
+        self._next_correlation_id = 1
+        self._leftover = b""
+        self._closed_error: KafkaError | None = None
+        self.api_versions: dict[int, tuple[int, int]] = {}
+        self.last_used = 0.0
+        self._reader_scope = anyio.CancelScope()
+
+    def __repr__(self) -> str:
+        return f"<BrokerConnection node={self.node_id} {self.host}:{self.port}>"
+
+    @property
+    def connected(self) -> bool:
+        return self._stream is not None and self._closed_error is None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    async def open(self, spawn: Spawn) -> None:
+        """Connect, negotiate API versions and authenticate; raise a typed error on failure."""
+        where = f"{self.host}:{self.port}"
+        try:
+            with anyio.fail_after(self._setup_timeout):
+                if self._ssl_context is not None:
+                    self._stream = await anyio.connect_tcp(
+                        self.host, self.port, ssl_context=self._ssl_context, tls_standard_compatible=False
+                    )
+                else:
+                    self._stream = await anyio.connect_tcp(self.host, self.port)
+        except TimeoutError:
+            raise KafkaConnectionError(f"connecting to {where} timed out after {self._setup_timeout:.1f}s") from None
+        except ssl.SSLError as exc:
+            raise AuthenticationError(f"TLS handshake with {where} failed: {exc}") from exc
+        except OSError as exc:
+            raise KafkaConnectionError(f"cannot connect to {where}: {exc.strerror or exc}") from exc
+        spawn(self._read_loop)
+        try:
+            await self._negotiate_versions()
+            if self._sasl is not None:
+                await self._sasl(self)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def _negotiate_versions(self) -> None:
+        low, high = protocol.SUPPORTED_VERSIONS["ApiVersions"]
+        version = min(high, 3)
+        body: Body = {"client_software_name": "asyncconsumer", "client_software_version": __version__}
+        response = await self.request_version("ApiVersions", version, body)
+        if response["error_code"] == UnsupportedVersionError.code:
+            # The broker is older than our request: it answered in v0 with its own range.
+            response = await self.request_version("ApiVersions", 0, {})
+        if response["error_code"]:
+            raise ProtocolError(f"ApiVersions to {self.host}:{self.port} failed with code {response['error_code']}")
+        self.api_versions = {k["api_key"]: (k["min_version"], k["max_version"]) for k in response["api_keys"]}
+
+    def choose_version(self, api: str, min_version: int = 0, max_version: int | None = None) -> int:
+        """Highest version both sides support, within ``[min_version, max_version]``."""
+        ours_low, ours_high = protocol.SUPPORTED_VERSIONS[api]
+        if max_version is not None:
+            ours_high = min(ours_high, max_version)
+        ours_low = max(ours_low, min_version)
+        theirs = self.api_versions.get(protocol.API_KEYS[api])
+        if theirs is None:
+            raise UnsupportedVersionError(f"broker {self.host}:{self.port} does not support {api}")
+        version = min(ours_high, theirs[1])
+        if version < max(ours_low, theirs[0]):
+            raise UnsupportedVersionError(
+                f"no common {api} version: broker {self.host}:{self.port} supports {theirs[0]}-{theirs[1]}, "
+                f"this client {ours_low}-{ours_high}"
+            )
+        return version
+
+    # -- requests -------------------------------------------------------------------------------
+
+    async def request_version(self, api: str, version: int, body: Body, extra_timeout: float = 0.0) -> Body:
+        """Send one request at a given version and wait for its response."""
+        if self._closed_error is not None:
+            raise self._closed_error
+        stream = self._stream
+        if stream is None:
+            raise KafkaConnectionError(f"connection to {self.host}:{self.port} is not open")
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
+        frame = protocol.encode_request(
+            api, version, body, correlation_id=correlation_id, client_id=self._client_id
+        )
+        waiter: Waiter[Body] = Waiter()
+        self._pending[correlation_id] = (api, version, waiter)
+        try:
+            async with self._send_lock:
+                await stream.send(frame)
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc}"))
+            raise self._closed_error or KafkaConnectionError(str(exc)) from exc
+        timeout = self._request_timeout + extra_timeout
+        with anyio.move_on_after(timeout) as scope:
+            return await waiter.wait()
+        if scope.cancelled_caught:
+            error = KafkaTimeoutError(f"{api} request to {self.host}:{self.port} timed out after {timeout:.1f}s")
+            self._fail(error)
+            raise error
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _read_exactly(self, stream: anyio.abc.ByteStream, size: int) -> bytes | bytearray:
+        leftover = self._leftover
+        if len(leftover) >= size:
+            self._leftover = leftover[size:]
+            return leftover[:size]
+        buffer = bytearray(size)
+        buffer[: len(leftover)] = leftover
+        filled = len(leftover)
+        self._leftover = b""
+        while filled < size:
+            chunk = await stream.receive(_READ_CHUNK)
+            take = min(len(chunk), size - filled)
+            buffer[filled : filled + take] = chunk[:take] if take < len(chunk) else chunk
+            filled += take
+            if take < len(chunk):
+                self._leftover = chunk[take:]
+        return buffer
+
+    async def _read_loop(self) -> None:
+        stream = self._stream
+        assert stream is not None
+        try:
+            with self._reader_scope:
+                await self._read_frames(stream)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._fail(KafkaConnectionError(f"connection to {self.host}:{self.port} closed: {exc or 'EOF'}"))
+        except KafkaError as exc:
+            self._fail(exc)
+        except Exception as exc:  # a decoding bug must not kill the consumer's task group
+            self._fail(ProtocolError(f"unexpected error reading from {self.host}:{self.port}: {exc!r}"))
+        finally:
+            await self._close_stream()
+
+    async def _read_frames(self, stream: anyio.abc.ByteStream) -> None:
+        while True:
+            header = await self._read_exactly(stream, 4)
+            size = int.from_bytes(header, "big", signed=True)
+            if size < 4:
+                raise ProtocolError(f"bad frame size {size} from {self.host}:{self.port}")
+            self._deliver(await self._read_exactly(stream, size))
+
+    def _deliver(self, frame: bytes | bytearray) -> None:
+        correlation_id = protocol.peek_correlation_id(frame)
+        entry = self._pending.pop(correlation_id, None)
+        if entry is None:
+            raise ProtocolError(f"unexpected correlation id {correlation_id} from {self.host}:{self.port}")
+        api, version, waiter = entry
+        try:
+            waiter.set_result(protocol.decode_response(api, version, memoryview(frame)))
+        except KafkaError as exc:
+            waiter.set_exception(exc)
+            raise
+
+    # -- teardown -------------------------------------------------------------------------------
+
+    def _fail(self, error: KafkaError) -> None:
+        if self._closed_error is None:
+            self._closed_error = error
+            log.debug("%r failed: %s", self, error)
+        pending, self._pending = self._pending, {}
+        for _, _, waiter in pending.values():
+            waiter.set_exception(error)
+        # Cancelling the reader makes it close the stream on its way out.
+        self._reader_scope.cancel()
+
+    async def _close_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                await stream.aclose()
+
+    async def aclose(self) -> None:
+        self._fail(KafkaConnectionError(f"connection to {self.host}:{self.port} was closed by the client"))
+        await self._close_stream()

@@ -1,0 +1,145 @@
+"""The fetch buffer: raw record sets waiting for the application, bounded in bytes.
+
+The background loop adds one ``CompletedFetch`` per partition per fetch
+response and stops fetching while ``used_bytes`` is at ``max_bytes``; the
+application side decodes them lazily, batch by batch, and frees the bytes
+when a completed fetch is used up.  No record bytes are copied before a
+key/value is handed out: completed fetches hold ``memoryview`` slices of the
+response frame.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..protocol.records import AbortedTransactionFilter, RecordBatch, decode_batch, iter_batches
+from ..structs import ConsumerRecord, TopicPartition
+
+Record = ConsumerRecord[bytes, bytes]
+
+
+class CompletedFetch:
+    """One partition's data from one fetch response."""
+
+    __slots__ = (
+        "_aborted", "_batches", "_check_crcs", "_index", "_pending", "epoch", "exhausted",
+        "fetch_offset", "next_offset", "size", "tp",
+    )
+
+    def __init__(
+        self,
+        tp: TopicPartition,
+        epoch: int,
+        fetch_offset: int,
+        records: memoryview,
+        next_offset: int,
+        *,
+        check_crcs: bool,
+        aborted: list[tuple[int, int]] | None,
+    ) -> None:
+        self.tp = tp
+        self.epoch = epoch
+        self.fetch_offset = fetch_offset
+        self.next_offset = next_offset
+        self.size = len(records)
+        self.exhausted = False
+        self._check_crcs = check_crcs
+        self._batches: Iterator[RecordBatch] = iter_batches(
+            records, topic=tp.topic, partition=tp.partition, check_crcs=check_crcs
+        )
+        self._aborted = AbortedTransactionFilter(aborted) if aborted is not None else None
+        self._pending: list[Record] = []
+        self._index = 0
+
+    def take(self, max_records: int, position: int) -> list[Record]:
+        """Up to ``max_records`` records at or after ``position``, decoding batches as needed."""
+        out: list[Record] = []
+        while len(out) < max_records:
+            pending = self._pending
+            if self._index >= len(pending):
+                if not self._next_batch(position):
+                    self.exhausted = True
+                    break
+                pending = self._pending
+            want = max_records - len(out)
+            chunk = pending[self._index : self._index + want]
+            self._index += len(chunk)
+            out.extend(chunk)
+        return out
+
+    def _next_batch(self, position: int) -> bool:
+        tp = self.tp
+        for batch in self._batches:
+            if batch.last_offset < position:
+                continue
+            if self._aborted is not None and self._aborted.should_skip(batch):
+                continue
+            if batch.is_control:
+                continue
+            records = decode_batch(batch, tp.topic, tp.partition)
+            if records and records[0].offset < position:
+                records = [r for r in records if r.offset >= position]
+            if records:
+                self._pending = records
+                self._index = 0
+                return True
+        self._pending = []
+        self._index = 0
+        return False
+
+
+class FetchBuffer:
+    def __init__(self, max_bytes: int, on_space: Callable[[], None], on_data: Callable[[], None]) -> None:
+        self.max_bytes = max_bytes
+        self.used_bytes = 0
+        self._fetches: deque[CompletedFetch] = deque()
+        self._bytes_by_tp: dict[TopicPartition, int] = {}
+        self._on_space = on_space
+        self._on_data = on_data
+
+    def __len__(self) -> int:
+        return len(self._fetches)
+
+    @property
+    def full(self) -> bool:
+        return self.used_bytes >= self.max_bytes
+
+    def buffered_bytes(self, tp: TopicPartition) -> int:
+        return self._bytes_by_tp.get(tp, 0)
+
+    def add(self, fetch: CompletedFetch) -> None:
+        self._fetches.append(fetch)
+        self.used_bytes += fetch.size
+        self._bytes_by_tp[fetch.tp] = self._bytes_by_tp.get(fetch.tp, 0) + fetch.size
+        self._on_data()
+
+    def fetches(self) -> list[CompletedFetch]:
+        return list(self._fetches)
+
+    def remove(self, fetch: CompletedFetch) -> None:
+        try:
+            self._fetches.remove(fetch)
+        except ValueError:
+            return
+        self._release(fetch)
+
+    def drop(self, keep: Callable[[CompletedFetch], Any]) -> None:
+        """Remove every completed fetch for which ``keep`` is false."""
+        for fetch in [f for f in self._fetches if not keep(f)]:
+            self.remove(fetch)
+
+    def clear(self) -> None:
+        self.drop(lambda f: False)
+
+    def _release(self, fetch: CompletedFetch) -> None:
+        was_full = self.full
+        self.used_bytes -= fetch.size
+        left = self._bytes_by_tp.get(fetch.tp, 0) - fetch.size
+        if left > 0:
+            self._bytes_by_tp[fetch.tp] = left
+        else:
+            self._bytes_by_tp.pop(fetch.tp, None)
+        if was_full or left <= 0:
+            self._on_space()

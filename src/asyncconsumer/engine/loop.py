@@ -1,0 +1,286 @@
+"""The background loop: the one task that owns sockets and consumer state.
+
+Each turn it runs queued application events (closures from the public API),
+hands completed responses to their managers, polls every request manager for
+unsent requests, gives those to the network client, and sleeps until the
+earliest manager deadline or until something wakes it.  It never raises into
+the consumer's task group: failures become background events (errors the
+application side raises on its next call).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+
+from ..config import ConsumerConfig
+from ..errors import ConsumerClosedError, KafkaError, UnknownTopicOrPartitionError, error_for_code
+from ..managers.commit import CommitManager
+from ..managers.coordinator import CoordinatorManager
+from ..managers.fetch import FetchManager
+from ..managers.list_offsets import ListOffsetsManager
+from ..managers.metadata import Cluster, MetadataManager
+from ..managers.subscription import SubscriptionState
+from . import sasl as sasl_module
+from .connection import BrokerConnection
+from .fetch_buffer import FetchBuffer
+from .network import NetworkClient
+from .requests import Body, UnsentRequest
+from .waiter import Waiter
+
+log = logging.getLogger("asyncconsumer.engine")
+
+T = TypeVar("T")
+_MIN_SLEEP = 0.002  # a floor so a wrong deadline can never spin the CPU
+
+
+class Engine:
+    def __init__(self, config: ConsumerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.subscriptions = SubscriptionState(config.auto_offset_reset, has_group=config.group_id is not None)
+        self.buffer = FetchBuffer(config.fetch_buffer_bytes, on_space=self.wake, on_data=self.notify_app)
+        self._events: deque[tuple[Callable[[float], Any], Waiter[Any]]] = deque()
+        self._completions: deque[tuple[UnsentRequest, int, Body | None, BaseException | None]] = deque()
+        self._errors: deque[KafkaError] = deque()
+        self._wake_event = anyio.Event()
+        self._woken = False
+        self._app_event = anyio.Event()
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._stopped = anyio.Event()
+        self.fatal_error: BaseException | None = None
+        self.closed = False
+        self._reported_unknown: set[str] = set()
+        retry = config.retry_backoff_ms / 1000
+
+        self.network = NetworkClient(config, self._spawn, self._on_complete,
+                                     sasl=self._authenticate if config.uses_sasl else None, clock=clock)
+        self.metadata = MetadataManager(
+            max_age=config.metadata_max_age_ms / 1000, retry_backoff=retry,
+            topics_of_interest=self._topics_of_interest, on_update=self._on_metadata,
+        )
+        self.offsets = ListOffsetsManager(
+            self.subscriptions, self.metadata, read_committed=config.isolation_level == "read_committed",
+            retry_backoff=retry, report_error=self.report_error,
+        )
+        self.fetcher = FetchManager(
+            self.subscriptions, self.metadata, self.buffer,
+            fetch_min_bytes=config.fetch_min_bytes, fetch_max_bytes=config.fetch_max_bytes,
+            fetch_max_wait_ms=config.fetch_max_wait_ms,
+            max_partition_fetch_bytes=config.max_partition_fetch_bytes,
+            read_committed=config.isolation_level == "read_committed", check_crcs=config.check_crcs,
+            retry_backoff=retry, client_rack=config.client_rack, report_error=self.report_error,
+        )
+        self.coordinator: CoordinatorManager | None = None
+        self.commits: CommitManager | None = None
+        if config.group_id is not None:
+            self.coordinator = CoordinatorManager(config.group_id, retry_backoff=retry,
+                                                  register_node=self.network.register_node)
+            self.commits = CommitManager(
+                self.coordinator, self.subscriptions, retry_backoff=retry,
+                request_timeout=config.request_timeout_ms / 1000,
+                auto_commit_interval=config.auto_commit_interval_ms / 1000 if config.enable_auto_commit else None,
+                report_error=self.report_error,
+            )
+        self.managers: list[Any] = [m for m in (self.metadata, self.coordinator, self.commits, self.offsets,
+                                                self.fetcher) if m is not None]
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The background loop; returns when ``stop()`` is called."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._task_group = tg
+                task_status.started()
+                try:
+                    await self._loop()
+                finally:
+                    tg.cancel_scope.cancel()
+        except Exception as exc:  # never let a bug escape into the user's task group
+            log.exception("asyncconsumer background loop failed")
+            self.fatal_error = exc
+        finally:
+            self._task_group = None
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await self.network.aclose()
+            self.closed = True
+            self._fail_waiters(self.fatal_error or ConsumerClosedError("the consumer is closed"))
+            self._stopped.set()
+            self._app_event.set()
+
+    def stop(self) -> None:
+        self.closed = True
+        self.wake()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def _fail_waiters(self, error: BaseException) -> None:
+        events, self._events = self._events, deque()
+        for _, waiter in events:
+            waiter.set_exception(error)
+
+    async def _loop(self) -> None:
+        if self.commits is not None:
+            self.commits.start_auto_commit(self.clock())
+        while not self.closed:
+            now = self.clock()
+            self._run_events(now)
+            self._run_completions(now)
+            self.network.drop_dead_connections()
+            deadline = float("inf")
+            for manager in self.managers:
+                for request in manager.poll(now):
+                    self.network.send(request)
+                deadline = min(deadline, manager.next_deadline(now))
+            if self._woken or self._events or self._completions:
+                self._woken = False
+                await anyio.lowlevel.checkpoint()
+                continue
+            timeout = max(_MIN_SLEEP, deadline - self.clock())
+            with anyio.move_on_after(min(timeout, 1.0)):
+                await self._wake_event.wait()
+            self._wake_event = anyio.Event()
+            self._woken = False
+
+    def wake(self) -> None:
+        self._woken = True
+        self._wake_event.set()
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._task_group is None:
+            raise ConsumerClosedError("the consumer is not running")
+        self._task_group.start_soon(fn, *args)
+
+    # -- application events -----------------------------------------------------------------------
+
+    def post(self, fn: Callable[[float], Any]) -> None:
+        """Queue an application event whose result nobody waits for."""
+        self._events.append((fn, Waiter()))
+        self.wake()
+
+    async def call(self, fn: Callable[[float], T]) -> T:
+        """Run ``fn(now)`` on the background loop (an application event) and return its result."""
+        self.check_running()
+        waiter: Waiter[T] = Waiter()
+        self._events.append((fn, waiter))
+        self.wake()
+        return await waiter.wait()
+
+    def check_running(self) -> None:
+        if self.fatal_error is not None:
+            raise ConsumerClosedError(f"the consumer's background loop failed: {self.fatal_error!r}")
+        if self.closed or self._task_group is None:
+            raise ConsumerClosedError("the consumer is not running: use 'async with' or 'await start()'")
+
+    def _run_events(self, now: float) -> None:
+        while self._events:
+            fn, waiter = self._events.popleft()
+            if waiter.done():
+                continue
+            try:
+                waiter.set_result(fn(now))
+            except Exception as exc:
+                waiter.set_exception(exc)
+
+    # -- completions from the network -------------------------------------------------------------
+
+    def _on_complete(self, request: UnsentRequest, version: int, body: Body | None,
+                     error: BaseException | None) -> None:
+        self._completions.append((request, version, body, error))
+        self.wake()
+
+    def _run_completions(self, now: float) -> None:
+        while self._completions:
+            request, version, body, error = self._completions.popleft()
+            try:
+                if error is None and body is not None:
+                    request.on_response(now, version, body)
+                else:
+                    request.on_error(now, error or KafkaError("no response"))
+            except Exception as exc:
+                log.exception("handling a %s response failed", request.api)
+                self.report_error(KafkaError(f"internal error handling {request.api}: {exc!r}"))
+
+    # -- background events (to the application side) ----------------------------------------------
+
+    def report_error(self, error: KafkaError) -> None:
+        self._errors.append(error)
+        self.notify_app()
+
+    def notify_app(self) -> None:
+        self._app_event.set()
+
+    def app_event(self) -> anyio.Event:
+        if self._app_event.is_set():
+            self._app_event = anyio.Event()
+        return self._app_event
+
+    def pop_error(self) -> KafkaError | None:
+        return self._errors.popleft() if self._errors else None
+
+    # -- metadata ---------------------------------------------------------------------------------
+
+    def _topics_of_interest(self) -> set[str]:
+        return self.subscriptions.topics() | self.offsets.topics_of_interest()
+
+    def _on_metadata(self, cluster: Cluster) -> None:
+        self.network.update_brokers(cluster.brokers)
+        assigned = self.subscriptions.topics()
+        for topic in assigned & set(cluster.topic_errors):
+            if topic not in self._reported_unknown:
+                self._reported_unknown.add(topic)
+                self.report_error(cluster.topic_errors[topic])
+        for tp in self.subscriptions.partitions:
+            info = cluster.topics.get(tp.topic)
+            if info is not None and tp.partition not in info.partitions and tp.topic not in self._reported_unknown:
+                self._reported_unknown.add(tp.topic)
+                self.report_error(UnknownTopicOrPartitionError(
+                    f"partition {tp} does not exist (topic has {len(info.partitions)} partitions)"))
+        self._reported_unknown &= assigned
+        self.wake()
+
+    async def wait_for_metadata(self, timeout: float) -> Cluster:
+        """A fresh all-topics metadata snapshot (for ``topics()``)."""
+        waiter = await self.call(lambda now: self.metadata.fetch_all_topics())
+        with anyio.move_on_after(timeout):
+            return await waiter.wait()
+        raise self.unreachable_or_timeout("metadata request", timeout)
+
+    def unreachable_or_timeout(self, what: str, timeout: float) -> KafkaError:
+        from ..errors import KafkaTimeoutError
+
+        unreachable = self.network.all_unreachable_error()
+        if unreachable is not None:
+            return unreachable
+        last = self.metadata.last_error
+        suffix = f" (last error: {last})" if last else ""
+        return KafkaTimeoutError(f"{what} did not complete within {timeout:.1f}s{suffix}")
+
+    # -- SASL -------------------------------------------------------------------------------------
+
+    async def _authenticate(self, connection: BrokerConnection) -> None:
+        config = self.config
+        mechanism = sasl_module.create_mechanism(
+            config.sasl_mechanism, config.sasl_plain_username, config.sasl_plain_password)
+
+        async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+            return await connection.request_version(api, version, body)
+
+        handshake_version = connection.choose_version("SaslHandshake")
+        try:
+            authenticate_version: int | None = connection.choose_version("SaslAuthenticate")
+        except KafkaError:
+            authenticate_version = None
+        await sasl_module.authenticate(request, mechanism, handshake_version=handshake_version,
+                                       authenticate_version=authenticate_version)
+
+
+__all__ = ["Engine", "error_for_code"]

@@ -1,0 +1,221 @@
+"""The network client delegate: turns unsent requests into responses.
+
+It owns every connection.  ``send()`` starts a task that gets (or opens) the
+connection to the request's broker, picks the version, builds and sends the
+body, and hands the outcome to ``on_complete`` — the background loop, which
+runs the manager's handler on its next turn.  Brokers that fail are retried
+with exponential backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from ..config import ConsumerConfig, parse_host_port
+from ..errors import KafkaConnectionError, KafkaError, NoBrokersAvailableError
+from .connection import BrokerConnection, Spawn
+from .requests import Body, UnsentRequest
+
+log = logging.getLogger("asyncconsumer.network")
+
+Completion = Callable[[UnsentRequest, int, "Body | None", "BaseException | None"], None]
+SaslHook = Callable[[BrokerConnection], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _NodeHealth:
+    failures: int = 0
+    next_attempt: float = 0.0
+    last_error: KafkaError | None = None
+
+
+class NetworkClient:
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        spawn: Spawn,
+        on_complete: Completion,
+        *,
+        sasl: SaslHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._spawn = spawn
+        self._on_complete = on_complete
+        self._sasl = sasl
+        self._clock = clock
+        self._bootstrap = {-(i + 1): parse_host_port(s) for i, s in enumerate(config.bootstrap_servers)}
+        self._brokers: dict[int, tuple[str, int]] = {}
+        self._extra: dict[int, tuple[str, int]] = {}
+        self._connections: dict[int, BrokerConnection] = {}
+        self._connecting: dict[int, anyio.Event] = {}
+        self._health: dict[int, _NodeHealth] = {}
+        self._closed = False
+
+    # -- broker addresses -----------------------------------------------------------------------
+
+    def update_brokers(self, brokers: dict[int, tuple[str, int]]) -> None:
+        """Called with each metadata response; connections to moved brokers are dropped."""
+        for node_id, address in brokers.items():
+            old = self._brokers.get(node_id)
+            if old is not None and old != address and node_id in self._connections:
+                self._spawn(self._connections.pop(node_id).aclose)
+        self._brokers = dict(brokers)
+
+    def register_node(self, node_id: int, host: str, port: int) -> None:
+        """An address outside the broker list (the group coordinator's own connection)."""
+        old = self._extra.get(node_id)
+        if old is not None and old != (host, port) and node_id in self._connections:
+            self._spawn(self._connections.pop(node_id).aclose)
+        self._extra[node_id] = (host, port)
+
+    def address(self, node_id: int) -> tuple[str, int] | None:
+        return self._brokers.get(node_id) or self._extra.get(node_id) or self._bootstrap.get(node_id)
+
+    def least_loaded_node(self) -> int:
+        """A connected broker with the fewest requests in flight, else one not in backoff."""
+        now = self._clock()
+        candidates = list(self._brokers) or list(self._bootstrap)
+        connected = [n for n in candidates if (c := self._connections.get(n)) is not None and c.connected]
+        if connected:
+            return min(connected, key=lambda n: self._connections[n].in_flight)
+        ready = [n for n in candidates if self._health.get(n, _NodeHealth()).next_attempt <= now]
+        if not ready and self._brokers:
+            # Known brokers all in backoff: the bootstrap list may still answer.
+            ready = [n for n in self._bootstrap if self._health.get(n, _NodeHealth()).next_attempt <= now]
+        pool = ready or candidates
+        return min(pool, key=lambda n: self._health.get(n, _NodeHealth()).next_attempt)
+
+    def all_unreachable_error(self) -> KafkaError | None:
+        """If every bootstrap/broker failed its last attempt, the error that says so."""
+        nodes = list(self._brokers) + list(self._bootstrap)
+        if any(n in self._connections for n in nodes):
+            return None
+        errors = [h.last_error for n in nodes if (h := self._health.get(n)) is not None and h.last_error]
+        if len(errors) < len(self._bootstrap) and not self._brokers:
+            return None
+        if not all(self._health.get(n) and self._health[n].failures for n in self._bootstrap):
+            return None
+        servers = ", ".join(self._config.bootstrap_servers)
+        last = errors[-1] if errors else None
+        return NoBrokersAvailableError(f"no broker reachable (bootstrap_servers={servers}); last error: {last}")
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    def send(self, request: UnsentRequest) -> None:
+        self._spawn(self._run, request)
+
+    async def _run(self, request: UnsentRequest) -> None:
+        node_id = request.node_id if request.node_id is not None else self.least_loaded_node()
+        version = -1
+        try:
+            connection = await self._connection(node_id)
+            version = connection.choose_version(request.api, request.min_version, request.max_version)
+            body = request.build(version)
+            response = await connection.request_version(
+                request.api, version, body, extra_timeout=request.extra_timeout_ms / 1000
+            )
+        except KafkaError as exc:
+            self._on_complete(request, version, None, exc)
+        except Exception as exc:  # a bug in a body builder must surface, not kill the loop
+            self._on_complete(request, version, None, exc)
+        else:
+            self._on_complete(request, version, response, None)
+
+    async def _connection(self, node_id: int) -> BrokerConnection:
+        while True:
+            existing = self._connections.get(node_id)
+            if existing is not None and existing.connected:
+                return existing
+            pending = self._connecting.get(node_id)
+            if pending is None:
+                break
+            await pending.wait()
+            if node_id not in self._connections:
+                health = self._health.get(node_id)
+                raise (health.last_error if health and health.last_error else
+                       KafkaConnectionError(f"cannot connect to node {node_id}"))
+        address = self.address(node_id)
+        if address is None:
+            raise KafkaConnectionError(f"broker {node_id} is not in the cluster metadata")
+        if self._closed:
+            raise KafkaConnectionError("the consumer is closing")
+        health = self._health.setdefault(node_id, _NodeHealth())
+        delay = health.next_attempt - self._clock()
+        event = anyio.Event()
+        self._connecting[node_id] = event
+        try:
+            if delay > 0:
+                await anyio.sleep(delay)
+            connection = self._new_connection(node_id, *address)
+            await connection.open(self._spawn)
+        except KafkaError as exc:
+            self._backoff(node_id, health, exc)
+            raise
+        finally:
+            del self._connecting[node_id]
+            event.set()
+        health.failures = 0
+        health.last_error = None
+        self._connections[node_id] = connection
+        log.debug("connected to node %s at %s:%s", node_id, *address)
+        return connection
+
+    def _new_connection(self, node_id: int, host: str, port: int) -> BrokerConnection:
+        config = self._config
+        sasl = self._sasl
+        return BrokerConnection(
+            node_id,
+            host,
+            port,
+            client_id=config.client_id,
+            request_timeout=config.request_timeout_ms / 1000,
+            setup_timeout=config.socket_connection_setup_timeout_ms / 1000,
+            ssl_context=self._ssl_context(),
+            sasl=sasl,
+        )
+
+    def _ssl_context(self) -> Any:
+        if not self._config.uses_tls:
+            return None
+        if self._config.ssl_context is not None:
+            return self._config.ssl_context
+        import ssl
+
+        return ssl.create_default_context()
+
+    def _backoff(self, node_id: int, health: _NodeHealth, error: KafkaError) -> None:
+        base = self._config.reconnect_backoff_ms / 1000
+        cap = self._config.reconnect_backoff_max_ms / 1000
+        delay = min(cap, base * (2 ** min(health.failures, 16)))
+        delay *= random.uniform(0.8, 1.2)  # jitter keeps many clients from reconnecting in step
+        health.failures += 1
+        health.next_attempt = self._clock() + delay
+        health.last_error = error
+        log.debug("node %s unreachable (%s); next attempt in %.3fs", node_id, error, delay)
+
+    def connection_failed(self, node_id: int) -> None:
+        """A manager saw a transport error: the next attempt goes through backoff."""
+        connection = self._connections.pop(node_id, None)
+        if connection is not None and not connection.connected:
+            self._spawn(connection.aclose)
+
+    def drop_dead_connections(self) -> None:
+        for node_id, connection in list(self._connections.items()):
+            if not connection.connected:
+                del self._connections[node_id]
+                health = self._health.setdefault(node_id, _NodeHealth())
+                self._backoff(node_id, health, KafkaConnectionError(f"connection to node {node_id} was lost"))
+
+    async def aclose(self) -> None:
+        self._closed = True
+        connections, self._connections = self._connections, {}
+        for connection in connections.values():
+            await connection.aclose()

@@ -1,0 +1,325 @@
+"""Offset commits and committed-offset lookups for a ``group_id``.
+
+Works with manual assignment (generation -1, no member id), as in the Java
+client, and later with group membership (``generation`` / ``member_id`` are
+read from ``group_identity`` at send time).  Also moves newly assigned
+partitions out of ``AWAIT_COMMITTED``: a committed offset becomes the
+position, no committed offset means ``AWAIT_RESET``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..engine.requests import Body, UnsentRequest
+from ..engine.waiter import Waiter
+from ..errors import CommitFailedError, KafkaError, KafkaTimeoutError, error_for_code
+from ..structs import OffsetAndMetadata, TopicPartition
+from .coordinator import CoordinatorManager
+from .subscription import PartitionPhase, SubscriptionState
+
+log = logging.getLogger("asyncconsumer.commit")
+
+# Errors after which the coordinator must be found again.
+_COORDINATOR_CODES = {13, 14, 15, 16}  # NETWORK_EXCEPTION, LOAD_IN_PROGRESS, NOT_AVAILABLE, NOT_COORDINATOR
+_RETRY_CODES = {7, 88, 89}  # REQUEST_TIMED_OUT, UNSTABLE_OFFSET_COMMIT, THROTTLING
+
+
+@dataclass(frozen=True, slots=True)
+class GroupIdentity:
+    generation: int = -1
+    member_id: str = ""
+    group_instance_id: str | None = None
+
+
+@dataclass(eq=False)
+class _Commit:
+    offsets: dict[TopicPartition, OffsetAndMetadata]
+    waiter: Waiter[None]
+    deadline: float
+    in_flight: bool = False
+    retry_at: float = 0.0
+
+
+@dataclass(eq=False)
+class _Fetch:
+    partitions: list[TopicPartition]
+    waiter: Waiter[dict[TopicPartition, OffsetAndMetadata | None]]
+    in_flight: bool = False
+    retry_at: float = 0.0
+    for_positions: bool = False
+    epochs: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+class CommitManager:
+    def __init__(
+        self,
+        coordinator: CoordinatorManager,
+        subscriptions: SubscriptionState,
+        *,
+        retry_backoff: float,
+        request_timeout: float,
+        auto_commit_interval: float | None,
+        report_error: Callable[[KafkaError], None],
+        group_identity: Callable[[], GroupIdentity] = GroupIdentity,
+    ) -> None:
+        self._report_error = report_error
+        self._coordinator = coordinator
+        self._subscriptions = subscriptions
+        self._retry_backoff = retry_backoff
+        self._request_timeout = request_timeout
+        self._auto_commit_interval = auto_commit_interval
+        self._identity = group_identity
+        self._commits: list[_Commit] = []
+        self._fetches: list[_Fetch] = []
+        self._position_fetch_in_flight: set[TopicPartition] = set()
+        self._next_auto_commit = float("inf")
+        self._auto_commit_waiter: Waiter[None] | None = None
+        self.last_committed: dict[TopicPartition, int] = {}
+
+    # -- public operations ------------------------------------------------------------------------
+
+    def commit(self, now: float, offsets: dict[TopicPartition, OffsetAndMetadata],
+               timeout: float | None = None) -> Waiter[None]:
+        waiter: Waiter[None] = Waiter()
+        if not offsets:
+            waiter.set_result(None)
+            return waiter
+        deadline = now + (timeout if timeout is not None else self._request_timeout)
+        self._commits.append(_Commit(dict(offsets), waiter, deadline))
+        return waiter
+
+    def fetch_committed(self, partitions: list[TopicPartition]) -> Waiter[dict[TopicPartition, OffsetAndMetadata | None]]:
+        waiter: Waiter[dict[TopicPartition, OffsetAndMetadata | None]] = Waiter()
+        if not partitions:
+            waiter.set_result({})
+        else:
+            self._fetches.append(_Fetch(list(dict.fromkeys(partitions)), waiter))
+        return waiter
+
+    def start_auto_commit(self, now: float) -> None:
+        if self._auto_commit_interval is not None and self._next_auto_commit == float("inf"):
+            self._next_auto_commit = now + self._auto_commit_interval
+
+    def processed_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Offsets the application has finished with and that were not committed yet."""
+        offsets = {}
+        for tp, state in self._subscriptions.partitions.items():
+            if state.has_position and state.processed >= 0 and self.last_committed.get(tp) != state.processed:
+                offsets[tp] = OffsetAndMetadata(state.processed, "", state.leader_epoch)
+        return offsets
+
+    # -- the manager protocol ---------------------------------------------------------------------
+
+    def next_deadline(self, now: float) -> float:
+        times = [self._next_auto_commit]
+        times += [c.retry_at for c in self._commits if not c.in_flight]
+        times += [c.deadline for c in self._commits]
+        times += [f.retry_at for f in self._fetches if not f.in_flight]
+        if self._subscriptions.in_phase(PartitionPhase.AWAIT_COMMITTED, now):
+            times.append(now)
+        return max(now, min(times))
+
+    def poll(self, now: float) -> list[UnsentRequest]:
+        if now >= self._next_auto_commit:
+            self._next_auto_commit = now + (self._auto_commit_interval or 0)
+            offsets = self.processed_offsets()
+            if offsets:
+                waiter = self.commit(now, offsets)
+                self._auto_commit_waiter = waiter
+        for commit in list(self._commits):
+            if commit.waiter.done():
+                self._commits.remove(commit)
+            elif now >= commit.deadline and not commit.in_flight:
+                self._commits.remove(commit)
+                commit.waiter.set_exception(KafkaTimeoutError(
+                    f"commit of {_names(commit.offsets)} did not complete in time "
+                    f"(last error: {self._coordinator.last_error})"))
+        self._queue_position_fetches(now)
+        coordinator = self._coordinator.node_id
+        if coordinator is None:
+            return []
+        requests = [self._commit_request(c, coordinator) for c in self._commits
+                    if not c.in_flight and now >= c.retry_at]
+        requests += [self._fetch_request(f, coordinator) for f in self._fetches
+                     if not f.in_flight and now >= f.retry_at and not f.waiter.done()]
+        self._fetches = [f for f in self._fetches if not f.waiter.done() or f.in_flight]
+        return requests
+
+    # -- committed offsets become positions -------------------------------------------------------
+
+    def _queue_position_fetches(self, now: float) -> None:
+        waiting = [s for s in self._subscriptions.in_phase(PartitionPhase.AWAIT_COMMITTED, now)
+                   if s.tp not in self._position_fetch_in_flight]
+        if not waiting:
+            return
+        fetch = _Fetch([s.tp for s in waiting], Waiter(), for_positions=True,
+                       epochs={s.tp: s.epoch for s in waiting})
+        self._position_fetch_in_flight.update(fetch.partitions)
+        self._fetches.append(fetch)
+
+    def _apply_positions(self, fetch: _Fetch, result: dict[TopicPartition, OffsetAndMetadata | None]) -> None:
+        self._position_fetch_in_flight.difference_update(fetch.partitions)
+        for tp, committed in result.items():
+            state = self._subscriptions.get(tp)
+            if state is None or state.epoch != fetch.epochs.get(tp) or state.phase is not PartitionPhase.AWAIT_COMMITTED:
+                continue
+            if committed is None:
+                state.phase = PartitionPhase.AWAIT_RESET
+            else:
+                log.debug("%s starts at committed offset %d", tp, committed.offset)
+                state.set_position(committed.offset, committed.leader_epoch)
+                self.last_committed[tp] = committed.offset
+
+    # -- OffsetCommit -----------------------------------------------------------------------------
+
+    def _commit_request(self, commit: _Commit, node: int) -> UnsentRequest:
+        commit.in_flight = True
+        identity = self._identity()
+        by_topic: dict[str, list[tuple[int, OffsetAndMetadata]]] = defaultdict(list)
+        for tp, om in commit.offsets.items():
+            by_topic[tp.topic].append((tp.partition, om))
+
+        def build(version: int) -> Body:
+            return {
+                "group_id": self._coordinator.group_id,
+                "generation_id_or_member_epoch": identity.generation,
+                "member_id": identity.member_id,
+                "group_instance_id": identity.group_instance_id,
+                "retention_time_ms": -1,
+                "topics": [
+                    {"name": topic, "partitions": [
+                        {"partition_index": p, "committed_offset": om.offset,
+                         "committed_leader_epoch": om.leader_epoch if om.leader_epoch is not None else -1,
+                         "commit_timestamp": -1, "committed_metadata": om.metadata}
+                        for p, om in parts]}
+                    for topic, parts in by_topic.items()
+                ],
+            }
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            commit.in_flight = False
+            failed: dict[TopicPartition, KafkaError] = {}
+            retry = False
+            for topic in body["topics"]:
+                for p in topic["partitions"]:
+                    code = p["error_code"]
+                    tp = TopicPartition(topic["name"], p["partition_index"])
+                    if code == 0:
+                        self.last_committed[tp] = commit.offsets[tp].offset
+                        continue
+                    if code in _COORDINATOR_CODES:
+                        self._coordinator.mark_unknown(now, error_for_code(code))
+                        retry = True
+                    elif code in _RETRY_CODES:
+                        retry = True
+                    else:
+                        failed[tp] = error_for_code(code)
+            if failed:
+                self._done(commit)
+                first = next(iter(failed.values()))
+                error = CommitFailedError(f"commit failed for {_names(failed)}: {first}")
+                error.__cause__ = first
+                commit.waiter.set_exception(error)
+            elif retry:
+                commit.offsets = {tp: om for tp, om in commit.offsets.items() if self.last_committed.get(tp) != om.offset}
+                commit.retry_at = now + self._retry_backoff
+            else:
+                self._done(commit)
+                commit.waiter.set_result(None)
+
+        def on_error(now: float, error: BaseException) -> None:
+            commit.in_flight = False
+            self._coordinator.mark_unknown(now, error)
+            if isinstance(error, KafkaError) and error.retriable:
+                commit.retry_at = now + self._retry_backoff
+            else:
+                self._done(commit)
+                commit.waiter.set_exception(error)
+
+        return UnsentRequest("OffsetCommit", build, on_response, on_error, node_id=node, min_version=2)
+
+    def _done(self, commit: _Commit) -> None:
+        if commit in self._commits:
+            self._commits.remove(commit)
+
+    # -- OffsetFetch ------------------------------------------------------------------------------
+
+    def _fetch_request(self, fetch: _Fetch, node: int) -> UnsentRequest:
+        fetch.in_flight = True
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for tp in fetch.partitions:
+            by_topic[tp.topic].append(tp.partition)
+        topics = [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]
+        group_id = self._coordinator.group_id
+
+        def build(version: int) -> Body:
+            if version >= 8:
+                return {"groups": [{"group_id": group_id, "member_id": None, "member_epoch": -1,
+                                    "topics": topics}], "require_stable": True}
+            return {"group_id": group_id, "topics": topics, "require_stable": True}
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            fetch.in_flight = False
+            if version >= 8:
+                group = body["groups"][0]
+                group_error, result_topics = group["error_code"], group["topics"]
+            else:
+                group_error, result_topics = body["error_code"], body["topics"]
+            codes = [group_error] + [p["error_code"] for t in result_topics for p in t["partitions"]]
+            bad = [c for c in codes if c]
+            if any(c in _COORDINATOR_CODES for c in bad):
+                self._coordinator.mark_unknown(now, error_for_code(bad[0]))
+                fetch.retry_at = now + self._retry_backoff
+                return
+            if any(c in _RETRY_CODES for c in bad):
+                fetch.retry_at = now + self._retry_backoff
+                return
+            if bad:
+                self._finish_fetch(fetch, error_for_code(bad[0], f"OffsetFetch for group {group_id!r}"))
+                return
+            result: dict[TopicPartition, OffsetAndMetadata | None] = dict.fromkeys(fetch.partitions)
+            for t in result_topics:
+                for p in t["partitions"]:
+                    if p["committed_offset"] >= 0:
+                        epoch = p["committed_leader_epoch"]
+                        result[TopicPartition(t["name"], p["partition_index"])] = OffsetAndMetadata(
+                            p["committed_offset"], p["metadata"] or "", epoch if epoch >= 0 else None)
+            self._finish_fetch(fetch, result)
+
+        def on_error(now: float, error: BaseException) -> None:
+            fetch.in_flight = False
+            self._coordinator.mark_unknown(now, error)
+            if isinstance(error, KafkaError) and error.retriable:
+                fetch.retry_at = now + self._retry_backoff
+            else:
+                self._finish_fetch(fetch, error if isinstance(error, KafkaError) else KafkaError(repr(error)))
+
+        return UnsentRequest("OffsetFetch", build, on_response, on_error, node_id=node, min_version=1)
+
+    def _finish_fetch(self, fetch: _Fetch, outcome: dict[TopicPartition, OffsetAndMetadata | None] | KafkaError) -> None:
+        if fetch in self._fetches:
+            self._fetches.remove(fetch)
+        if fetch.for_positions:
+            if isinstance(outcome, KafkaError):
+                self._position_fetch_in_flight.difference_update(fetch.partitions)
+                log.warning("could not fetch committed offsets for %s: %s", _names(fetch.partitions), outcome)
+                for tp in fetch.partitions:
+                    state = self._subscriptions.get(tp)
+                    if state is not None:
+                        state.retry_at = float("inf")
+                self._report_error(outcome)
+                fetch.waiter.set_exception(outcome)
+                return
+            self._apply_positions(fetch, outcome)
+        if isinstance(outcome, KafkaError):
+            fetch.waiter.set_exception(outcome)
+        else:
+            fetch.waiter.set_result(outcome)
+
+
+def _names(tps: object) -> str:
+    return ", ".join(sorted(str(tp) for tp in tps))  # type: ignore[attr-defined]

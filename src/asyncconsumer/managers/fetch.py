@@ -1,0 +1,311 @@
+"""The fetch sender: builds Fetch requests and files responses in the buffer.
+
+One fetch in flight per broker.  A partition is fetched when its position is
+known, it is not paused, it has less than ``max_partition_fetch_bytes``
+buffered and the whole buffer is below ``fetch_buffer_bytes`` — so while the
+application works through buffered data, the next chunk is already on its way,
+and memory stays bounded however slow the application is.
+
+Incremental fetch sessions (KIP-227): after a full fetch the broker remembers
+the partitions; later requests name only partitions whose fetch offset moved,
+and list the ones to forget.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..engine.fetch_buffer import CompletedFetch, FetchBuffer
+from ..engine.requests import Body, UnsentRequest
+from ..errors import KafkaError, OffsetOutOfRangeError, error_for_code
+from ..structs import TopicPartition
+from .metadata import ZERO_UUID, MetadataManager
+from .subscription import PartitionState, SubscriptionState
+
+log = logging.getLogger("asyncconsumer.fetch")
+
+# Errors that a metadata refresh (a new leader, a new epoch) can fix.
+_REFRESH_CODES = {3, 5, 6, 9, 56, 74, 75, 78, 100, 103, 106}
+_OFFSET_OUT_OF_RANGE = 1
+_SESSION_CODES = {70, 71}  # FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH
+
+
+def scan_record_set(data: memoryview) -> tuple[int, int]:
+    """(offset after the last complete batch or -1, bytes of complete batches).
+
+    Reads only batch headers, so the background side learns the next fetch
+    offset without decoding; a truncated trailing batch is left out.
+    """
+    pos, end, next_offset = 0, len(data), -1
+    while pos + 17 <= end:
+        size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+        stop = pos + 12 + size
+        if size < 0 or stop > end:
+            break
+        base = int.from_bytes(data[pos : pos + 8], "big", signed=True)
+        if data[pos + 16] >= 2 and pos + 27 <= end:
+            base += int.from_bytes(data[pos + 23 : pos + 27], "big", signed=True)
+        next_offset = base + 1  # legacy messages: a compressed wrapper carries the last inner offset
+        pos = stop
+    return next_offset, pos
+
+
+@dataclass(slots=True)
+class FetchSession:
+    """KIP-227 session state for one broker."""
+
+    session_id: int = 0
+    epoch: int = 0
+    #: What the broker remembers per partition: the fetch offset we last sent.
+    partitions: dict[TopicPartition, int] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.session_id, self.epoch = 0, 0
+        self.partitions.clear()
+
+
+class FetchManager:
+    def __init__(
+        self,
+        subscriptions: SubscriptionState,
+        metadata: MetadataManager,
+        buffer: FetchBuffer,
+        *,
+        fetch_min_bytes: int,
+        fetch_max_bytes: int,
+        fetch_max_wait_ms: int,
+        max_partition_fetch_bytes: int,
+        read_committed: bool,
+        check_crcs: bool,
+        retry_backoff: float,
+        client_rack: str,
+        report_error: Callable[[KafkaError], None],
+        use_sessions: bool = True,
+    ) -> None:
+        self._subscriptions = subscriptions
+        self._metadata = metadata
+        self._buffer = buffer
+        self._min_bytes = fetch_min_bytes
+        self._max_bytes = fetch_max_bytes
+        self._max_wait_ms = fetch_max_wait_ms
+        self._partition_max_bytes = max_partition_fetch_bytes
+        self._read_committed = read_committed
+        self._check_crcs = check_crcs
+        self._retry_backoff = retry_backoff
+        self._rack = client_rack
+        self._report_error = report_error
+        self._use_sessions = use_sessions
+        self._in_flight_nodes: set[int] = set()
+        self._in_flight_partitions: set[TopicPartition] = set()
+        self._sessions: dict[int, FetchSession] = defaultdict(FetchSession)
+        #: Requests whose responses arrived with data (for tests and metrics).
+        self.responses = 0
+
+    def next_deadline(self, now: float) -> float:
+        waiting = [s.retry_at for s in self._subscriptions.partitions.values() if s.retry_at > now]
+        return min(waiting, default=float("inf"))
+
+    def _wanted(self, state: PartitionState) -> bool:
+        tp = state.tp
+        return tp not in self._in_flight_partitions and self._buffer.buffered_bytes(tp) < self._partition_max_bytes
+
+    def poll(self, now: float) -> list[UnsentRequest]:
+        if self._buffer.full:
+            return []
+        cluster = self._metadata.cluster
+        by_node: dict[int, list[PartitionState]] = defaultdict(list)
+        for state in self._subscriptions.fetchable(now):
+            if not self._wanted(state):
+                continue
+            leader = cluster.leader(state.tp)
+            if leader is None:
+                self._metadata.request_update()
+                continue
+            by_node[leader.leader].append(state)
+        requests = []
+        for node, states in by_node.items():
+            if node not in self._in_flight_nodes:
+                requests.append(self._request(node, states))
+        return requests
+
+    def _request(self, node: int, states: list[PartitionState]) -> UnsentRequest:
+        cluster = self._metadata.cluster
+        wanted = {s.tp: (s.fetch_offset, s.epoch) for s in states}
+        session = self._sessions[node]
+        self._in_flight_nodes.add(node)
+        self._in_flight_partitions.update(wanted)
+        assignment_id = self._subscriptions.assignment_id
+        have_ids = all(
+            (t := cluster.topics.get(tp.topic)) is not None and t.topic_id != ZERO_UUID for tp in wanted
+        )
+        sent: dict[str, object] = {"full": True}
+
+        def partition_entry(tp: TopicPartition) -> dict[str, object]:
+            leader = cluster.leader(tp)
+            return {
+                "partition": tp.partition,
+                "current_leader_epoch": leader.leader_epoch if leader is not None else -1,
+                "fetch_offset": wanted[tp][0],
+                "last_fetched_epoch": -1,
+                "log_start_offset": -1,
+                "partition_max_bytes": self._partition_max_bytes,
+            }
+
+        def topic_key(topic: str, version: int) -> dict[str, object]:
+            if version >= 13:
+                return {"topic_id": cluster.topics[topic].topic_id}
+            return {"topic": topic}
+
+        def build(version: int) -> Body:
+            full = not (self._use_sessions and version >= 7 and session.session_id)
+            if full:
+                to_send = list(wanted)
+                forgotten: list[TopicPartition] = []
+            else:
+                to_send = [tp for tp in wanted if session.partitions.get(tp) != wanted[tp][0]]
+                forgotten = [tp for tp in session.partitions if tp not in wanted]
+            sent["full"] = full
+            sent["forgotten"] = forgotten
+            sent["version"] = version
+            topics: dict[str, list[TopicPartition]] = defaultdict(list)
+            for tp in to_send:
+                topics[tp.topic].append(tp)
+            gone: dict[str, list[int]] = defaultdict(list)
+            for tp in forgotten:
+                gone[tp.topic].append(tp.partition)
+            session_wanted = self._use_sessions and version >= 7
+            return {
+                "replica_id": -1,
+                "max_wait_ms": self._max_wait_ms,
+                "min_bytes": self._min_bytes,
+                "max_bytes": self._max_bytes,
+                "isolation_level": int(self._read_committed),
+                "session_id": session.session_id if not full else 0,
+                "session_epoch": (session.epoch if not full else 0) if session_wanted else -1,
+                "topics": [
+                    {**topic_key(t, version), "partitions": [partition_entry(tp) for tp in tps]}
+                    for t, tps in topics.items()
+                ],
+                "forgotten_topics_data": [
+                    {**topic_key(t, version), "partitions": ps} for t, ps in gone.items()
+                ],
+                "rack_id": self._rack,
+            }
+
+        def finish() -> None:
+            self._in_flight_nodes.discard(node)
+            self._in_flight_partitions.difference_update(wanted)
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            finish()
+            code = body["error_code"]
+            if code in _SESSION_CODES:
+                log.debug("fetch session with node %s reset: %s", node, error_for_code(code))
+                session.reset()
+                return
+            if code:
+                self._fail_partitions(now, wanted, error_for_code(code, f"Fetch from node {node}"))
+                return
+            self._update_session(session, body, sent, wanted)
+            if self._subscriptions.assignment_id != assignment_id and not self._still_assigned(wanted):
+                return
+            self.responses += 1
+            for topic in body["responses"]:
+                name = topic["topic"] if version < 13 else cluster.topic_name(topic["topic_id"])
+                if name is None:
+                    self._metadata.request_update()
+                    continue
+                for p in topic["partitions"]:
+                    tp = TopicPartition(name, p["partition_index"])
+                    if tp in wanted:
+                        self._handle_partition(now, tp, wanted[tp], p)
+
+        def on_error(now: float, error: BaseException) -> None:
+            finish()
+            session.reset()
+            log.debug("fetch from node %s failed: %s", node, error)
+            self._metadata.request_update()
+            for tp in wanted:
+                state = self._subscriptions.get(tp)
+                if state is not None:
+                    state.retry_at = now + self._retry_backoff
+            if not (isinstance(error, KafkaError) and error.retriable):
+                self._report_error(error if isinstance(error, KafkaError) else KafkaError(repr(error)))
+
+        max_version = None if have_ids else 12
+        return UnsentRequest("Fetch", build, on_response, on_error, node_id=node, min_version=4,
+                             max_version=max_version, extra_timeout_ms=self._max_wait_ms)
+
+    def _still_assigned(self, wanted: dict[TopicPartition, tuple[int, int]]) -> bool:
+        return any(tp in self._subscriptions.partitions for tp in wanted)
+
+    def _update_session(self, session: FetchSession, body: Body, sent: dict[str, object],
+                        wanted: dict[TopicPartition, tuple[int, int]]) -> None:
+        if not self._use_sessions or int(str(sent.get("version", 0))) < 7:
+            return
+        if body["session_id"] == 0:
+            session.reset()
+            return
+        if sent["full"]:
+            session.session_id = body["session_id"]
+            session.partitions = {}
+        forgotten = sent.get("forgotten") or []
+        for tp in forgotten:  # type: ignore[attr-defined]
+            session.partitions.pop(tp, None)
+        for tp, (offset, _) in wanted.items():
+            session.partitions[tp] = offset
+        session.epoch = session.epoch + 1 if not sent["full"] else 1
+        # Offsets that move on with this response are sent again next time (they differ).
+
+    def _fail_partitions(self, now: float, wanted: dict[TopicPartition, tuple[int, int]], error: KafkaError) -> None:
+        self._metadata.request_update()
+        for tp in wanted:
+            state = self._subscriptions.get(tp)
+            if state is not None:
+                state.retry_at = now + self._retry_backoff
+        if not error.retriable:
+            self._report_error(error)
+
+    def _handle_partition(self, now: float, tp: TopicPartition, sent: tuple[int, int], p: Body) -> None:
+        state = self._subscriptions.get(tp)
+        fetch_offset, epoch = sent
+        if state is None or state.epoch != epoch or state.fetch_offset != fetch_offset:
+            return  # seeked, reset or unassigned since the request went out
+        code = p["error_code"]
+        if code == 0:
+            state.high_watermark = p["high_watermark"]
+            state.last_stable_offset = p["last_stable_offset"]
+            state.log_start_offset = p["log_start_offset"]
+            records = p["records"]
+            if records is None or len(records) == 0:
+                return
+            view = records if isinstance(records, memoryview) else memoryview(records)
+            next_offset, complete = scan_record_set(view)
+            if next_offset < 0:
+                return
+            aborted = None
+            if self._read_committed:
+                aborted = [(a["producer_id"], a["first_offset"]) for a in (p["aborted_transactions"] or [])]
+            self._buffer.add(CompletedFetch(
+                tp, epoch, fetch_offset, view[:complete], next_offset,
+                check_crcs=self._check_crcs, aborted=aborted,
+            ))
+            state.fetch_offset = max(next_offset, fetch_offset)
+        elif code == _OFFSET_OUT_OF_RANGE:
+            if state.reset_to is None and self._subscriptions.default_reset == "none":
+                state.retry_at = float("inf")
+                self._report_error(OffsetOutOfRangeError(
+                    f"fetch offset {fetch_offset} is out of range for {tp} and auto_offset_reset='none'"))
+            else:
+                log.info("fetch offset %d out of range for %s; resetting to %s", fetch_offset, tp,
+                         self._subscriptions.default_reset)
+                self._subscriptions.request_reset(tp)
+        elif code in _REFRESH_CODES:
+            self._metadata.request_update()
+            state.retry_at = now + self._retry_backoff
+        else:
+            state.retry_at = now + self._retry_backoff
+            self._report_error(error_for_code(code, f"fetching {tp}"))

@@ -1,0 +1,256 @@
+"""ListOffsets: offset lookups by timestamp, and position resets.
+
+Serves ``beginning_offsets``/``end_offsets``/``offsets_for_times`` and moves
+partitions in ``AWAIT_RESET`` to earliest/latest (``auto_offset_reset``).
+Requests go to each partition's leader; leadership errors refresh metadata
+and retry after ``retry_backoff_ms``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..engine.requests import Body, UnsentRequest
+from ..engine.waiter import Waiter
+from ..errors import (
+    KafkaError,
+    NoOffsetForPartitionError,
+    error_for_code,
+)
+from ..structs import TopicPartition
+from .metadata import MetadataManager
+from .subscription import PartitionPhase, SubscriptionState
+
+log = logging.getLogger("asyncconsumer.offsets")
+
+EARLIEST = -2
+LATEST = -1
+_RESET_TIMESTAMPS = {"earliest": EARLIEST, "latest": LATEST}
+# Errors after which a fresh leader may answer.
+_REFRESH_CODES = {3, 5, 6, 9, 74, 75, 78, 100, 103}
+
+#: (offset, timestamp, leader_epoch), or None when no record is at/after the timestamp.
+OffsetResult = tuple[int, int, int | None] | None
+
+
+@dataclass(eq=False)
+class _Lookup:
+    timestamps: dict[TopicPartition, int]
+    waiter: Waiter[dict[TopicPartition, OffsetResult]]
+    results: dict[TopicPartition, OffsetResult] = field(default_factory=dict)
+    in_flight: set[TopicPartition] = field(default_factory=set)
+    retry_at: float = 0.0
+
+
+class ListOffsetsManager:
+    def __init__(
+        self,
+        subscriptions: SubscriptionState,
+        metadata: MetadataManager,
+        *,
+        read_committed: bool,
+        retry_backoff: float,
+        report_error: Callable[[KafkaError], None],
+    ) -> None:
+        self._subscriptions = subscriptions
+        self._metadata = metadata
+        self._read_committed = read_committed
+        self._retry_backoff = retry_backoff
+        self._report_error = report_error
+        self._lookups: list[_Lookup] = []
+        self._resets_in_flight: set[TopicPartition] = set()
+
+    def lookup(self, timestamps: dict[TopicPartition, int]) -> Waiter[dict[TopicPartition, OffsetResult]]:
+        waiter: Waiter[dict[TopicPartition, OffsetResult]] = Waiter()
+        if not timestamps:
+            waiter.set_result({})
+        else:
+            self._lookups.append(_Lookup(dict(timestamps), waiter))
+        return waiter
+
+    def topics_of_interest(self) -> set[str]:
+        return {tp.topic for lookup in self._lookups for tp in lookup.timestamps}
+
+    def next_deadline(self, now: float) -> float:
+        deadlines = [lk.retry_at for lk in self._lookups]
+        deadlines += [s.retry_at for s in self._subscriptions.in_phase(PartitionPhase.AWAIT_RESET, float("inf"))]
+        return max(now, min(deadlines)) if deadlines else float("inf")
+
+    def poll(self, now: float) -> list[UnsentRequest]:
+        requests = self._poll_lookups(now)
+        requests += self._poll_resets(now)
+        return requests
+
+    # -- application lookups ----------------------------------------------------------------------
+
+    def _poll_lookups(self, now: float) -> list[UnsentRequest]:
+        requests: list[UnsentRequest] = []
+        cluster = self._metadata.cluster
+        for lookup in list(self._lookups):
+            if lookup.waiter.done():  # cancelled by the caller's timeout
+                self._lookups.remove(lookup)
+                continue
+            if now < lookup.retry_at:
+                continue
+            by_leader: dict[int, dict[TopicPartition, int]] = defaultdict(dict)
+            for tp, ts in lookup.timestamps.items():
+                if tp in lookup.results or tp in lookup.in_flight:
+                    continue
+                if tp.topic in cluster.topic_errors:
+                    self._lookups.remove(lookup)
+                    lookup.waiter.set_exception(self._topic_error(tp))
+                    break
+                leader = cluster.leader(tp)
+                topic = cluster.topics.get(tp.topic)
+                if topic is not None and tp.partition not in topic.partitions:
+                    self._lookups.remove(lookup)
+                    lookup.waiter.set_exception(self._topic_error(tp))
+                    break
+                if leader is None:
+                    self._metadata.request_update()
+                    continue
+                by_leader[leader.leader][tp] = ts
+            else:
+                for node, parts in by_leader.items():
+                    lookup.in_flight.update(parts)
+                    requests.append(self._request(node, parts, self._lookup_handler(lookup, parts)))
+        return requests
+
+    def _topic_error(self, tp: TopicPartition) -> KafkaError:
+        error = self._metadata.cluster.topic_errors.get(tp.topic)
+        if error is not None:
+            return type(error)(f"topic {tp.topic!r} (partition {tp.partition}): {error.detail}"
+                               if hasattr(error, "detail") else str(error))
+        return error_for_code(3, f"partition {tp} does not exist")
+
+    def _lookup_handler(
+        self, lookup: _Lookup, parts: dict[TopicPartition, int]
+    ) -> Callable[[float, dict[TopicPartition, OffsetResult] | KafkaError], None]:
+        def handle(now: float, outcome: dict[TopicPartition, OffsetResult] | KafkaError) -> None:
+            lookup.in_flight.difference_update(parts)
+            if isinstance(outcome, KafkaError):
+                if not outcome.retriable:
+                    self._finish(lookup, outcome)
+                    return
+                lookup.retry_at = now + self._retry_backoff
+                return
+            lookup.results.update(outcome)
+            if len(lookup.results) == len(lookup.timestamps):
+                self._finish(lookup, None)
+            elif not lookup.in_flight:
+                lookup.retry_at = now + self._retry_backoff
+
+        return handle
+
+    def _finish(self, lookup: _Lookup, error: KafkaError | None) -> None:
+        if lookup in self._lookups:
+            self._lookups.remove(lookup)
+        if error is not None:
+            lookup.waiter.set_exception(error)
+        else:
+            lookup.waiter.set_result(dict(lookup.results))
+
+    # -- position resets --------------------------------------------------------------------------
+
+    def _poll_resets(self, now: float) -> list[UnsentRequest]:
+        cluster = self._metadata.cluster
+        by_leader: dict[int, dict[TopicPartition, int]] = defaultdict(dict)
+        missing: list[TopicPartition] = []
+        for state in self._subscriptions.in_phase(PartitionPhase.AWAIT_RESET, now):
+            tp = state.tp
+            if tp in self._resets_in_flight:
+                continue
+            if state.reset_to not in _RESET_TIMESTAMPS:
+                missing.append(tp)
+                continue
+            leader = cluster.leader(tp)
+            if leader is None:
+                self._metadata.request_update()
+                continue
+            by_leader[leader.leader][tp] = _RESET_TIMESTAMPS[state.reset_to]
+        if missing:
+            for tp in missing:
+                self._subscriptions.partitions[tp].retry_at = float("inf")  # until the user seeks
+            self._report_error(NoOffsetForPartitionError(missing))
+        requests = []
+        for node, parts in by_leader.items():
+            epochs = {tp: self._subscriptions.partitions[tp].epoch for tp in parts}
+            self._resets_in_flight.update(parts)
+            requests.append(self._request(node, parts, self._reset_handler(parts, epochs)))
+        return requests
+
+    def _reset_handler(
+        self, parts: dict[TopicPartition, int], epochs: dict[TopicPartition, int]
+    ) -> Callable[[float, dict[TopicPartition, OffsetResult] | KafkaError], None]:
+        def handle(now: float, outcome: dict[TopicPartition, OffsetResult] | KafkaError) -> None:
+            self._resets_in_flight.difference_update(parts)
+            for tp in parts:
+                state = self._subscriptions.get(tp)
+                if state is None or state.epoch != epochs[tp] or state.phase is not PartitionPhase.AWAIT_RESET:
+                    continue  # seeked or unassigned meanwhile
+                result = outcome.get(tp) if isinstance(outcome, dict) else None
+                if result is None:
+                    if isinstance(outcome, KafkaError) and not outcome.retriable:
+                        self._report_error(outcome)
+                    state.retry_at = now + self._retry_backoff
+                    continue
+                offset, _, leader_epoch = result
+                log.debug("reset %s to %s offset %d", tp, state.reset_to, offset)
+                state.set_position(offset, leader_epoch)
+
+        return handle
+
+    # -- the request ------------------------------------------------------------------------------
+
+    def _request(
+        self,
+        node: int,
+        parts: dict[TopicPartition, int],
+        handle: Callable[[float, dict[TopicPartition, OffsetResult] | KafkaError], None],
+    ) -> UnsentRequest:
+        cluster = self._metadata.cluster
+        by_topic: dict[str, list[TopicPartition]] = defaultdict(list)
+        for tp in parts:
+            by_topic[tp.topic].append(tp)
+
+        def build(version: int) -> Body:
+            topics = []
+            for topic, tps in by_topic.items():
+                partitions = []
+                for tp in tps:
+                    leader = cluster.leader(tp)
+                    epoch = leader.leader_epoch if leader is not None else -1
+                    partitions.append({"partition_index": tp.partition, "current_leader_epoch": epoch,
+                                       "timestamp": parts[tp]})
+                topics.append({"name": topic, "partitions": partitions})
+            return {"replica_id": -1, "isolation_level": int(self._read_committed), "topics": topics,
+                    "timeout_ms": 30000}
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            results: dict[TopicPartition, OffsetResult] = {}
+            refresh = False
+            fatal: KafkaError | None = None
+            for topic in body["topics"]:
+                for p in topic["partitions"]:
+                    tp = TopicPartition(topic["name"], p["partition_index"])
+                    code = p["error_code"]
+                    if code == 0:
+                        offset = p["offset"]
+                        epoch = p["leader_epoch"] if p["leader_epoch"] >= 0 else None
+                        results[tp] = None if offset < 0 else (offset, p["timestamp"], epoch)
+                    elif code in _REFRESH_CODES:
+                        refresh = True
+                    else:
+                        fatal = error_for_code(code, f"ListOffsets for {tp}")
+            if refresh:
+                self._metadata.request_update()
+            handle(now, fatal if fatal is not None else results)
+
+        def on_error(now: float, error: BaseException) -> None:
+            self._metadata.request_update()
+            handle(now, error if isinstance(error, KafkaError) else KafkaError(repr(error)))
+
+        return UnsentRequest("ListOffsets", build, on_response, on_error, node_id=node, min_version=1)

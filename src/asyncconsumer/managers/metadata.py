@@ -1,0 +1,172 @@
+"""Cluster metadata: brokers, partition leaders and leader epochs, topic ids.
+
+Refreshed when asked (a fetch or list-offsets saw NOT_LEADER_OR_FOLLOWER, a
+leader epoch moved, a topic is unknown), when the topics of interest change,
+and every ``metadata_max_age_ms``.  One-shot "all topics" lookups for
+``Consumer.topics()`` share the same request path.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.requests import Body, UnsentRequest
+from ..engine.waiter import Waiter
+from ..errors import KafkaError, TopicAuthorizationFailedError, UnknownTopicOrPartitionError, error_for_code
+from ..structs import TopicPartition
+
+log = logging.getLogger("asyncconsumer.metadata")
+
+ZERO_UUID = bytes(16)
+
+
+@dataclass(slots=True)
+class PartitionInfo:
+    leader: int
+    leader_epoch: int
+
+
+@dataclass(slots=True)
+class TopicInfo:
+    name: str
+    topic_id: bytes
+    is_internal: bool
+    partitions: dict[int, PartitionInfo]
+
+
+@dataclass(slots=True)
+class Cluster:
+    brokers: dict[int, tuple[str, int]] = field(default_factory=dict)
+    topics: dict[str, TopicInfo] = field(default_factory=dict)
+    #: Topics the last response said do not exist (or we may not see), with the error.
+    topic_errors: dict[str, KafkaError] = field(default_factory=dict)
+
+    def leader(self, tp: TopicPartition) -> PartitionInfo | None:
+        topic = self.topics.get(tp.topic)
+        if topic is None:
+            return None
+        info = topic.partitions.get(tp.partition)
+        return info if info is not None and info.leader >= 0 else None
+
+    def topic_name(self, topic_id: bytes) -> str | None:
+        for topic in self.topics.values():
+            if topic.topic_id == topic_id:
+                return topic.name
+        return None
+
+
+class MetadataManager:
+    def __init__(
+        self,
+        *,
+        max_age: float,
+        retry_backoff: float,
+        topics_of_interest: Callable[[], set[str]],
+        on_update: Callable[[Cluster], None],
+    ) -> None:
+        self.cluster = Cluster()
+        self._max_age = max_age
+        self._retry_backoff = retry_backoff
+        self._topics_of_interest = topics_of_interest
+        self._on_update = on_update
+        self._requested = True
+        self._in_flight = False
+        self._last_refresh = float("-inf")
+        self._retry_at = 0.0
+        self._last_topics: set[str] = set()
+        self._all_topics_waiters: list[Waiter[Cluster]] = []
+        self._all_in_flight = False
+        self.last_error: KafkaError | None = None
+        #: Bumped on every response, so waiters know a refresh happened.
+        self.version = 0
+
+    def request_update(self) -> None:
+        self._requested = True
+
+    def fetch_all_topics(self) -> Waiter[Cluster]:
+        waiter: Waiter[Cluster] = Waiter()
+        self._all_topics_waiters.append(waiter)
+        return waiter
+
+    def next_deadline(self, now: float) -> float:
+        if self._requested or self._all_topics_waiters:
+            return max(now, self._retry_at)
+        return self._last_refresh + self._max_age
+
+    def poll(self, now: float) -> list[UnsentRequest]:
+        requests = []
+        if self._all_topics_waiters and not self._all_in_flight and now >= self._retry_at:
+            self._all_in_flight = True
+            requests.append(self._request(None))
+        topics = self._topics_of_interest()
+        if topics != self._last_topics:
+            self._requested = True
+        due = self._requested or now - self._last_refresh >= self._max_age
+        if due and not self._in_flight and now >= self._retry_at and (topics or not self.cluster.brokers):
+            self._in_flight = True
+            self._requested = False
+            self._last_topics = topics
+            requests.append(self._request(sorted(topics)))
+        return requests
+
+    def _request(self, topics: list[str] | None) -> UnsentRequest:
+        def build(version: int) -> Body:
+            body: dict[str, Any] = {"allow_auto_topic_creation": False}
+            body["topics"] = None if topics is None else [{"name": t, "topic_id": ZERO_UUID} for t in topics]
+            return body
+
+        everything = topics is None
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            self._handle(now, body, everything)
+
+        def on_error(now: float, error: BaseException) -> None:
+            self._handle_error(now, error, everything)
+
+        return UnsentRequest("Metadata", build, on_response, on_error, min_version=1)
+
+    def _handle(self, now: float, body: Body, everything: bool) -> None:
+        brokers = {b["node_id"]: (b["host"], b["port"]) for b in body["brokers"]}
+        topics: dict[str, TopicInfo] = {}
+        errors: dict[str, KafkaError] = {}
+        for topic in body["topics"]:
+            name = topic["name"]
+            if topic["error_code"]:
+                error = error_for_code(topic["error_code"], f"topic {name!r}")
+                if isinstance(error, (UnknownTopicOrPartitionError, TopicAuthorizationFailedError)):
+                    errors[name] = error
+                continue
+            partitions = {
+                p["partition_index"]: PartitionInfo(p["leader_id"], p["leader_epoch"]) for p in topic["partitions"]
+            }
+            topics[name] = TopicInfo(name, topic["topic_id"], topic["is_internal"], partitions)
+        if everything:
+            self._all_in_flight = False
+            snapshot = Cluster(brokers, topics, errors)
+            waiters, self._all_topics_waiters = self._all_topics_waiters, []
+            for waiter in waiters:
+                waiter.set_result(snapshot)
+            # Keep our own view of interesting topics fresh too.
+            merged = dict(self.cluster.topics)
+            merged.update({n: t for n, t in topics.items() if n in self._last_topics})
+            topics, errors = merged, self.cluster.topic_errors
+        else:
+            self._in_flight = False
+            self._last_refresh = now
+        self.cluster = Cluster(brokers, topics, errors)
+        self.last_error = None
+        self.version += 1
+        self._on_update(self.cluster)
+
+    def _handle_error(self, now: float, error: BaseException, everything: bool) -> None:
+        log.debug("metadata request failed: %s", error)
+        self._retry_at = now + self._retry_backoff
+        self.last_error = error if isinstance(error, KafkaError) else KafkaError(repr(error))
+        if everything:
+            self._all_in_flight = False
+        else:
+            self._in_flight = False
+            self._requested = True
