@@ -115,9 +115,10 @@ class Consumer(Generic[KT, VT]):
             engine = self._new_engine()
             await task_group.start(engine.run)
             await self._bootstrap()
-        except BaseException as exc:
+        except BaseException:
             await self._shutdown(1.0)
-            await task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
             self._task_group = None
             raise
         return self
@@ -130,7 +131,10 @@ class Consumer(Generic[KT, VT]):
         finally:
             task_group, self._task_group = self._task_group, None
             if task_group is not None:
-                await task_group.__aexit__(exc_type, exc, tb)
+                # The loop has stopped; exiting with no exception keeps the caller's own
+                # exception (if any) unwrapped instead of inside an ExceptionGroup.
+                task_group.cancel_scope.cancel()
+                await task_group.__aexit__(None, None, None)
 
     async def start(self) -> None:
         """Start without ``async with`` (asyncio only: trio needs a nursery, so use ``async with``)."""

@@ -198,6 +198,8 @@ class Engine:
         self.wake()
 
     def _run_completions(self, now: float) -> None:
+        if self._completions:
+            self.notify_app()  # positions, offsets or errors may have changed: let waiters re-check
         while self._completions:
             request, version, body, error = self._completions.popleft()
             try:

@@ -1,0 +1,1 @@
+"""Kafka wire protocol: message codec (``api``), record batches and compression."""

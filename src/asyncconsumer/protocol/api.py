@@ -1,0 +1,223 @@
+"""Public surface of the Kafka message codec: frames in, dicts out (and back).
+
+Bodies are plain dicts keyed by the schema's field names in snake_case
+(``ThrottleTimeMs`` -> ``throttle_time_ms``).  Values: ints, bools, ``str``,
+``bytes``; ``uuid`` fields are 16-byte ``bytes`` (``uuid.UUID`` is also
+accepted when encoding); arrays are lists; structs are dicts; null is
+``None``.  ``records`` fields decode to a zero-copy ``memoryview`` of the
+frame passed in, so keep the frame alive while using them.
+
+Decoding fills in every field the schema knows, with its default when the
+version does not carry it.  Encoding takes defaults for missing keys, drops
+fields the version lacks if they are ignorable or hold their default, and
+raises :class:`ProtocolEncodeError` otherwise.  Malformed input raises
+:class:`ProtocolDecodeError`; both subclass ``asyncconsumer.errors.ProtocolError``.
+Bytes after the body are ignored, as the Java client does.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from construct import Container
+
+from ._schemas import SCHEMAS
+from .messages import MessageStruct, in_range, struct_for
+from .primitives import DECODE_ERRORS, FrameReader, ProtocolDecodeError, ProtocolEncodeError
+
+__all__ = [
+    "API_KEYS",
+    "API_NAMES",
+    "SUPPORTED_VERSIONS",
+    "ProtocolDecodeError",
+    "ProtocolEncodeError",
+    "decode_data",
+    "decode_request",
+    "decode_response",
+    "encode_data",
+    "encode_request",
+    "encode_response",
+    "peek_correlation_id",
+    "peek_request_header",
+]
+
+Frame = bytes | bytearray | memoryview
+
+API_KEYS: dict[str, int] = {
+    s["name"].removesuffix("Request"): s["api_key"] for s in SCHEMAS.values() if s["type"] == "request"
+}
+API_NAMES: dict[int, str] = {key: name for name, key in API_KEYS.items()}
+
+
+def _supported(s: dict[str, Any]) -> tuple[int, int]:
+    lo, hi = s["valid_versions"]
+    # An unstable latest version is only exposed by brokers configured for it; never negotiate it.
+    return (lo, hi - 1 if s["latest_version_unstable"] and hi > lo else hi)
+
+
+SUPPORTED_VERSIONS: dict[str, tuple[int, int]] = {
+    name: _supported(SCHEMAS[name + "Request"]) for name in API_KEYS
+}
+
+_DATA_NAMES = frozenset(s["name"] for s in SCHEMAS.values() if s["type"] == "data")
+_SIZE = struct.Struct(">i")
+_HEADER_START = struct.Struct(">hhi")
+
+
+def _message(api: str, kind: str, version: int) -> tuple[str, MessageStruct]:
+    if api not in API_KEYS:
+        raise ProtocolEncodeError(f"unknown api {api!r}")
+    name = api + kind
+    try:
+        return name, struct_for(name, version)
+    except ProtocolEncodeError:
+        lo, hi = SCHEMAS[name]["valid_versions"]
+        raise ProtocolEncodeError(
+            f"{api} has no {kind.lower()} version {version} (valid: {lo}-{hi})"
+        ) from None
+
+
+def _flexible(name: str, version: int) -> bool:
+    return in_range(SCHEMAS[name]["flexible_versions"], version)
+
+
+def _request_header_version(api: str, version: int) -> int:
+    return 2 if _flexible(api + "Request", version) else 1
+
+
+def _response_header_version(api: str, version: int) -> int:
+    # KIP-511: ApiVersions responses keep header v0 so any client can read them.
+    if api == "ApiVersions" or not _flexible(api + "Response", version):
+        return 0
+    return 1
+
+
+def _encode(parts: list[tuple[MessageStruct, Mapping[str, Any]]], what: str) -> bytes:
+    stream = io.BytesIO()
+    stream.write(b"\0\0\0\0")  # size, patched below
+    context = Container()
+    try:
+        for struct_, obj in parts:
+            struct_._build(obj, stream, context, None)
+    except ProtocolEncodeError as exc:
+        raise ProtocolEncodeError(f"cannot encode {what}: {exc}") from None
+    size = stream.tell() - 4
+    stream.seek(0)
+    stream.write(_SIZE.pack(size))
+    return stream.getvalue()
+
+
+def _decode(structs: list[MessageStruct], frame: Frame, what: str) -> list[dict[str, Any]]:
+    reader = FrameReader(frame)
+    context = Container()
+    try:
+        return [s._parsereport(reader, context, None) for s in structs]
+    except DECODE_ERRORS as exc:
+        raise ProtocolDecodeError(f"cannot decode {what}: {exc}") from None
+
+
+def encode_request(
+    api: str, version: int, body: Mapping[str, Any], *, correlation_id: int, client_id: str | None
+) -> bytes:
+    """Full request frame: int32 size, request header (v1, or v2 when flexible), body."""
+    _, body_struct = _message(api, "Request", version)
+    header = {
+        "request_api_key": API_KEYS[api],
+        "request_api_version": version,
+        "correlation_id": correlation_id,
+        "client_id": client_id,
+    }
+    header_struct = struct_for("RequestHeader", _request_header_version(api, version))
+    return _encode([(header_struct, header), (body_struct, body)], f"{api} v{version} request")
+
+
+def decode_request(api: str, version: int, frame: Frame) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Parse a request frame (bytes after the size prefix) into ``(header, body)``."""
+    _, body_struct = _message(api, "Request", version)
+    header_struct = struct_for("RequestHeader", _request_header_version(api, version))
+    header, body = _decode([header_struct, body_struct], frame, f"{api} v{version} request")
+    if (header["request_api_key"], header["request_api_version"]) != (API_KEYS[api], version):
+        raise ProtocolDecodeError(
+            f"expected {api} v{version} request, header says api key {header['request_api_key']} "
+            f"v{header['request_api_version']}"
+        )
+    return header, body
+
+
+def encode_response(api: str, version: int, body: Mapping[str, Any], *, correlation_id: int) -> bytes:
+    """Full response frame: int32 size, response header, body (for tests and scripted brokers)."""
+    _, body_struct = _message(api, "Response", version)
+    header_struct = struct_for("ResponseHeader", _response_header_version(api, version))
+    return _encode(
+        [(header_struct, {"correlation_id": correlation_id}), (body_struct, body)],
+        f"{api} v{version} response",
+    )
+
+
+def decode_response(api: str, version: int, frame: Frame) -> dict[str, Any]:
+    """Parse a response frame (bytes after the size prefix) and return its body."""
+    _, body_struct = _message(api, "Response", version)
+    header_struct = struct_for("ResponseHeader", _response_header_version(api, version))
+    try:
+        return _decode([header_struct, body_struct], frame, f"{api} v{version} response")[1]
+    except ProtocolDecodeError:
+        if api != "ApiVersions" or version == 0:
+            raise
+    # A broker that does not know our ApiVersions version answers UNSUPPORTED_VERSION
+    # in a v0 body; like the Java client, fall back to v0 when the real version fails.
+    v0 = struct_for("ApiVersionsResponse", 0)
+    return _decode([header_struct, v0], frame, f"{api} v{version} response (or v0 fallback)")[1]
+
+
+def peek_correlation_id(frame: Frame) -> int:
+    """Correlation id of a response frame (bytes after the size prefix); every header starts with it."""
+    if len(frame) < 4:
+        raise ProtocolDecodeError(f"response frame of {len(frame)} bytes has no correlation id")
+    return int(_SIZE.unpack_from(frame, 0)[0])
+
+
+def peek_request_header(frame: Frame) -> tuple[int, int, int]:
+    """``(api_key, api_version, correlation_id)`` of a request frame, to pick the decoder."""
+    if len(frame) < 8:
+        raise ProtocolDecodeError(f"request frame of {len(frame)} bytes is too short for a header")
+    api_key, version, correlation_id = _HEADER_START.unpack_from(frame, 0)
+    return int(api_key), int(version), int(correlation_id)
+
+
+def _data_schema(name: str) -> tuple[int, int]:
+    if name not in _DATA_NAMES:
+        raise ProtocolEncodeError(f"unknown data type {name!r} (known: {sorted(_DATA_NAMES)})")
+    lo, hi = SCHEMAS[name]["valid_versions"]
+    return int(lo), int(hi)
+
+
+def encode_data(name: str, version: int, body: Mapping[str, Any]) -> bytes:
+    """int16 version followed by the struct, e.g. ``ConsumerProtocolSubscription``."""
+    _data_schema(name)
+    stream = io.BytesIO()
+    stream.write(struct.pack(">h", version))
+    try:
+        struct_for(name, version)._build(body, stream, Container(), None)
+    except ProtocolEncodeError as exc:
+        raise ProtocolEncodeError(f"cannot encode {name} v{version}: {exc}") from None
+    return stream.getvalue()
+
+
+def decode_data(name: str, data: Frame) -> tuple[int, dict[str, Any]]:
+    """Parse an int16-versioned struct; returns ``(version used to parse, body)``.
+
+    A version newer than we know is parsed with the highest known one (later
+    versions only append fields, so the extra bytes are ignored).
+    """
+    lo, hi = _data_schema(name)
+    if len(data) < 2:
+        raise ProtocolDecodeError(f"cannot decode {name}: {len(data)} bytes is too short for a version")
+    wire_version = int(struct.unpack_from(">h", data, 0)[0])
+    if wire_version < lo:
+        raise ProtocolDecodeError(f"cannot decode {name}: unknown version {wire_version}")
+    version = min(wire_version, hi)
+    body = _decode([struct_for(name, version)], memoryview(data)[2:], f"{name} v{wire_version}")[0]
+    return version, body

@@ -1,0 +1,261 @@
+"""Build ``construct`` structures for Kafka messages from the generated schema literals.
+
+``struct_for(name, version)`` returns one :class:`MessageStruct` per schema and
+version, built on first use and cached.  A ``MessageStruct`` parses straight
+into plain dicts: every field the schema knows appears in the result, with
+its default when the version (or a missing tagged field) does not carry it.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._schemas import SCHEMAS
+from .primitives import (
+    BOOL,
+    DECODE_ERRORS,
+    ENCODE_ERRORS,
+    FLOAT64,
+    INT8,
+    INT16,
+    INT32,
+    INT64,
+    UINT16,
+    UINT32,
+    UUID,
+    Array,
+    Bytes,
+    NullableStruct,
+    ProtocolDecodeError,
+    ProtocolEncodeError,
+    Records,
+    String,
+    _Base,
+    read_uvarint,
+    skip,
+    write_uvarint,
+)
+
+Field = dict[str, Any]
+VersionRange = tuple[int, int | None] | None
+
+_FIXED: dict[str, Any] = {
+    "bool": BOOL,
+    "int8": INT8,
+    "int16": INT16,
+    "uint16": UINT16,
+    "int32": INT32,
+    "uint32": UINT32,
+    "int64": INT64,
+    "float64": FLOAT64,
+    "uuid": UUID,
+}
+
+
+class _LocatedDecodeError(ProtocolDecodeError):
+    """Already names the failing field; enclosing structs pass it through unchanged."""
+
+
+class _LocatedEncodeError(ProtocolEncodeError):
+    """Already names the failing field; enclosing structs pass it through unchanged."""
+
+
+def in_range(versions: VersionRange, version: int) -> bool:
+    return versions is not None and versions[0] <= version and (versions[1] is None or version <= versions[1])
+
+
+def schema(name: str) -> dict[str, Any]:
+    try:
+        return SCHEMAS[name]
+    except KeyError:
+        raise ProtocolEncodeError(f"unknown message {name!r}") from None
+
+
+def is_flexible(name: str, version: int) -> bool:
+    return in_range(schema(name)["flexible_versions"], version)
+
+
+def default_value(field: Field) -> Any:
+    """A fresh default for ``field`` (new list/dict each call, so callers may mutate it)."""
+    default = field["default"]
+    if default is None:
+        return None
+    if field["type"].startswith("[]"):
+        return []
+    if "fields" in field:
+        return {f["key"]: default_value(f) for f in field["fields"]}
+    return default
+
+
+def is_default(field: Field, value: Any) -> bool:
+    """Whether ``value`` equals the field's default; a partial struct dict is compared field by field."""
+    default = field["default"]
+    if value is None or default is None:
+        return value is default
+    if field["type"].startswith("[]"):
+        return len(value) == 0
+    if "fields" in field:
+        return all(is_default(f, value[f["key"]]) for f in field["fields"] if f["key"] in value)
+    if field["type"] in ("bytes", "uuid"):
+        value = bytes(getattr(value, "bytes", value))
+    return bool(value == default)
+
+
+class MessageStruct(_Base):
+    """A Kafka struct (message body, header, array element or nested struct) for one version.
+
+    Parses to a plain ``dict`` keyed by snake_case field names and builds from
+    any ``Mapping`` (missing keys take their defaults).
+    """
+
+    def __init__(self, fields: tuple[Field, ...], version: int, flexible: bool, where: str) -> None:
+        super().__init__()
+        self.version = version
+        self.flexible = flexible
+        self.where = where
+        self.all_keys = frozenset(f["key"] for f in fields)
+        # Template holds the immutable defaults; `fill` makes fresh lists/dicts for
+        # fields the wire may not carry (absent in this version, or tagged).
+        self.template: dict[str, Any] = {}
+        self.fill: list[tuple[str, Callable[[], Any]]] = []
+        self.positional: list[tuple[str, Any, Any]] = []
+        self.tagged: dict[int, tuple[str, Any]] = {}
+        self.tagged_out: list[tuple[int, str, Any, Field]] = []
+        self.absent: list[Field] = []
+        for f in fields:
+            key = f["key"]
+            mutable = f["default"] is not None and ("fields" in f or f["type"].startswith("[]"))
+            self.template[key] = None if mutable else f["default"]
+            present = in_range(f["versions"], version)
+            tagged = present and f["tag"] is not None and in_range(f["tagged_versions"], version)
+            if mutable and not (present and not tagged):
+                self.fill.append((key, functools.partial(default_value, f)))
+            if not present:
+                self.absent.append(f)
+                continue
+            flex = in_range(f["flexible_versions"], version) if "flexible_versions" in f else flexible
+            sub = field_construct(f, version, flex, f"{where}{key}")
+            if tagged:
+                if not flexible:
+                    raise ProtocolEncodeError(f"{where}{key}: tagged field in a non-flexible version")
+                self.tagged[f["tag"]] = (key, sub)
+                self.tagged_out.append((f["tag"], key, sub, f))
+            else:
+                self.positional.append((key, sub, f["default"]))
+        self.tagged_out.sort(key=lambda item: item[0])
+
+    def _parse(self, stream: Any, context: Any, path: Any) -> dict[str, Any]:
+        result = self.template.copy()
+        key = ""
+        seen: set[str] | tuple[()] = ()
+        try:
+            for key, sub, _default in self.positional:
+                result[key] = sub._parsereport(stream, context, path)
+            if self.flexible:
+                key = "<tagged fields>"
+                seen = self._parse_tagged(stream, context, path, result)
+        except _LocatedDecodeError:
+            raise
+        except DECODE_ERRORS as exc:
+            raise _LocatedDecodeError(f"{self.where}{key}: {exc}") from None
+        for key, factory in self.fill:
+            if key not in seen:
+                result[key] = factory()
+        return result
+
+    def _parse_tagged(self, stream: Any, context: Any, path: Any, result: dict[str, Any]) -> set[str]:
+        seen: set[str] = set()
+        for _ in range(read_uvarint(stream)):
+            tag = read_uvarint(stream)
+            size = read_uvarint(stream)
+            known = self.tagged.get(tag)
+            if known is None:
+                skip(stream, size)  # unknown tags are how new fields appear without a version bump
+                continue
+            key, sub = known
+            start = stream.tell()
+            result[key] = sub._parsereport(stream, context, path)
+            used = stream.tell() - start
+            if used > size:
+                raise ProtocolDecodeError(f"tagged field {tag} overran its size {size}")
+            skip(stream, size - used)
+            seen.add(key)
+        return seen
+
+    def _build(self, obj: Any, stream: Any, context: Any, path: Any) -> Any:
+        if not isinstance(obj, Mapping):
+            raise _LocatedEncodeError(f"{self.where or 'body'}: expected a mapping, got {type(obj).__name__}")
+        if not self.all_keys.issuperset(obj):
+            unknown = sorted(set(obj) - self.all_keys)
+            raise _LocatedEncodeError(f"{self.where}: unknown field(s) {unknown}")
+        for f in self.absent:
+            key = f["key"]
+            if key in obj and not f["ignorable"] and not is_default(f, obj[key]):
+                raise _LocatedEncodeError(
+                    f"{self.where}{key} ({f['name']}) does not exist in version {self.version} and is "
+                    f"not ignorable, but has non-default value {obj[key]!r}"
+                )
+        key = ""
+        try:
+            for key, sub, default in self.positional:
+                sub._build(obj.get(key, default), stream, context, path)
+            if self.flexible:
+                entries: list[tuple[int, bytes]] = []
+                for tag, key, sub, f in self.tagged_out:
+                    if key in obj and not is_default(f, obj[key]):
+                        buf = io.BytesIO()
+                        sub._build(obj[key], buf, context, path)
+                        entries.append((tag, buf.getvalue()))
+                write_uvarint(stream, len(entries))
+                for tag, data in entries:
+                    write_uvarint(stream, tag)
+                    write_uvarint(stream, len(data))
+                    stream.write(data)
+        except _LocatedEncodeError:
+            raise
+        except ENCODE_ERRORS as exc:
+            raise _LocatedEncodeError(f"{self.where}{key}: {exc}") from None
+        return obj
+
+
+def field_construct(field: Field, version: int, flexible: bool, where: str) -> Any:
+    """The construct for one field's value in ``version``."""
+    ftype: str = field["type"]
+    nullable = in_range(field["nullable_versions"], version)
+    if ftype.startswith("[]"):
+        elem = ftype[2:]
+        if "fields" in field:
+            sub: Any = MessageStruct(field["fields"], version, flexible, f"{where}[].")
+        else:
+            sub = _scalar(elem, flexible, False)
+        return Array(sub, flexible, nullable)
+    if "fields" in field:
+        struct = MessageStruct(field["fields"], version, flexible, f"{where}.")
+        return NullableStruct(struct) if nullable else struct
+    return _scalar(ftype, flexible, nullable)
+
+
+def _scalar(ftype: str, flexible: bool, nullable: bool) -> Any:
+    if ftype == "string":
+        return String(flexible, nullable)
+    if ftype == "bytes":
+        return Bytes(flexible, nullable)
+    if ftype == "records":
+        return Records(flexible, nullable)
+    try:
+        return _FIXED[ftype]
+    except KeyError:
+        raise ProtocolEncodeError(f"unsupported field type {ftype!r}") from None
+
+
+@functools.cache
+def struct_for(name: str, version: int) -> MessageStruct:
+    """The cached top-level struct for schema ``name`` (e.g. ``"FetchResponse"``) at ``version``."""
+    s = schema(name)
+    lo, hi = s["valid_versions"]
+    if not lo <= version <= hi:
+        raise ProtocolEncodeError(f"{name} has no version {version} (valid: {lo}-{hi})")
+    return MessageStruct(s["fields"], version, in_range(s["flexible_versions"], version), "")

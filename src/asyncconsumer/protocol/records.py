@@ -1,0 +1,746 @@
+"""Record-set reader: the consumer's hot path.
+
+A Fetch response carries, per partition, a record set: record batches placed
+back to back, possibly ending in a truncated batch.  ``iter_batches`` splits
+it and checks each batch's CRC, parsing only the fixed-size header;
+``decode_batch`` turns one batch into ``ConsumerRecord`` tuples.  The
+second is the boundary a compiled accelerator may replace, so it keeps a
+plain signature and does all per-record work in one tight loop.
+
+Message formats: v2 record batches (magic 2, Kafka >= 0.11) and the legacy
+message sets (magic 0 and 1).  A legacy record set becomes one
+``RecordBatch`` per outer message; a compressed wrapper message decodes to
+its inner messages.
+
+Zero copy: a ``RecordBatch`` refers into the caller's buffer; the only
+bytes copied out of an uncompressed batch are the keys, values and header
+values handed to the application.
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from crc32c import crc32c
+
+from ..errors import CorruptRecordError, RecordError, UnsupportedMagicError
+from ..structs import ConsumerRecord
+from .compression import CODEC_NONE, decompress
+
+__all__ = [
+    "CONTROL_ABORT",
+    "CONTROL_COMMIT",
+    "NO_TIMESTAMP",
+    "NO_TIMESTAMP_TYPE",
+    "AbortedTransactionFilter",
+    "RecordBatch",
+    "control_record_type",
+    "decode_batch",
+    "iter_batches",
+    "next_offset_after",
+]
+
+#: Control record types (key bytes 2-3 of a control record).
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+
+#: Timestamp and timestamp type of magic-0 messages, which have neither (Java's
+#: ``RecordBatch.NO_TIMESTAMP`` / ``TimestampType.NO_TIMESTAMP_TYPE``).
+NO_TIMESTAMP = -1
+NO_TIMESTAMP_TYPE = -1
+
+# v2 batch header, 61 bytes: baseOffset, batchLength, partitionLeaderEpoch,
+# magic, crc, attributes, lastOffsetDelta, baseTimestamp, maxTimestamp,
+# producerId, producerEpoch, baseSequence, recordsCount.
+_V2_HEADER = struct.Struct(">qiibIHiqqqhii")
+V2_HEADER_SIZE = 61
+_V2_CRC_START = 21  # the CRC covers attributes .. end of batch
+
+# Legacy message: offset, messageSize, crc, magic, attributes [, timestamp (v1)].
+_LEGACY_HEADER = struct.Struct(">qiIbB")
+_I32 = struct.Struct(">i")
+_OFFSET_LENGTH = struct.Struct(">qi")
+_I64 = struct.Struct(">q")
+_CONTROL_KEY = struct.Struct(">hh")
+
+LOG_OVERHEAD = 12  # offset + length prefix of every batch / message
+_MAGIC_AT = 16  # magic byte position, the same in all three formats
+_MIN_LENGTH = {0: 14, 1: 22, 2: V2_HEADER_SIZE - LOG_OVERHEAD}  # smallest legal length field
+
+_ATTR_CODEC = 0x07
+_ATTR_TIMESTAMP_TYPE = 0x08
+_ATTR_TRANSACTIONAL = 0x10
+_ATTR_CONTROL = 0x20
+
+_EMPTY: tuple[tuple[str, bytes | None], ...] = ()
+# tuple.__new__ skips NamedTuple.__new__'s argument handling (measurably faster).
+_new_tuple: Callable[..., Any] = tuple.__new__
+
+
+class _Corrupt(Exception):
+    """Internal: record bytes are inconsistent; turned into CorruptRecordError."""
+
+
+class RecordBatch:
+    """One batch of a record set: header parsed, records not yet decoded.
+
+    ``data`` is a zero-copy view of the batch's bytes.  For a legacy (magic
+    0/1) message ``base_offset == last_offset`` is the message's offset (for a
+    compressed wrapper the offset of its last inner message; the inner
+    offsets come out of ``decode_batch``) and ``record_count`` is -1 for a
+    compressed wrapper, whose count is unknown until decompressed.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_start",
+        "attributes",
+        "base_offset",
+        "base_sequence",
+        "base_timestamp",
+        "compression",
+        "data",
+        "is_control",
+        "is_transactional",
+        "last_offset",
+        "leader_epoch",
+        "magic",
+        "max_timestamp",
+        "partition",
+        "producer_epoch",
+        "producer_id",
+        "record_count",
+        "size_in_bytes",
+        "timestamp_type",
+        "topic",
+    )
+
+    base_offset: int
+    last_offset: int
+    magic: int
+    leader_epoch: int | None
+    attributes: int
+    compression: int
+    timestamp_type: int
+    is_transactional: bool
+    is_control: bool
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    base_timestamp: int
+    max_timestamp: int
+    record_count: int
+    size_in_bytes: int
+    data: memoryview
+    topic: str
+    partition: int
+    # The buffer the batch lives in and where: indexing a ``bytes`` is faster
+    # than a memoryview, so the decoder reads through this when it can.
+    _buf: bytes | memoryview
+    _start: int
+
+    def __repr__(self) -> str:
+        return (
+            f"RecordBatch(magic={self.magic}, base_offset={self.base_offset}, "
+            f"last_offset={self.last_offset}, record_count={self.record_count}, "
+            f"compression={self.compression}, transactional={self.is_transactional}, "
+            f"control={self.is_control}, producer_id={self.producer_id}, size={self.size_in_bytes})"
+        )
+
+
+def next_offset_after(batch: RecordBatch) -> int:
+    """The fetch position after ``batch``: ``base_offset + lastOffsetDelta + 1``.
+
+    Uses the header, not the last record, so batches emptied or shortened by
+    compaction still move the position forward.
+    """
+    return batch.last_offset + 1
+
+
+def _location(topic: str, partition: int, offset: int) -> dict[str, Any]:
+    return {"topic": topic, "partition": partition, "offset": offset}
+
+
+# ------------------------------------------------------------ batch splitting
+
+
+def iter_batches(
+    records: memoryview | bytes | bytearray,
+    *,
+    topic: str,
+    partition: int,
+    check_crcs: bool = True,
+    start: int = 0,
+    end: int | None = None,
+) -> Iterator[RecordBatch]:
+    """Split a record set into batches, checking CRCs, without copying.
+
+    The record set is ``records[start:end]``.  Passing a whole response
+    ``bytes`` with bounds (instead of a memoryview slice of it) lets the
+    decoder index ``bytes`` directly, which is ~20% faster for uncompressed
+    batches; a memoryview of a *whole* bytes object gets the same benefit.
+
+    Stops silently at a truncated trailing batch (a Fetch response may end in
+    one).  Raises ``CorruptRecordError`` (bad CRC, impossible length) or
+    ``UnsupportedMagicError``; the message names topic-partition and offset.
+    """
+    buf: bytes | memoryview
+    if isinstance(records, bytes):
+        buf = records
+    else:
+        mv = memoryview(records)
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+        # A view of a whole bytes object: read the bytes directly (same memory).
+        obj = mv.obj
+        buf = obj if type(obj) is bytes and mv.nbytes == len(obj) else mv
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    n = len(buf) if end is None else min(end, len(buf))
+    pos = start
+    v2_unpack = _V2_HEADER.unpack_from
+    while n - pos > _MAGIC_AT:
+        magic = buf[pos + _MAGIC_AT]
+        if magic == 2 and n - pos >= V2_HEADER_SIZE:
+            # Common case: one unpack for the whole v2 header.
+            (
+                base_offset,
+                length,
+                epoch,
+                _,
+                crc,
+                attrs,
+                last_delta,
+                base_ts,
+                max_ts,
+                producer_id,
+                producer_epoch,
+                base_sequence,
+                count,
+            ) = v2_unpack(buf, pos)
+            if length < _MIN_LENGTH[2]:
+                raise CorruptRecordError(
+                    f"record batch length {length} is smaller than the v2 batch header",
+                    **_location(topic, partition, base_offset),
+                )
+            batch_end = pos + LOG_OVERHEAD + length
+            if batch_end > n:
+                break  # truncated trailing batch: the next fetch starts here
+            if check_crcs:
+                actual = crc32c(view[pos + _V2_CRC_START : batch_end])
+                if actual != crc:
+                    raise CorruptRecordError(
+                        f"record batch CRC-32C mismatch (stored {crc:#010x}, computed {actual:#010x})",
+                        **_location(topic, partition, base_offset),
+                    )
+            b = RecordBatch()
+            b.base_offset = base_offset
+            b.last_offset = base_offset + last_delta
+            b.magic = 2
+            b.leader_epoch = epoch if epoch >= 0 else None
+            b.attributes = attrs
+            b.compression = attrs & _ATTR_CODEC
+            b.timestamp_type = (attrs & _ATTR_TIMESTAMP_TYPE) >> 3
+            b.is_transactional = bool(attrs & _ATTR_TRANSACTIONAL)
+            b.is_control = bool(attrs & _ATTR_CONTROL)
+            b.producer_id = producer_id
+            b.producer_epoch = producer_epoch
+            b.base_sequence = base_sequence
+            b.base_timestamp = base_ts
+            b.max_timestamp = max_ts
+            b.record_count = count
+        else:
+            offset, length = _OFFSET_LENGTH.unpack_from(buf, pos)
+            if length < _MIN_LENGTH[0]:
+                raise CorruptRecordError(
+                    f"record batch length {length} is smaller than any valid batch",
+                    **_location(topic, partition, offset),
+                )
+            batch_end = pos + LOG_OVERHEAD + length
+            if batch_end > n:
+                break  # truncated trailing batch
+            if magic == 0 or magic == 1:
+                b = _legacy_batch(
+                    buf, view, pos, batch_end, offset, length, magic, topic, partition, check_crcs
+                )
+            elif magic == 2:  # complete, yet shorter than a v2 header
+                raise CorruptRecordError(
+                    f"record batch length {length} is smaller than the v2 batch header",
+                    **_location(topic, partition, offset),
+                )
+            else:
+                raise UnsupportedMagicError(
+                    f"record batch has unsupported magic (message format version) {magic}",
+                    **_location(topic, partition, offset),
+                )
+        b.size_in_bytes = batch_end - pos
+        b.data = view[pos:batch_end]
+        b.topic = topic
+        b.partition = partition
+        b._buf = buf
+        b._start = pos
+        yield b
+        pos = batch_end
+
+
+def _legacy_batch(
+    buf: bytes | memoryview,
+    view: memoryview,
+    pos: int,
+    end: int,
+    offset: int,
+    length: int,
+    magic: int,
+    topic: str,
+    partition: int,
+    check_crcs: bool,
+) -> RecordBatch:
+    if length < _MIN_LENGTH[magic]:
+        raise CorruptRecordError(
+            f"legacy message length {length} is too small for magic {magic}",
+            **_location(topic, partition, offset),
+        )
+    _, _, crc, _, attrs = _LEGACY_HEADER.unpack_from(buf, pos)
+    if check_crcs:
+        actual = zlib.crc32(view[pos + _MAGIC_AT : end])
+        if actual != crc:
+            raise CorruptRecordError(
+                f"legacy message CRC-32 mismatch (stored {crc:#010x}, computed {actual:#010x})",
+                **_location(topic, partition, offset),
+            )
+    b = RecordBatch()
+    b.base_offset = b.last_offset = offset
+    b.magic = magic
+    b.leader_epoch = None
+    b.attributes = attrs
+    b.compression = codec = attrs & _ATTR_CODEC
+    if magic == 1:
+        b.timestamp_type = (attrs & _ATTR_TIMESTAMP_TYPE) >> 3
+        (b.base_timestamp,) = _I64.unpack_from(buf, pos + 18)
+    else:
+        b.timestamp_type = NO_TIMESTAMP_TYPE
+        b.base_timestamp = NO_TIMESTAMP
+    b.max_timestamp = b.base_timestamp
+    b.is_transactional = b.is_control = False
+    b.producer_id = -1
+    b.producer_epoch = -1
+    b.base_sequence = -1
+    b.record_count = 1 if codec == CODEC_NONE else -1
+    return b
+
+
+# ------------------------------------------------------------ record decoding
+
+
+def decode_batch(batch: RecordBatch, topic: str, partition: int) -> list[ConsumerRecord[bytes, bytes]]:
+    """Decode every record of ``batch`` (decompressing it if needed).
+
+    Control batches give ``[]``.  Records before the fetch position (a batch
+    may start before it) are *not* filtered here.  Raises
+    ``UnsupportedCodecError`` or ``CorruptRecordError``.
+    """
+    if batch.magic != 2:
+        return _decode_legacy(batch, topic, partition)
+    if batch.is_control:
+        return []
+    codec = batch.compression
+    buf: Any
+    if codec == CODEC_NONE:
+        buf = batch._buf
+        pos = batch._start + V2_HEADER_SIZE
+        end = batch._start + batch.size_in_bytes
+    else:
+        buf = _decompress(batch, codec, topic, partition)
+        pos = 0
+        end = len(buf)
+    count = batch.record_count
+    base_offset = batch.base_offset
+    base_ts = batch.base_timestamp
+    ts_type = batch.timestamp_type
+    log_append_ts = batch.max_timestamp if ts_type else None
+    leader_epoch = batch.leader_epoch
+    # Varints are zigzag; 1- and 2-byte ones (nearly all of them: lengths
+    # < 8 KiB, offset deltas < 8192) are decoded inline, longer ones by
+    # _varint_slow.  Every record must end exactly where its length says.
+    view = type(buf) is not bytes
+    slow = _varint_slow
+    new = _new_tuple
+    cls = ConsumerRecord
+    empty = _EMPTY
+    out: list[ConsumerRecord[bytes, bytes]] = []
+    append = out.append
+    try:
+        for _ in range(count):
+            # length
+            b = buf[pos]
+            if b < 0x80:
+                pos += 1
+            else:
+                c = buf[pos + 1]
+                if c < 0x80:
+                    b = (b & 0x7F) | (c << 7)
+                    pos += 2
+                else:
+                    b, pos = slow(buf, pos)
+            rec_end = pos + ((b >> 1) ^ -(b & 1))
+            pos += 1  # attributes: unused
+            # timestampDelta
+            b = buf[pos]
+            if b < 0x80:
+                pos += 1
+            else:
+                c = buf[pos + 1]
+                if c < 0x80:
+                    b = (b & 0x7F) | (c << 7)
+                    pos += 2
+                else:
+                    b, pos = slow(buf, pos)
+            ts = (base_ts + ((b >> 1) ^ -(b & 1))) if log_append_ts is None else log_append_ts
+            # offsetDelta
+            b = buf[pos]
+            if b < 0x80:
+                pos += 1
+            else:
+                c = buf[pos + 1]
+                if c < 0x80:
+                    b = (b & 0x7F) | (c << 7)
+                    pos += 2
+                else:
+                    b, pos = slow(buf, pos)
+            offset = base_offset + ((b >> 1) ^ -(b & 1))
+            # key
+            b = buf[pos]
+            if b < 0x80:
+                pos += 1
+            else:
+                c = buf[pos + 1]
+                if c < 0x80:
+                    b = (b & 0x7F) | (c << 7)
+                    pos += 2
+                else:
+                    b, pos = slow(buf, pos)
+            klen = (b >> 1) ^ -(b & 1)
+            if klen >= 0:
+                key = buf[pos : pos + klen]
+                if view:
+                    key = bytes(key)
+                pos += klen
+            elif klen == -1:
+                key = None
+            else:
+                raise _Corrupt(f"invalid key length {klen} at offset {offset}")
+            # value
+            b = buf[pos]
+            if b < 0x80:
+                pos += 1
+            else:
+                c = buf[pos + 1]
+                if c < 0x80:
+                    b = (b & 0x7F) | (c << 7)
+                    pos += 2
+                else:
+                    b, pos = slow(buf, pos)
+            vlen = (b >> 1) ^ -(b & 1)
+            if vlen >= 0:
+                value = buf[pos : pos + vlen]
+                if view:
+                    value = bytes(value)
+                pos += vlen
+            elif vlen == -1:
+                value = None
+            else:
+                raise _Corrupt(f"invalid value length {vlen} at offset {offset}")
+            # headers
+            b = buf[pos]
+            if b == 0:
+                pos += 1
+                headers = empty
+            else:
+                b, pos = slow(buf, pos)
+                headers, pos = _read_headers(buf, pos, (b >> 1) ^ -(b & 1), view)
+            if pos != rec_end:
+                raise _Corrupt(f"record at offset {offset} does not match its length field")
+            append(
+                new(
+                    cls,
+                    (
+                        topic,
+                        partition,
+                        offset,
+                        ts,
+                        ts_type,
+                        key,
+                        value,
+                        klen,
+                        vlen,
+                        headers,
+                        leader_epoch,
+                    ),
+                )
+            )
+        if pos != end:
+            raise _Corrupt(
+                f"declared record count {count} does not match the batch bytes "
+                f"({abs(end - pos)} bytes {'left over' if pos < end else 'missing'})"
+            )
+    except (_Corrupt, IndexError) as exc:
+        detail = str(exc) if isinstance(exc, _Corrupt) else "record runs past the end of the batch"
+        raise CorruptRecordError(
+            f"record batch is corrupt: {detail}", **_location(topic, partition, base_offset)
+        ) from exc
+    return out
+
+
+def _decompress(batch: RecordBatch, codec: int, topic: str, partition: int) -> bytes:
+    start = V2_HEADER_SIZE if batch.magic == 2 else 0
+    try:
+        return decompress(codec, batch.data[start:], legacy_lz4=batch.magic == 0)
+    except RecordError as exc:
+        raise type(exc)(str(exc), **_location(topic, partition, batch.base_offset)) from exc
+
+
+def _varint_slow(buf: Any, pos: int) -> tuple[int, int]:
+    """Unsigned (still zigzagged) varint at ``pos`` of any length; returns (value, new pos)."""
+    result = 0
+    shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise _Corrupt(f"varint longer than 10 bytes at byte {pos}")
+
+
+def _read_varint(buf: Any, pos: int) -> tuple[int, int]:
+    """Signed zigzag varint at ``pos``; returns (value, new pos)."""
+    u, pos = _varint_slow(buf, pos)
+    return (u >> 1) ^ -(u & 1), pos
+
+
+# Header keys repeat across records (trace ids, content types): decoding each
+# distinct key once halves the cost of a header.  Bounded, as keys can be arbitrary.
+_HEADER_KEY_CACHE_SIZE = 1024
+_header_keys: dict[bytes, str] = {}
+
+
+def _read_headers(
+    buf: Any, pos: int, count: int, view: bool
+) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
+    if count < 0:
+        raise _Corrupt(f"negative header count {count}")
+    headers: list[tuple[str, bytes | None]] = []
+    append = headers.append
+    slow = _varint_slow
+    keys = _header_keys
+    for _ in range(count):
+        b = buf[pos]
+        if b < 0x80:
+            pos += 1
+        else:
+            b, pos = slow(buf, pos)
+        klen = (b >> 1) ^ -(b & 1)
+        if klen < 0:
+            raise _Corrupt(f"invalid header key length {klen}")
+        raw = buf[pos : pos + klen]
+        if view:
+            raw = bytes(raw)  # a view of a bytearray is not hashable
+        key = keys.get(raw)
+        if key is None:
+            # Java decodes header keys leniently (malformed UTF-8 becomes U+FFFD).
+            key = str(raw, "utf-8", "replace")
+            if len(keys) < _HEADER_KEY_CACHE_SIZE:
+                keys[raw] = key
+        pos += klen
+        b = buf[pos]
+        if b < 0x80:
+            pos += 1
+        else:
+            b, pos = slow(buf, pos)
+        vlen = (b >> 1) ^ -(b & 1)
+        if vlen >= 0:
+            value = buf[pos : pos + vlen]
+            if view:
+                value = bytes(value)
+            pos += vlen
+            append((key, value))
+        elif vlen == -1:
+            append((key, None))
+        else:
+            raise _Corrupt(f"invalid header value length {vlen}")
+    return tuple(headers), pos
+
+
+# ------------------------------------------------------------ legacy (magic 0/1)
+
+
+def _parse_legacy_message(
+    buf: Any, pos: int, end: int
+) -> tuple[int, int, int, int, bytes | None, bytes | None, int]:
+    """One legacy message at ``pos``: (offset, magic, attrs, timestamp, key, value, next pos)."""
+    if end - pos < LOG_OVERHEAD + _MIN_LENGTH[0]:
+        raise _Corrupt("truncated message inside a compressed wrapper")
+    offset, size, _, magic, attrs = _LEGACY_HEADER.unpack_from(buf, pos)
+    msg_end = pos + LOG_OVERHEAD + size
+    if magic not in (0, 1) or size < _MIN_LENGTH[magic] or msg_end > end:
+        raise _Corrupt(f"invalid message (magic {magic}, size {size}) at offset {offset}")
+    p = pos + 18
+    timestamp = NO_TIMESTAMP
+    if magic == 1:
+        (timestamp,) = _I64.unpack_from(buf, p)
+        p += 8
+    fields: list[bytes | None] = []
+    for _ in range(2):
+        if p + 4 > msg_end:
+            raise _Corrupt(f"message at offset {offset} is shorter than its fields")
+        (n,) = _I32.unpack_from(buf, p)
+        p += 4
+        if n == -1:
+            fields.append(None)
+            continue
+        if n < 0 or p + n > msg_end:
+            raise _Corrupt(f"invalid field length {n} in message at offset {offset}")
+        fields.append(bytes(buf[p : p + n]))
+        p += n
+    if p != msg_end:
+        raise _Corrupt(f"message at offset {offset} has {msg_end - p} trailing bytes")
+    return offset, magic, attrs, timestamp, fields[0], fields[1], msg_end
+
+
+def _legacy_record(
+    topic: str, partition: int, offset: int, ts: int, ts_type: int, key: bytes | None, value: bytes | None
+) -> ConsumerRecord[bytes, bytes]:
+    return _new_tuple(  # type: ignore[no-any-return]
+        ConsumerRecord,
+        (
+            topic,
+            partition,
+            offset,
+            ts,
+            ts_type,
+            key,
+            value,
+            -1 if key is None else len(key),
+            -1 if value is None else len(value),
+            _EMPTY,
+            None,
+        ),
+    )
+
+
+def _decode_legacy(batch: RecordBatch, topic: str, partition: int) -> list[ConsumerRecord[bytes, bytes]]:
+    buf = batch._buf
+    start = batch._start
+    try:
+        offset, magic, attrs, ts, key, value, _ = _parse_legacy_message(
+            buf, start, start + batch.size_in_bytes
+        )
+        ts_type = batch.timestamp_type
+        codec = attrs & _ATTR_CODEC
+        if codec == CODEC_NONE:
+            return [_legacy_record(topic, partition, offset, ts, ts_type, key, value)]
+        if value is None:
+            raise _Corrupt("compressed wrapper message has a null value")
+        inner = decompress(codec, value, legacy_lz4=magic == 0)
+        entries = []
+        pos = 0
+        while pos < len(inner):
+            entry = _parse_legacy_message(inner, pos, len(inner))
+            if entry[2] & _ATTR_CODEC:
+                raise _Corrupt("nested compression inside a compressed wrapper message")
+            entries.append(entry)
+            pos = entry[6]
+    except _Corrupt as exc:
+        raise CorruptRecordError(
+            f"legacy message is corrupt: {exc}", **_location(topic, partition, batch.base_offset)
+        ) from exc
+    except RecordError as exc:  # from decompress
+        raise type(exc)(str(exc), **_location(topic, partition, batch.base_offset)) from exc
+    if not entries:
+        return []
+    # Magic 1 wrappers hold relative inner offsets; the wrapper carries the
+    # absolute offset of the last one.  Magic 0 inner offsets are absolute.
+    shift = offset - entries[-1][0] if magic >= 1 else 0
+    wrapper_log_append = magic == 1 and ts_type == 1
+    out = []
+    for inner_offset, inner_magic, inner_attrs, inner_ts, k, v, _ in entries:
+        if wrapper_log_append:
+            rts, rtype = ts, 1
+        elif inner_magic == 1:
+            rts, rtype = inner_ts, (inner_attrs & _ATTR_TIMESTAMP_TYPE) >> 3
+        else:
+            rts, rtype = NO_TIMESTAMP, NO_TIMESTAMP_TYPE
+        out.append(_legacy_record(topic, partition, inner_offset + shift, rts, rtype, k, v))
+    return out
+
+
+# ------------------------------------------------------------ control records & transactions
+
+
+def control_record_type(batch: RecordBatch) -> int:
+    """Type of the (single) control record in a control batch: CONTROL_ABORT, CONTROL_COMMIT, ...
+
+    Unknown types (KRaft-internal ones) are returned as read; callers ignore them.
+    """
+    topic, partition = batch.topic, batch.partition
+    if not batch.is_control:
+        raise ValueError("not a control batch")
+    if batch.compression == CODEC_NONE:
+        buf: Any = batch._buf
+        pos = batch._start + V2_HEADER_SIZE
+        end = batch._start + batch.size_in_bytes
+    else:
+        buf = _decompress(batch, batch.compression, topic, partition)
+        pos, end = 0, len(buf)
+    try:
+        _, pos = _read_varint(buf, pos)  # length
+        pos += 1  # attributes
+        _, pos = _read_varint(buf, pos)  # timestampDelta
+        _, pos = _read_varint(buf, pos)  # offsetDelta
+        klen, pos = _read_varint(buf, pos)
+        if klen < 4 or pos + klen > end:
+            raise _Corrupt(f"control record key length {klen}")
+        _version, kind = _CONTROL_KEY.unpack_from(buf, pos)
+    except (_Corrupt, IndexError, struct.error) as exc:
+        raise CorruptRecordError(
+            f"control batch is corrupt: {exc}", **_location(topic, partition, batch.base_offset)
+        ) from exc
+    return int(kind)
+
+
+class AbortedTransactionFilter:
+    """read_committed filtering, as the Java consumer does it.
+
+    Feed it every batch of a partition's fetched data in order.  Once a
+    batch's last offset reaches an aborted transaction's first offset, that
+    producer's transactional batches are skipped until its ABORT marker.
+    Control batches are always skipped; the caller still advances its
+    position past every batch (``next_offset_after``), skipped or not.
+    """
+
+    __slots__ = ("_aborted", "_pending")
+
+    def __init__(self, aborted: Iterable[tuple[int, int]] | None) -> None:
+        # (first_offset, producer_id) min-heap: entries become active in offset order.
+        self._pending = [(first, pid) for pid, first in aborted or ()]
+        heapq.heapify(self._pending)
+        self._aborted: set[int] = set()
+
+    def should_skip(self, batch: RecordBatch) -> bool:
+        pid = batch.producer_id
+        if pid >= 0:
+            pending = self._pending
+            last = batch.last_offset
+            while pending and pending[0][0] <= last:
+                self._aborted.add(heapq.heappop(pending)[1])
+            if batch.is_control:
+                if control_record_type(batch) == CONTROL_ABORT:
+                    self._aborted.discard(pid)
+                return True
+            return batch.is_transactional and pid in self._aborted
+        return batch.is_control

@@ -1,0 +1,414 @@
+"""Options of the ``asyncconsumer`` Spark source, parsed and checked on the driver.
+
+The names and meanings follow Spark's own Kafka source (``spark-sql-kafka``) so that an existing
+job switches by changing the format name.  Everything is checked when the DataFrame is defined
+(``load()``) and when the query is planned, so a bad option is a :class:`SourceOptionError` with a
+plain message before any Spark task runs.
+
+This module has no PySpark import: it is plain Python and is unit tested on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from ..config import from_properties
+from ..errors import ConfigError
+from ..structs import TopicPartition
+
+__all__ = [
+    "EARLIEST",
+    "LATEST",
+    "OffsetSpec",
+    "SourceOptionError",
+    "SourceOptions",
+    "Subscription",
+    "parse_options",
+]
+
+#: In per-partition offsets JSON, ``-2`` means the earliest offset and ``-1`` the latest (as in Spark).
+EARLIEST = -2
+LATEST = -1
+
+# Spark's option names, spelled as its documentation spells them (matching is case-insensitive).
+_SUBSCRIPTION_OPTIONS = ("assign", "subscribe", "subscribePattern")
+_START_OPTIONS = ("startingOffsetsByTimestamp", "startingTimestamp", "startingOffsets")
+_END_OPTIONS = ("endingOffsetsByTimestamp", "endingTimestamp", "endingOffsets")
+_KNOWN = (
+    *_SUBSCRIPTION_OPTIONS,
+    *_START_OPTIONS,
+    *_END_OPTIONS,
+    "startingOffsetsByTimestampStrategy",
+    "failOnDataLoss",
+    "includeHeaders",
+    "maxOffsetsPerTrigger",
+    "minPartitions",
+    "maxRecordsPerPartition",
+    "groupIdPrefix",
+    "kafkaConsumer.pollTimeoutMs",
+    "fetchOffset.numRetries",
+    "fetchOffset.retryIntervalMs",
+)
+# Spark Kafka options this source does not implement: a clear error instead of silently ignoring them.
+_UNSUPPORTED = {
+    "minoffsetspertrigger": "minOffsetsPerTrigger is not supported by the asyncconsumer source "
+    "(Python data sources cannot combine minimum and maximum read limits); remove it",
+    "maxtriggerdelay": "maxTriggerDelay is not supported by the asyncconsumer source; remove it",
+    "kafka.consumer.cache.capacity": "the asyncconsumer source has no consumer cache; remove it",
+}
+# kafka.* parameters Spark rejects too: the source manages these itself.
+_FORBIDDEN_KAFKA = {
+    "auto.offset.reset": "set the source option 'startingOffsets' instead",
+    "enable.auto.commit": "offsets live in Spark's checkpoint; the source never auto-commits",
+    "key.deserializer": "keys are always returned as binary; cast or parse them with DataFrame operations",
+    "value.deserializer": "values are always returned as binary; cast or parse them with DataFrame operations",
+    "group.instance.id": "the source joins no consumer group",
+    "interceptor.classes": "consumer interceptors are not supported",
+}
+_CANONICAL = {name.lower(): name for name in _KNOWN}
+_STRATEGIES = ("error", "latest")
+
+
+class SourceOptionError(ValueError):
+    """An option of the ``asyncconsumer`` source is missing, unknown, malformed or conflicting."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Subscription:
+    """Which partitions to read: ``assign`` (fixed), ``subscribe`` (topic names) or ``subscribePattern``."""
+
+    kind: Literal["assign", "subscribe", "subscribePattern"]
+    topics: tuple[str, ...] = ()
+    pattern: str = ""
+    partitions: tuple[TopicPartition, ...] = ()
+
+    def describe(self) -> str:
+        if self.kind == "assign":
+            return "assign=" + ",".join(str(tp) for tp in self.partitions)
+        if self.kind == "subscribe":
+            return "subscribe=" + ",".join(self.topics)
+        return f"subscribePattern={self.pattern}"
+
+    def matches(self, topic: str) -> bool:
+        if self.kind == "subscribe":
+            return topic in self.topics
+        if self.kind == "subscribePattern":
+            return re.fullmatch(self.pattern, topic) is not None
+        return any(tp.topic == topic for tp in self.partitions)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OffsetSpec:
+    """Where a read starts or ends.
+
+    ``kind``:
+
+    - ``"earliest"`` / ``"latest"``;
+    - ``"offsets"``: ``offsets`` maps each partition to an offset, ``EARLIEST`` or ``LATEST``;
+    - ``"timestamp"``: every partition at the first offset whose timestamp is >= ``timestamp`` (ms);
+    - ``"timestamps"``: ``timestamps`` maps each partition to a timestamp (ms).
+
+    ``strategy`` says what happens when no record is at or after the timestamp: ``"error"`` or
+    ``"latest"`` (ending offsets always use the latest offset, as in Spark).
+    """
+
+    kind: Literal["earliest", "latest", "offsets", "timestamp", "timestamps"]
+    offsets: tuple[tuple[TopicPartition, int], ...] = ()
+    timestamp: int = -1
+    timestamps: tuple[tuple[TopicPartition, int], ...] = ()
+    strategy: Literal["error", "latest"] = "error"
+    option: str = ""
+
+    @property
+    def offsets_map(self) -> dict[TopicPartition, int]:
+        return dict(self.offsets)
+
+    @property
+    def timestamps_map(self) -> dict[TopicPartition, int]:
+        return dict(self.timestamps)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """Every option, parsed.  Picklable: it travels with the reader to the executors."""
+
+    subscription: Subscription
+    #: ``kafka.*`` options without the prefix, as given (dotted names for ``Consumer.from_properties``).
+    kafka_params: tuple[tuple[str, str], ...]
+    starting: OffsetSpec
+    ending: OffsetSpec | None
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    max_offsets_per_trigger: int | None = None
+    min_partitions: int | None = None
+    max_records_per_partition: int | None = None
+    group_id: str | None = None
+    poll_timeout_ms: int = 120_000
+
+    @property
+    def consumer_properties(self) -> dict[str, str]:
+        """The ``kafka.*`` options for ``Consumer.from_properties`` (``group.id`` left out)."""
+        return {k: v for k, v in self.kafka_params if k != "group.id"}
+
+    @property
+    def read_committed(self) -> bool:
+        return dict(self.kafka_params).get("isolation.level", "read_uncommitted") == "read_committed"
+
+
+# ------------------------------------------------------------------------------------- parsing
+
+
+def _fail(message: str) -> SourceOptionError:
+    return SourceOptionError(f"asyncconsumer source: {message}")
+
+
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise _fail(f"option {name!r} must be 'true' or 'false', got {raw!r}")
+    return value == "true"
+
+
+def _positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise _fail(f"option {name!r} must be a positive integer, got {raw!r}") from None
+    if value <= 0:
+        raise _fail(f"option {name!r} must be a positive integer, got {raw!r}")
+    return value
+
+
+def _json_object(name: str, raw: str) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise _fail(f"option {name!r} is not valid JSON ({exc.msg} at position {exc.pos}): {raw!r}") from None
+    if not isinstance(value, dict):
+        raise _fail(f"option {name!r} must be a JSON object, got {raw!r}")
+    return value
+
+
+def _partition_number(name: str, topic: str, key: Any) -> int:
+    try:
+        number = int(key)
+    except (TypeError, ValueError):
+        number = -1
+    if number < 0 or isinstance(key, bool):
+        raise _fail(f"option {name!r}: {key!r} is not a partition number (topic {topic!r})")
+    return number
+
+
+def _parse_assign(raw: str) -> tuple[TopicPartition, ...]:
+    obj = _json_object("assign", raw)
+    partitions: list[TopicPartition] = []
+    for topic, numbers in obj.items():
+        if not isinstance(numbers, list):
+            raise _fail(f"option 'assign' must look like {{\"topicA\":[0,1]}}; got {raw!r}")
+        for number in numbers:
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+                raise _fail(f"option 'assign': {number!r} is not a partition number (topic {topic!r})")
+            partitions.append(TopicPartition(topic, number))
+    if not partitions:
+        raise _fail("option 'assign' names no partition")
+    return tuple(sorted(set(partitions)))
+
+
+def _parse_per_partition(name: str, raw: str, *, offsets: bool) -> tuple[tuple[TopicPartition, int], ...]:
+    obj = _json_object(name, raw)
+    result: dict[TopicPartition, int] = {}
+    example = '{"topicA":{"0":23,"1":-1},"topicB":{"0":-2}}' if offsets else '{"topicA":{"0":1700000000000}}'
+    for topic, per in obj.items():
+        if not isinstance(per, dict):
+            raise _fail(f"option {name!r} must look like {example}; got {raw!r}")
+        for key, value in per.items():
+            number = _partition_number(name, topic, key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _fail(f"option {name!r}: value for {topic}-{number} must be an integer, got {value!r}")
+            if offsets and value < EARLIEST:
+                raise _fail(f"option {name!r}: offset {value} for {topic}-{number} is invalid "
+                            "(use an offset >= 0, -2 for earliest or -1 for latest)")
+            if not offsets and value < 0:
+                raise _fail(f"option {name!r}: timestamp {value} for {topic}-{number} must be >= 0 (ms)")
+            result[TopicPartition(topic, number)] = value
+    if not result:
+        raise _fail(f"option {name!r} names no partition")
+    return tuple(sorted(result.items()))
+
+
+def _parse_spec(options: Mapping[str, str], which: str, strategy: Literal["error", "latest"]) -> OffsetSpec | None:
+    """The first of ``{which}OffsetsByTimestamp``, ``{which}Timestamp``, ``{which}Offsets`` that is set."""
+    by_ts, ts, offs = f"{which}OffsetsByTimestamp", f"{which}Timestamp", f"{which}Offsets"
+    if by_ts in options:
+        return OffsetSpec("timestamps", timestamps=_parse_per_partition(by_ts, options[by_ts], offsets=False),
+                          strategy=strategy, option=by_ts)
+    if ts in options:
+        try:
+            value = int(options[ts].strip())
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise _fail(f"option {ts!r} must be a timestamp in milliseconds (an integer >= 0), got {options[ts]!r}")
+        return OffsetSpec("timestamp", timestamp=value, strategy=strategy, option=ts)
+    if offs in options:
+        raw = options[offs].strip()
+        if raw.lower() == "earliest":
+            return OffsetSpec("earliest", option=offs)
+        if raw.lower() == "latest":
+            return OffsetSpec("latest", option=offs)
+        if raw.startswith("{"):
+            return OffsetSpec("offsets", offsets=_parse_per_partition(offs, raw, offsets=True), option=offs)
+        raise _fail(f"option {offs!r} must be 'earliest', 'latest' or per-partition JSON "
+                    f"like {{\"topicA\":{{\"0\":23,\"1\":-1}}}}; got {raw!r}")
+    return None
+
+
+def _canonical_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Split into (Spark-style source options by canonical name, kafka.* params); unknown names fail."""
+    source: dict[str, str] = {}
+    kafka: dict[str, str] = {}
+    for key, value in options.items():
+        lower = key.lower()
+        text = "" if value is None else str(value)
+        if lower.startswith("kafka."):
+            kafka[lower[len("kafka."):]] = text
+            continue
+        if lower in _UNSUPPORTED:
+            raise _fail(_UNSUPPORTED[lower])
+        if lower not in _CANONICAL:
+            hint = difflib.get_close_matches(lower, list(_CANONICAL), n=1, cutoff=0.6)
+            suggestion = f"; did you mean {_CANONICAL[hint[0]]!r}?" if hint else ""
+            raise _fail(
+                f"unknown option {key!r}{suggestion} (source options: {', '.join(_KNOWN)}; "
+                "consumer settings are passed as 'kafka.<property>')"
+            )
+        source[_CANONICAL[lower]] = text
+    return source, kafka
+
+
+def _check_kafka_params(kafka: dict[str, str]) -> None:
+    if not kafka.get("bootstrap.servers", "").strip():
+        raise _fail("option 'kafka.bootstrap.servers' is required (e.g. 'host1:9092,host2:9092')")
+    for name, reason in _FORBIDDEN_KAFKA.items():
+        if name in kafka:
+            raise _fail(f"option 'kafka.{name}' is not supported: {reason}")
+    try:
+        from_properties({k: v for k, v in kafka.items() if k != "group.id"})
+    except ConfigError as exc:
+        raise _fail(f"invalid kafka.* option: {exc}") from None
+    except OSError as exc:  # an ssl.* file that cannot be read
+        raise _fail(f"invalid kafka.ssl.* option: {exc}") from None
+
+
+def _check_per_partition_subscription(spec: OffsetSpec | None, subscription: Subscription) -> None:
+    if spec is None or spec.kind not in ("offsets", "timestamps"):
+        return
+    named = spec.offsets if spec.kind == "offsets" else spec.timestamps
+    for tp, _ in named:
+        if not subscription.matches(tp.topic):
+            raise _fail(f"option {spec.option!r} names {tp}, which is not part of {subscription.describe()}")
+    if subscription.kind == "assign":
+        missing = sorted(set(subscription.partitions) - {tp for tp, _ in named})
+        if missing:
+            raise _fail(
+                f"option {spec.option!r} must give every assigned partition; missing: "
+                + ", ".join(str(tp) for tp in missing) + " (use -2 for earliest, -1 for latest)"
+            )
+
+
+def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) -> SourceOptions:
+    """Parse and check the options given to ``spark.read`` / ``spark.readStream``.
+
+    ``streaming`` is None when the kind of query is not known yet (``DataSource.schema()``); then only
+    the checks common to batch and streaming run.
+    """
+    source, kafka = _canonical_options(options)
+    _check_kafka_params(kafka)
+
+    given = [name for name in _SUBSCRIPTION_OPTIONS if name in source]
+    if len(given) != 1:
+        which = " and ".join(repr(g) for g in given) if given else "none"
+        raise _fail(f"exactly one of 'assign', 'subscribe' or 'subscribePattern' must be set; got {which}")
+    kind = given[0]
+    subscription: Subscription
+    if kind == "assign":
+        subscription = Subscription("assign", partitions=_parse_assign(source["assign"]))
+    elif kind == "subscribe":
+        topics = tuple(dict.fromkeys(t.strip() for t in source["subscribe"].split(",") if t.strip()))
+        if not topics:
+            raise _fail("option 'subscribe' names no topic (a comma-separated list of topics)")
+        subscription = Subscription("subscribe", topics=topics)
+    else:
+        pattern = source["subscribePattern"].strip()
+        if not pattern:
+            raise _fail("option 'subscribePattern' is empty")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise _fail(f"option 'subscribePattern' is not a valid regular expression: {exc}") from None
+        subscription = Subscription("subscribePattern", pattern=pattern)
+
+    strategy_raw = source.get("startingOffsetsByTimestampStrategy", "error").strip().lower()
+    if strategy_raw not in _STRATEGIES:
+        raise _fail(f"option 'startingOffsetsByTimestampStrategy' must be 'error' or 'latest', got {strategy_raw!r}")
+    strategy: Literal["error", "latest"] = "latest" if strategy_raw == "latest" else "error"
+
+    starting = _parse_spec(source, "starting", strategy)
+    ending = _parse_spec(source, "ending", "latest")
+    _check_per_partition_subscription(starting, subscription)
+    _check_per_partition_subscription(ending, subscription)
+
+    if streaming is True:
+        if ending is not None:
+            raise _fail(f"option {ending.option!r} is for batch queries (spark.read) only; "
+                        "a streaming query has no end")
+    if streaming is False:
+        if starting is not None and starting.kind == "latest":
+            raise _fail("startingOffsets='latest' is not valid for batch queries (spark.read): "
+                        "it would read nothing; use 'earliest' or per-partition offsets")
+        if starting is not None and starting.kind == "offsets" and any(o == LATEST for _, o in starting.offsets):
+            raise _fail("startingOffsets: -1 (latest) is not valid for batch queries (spark.read)")
+        if ending is not None and ending.kind == "earliest":
+            raise _fail("endingOffsets='earliest' is not valid for batch queries (spark.read): "
+                        "it would read nothing; use 'latest' or per-partition offsets")
+        if ending is not None and ending.kind == "offsets" and any(o == EARLIEST for _, o in ending.offsets):
+            raise _fail("endingOffsets: -2 (earliest) is not valid for batch queries (spark.read)")
+
+    if starting is None:
+        starting = OffsetSpec("latest" if streaming else "earliest", option="startingOffsets")
+
+    group_prefix = source.get("groupIdPrefix", "").strip()
+    group_id = kafka.get("group.id", "").strip() or None
+    if group_id is None and group_prefix:
+        group_id = _group_name(group_prefix, subscription)
+
+    return SourceOptions(
+        subscription=subscription,
+        kafka_params=tuple(sorted(kafka.items())),
+        starting=starting,
+        ending=ending,
+        fail_on_data_loss=_bool("failOnDataLoss", source.get("failOnDataLoss", "true")),
+        include_headers=_bool("includeHeaders", source.get("includeHeaders", "false")),
+        max_offsets_per_trigger=(_positive_int("maxOffsetsPerTrigger", source["maxOffsetsPerTrigger"])
+                                 if "maxOffsetsPerTrigger" in source else None),
+        min_partitions=(_positive_int("minPartitions", source["minPartitions"])
+                        if "minPartitions" in source else None),
+        max_records_per_partition=(_positive_int("maxRecordsPerPartition", source["maxRecordsPerPartition"])
+                                   if "maxRecordsPerPartition" in source else None),
+        group_id=group_id,
+        poll_timeout_ms=(_positive_int("kafkaConsumer.pollTimeoutMs", source["kafkaConsumer.pollTimeoutMs"])
+                         if "kafkaConsumer.pollTimeoutMs" in source else 120_000),
+    )
+
+
+def _group_name(prefix: str, subscription: Subscription) -> str:
+    """A stable group id for lag monitoring: ``{prefix}-{what is read}``, the same on every restart."""
+    import hashlib
+
+    digest = hashlib.sha1(subscription.describe().encode("utf-8"), usedforsecurity=False).hexdigest()[:12]
+    return f"{prefix}-{digest}"

@@ -1,0 +1,308 @@
+"""The consumer against a real broker (Tansu by default), on asyncio and trio.
+
+Data is produced with confluent-kafka, so each test is also an interop test.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncconsumer import (
+    ConcurrentAccessError,
+    Consumer,
+    ConsumerRecord,
+    KafkaTimeoutError,
+    NoBrokersAvailableError,
+    NoOffsetForPartitionError,
+    TopicPartition,
+)
+from asyncconsumer.errors import UnknownTopicOrPartitionError
+
+pytestmark = pytest.mark.anyio
+
+FAST = {"fetch_max_wait_ms": 100, "request_timeout_ms": 10000, "retry_backoff_ms": 50}
+
+
+def consumer(bootstrap: str, **options: Any) -> Consumer[Any, Any]:
+    return Consumer(bootstrap_servers=bootstrap, **{**FAST, **options})
+
+
+def tps(topic: str, partitions: int) -> list[TopicPartition]:
+    return [TopicPartition(topic, p) for p in range(partitions)]
+
+
+async def read(c: Consumer[Any, Any], n: int, timeout: float = 30.0) -> list[ConsumerRecord[Any, Any]]:
+    records: list[ConsumerRecord[Any, Any]] = []
+    if n <= 0:
+        return records
+    with anyio.fail_after(timeout):
+        async for record in c:
+            records.append(record)
+            if len(records) == n:
+                break
+    return records
+
+
+async def test_100k_records_across_4_partitions_none_missing_or_repeated(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(4)
+    total = 100_000
+    produce(topic, ((i % 4, None, b"%d" % i) for i in range(total)), compression="lz4")
+    async with consumer(bootstrap, auto_offset_reset="earliest") as c:
+        c.assign(tps(topic, 4))
+        records = await read(c, total, timeout=120)
+        # Nothing more arrives after the last one.
+        assert await c.getmany(timeout=0.5) == {}
+    values = Counter(int(r.value) for r in records)
+    assert len(values) == total and max(values.values()) == 1
+    assert set(values) == set(range(total))
+    for p in range(4):
+        offsets = [r.offset for r in records if r.partition == p]
+        assert offsets == list(range(total // 4))
+
+
+async def test_commit_then_new_consumer_resumes_after_committed_offsets(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    produce(topic, ((i % 2, b"k", b"v%d" % i) for i in range(100)))
+    group = f"g-{topic}"
+    async with consumer(bootstrap, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False) as c:
+        c.assign(tps(topic, 2))
+        first = await read(c, 30)
+        await c.commit()
+        committed = await c.committed(tps(topic, 2))
+    expected = {tp: max((r.offset + 1 for r in first if r.partition == tp.partition), default=0)
+                for tp in tps(topic, 2)}
+    assert {tp: om.offset if om else None for tp, om in committed.items()} == expected
+    async with consumer(bootstrap, group_id=group, auto_offset_reset="earliest") as c:
+        c.assign(tps(topic, 2))
+        rest = await read(c, 70)
+        assert await c.committed(TopicPartition(topic, 0)) == expected[TopicPartition(topic, 0)]
+    seen = {(r.partition, r.offset) for r in first} | {(r.partition, r.offset) for r in rest}
+    assert len(seen) == 100 and len(first) + len(rest) == 100
+
+
+async def test_auto_commit_on_close_commits_consumed_positions(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    produce(topic, ((0, None, b"x") for _ in range(20)))
+    group = f"g-{topic}"
+    async with consumer(bootstrap, group_id=group, auto_offset_reset="earliest") as c:
+        c.assign(tps(topic, 1))
+        await read(c, 12)
+    async with consumer(bootstrap, group_id=group) as c:
+        assert await c.committed(TopicPartition(topic, 0)) == 12
+
+
+def produce_one_per_batch(produce: Callable[..., Any], topic: str, records: list[tuple[Any, ...]]) -> None:
+    """Tansu answers ListOffsets "latest" with the last batch's base offset + 1 (a known gap), so
+    tests that check "latest" write one record per batch, where that answer is exact."""
+    for record in records:
+        produce(topic, [record])
+
+
+async def test_seek_pause_resume_position(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    produce(topic, ((1, None, b"%d" % i) for i in range(20)))
+    produce_one_per_batch(produce, topic, [(0, None, b"%d" % i) for i in range(20)])
+    tp0, tp1 = tps(topic, 2)
+    async with consumer(bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([tp0, tp1])
+        await c.seek(tp0, 15)
+        assert await c.position(tp0) == 15
+        c.pause(tp1)
+        assert c.paused() == {tp1}
+        got = await read(c, 5)
+        assert [(r.partition, r.offset) for r in got] == [(0, 15), (0, 16), (0, 17), (0, 18), (0, 19)]
+        assert [r.value for r in got] == [b"15", b"16", b"17", b"18", b"19"]
+        assert await c.getmany(timeout=0.3) == {}  # tp0 is at its end and tp1 is paused
+        c.resume(tp1)
+        batch = await c.getmany(tp1, timeout=5)
+        assert [r.offset for r in batch[tp1]] == list(range(20))
+        await c.seek_to_beginning(tp0)
+        again = await c.getmany(tp0, timeout=5, max_records=3)
+        assert [r.offset for r in again[tp0]] == [0, 1, 2]
+        assert await c.position(tp0) == 3
+        await c.seek_to_end(tp0)
+        assert await c.position(tp0) == 20
+
+
+async def test_headers_null_key_and_null_value(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    produce(topic, [
+        (0, None, b"no key", [("a", b"1"), ("b", None), ("a", b"2")]),
+        (0, b"tombstone", None),
+        (0, None, None),
+        (0, b"", b""),
+    ])
+    async with consumer(bootstrap, auto_offset_reset="earliest") as c:
+        c.assign(tps(topic, 1))
+        r = await read(c, 4)
+    assert (r[0].key, r[0].value, r[0].headers) == (None, b"no key", (("a", b"1"), ("b", None), ("a", b"2")))
+    assert (r[1].key, r[1].value, r[1].serialized_value_size) == (b"tombstone", None, -1)
+    assert (r[2].key, r[2].value, r[2].serialized_key_size) == (None, None, -1)
+    assert (r[3].key, r[3].value, r[3].serialized_key_size) == (b"", b"", 0)
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+async def test_every_compression_codec(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], codec: str
+) -> None:
+    topic = new_topic(1)
+    values = [b"value-%d-" % i * (i % 7 + 1) for i in range(500)]
+    produce(topic, ((0, b"k%d" % i, v, [("i", b"%d" % i)]) for i, v in enumerate(values)), compression=codec)
+    async with consumer(bootstrap, auto_offset_reset="earliest") as c:
+        c.assign(tps(topic, 1))
+        records = await read(c, len(values))
+    assert [r.value for r in records] == values
+    assert [r.key for r in records] == [b"k%d" % i for i in range(500)]
+    assert records[-1].headers == (("i", b"499"),)
+
+
+async def test_auto_offset_reset_earliest_latest_none(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    produce_one_per_batch(produce, topic, [(0, None, b"old%d" % i) for i in range(5)])
+    tp = TopicPartition(topic, 0)
+    async with consumer(bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([tp])
+        assert [r.value for r in await read(c, 5)] == [b"old%d" % i for i in range(5)]
+    async with consumer(bootstrap, auto_offset_reset="latest") as c:
+        c.assign([tp])
+        assert await c.position(tp) == 5
+        produce(topic, [(0, None, b"new")])
+        assert [r.value for r in await read(c, 1)] == [b"new"]
+    async with consumer(bootstrap, auto_offset_reset="none", group_id=f"none-{topic}") as c:
+        c.assign([tp])
+        with anyio.fail_after(10), pytest.raises(NoOffsetForPartitionError, match=topic):
+            await c.getmany(timeout=5)
+        await c.seek(tp, 2)  # an explicit position un-blocks the partition
+        assert [r.offset for r in await read(c, 4)] == [2, 3, 4, 5]
+
+
+async def test_unknown_topic_raises_typed_error_within_timeout(bootstrap: str) -> None:
+    async with consumer(bootstrap) as c:
+        c.assign([TopicPartition("no-such-topic-xyz", 0)])
+        started = time.monotonic()
+        with pytest.raises(UnknownTopicOrPartitionError, match="no-such-topic-xyz"):
+            await c.getmany(timeout=5)
+        assert time.monotonic() - started < 5
+        with pytest.raises(UnknownTopicOrPartitionError):
+            await c.end_offsets([TopicPartition("no-such-topic-xyz", 0)], timeout=5)
+        assert await c.partitions_for_topic("no-such-topic-xyz") is None
+
+
+async def test_unreachable_bootstrap_raises_within_timeout() -> None:
+    from support.broker import free_port
+
+    dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    started = time.monotonic()
+    with pytest.raises(NoBrokersAvailableError, match="no broker reachable"):
+        async with Consumer(bootstrap_servers=dead, request_timeout_ms=1500):
+            pass
+    assert time.monotonic() - started < 5
+
+
+async def test_cancelled_iteration_then_consuming_again_loses_nothing(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    total = 3000
+    produce(topic, ((i % 2, None, b"%d" % i) for i in range(total)))
+    seen: list[int] = []
+    async with consumer(bootstrap, auto_offset_reset="earliest", max_poll_records=50) as c:
+        c.assign(tps(topic, 2))
+        for _ in range(20):
+            with anyio.move_on_after(0.01):
+                async for record in c:
+                    seen.append(int(record.value))
+                    await anyio.sleep(0.001)  # cancelled here, mid-iteration, with records buffered
+        assert 0 < len(seen) < total
+        with anyio.move_on_after(0):
+            # Cancelled at its first wait; if records were ready it returns them first.
+            for records in (await c.getmany(timeout=None)).values():
+                seen += [int(r.value) for r in records]
+        seen += [int(r.value) for r in await read(c, total - len(seen))]
+    assert sorted(seen) == list(range(total))
+
+
+async def test_two_tasks_polling_at_once_get_concurrent_access_error(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(1)
+    async with consumer(bootstrap, auto_offset_reset="earliest") as c:
+        c.assign(tps(topic, 1))
+        errors: list[BaseException] = []
+
+        async def second_poller() -> None:
+            try:
+                await c.getmany(timeout=0.1)
+            except ConcurrentAccessError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.getmany, *[], )  # first poller waits for data
+            await anyio.sleep(0.2)
+            await second_poller()
+            tg.cancel_scope.cancel()
+        assert errors and "polling this consumer" in str(errors[0])
+        # Non-polling calls from another task are allowed.
+        assert topic in await c.topics()
+
+
+async def test_offsets_lookups_and_metadata(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], kafka_backend: Any
+) -> None:
+    topic = new_topic(3)
+    now = int(time.time() * 1000)
+    produce_one_per_batch(produce, topic, [(0, None, b"a", None, now - 60_000),
+                                           (0, None, b"b", None, now - 30_000), (0, None, b"c", None, now)])
+    tp = TopicPartition(topic, 0)
+    async with consumer(bootstrap) as c:
+        assert topic in await c.topics()
+        assert await c.partitions_for_topic(topic) == {0, 1, 2}
+        assert (await c.beginning_offsets([tp]))[tp] == 0
+        found = await c.offsets_for_times({tp: now - 45_000, TopicPartition(topic, 1): now})
+        assert found[tp] is not None
+        if kafka_backend.name == "kafka":  # Tansu answers a timestamp lookup with the earliest offset
+            assert (found[tp].offset, found[tp].timestamp) == (1, now - 30_000)
+            assert found[TopicPartition(topic, 1)] is None
+
+
+async def test_close_is_bounded_and_idempotent(bootstrap: str) -> None:
+    c = consumer(bootstrap)
+    async with c:
+        pass
+    await c.close()
+    started = time.monotonic()
+    await c.close(timeout=0.1)
+    assert time.monotonic() - started < 1
+
+
+async def test_deserializers(bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]) -> None:
+    topic = new_topic(1)
+    produce(topic, [(0, b"k1", b"41"), (0, b"k2", b"oops")])
+    async with consumer(bootstrap, auto_offset_reset="earliest", key_deserializer=bytes.decode,
+                        value_deserializer=int) as c:
+        c.assign(tps(topic, 1))
+        first = await c.getone()
+        assert (first.key, first.value) == ("k1", 41)
+        from asyncconsumer import RecordDeserializationError
+
+        with pytest.raises(RecordDeserializationError, match=r"offset 1"):
+            await c.getone()
+        assert await c.position(TopicPartition(topic, 0)) == 1

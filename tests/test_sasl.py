@@ -1,0 +1,571 @@
+"""SASL PLAIN / SCRAM state machines and the SaslHandshake + SaslAuthenticate driver."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncconsumer.engine.sasl import (
+    MIN_SCRAM_ITERATIONS,
+    SUPPORTED_MECHANISMS,
+    PlainMechanism,
+    SaslMechanism,
+    ScramMechanism,
+    authenticate,
+    create_mechanism,
+)
+from asyncconsumer.errors import AuthenticationError, ConfigError, IllegalStateError
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+# RFC 7677 section 3 test vector.
+RFC_USER = "user"
+RFC_PASSWORD = "pencil"
+RFC_CLIENT_NONCE = "rOprNGfwEbeRWgbNEkqO"
+RFC_SERVER_FIRST = "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096"
+RFC_CLIENT_FINAL = (
+    "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+    "p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ="
+)
+RFC_SERVER_FINAL = "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _hmac(hash_name: str, key: bytes, msg: bytes) -> bytes:
+    return hmac.new(key, msg, hash_name).digest()
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    return bytes(x ^ y for x, y in zip(a, b, strict=True))
+
+
+def reference_scram(
+    hash_name: str, password: str, client_first_bare: str, server_first: str, nonce: str
+) -> tuple[str, str]:
+    """Independent RFC 5802 section 3 computation: (client-final, server-final)."""
+    attrs = dict(p.split("=", 1) for p in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(hash_name, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = _hmac(hash_name, salted, b"Client Key")
+    stored_key = hashlib.new(hash_name, client_key).digest()
+    without_proof = "c=biws,r=" + nonce
+    auth_message = ",".join([client_first_bare, server_first, without_proof]).encode()
+    proof = _xor(client_key, _hmac(hash_name, stored_key, auth_message))
+    server_key = _hmac(hash_name, salted, b"Server Key")
+    server_signature = _hmac(hash_name, server_key, auth_message)
+    return f"{without_proof},p={_b64(proof)}", f"v={_b64(server_signature)}"
+
+
+class ScramServer:
+    """The server half of SCRAM, built on stored credentials the way a broker keeps them."""
+
+    def __init__(
+        self,
+        hash_name: str,
+        username: str,
+        password: str,
+        *,
+        iterations: int = 4096,
+        salt: bytes | None = None,
+    ) -> None:
+        self.hash_name = hash_name
+        self.username = username
+        self.iterations = iterations
+        self.salt = salt if salt is not None else os.urandom(16)
+        salted = hashlib.pbkdf2_hmac(hash_name, password.encode(), self.salt, iterations)
+        self.stored_key = hashlib.new(hash_name, _hmac(hash_name, salted, b"Client Key")).digest()
+        self.server_key = _hmac(hash_name, salted, b"Server Key")
+        self.server_nonce = _b64(os.urandom(18))
+
+    def first(self, client_first: bytes) -> bytes:
+        text = client_first.decode()
+        assert text.startswith("n,,")
+        self.client_first_bare = text[3:]
+        attrs = dict(p.split("=", 1) for p in self.client_first_bare.split(","))
+        assert attrs["n"].replace("=2C", ",").replace("=3D", "=") == self.username
+        self.nonce = attrs["r"] + self.server_nonce
+        self.server_first = f"r={self.nonce},s={_b64(self.salt)},i={self.iterations}"
+        return self.server_first.encode()
+
+    def final(self, client_final: bytes) -> bytes | None:
+        """Server-final ``v=...`` if the proof checks out, else ``None``."""
+        text = client_final.decode()
+        without_proof, _, proof_attr = text.rpartition(",")
+        attrs = dict(p.split("=", 1) for p in text.split(","))
+        assert attrs["c"] == "biws"
+        assert attrs["r"] == self.nonce
+        assert proof_attr.startswith("p=")
+        auth_message = f"{self.client_first_bare},{self.server_first},{without_proof}".encode()
+        signature = _hmac(self.hash_name, self.stored_key, auth_message)
+        client_key = _xor(base64.b64decode(attrs["p"]), signature)
+        if hashlib.new(self.hash_name, client_key).digest() != self.stored_key:
+            return None
+        return f"v={_b64(_hmac(self.hash_name, self.server_key, auth_message))}".encode()
+
+
+# --- SCRAM state machine -----------------------------------------------------
+
+
+def test_rfc7677_scram_sha256_vector() -> None:
+    mech = ScramMechanism(RFC_USER, RFC_PASSWORD, "sha256", nonce=RFC_CLIENT_NONCE)
+    assert mech.name == "SCRAM-SHA-256"
+    assert mech.initial_response() == b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO"
+    assert not mech.complete
+    assert mech.step(RFC_SERVER_FIRST.encode()) == RFC_CLIENT_FINAL.encode()
+    assert not mech.complete
+    assert mech.step(RFC_SERVER_FINAL.encode()) is None
+    assert mech.complete
+
+
+def test_reference_matches_rfc7677_vector() -> None:
+    # Guards the test's own reference implementation used for SHA-512 below.
+    assert reference_scram(
+        "sha256",
+        RFC_PASSWORD,
+        "n=user,r=" + RFC_CLIENT_NONCE,
+        RFC_SERVER_FIRST,
+        RFC_SERVER_FIRST.split(",")[0][2:],
+    ) == (RFC_CLIENT_FINAL, RFC_SERVER_FINAL)
+
+
+def test_scram_sha512_matches_reference() -> None:
+    nonce = "fyko+d2lbbFgONRv9qkxdawL"
+    full_nonce = nonce + "3rfcNHYJY1ZVvWVs7j"
+    server_first = f"r={full_nonce},s={_b64(b'salt-for-sha512!')},i=4096"
+    client_final, server_final = reference_scram(
+        "sha512", "s3cr3t pässword", f"n=alice,r={nonce}", server_first, full_nonce
+    )
+
+    mech = ScramMechanism("alice", "s3cr3t pässword", "sha512", nonce=nonce)
+    assert mech.name == "SCRAM-SHA-512"
+    assert mech.initial_response() == f"n,,n=alice,r={nonce}".encode()
+    msg = mech.step(server_first.encode())
+    assert msg == client_final.encode()
+    assert len(base64.b64decode(client_final.rsplit("p=", 1)[1])) == 64
+    assert mech.step(server_final.encode()) is None
+    assert mech.complete
+
+
+def test_username_escaping() -> None:
+    mech = ScramMechanism("a,b=c", "pw", "sha256", nonce="abc")
+    assert mech.initial_response() == b"n,,n=a=2Cb=3Dc,r=abc"
+    # '=' is escaped before ',' so an escape sequence is not escaped twice.
+    assert ScramMechanism("=2C", "pw", "sha256", nonce="x").initial_response() == b"n,,n==3D2C,r=x"
+
+
+def test_generated_nonce_is_fresh_and_printable() -> None:
+    first = ScramMechanism("u", "p", "sha256").initial_response()
+    second = ScramMechanism("u", "p", "sha256").initial_response()
+    assert first != second
+    nonce = first.decode().split("r=", 1)[1]
+    assert len(nonce) >= 24
+    assert all(0x21 <= ord(c) <= 0x7E and c != "," for c in nonce)
+
+
+def _first_sent() -> ScramMechanism:
+    mech = ScramMechanism(RFC_USER, RFC_PASSWORD, "sha256", nonce=RFC_CLIENT_NONCE)
+    mech.initial_response()
+    return mech
+
+
+def test_wrong_server_signature_rejected() -> None:
+    mech = _first_sent()
+    mech.step(RFC_SERVER_FIRST.encode())
+    forged = base64.b64decode(RFC_SERVER_FINAL[2:])
+    forged = bytes([forged[0] ^ 1]) + forged[1:]
+    with pytest.raises(AuthenticationError, match="server signature"):
+        mech.step(b"v=" + _b64(forged).encode())
+    assert not mech.complete
+    # A failed exchange stays failed.
+    with pytest.raises(AuthenticationError, match="already failed"):
+        mech.step(RFC_SERVER_FINAL.encode())
+
+
+def test_truncated_server_signature_rejected() -> None:
+    mech = _first_sent()
+    mech.step(RFC_SERVER_FIRST.encode())
+    with pytest.raises(AuthenticationError):
+        mech.step(RFC_SERVER_FINAL[:-8].encode() + b"AAAA")
+
+
+@pytest.mark.parametrize(
+    "server_nonce",
+    [
+        "XXprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAf",  # does not start with the client nonce
+        RFC_CLIENT_NONCE,  # server added nothing of its own
+        "rOprNGfwEbeRWgbNEk",  # a prefix of the client nonce
+    ],
+)
+def test_server_nonce_mismatch_rejected(server_nonce: str) -> None:
+    mech = _first_sent()
+    with pytest.raises(AuthenticationError, match="nonce"):
+        mech.step(f"r={server_nonce},s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096".encode())
+
+
+def test_server_error_in_server_final() -> None:
+    mech = _first_sent()
+    mech.step(RFC_SERVER_FIRST.encode())
+    with pytest.raises(AuthenticationError, match="server error 'invalid-proof'"):
+        mech.step(b"e=invalid-proof")
+    assert not mech.complete
+
+
+def test_server_error_in_server_first() -> None:
+    mech = _first_sent()
+    with pytest.raises(AuthenticationError, match="unknown-user"):
+        mech.step(b"e=unknown-user")
+
+
+@pytest.mark.parametrize("iterations", [1, 1000, MIN_SCRAM_ITERATIONS - 1])
+def test_low_iteration_count_rejected(iterations: int) -> None:
+    mech = _first_sent()
+    server_first = RFC_SERVER_FIRST.replace("i=4096", f"i={iterations}")
+    with pytest.raises(AuthenticationError, match="iteration count"):
+        mech.step(server_first.encode())
+
+
+def test_huge_iteration_count_rejected() -> None:
+    mech = _first_sent()
+    with pytest.raises(AuthenticationError, match="iteration count"):
+        mech.step(RFC_SERVER_FIRST.replace("i=4096", "i=4000000000").encode())
+
+
+@pytest.mark.parametrize(
+    "server_first",
+    [
+        b"",
+        b"garbage",
+        b"\xff\xfe",
+        b"s=W22ZaJ0SNY7soEsUEjb6gQ==,r=rOprNGfwEbeRWgbNEkqOxyz,i=4096",  # wrong order
+        b"r=rOprNGfwEbeRWgbNEkqOxyz,s=W22ZaJ0SNY7soEsUEjb6gQ==",  # no i=
+        b"r=rOprNGfwEbeRWgbNEkqOxyz,s=not base64!,i=4096",
+        b"r=rOprNGfwEbeRWgbNEkqOxyz,s=,i=4096",
+        b"r=rOprNGfwEbeRWgbNEkqOxyz,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=-4096",
+        b"r=rOprNGfwEbeRWgbNEkqOxyz,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4k",
+        b"m=ext,r=rOprNGfwEbeRWgbNEkqOxyz,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096",
+    ],
+)
+def test_malformed_server_first_rejected(server_first: bytes) -> None:
+    mech = _first_sent()
+    with pytest.raises(AuthenticationError):
+        mech.step(server_first)
+    assert not mech.complete
+
+
+def test_server_first_extensions_are_ignored() -> None:
+    mech = _first_sent()
+    assert mech.step((RFC_SERVER_FIRST + ",x=extension").encode()) is not None
+
+
+def test_misuse_of_state_machine() -> None:
+    mech = ScramMechanism("u", "p", "sha256", nonce="n")
+    with pytest.raises(IllegalStateError):
+        mech.step(b"r=nx,s=AAAA,i=4096")
+    mech.initial_response()
+    with pytest.raises(IllegalStateError):
+        mech.initial_response()
+
+    done = _first_sent()
+    done.step(RFC_SERVER_FIRST.encode())
+    done.step(RFC_SERVER_FINAL.encode())
+    with pytest.raises(AuthenticationError, match="after completion"):
+        done.step(RFC_SERVER_FINAL.encode())
+
+
+@pytest.mark.parametrize("nonce", ["", "a,b", "with space", "caf\u00e9"])
+def test_invalid_injected_nonce(nonce: str) -> None:
+    with pytest.raises(ConfigError):
+        ScramMechanism("u", "p", "sha256", nonce=nonce)
+
+
+def test_invalid_scram_arguments() -> None:
+    with pytest.raises(ConfigError):
+        ScramMechanism("u", "p", "sha1")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        ScramMechanism("", "p", "sha256")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    username=st.text(min_size=1, max_size=20),
+    password=st.text(max_size=20),
+    hash_name=st.sampled_from(["sha256", "sha512"]),
+)
+def test_scram_round_trip_against_server(username: str, password: str, hash_name: str) -> None:
+    server = ScramServer(hash_name, username, password)
+    mech = ScramMechanism(username, password, "sha256" if hash_name == "sha256" else "sha512")
+    final = mech.step(server.first(mech.initial_response()))
+    assert final is not None
+    server_final = server.final(final)
+    assert server_final is not None
+    assert mech.step(server_final) is None
+    assert mech.complete
+
+
+# --- PLAIN -------------------------------------------------------------------
+
+
+def test_plain_message() -> None:
+    mech = PlainMechanism("user", "pass")
+    assert mech.name == "PLAIN"
+    assert mech.initial_response() == b"\x00user\x00pass"
+    assert not mech.complete
+    assert mech.step(b"") is None
+    assert mech.complete
+
+
+def test_plain_with_authzid_and_utf8() -> None:
+    assert PlainMechanism("user", "pass", authzid="admin").initial_response() == b"admin\x00user\x00pass"
+    assert PlainMechanism("j\u00fcrgen", "p\u00e4ss").initial_response() == (
+        b"\x00j\xc3\xbcrgen\x00p\xc3\xa4ss"
+    )
+
+
+def test_plain_rejects_nul_and_empty_username() -> None:
+    with pytest.raises(ConfigError, match="NUL"):
+        PlainMechanism("us\x00er", "pass")
+    with pytest.raises(ConfigError, match="NUL"):
+        PlainMechanism("user", "pa\x00ss")
+    with pytest.raises(ConfigError):
+        PlainMechanism("", "pass")
+
+
+def test_plain_misuse() -> None:
+    mech = PlainMechanism("user", "pass")
+    with pytest.raises(IllegalStateError):
+        mech.step(b"")
+    mech.initial_response()
+    with pytest.raises(IllegalStateError):
+        mech.initial_response()
+    mech.step(b"")
+    with pytest.raises(AuthenticationError):
+        mech.step(b"")
+
+
+# --- create_mechanism --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "expected_name"),
+    [
+        ("PLAIN", PlainMechanism, "PLAIN"),
+        ("plain", PlainMechanism, "PLAIN"),
+        ("SCRAM-SHA-256", ScramMechanism, "SCRAM-SHA-256"),
+        ("scram-sha-512", ScramMechanism, "SCRAM-SHA-512"),
+    ],
+)
+def test_create_mechanism(name: str, cls: type, expected_name: str) -> None:
+    mech = create_mechanism(name, "user", "pass")
+    assert isinstance(mech, cls)
+    assert mech.name == expected_name
+
+
+@pytest.mark.parametrize("name", ["GSSAPI", "OAUTHBEARER", "SCRAM-SHA-1", ""])
+def test_create_mechanism_unknown(name: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        create_mechanism(name, "user", "pass")
+    for supported in SUPPORTED_MECHANISMS:
+        assert supported in str(info.value)
+
+
+@pytest.mark.parametrize(("username", "password"), [(None, "pass"), ("user", None), ("", "pass")])
+def test_create_mechanism_missing_credentials(username: str | None, password: str | None) -> None:
+    with pytest.raises(ConfigError, match="username and a password"):
+        create_mechanism("SCRAM-SHA-256", username, password)
+
+
+# --- authenticate() driver ---------------------------------------------------
+
+
+class FakeBroker:
+    """Plays SaslHandshake + SaslAuthenticate; records every request it gets."""
+
+    def __init__(
+        self,
+        *,
+        scram: ScramServer | None = None,
+        enabled: tuple[str, ...] = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+        plain_credentials: tuple[str, str] | None = None,
+        reject_with_scram_error: bool = False,
+    ) -> None:
+        self.scram = scram
+        self.enabled = list(enabled)
+        self.plain_credentials = plain_credentials
+        self.reject_with_scram_error = reject_with_scram_error
+        self.calls: list[tuple[str, int, dict[str, Any]]] = []
+        self.mechanism = ""
+        self.round = 0
+
+    async def request(self, api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append((api, version, body))
+        if api == "SaslHandshake":
+            self.mechanism = body["mechanism"]
+            code = 0 if self.mechanism in self.enabled else 33
+            return {"error_code": code, "mechanisms": self.enabled}
+        assert api == "SaslAuthenticate"
+        assert self.mechanism, "SaslAuthenticate before SaslHandshake"
+        self.round += 1
+        if self.mechanism == "PLAIN":
+            assert self.plain_credentials is not None
+            user, password = self.plain_credentials
+            if body["auth_bytes"] != b"\x00" + user.encode() + b"\x00" + password.encode():
+                return self._failed()
+            return self._ok(b"")
+        assert self.scram is not None
+        if self.round == 1:
+            return self._ok(self.scram.first(body["auth_bytes"]))
+        assert self.round == 2
+        server_final = self.scram.final(body["auth_bytes"])
+        if server_final is None:
+            if self.reject_with_scram_error:
+                return self._ok(b"e=invalid-proof")
+            return self._failed()
+        return self._ok(server_final)
+
+    @staticmethod
+    def _ok(auth_bytes: bytes) -> dict[str, Any]:
+        return {"error_code": 0, "error_message": None, "auth_bytes": auth_bytes, "session_lifetime_ms": 0}
+
+    def _failed(self) -> dict[str, Any]:
+        return {
+            "error_code": 58,
+            "error_message": f"Authentication failed during authentication due to invalid "
+            f"credentials with SASL mechanism {self.mechanism}",
+            "auth_bytes": b"",
+            "session_lifetime_ms": 0,
+        }
+
+
+@pytest.mark.parametrize("hash_name", ["sha256", "sha512"])
+async def test_authenticate_scram_success(hash_name: str) -> None:
+    broker = FakeBroker(scram=ScramServer(hash_name, "alice", "wonderland", iterations=8192))
+    mech = ScramMechanism("alice", "wonderland", "sha256" if hash_name == "sha256" else "sha512")
+    await authenticate(broker.request, mech, handshake_version=1, authenticate_version=2)
+    assert mech.complete
+    assert [(api, version) for api, version, _ in broker.calls] == [
+        ("SaslHandshake", 1),
+        ("SaslAuthenticate", 2),
+        ("SaslAuthenticate", 2),
+    ]
+    assert broker.calls[0][2] == {"mechanism": mech.name}
+
+
+async def test_authenticate_scram_wrong_password() -> None:
+    broker = FakeBroker(scram=ScramServer("sha256", "alice", "wonderland"))
+    mech = ScramMechanism("alice", "looking-glass", "sha256")
+    with pytest.raises(AuthenticationError, match=r"SASL authentication failed: .*invalid credentials"):
+        await authenticate(broker.request, mech, handshake_version=1, authenticate_version=1)
+    assert not mech.complete
+
+
+async def test_authenticate_scram_server_error_attribute() -> None:
+    broker = FakeBroker(scram=ScramServer("sha512", "alice", "wonderland"), reject_with_scram_error=True)
+    mech = ScramMechanism("alice", "looking-glass", "sha512")
+    with pytest.raises(AuthenticationError, match="invalid-proof"):
+        await authenticate(broker.request, mech, handshake_version=1, authenticate_version=0)
+
+
+async def test_authenticate_rejects_impostor_server() -> None:
+    # The server knows a different password: it cannot produce our server signature.
+    class Impostor(FakeBroker):
+        async def request(self, api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+            response = await super().request(api, version, body)
+            if api == "SaslAuthenticate" and self.round == 2:
+                response["auth_bytes"] = b"v=" + _b64(os.urandom(32)).encode()
+            return response
+
+    broker = Impostor(scram=ScramServer("sha256", "alice", "wonderland"))
+    mech = ScramMechanism("alice", "wonderland", "sha256")
+    with pytest.raises(AuthenticationError, match="server signature"):
+        await authenticate(broker.request, mech, handshake_version=1, authenticate_version=1)
+
+
+async def test_authenticate_plain() -> None:
+    broker = FakeBroker(plain_credentials=("user", "pass"))
+    mech = create_mechanism("PLAIN", "user", "pass")
+    await authenticate(broker.request, mech, handshake_version=1, authenticate_version=1)
+    assert mech.complete
+    assert broker.calls[1][2] == {"auth_bytes": b"\x00user\x00pass"}
+
+    broker = FakeBroker(plain_credentials=("user", "pass"))
+    with pytest.raises(AuthenticationError, match="SASL authentication failed"):
+        await authenticate(
+            broker.request, PlainMechanism("user", "nope"), handshake_version=1, authenticate_version=1
+        )
+
+
+async def test_handshake_unsupported_mechanism_lists_enabled() -> None:
+    broker = FakeBroker(enabled=("PLAIN", "GSSAPI"))
+    mech = ScramMechanism("alice", "wonderland", "sha512")
+    with pytest.raises(AuthenticationError) as info:
+        await authenticate(broker.request, mech, handshake_version=1, authenticate_version=1)
+    text = str(info.value)
+    assert "does not enable SASL mechanism SCRAM-SHA-512" in text
+    assert "PLAIN, GSSAPI" in text
+    assert [api for api, _, _ in broker.calls] == ["SaslHandshake"]
+
+
+async def test_handshake_other_error_is_named() -> None:
+    async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        return {"error_code": 34, "mechanisms": []}
+
+    with pytest.raises(AuthenticationError, match="ILLEGAL_SASL_STATE"):
+        await authenticate(request, PlainMechanism("u", "p"), handshake_version=0, authenticate_version=0)
+
+
+async def test_authenticate_error_without_message_names_code() -> None:
+    async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        if api == "SaslHandshake":
+            return {"error_code": 0, "mechanisms": ["PLAIN"]}
+        return {"error_code": 58, "error_message": None, "auth_bytes": b"", "session_lifetime_ms": 0}
+
+    with pytest.raises(AuthenticationError, match="SASL_AUTHENTICATION_FAILED"):
+        await authenticate(request, PlainMechanism("u", "p"), handshake_version=1, authenticate_version=1)
+
+
+async def test_broker_without_sasl_authenticate_is_too_old() -> None:
+    calls: list[str] = []
+
+    async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        calls.append(api)
+        return {"error_code": 0, "mechanisms": ["PLAIN"]}
+
+    with pytest.raises(AuthenticationError, match="too old"):
+        await authenticate(request, PlainMechanism("u", "p"), handshake_version=0, authenticate_version=None)
+    assert calls == []
+
+
+async def test_mechanism_that_stops_early_is_not_success() -> None:
+    class Lazy:
+        name = "PLAIN"
+        complete = False
+
+        def initial_response(self) -> bytes:
+            return b"\x00\x00"  # what the fake broker accepts for empty credentials
+
+        def step(self, challenge: bytes) -> bytes | None:
+            return None
+
+    broker = FakeBroker(plain_credentials=("", ""))
+    with pytest.raises(AuthenticationError, match="without completing"):
+        await authenticate(broker.request, Lazy(), handshake_version=1, authenticate_version=1)
+
+
+def test_mechanism_protocol_is_satisfied() -> None:
+    mechanisms: list[SaslMechanism] = [PlainMechanism("u", "p"), ScramMechanism("u", "p", "sha256")]
+    assert [m.name for m in mechanisms] == ["PLAIN", "SCRAM-SHA-256"]
