@@ -1,0 +1,91 @@
+"""Configuration is validated at construction with errors that name the option."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+
+from asyncconsumer import ConfigError, Consumer
+from asyncconsumer.config import build_config, from_properties, parse_host_port
+
+
+def test_defaults_follow_kafka() -> None:
+    c = build_config({})
+    assert (c.auto_offset_reset, c.enable_auto_commit, c.fetch_max_bytes, c.max_partition_fetch_bytes) == (
+        "latest", True, 52428800, 1048576)
+    assert c.isolation_level == "read_uncommitted" and c.check_crcs is True
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"bootstrap_server": "x:1"}, "did you mean 'bootstrap_servers'"),
+        ({"bootstrap_servers": ""}, "bootstrap_servers is empty"),
+        ({"bootstrap_servers": "host:notaport"}, "is not 'host:port'"),
+        ({"auto_offset_reset": "smallest"}, "auto_offset_reset='smallest' is not one of"),
+        ({"fetch_max_wait_ms": -1}, "fetch_max_wait_ms must be >= 0"),
+        ({"request_timeout_ms": 0}, "request_timeout_ms must be > 0"),
+        ({"request_timeout_ms": "30"}, "request_timeout_ms must be an integer"),
+        ({"enable_auto_commit": "yes"}, "enable_auto_commit must be True or False"),
+        ({"fetch_buffer_bytes": 1000}, "fetch_buffer_bytes (1000) must be >= max_partition_fetch_bytes"),
+        ({"security_protocol": "SASL_SSL"}, "needs sasl_plain_username and sasl_plain_password"),
+        ({"ssl_context": ssl.create_default_context()}, "use 'SSL' or 'SASL_SSL'"),
+        ({"ssl_context": "not a context", "security_protocol": "SSL"}, "must be an ssl.SSLContext"),
+        ({"group_instance_id": "i1"}, "group_instance_id needs a group_id"),
+        ({"value_deserializer": 3}, "must be callable"),
+        ({"partition_assignment_strategy": "fair"}, "is not one of range"),
+        ({"heartbeat_interval_ms": 50000}, "heartbeat_interval_ms must be lower than session_timeout_ms"),
+    ],
+)
+def test_bad_options_name_the_problem(options: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Consumer(**options)
+    assert message in str(info.value)
+
+
+def test_config_error_is_a_value_error() -> None:
+    with pytest.raises(ValueError):
+        Consumer(max_poll_records=0)
+
+
+def test_from_properties_java_and_librdkafka_names() -> None:
+    c = from_properties({
+        "bootstrap.servers": "a:1,b:2",
+        "group.id": "g",
+        "enable.auto.commit": "false",
+        "auto.offset.reset": "smallest",
+        "fetch.max.wait.ms": "250",
+        "security.protocol": "sasl_plaintext",
+        "sasl.mechanisms": "scram-sha-512",
+        "sasl.username": "u",
+        "sasl.password": "s3cr3t-pw",
+        "partition.assignment.strategy": "cooperative-sticky",
+    })
+    assert c.bootstrap_servers == ("a:1", "b:2")
+    assert (c.group_id, c.enable_auto_commit, c.auto_offset_reset, c.fetch_max_wait_ms) == ("g", False, "earliest", 250)
+    assert (c.security_protocol, c.sasl_mechanism, c.sasl_plain_username) == ("SASL_PLAINTEXT", "SCRAM-SHA-512", "u")
+    assert c.partition_assignment_strategy == ("cooperative-sticky",)
+    assert "s3cr3t-pw" not in repr(c)  # the password is not printed
+
+
+def test_from_properties_rejects_unknown_and_bad_values() -> None:
+    with pytest.raises(ConfigError, match="unknown consumer property 'fetch.bogus'"):
+        from_properties({"fetch.bogus": "1"})
+    with pytest.raises(ConfigError, match="must be 'true' or 'false'"):
+        from_properties({"enable.auto.commit": "maybe"})
+    with pytest.raises(ConfigError, match="must be an integer"):
+        from_properties({"fetch.min.bytes": "lots"})
+
+
+def test_consumer_from_properties_with_overrides() -> None:
+    c = Consumer.from_properties({"bootstrap.servers": "h:9"}, client_id="me")
+    assert c.config.bootstrap_servers == ("h:9",) and c.config.client_id == "me"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("h:1", ("h", 1)), ("h", ("h", 9092)), ("[::1]:9093", ("::1", 9093)), ("127.0.0.1:65535", ("127.0.0.1", 65535))],
+)
+def test_parse_host_port(text: str, expected: tuple[str, int]) -> None:
+    assert parse_host_port(text) == expected
