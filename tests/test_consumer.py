@@ -17,7 +17,6 @@ from asyncconsumer import (
     ConcurrentAccessError,
     Consumer,
     ConsumerRecord,
-    KafkaTimeoutError,
     NoBrokersAvailableError,
     NoOffsetForPartitionError,
     TopicPartition,
@@ -79,8 +78,9 @@ async def test_commit_then_new_consumer_resumes_after_committed_offsets(
         first = await read(c, 30)
         await c.commit()
         committed = await c.committed(tps(topic, 2))
-    expected = {tp: max((r.offset + 1 for r in first if r.partition == tp.partition), default=0)
-                for tp in tps(topic, 2)}
+    expected = {
+        tp: max((r.offset + 1 for r in first if r.partition == tp.partition), default=0) for tp in tps(topic, 2)
+    }
     assert {tp: om.offset if om else None for tp, om in committed.items()} == expected
     async with consumer(bootstrap, group_id=group, auto_offset_reset="earliest") as c:
         c.assign(tps(topic, 2))
@@ -142,12 +142,15 @@ async def test_headers_null_key_and_null_value(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
     topic = new_topic(1)
-    produce(topic, [
-        (0, None, b"no key", [("a", b"1"), ("b", None), ("a", b"2")]),
-        (0, b"tombstone", None),
-        (0, None, None),
-        (0, b"", b""),
-    ])
+    produce(
+        topic,
+        [
+            (0, None, b"no key", [("a", b"1"), ("b", None), ("a", b"2")]),
+            (0, b"tombstone", None),
+            (0, None, None),
+            (0, b"", b""),
+        ],
+    )
     async with consumer(bootstrap, auto_offset_reset="earliest") as c:
         c.assign(tps(topic, 1))
         r = await read(c, 4)
@@ -255,7 +258,10 @@ async def test_two_tasks_polling_at_once_get_concurrent_access_error(
                 errors.append(exc)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(c.getmany, *[], )  # first poller waits for data
+            tg.start_soon(
+                c.getmany,
+                *[],
+            )  # first poller waits for data
             await anyio.sleep(0.2)
             await second_poller()
             tg.cancel_scope.cancel()
@@ -269,8 +275,11 @@ async def test_offsets_lookups_and_metadata(
 ) -> None:
     topic = new_topic(3)
     now = int(time.time() * 1000)
-    produce_one_per_batch(produce, topic, [(0, None, b"a", None, now - 60_000),
-                                           (0, None, b"b", None, now - 30_000), (0, None, b"c", None, now)])
+    produce_one_per_batch(
+        produce,
+        topic,
+        [(0, None, b"a", None, now - 60_000), (0, None, b"b", None, now - 30_000), (0, None, b"c", None, now)],
+    )
     tp = TopicPartition(topic, 0)
     async with consumer(bootstrap) as c:
         assert topic in await c.topics()
@@ -296,8 +305,9 @@ async def test_close_is_bounded_and_idempotent(bootstrap: str) -> None:
 async def test_deserializers(bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]) -> None:
     topic = new_topic(1)
     produce(topic, [(0, b"k1", b"41"), (0, b"k2", b"oops")])
-    async with consumer(bootstrap, auto_offset_reset="earliest", key_deserializer=bytes.decode,
-                        value_deserializer=int) as c:
+    async with consumer(
+        bootstrap, auto_offset_reset="earliest", key_deserializer=bytes.decode, value_deserializer=int
+    ) as c:
         c.assign(tps(topic, 1))
         first = await c.getone()
         assert (first.key, first.value) == ("k1", 41)

@@ -19,9 +19,16 @@ async def test_connections_cut_mid_fetch_lose_nothing_and_repeat_nothing(proxied
         total = 20_000
         await anyio.to_thread.run_sync(lambda: pb.produce(topic, ((i % 2, None, b"%d" % i) for i in range(total))))
         seen: list[int] = []
-        async with Consumer(bootstrap_servers=pb.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100,
-                            max_partition_fetch_bytes=16384, fetch_buffer_bytes=65536,
-                            reconnect_backoff_ms=20, retry_backoff_ms=20, request_timeout_ms=5000) as c:
+        async with Consumer(
+            bootstrap_servers=pb.bootstrap,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=100,
+            max_partition_fetch_bytes=16384,
+            fetch_buffer_bytes=65536,
+            reconnect_backoff_ms=20,
+            retry_backoff_ms=20,
+            request_timeout_ms=5000,
+        ) as c:
             c.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
             drops = 0
             with anyio.fail_after(90):
@@ -41,8 +48,14 @@ async def test_broker_restart_behind_the_same_address_is_survived(proxied_broker
     async with proxied_broker() as pb:
         topic = await anyio.to_thread.run_sync(pb.new_topic, 1)
         await anyio.to_thread.run_sync(lambda: pb.produce(topic, ((0, None, b"%d" % i) for i in range(100))))
-        async with Consumer(bootstrap_servers=pb.bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100,
-                            reconnect_backoff_ms=20, reconnect_backoff_max_ms=200, request_timeout_ms=3000) as c:
+        async with Consumer(
+            bootstrap_servers=pb.bootstrap,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=100,
+            reconnect_backoff_ms=20,
+            reconnect_backoff_max_ms=200,
+            request_timeout_ms=3000,
+        ) as c:
             tp = TopicPartition(topic, 0)
             c.assign([tp])
             first = (await c.getmany(timeout=10))[tp]
@@ -61,22 +74,34 @@ async def test_broker_restart_behind_the_same_address_is_survived(proxied_broker
 
 
 async def test_tls_broker(tls_broker: Any, produce: Callable[..., Any]) -> None:
-    from support.producer import create_topic, produce as produce_to
+    from support.producer import create_topic
+    from support.producer import produce as produce_to
 
     client = {"security.protocol": "SSL", "ssl.ca.location": str(tls_broker.ca_file)}
-    topic = await anyio.to_thread.run_sync(lambda: create_topic(tls_broker.bootstrap, "tls-topic", 1, None,
-                                                                client_config=client))
-    await anyio.to_thread.run_sync(lambda: produce_to(tls_broker.bootstrap, topic, [(0, b"k", b"secret")],
-                                                      client_config=client))
-    async with Consumer(bootstrap_servers=tls_broker.bootstrap, security_protocol="SSL",
-                        ssl_context=tls_broker.ssl_context, auto_offset_reset="earliest") as c:
+    topic = await anyio.to_thread.run_sync(
+        lambda: create_topic(tls_broker.bootstrap, "tls-topic", 1, None, client_config=client)
+    )
+    await anyio.to_thread.run_sync(
+        lambda: produce_to(tls_broker.bootstrap, topic, [(0, b"k", b"secret")], client_config=client)
+    )
+    async with Consumer(
+        bootstrap_servers=tls_broker.bootstrap,
+        security_protocol="SSL",
+        ssl_context=tls_broker.ssl_context,
+        auto_offset_reset="earliest",
+    ) as c:
         c.assign([TopicPartition(topic, 0)])
         record = await c.getone()
     assert (record.key, record.value) == (b"k", b"secret")
 
 
 async def test_tls_from_properties(tls_broker: Any) -> None:
-    c = Consumer.from_properties({"bootstrap.servers": tls_broker.bootstrap, "security.protocol": "ssl",
-                                  "ssl.ca.location": str(tls_broker.ca_file)})
+    c = Consumer.from_properties(
+        {
+            "bootstrap.servers": tls_broker.bootstrap,
+            "security.protocol": "ssl",
+            "ssl.ca.location": str(tls_broker.ca_file),
+        }
+    )
     async with c:
         assert isinstance(await c.topics(), set)

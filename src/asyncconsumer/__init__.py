@@ -6,8 +6,8 @@
             ...
 """
 
-from ._version import __version__
 from . import errors
+from ._version import __version__
 from .config import ConsumerConfig
 from .consumer import Consumer, RecordDeserializationError
 from .errors import (

@@ -87,12 +87,25 @@ class ConsumerConfig:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ConsumerConfig)}
 _POSITIVE = {
-    "auto_commit_interval_ms", "session_timeout_ms", "heartbeat_interval_ms", "max_poll_interval_ms",
-    "fetch_max_bytes", "max_partition_fetch_bytes", "fetch_buffer_bytes", "request_timeout_ms",
-    "socket_connection_setup_timeout_ms", "connections_max_idle_ms", "metadata_max_age_ms",
+    "auto_commit_interval_ms",
+    "session_timeout_ms",
+    "heartbeat_interval_ms",
+    "max_poll_interval_ms",
+    "fetch_max_bytes",
+    "max_partition_fetch_bytes",
+    "fetch_buffer_bytes",
+    "request_timeout_ms",
+    "socket_connection_setup_timeout_ms",
+    "connections_max_idle_ms",
+    "metadata_max_age_ms",
 }
-_NON_NEGATIVE = {"fetch_min_bytes", "fetch_max_wait_ms", "reconnect_backoff_ms", "reconnect_backoff_max_ms",
-                 "retry_backoff_ms"}
+_NON_NEGATIVE = {
+    "fetch_min_bytes",
+    "fetch_max_wait_ms",
+    "reconnect_backoff_ms",
+    "reconnect_backoff_max_ms",
+    "retry_backoff_ms",
+}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "auto_offset_reset": OFFSET_RESETS,
     "isolation_level": ISOLATION_LEVELS,
@@ -123,7 +136,7 @@ def _servers(value: object) -> tuple[str, ...]:
 def parse_host_port(server: str) -> tuple[str, int]:
     """Split 'host:port' ('[::1]:9092' for IPv6); a missing port means 9092."""
     host, sep, port = server.rpartition(":")
-    if not sep or host.endswith(":") and not host.startswith("["):
+    if not sep or (host.endswith(":") and not host.startswith("[")):
         host, port = server, "9092"
     host = host.strip("[]")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -204,13 +217,9 @@ def _check_consistency(c: ConsumerConfig) -> None:
     if c.group_instance_id is not None and c.group_id is None:
         raise ConfigError("group_instance_id needs a group_id")
     if c.uses_sasl and (not c.sasl_plain_username or c.sasl_plain_password is None):
-        raise ConfigError(
-            f"security_protocol={c.security_protocol} needs sasl_plain_username and sasl_plain_password"
-        )
+        raise ConfigError(f"security_protocol={c.security_protocol} needs sasl_plain_username and sasl_plain_password")
     if c.ssl_context is not None and not c.uses_tls:
-        raise ConfigError(
-            f"ssl_context is set but security_protocol={c.security_protocol}; use 'SSL' or 'SASL_SSL'"
-        )
+        raise ConfigError(f"ssl_context is set but security_protocol={c.security_protocol}; use 'SSL' or 'SASL_SSL'")
 
 
 # Java / librdkafka names that are not simply dots -> underscores.
@@ -224,10 +233,20 @@ _PROPERTY_ALIASES = {
     "partition.assignment.strategy": "partition_assignment_strategy",
     "socket.connection.setup.timeout.ms": "socket_connection_setup_timeout_ms",
 }
-_RESET_ALIASES = {"smallest": "earliest", "beginning": "earliest", "largest": "latest", "end": "latest",
-                  "error": "none"}
-_SSL_PROPERTIES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location", "ssl.key.password",
-                   "ssl.endpoint.identification.algorithm")
+_RESET_ALIASES = {
+    "smallest": "earliest",
+    "beginning": "earliest",
+    "largest": "latest",
+    "end": "latest",
+    "error": "none",
+}
+_SSL_PROPERTIES = (
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "ssl.endpoint.identification.algorithm",
+)
 
 
 def from_properties(properties: Mapping[str, Any]) -> ConsumerConfig:

@@ -43,8 +43,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: Set while a consumer callback runs; tasks started inside it inherit it (KIP-957).
-_CALLBACK_OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("asyncconsumer_callback",
-                                                                               default=None)
+_CALLBACK_OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("asyncconsumer_callback", default=None)
 _POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches"})
 _DEFAULT_BATCH = 500
 
@@ -141,8 +140,10 @@ class Consumer(Generic[KT, VT]):
         if self._engine is not None:
             raise IllegalStateError("the consumer was already started")
         if sniffio.current_async_library() != "asyncio":
-            raise IllegalStateError("start()/close() without 'async with' work on asyncio only; "
-                                    "on trio use 'async with Consumer(...) as consumer:'")
+            raise IllegalStateError(
+                "start()/close() without 'async with' work on asyncio only; "
+                "on trio use 'async with Consumer(...) as consumer:'"
+            )
         import asyncio
 
         engine = self._new_engine()
@@ -345,23 +346,26 @@ class Consumer(Generic[KT, VT]):
     # -- offsets lookups --------------------------------------------------------------------------
 
     @_bracketed("beginning_offsets")
-    async def beginning_offsets(self, partitions: Iterable[TopicPartition], *,
-                                timeout: float | None = None) -> dict[TopicPartition, int]:
-        results = await self._list_offsets({tp: EARLIEST for tp in _check_partitions(partitions, "beginning_offsets")},
-                                           timeout)
+    async def beginning_offsets(
+        self, partitions: Iterable[TopicPartition], *, timeout: float | None = None
+    ) -> dict[TopicPartition, int]:
+        results = await self._list_offsets(
+            {tp: EARLIEST for tp in _check_partitions(partitions, "beginning_offsets")}, timeout
+        )
         return {tp: r[0] if r is not None else -1 for tp, r in results.items()}
 
     @_bracketed("end_offsets")
-    async def end_offsets(self, partitions: Iterable[TopicPartition], *,
-                          timeout: float | None = None) -> dict[TopicPartition, int]:
+    async def end_offsets(
+        self, partitions: Iterable[TopicPartition], *, timeout: float | None = None
+    ) -> dict[TopicPartition, int]:
         """The offset after the last record (the last stable offset with read_committed)."""
-        results = await self._list_offsets({tp: LATEST for tp in _check_partitions(partitions, "end_offsets")},
-                                           timeout)
+        results = await self._list_offsets({tp: LATEST for tp in _check_partitions(partitions, "end_offsets")}, timeout)
         return {tp: r[0] if r is not None else -1 for tp, r in results.items()}
 
     @_bracketed("offsets_for_times")
-    async def offsets_for_times(self, timestamps: Mapping[TopicPartition, int], *,
-                                timeout: float | None = None) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+    async def offsets_for_times(
+        self, timestamps: Mapping[TopicPartition, int], *, timeout: float | None = None
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """For each partition, the first offset whose timestamp is >= the given one (ms)."""
         _check_partitions(timestamps, "offsets_for_times")
         for tp, ts in timestamps.items():
@@ -370,8 +374,9 @@ class Consumer(Generic[KT, VT]):
         results = await self._list_offsets(dict(timestamps), timeout)
         return {tp: OffsetAndTimestamp(*r) if r is not None else None for tp, r in results.items()}
 
-    async def _list_offsets(self, timestamps: dict[TopicPartition, int],
-                            timeout: float | None) -> dict[TopicPartition, OffsetResult]:
+    async def _list_offsets(
+        self, timestamps: dict[TopicPartition, int], timeout: float | None
+    ) -> dict[TopicPartition, OffsetResult]:
         engine = self._running()
         waiter = await engine.call(lambda now: engine.offsets.lookup(timestamps))
         seconds = self._timeout(timeout)
@@ -383,8 +388,9 @@ class Consumer(Generic[KT, VT]):
     # -- commits ----------------------------------------------------------------------------------
 
     @_bracketed("commit")
-    async def commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None, *,
-                     timeout: float | None = None) -> None:
+    async def commit(
+        self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None, *, timeout: float | None = None
+    ) -> None:
         """Commit ``offsets`` (the *next* offset to read), or the positions of every record returned so far."""
         engine = self._running()
         if engine.commits is None:
@@ -412,23 +418,28 @@ class Consumer(Generic[KT, VT]):
         engine = self._engine
         if engine is None:
             return {}
-        return {tp: OffsetAndMetadata(s.consumed, "", s.leader_epoch)
-                for tp, s in engine.subscriptions.partitions.items() if s.has_position and s.consumed >= 0}
+        return {
+            tp: OffsetAndMetadata(s.consumed, "", s.leader_epoch)
+            for tp, s in engine.subscriptions.partitions.items()
+            if s.has_position and s.consumed >= 0
+        }
 
     @overload
     async def committed(self, partitions: TopicPartition, *, timeout: float | None = None) -> int | None: ...
 
     @overload
-    async def committed(self, partitions: Iterable[TopicPartition], *,
-                        timeout: float | None = None) -> dict[TopicPartition, OffsetAndMetadata | None]: ...
+    async def committed(
+        self, partitions: Iterable[TopicPartition], *, timeout: float | None = None
+    ) -> dict[TopicPartition, OffsetAndMetadata | None]: ...
 
-    async def committed(self, partitions: TopicPartition | Iterable[TopicPartition], *,
-                        timeout: float | None = None) -> int | None | dict[TopicPartition, OffsetAndMetadata | None]:
+    async def committed(
+        self, partitions: TopicPartition | Iterable[TopicPartition], *, timeout: float | None = None
+    ) -> int | dict[TopicPartition, OffsetAndMetadata | None] | None:
         """The group's committed offsets: for one partition an int (or None), for several a dict."""
         self.acquire("committed")
         try:
             single = isinstance(partitions, TopicPartition)
-            tps = _check_partitions([partitions] if single else partitions, "committed")  # type: ignore[list-item]
+            tps = _check_partitions([partitions] if single else partitions, "committed")
             engine = self._running()
             commits = engine.commits
             if commits is None:
@@ -442,8 +453,10 @@ class Consumer(Generic[KT, VT]):
                     return om.offset if om is not None else None
                 return result
             waiter.set_exception(KafkaTimeoutError("cancelled"))
-            raise KafkaTimeoutError(f"OffsetFetch did not complete within {seconds:.1f}s "
-                                    f"(coordinator: {engine.coordinator.last_error if engine.coordinator else None})")
+            raise KafkaTimeoutError(
+                f"OffsetFetch did not complete within {seconds:.1f}s "
+                f"(coordinator: {engine.coordinator.last_error if engine.coordinator else None})"
+            )
         finally:
             self.release("committed")
 
@@ -453,8 +466,9 @@ class Consumer(Generic[KT, VT]):
     async def topics(self, *, timeout: float | None = None) -> set[str]:
         """Every topic this client may see (internal topics left out unless configured)."""
         cluster = await self._running().wait_for_metadata(self._timeout(timeout))
-        return {name for name, t in cluster.topics.items()
-                if not (t.is_internal and self._config.exclude_internal_topics)}
+        return {
+            name for name, t in cluster.topics.items() if not (t.is_internal and self._config.exclude_internal_topics)
+        }
 
     @_bracketed("partitions_for_topic")
     async def partitions_for_topic(self, topic: str, *, timeout: float | None = None) -> set[int] | None:
@@ -466,8 +480,9 @@ class Consumer(Generic[KT, VT]):
     # -- records ----------------------------------------------------------------------------------
 
     @_bracketed("getmany")
-    async def getmany(self, *partitions: TopicPartition, timeout: float | None = None,
-                      max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
+    async def getmany(
+        self, *partitions: TopicPartition, timeout: float | None = None, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         """Records by partition: waits up to ``timeout`` seconds (None: until there are some; 0: don't wait)."""
         if max_records is not None and (isinstance(max_records, bool) or max_records <= 0):
             raise ConfigError(f"max_records must be a positive int, got {max_records!r}")
@@ -548,8 +563,9 @@ class Consumer(Generic[KT, VT]):
             if state.consumed >= 0:
                 state.processed = state.consumed
 
-    def _collect(self, engine: Engine, only: set[TopicPartition] | None,
-                 limit: int) -> dict[TopicPartition, list[Record]]:
+    def _collect(
+        self, engine: Engine, only: set[TopicPartition] | None, limit: int
+    ) -> dict[TopicPartition, list[Record]]:
         subscriptions = engine.subscriptions
         buffer = engine.buffer
         result: dict[TopicPartition, list[Record]] = {}
@@ -593,11 +609,15 @@ class Consumer(Generic[KT, VT]):
             self._forget_buffered(engine, [record.topic_partition])
             raise RecordDeserializationError(
                 f"deserializing the record failed: {exc!r}; seek past it to skip",
-                topic=record.topic, partition=record.partition, offset=record.offset) from exc
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+            ) from exc
         return cast(ConsumerRecord[KT, VT], record._replace(key=key, value=value))
 
-    def _deserialize_many(self, engine: Engine,
-                          records: dict[TopicPartition, list[Record]]) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
+    def _deserialize_many(
+        self, engine: Engine, records: dict[TopicPartition, list[Record]]
+    ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         if self._config.key_deserializer is None and self._config.value_deserializer is None:
             return cast(dict[TopicPartition, list[ConsumerRecord[KT, VT]]], records)
         out: dict[TopicPartition, list[ConsumerRecord[KT, VT]]] = {}

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from collections import Counter
+from typing import Any
 
 import anyio
 
@@ -24,7 +25,7 @@ RECORDS = 20_000
 
 def produce_sample_data(bootstrap: str) -> None:
     from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)]).values():
@@ -34,9 +35,15 @@ def produce_sample_data(bootstrap: str) -> None:
     for n, codec in enumerate(codecs):
         producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5})
         for i in range(n * per_codec, (n + 1) * per_codec):
-            event = {"user": f"user-{i % 7}", "amount": i % 100, "seq": i}
-            producer.produce(TOPIC, key=event["user"].encode(), value=json.dumps(event).encode(),
-                             partition=i % PARTITIONS, headers=[("codec", codec.encode())])
+            user = f"user-{i % 7}"
+            event = {"user": user, "amount": i % 100, "seq": i}
+            producer.produce(
+                TOPIC,
+                key=user.encode(),
+                value=json.dumps(event).encode(),
+                partition=i % PARTITIONS,
+                headers=[("codec", codec.encode())],
+            )
         producer.flush(30)
     print(f"produced {RECORDS} JSON events to {TOPIC!r} ({PARTITIONS} partitions, codecs: {', '.join(codecs)})")
 
@@ -46,14 +53,17 @@ async def consume(bootstrap: str) -> None:
     counts: Counter[str] = Counter()
     amounts: Counter[str] = Counter()
     per_partition: Counter[int] = Counter()
-    async with Consumer(bootstrap_servers=bootstrap, group_id="demo", auto_offset_reset="earliest",
-                        value_deserializer=json.loads) as consumer:
+    consumer: Consumer[bytes, dict[str, Any]] = Consumer(
+        bootstrap_servers=bootstrap, group_id="demo", auto_offset_reset="earliest", value_deserializer=json.loads
+    )
+    async with consumer:
         consumer.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
         first = None
         async for record in consumer:
             first = first or record
-            counts[record.value["user"]] += 1
-            amounts[record.value["user"]] += record.value["amount"]
+            event = record.value or {}
+            counts[event["user"]] += 1
+            amounts[event["user"]] += event["amount"]
             per_partition[record.partition] += 1
             if sum(per_partition.values()) == RECORDS:
                 break
@@ -66,8 +76,10 @@ async def consume(bootstrap: str) -> None:
     print("per user (count, sum of amount):")
     for user in sorted(counts):
         print(f"  {user}: {counts[user]:5d} {amounts[user]:8d}")
-    print("committed offsets:", {f"{tp.topic}-{tp.partition}": om.offset if om else None
-                                 for tp, om in sorted(committed.items())})
+    print(
+        "committed offsets:",
+        {f"{tp.topic}-{tp.partition}": om.offset if om else None for tp, om in sorted(committed.items())},
+    )
 
 
 def main() -> int:

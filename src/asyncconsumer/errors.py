@@ -89,7 +89,7 @@ class CommitFailedError(KafkaError):
 class NoOffsetForPartitionError(KafkaError):
     """No committed offset and ``auto_offset_reset="none"``."""
 
-    def __init__(self, partitions: "list[TopicPartition]") -> None:
+    def __init__(self, partitions: list[TopicPartition]) -> None:
         names = ", ".join(str(tp) for tp in partitions)
         super().__init__(
             f"no committed offset for {names} and auto_offset_reset='none'; "

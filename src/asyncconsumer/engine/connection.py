@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -48,7 +48,7 @@ class BrokerConnection:
         request_timeout: float,
         setup_timeout: float,
         ssl_context: ssl.SSLContext | None,
-        sasl: Callable[[], Any] | None = None,
+        sasl: Callable[[BrokerConnection], Awaitable[None]] | None = None,
     ) -> None:
         self.node_id = node_id
         self.host = host
@@ -108,7 +108,7 @@ class BrokerConnection:
             raise
 
     async def _negotiate_versions(self) -> None:
-        low, high = protocol.SUPPORTED_VERSIONS["ApiVersions"]
+        high = protocol.SUPPORTED_VERSIONS["ApiVersions"][1]
         version = min(high, 3)
         body: Body = {"client_software_name": "asyncconsumer", "client_software_version": __version__}
         response = await self.request_version("ApiVersions", version, body)
@@ -147,9 +147,7 @@ class BrokerConnection:
             raise KafkaConnectionError(f"connection to {self.host}:{self.port} is not open")
         correlation_id = self._next_correlation_id
         self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
-        frame = protocol.encode_request(
-            api, version, body, correlation_id=correlation_id, client_id=self._client_id
-        )
+        frame = protocol.encode_request(api, version, body, correlation_id=correlation_id, client_id=self._client_id)
         waiter: Waiter[Body] = Waiter()
         self._pending[correlation_id] = (api, version, waiter)
         try:

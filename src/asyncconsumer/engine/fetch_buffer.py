@@ -24,8 +24,17 @@ class CompletedFetch:
     """One partition's data from one fetch response."""
 
     __slots__ = (
-        "_aborted", "_batches", "_check_crcs", "_index", "_pending", "epoch", "exhausted",
-        "fetch_offset", "next_offset", "size", "tp",
+        "_aborted",
+        "_batches",
+        "_check_crcs",
+        "_index",
+        "_pending",
+        "epoch",
+        "exhausted",
+        "fetch_offset",
+        "next_offset",
+        "size",
+        "tp",
     )
 
     def __init__(

@@ -59,37 +59,53 @@ class Engine:
         self._reported_unknown: set[str] = set()
         retry = config.retry_backoff_ms / 1000
 
-        self.network = NetworkClient(config, self._spawn, self._on_complete,
-                                     sasl=self._authenticate if config.uses_sasl else None, clock=clock)
+        self.network = NetworkClient(
+            config, self._spawn, self._on_complete, sasl=self._authenticate if config.uses_sasl else None, clock=clock
+        )
         self.metadata = MetadataManager(
-            max_age=config.metadata_max_age_ms / 1000, retry_backoff=retry,
-            topics_of_interest=self._topics_of_interest, on_update=self._on_metadata,
+            max_age=config.metadata_max_age_ms / 1000,
+            retry_backoff=retry,
+            topics_of_interest=self._topics_of_interest,
+            on_update=self._on_metadata,
         )
         self.offsets = ListOffsetsManager(
-            self.subscriptions, self.metadata, read_committed=config.isolation_level == "read_committed",
-            retry_backoff=retry, report_error=self.report_error,
+            self.subscriptions,
+            self.metadata,
+            read_committed=config.isolation_level == "read_committed",
+            retry_backoff=retry,
+            report_error=self.report_error,
         )
         self.fetcher = FetchManager(
-            self.subscriptions, self.metadata, self.buffer,
-            fetch_min_bytes=config.fetch_min_bytes, fetch_max_bytes=config.fetch_max_bytes,
+            self.subscriptions,
+            self.metadata,
+            self.buffer,
+            fetch_min_bytes=config.fetch_min_bytes,
+            fetch_max_bytes=config.fetch_max_bytes,
             fetch_max_wait_ms=config.fetch_max_wait_ms,
             max_partition_fetch_bytes=config.max_partition_fetch_bytes,
-            read_committed=config.isolation_level == "read_committed", check_crcs=config.check_crcs,
-            retry_backoff=retry, client_rack=config.client_rack, report_error=self.report_error,
+            read_committed=config.isolation_level == "read_committed",
+            check_crcs=config.check_crcs,
+            retry_backoff=retry,
+            client_rack=config.client_rack,
+            report_error=self.report_error,
         )
         self.coordinator: CoordinatorManager | None = None
         self.commits: CommitManager | None = None
         if config.group_id is not None:
-            self.coordinator = CoordinatorManager(config.group_id, retry_backoff=retry,
-                                                  register_node=self.network.register_node)
+            self.coordinator = CoordinatorManager(
+                config.group_id, retry_backoff=retry, register_node=self.network.register_node
+            )
             self.commits = CommitManager(
-                self.coordinator, self.subscriptions, retry_backoff=retry,
+                self.coordinator,
+                self.subscriptions,
+                retry_backoff=retry,
                 request_timeout=config.request_timeout_ms / 1000,
                 auto_commit_interval=config.auto_commit_interval_ms / 1000 if config.enable_auto_commit else None,
                 report_error=self.report_error,
             )
-        self.managers: list[Any] = [m for m in (self.metadata, self.coordinator, self.commits, self.offsets,
-                                                self.fetcher) if m is not None]
+        self.managers: list[Any] = [
+            m for m in (self.metadata, self.coordinator, self.commits, self.offsets, self.fetcher) if m is not None
+        ]
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -192,8 +208,9 @@ class Engine:
 
     # -- completions from the network -------------------------------------------------------------
 
-    def _on_complete(self, request: UnsentRequest, version: int, body: Body | None,
-                     error: BaseException | None) -> None:
+    def _on_complete(
+        self, request: UnsentRequest, version: int, body: Body | None, error: BaseException | None
+    ) -> None:
         self._completions.append((request, version, body, error))
         self.wake()
 
@@ -244,8 +261,11 @@ class Engine:
             info = cluster.topics.get(tp.topic)
             if info is not None and tp.partition not in info.partitions and tp.topic not in self._reported_unknown:
                 self._reported_unknown.add(tp.topic)
-                self.report_error(UnknownTopicOrPartitionError(
-                    f"partition {tp} does not exist (topic has {len(info.partitions)} partitions)"))
+                self.report_error(
+                    UnknownTopicOrPartitionError(
+                        f"partition {tp} does not exist (topic has {len(info.partitions)} partitions)"
+                    )
+                )
         self._reported_unknown &= assigned
         self.wake()
 
@@ -271,7 +291,8 @@ class Engine:
     async def _authenticate(self, connection: BrokerConnection) -> None:
         config = self.config
         mechanism = sasl_module.create_mechanism(
-            config.sasl_mechanism, config.sasl_plain_username, config.sasl_plain_password)
+            config.sasl_mechanism, config.sasl_plain_username, config.sasl_plain_password
+        )
 
         async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
             return await connection.request_version(api, version, body)
@@ -281,8 +302,9 @@ class Engine:
             authenticate_version: int | None = connection.choose_version("SaslAuthenticate")
         except KafkaError:
             authenticate_version = None
-        await sasl_module.authenticate(request, mechanism, handshake_version=handshake_version,
-                                       authenticate_version=authenticate_version)
+        await sasl_module.authenticate(
+            request, mechanism, handshake_version=handshake_version, authenticate_version=authenticate_version
+        )
 
 
 __all__ = ["Engine", "error_for_code"]

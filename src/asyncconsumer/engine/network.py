@@ -140,8 +140,11 @@ class NetworkClient:
             await pending.wait()
             if node_id not in self._connections:
                 health = self._health.get(node_id)
-                raise (health.last_error if health and health.last_error else
-                       KafkaConnectionError(f"cannot connect to node {node_id}"))
+                raise (
+                    health.last_error
+                    if health and health.last_error
+                    else KafkaConnectionError(f"cannot connect to node {node_id}")
+                )
         address = self.address(node_id)
         if address is None:
             raise KafkaConnectionError(f"broker {node_id} is not in the cluster metadata")

@@ -212,13 +212,11 @@ class ScramMechanism:
         iterations = int(iterations_text)
         if iterations < MIN_SCRAM_ITERATIONS:
             raise AuthenticationError(
-                f"{self.name}: server iteration count {iterations} is below the minimum "
-                f"of {MIN_SCRAM_ITERATIONS}"
+                f"{self.name}: server iteration count {iterations} is below the minimum of {MIN_SCRAM_ITERATIONS}"
             )
         if iterations > MAX_SCRAM_ITERATIONS:
             raise AuthenticationError(
-                f"{self.name}: server iteration count {iterations} exceeds the maximum "
-                f"of {MAX_SCRAM_ITERATIONS}"
+                f"{self.name}: server iteration count {iterations} exceeds the maximum of {MAX_SCRAM_ITERATIONS}"
             )
 
         salted = hashlib.pbkdf2_hmac(self._hash_name, self._password, salt, iterations)
@@ -256,9 +254,7 @@ def create_mechanism(mechanism: str, username: str | None, password: str | None)
     """Build the mechanism named ``mechanism`` (case-insensitive) for these credentials."""
     name = mechanism.strip().upper()
     if name not in SUPPORTED_MECHANISMS:
-        raise ConfigError(
-            f"unsupported SASL mechanism {mechanism!r}; supported: {', '.join(SUPPORTED_MECHANISMS)}"
-        )
+        raise ConfigError(f"unsupported SASL mechanism {mechanism!r}; supported: {', '.join(SUPPORTED_MECHANISMS)}")
     if not username or password is None:
         raise ConfigError(f"SASL mechanism {name} needs both a username and a password")
     if name == "PLAIN":
@@ -281,9 +277,7 @@ async def authenticate(
     # Without SaslAuthenticate the tokens would go as raw unframed bytes
     # (handshake v0); checked first so no request is wasted.
     if authenticate_version is None:
-        raise AuthenticationError(
-            "broker is too old for SASL: it lacks the SaslAuthenticate API (needs Kafka >= 1.0)"
-        )
+        raise AuthenticationError("broker is too old for SASL: it lacks the SaslAuthenticate API (needs Kafka >= 1.0)")
 
     response = await request("SaslHandshake", handshake_version, {"mechanism": mechanism.name})
     code = response.get("error_code", 0)
@@ -294,8 +288,7 @@ async def authenticate(
                 f"broker does not enable SASL mechanism {mechanism.name}; enabled mechanisms: {enabled}"
             )
         raise AuthenticationError(
-            f"SASL handshake for {mechanism.name} failed: {error_for_code(code)}; "
-            f"enabled mechanisms: {enabled}"
+            f"SASL handshake for {mechanism.name} failed: {error_for_code(code)}; enabled mechanisms: {enabled}"
         )
 
     message: bytes | None = mechanism.initial_response()

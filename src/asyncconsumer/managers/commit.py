@@ -82,8 +82,9 @@ class CommitManager:
 
     # -- public operations ------------------------------------------------------------------------
 
-    def commit(self, now: float, offsets: dict[TopicPartition, OffsetAndMetadata],
-               timeout: float | None = None) -> Waiter[None]:
+    def commit(
+        self, now: float, offsets: dict[TopicPartition, OffsetAndMetadata], timeout: float | None = None
+    ) -> Waiter[None]:
         waiter: Waiter[None] = Waiter()
         if not offsets:
             waiter.set_result(None)
@@ -92,7 +93,9 @@ class CommitManager:
         self._commits.append(_Commit(dict(offsets), waiter, deadline))
         return waiter
 
-    def fetch_committed(self, partitions: list[TopicPartition]) -> Waiter[dict[TopicPartition, OffsetAndMetadata | None]]:
+    def fetch_committed(
+        self, partitions: list[TopicPartition]
+    ) -> Waiter[dict[TopicPartition, OffsetAndMetadata | None]]:
         waiter: Waiter[dict[TopicPartition, OffsetAndMetadata | None]] = Waiter()
         if not partitions:
             waiter.set_result({})
@@ -135,29 +138,38 @@ class CommitManager:
                 self._commits.remove(commit)
             elif now >= commit.deadline and not commit.in_flight:
                 self._commits.remove(commit)
-                commit.waiter.set_exception(KafkaTimeoutError(
-                    f"commit of {_names(commit.offsets)} did not complete in time "
-                    f"(last error: {self._coordinator.last_error})"))
+                commit.waiter.set_exception(
+                    KafkaTimeoutError(
+                        f"commit of {_names(commit.offsets)} did not complete in time "
+                        f"(last error: {self._coordinator.last_error})"
+                    )
+                )
         self._queue_position_fetches(now)
         coordinator = self._coordinator.node_id
         if coordinator is None:
             return []
-        requests = [self._commit_request(c, coordinator) for c in self._commits
-                    if not c.in_flight and now >= c.retry_at]
-        requests += [self._fetch_request(f, coordinator) for f in self._fetches
-                     if not f.in_flight and now >= f.retry_at and not f.waiter.done()]
+        requests = [
+            self._commit_request(c, coordinator) for c in self._commits if not c.in_flight and now >= c.retry_at
+        ]
+        requests += [
+            self._fetch_request(f, coordinator)
+            for f in self._fetches
+            if not f.in_flight and now >= f.retry_at and not f.waiter.done()
+        ]
         self._fetches = [f for f in self._fetches if not f.waiter.done() or f.in_flight]
         return requests
 
     # -- committed offsets become positions -------------------------------------------------------
 
     def _queue_position_fetches(self, now: float) -> None:
-        waiting = [s for s in self._subscriptions.in_phase(PartitionPhase.AWAIT_COMMITTED, now)
-                   if s.tp not in self._position_fetch_in_flight]
+        waiting = [
+            s
+            for s in self._subscriptions.in_phase(PartitionPhase.AWAIT_COMMITTED, now)
+            if s.tp not in self._position_fetch_in_flight
+        ]
         if not waiting:
             return
-        fetch = _Fetch([s.tp for s in waiting], Waiter(), for_positions=True,
-                       epochs={s.tp: s.epoch for s in waiting})
+        fetch = _Fetch([s.tp for s in waiting], Waiter(), for_positions=True, epochs={s.tp: s.epoch for s in waiting})
         self._position_fetch_in_flight.update(fetch.partitions)
         self._fetches.append(fetch)
 
@@ -165,7 +177,11 @@ class CommitManager:
         self._position_fetch_in_flight.difference_update(fetch.partitions)
         for tp, committed in result.items():
             state = self._subscriptions.get(tp)
-            if state is None or state.epoch != fetch.epochs.get(tp) or state.phase is not PartitionPhase.AWAIT_COMMITTED:
+            if (
+                state is None
+                or state.epoch != fetch.epochs.get(tp)
+                or state.phase is not PartitionPhase.AWAIT_COMMITTED
+            ):
                 continue
             if committed is None:
                 state.phase = PartitionPhase.AWAIT_RESET
@@ -191,11 +207,19 @@ class CommitManager:
                 "group_instance_id": identity.group_instance_id,
                 "retention_time_ms": -1,
                 "topics": [
-                    {"name": topic, "partitions": [
-                        {"partition_index": p, "committed_offset": om.offset,
-                         "committed_leader_epoch": om.leader_epoch if om.leader_epoch is not None else -1,
-                         "commit_timestamp": -1, "committed_metadata": om.metadata}
-                        for p, om in parts]}
+                    {
+                        "name": topic,
+                        "partitions": [
+                            {
+                                "partition_index": p,
+                                "committed_offset": om.offset,
+                                "committed_leader_epoch": om.leader_epoch if om.leader_epoch is not None else -1,
+                                "commit_timestamp": -1,
+                                "committed_metadata": om.metadata,
+                            }
+                            for p, om in parts
+                        ],
+                    }
                     for topic, parts in by_topic.items()
                 ],
             }
@@ -225,7 +249,9 @@ class CommitManager:
                 error.__cause__ = first
                 commit.waiter.set_exception(error)
             elif retry:
-                commit.offsets = {tp: om for tp, om in commit.offsets.items() if self.last_committed.get(tp) != om.offset}
+                commit.offsets = {
+                    tp: om for tp, om in commit.offsets.items() if self.last_committed.get(tp) != om.offset
+                }
                 commit.retry_at = now + self._retry_backoff
             else:
                 self._done(commit)
@@ -258,8 +284,10 @@ class CommitManager:
 
         def build(version: int) -> Body:
             if version >= 8:
-                return {"groups": [{"group_id": group_id, "member_id": None, "member_epoch": -1,
-                                    "topics": topics}], "require_stable": True}
+                return {
+                    "groups": [{"group_id": group_id, "member_id": None, "member_epoch": -1, "topics": topics}],
+                    "require_stable": True,
+                }
             return {"group_id": group_id, "topics": topics, "require_stable": True}
 
         def on_response(now: float, version: int, body: Body) -> None:
@@ -287,7 +315,8 @@ class CommitManager:
                     if p["committed_offset"] >= 0:
                         epoch = p["committed_leader_epoch"]
                         result[TopicPartition(t["name"], p["partition_index"])] = OffsetAndMetadata(
-                            p["committed_offset"], p["metadata"] or "", epoch if epoch >= 0 else None)
+                            p["committed_offset"], p["metadata"] or "", epoch if epoch >= 0 else None
+                        )
             self._finish_fetch(fetch, result)
 
         def on_error(now: float, error: BaseException) -> None:
@@ -300,7 +329,9 @@ class CommitManager:
 
         return UnsentRequest("OffsetFetch", build, on_response, on_error, node_id=node, min_version=1)
 
-    def _finish_fetch(self, fetch: _Fetch, outcome: dict[TopicPartition, OffsetAndMetadata | None] | KafkaError) -> None:
+    def _finish_fetch(
+        self, fetch: _Fetch, outcome: dict[TopicPartition, OffsetAndMetadata | None] | KafkaError
+    ) -> None:
         if fetch in self._fetches:
             self._fetches.remove(fetch)
         if fetch.for_positions:

@@ -63,8 +63,9 @@ class CoordinatorManager:
         self.node_id = COORDINATOR_NODE_BASE - entry["node_id"]
         self._register_node(self.node_id, entry["host"], entry["port"])
         self.last_error = None
-        log.debug("group %r coordinator is node %s at %s:%s", self.group_id, entry["node_id"],
-                  entry["host"], entry["port"])
+        log.debug(
+            "group %r coordinator is node %s at %s:%s", self.group_id, entry["node_id"], entry["host"], entry["port"]
+        )
 
     def _on_error(self, now: float, error: BaseException) -> None:
         self._in_flight = False

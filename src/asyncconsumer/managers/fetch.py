@@ -138,9 +138,7 @@ class FetchManager:
         self._in_flight_nodes.add(node)
         self._in_flight_partitions.update(wanted)
         assignment_id = self._subscriptions.assignment_id
-        have_ids = all(
-            (t := cluster.topics.get(tp.topic)) is not None and t.topic_id != ZERO_UUID for tp in wanted
-        )
+        have_ids = all((t := cluster.topics.get(tp.topic)) is not None and t.topic_id != ZERO_UUID for tp in wanted)
         sent: dict[str, object] = {"full": True}
 
         def partition_entry(tp: TopicPartition) -> dict[str, object]:
@@ -189,9 +187,7 @@ class FetchManager:
                     {**topic_key(t, version), "partitions": [partition_entry(tp) for tp in tps]}
                     for t, tps in topics.items()
                 ],
-                "forgotten_topics_data": [
-                    {**topic_key(t, version), "partitions": ps} for t, ps in gone.items()
-                ],
+                "forgotten_topics_data": [{**topic_key(t, version), "partitions": ps} for t, ps in gone.items()],
                 "rack_id": self._rack,
             }
 
@@ -236,14 +232,23 @@ class FetchManager:
                 self._report_error(error if isinstance(error, KafkaError) else KafkaError(repr(error)))
 
         max_version = None if have_ids else 12
-        return UnsentRequest("Fetch", build, on_response, on_error, node_id=node, min_version=4,
-                             max_version=max_version, extra_timeout_ms=self._max_wait_ms)
+        return UnsentRequest(
+            "Fetch",
+            build,
+            on_response,
+            on_error,
+            node_id=node,
+            min_version=4,
+            max_version=max_version,
+            extra_timeout_ms=self._max_wait_ms,
+        )
 
     def _still_assigned(self, wanted: dict[TopicPartition, tuple[int, int]]) -> bool:
         return any(tp in self._subscriptions.partitions for tp in wanted)
 
-    def _update_session(self, session: FetchSession, body: Body, sent: dict[str, object],
-                        wanted: dict[TopicPartition, tuple[int, int]]) -> None:
+    def _update_session(
+        self, session: FetchSession, body: Body, sent: dict[str, object], wanted: dict[TopicPartition, tuple[int, int]]
+    ) -> None:
         if not self._use_sessions or int(str(sent.get("version", 0))) < 7:
             return
         if body["session_id"] == 0:
@@ -289,19 +294,33 @@ class FetchManager:
             aborted = None
             if self._read_committed:
                 aborted = [(a["producer_id"], a["first_offset"]) for a in (p["aborted_transactions"] or [])]
-            self._buffer.add(CompletedFetch(
-                tp, epoch, fetch_offset, view[:complete], next_offset,
-                check_crcs=self._check_crcs, aborted=aborted,
-            ))
+            self._buffer.add(
+                CompletedFetch(
+                    tp,
+                    epoch,
+                    fetch_offset,
+                    view[:complete],
+                    next_offset,
+                    check_crcs=self._check_crcs,
+                    aborted=aborted,
+                )
+            )
             state.fetch_offset = max(next_offset, fetch_offset)
         elif code == _OFFSET_OUT_OF_RANGE:
             if state.reset_to is None and self._subscriptions.default_reset == "none":
                 state.retry_at = float("inf")
-                self._report_error(OffsetOutOfRangeError(
-                    f"fetch offset {fetch_offset} is out of range for {tp} and auto_offset_reset='none'"))
+                self._report_error(
+                    OffsetOutOfRangeError(
+                        f"fetch offset {fetch_offset} is out of range for {tp} and auto_offset_reset='none'"
+                    )
+                )
             else:
-                log.info("fetch offset %d out of range for %s; resetting to %s", fetch_offset, tp,
-                         self._subscriptions.default_reset)
+                log.info(
+                    "fetch offset %d out of range for %s; resetting to %s",
+                    fetch_offset,
+                    tp,
+                    self._subscriptions.default_reset,
+                )
                 self._subscriptions.request_reset(tp)
         elif code in _REFRESH_CODES:
             self._metadata.request_update()

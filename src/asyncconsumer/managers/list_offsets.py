@@ -122,8 +122,11 @@ class ListOffsetsManager:
     def _topic_error(self, tp: TopicPartition) -> KafkaError:
         error = self._metadata.cluster.topic_errors.get(tp.topic)
         if error is not None:
-            return type(error)(f"topic {tp.topic!r} (partition {tp.partition}): {error.detail}"
-                               if hasattr(error, "detail") else str(error))
+            return type(error)(
+                f"topic {tp.topic!r} (partition {tp.partition}): {error.detail}"
+                if hasattr(error, "detail")
+                else str(error)
+            )
         return error_for_code(3, f"partition {tp} does not exist")
 
     def _lookup_handler(
@@ -223,11 +226,16 @@ class ListOffsetsManager:
                 for tp in tps:
                     leader = cluster.leader(tp)
                     epoch = leader.leader_epoch if leader is not None else -1
-                    partitions.append({"partition_index": tp.partition, "current_leader_epoch": epoch,
-                                       "timestamp": parts[tp]})
+                    partitions.append(
+                        {"partition_index": tp.partition, "current_leader_epoch": epoch, "timestamp": parts[tp]}
+                    )
                 topics.append({"name": topic, "partitions": partitions})
-            return {"replica_id": -1, "isolation_level": int(self._read_committed), "topics": topics,
-                    "timeout_ms": 30000}
+            return {
+                "replica_id": -1,
+                "isolation_level": int(self._read_committed),
+                "topics": topics,
+                "timeout_ms": 30000,
+            }
 
         def on_response(now: float, version: int, body: Body) -> None:
             results: dict[TopicPartition, OffsetResult] = {}

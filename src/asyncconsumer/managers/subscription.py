@@ -75,8 +75,7 @@ class SubscriptionState:
         removed = set(self.partitions) - set(wanted)
         kept = {tp: self.partitions[tp] for tp in wanted if tp in self.partitions}
         self.partitions = {
-            tp: kept.get(tp) or PartitionState(tp, self._initial_phase(), reset_to=self.default_reset)
-            for tp in wanted
+            tp: kept.get(tp) or PartitionState(tp, self._initial_phase(), reset_to=self.default_reset) for tp in wanted
         }
         if removed or len(kept) != len(wanted):
             self.assignment_id += 1
@@ -104,7 +103,8 @@ class SubscriptionState:
 
     def fetchable(self, now: float) -> list[PartitionState]:
         return [
-            s for s in self.partitions.values()
+            s
+            for s in self.partitions.values()
             if s.phase is PartitionPhase.FETCHING and not s.paused and s.retry_at <= now
         ]
 

@@ -39,8 +39,15 @@ def broker_binary() -> str:
 
 
 class EmbeddedBroker:
-    def __init__(self, *, port: int | None = None, advertised_port: int | None = None,
-                 cert: str | None = None, key: str | None = None, startup_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        advertised_port: int | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        startup_timeout: float = 20.0,
+    ) -> None:
         self.port = port or free_port()
         self.advertised_port = advertised_port or self.port
         self._cert, self._key = cert, key
@@ -59,17 +66,22 @@ class EmbeddedBroker:
     def start(self) -> EmbeddedBroker:
         scheme = "tcp"
         command = [
-            broker_binary(), "broker",
-            "--listener-url", f"{scheme}://{LOOPBACK}:{self.port}",
-            "--advertised-listener-url", f"{scheme}://{LOOPBACK}:{self.advertised_port}",
-            "--storage-engine", "memory://tansu/",
+            broker_binary(),
+            "broker",
+            "--listener-url",
+            f"{scheme}://{LOOPBACK}:{self.port}",
+            "--advertised-listener-url",
+            f"{scheme}://{LOOPBACK}:{self.advertised_port}",
+            "--storage-engine",
+            "memory://tansu/",
         ]
         if self._cert and self._key:
             command += ["--cert", self._cert, "--key", self._key]
         log = tempfile.TemporaryFile()
         self._log = log
-        self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self._process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -104,6 +116,7 @@ class EmbeddedBroker:
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

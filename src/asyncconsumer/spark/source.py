@@ -1,0 +1,661 @@
+"""The ``asyncconsumer`` PySpark data source: batch and streaming readers.
+
+Where things run:
+
+- **Driver** (Spark's planner Python workers): option checks, listing the partitions of the
+  subscription and resolving offsets (``earliest``/``latest``/JSON/timestamps), planning one input
+  partition per Kafka offset range (split per ``minPartitions``/``maxRecordsPerPartition``), the
+  streaming offsets (``initialOffset``/``latestOffset``/``prepareForTriggerAvailableNow``) and the
+  optional commit of processed offsets to a consumer group.  Each of these calls opens a short-lived
+  :class:`~asyncconsumer.Consumer` inside ``anyio.run``: fresh metadata every time, so new topics
+  and partitions are seen.
+- **Executors**: :meth:`read` reads exactly one offset range ``[start, end)`` with a Consumer using
+  manual ``assign`` + ``seek`` on its own event loop (a blocking portal thread, so that record batches
+  can be yielded to Spark while the consumer keeps its connections), and hands Arrow record batches
+  to Spark.
+
+No consumer group is joined: offsets live in Spark's checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import anyio.lowlevel
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from ..consumer import Consumer
+from ..errors import KafkaError, OffsetOutOfRangeError
+from ..structs import ConsumerRecord, TopicPartition
+from .arrow import records_to_batch, spark_schema
+from .options import EARLIEST, LATEST, OffsetSpec, SourceOptionError, SourceOptions, Subscription, parse_options
+
+__all__ = [
+    "AsyncConsumerDataSource",
+    "DataLossError",
+    "KafkaBatchReader",
+    "KafkaInputPartition",
+    "KafkaStreamReader",
+    "OffsetRange",
+]
+
+log = logging.getLogger("asyncconsumer.spark")
+
+T = TypeVar("T")
+
+#: Rows per Arrow record batch handed to Spark.
+ARROW_BATCH_ROWS = 8192
+#: How long the driver waits for a fetch to report each partition's high watermark.
+_PROBE_TIMEOUT = 10.0
+
+_DATA_LOSS_HINT = (
+    "Some data may have been lost because it is not available in Kafka any more: it was aged out by "
+    "retention, or the topic was deleted or re-created before all of it was processed. To keep the "
+    "query going and skip what is missing, set the source option failOnDataLoss to 'false'."
+)
+
+
+class DataLossError(RuntimeError):
+    """Offsets the query should read are gone from Kafka (raised when ``failOnDataLoss`` is true)."""
+
+
+def report_data_loss(options: SourceOptions, message: str) -> None:
+    """Raise :class:`DataLossError` (``failOnDataLoss=true``, the default) or log a warning."""
+    if options.fail_on_data_loss:
+        raise DataLossError(f"asyncconsumer source: {message}. {_DATA_LOSS_HINT}")
+    log.warning("asyncconsumer source: %s. Some data may have been lost (failOnDataLoss=false).", message)
+
+
+# ------------------------------------------------------------------------------ offset ranges
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    """Offsets ``[start, end)`` of one Kafka partition."""
+
+    tp: TopicPartition
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return max(0, self.end - self.start)
+
+
+class KafkaInputPartition(InputPartition):
+    """One Spark task: read ``[start, end)`` of ``topic``/``partition``."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+    @property
+    def offset_range(self) -> OffsetRange:
+        return OffsetRange(TopicPartition(self.topic, self.partition), self.start, self.end)
+
+
+def split_ranges(ranges: Sequence[OffsetRange], min_partitions: int | None = None,
+                 max_records_per_partition: int | None = None) -> list[OffsetRange]:
+    """Spark input partitions for ``ranges``: empty ranges dropped, then large ranges split.
+
+    ``maxRecordsPerPartition`` caps every piece; if there are still fewer pieces than
+    ``minPartitions``, each range is cut into a share of ``minPartitions`` proportional to its size
+    (at least one piece each).  Pieces of one range are contiguous and cover it exactly.
+    """
+    pieces = [r for r in ranges if r.size > 0]
+    if max_records_per_partition is not None:
+        pieces = [p for r in pieces for p in _cut(r, math.ceil(r.size / max_records_per_partition))]
+    if min_partitions is not None and 0 < len(pieces) < min_partitions:
+        total = sum(r.size for r in pieces)
+        pieces = [p for r in pieces for p in _cut(r, max(1, round(r.size / total * min_partitions)))]
+    return pieces
+
+
+def _cut(r: OffsetRange, parts: int) -> list[OffsetRange]:
+    parts = max(1, min(parts, r.size))
+    out: list[OffsetRange] = []
+    start = r.start
+    for i in range(parts):
+        end = r.start + (r.size * (i + 1)) // parts
+        out.append(OffsetRange(r.tp, start, end))
+        start = end
+    return out
+
+
+def rate_limit(start: Mapping[TopicPartition, int], latest: Mapping[TopicPartition, int],
+               max_records: int) -> dict[TopicPartition, int]:
+    """End offsets that admit at most about ``max_records`` records, shared in proportion to backlog.
+
+    Like Spark's Kafka source, a partition with a backlog gets at least one record per trigger
+    (small partitions are not starved), so the total may exceed the limit by a few records when the
+    limit is smaller than the number of partitions with data.
+    """
+    backlog = {tp: latest[tp] - start[tp] for tp in latest if tp in start and latest[tp] > start[tp]}
+    total = sum(backlog.values())
+    if total <= max_records:
+        return dict(latest)
+    result = dict(latest)
+    for tp, size in backlog.items():
+        share = max_records * size / total
+        admitted = math.ceil(share) if share < 1 else math.floor(share)
+        result[tp] = min(latest[tp], start[tp] + admitted)
+    return result
+
+
+# ------------------------------------------------------------------------ driver: offsets
+
+
+class OffsetLookup(Protocol):
+    """What the driver needs from Kafka (a Consumer in production, a fake in unit tests)."""
+
+    async def partitions(self, subscription: Subscription) -> list[TopicPartition]: ...
+
+    async def earliest(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+    async def latest(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]: ...
+
+    async def for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]: ...
+
+
+class ConsumerOffsetLookup:
+    """:class:`OffsetLookup` backed by a started :class:`~asyncconsumer.Consumer` (no group)."""
+
+    def __init__(self, consumer: Consumer[Any, Any], *, read_committed: bool = False) -> None:
+        self._consumer = consumer
+        self._read_committed = read_committed
+
+    async def partitions(self, subscription: Subscription) -> list[TopicPartition]:
+        c = self._consumer
+        if subscription.kind == "assign":
+            wanted = subscription.partitions
+            found: dict[str, set[int] | None] = {}
+            for topic in sorted({tp.topic for tp in wanted}):
+                found[topic] = await c.partitions_for_topic(topic)
+            missing = [tp for tp in wanted if tp.partition not in (found[tp.topic] or set())]
+            if missing:
+                raise SourceOptionError(
+                    "asyncconsumer source: option 'assign' names partitions that do not exist: "
+                    + ", ".join(str(tp) for tp in missing)
+                )
+            return sorted(wanted)
+        if subscription.kind == "subscribe":
+            topics: list[str] = list(subscription.topics)
+        else:
+            topics = sorted(t for t in await c.topics() if subscription.matches(t))
+        result: list[TopicPartition] = []
+        for topic in topics:
+            numbers = await c.partitions_for_topic(topic)
+            if numbers is None:
+                log.warning("asyncconsumer source: topic %r does not exist (yet); it has no partitions to read",
+                            topic)
+                continue
+            result.extend(TopicPartition(topic, p) for p in sorted(numbers))
+        return sorted(result)
+
+    async def earliest(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        if not tps:
+            return {}
+        found = await self._consumer.beginning_offsets(tps)
+        return {tp: _checked(found.get(tp, -1), tp, "earliest") for tp in tps}
+
+    async def latest(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        """The end of each partition: the larger of ListOffsets(latest) and a fetch's high watermark.
+
+        ListOffsets can lag the log end on some Kafka-compatible brokers (Tansu answers with the
+        start of the last batch); a Fetch response carries the true high watermark (or the last
+        stable offset with ``read_committed``), so each partition is fetched once from the listed
+        end and the larger value wins.
+        """
+        if not tps:
+            return {}
+        c = self._consumer
+        listed = await c.end_offsets(tps)
+        watermarks = await _probe_high_watermarks(c, tps, listed, read_committed=self._read_committed)
+        result = {}
+        for tp in tps:
+            best = max(listed.get(tp, -1), watermarks.get(tp, -1))
+            result[tp] = _checked(best, tp, "latest")
+        return result
+
+    async def for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
+        if not timestamps:
+            return {}
+        found = await self._consumer.offsets_for_times(dict(timestamps))
+        return {tp: (r.offset if r is not None and r.offset >= 0 else None) for tp, r in found.items()}
+
+
+def _checked(offset: int, tp: TopicPartition, what: str) -> int:
+    if offset < 0:
+        raise KafkaError(f"could not look up the {what} offset of {tp} (is its leader available?)")
+    return offset
+
+
+async def _probe_high_watermarks(consumer: Consumer[Any, Any], tps: Sequence[TopicPartition],
+                                 listed: Mapping[TopicPartition, int], *,
+                                 read_committed: bool) -> dict[TopicPartition, int]:
+    # PRIVATE: reads the per-partition high watermark the consumer learnt from its last Fetch
+    # response (``consumer._engine.subscriptions``).  Replace with a public accessor
+    # (e.g. ``Consumer.highwater(tp)`` / ``last_stable_offset(tp)``) when the Consumer has one.
+    consumer.assign(tps)
+    for tp in tps:
+        await consumer.seek(tp, max(0, listed.get(tp, 0)))
+    engine = consumer._engine
+    assert engine is not None
+    states = {tp: engine.subscriptions.partitions[tp] for tp in tps}
+    found: dict[TopicPartition, int] = {}
+    with anyio.move_on_after(_PROBE_TIMEOUT):
+        while len(found) < len(tps):
+            try:
+                await consumer.getmany(timeout=0.05, max_records=1)
+            except OffsetOutOfRangeError:
+                pass  # the listed end is beyond the log: keep the listed value
+            for tp, state in states.items():
+                mark = state.last_stable_offset if read_committed else state.high_watermark
+                if mark >= 0:
+                    found[tp] = mark
+            if len(found) < len(tps):
+                await anyio.lowlevel.checkpoint()
+    consumer.assign([])
+    return found
+
+
+async def resolve_offsets(lookup: OffsetLookup, spec: OffsetSpec, tps: Sequence[TopicPartition], *,
+                          starting: bool) -> dict[TopicPartition, int]:
+    """Turn ``spec`` into concrete offsets for ``tps``."""
+    if not tps:
+        return {}
+    if spec.kind == "earliest":
+        return await lookup.earliest(tps)
+    if spec.kind == "latest":
+        return await lookup.latest(tps)
+    if spec.kind == "offsets":
+        given = spec.offsets_map
+        _require_all(spec, given, tps)
+        earliest = await lookup.earliest([tp for tp in tps if given[tp] == EARLIEST])
+        latest = await lookup.latest([tp for tp in tps if given[tp] == LATEST])
+        return {tp: earliest[tp] if given[tp] == EARLIEST else latest[tp] if given[tp] == LATEST else given[tp]
+                for tp in tps}
+    if spec.kind == "timestamp":
+        wanted = {tp: spec.timestamp for tp in tps}
+    else:
+        wanted = spec.timestamps_map
+        _require_all(spec, wanted, tps)
+        wanted = {tp: wanted[tp] for tp in tps}
+    found = await lookup.for_times(wanted)
+    missing = [tp for tp in tps if found.get(tp) is None]
+    if missing and starting and spec.strategy == "error":
+        raise SourceOptionError(
+            f"asyncconsumer source: option {spec.option!r}: no record at or after the timestamp in "
+            + ", ".join(f"{tp} (timestamp {wanted[tp]})" for tp in missing)
+            + "; set startingOffsetsByTimestampStrategy to 'latest' to start at the end instead"
+        )
+    latest = await lookup.latest(missing)
+    return {tp: latest[tp] if tp in latest else _not_none(found[tp]) for tp in tps}
+
+
+def _not_none(value: int | None) -> int:
+    assert value is not None
+    return value
+
+
+def _require_all(spec: OffsetSpec, given: Mapping[TopicPartition, int], tps: Sequence[TopicPartition]) -> None:
+    missing = [tp for tp in tps if tp not in given]
+    extra = sorted(set(given) - set(tps))
+    if missing:
+        raise SourceOptionError(
+            f"asyncconsumer source: option {spec.option!r} must give every partition to read; missing: "
+            + ", ".join(str(tp) for tp in missing) + " (use -2 for earliest, -1 for latest)"
+        )
+    if extra:
+        raise SourceOptionError(
+            f"asyncconsumer source: option {spec.option!r} names partitions that do not exist: "
+            + ", ".join(str(tp) for tp in extra)
+        )
+
+
+def _driver_consumer(options: SourceOptions, **overrides: Any) -> Consumer[Any, Any]:
+    props = options.consumer_properties
+    settings: dict[str, Any] = {"auto_offset_reset": "none", "enable_auto_commit": False, "group_id": None}
+    if "client.id" not in props:
+        settings["client_id"] = "asyncconsumer-spark-driver"
+    # The high-watermark probe fetches from the end of the log: answer quickly, fetch little.
+    settings["fetch_max_wait_ms"] = min(50, int(props.get("fetch.max.wait.ms", "50")))
+    settings["max_partition_fetch_bytes"] = 1024
+    settings["fetch_max_bytes"] = 1024 * 1024
+    settings.update(overrides)
+    return Consumer.from_properties(props, **settings)
+
+
+def run_on_driver(options: SourceOptions, work: Callable[[OffsetLookup], Awaitable[T]]) -> T:
+    """Run ``work`` with a fresh consumer on a fresh event loop (Spark calls the readers synchronously)."""
+
+    async def main() -> T:
+        async with _driver_consumer(options) as consumer:
+            return await work(ConsumerOffsetLookup(consumer, read_committed=options.read_committed))
+
+    return anyio.run(main)
+
+
+# ----------------------------------------------------------------------- executors: reading
+
+
+class RangeReader:
+    """Reads exactly ``[start, end)`` of one partition from a started consumer, chunk by chunk.
+
+    Gaps in the offsets (compaction, transaction markers) are normal.  Offsets that are gone from
+    the log (the fetch is out of range) are data loss: an error, or skipped with
+    ``failOnDataLoss=false``.  No progress for ``poll_timeout`` seconds is an error.
+    """
+
+    def __init__(self, consumer: Consumer[Any, Any], offset_range: OffsetRange, *, fail_on_data_loss: bool,
+                 poll_timeout: float, max_records: int = ARROW_BATCH_ROWS) -> None:
+        self._consumer = consumer
+        self._range = offset_range
+        self._fail_on_data_loss = fail_on_data_loss
+        self._poll_timeout = poll_timeout
+        self._max_records = max_records
+        self.position = offset_range.start
+        self._started = False
+
+    @property
+    def done(self) -> bool:
+        return self.position >= self._range.end
+
+    async def next_chunk(self) -> list[ConsumerRecord[Any, Any]]:
+        """The next records of the range (an empty list once the range is finished)."""
+        tp, end = self._range.tp, self._range.end
+        if not self._started:
+            self._started = True
+            if not self.done:
+                self._consumer.assign([tp])
+                await self._consumer.seek(tp, self.position)
+        last_progress = time.monotonic()
+        while not self.done:
+            try:
+                got = await self._consumer.getmany(tp, timeout=min(0.5, self._poll_timeout),
+                                                   max_records=self._max_records)
+            except OffsetOutOfRangeError:
+                await self._out_of_range()
+                last_progress = time.monotonic()
+                continue
+            records = got.get(tp, [])
+            if records:
+                if records[-1].offset >= end:
+                    records = [r for r in records if r.offset < end]
+                    self.position = end
+                else:
+                    self.position = records[-1].offset + 1
+                if records:
+                    return records
+                continue
+            position = await self._consumer.position(tp)
+            if position > self.position:  # only control records or a compaction gap
+                self.position = min(position, end)
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > self._poll_timeout:
+                raise TimeoutError(
+                    f"asyncconsumer source: no records from {tp} at offset {self.position} within "
+                    f"{self._poll_timeout:.0f}s (kafkaConsumer.pollTimeoutMs) while reading up to offset {end}"
+                )
+        return []
+
+    async def _out_of_range(self) -> None:
+        tp, end = self._range.tp, self._range.end
+        earliest = (await self._consumer.beginning_offsets([tp]))[tp]
+        if earliest > self.position:
+            lost_to = min(earliest, end)
+            message = f"offsets {self.position} to {lost_to - 1} of {tp} are gone (the log now starts at {earliest})"
+            if self._fail_on_data_loss:
+                raise DataLossError(f"asyncconsumer source: {message}. {_DATA_LOSS_HINT}")
+            log.warning("asyncconsumer source: %s; skipping them (failOnDataLoss=false)", message)
+            self.position = lost_to
+        else:
+            message = (f"offset {self.position} of {tp} is beyond the end of the log (the topic may have "
+                       f"been re-created); offsets {self.position} to {end - 1} cannot be read")
+            if self._fail_on_data_loss:
+                raise DataLossError(f"asyncconsumer source: {message}. {_DATA_LOSS_HINT}")
+            log.warning("asyncconsumer source: %s; skipping them (failOnDataLoss=false)", message)
+            self.position = end
+        if not self.done:
+            await self._consumer.seek(tp, self.position)
+
+
+def _executor_consumer(options: SourceOptions) -> Consumer[Any, Any]:
+    props = options.consumer_properties
+    settings: dict[str, Any] = {"auto_offset_reset": "none", "enable_auto_commit": False, "group_id": None}
+    if "client.id" not in props:
+        settings["client_id"] = "asyncconsumer-spark-executor"
+    return Consumer.from_properties(props, **settings)
+
+
+def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Arrow record batches with exactly the records of ``offset_range`` (runs on an executor)."""
+    if offset_range.size <= 0:
+        return
+    from anyio.from_thread import start_blocking_portal
+
+    with start_blocking_portal() as portal, portal.wrap_async_context_manager(
+        _executor_consumer(options)
+    ) as consumer:
+        reader = RangeReader(consumer, offset_range, fail_on_data_loss=options.fail_on_data_loss,
+                             poll_timeout=options.poll_timeout_ms / 1000)
+        pending: list[ConsumerRecord[Any, Any]] = []
+        while True:
+            chunk = portal.call(reader.next_chunk)
+            if not chunk:
+                break
+            pending.extend(chunk)
+            if len(pending) >= ARROW_BATCH_ROWS:
+                yield records_to_batch(pending, options.include_headers)
+                pending = []
+        if pending:
+            yield records_to_batch(pending, options.include_headers)
+
+
+# ----------------------------------------------------------------------------- the source
+
+
+def _offsets_json(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
+    """Spark's Kafka offset layout, ``{"topic": {"0": 42}}``, in a canonical order."""
+    out: dict[str, dict[str, int]] = {}
+    for tp in sorted(offsets):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = int(offsets[tp])
+    return out
+
+
+def _offsets_from_json(obj: Mapping[str, Any]) -> dict[TopicPartition, int]:
+    result: dict[TopicPartition, int] = {}
+    for topic, per in obj.items():
+        for partition, offset in per.items():
+            result[TopicPartition(topic, int(partition))] = int(offset)
+    return result
+
+
+class AsyncConsumerDataSource(DataSource):
+    """``spark.read.format("asyncconsumer")`` and ``spark.readStream.format("asyncconsumer")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "asyncconsumer"
+
+    def schema(self) -> StructType:
+        parsed = parse_options(self.options)  # fails early (at load()) on bad options
+        return spark_schema(parsed.include_headers)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(parse_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(parse_options(self.options, streaming=True))
+
+
+class KafkaBatchReader(DataSourceReader):
+    """Batch: the offset ranges are fixed on the driver when the query is planned."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        ranges = run_on_driver(self.options, self._plan)
+        return [KafkaInputPartition(r.tp.topic, r.tp.partition, r.start, r.end) for r in ranges]
+
+    async def _plan(self, lookup: OffsetLookup) -> list[OffsetRange]:
+        o = self.options
+        tps = await lookup.partitions(o.subscription)
+        start = await resolve_offsets(lookup, o.starting, tps, starting=True)
+        ending = o.ending or OffsetSpec("latest", option="endingOffsets")
+        end = await resolve_offsets(lookup, ending, tps, starting=False)
+        if ending.kind == "offsets":
+            explicit = [tp for tp, off in ending.offsets if off >= 0]
+            latest = await lookup.latest(explicit)
+            beyond = [tp for tp in explicit if end[tp] > latest[tp]]
+            if beyond:
+                raise SourceOptionError(
+                    "asyncconsumer source: endingOffsets are beyond the end of the log for "
+                    + ", ".join(f"{tp} ({end[tp]} > latest {latest[tp]})" for tp in beyond)
+                )
+        backwards = [tp for tp in tps if start[tp] > end[tp]]
+        if backwards:
+            raise SourceOptionError(
+                "asyncconsumer source: the starting offset is after the ending offset for "
+                + ", ".join(f"{tp} ({start[tp]} > {end[tp]})" for tp in backwards)
+            )
+        ranges = [OffsetRange(tp, start[tp], end[tp]) for tp in tps]
+        return split_ranges(ranges, o.min_partitions, o.max_records_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaInputPartition)
+        return read_range(self.options, partition.offset_range)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Streaming: the source offset is ``{"topic": {"partition": next offset}}`` (Spark's layout)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._available_now_target: dict[TopicPartition, int] | None = None
+        self._last_latest: dict[TopicPartition, int] | None = None
+
+    # -- offsets (driver) -------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        async def work(lookup: OffsetLookup) -> dict[TopicPartition, int]:
+            tps = await lookup.partitions(self.options.subscription)
+            return await resolve_offsets(lookup, self.options.starting, tps, starting=True)
+
+        return _offsets_json(run_on_driver(self.options, work))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return super().getDefaultReadLimit()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        async def work(lookup: OffsetLookup) -> dict[TopicPartition, int]:
+            return await lookup.latest(await lookup.partitions(self.options.subscription))
+
+        self._available_now_target = run_on_driver(self.options, work)
+        log.info("asyncconsumer source: availableNow reads up to %s", self._available_now_target)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = _offsets_from_json(start)
+
+        async def work(lookup: OffsetLookup) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+            target = self._available_now_target
+            if target is None:
+                latest = await lookup.latest(await lookup.partitions(self.options.subscription))
+            else:
+                # availableNow: never past the offsets recorded when the query started; partitions
+                # created since then are left for a later query.
+                latest = dict(target)
+            return latest, await lookup.earliest([tp for tp in latest if tp not in begin])
+
+        if self._available_now_target is not None and all(tp in begin for tp in self._available_now_target):
+            latest, new_earliest = dict(self._available_now_target), {}  # nothing to ask Kafka
+        else:
+            latest, new_earliest = run_on_driver(self.options, work)
+        self._last_latest = latest
+        known = {**begin, **new_earliest}
+        end = dict(latest)
+        if isinstance(limit, ReadMaxRows):
+            end = rate_limit(known, latest, limit.max_rows)
+        # A partition whose end went backwards is reported (data loss) when the batch is planned;
+        # partitions that disappeared are kept out of the offset and reported there too.
+        return _offsets_json(end)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return _offsets_json(self._last_latest) if self._last_latest is not None else None
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin = _offsets_from_json(start)
+        until = _offsets_from_json(end)
+        o = self.options
+        gone = sorted(set(begin) - set(until))
+        if gone:
+            report_data_loss(o, "partitions " + ", ".join(map(str, gone)) + " are gone (topic deleted?)")
+        new = [tp for tp in until if tp not in begin]
+        if new:
+            earliest = run_on_driver(o, lambda lookup: lookup.earliest(new))
+            for tp in new:
+                if earliest[tp] != 0:
+                    report_data_loss(o, f"added partition {tp} starts at offset {earliest[tp]} instead of 0")
+            begin = {**begin, **earliest}
+        ranges = []
+        for tp in sorted(until):
+            if until[tp] < begin[tp]:
+                report_data_loss(o, f"the offset of {tp} went back from {begin[tp]} to {until[tp]} "
+                                    "(topic re-created or log truncated?)")
+                continue
+            ranges.append(OffsetRange(tp, begin[tp], until[tp]))
+        pieces = split_ranges(ranges, o.min_partitions, o.max_records_per_partition)
+        return [KafkaInputPartition(r.tp.topic, r.tp.partition, r.start, r.end) for r in pieces]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaInputPartition)
+        return read_range(self.options, partition.offset_range)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark finished the batch: optionally record the offsets in a group for lag monitoring."""
+        group_id = self.options.group_id
+        if group_id is None:
+            return
+        offsets = _offsets_from_json(end)
+        if not offsets:
+            return
+
+        async def main() -> None:
+            consumer = Consumer.from_properties(
+                self.options.consumer_properties, group_id=group_id, enable_auto_commit=False,
+                auto_offset_reset="none",
+            )
+            async with consumer:
+                await consumer.commit(offsets)
+
+        try:
+            anyio.run(main)
+        except Exception as exc:  # monitoring only: never fail the query for it
+            log.warning("asyncconsumer source: committing offsets to group %r failed: %s", group_id, exc)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only the options travel to the executors.
+        return {"options": self.options, "_available_now_target": None, "_last_latest": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
