@@ -119,11 +119,13 @@ class CommitManager:
 
     def next_deadline(self, now: float) -> float:
         times = [self._next_auto_commit]
-        times += [c.retry_at for c in self._commits if not c.in_flight]
         times += [c.deadline for c in self._commits]
-        times += [f.retry_at for f in self._fetches if not f.in_flight]
-        if self._subscriptions.in_phase(PartitionPhase.AWAIT_COMMITTED, now):
-            times.append(now)
+        if self._coordinator.node_id is not None:  # otherwise the coordinator manager's deadline wakes us
+            times += [c.retry_at for c in self._commits if not c.in_flight]
+            times += [f.retry_at for f in self._fetches if not f.in_flight]
+            waiting = self._subscriptions.in_phase(PartitionPhase.AWAIT_COMMITTED, now)
+            if any(s.tp not in self._position_fetch_in_flight for s in waiting):
+                times.append(now)
         return max(now, min(times))
 
     def poll(self, now: float) -> list[UnsentRequest]:
@@ -288,7 +290,7 @@ class CommitManager:
                     "groups": [{"group_id": group_id, "member_id": None, "member_epoch": -1, "topics": topics}],
                     "require_stable": True,
                 }
-            return {"group_id": group_id, "topics": topics, "require_stable": True}
+            return {"group_id": group_id, "topics": topics, "require_stable": version >= 7}
 
         def on_response(now: float, version: int, body: Body) -> None:
             fetch.in_flight = False

@@ -40,7 +40,9 @@ class CoordinatorManager:
         self.node_id = None
 
     def next_deadline(self, now: float) -> float:
-        return max(now, self._retry_at) if self.node_id is None else float("inf")
+        if self.node_id is not None or self._in_flight:
+            return float("inf")
+        return max(now, self._retry_at)
 
     def poll(self, now: float) -> list[UnsentRequest]:
         if self.node_id is not None or self._in_flight or now < self._retry_at:

@@ -53,14 +53,21 @@ def scan_record_set(data: memoryview) -> tuple[int, int]:
     return next_offset, pos
 
 
+@dataclass(frozen=True, slots=True)
+class SessionPartition:
+    fetch_offset: int
+    leader_epoch: int
+    topic_id: bytes
+
+
 @dataclass(slots=True)
 class FetchSession:
     """KIP-227 session state for one broker."""
 
     session_id: int = 0
     epoch: int = 0
-    #: What the broker remembers per partition: the fetch offset we last sent.
-    partitions: dict[TopicPartition, int] = field(default_factory=dict)
+    #: What the broker remembers per partition: what we last sent for it.
+    partitions: dict[TopicPartition, SessionPartition] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.session_id, self.epoch = 0, 0
@@ -138,24 +145,27 @@ class FetchManager:
         self._in_flight_nodes.add(node)
         self._in_flight_partitions.update(wanted)
         assignment_id = self._subscriptions.assignment_id
-        have_ids = all((t := cluster.topics.get(tp.topic)) is not None and t.topic_id != ZERO_UUID for tp in wanted)
+        entries = {tp: self._session_entry(tp, offset) for tp, (offset, _) in wanted.items()}
+        have_ids = all(e.topic_id != ZERO_UUID for e in entries.values()) and all(
+            e.topic_id != ZERO_UUID for tp, e in session.partitions.items() if tp not in wanted
+        )
         sent: dict[str, object] = {"full": True}
 
         def partition_entry(tp: TopicPartition) -> dict[str, object]:
-            leader = cluster.leader(tp)
             return {
                 "partition": tp.partition,
-                "current_leader_epoch": leader.leader_epoch if leader is not None else -1,
-                "fetch_offset": wanted[tp][0],
+                "current_leader_epoch": entries[tp].leader_epoch,
+                "fetch_offset": entries[tp].fetch_offset,
                 "last_fetched_epoch": -1,
                 "log_start_offset": -1,
                 "partition_max_bytes": self._partition_max_bytes,
             }
 
-        def topic_key(topic: str, version: int) -> dict[str, object]:
+        def topic_key(tp: TopicPartition, version: int) -> dict[str, object]:
             if version >= 13:
-                return {"topic_id": cluster.topics[topic].topic_id}
-            return {"topic": topic}
+                known = entries.get(tp) or session.partitions[tp]
+                return {"topic_id": known.topic_id}
+            return {"topic": tp.topic}
 
         def build(version: int) -> Body:
             full = not (self._use_sessions and version >= 7 and session.session_id)
@@ -163,7 +173,8 @@ class FetchManager:
                 to_send = list(wanted)
                 forgotten: list[TopicPartition] = []
             else:
-                to_send = [tp for tp in wanted if session.partitions.get(tp) != wanted[tp][0]]
+                # Re-send a partition when anything the broker remembers for it changed (offset, epoch).
+                to_send = [tp for tp in wanted if session.partitions.get(tp) != entries[tp]]
                 forgotten = [tp for tp in session.partitions if tp not in wanted]
             sent["full"] = full
             sent["forgotten"] = forgotten
@@ -171,9 +182,9 @@ class FetchManager:
             topics: dict[str, list[TopicPartition]] = defaultdict(list)
             for tp in to_send:
                 topics[tp.topic].append(tp)
-            gone: dict[str, list[int]] = defaultdict(list)
+            gone: dict[str, list[TopicPartition]] = defaultdict(list)
             for tp in forgotten:
-                gone[tp.topic].append(tp.partition)
+                gone[tp.topic].append(tp)
             session_wanted = self._use_sessions and version >= 7
             return {
                 "replica_id": -1,
@@ -184,10 +195,12 @@ class FetchManager:
                 "session_id": session.session_id if not full else 0,
                 "session_epoch": (session.epoch if not full else 0) if session_wanted else -1,
                 "topics": [
-                    {**topic_key(t, version), "partitions": [partition_entry(tp) for tp in tps]}
-                    for t, tps in topics.items()
+                    {**topic_key(tps[0], version), "partitions": [partition_entry(tp) for tp in tps]}
+                    for tps in topics.values()
                 ],
-                "forgotten_topics_data": [{**topic_key(t, version), "partitions": ps} for t, ps in gone.items()],
+                "forgotten_topics_data": [
+                    {**topic_key(tps[0], version), "partitions": [tp.partition for tp in tps]} for tps in gone.values()
+                ],
                 "rack_id": self._rack,
             }
 
@@ -203,6 +216,7 @@ class FetchManager:
                 session.reset()
                 return
             if code:
+                session.reset()  # any top-level error ends the session, as in the Java client
                 self._fail_partitions(now, wanted, error_for_code(code, f"Fetch from node {node}"))
                 return
             self._update_session(session, body, sent, wanted)
@@ -243,6 +257,14 @@ class FetchManager:
             extra_timeout_ms=self._max_wait_ms,
         )
 
+    def _session_entry(self, tp: TopicPartition, offset: int) -> SessionPartition:
+        cluster = self._metadata.cluster
+        leader = cluster.leader(tp)
+        topic = cluster.topics.get(tp.topic)
+        return SessionPartition(
+            offset, leader.leader_epoch if leader is not None else -1, topic.topic_id if topic else ZERO_UUID
+        )
+
     def _still_assigned(self, wanted: dict[TopicPartition, tuple[int, int]]) -> bool:
         return any(tp in self._subscriptions.partitions for tp in wanted)
 
@@ -261,7 +283,7 @@ class FetchManager:
         for tp in forgotten:  # type: ignore[attr-defined]
             session.partitions.pop(tp, None)
         for tp, (offset, _) in wanted.items():
-            session.partitions[tp] = offset
+            session.partitions[tp] = self._session_entry(tp, offset)
         session.epoch = session.epoch + 1 if not sent["full"] else 1
         # Offsets that move on with this response are sent again next time (they differ).
 

@@ -75,9 +75,12 @@ class ListOffsetsManager:
         return {tp.topic for lookup in self._lookups for tp in lookup.timestamps}
 
     def next_deadline(self, now: float) -> float:
-        deadlines = [lk.retry_at for lk in self._lookups]
-        deadlines += [s.retry_at for s in self._subscriptions.in_phase(PartitionPhase.AWAIT_RESET, float("inf"))]
-        return max(now, min(deadlines)) if deadlines else float("inf")
+        # Only future retries: what could be sent now was sent by poll(), and what waits for a
+        # leader is woken by the metadata response.
+        deadlines = [lk.retry_at for lk in self._lookups if lk.retry_at > now]
+        resets = self._subscriptions.in_phase(PartitionPhase.AWAIT_RESET, float("inf"))
+        deadlines += [s.retry_at for s in resets if now < s.retry_at < float("inf")]
+        return min(deadlines, default=float("inf"))
 
     def poll(self, now: float) -> list[UnsentRequest]:
         requests = self._poll_lookups(now)

@@ -92,9 +92,14 @@ class MetadataManager:
         return waiter
 
     def next_deadline(self, now: float) -> float:
-        if self._requested or self._all_topics_waiters:
-            return max(now, self._retry_at)
-        return self._last_refresh + self._max_age
+        deadlines = [float("inf")]
+        if self._all_topics_waiters and not self._all_in_flight:
+            deadlines.append(max(now, self._retry_at))
+        sendable = bool(self._topics_of_interest()) or not self.cluster.brokers
+        if sendable and not self._in_flight:
+            due = self._requested or self._last_refresh == float("-inf")
+            deadlines.append(max(now, self._retry_at) if due else self._last_refresh + self._max_age)
+        return min(deadlines)
 
     def poll(self, now: float) -> list[UnsentRequest]:
         requests = []

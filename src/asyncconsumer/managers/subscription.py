@@ -50,6 +50,7 @@ class PartitionState:
         self.position = self.fetch_offset = self.consumed = self.processed = offset
         self.leader_epoch = leader_epoch
         self.reset_to = None
+        self.retry_at = 0.0
         self.epoch += 1
 
     def lag(self) -> int | None:

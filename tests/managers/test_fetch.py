@@ -1,0 +1,627 @@
+"""FetchManager: request shape and grouping, KIP-227 sessions, responses into the buffer, errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncconsumer.engine.fetch_buffer import CompletedFetch, FetchBuffer
+from asyncconsumer.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    OffsetOutOfRangeError,
+    TopicAuthorizationFailedError,
+)
+from asyncconsumer.managers.fetch import FetchManager, scan_record_set
+from asyncconsumer.managers.subscription import PartitionPhase, SubscriptionState
+from asyncconsumer.protocol.api import SUPPORTED_VERSIONS
+from asyncconsumer.protocol.compression import CODEC_GZIP
+from asyncconsumer.protocol.record_writer import build_batch, build_control_batch, build_legacy_message_set
+from asyncconsumer.structs import TopicPartition
+
+from .scripted import (
+    FakeClock,
+    Scripted,
+    Sent,
+    fetch_body,
+    fetch_partition,
+    load_metadata,
+    metadata_body,
+    new_metadata,
+    topic_id,
+)
+
+BACKOFF = 0.125
+MAX_WAIT_MS = 500
+PARTITION_MAX = 4096
+T0, T1, T2 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)
+U0 = TopicPartition("u", 0)
+LEADERS = {T0: (1, 5), T1: (2, 6), T2: (1, 7), U0: (1, 0)}
+MAX_FETCH = SUPPORTED_VERSIONS["Fetch"][1]
+
+
+class Setup:
+    def __init__(self, *, default_reset: str = "earliest", buffer_bytes: int = 1 << 20,
+                 use_sessions: bool = True, read_committed: bool = False,
+                 leaders: dict[TopicPartition, tuple[int, int]] | None = None,
+                 topic_ids: dict[str, bytes] | None = None, versions: dict[str, int] | None = None) -> None:
+        self.clock = FakeClock()
+        self.leaders = dict(LEADERS if leaders is None else leaders)
+        self.subs = SubscriptionState(default_reset, has_group=False)
+        self.errors: list[KafkaError] = []
+        self.data_events = 0
+        self.metadata = new_metadata(self.clock, self.leaders, retry_backoff=BACKOFF,
+                                     topics=lambda: {tp.topic for tp in self.leaders}, topic_ids=topic_ids)
+        self.buffer = FetchBuffer(buffer_bytes, on_space=lambda: None, on_data=self._on_data)
+        self.fetcher = FetchManager(
+            self.subs, self.metadata, self.buffer,
+            fetch_min_bytes=1, fetch_max_bytes=1 << 20, fetch_max_wait_ms=MAX_WAIT_MS,
+            max_partition_fetch_bytes=PARTITION_MAX, read_committed=read_committed, check_crcs=True,
+            retry_backoff=BACKOFF, client_rack="rack-a", report_error=self.errors.append,
+            use_sessions=use_sessions,
+        )
+        self.h = Scripted(self.metadata, self.fetcher, clock=self.clock, versions=versions)
+
+    def _on_data(self) -> None:
+        self.data_events += 1
+
+    def start(self, offsets: dict[TopicPartition, int]) -> None:
+        self.subs.assign(offsets)
+        for tp, offset in offsets.items():
+            self.subs.seek(tp, offset)
+
+    def fetches(self) -> list[Sent]:
+        return self.h.sent("Fetch")
+
+    def fetch(self, version: int | None = None) -> Sent:
+        sent = self.h.take("Fetch")
+        return sent if version is None else sent.at(version)
+
+
+def names(version: int) -> dict[Any, str]:
+    return {topic_id(t): t for t in ("t", "u")} if version >= 13 else {}
+
+
+def fetched(sent: Sent) -> dict[TopicPartition, int]:
+    """{partition: fetch offset} named in a Fetch request."""
+    by_id = names(sent.version)
+    out = {}
+    for topic in sent.body()["topics"]:
+        name = by_id[topic["topic_id"]] if sent.version >= 13 else topic["topic"]
+        for p in topic["partitions"]:
+            out[TopicPartition(name, p["partition"])] = p["fetch_offset"]
+    return out
+
+
+def forgotten(sent: Sent) -> set[TopicPartition]:
+    by_id = names(sent.version)
+    return {TopicPartition(by_id[t["topic_id"]] if sent.version >= 13 else t["topic"], p)
+            for t in sent.body()["forgotten_topics_data"] for p in t["partitions"]}
+
+
+def session(sent: Sent) -> tuple[int, int]:
+    body = sent.body()
+    return body["session_id"], body["session_epoch"]
+
+
+def records(base: int, count: int, **kwargs: Any) -> bytes:
+    return build_batch([(b"k%d" % i, b"v%d" % i) for i in range(count)], base_offset=base, **kwargs)
+
+
+def respond(sent: Sent, parts: dict[TopicPartition, dict[str, Any]], **kwargs: Any) -> None:
+    sent.respond(fetch_body(sent.version, parts, **kwargs))
+
+
+def data(tp: TopicPartition, payload: bytes = b"", **kwargs: Any) -> dict[str, Any]:
+    return fetch_partition(tp.partition, records=payload, **kwargs)
+
+
+def buffered(s: Setup) -> list[CompletedFetch]:
+    return s.buffer.fetches()
+
+
+# -- what is fetched, and where ------------------------------------------------------------------------
+
+
+def test_nothing_fetched_without_a_position() -> None:
+    s = Setup()
+    s.subs.assign([T0, T1])
+    assert s.fetches() == []
+
+
+def test_partitions_grouped_by_leader_one_fetch_per_node() -> None:
+    s = Setup()
+    s.start({T0: 10, T1: 20, T2: 30})
+    requests = {r.node_id: r for r in s.fetches()}
+    assert set(requests) == {1, 2}
+    assert fetched(requests[1]) == {T0: 10, T2: 30}
+    assert fetched(requests[2]) == {T1: 20}
+    assert requests[1].request.extra_timeout_ms == MAX_WAIT_MS
+    assert s.fetches() == []  # both nodes busy
+    respond(requests[1], {})
+    again = s.fetches()
+    assert [r.node_id for r in again] == [1]  # node 2 still has its fetch in flight
+    assert fetched(again[0]) == {T0: 10, T2: 30}
+
+
+def test_request_body_fields() -> None:
+    s = Setup(read_committed=True)
+    s.start({T0: 10})
+    request = s.fetch(12)
+    body = request.body()
+    assert body["replica_id"] == -1
+    assert (body["max_wait_ms"], body["min_bytes"], body["max_bytes"]) == (MAX_WAIT_MS, 1, 1 << 20)
+    assert body["isolation_level"] == 1
+    assert body["rack_id"] == "rack-a"
+    [topic] = body["topics"]
+    [partition] = topic["partitions"]
+    assert partition["current_leader_epoch"] == 5
+    assert partition["fetch_offset"] == 10
+    assert partition["partition_max_bytes"] == PARTITION_MAX
+
+
+@pytest.mark.parametrize("version", range(4, MAX_FETCH + 1))
+def test_request_and_response_at_every_version(version: int) -> None:
+    s = Setup()
+    s.start({T0: 10})
+    request = s.fetch(version)
+    assert fetched(request) == {T0: 10}
+    respond(request, {T0: data(T0, records(10, 2), high_watermark=12)})
+    [completed] = buffered(s)
+    assert (completed.tp, completed.next_offset) == (T0, 12)
+    assert s.subs.partitions[T0].fetch_offset == 12
+
+
+def test_paused_partitions_are_not_fetched() -> None:
+    s = Setup()
+    s.start({T0: 10, T2: 30})
+    s.subs.partitions[T2].paused = True
+    assert fetched(s.fetch()) == {T0: 10}
+
+
+def test_unknown_leader_requests_metadata() -> None:
+    s = Setup(leaders={T0: (-1, 5)})
+    s.start({T0: 0})
+    assert s.fetches() == []
+    s.h.take("Metadata")
+
+
+# -- buffer limits -------------------------------------------------------------------------------------
+
+
+def test_full_buffer_stops_fetching() -> None:
+    s = Setup(buffer_bytes=80)
+    s.start({T0: 0, T1: 0})
+    first = {r.node_id: r for r in s.fetches()}
+    payload = records(0, 3)
+    assert len(payload) >= 80
+    respond(first[1], {T0: data(T0, payload)})
+    assert s.buffer.full
+    respond(first[2], {})
+    assert s.fetches() == []  # T1 has nothing buffered, but the buffer is full
+    s.buffer.clear()
+    assert len(s.fetches()) == 2
+
+
+def test_partition_with_max_bytes_buffered_is_not_fetched() -> None:
+    s = Setup()
+    s.start({T0: 0, T2: 0})
+    payload = b""
+    while len(payload) < PARTITION_MAX:
+        payload += records(0, 40)  # offsets do not matter here
+    request = s.fetch()
+    respond(request, {T0: data(T0, payload)})
+    assert s.buffer.buffered_bytes(T0) >= PARTITION_MAX
+    assert fetched(s.fetch()) == {T2: 0}
+
+
+# -- responses -----------------------------------------------------------------------------------------
+
+
+def test_data_goes_to_the_buffer_and_advances_fetch_offset() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    request = s.fetch()
+    payload = records(10, 3)
+    respond(request, {T0: data(T0, payload, high_watermark=50, last_stable_offset=40, log_start_offset=2)})
+    state = s.subs.partitions[T0]
+    [completed] = buffered(s)
+    assert (completed.tp, completed.fetch_offset, completed.next_offset) == (T0, 10, 13)
+    assert completed.epoch == state.epoch
+    assert completed.size == len(payload)
+    assert s.data_events == 1
+    assert (state.position, state.fetch_offset) == (10, 13)  # position moves when the app reads
+    assert (state.high_watermark, state.last_stable_offset, state.log_start_offset) == (50, 40, 2)
+    assert [(r.offset, r.value) for r in completed.take(10, 10)] == [(10, b"v0"), (11, b"v1"), (12, b"v2")]
+    assert s.fetcher.responses == 1
+    assert fetched(s.fetch()) == {T0: 13}
+
+
+def test_compaction_gap_uses_last_offset_delta() -> None:
+    s = Setup()
+    s.start({T0: 100})
+    request = s.fetch()
+    payload = build_batch([(b"a", b"1"), (b"b", b"2")], base_offset=100, offset_deltas=[0, 3], last_offset_delta=7)
+    respond(request, {T0: data(T0, payload)})
+    [completed] = buffered(s)
+    assert completed.next_offset == 108
+    assert s.subs.partitions[T0].fetch_offset == 108
+    assert [r.offset for r in completed.take(10, 100)] == [100, 103]
+
+
+def test_empty_response_keeps_offset_and_updates_watermarks() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    respond(s.fetch(), {T0: data(T0, b"", high_watermark=10)})
+    assert buffered(s) == []
+    state = s.subs.partitions[T0]
+    assert (state.fetch_offset, state.high_watermark) == (10, 10)
+    assert state.lag() == 0
+
+
+def test_truncated_trailing_batch_is_left_for_the_next_fetch() -> None:
+    s = Setup()
+    s.start({T0: 0})
+    first, second = records(0, 2), records(2, 2)
+    respond(s.fetch(), {T0: data(T0, first + second[:20])})
+    [completed] = buffered(s)
+    assert completed.size == len(first)
+    assert s.subs.partitions[T0].fetch_offset == 2
+
+
+def test_only_a_partial_batch_buffers_nothing() -> None:
+    s = Setup()
+    s.start({T0: 0})
+    respond(s.fetch(), {T0: data(T0, records(0, 5)[:-3])})
+    assert buffered(s) == []
+    assert s.subs.partitions[T0].fetch_offset == 0
+
+
+def test_batch_starting_before_fetch_offset_does_not_move_it_back() -> None:
+    s = Setup()
+    s.start({T0: 12})
+    respond(s.fetch(), {T0: data(T0, records(10, 5))})  # a compressed batch may start earlier
+    [completed] = buffered(s)
+    assert completed.next_offset == 15
+    assert [r.offset for r in completed.take(10, 12)] == [12, 13, 14]
+
+
+def test_read_committed_passes_aborted_transactions() -> None:
+    s = Setup(read_committed=True)
+    s.start({T0: 0})
+    payload = (
+        build_batch([(b"k", b"aborted")], base_offset=0, is_transactional=True, producer_id=7, producer_epoch=0)
+        + build_control_batch("abort", 7, base_offset=1)
+        + records(2, 1)
+    )
+    respond(s.fetch(), {T0: data(T0, payload, aborted=[(7, 0)])})
+    [completed] = buffered(s)
+    assert [(r.offset, r.value) for r in completed.take(10, 0)] == [(2, b"v0")]
+    assert s.subs.partitions[T0].fetch_offset == 3
+
+
+def test_response_for_a_partition_seeked_meanwhile_is_dropped() -> None:
+    s = Setup()
+    s.start({T0: 10, T2: 30})
+    request = s.fetch()
+    s.subs.seek(T0, 500)
+    respond(request, {T0: data(T0, records(10, 3)), T2: data(T2, records(30, 1))})
+    assert [c.tp for c in buffered(s)] == [T2]
+    assert s.subs.partitions[T0].fetch_offset == 500
+    assert fetched(s.fetch()) == {T0: 500, T2: 31}
+
+
+def test_response_for_unassigned_partitions_is_dropped() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    request = s.fetch()
+    s.subs.assign([T1])
+    respond(request, {T0: data(T0, records(10, 3))})
+    assert buffered(s) == []
+    assert s.fetcher.responses == 0
+
+
+def test_offset_out_of_range_requests_a_reset() -> None:
+    s = Setup(default_reset="latest")
+    s.start({T0: 10})
+    state = s.subs.partitions[T0]
+    epoch = state.epoch
+    respond(s.fetch(), {T0: data(T0, error_code=1)})
+    assert state.phase is PartitionPhase.AWAIT_RESET
+    assert state.reset_to == "latest"
+    assert state.epoch == epoch + 1
+    assert s.errors == []
+    assert s.fetches() == []
+
+
+def test_offset_out_of_range_with_reset_none_is_an_error() -> None:
+    s = Setup(default_reset="none")
+    s.start({T0: 10})
+    respond(s.fetch(), {T0: data(T0, error_code=1)})
+    [error] = s.errors
+    assert isinstance(error, OffsetOutOfRangeError)
+    assert "t-0" in str(error) and "10" in str(error)
+    state = s.subs.partitions[T0]
+    assert state.phase is PartitionPhase.FETCHING
+    s.h.advance(3600)
+    assert s.fetches() == []
+
+
+@pytest.mark.parametrize("code", [6, 74])  # NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH
+def test_not_leader_refreshes_metadata_and_backs_off(code: int) -> None:
+    s = Setup()
+    s.start({T0: 10, T2: 30})
+    respond(s.fetch(), {T0: data(T0, error_code=code), T2: data(T2)})
+    assert s.errors == []
+    metadata = s.h.take("Metadata")
+    assert fetched(s.fetch()) == {T2: 30}  # T0 waits out its backoff
+    # The new leader is node 2.
+    s.leaders[T0] = (2, 9)
+    metadata.respond(metadata_body(s.leaders))
+    assert s.fetches() == []
+    s.h.advance(BACKOFF)
+    request = s.fetch()
+    assert request.node_id == 2
+    assert fetched(request) == {T0: 10}
+    assert request.body()["topics"][0]["partitions"][0]["current_leader_epoch"] == 9
+
+
+def test_other_partition_error_is_reported_and_backs_off() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    respond(s.fetch(), {T0: data(T0, error_code=29)})
+    assert [type(e) for e in s.errors] == [TopicAuthorizationFailedError]
+    assert s.fetches() == []
+    s.h.advance(BACKOFF)
+    assert len(s.fetches()) == 1
+
+
+def test_top_level_error_backs_off_every_partition() -> None:
+    s = Setup()
+    s.start({T0: 10, T2: 30})
+    respond(s.fetch(), {}, error_code=29)
+    assert [type(e) for e in s.errors] == [TopicAuthorizationFailedError]
+    assert s.fetches() == []
+    s.h.advance(BACKOFF)
+    assert fetched(s.fetch()) == {T0: 10, T2: 30}
+
+
+def test_transport_error_backs_off_and_resets_the_session() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    respond(s.fetch(), {T0: data(T0)}, session_id=77)
+    s.fetch().fail(KafkaConnectionError("reset by peer"))
+    assert s.errors == []  # retriable: not the application's problem
+    s.h.take("Metadata")
+    assert s.fetches() == []
+    s.h.advance(BACKOFF)
+    request = s.fetch()
+    assert session(request) == (0, 0)
+    assert fetched(request) == {T0: 10}
+
+
+def test_non_retriable_transport_error_is_reported() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    s.fetch().fail(RuntimeError("bug in a body builder"))
+    [error] = s.errors
+    assert "bug in a body builder" in str(error)
+
+
+# -- fetch sessions (KIP-227) --------------------------------------------------------------------------
+
+
+def test_first_request_is_full_then_incremental() -> None:
+    s = Setup()
+    s.start({T0: 10, T2: 30})
+    first = s.fetch()
+    assert session(first) == (0, 0)  # create a session
+    assert fetched(first) == {T0: 10, T2: 30}
+    assert forgotten(first) == set()
+    respond(first, {T0: data(T0, records(10, 2)), T2: data(T2)}, session_id=123)
+    second = s.fetch()
+    assert session(second) == (123, 1)
+    assert fetched(second) == {T0: 12}  # T2's offset did not move: the broker remembers it
+    assert forgotten(second) == set()
+    respond(second, {}, session_id=123)
+    third = s.fetch()
+    assert session(third) == (123, 2)
+    assert fetched(third) == {}
+    assert forgotten(third) == set()
+
+
+def test_incremental_request_lists_forgotten_partitions() -> None:
+    s = Setup()
+    s.start({T0: 10, T2: 30})
+    respond(s.fetch(), {}, session_id=5)
+    s.subs.assign([T0])
+    request = s.fetch()
+    assert session(request) == (5, 1)
+    assert fetched(request) == {}
+    assert forgotten(request) == {T2}
+    respond(request, {}, session_id=5)
+    s.subs.assign([T0, T2])  # back again: the broker forgot it, so it is sent
+    s.subs.seek(T2, 30)
+    request = s.fetch()
+    assert session(request) == (5, 2)
+    assert fetched(request) == {T2: 30}
+    assert forgotten(request) == set()
+
+
+def test_incremental_request_resends_a_seeked_partition() -> None:
+    s = Setup()
+    s.start({T0: 10, T2: 30})
+    respond(s.fetch(), {}, session_id=5)
+    s.subs.seek(T2, 3)
+    assert fetched(s.fetch()) == {T2: 3}
+
+
+def test_buffered_partition_is_forgotten_then_added_back() -> None:
+    s = Setup()
+    s.start({T0: 0, T2: 30})
+    payload = b""
+    while len(payload) < PARTITION_MAX:
+        payload += records(0, 40)
+    respond(s.fetch(), {T0: data(T0, payload)}, session_id=9)
+    request = s.fetch()
+    assert fetched(request) == {}
+    assert forgotten(request) == {T0}
+    respond(request, {}, session_id=9)
+    s.buffer.clear()
+    request = s.fetch()
+    assert fetched(request) == {T0: s.subs.partitions[T0].fetch_offset}
+
+
+@pytest.mark.parametrize("code", [70, 71])  # FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH
+def test_session_error_resets_to_a_full_request(code: int) -> None:
+    s = Setup()
+    s.start({T0: 10, T2: 30})
+    respond(s.fetch(), {}, session_id=5)
+    incremental = s.fetch()
+    assert session(incremental) == (5, 1)
+    respond(incremental, {}, error_code=code)
+    assert s.errors == []
+    full = s.fetch()
+    assert session(full) == (0, 0)
+    assert fetched(full) == {T0: 10, T2: 30}
+
+
+def test_broker_without_session_keeps_full_requests() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    respond(s.fetch(), {}, session_id=0)
+    assert session(s.fetch()) == (0, 0)
+
+
+def test_sessions_disabled() -> None:
+    s = Setup(use_sessions=False)
+    s.start({T0: 10})
+    respond(s.fetch(), {}, session_id=5)
+    request = s.fetch()
+    assert session(request) == (0, -1)  # no session, and do not create one
+    assert fetched(request) == {T0: 10}
+
+
+def test_versions_before_7_have_no_session() -> None:
+    s = Setup(versions={"Fetch": 6})
+    s.start({T0: 10})
+    request = s.fetch()
+    assert request.version == 6
+    respond(request, {T0: data(T0, records(10, 1))})
+    request = s.fetch()
+    assert fetched(request) == {T0: 11}
+
+
+def test_incremental_request_resends_a_partition_whose_leader_epoch_moved() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    respond(s.fetch(), {}, session_id=5)
+    s.metadata.request_update()
+    s.leaders[T0] = (1, 6)  # same leader, new epoch
+    load_metadata(s.metadata, s.clock, s.leaders)
+    request = s.fetch()
+    assert fetched(request) == {T0: 10}
+    assert request.body()["topics"][0]["partitions"][0]["current_leader_epoch"] == 6
+
+
+# -- topic ids (Fetch v13+) ----------------------------------------------------------------------------
+
+
+def test_v13_names_topics_by_id() -> None:
+    s = Setup()
+    s.start({T0: 10, U0: 0})
+    request = s.fetch(13)
+    assert request.request.max_version is None
+    topics = request.body()["topics"]
+    assert {t["topic_id"] for t in topics} == {topic_id("t"), topic_id("u")}
+    assert {t["topic"] for t in topics} == {""}
+    respond(request, {T0: data(T0, records(10, 1)), U0: data(U0, records(0, 2))})
+    assert {(c.tp, c.next_offset) for c in buffered(s)} == {(T0, 11), (U0, 2)}
+
+
+def test_response_with_unknown_topic_id_requests_metadata() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    request = s.fetch(13)
+    respond(request, {T0: data(T0, records(10, 1))}, topic_ids={"t": b"\x01" * 16})
+    assert buffered(s) == []
+    s.h.take("Metadata")
+
+
+def test_unknown_topic_id_caps_fetch_at_v12() -> None:
+    s = Setup(topic_ids={"u": bytes(16)})
+    s.start({T0: 10, U0: 0})
+    request = s.fetch()
+    assert request.request.max_version == 12
+    assert request.version == 12
+    assert fetched(request) == {T0: 10, U0: 0}
+    assert {t["topic"] for t in request.body()["topics"]} == {"t", "u"}
+
+
+def test_forgotten_topics_by_id() -> None:
+    s = Setup()
+    s.start({T0: 10, U0: 0})
+    respond(s.fetch(13), {}, session_id=5)
+    s.subs.assign([T0])
+    request = s.fetch(13)
+    assert forgotten(request) == {U0}
+
+
+def test_forgotten_topic_gone_from_metadata() -> None:
+    s = Setup()
+    s.start({T0: 10, U0: 0})
+    respond(s.fetch(13), {}, session_id=5)
+    s.subs.assign([T0])
+    del s.leaders[U0]  # the topics of interest shrink, and so does the next metadata response
+    s.metadata.request_update()
+    load_metadata(s.metadata, s.clock, s.leaders)
+    assert "u" not in s.metadata.cluster.topics
+    request = s.fetch(13)
+    assert forgotten(request) == {U0}
+
+
+# -- scan_record_set -----------------------------------------------------------------------------------
+
+
+def scan(payload: bytes) -> tuple[int, int]:
+    return scan_record_set(memoryview(payload))
+
+
+def test_scan_empty_and_tiny() -> None:
+    assert scan(b"") == (-1, 0)
+    assert scan(b"\x00" * 16) == (-1, 0)
+
+
+def test_scan_complete_batches() -> None:
+    a, b = records(0, 3), records(3, 2)
+    assert scan(a) == (3, len(a))
+    assert scan(a + b) == (5, len(a) + len(b))
+
+
+def test_scan_truncated_data() -> None:
+    a, b = records(0, 3), records(3, 2)
+    for cut in (1, 12, 17, 30, len(b) - 1):
+        assert scan(a + b[:cut]) == (3, len(a)), cut
+    assert scan(b[:-1]) == (-1, 0)
+
+
+def test_scan_negative_size_stops() -> None:
+    a = records(0, 1)
+    bad = (5).to_bytes(8, "big") + (-1).to_bytes(4, "big", signed=True) + b"\x00" * 20
+    assert scan(a + bad) == (1, len(a))
+
+
+def test_scan_uses_last_offset_delta() -> None:
+    batch = build_batch([(b"k", b"v")], base_offset=40, offset_deltas=[0], last_offset_delta=9)
+    assert scan(batch) == (50, len(batch))
+
+
+def test_scan_legacy_message_sets() -> None:
+    plain = build_legacy_message_set([(b"a", b"1"), (b"b", b"2")], magic=1, base_offset=7)
+    assert scan(plain) == (9, len(plain))
+    wrapped = build_legacy_message_set([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")], magic=1, base_offset=7,
+                                       compression=CODEC_GZIP)
+    assert scan(wrapped) == (10, len(wrapped))  # the wrapper carries the last inner offset
+    v0 = build_legacy_message_set([(None, b"x")], magic=0, base_offset=3)
+    assert scan(v0 + plain[:10]) == (4, len(v0))

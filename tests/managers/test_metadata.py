@@ -1,0 +1,213 @@
+"""MetadataManager: when it asks, what it asks for, and what it makes of the answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncconsumer.errors import KafkaConnectionError, TopicAuthorizationFailedError, UnknownTopicOrPartitionError
+from asyncconsumer.managers.metadata import Cluster, MetadataManager, PartitionInfo
+from asyncconsumer.structs import TopicPartition
+
+from .scripted import Scripted, metadata_body, topic_id
+
+MAX_AGE = 300.0
+BACKOFF = 0.5
+
+
+class Topics:
+    """A mutable topics-of-interest callback."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = set(names)
+
+    def __call__(self) -> set[str]:
+        return set(self.names)
+
+
+def make(*topics: str) -> tuple[MetadataManager, Scripted, Topics, list[Cluster]]:
+    interest = Topics(*topics)
+    updates: list[Cluster] = []
+    manager = MetadataManager(max_age=MAX_AGE, retry_backoff=BACKOFF, topics_of_interest=interest,
+                              on_update=updates.append)
+    return manager, Scripted(manager), interest, updates
+
+
+LEADERS = {TopicPartition("a", 0): (1, 7), TopicPartition("a", 1): (2, 3), TopicPartition("b", 0): (1, 0)}
+
+
+def test_first_poll_asks_for_topics_of_interest() -> None:
+    _manager, h, _, _ = make("b", "a")
+    request = h.take("Metadata")
+    body = request.body()
+    assert [t["name"] for t in body["topics"]] == ["a", "b"]
+    assert body["allow_auto_topic_creation"] is False
+    assert request.node_id is None  # any broker
+    h.assert_idle()  # one in flight at a time
+
+
+def test_bootstrap_request_without_topics_of_interest() -> None:
+    manager, h, _, _ = make()
+    request = h.take("Metadata")
+    assert request.body()["topics"] == []  # brokers only, not "all topics"
+    request.respond(metadata_body({}, brokers=[0, 1]))
+    assert set(manager.cluster.brokers) == {0, 1}
+    h.assert_idle()  # nothing to refresh until topics of interest appear
+
+
+def test_response_parses_brokers_leaders_epochs_and_topic_ids() -> None:
+    manager, h, _, updates = make("a", "b")
+    h.take("Metadata").respond(metadata_body(LEADERS, brokers=[1, 2, 3]))
+    cluster = manager.cluster
+    assert cluster.brokers == {1: ("broker1", 9093), 2: ("broker2", 9094), 3: ("broker3", 9095)}
+    assert cluster.leader(TopicPartition("a", 0)) == PartitionInfo(1, 7)
+    assert cluster.leader(TopicPartition("a", 1)) == PartitionInfo(2, 3)
+    assert cluster.leader(TopicPartition("a", 5)) is None
+    assert cluster.topics["b"].topic_id == topic_id("b")
+    assert cluster.topic_name(topic_id("a")) == "a"
+    assert updates == [cluster]
+    assert manager.version == 1
+    assert manager.last_error is None
+
+
+def test_partition_without_leader_has_no_leader() -> None:
+    manager, h, _, _ = make("a")
+    h.take("Metadata").respond(metadata_body({TopicPartition("a", 0): (-1, 4)}, brokers=[0]))
+    assert 0 in manager.cluster.topics["a"].partitions
+    assert manager.cluster.leader(TopicPartition("a", 0)) is None
+
+
+def test_refresh_after_max_age() -> None:
+    manager, h, _, _ = make("a")
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    start = h.now
+    assert manager.next_deadline(h.now) == start + MAX_AGE
+    h.advance(MAX_AGE - 0.001)
+    h.assert_idle()
+    h.advance(0.001)
+    request = h.take("Metadata")
+    assert [t["name"] for t in request.body()["topics"]] == ["a"]
+
+
+def test_request_update_triggers_a_new_request() -> None:
+    manager, h, _, _ = make("a")
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    h.advance(1.0)
+    h.assert_idle()
+    manager.request_update()
+    assert manager.next_deadline(h.now) == h.now
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    assert manager.version == 2
+    h.assert_idle()
+
+
+def test_request_update_while_in_flight_sends_again_after_the_response() -> None:
+    manager, h, _, _ = make("a")
+    first = h.take("Metadata")
+    manager.request_update()
+    h.assert_idle()  # still one at a time
+    first.respond(metadata_body(LEADERS))
+    # The in-flight answer may predate whatever prompted the update: ask again.
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    assert manager.version == 2
+    h.assert_idle()
+
+
+def test_topics_of_interest_change_triggers_a_request() -> None:
+    _manager, h, interest, _ = make("a")
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    interest.names.add("c")
+    request = h.take("Metadata")
+    assert [t["name"] for t in request.body()["topics"]] == ["a", "c"]
+
+
+def test_error_sets_retry_backoff() -> None:
+    manager, h, _, updates = make("a")
+    h.take("Metadata").fail(KafkaConnectionError("boom"))
+    assert isinstance(manager.last_error, KafkaConnectionError)
+    failed_at = h.now
+    assert manager.next_deadline(h.now) == failed_at + BACKOFF
+    h.advance(BACKOFF - 0.001)
+    h.assert_idle()
+    h.advance(0.001)
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    assert manager.last_error is None
+    assert len(updates) == 1
+
+
+def test_non_kafka_error_is_wrapped() -> None:
+    manager, h, _, _ = make("a")
+    h.take("Metadata").fail(OSError("socket gone"))
+    assert "socket gone" in str(manager.last_error)
+
+
+def test_topic_errors_are_recorded() -> None:
+    manager, h, _, _ = make("a", "missing", "secret", "creating")
+    h.take("Metadata").respond(metadata_body(
+        {TopicPartition("a", 0): (1, 0)},
+        topic_errors={"missing": 3, "secret": 29, "creating": 5},
+    ))
+    errors = manager.cluster.topic_errors
+    assert isinstance(errors["missing"], UnknownTopicOrPartitionError)
+    assert isinstance(errors["secret"], TopicAuthorizationFailedError)
+    assert "missing" in str(errors["missing"])
+    # LEADER_NOT_AVAILABLE (a topic being created) is transient: not a topic error, not a topic either.
+    assert "creating" not in errors
+    assert set(manager.cluster.topics) == {"a"}
+
+
+def test_topic_error_clears_when_the_topic_appears() -> None:
+    manager, h, _, _ = make("a")
+    h.take("Metadata").respond(metadata_body({}, topic_errors={"a": 3}))
+    assert "a" in manager.cluster.topic_errors
+    manager.request_update()
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    assert manager.cluster.topic_errors == {}
+    assert "a" in manager.cluster.topics
+
+
+def test_fetch_all_topics_resolves_waiter() -> None:
+    manager, h, _, _ = make("a")
+    h.take("Metadata").respond(metadata_body({TopicPartition("a", 0): (1, 0)}))
+    waiter = manager.fetch_all_topics()
+    assert manager.next_deadline(h.now) == h.now
+    request = h.take("Metadata")
+    assert request.body()["topics"] is None  # null: every topic
+    assert not waiter.done()
+    request.respond(metadata_body(LEADERS))
+    assert waiter.done()
+    snapshot = waiter.result()
+    assert set(snapshot.topics) == {"a", "b"}
+    # Our own view gets the interesting topics' fresh data only.
+    assert set(manager.cluster.topics) == {"a"}
+    assert manager.cluster.leader(TopicPartition("a", 1)) == PartitionInfo(2, 3)
+
+
+def test_fetch_all_topics_waiters_share_one_request_and_retry_after_error() -> None:
+    manager, h, _, _ = make()
+    h.take("Metadata").respond(metadata_body({}, brokers=[0]))
+    w1, w2 = manager.fetch_all_topics(), manager.fetch_all_topics()
+    h.take("Metadata").fail(KafkaConnectionError("down"))
+    assert not w1.done()
+    h.assert_idle()
+    h.advance(BACKOFF)
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    assert w1.result() is w2.result()
+    assert set(w1.result().topics) == {"a", "b"}
+
+
+def test_no_busy_deadline_when_nothing_can_be_sent() -> None:
+    manager, h, interest, _ = make("a")
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    interest.names.clear()  # e.g. every partition unassigned
+    h.assert_idle()
+    assert manager.next_deadline(h.now) > h.now
+
+
+@pytest.mark.parametrize("version", range(4, 13))
+def test_request_and_response_encode_from_v4(version: int) -> None:
+    # v1-v3 cannot say allow_auto_topic_creation=False; every broker with Fetch v4 has Metadata v4.
+    manager, h, _, _ = make("a")
+    request = h.take("Metadata").at(version)
+    assert [t["name"] for t in request.body()["topics"]] == ["a"]
+    request.respond(metadata_body(LEADERS))
+    assert manager.cluster.leader(TopicPartition("a", 1)) == PartitionInfo(2, 3 if version >= 7 else -1)

@@ -1,0 +1,139 @@
+"""SubscriptionState: assignment changes, seeks and resets, and who is fetchable."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncconsumer.managers.subscription import PartitionPhase, SubscriptionState
+from asyncconsumer.structs import TopicPartition
+
+T0, T1, T2 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)
+
+
+@pytest.mark.parametrize(("has_group", "phase"), [(True, PartitionPhase.AWAIT_COMMITTED),
+                                                   (False, PartitionPhase.AWAIT_RESET)])
+def test_initial_phase(has_group: bool, phase: PartitionPhase) -> None:
+    subs = SubscriptionState("latest", has_group=has_group)
+    subs.assign([T0])
+    state = subs.partitions[T0]
+    assert state.phase is phase
+    assert state.reset_to == "latest"
+    assert not state.has_position
+    assert state.lag() is None
+
+
+def test_assign_keeps_state_of_kept_partitions_and_bumps_assignment_id() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    assert subs.assign([T0, T1]) == set()
+    assert subs.assignment_id == 1
+    subs.seek(T0, 42)
+    kept = subs.partitions[T0]
+    removed = subs.assign([T2, T0])
+    assert removed == {T1}
+    assert subs.assignment_id == 2
+    assert subs.partitions[T0] is kept
+    assert (kept.phase, kept.position) == (PartitionPhase.FETCHING, 42)
+    assert subs.partitions[T2].phase is PartitionPhase.AWAIT_RESET
+    assert list(subs.partitions) == [T2, T0]
+    assert subs.topics() == {"t"}
+
+
+def test_same_assignment_does_not_bump() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0, T1])
+    subs.assign([T1, T0, T1])
+    assert subs.assignment_id == 1
+    assert list(subs.partitions) == [T1, T0]
+
+
+def test_removing_only_bumps() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0, T1])
+    assert subs.assign([T0]) == {T1}
+    assert subs.assignment_id == 2
+    assert subs.assign([]) == {T0}
+    assert subs.assignment_id == 3
+    assert subs.partitions == {}
+
+
+def test_add_is_incremental() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0])
+    subs.seek(T0, 5)
+    subs.add([T1, T0])
+    assert list(subs.partitions) == [T0, T1]
+    assert subs.partitions[T0].position == 5
+    assert subs.assignment_id == 2
+
+
+def test_seek_sets_every_offset_and_bumps_epoch() -> None:
+    subs = SubscriptionState("earliest", has_group=True)
+    subs.assign([T0])
+    state = subs.partitions[T0]
+    epoch = state.epoch
+    subs.seek(T0, 17)
+    assert state.phase is PartitionPhase.FETCHING
+    assert (state.position, state.fetch_offset, state.consumed, state.processed) == (17, 17, 17, 17)
+    assert state.reset_to is None
+    assert state.epoch == epoch + 1
+    subs.seek(T0, 17)
+    assert state.epoch == epoch + 2  # even to the same offset: in-flight data is stale
+
+
+def test_set_position_records_leader_epoch() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0])
+    subs.partitions[T0].set_position(9, leader_epoch=4)
+    assert subs.partitions[T0].leader_epoch == 4
+    subs.seek(T0, 3)
+    assert subs.partitions[T0].leader_epoch is None
+
+
+def test_request_reset_bumps_epoch_and_clears_backoff() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0])
+    subs.seek(T0, 5)
+    state = subs.partitions[T0]
+    state.retry_at = 1e9
+    epoch = state.epoch
+    subs.request_reset(T0)
+    assert (state.phase, state.reset_to, state.retry_at) == (PartitionPhase.AWAIT_RESET, "earliest", 0.0)
+    assert state.epoch == epoch + 1
+    subs.request_reset(T0, "latest")
+    assert state.reset_to == "latest"
+    assert state.epoch == epoch + 2
+
+
+def test_in_phase_and_fetchable_respect_backoff_and_pause() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0, T1, T2])
+    subs.seek(T0, 1)
+    subs.seek(T1, 1)
+    subs.partitions[T1].retry_at = 10.0
+    assert [s.tp for s in subs.fetchable(5.0)] == [T0]
+    assert [s.tp for s in subs.fetchable(10.0)] == [T0, T1]
+    subs.partitions[T0].paused = True
+    assert [s.tp for s in subs.fetchable(10.0)] == [T1]
+    assert [s.tp for s in subs.in_phase(PartitionPhase.AWAIT_RESET, 0.0)] == [T2]
+    subs.partitions[T2].retry_at = float("inf")
+    assert subs.in_phase(PartitionPhase.AWAIT_RESET, 1e12) == []
+
+
+def test_lag() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0])
+    subs.seek(T0, 10)
+    state = subs.partitions[T0]
+    assert state.lag() is None  # no high watermark yet
+    state.high_watermark = 25
+    assert state.lag() == 15
+    state.consumed = 30
+    assert state.lag() == 0
+
+
+def test_seek_unparks_a_partition() -> None:
+    subs = SubscriptionState("none", has_group=False)
+    subs.assign([T0])
+    subs.partitions[T0].retry_at = float("inf")  # what list_offsets does for auto_offset_reset="none"
+    subs.seek(T0, 0)
+    assert [s.tp for s in subs.fetchable(0.0)] == [T0]
