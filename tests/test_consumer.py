@@ -316,3 +316,69 @@ async def test_deserializers(bootstrap: str, new_topic: Callable[..., str], prod
         with pytest.raises(RecordDeserializationError, match=r"offset 1"):
             await c.getone()
         assert await c.position(TopicPartition(topic, 0)) == 1
+
+
+async def test_deserializer_error_in_getmany_loses_no_other_partition(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    produce(topic, [(0, None, b"%d" % i) for i in range(10)] + [(1, None, b"1"), (1, None, b"bad")])
+
+    def parse(value: bytes) -> int:
+        return int(value)
+
+    async with consumer(bootstrap, auto_offset_reset="earliest", value_deserializer=parse) as c:
+        c.assign(tps(topic, 2))
+        from asyncconsumer import RecordDeserializationError
+
+        got: list[tuple[int, int]] = []
+        with anyio.fail_after(20):
+            while len([g for g in got if g[0] == 0]) < 10:
+                try:
+                    batch = await c.getmany(timeout=5)
+                except RecordDeserializationError as exc:
+                    assert (exc.partition, exc.offset) == (1, 1)
+                    await c.seek(TopicPartition(topic, 1), 2)  # skip the bad record
+                    continue
+                got += [(r.partition, r.value) for recs in batch.values() for r in recs]
+    assert sorted(v for p, v in got if p == 0) == list(range(10))
+    assert [v for p, v in got if p == 1] in ([1], [])
+
+
+async def test_assign_commits_what_was_processed_on_the_partitions_given_up(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    produce(topic, [(p, None, b"x") for p in (0, 1) for _ in range(10)])
+    group = f"g-{topic}"
+    tp0, tp1 = tps(topic, 2)
+    async with consumer(bootstrap, group_id=group, auto_offset_reset="earliest") as c:
+        c.assign([tp0, tp1])
+        await c.getmany(tp0, timeout=5, max_records=4)
+        await c.getmany(tp1, timeout=5, max_records=1)  # a new poll: the 4 records of tp0 are processed
+        c.assign([tp1])
+        with anyio.fail_after(10):
+            while await c.committed(tp0) != 4:
+                await anyio.sleep(0.05)
+
+
+async def test_commit_in_flight_during_close_returns(bootstrap: str, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(1)
+    tp = TopicPartition(topic, 0)
+    outcome: list[object] = []
+    async with consumer(bootstrap, group_id=f"g-{topic}", auto_offset_reset="earliest") as c:
+        c.assign([tp])
+
+        async def commit() -> None:
+            try:
+                await c.commit({tp: 0})
+                outcome.append("committed")
+            except Exception as exc:
+                outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(commit)
+            await anyio.sleep(0)
+            with anyio.fail_after(10):
+                await c.close(timeout=2)
+    assert len(outcome) == 1  # the commit finished one way or the other: it did not hang

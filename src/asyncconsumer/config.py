@@ -214,6 +214,10 @@ def _check_consistency(c: ConsumerConfig) -> None:
         raise ConfigError("heartbeat_interval_ms must be lower than session_timeout_ms")
     if c.reconnect_backoff_max_ms < c.reconnect_backoff_ms:
         raise ConfigError("reconnect_backoff_max_ms must be >= reconnect_backoff_ms")
+    if c.group_id is not None and not c.group_id.strip():
+        raise ConfigError("group_id must not be empty (leave it None to use no consumer group)")
+    if c.rebalance_timeout_ms is not None and c.rebalance_timeout_ms <= 0:
+        raise ConfigError(f"rebalance_timeout_ms must be > 0, got {c.rebalance_timeout_ms}")
     if c.group_instance_id is not None and c.group_id is None:
         raise ConfigError("group_instance_id needs a group_id")
     if c.uses_sasl and (not c.sasl_plain_username or c.sasl_plain_password is None):
@@ -249,8 +253,11 @@ _SSL_PROPERTIES = (
 )
 
 
-def from_properties(properties: Mapping[str, Any]) -> ConsumerConfig:
-    """Build a config from dotted Java/librdkafka names (``"bootstrap.servers"``)."""
+def from_properties(properties: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> ConsumerConfig:
+    """Build a config from dotted Java/librdkafka names (``"bootstrap.servers"``).
+
+    ``overrides`` are snake_case options applied on top before validation.
+    """
     options: dict[str, Any] = {}
     ssl_props: dict[str, str] = {}
     for key, raw in properties.items():
@@ -263,6 +270,7 @@ def from_properties(properties: Mapping[str, Any]) -> ConsumerConfig:
         if name not in _FIELDS:
             raise ConfigError(f"unknown consumer property {key!r}")
         options[name] = _from_text(name, raw)
+    options.update(overrides or {})
     if ssl_props:
         options.setdefault("ssl_context", _ssl_context_from_properties(ssl_props))
     return build_config(options)
@@ -291,11 +299,14 @@ def _from_text(name: str, raw: Any) -> Any:
 
 
 def _ssl_context_from_properties(props: Mapping[str, str]) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=props.get("ssl.ca.location"))
-    if props.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
-        context.check_hostname = False
-    if "ssl.certificate.location" in props:
-        context.load_cert_chain(
-            props["ssl.certificate.location"], props.get("ssl.key.location"), props.get("ssl.key.password")
-        )
+    try:
+        context = ssl.create_default_context(cafile=props.get("ssl.ca.location"))
+        if props.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
+            context.check_hostname = False
+        if "ssl.certificate.location" in props:
+            context.load_cert_chain(
+                props["ssl.certificate.location"], props.get("ssl.key.location"), props.get("ssl.key.password")
+            )
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load the TLS files given in ssl.* properties: {exc}") from exc
     return context

@@ -93,10 +93,8 @@ class Consumer(Generic[KT, VT]):
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any], **options: Any) -> Consumer[Any, Any]:
         """Build from Java/librdkafka dotted names (``{"bootstrap.servers": ...}``); ``options`` override."""
-        base = from_properties(properties)
-        merged = {name: getattr(base, name) for name in base.__dataclass_fields__}
-        merged.update(options)
-        return cls(**merged)
+        config = from_properties(properties, options)
+        return cls(**{name: getattr(config, name) for name in config.__dataclass_fields__})
 
     @property
     def config(self) -> ConsumerConfig:
@@ -252,13 +250,17 @@ class Consumer(Generic[KT, VT]):
         self.acquire("assign")
         try:
             engine = self._running()
-            removed = engine.subscriptions.assign(tps)
+            self._drop_iter_chunks()
+            commits = engine.commits
+            if commits is not None and self._config.enable_auto_commit:
+                # Partitions given up keep what the application finished with (Java does the same).
+                keep = set(tps)
+                leaving = {tp: om for tp, om in commits.processed_offsets().items() if tp not in keep}
+                if leaving:
+                    engine.post(lambda now: commits.commit(now, leaving))
+            engine.subscriptions.assign(tps)
             assigned = engine.subscriptions.partitions
             engine.buffer.drop(lambda f: f.tp in assigned)
-            self._drop_iter_chunks()
-            if removed and engine.commits is not None and self._config.enable_auto_commit:
-                commits = engine.commits
-                engine.post(lambda now: commits.commit(now, commits.processed_offsets()))
             engine.wake()
         finally:
             self.release("assign")
@@ -582,7 +584,17 @@ class Consumer(Generic[KT, VT]):
             seen.add(tp)
             if count >= limit:
                 break
-            records = fetch.take(limit - count, state.position)
+            try:
+                records = fetch.take(limit - count, state.position)
+            except RecordError as exc:
+                buffer.remove(fetch)
+                # Refetch from the bad batch: the error repeats until the application seeks past it.
+                state.set_position(max(state.position, exc.offset if exc.offset >= 0 else state.position),
+                                   state.leader_epoch)
+                state.consumed = state.processed = state.position
+                self._rewind(engine, result)
+                engine.wake()
+                raise
             if records:
                 state.position = records[-1].offset + 1
                 result.setdefault(tp, []).extend(records)
@@ -621,14 +633,25 @@ class Consumer(Generic[KT, VT]):
         if self._config.key_deserializer is None and self._config.value_deserializer is None:
             return cast(dict[TopicPartition, list[ConsumerRecord[KT, VT]]], records)
         out: dict[TopicPartition, list[ConsumerRecord[KT, VT]]] = {}
-        for tp, recs in records.items():
-            try:
+        try:
+            for tp, recs in records.items():
                 out[tp] = [self._deserialize(r) for r in recs]
-            except RecordDeserializationError:
-                state = engine.subscriptions.partitions[tp]
-                state.set_position(recs[0].offset, state.leader_epoch)  # nothing of this chunk handed out
-                raise
+        except RecordDeserializationError as exc:
+            # Nothing of this call is handed out: every partition goes back to its first record, and
+            # the failing one to the failing record.
+            failing = TopicPartition(exc.topic, exc.partition)
+            self._rewind(engine, {tp: recs for tp, recs in records.items() if tp != failing})
+            raise
         return out
+
+    def _rewind(self, engine: Engine, records: Mapping[TopicPartition, list[Record]]) -> None:
+        """Put records taken from the buffer back: their partitions refetch from the first one."""
+        for tp, recs in records.items():
+            state = engine.subscriptions.partitions.get(tp)
+            if state is not None and recs:
+                state.set_position(recs[0].offset, state.leader_epoch)
+        if records:
+            self._forget_buffered(engine, records)
 
     # -- helpers ----------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..errors import RecordError
 from ..protocol.records import AbortedTransactionFilter, RecordBatch, decode_batch, iter_batches
 from ..structs import ConsumerRecord, TopicPartition
 
@@ -30,6 +31,7 @@ class CompletedFetch:
         "_index",
         "_pending",
         "epoch",
+        "error",
         "exhausted",
         "fetch_offset",
         "next_offset",
@@ -54,6 +56,7 @@ class CompletedFetch:
         self.next_offset = next_offset
         self.size = len(records)
         self.exhausted = False
+        self.error: RecordError | None = None
         self._check_crcs = check_crcs
         self._batches: Iterator[RecordBatch] = iter_batches(
             records, topic=tp.topic, partition=tp.partition, check_crcs=check_crcs
@@ -63,12 +66,27 @@ class CompletedFetch:
         self._index = 0
 
     def take(self, max_records: int, position: int) -> list[Record]:
-        """Up to ``max_records`` records at or after ``position``, decoding batches as needed."""
+        """Up to ``max_records`` records at or after ``position``, decoding batches as needed.
+
+        A corrupt batch raises ``RecordError`` — after the records before it were handed out, on
+        the following call — and the fetch is then done with (the caller refetches from the bad
+        batch, so the error repeats until the application seeks past it, as in the Java client).
+        """
         out: list[Record] = []
         while len(out) < max_records:
             pending = self._pending
             if self._index >= len(pending):
-                if not self._next_batch(position):
+                if self.error is not None:
+                    if out:
+                        return out
+                    self.exhausted = True
+                    raise self.error
+                try:
+                    more = self._next_batch(position)
+                except RecordError as exc:
+                    self.error = exc
+                    continue
+                if not more:
                     self.exhausted = True
                     break
                 pending = self._pending

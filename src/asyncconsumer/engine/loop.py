@@ -142,6 +142,10 @@ class Engine:
         events, self._events = self._events, deque()
         for _, waiter in events:
             waiter.set_exception(error)
+        for manager in self.managers:
+            fail_all = getattr(manager, "fail_all", None)
+            if fail_all is not None:
+                fail_all(error)
 
     async def _loop(self) -> None:
         if self.commits is not None:

@@ -115,6 +115,15 @@ class CommitManager:
                 offsets[tp] = OffsetAndMetadata(state.processed, "", state.leader_epoch)
         return offsets
 
+    def fail_all(self, error: BaseException) -> None:
+        """The consumer stops: nobody may wait forever for a commit or a lookup."""
+        commits, self._commits = self._commits, []
+        fetches, self._fetches = self._fetches, []
+        for commit in commits:
+            commit.waiter.set_exception(error)
+        for fetch in fetches:
+            fetch.waiter.set_exception(error)
+
     # -- the manager protocol ---------------------------------------------------------------------
 
     def next_deadline(self, now: float) -> float:

@@ -71,6 +71,11 @@ class ListOffsetsManager:
             self._lookups.append(_Lookup(dict(timestamps), waiter))
         return waiter
 
+    def fail_all(self, error: BaseException) -> None:
+        lookups, self._lookups = self._lookups, []
+        for lookup in lookups:
+            lookup.waiter.set_exception(error)
+
     def topics_of_interest(self) -> set[str]:
         return {tp.topic for lookup in self._lookups for tp in lookup.timestamps}
 

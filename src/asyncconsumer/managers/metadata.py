@@ -91,6 +91,11 @@ class MetadataManager:
         self._all_topics_waiters.append(waiter)
         return waiter
 
+    def fail_all(self, error: BaseException) -> None:
+        waiters, self._all_topics_waiters = self._all_topics_waiters, []
+        for waiter in waiters:
+            waiter.set_exception(error)
+
     def next_deadline(self, now: float) -> float:
         deadlines = [float("inf")]
         if self._all_topics_waiters and not self._all_in_flight:

@@ -1,0 +1,55 @@
+"""The application side of fetching: lazy decoding, corrupt batches, the byte bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncconsumer.engine.fetch_buffer import CompletedFetch, FetchBuffer
+from asyncconsumer.errors import CorruptRecordError
+from asyncconsumer.protocol.record_writer import build_batch
+from asyncconsumer.structs import TopicPartition
+
+TP = TopicPartition("orders", 3)
+
+
+def batch(base: int, n: int) -> bytes:
+    return build_batch([(None, b"v%d" % (base + i), ()) for i in range(n)], base_offset=base)
+
+
+def corrupt(data: bytes) -> bytes:
+    broken = bytearray(data)
+    broken[-1] ^= 0xFF  # inside the CRC-covered records
+    return bytes(broken)
+
+
+def completed(*batches: bytes, position: int = 0) -> CompletedFetch:
+    data = b"".join(batches)
+    return CompletedFetch(TP, 0, position, memoryview(data), next_offset=-1, check_crcs=True, aborted=None)
+
+
+def test_records_before_a_corrupt_batch_come_first_then_the_error_naming_the_offset() -> None:
+    fetch = completed(batch(0, 3), corrupt(batch(3, 2)), batch(5, 2))
+    assert [r.offset for r in fetch.take(100, 0)] == [0, 1, 2]
+    assert not fetch.exhausted
+    with pytest.raises(CorruptRecordError, match=r"orders-3 at offset 3"):
+        fetch.take(100, 3)
+    assert fetch.exhausted  # the caller refetches from offset 3; the good batch after it is not skipped silently
+
+
+def test_take_honours_the_limit_and_the_position() -> None:
+    fetch = completed(batch(0, 5), batch(5, 5))
+    assert [r.offset for r in fetch.take(3, 2)] == [2, 3, 4]
+    assert [r.offset for r in fetch.take(4, 5)] == [5, 6, 7, 8]
+    assert [r.offset for r in fetch.take(4, 9)] == [9]
+    assert fetch.exhausted
+
+
+def test_buffer_accounts_bytes_and_signals_space() -> None:
+    events: list[str] = []
+    buffer = FetchBuffer(50, on_space=lambda: events.append("space"), on_data=lambda: events.append("data"))
+    first = completed(batch(0, 3))
+    buffer.add(first)
+    assert buffer.used_bytes == first.size and buffer.buffered_bytes(TP) == first.size and buffer.full
+    assert events == ["data"]
+    buffer.remove(first)
+    assert buffer.used_bytes == 0 and not buffer.full and events == ["data", "space"]
