@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from asyncconsumer import (
@@ -378,7 +379,7 @@ async def test_commit_in_flight_during_close_returns(bootstrap: str, new_topic: 
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(commit)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             with anyio.fail_after(10):
                 await c.close(timeout=2)
     assert len(outcome) == 1  # the commit finished one way or the other: it did not hang

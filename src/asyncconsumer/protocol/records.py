@@ -20,6 +20,8 @@ values handed to the application.
 from __future__ import annotations
 
 import heapq
+import importlib
+import os
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -39,7 +41,9 @@ __all__ = [
     "AbortedTransactionFilter",
     "RecordBatch",
     "control_record_type",
+    "DECODER",
     "decode_batch",
+    "decode_batch_py",
     "iter_batches",
     "next_offset_after",
 ]
@@ -335,8 +339,10 @@ def _legacy_batch(
 # ------------------------------------------------------------ record decoding
 
 
-def decode_batch(batch: RecordBatch, topic: str, partition: int) -> list[ConsumerRecord[bytes, bytes]]:
-    """Decode every record of ``batch`` (decompressing it if needed).
+def decode_batch_py(batch: RecordBatch, topic: str, partition: int) -> list[ConsumerRecord[bytes, bytes]]:
+    """Decode every record of ``batch`` (decompressing it if needed); the pure-Python decoder.
+
+    ``decode_batch`` (bottom of this module) is this function or its compiled twin.
 
     Control batches give ``[]``.  Records before the fetch position (a batch
     may start before it) are *not* filtered here.  Raises
@@ -744,3 +750,30 @@ class AbortedTransactionFilter:
                 return True
             return batch.is_transactional and pid in self._aborted
         return batch.is_control
+
+
+# ------------------------------------------------------------ decoder selection (the one place)
+
+_Decoder = Callable[[RecordBatch, str, int], list[ConsumerRecord[bytes, bytes]]]
+
+
+def _select_decoder() -> tuple[_Decoder, str]:
+    """The compiled decoder (``asyncconsumer._speedups``) when built and not disabled, else Python.
+
+    ``ASYNCCONSUMER_NO_EXTENSION=1`` forces the Python decoder.  The extension calls back into
+    ``decode_batch_py`` for legacy message sets and into ``_decompress`` for compressed batches.
+    """
+    if os.environ.get("ASYNCCONSUMER_NO_EXTENSION", "").strip().lower() not in ("", "0", "false", "no"):
+        return decode_batch_py, "python"
+    try:
+        speedups: Any = importlib.import_module("asyncconsumer._speedups")
+        speedups.bind(ConsumerRecord, CorruptRecordError, decode_batch_py, _decompress)
+    except (ImportError, TypeError):
+        return decode_batch_py, "python"
+    return speedups.decode_batch, "c"  # type: ignore[no-any-return]
+
+
+#: ``decode_batch(batch, topic, partition) -> list[ConsumerRecord]``: decode every record of ``batch``.
+#: ``DECODER`` says which implementation it is: ``"c"`` or ``"python"``.
+decode_batch: _Decoder
+decode_batch, DECODER = _select_decoder()

@@ -59,7 +59,6 @@ _UNSUPPORTED = {
     "minoffsetspertrigger": "minOffsetsPerTrigger is not supported by the asyncconsumer source "
     "(Python data sources cannot combine minimum and maximum read limits); remove it",
     "maxtriggerdelay": "maxTriggerDelay is not supported by the asyncconsumer source; remove it",
-    "kafka.consumer.cache.capacity": "the asyncconsumer source has no consumer cache; remove it",
 }
 # kafka.* parameters Spark rejects too: the source manages these itself.
 _FORBIDDEN_KAFKA = {
@@ -139,7 +138,7 @@ class SourceOptions:
 
     subscription: Subscription
     #: ``kafka.*`` options without the prefix, as given (dotted names for ``Consumer.from_properties``).
-    kafka_params: tuple[tuple[str, str], ...]
+    kafka_params: tuple[tuple[str, str], ...] = dataclasses.field(repr=False)  # may hold a password
     starting: OffsetSpec
     ending: OffsetSpec | None
     fail_on_data_loss: bool = True
@@ -231,8 +230,10 @@ def _parse_per_partition(name: str, raw: str, *, offsets: bool) -> tuple[tuple[T
             if isinstance(value, bool) or not isinstance(value, int):
                 raise _fail(f"option {name!r}: value for {topic}-{number} must be an integer, got {value!r}")
             if offsets and value < EARLIEST:
-                raise _fail(f"option {name!r}: offset {value} for {topic}-{number} is invalid "
-                            "(use an offset >= 0, -2 for earliest or -1 for latest)")
+                raise _fail(
+                    f"option {name!r}: offset {value} for {topic}-{number} is invalid "
+                    "(use an offset >= 0, -2 for earliest or -1 for latest)"
+                )
             if not offsets and value < 0:
                 raise _fail(f"option {name!r}: timestamp {value} for {topic}-{number} must be >= 0 (ms)")
             result[TopicPartition(topic, number)] = value
@@ -245,8 +246,12 @@ def _parse_spec(options: Mapping[str, str], which: str, strategy: Literal["error
     """The first of ``{which}OffsetsByTimestamp``, ``{which}Timestamp``, ``{which}Offsets`` that is set."""
     by_ts, ts, offs = f"{which}OffsetsByTimestamp", f"{which}Timestamp", f"{which}Offsets"
     if by_ts in options:
-        return OffsetSpec("timestamps", timestamps=_parse_per_partition(by_ts, options[by_ts], offsets=False),
-                          strategy=strategy, option=by_ts)
+        return OffsetSpec(
+            "timestamps",
+            timestamps=_parse_per_partition(by_ts, options[by_ts], offsets=False),
+            strategy=strategy,
+            option=by_ts,
+        )
     if ts in options:
         try:
             value = int(options[ts].strip())
@@ -263,8 +268,10 @@ def _parse_spec(options: Mapping[str, str], which: str, strategy: Literal["error
             return OffsetSpec("latest", option=offs)
         if raw.startswith("{"):
             return OffsetSpec("offsets", offsets=_parse_per_partition(offs, raw, offsets=True), option=offs)
-        raise _fail(f"option {offs!r} must be 'earliest', 'latest' or per-partition JSON "
-                    f"like {{\"topicA\":{{\"0\":23,\"1\":-1}}}}; got {raw!r}")
+        raise _fail(
+            f"option {offs!r} must be 'earliest', 'latest' or per-partition JSON "
+            f'like {{"topicA":{{"0":23,"1":-1}}}}; got {raw!r}'
+        )
     return None
 
 
@@ -276,7 +283,7 @@ def _canonical_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict
         lower = key.lower()
         text = "" if value is None else str(value)
         if lower.startswith("kafka."):
-            kafka[lower[len("kafka."):]] = text
+            kafka[lower[len("kafka.") :]] = text
             continue
         if lower in _UNSUPPORTED:
             raise _fail(_UNSUPPORTED[lower])
@@ -289,6 +296,42 @@ def _canonical_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict
             )
         source[_CANONICAL[lower]] = text
     return source, kafka
+
+
+_JAAS_ENTRY = re.compile(r"^\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)\b(?P<rest>.*)$", re.S)
+_JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_JKS_HINT = (
+    "Java key/trust stores are not supported: convert them to PEM files and use kafka.ssl.ca.location, "
+    "kafka.ssl.certificate.location and kafka.ssl.key.location"
+)
+
+
+def _translate_kafka_params(kafka: dict[str, str]) -> dict[str, str]:
+    """Accept the Java client spellings Spark jobs use where they map onto asyncconsumer's settings.
+
+    ``sasl.jaas.config`` with Kafka's ``PlainLoginModule`` or ``ScramLoginModule`` becomes
+    ``sasl.username`` / ``sasl.password``.
+    """
+    out = dict(kafka)
+    jaas = out.pop("sasl.jaas.config", None)
+    if jaas is not None:
+        match = _JAAS_ENTRY.match(jaas)
+        module = match.group("module").rsplit(".", 1)[-1] if match else ""
+        if match is None or module not in ("PlainLoginModule", "ScramLoginModule"):
+            raise _fail(
+                "option 'kafka.sasl.jaas.config' is supported for Kafka's PlainLoginModule and ScramLoginModule "
+                'only (\'... PlainLoginModule required username="u" password="p";\'); '
+                "or set kafka.sasl.username and kafka.sasl.password"
+            )
+        values = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _JAAS_OPTION.findall(match.group("rest"))}
+        if "username" not in values or "password" not in values:
+            raise _fail('option \'kafka.sasl.jaas.config\' must give username="..." and password="..."')
+        out.setdefault("sasl.username", values["username"])
+        out.setdefault("sasl.password", values["password"])
+    for name in out:
+        if name.startswith(("ssl.truststore.", "ssl.keystore.")):
+            raise _fail(f"option 'kafka.{name}' is not supported: {_JKS_HINT}")
+    return out
 
 
 def _check_kafka_params(kafka: dict[str, str]) -> None:
@@ -317,7 +360,8 @@ def _check_per_partition_subscription(spec: OffsetSpec | None, subscription: Sub
         if missing:
             raise _fail(
                 f"option {spec.option!r} must give every assigned partition; missing: "
-                + ", ".join(str(tp) for tp in missing) + " (use -2 for earliest, -1 for latest)"
+                + ", ".join(str(tp) for tp in missing)
+                + " (use -2 for earliest, -1 for latest)"
             )
 
 
@@ -328,6 +372,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
     the checks common to batch and streaming run.
     """
     source, kafka = _canonical_options(options)
+    kafka = _translate_kafka_params(kafka)
     _check_kafka_params(kafka)
 
     given = [name for name in _SUBSCRIPTION_OPTIONS if name in source]
@@ -365,17 +410,22 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
 
     if streaming is True:
         if ending is not None:
-            raise _fail(f"option {ending.option!r} is for batch queries (spark.read) only; "
-                        "a streaming query has no end")
+            raise _fail(
+                f"option {ending.option!r} is for batch queries (spark.read) only; a streaming query has no end"
+            )
     if streaming is False:
         if starting is not None and starting.kind == "latest":
-            raise _fail("startingOffsets='latest' is not valid for batch queries (spark.read): "
-                        "it would read nothing; use 'earliest' or per-partition offsets")
+            raise _fail(
+                "startingOffsets='latest' is not valid for batch queries (spark.read): "
+                "it would read nothing; use 'earliest' or per-partition offsets"
+            )
         if starting is not None and starting.kind == "offsets" and any(o == LATEST for _, o in starting.offsets):
             raise _fail("startingOffsets: -1 (latest) is not valid for batch queries (spark.read)")
         if ending is not None and ending.kind == "earliest":
-            raise _fail("endingOffsets='earliest' is not valid for batch queries (spark.read): "
-                        "it would read nothing; use 'latest' or per-partition offsets")
+            raise _fail(
+                "endingOffsets='earliest' is not valid for batch queries (spark.read): "
+                "it would read nothing; use 'latest' or per-partition offsets"
+            )
         if ending is not None and ending.kind == "offsets" and any(o == EARLIEST for _, o in ending.offsets):
             raise _fail("endingOffsets: -2 (earliest) is not valid for batch queries (spark.read)")
 
@@ -394,15 +444,23 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
         ending=ending,
         fail_on_data_loss=_bool("failOnDataLoss", source.get("failOnDataLoss", "true")),
         include_headers=_bool("includeHeaders", source.get("includeHeaders", "false")),
-        max_offsets_per_trigger=(_positive_int("maxOffsetsPerTrigger", source["maxOffsetsPerTrigger"])
-                                 if "maxOffsetsPerTrigger" in source else None),
-        min_partitions=(_positive_int("minPartitions", source["minPartitions"])
-                        if "minPartitions" in source else None),
-        max_records_per_partition=(_positive_int("maxRecordsPerPartition", source["maxRecordsPerPartition"])
-                                   if "maxRecordsPerPartition" in source else None),
+        max_offsets_per_trigger=(
+            _positive_int("maxOffsetsPerTrigger", source["maxOffsetsPerTrigger"])
+            if "maxOffsetsPerTrigger" in source
+            else None
+        ),
+        min_partitions=(_positive_int("minPartitions", source["minPartitions"]) if "minPartitions" in source else None),
+        max_records_per_partition=(
+            _positive_int("maxRecordsPerPartition", source["maxRecordsPerPartition"])
+            if "maxRecordsPerPartition" in source
+            else None
+        ),
         group_id=group_id,
-        poll_timeout_ms=(_positive_int("kafkaConsumer.pollTimeoutMs", source["kafkaConsumer.pollTimeoutMs"])
-                         if "kafkaConsumer.pollTimeoutMs" in source else 120_000),
+        poll_timeout_ms=(
+            _positive_int("kafkaConsumer.pollTimeoutMs", source["kafkaConsumer.pollTimeoutMs"])
+            if "kafkaConsumer.pollTimeoutMs" in source
+            else 120_000
+        ),
     )
 
 

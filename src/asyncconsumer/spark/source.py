@@ -111,8 +111,9 @@ class KafkaInputPartition(InputPartition):
         return OffsetRange(TopicPartition(self.topic, self.partition), self.start, self.end)
 
 
-def split_ranges(ranges: Sequence[OffsetRange], min_partitions: int | None = None,
-                 max_records_per_partition: int | None = None) -> list[OffsetRange]:
+def split_ranges(
+    ranges: Sequence[OffsetRange], min_partitions: int | None = None, max_records_per_partition: int | None = None
+) -> list[OffsetRange]:
     """Spark input partitions for ``ranges``: empty ranges dropped, then large ranges split.
 
     ``maxRecordsPerPartition`` caps every piece; if there are still fewer pieces than
@@ -139,8 +140,9 @@ def _cut(r: OffsetRange, parts: int) -> list[OffsetRange]:
     return out
 
 
-def rate_limit(start: Mapping[TopicPartition, int], latest: Mapping[TopicPartition, int],
-               max_records: int) -> dict[TopicPartition, int]:
+def rate_limit(
+    start: Mapping[TopicPartition, int], latest: Mapping[TopicPartition, int], max_records: int
+) -> dict[TopicPartition, int]:
     """End offsets that admit at most about ``max_records`` records, shared in proportion to backlog.
 
     Like Spark's Kafka source, a partition with a backlog gets at least one record per trigger
@@ -203,8 +205,7 @@ class ConsumerOffsetLookup:
         for topic in topics:
             numbers = await c.partitions_for_topic(topic)
             if numbers is None:
-                log.warning("asyncconsumer source: topic %r does not exist (yet); it has no partitions to read",
-                            topic)
+                log.warning("asyncconsumer source: topic %r does not exist (yet); it has no partitions to read", topic)
                 continue
             result.extend(TopicPartition(topic, p) for p in sorted(numbers))
         return sorted(result)
@@ -247,9 +248,13 @@ def _checked(offset: int, tp: TopicPartition, what: str) -> int:
     return offset
 
 
-async def _probe_high_watermarks(consumer: Consumer[Any, Any], tps: Sequence[TopicPartition],
-                                 listed: Mapping[TopicPartition, int], *,
-                                 read_committed: bool) -> dict[TopicPartition, int]:
+async def _probe_high_watermarks(
+    consumer: Consumer[Any, Any],
+    tps: Sequence[TopicPartition],
+    listed: Mapping[TopicPartition, int],
+    *,
+    read_committed: bool,
+) -> dict[TopicPartition, int]:
     # PRIVATE: reads the per-partition high watermark the consumer learnt from its last Fetch
     # response (``consumer._engine.subscriptions``).  Replace with a public accessor
     # (e.g. ``Consumer.highwater(tp)`` / ``last_stable_offset(tp)``) when the Consumer has one.
@@ -270,14 +275,13 @@ async def _probe_high_watermarks(consumer: Consumer[Any, Any], tps: Sequence[Top
                 mark = state.last_stable_offset if read_committed else state.high_watermark
                 if mark >= 0:
                     found[tp] = mark
-            if len(found) < len(tps):
-                await anyio.lowlevel.checkpoint()
     consumer.assign([])
     return found
 
 
-async def resolve_offsets(lookup: OffsetLookup, spec: OffsetSpec, tps: Sequence[TopicPartition], *,
-                          starting: bool) -> dict[TopicPartition, int]:
+async def resolve_offsets(
+    lookup: OffsetLookup, spec: OffsetSpec, tps: Sequence[TopicPartition], *, starting: bool
+) -> dict[TopicPartition, int]:
     """Turn ``spec`` into concrete offsets for ``tps``."""
     if not tps:
         return {}
@@ -290,8 +294,10 @@ async def resolve_offsets(lookup: OffsetLookup, spec: OffsetSpec, tps: Sequence[
         _require_all(spec, given, tps)
         earliest = await lookup.earliest([tp for tp in tps if given[tp] == EARLIEST])
         latest = await lookup.latest([tp for tp in tps if given[tp] == LATEST])
-        return {tp: earliest[tp] if given[tp] == EARLIEST else latest[tp] if given[tp] == LATEST else given[tp]
-                for tp in tps}
+        return {
+            tp: earliest[tp] if given[tp] == EARLIEST else latest[tp] if given[tp] == LATEST else given[tp]
+            for tp in tps
+        }
     if spec.kind == "timestamp":
         wanted = {tp: spec.timestamp for tp in tps}
     else:
@@ -321,7 +327,8 @@ def _require_all(spec: OffsetSpec, given: Mapping[TopicPartition, int], tps: Seq
     if missing:
         raise SourceOptionError(
             f"asyncconsumer source: option {spec.option!r} must give every partition to read; missing: "
-            + ", ".join(str(tp) for tp in missing) + " (use -2 for earliest, -1 for latest)"
+            + ", ".join(str(tp) for tp in missing)
+            + " (use -2 for earliest, -1 for latest)"
         )
     if extra:
         raise SourceOptionError(
@@ -364,8 +371,15 @@ class RangeReader:
     ``failOnDataLoss=false``.  No progress for ``poll_timeout`` seconds is an error.
     """
 
-    def __init__(self, consumer: Consumer[Any, Any], offset_range: OffsetRange, *, fail_on_data_loss: bool,
-                 poll_timeout: float, max_records: int = ARROW_BATCH_ROWS) -> None:
+    def __init__(
+        self,
+        consumer: Consumer[Any, Any],
+        offset_range: OffsetRange,
+        *,
+        fail_on_data_loss: bool,
+        poll_timeout: float,
+        max_records: int = ARROW_BATCH_ROWS,
+    ) -> None:
         self._consumer = consumer
         self._range = offset_range
         self._fail_on_data_loss = fail_on_data_loss
@@ -389,8 +403,9 @@ class RangeReader:
         last_progress = time.monotonic()
         while not self.done:
             try:
-                got = await self._consumer.getmany(tp, timeout=min(0.5, self._poll_timeout),
-                                                   max_records=self._max_records)
+                got = await self._consumer.getmany(
+                    tp, timeout=min(0.5, self._poll_timeout), max_records=self._max_records
+                )
             except OffsetOutOfRangeError:
                 await self._out_of_range()
                 last_progress = time.monotonic()
@@ -427,8 +442,10 @@ class RangeReader:
             log.warning("asyncconsumer source: %s; skipping them (failOnDataLoss=false)", message)
             self.position = lost_to
         else:
-            message = (f"offset {self.position} of {tp} is beyond the end of the log (the topic may have "
-                       f"been re-created); offsets {self.position} to {end - 1} cannot be read")
+            message = (
+                f"offset {self.position} of {tp} is beyond the end of the log (the topic may have "
+                f"been re-created); offsets {self.position} to {end - 1} cannot be read"
+            )
             if self._fail_on_data_loss:
                 raise DataLossError(f"asyncconsumer source: {message}. {_DATA_LOSS_HINT}")
             log.warning("asyncconsumer source: %s; skipping them (failOnDataLoss=false)", message)
@@ -451,11 +468,13 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
         return
     from anyio.from_thread import start_blocking_portal
 
-    with start_blocking_portal() as portal, portal.wrap_async_context_manager(
-        _executor_consumer(options)
-    ) as consumer:
-        reader = RangeReader(consumer, offset_range, fail_on_data_loss=options.fail_on_data_loss,
-                             poll_timeout=options.poll_timeout_ms / 1000)
+    with start_blocking_portal() as portal, portal.wrap_async_context_manager(_executor_consumer(options)) as consumer:
+        reader = RangeReader(
+            consumer,
+            offset_range,
+            fail_on_data_loss=options.fail_on_data_loss,
+            poll_timeout=options.poll_timeout_ms / 1000,
+        )
         pending: list[ConsumerRecord[Any, Any]] = []
         while True:
             chunk = portal.call(reader.next_chunk)
@@ -500,10 +519,20 @@ class AsyncConsumerDataSource(DataSource):
         return spark_schema(parsed.include_headers)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return KafkaBatchReader(parse_options(self.options, streaming=False))
+        return KafkaBatchReader(_checked_schema(parse_options(self.options, streaming=False), schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return KafkaStreamReader(parse_options(self.options, streaming=True))
+        return KafkaStreamReader(_checked_schema(parse_options(self.options, streaming=True), schema))
+
+
+def _checked_schema(options: SourceOptions, schema: StructType) -> SourceOptions:
+    expected = spark_schema(options.include_headers)
+    if schema != expected:
+        raise SourceOptionError(
+            "asyncconsumer source: the source has a fixed schema (Spark's Kafka columns) and cannot be read "
+            f"with another one; remove .schema(...). Expected {expected.simpleString()}, got {schema.simpleString()}"
+        )
+    return options
 
 
 class KafkaBatchReader(DataSourceReader):
@@ -552,6 +581,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._available_now_target: dict[TopicPartition, int] | None = None
         self._last_latest: dict[TopicPartition, int] | None = None
+        self._last_committed: dict[TopicPartition, int] | None = None
 
     # -- offsets (driver) -------------------------------------------------------------------------
 
@@ -576,6 +606,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = _offsets_from_json(start)
+        self._commit_processed(begin)
 
         async def work(lookup: OffsetLookup) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
             target = self._available_now_target
@@ -587,8 +618,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 latest = dict(target)
             return latest, await lookup.earliest([tp for tp in latest if tp not in begin])
 
+        new_earliest: dict[TopicPartition, int] = {}
         if self._available_now_target is not None and all(tp in begin for tp in self._available_now_target):
-            latest, new_earliest = dict(self._available_now_target), {}  # nothing to ask Kafka
+            latest = dict(self._available_now_target)  # nothing to ask Kafka
         else:
             latest, new_earliest = run_on_driver(self.options, work)
         self._last_latest = latest
@@ -620,8 +652,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = []
         for tp in sorted(until):
             if until[tp] < begin[tp]:
-                report_data_loss(o, f"the offset of {tp} went back from {begin[tp]} to {until[tp]} "
-                                    "(topic re-created or log truncated?)")
+                report_data_loss(
+                    o,
+                    f"the offset of {tp} went back from {begin[tp]} to {until[tp]} "
+                    "(topic re-created or log truncated?)",
+                )
                 continue
             ranges.append(OffsetRange(tp, begin[tp], until[tp]))
         pieces = split_ranges(ranges, o.min_partitions, o.max_records_per_partition)
@@ -632,17 +667,25 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_range(self.options, partition.offset_range)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Spark finished the batch: optionally record the offsets in a group for lag monitoring."""
+        """Spark finished the batch ending at ``end``: record it in the lag-monitoring group, if any."""
+        self._commit_processed(_offsets_from_json(end))
+
+    def _commit_processed(self, offsets: dict[TopicPartition, int]) -> None:
+        """Commit ``offsets`` to ``groupIdPrefix``/``kafka.group.id`` (monitoring only; never fails the query).
+
+        Spark calls :meth:`commit` for a batch only when it plans the next one, so the last batch of
+        an availableNow run would never be committed; :meth:`latestOffset` therefore commits its
+        ``start`` too (the end of the previous batch, which Spark has finished by then).
+        """
         group_id = self.options.group_id
-        if group_id is None:
-            return
-        offsets = _offsets_from_json(end)
-        if not offsets:
+        if group_id is None or not offsets or offsets == self._last_committed:
             return
 
         async def main() -> None:
             consumer = Consumer.from_properties(
-                self.options.consumer_properties, group_id=group_id, enable_auto_commit=False,
+                self.options.consumer_properties,
+                group_id=group_id,
+                enable_auto_commit=False,
                 auto_offset_reset="none",
             )
             async with consumer:
@@ -650,12 +693,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         try:
             anyio.run(main)
-        except Exception as exc:  # monitoring only: never fail the query for it
+            self._last_committed = dict(offsets)
+        except Exception as exc:
             log.warning("asyncconsumer source: committing offsets to group %r failed: %s", group_id, exc)
 
     def __getstate__(self) -> dict[str, Any]:
         # Only the options travel to the executors.
-        return {"options": self.options, "_available_now_target": None, "_last_latest": None}
+        return {"options": self.options, "_available_now_target": None, "_last_latest": None, "_last_committed": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
