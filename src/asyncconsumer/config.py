@@ -45,6 +45,10 @@ class ConsumerConfig:
     rebalance_timeout_ms: int | None = None
     partition_assignment_strategy: tuple[str, ...] = ("range", "cooperative-sticky")
     group_protocol: Literal["classic", "consumer"] = "classic"
+    #: Commit what was handed out for revoked partitions before giving them up.
+    rebalance_safe_commits: bool = True
+    #: With manual commits: how long a revocation waits for the application's commits.
+    rebalance_commit_wait_ms: int = 10000
     # Fetching.
     fetch_min_bytes: int = 1
     fetch_max_bytes: int = 52428800
@@ -98,6 +102,7 @@ _POSITIVE = {
     "socket_connection_setup_timeout_ms",
     "connections_max_idle_ms",
     "metadata_max_age_ms",
+    "rebalance_commit_wait_ms",
 }
 _NON_NEGATIVE = {
     "fetch_min_bytes",

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
@@ -23,15 +25,19 @@ from .config import ConsumerConfig, build_config, from_properties
 from .engine.fetch_buffer import Record
 from .engine.loop import Engine
 from .errors import (
+    CommitFailedError,
     ConcurrentAccessError,
     ConfigError,
     ConsumerClosedError,
     IllegalStateError,
     KafkaError,
     KafkaTimeoutError,
+    RebalanceCallbackError,
     RecordError,
 )
+from .listener import RebalanceListener
 from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
+from .managers.membership import CallbackKind, CallbackRequest, MemberState
 from .managers.subscription import PartitionState
 from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 
@@ -87,6 +93,7 @@ class Consumer(Generic[KT, VT]):
         self._poller: int | None = None
         self._poll_depth = 0
         self._callback_token: object | None = None
+        self._listener: RebalanceListener | None = None
         self._iter_chunks: list[tuple[PartitionState, int, list[Record], int]] = []
         self._closed = False
 
@@ -179,6 +186,8 @@ class Consumer(Generic[KT, VT]):
         engine = self._engine
         try:
             with anyio.move_on_after(timeout, shield=True):
+                if engine.membership is not None and not engine.closed:
+                    await self._leave_group("the consumer is closing", timeout)
                 if engine.commits is not None and self._config.enable_auto_commit and not engine.closed:
                     offsets = self._consumed_offsets()
                     if offsets:
@@ -242,6 +251,139 @@ class Consumer(Generic[KT, VT]):
         if self._poll_depth == 0:
             self._poller = None
 
+    # -- consumer groups --------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topics: Iterable[str] = (),
+        *,
+        pattern: str | re.Pattern[str] | None = None,
+        listener: RebalanceListener | None = None,
+    ) -> None:
+        """Join the consumer group (``group_id``) and read the partitions it assigns to this member.
+
+        ``topics`` or a regex ``pattern`` (matched against whole topic names; topics created or
+        deleted later are followed).  ``listener`` is told about partitions that move.
+        """
+        if isinstance(topics, str):
+            topics = [topics]
+        names = frozenset(topics)
+        if pattern is None and not names:
+            raise ConfigError("subscribe() needs topics or a pattern (use unsubscribe() to stop)")
+        if pattern is not None and names:
+            raise ConfigError("subscribe() takes topics or a pattern, not both")
+        if any(not isinstance(t, str) or not t for t in names):
+            raise ConfigError(f"subscribe(): topic names must be non-empty strings, got {sorted(map(repr, names))}")
+        try:
+            compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
+        except re.error as exc:
+            raise ConfigError(f"subscribe(): invalid pattern {pattern!r}: {exc}") from None
+        if listener is not None and not isinstance(listener, RebalanceListener):
+            raise ConfigError("listener must be a RebalanceListener (asyncconsumer.RebalanceListener)")
+        engine = self._running()
+        membership = engine.membership
+        if membership is None:
+            raise ConfigError("subscribe() needs a group_id: partitions are shared out within a consumer group")
+        if engine.subscriptions.partitions and membership.state is MemberState.UNSUBSCRIBED:
+            raise IllegalStateError("subscribe() after assign(): call assign([]) first (they do not mix)")
+        self._listener = listener or RebalanceListener()
+        membership.subscribe(names, compiled)
+        engine.wake()
+
+    def subscription(self) -> set[str]:
+        """The topics currently subscribed (for a pattern: the topics it matches now)."""
+        engine = self._engine
+        if engine is None or engine.membership is None:
+            return set()
+        return set(engine.membership.topics)
+
+    @_bracketed("unsubscribe")
+    async def unsubscribe(self, *, timeout: float | None = None) -> None:
+        """Give up every partition (the revoke callback runs and offsets are committed) and leave the group."""
+        await self._leave_group("unsubscribe", self._timeout(timeout))
+
+    async def _leave_group(self, reason: str, timeout: float) -> None:
+        engine = self._running()
+        membership = engine.membership
+        if membership is None or membership.state in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
+            return
+        membership.leave(reason)
+        engine.wake()
+        with anyio.move_on_after(timeout):
+            while membership.state not in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
+                event = engine.app_event()
+                await self._run_rebalance_callbacks(engine, raise_errors=False)
+                if membership.state in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
+                    break
+                with anyio.move_on_after(0.05):
+                    await event.wait()
+
+    async def _run_rebalance_callbacks(self, engine: Engine, *, raise_errors: bool = True) -> None:
+        """Run queued rebalance callbacks here, on the application side, and acknowledge them."""
+        first_error: BaseException | None = None
+        while engine.callbacks:
+            request = engine.callbacks.popleft()
+            error = await self._run_callback(engine, request)
+            first_error = first_error or error
+        if first_error is not None and raise_errors:
+            raise first_error
+
+    async def _run_callback(self, engine: Engine, request: CallbackRequest) -> BaseException | None:
+        listener = getattr(self, "_listener", None) or RebalanceListener()
+        method = {
+            CallbackKind.REVOKED: listener.on_partitions_revoked,
+            CallbackKind.ASSIGNED: listener.on_partitions_assigned,
+            CallbackKind.LOST: listener.on_partitions_lost,
+        }[request.kind]
+        partitions = set(request.partitions)
+        error: BaseException | None = None
+        token = object()
+        previous_token = self._callback_token
+        self._callback_token = token
+        context_token = _CALLBACK_OWNER.set(token)
+        remaining = max(0.0, request.deadline - engine.clock())
+        try:
+            with anyio.move_on_after(remaining) as scope:
+                result = method(partitions)
+                if inspect.isawaitable(result):
+                    await result
+                if request.kind is CallbackKind.REVOKED:
+                    await self._commit_before_revoke(engine, request.partitions)
+            if scope.cancelled_caught:
+                error = RebalanceCallbackError(
+                    f"{request.kind.value} for {_names(partitions)} did not finish within rebalance_timeout_ms; "
+                    "the rebalance went on without it")
+        except Exception as exc:
+            error = RebalanceCallbackError(f"{request.kind.value} for {_names(partitions)} raised {exc!r}")
+            error.__cause__ = exc
+        finally:
+            _CALLBACK_OWNER.reset(context_token)
+            self._callback_token = previous_token
+            if not request.acked:
+                request.ack(error)
+                engine.wake()
+        if error is not None:
+            log.error("%s", error)
+        return error
+
+    async def _commit_before_revoke(self, engine: Engine, partitions: frozenset[TopicPartition]) -> None:
+        """Rebalance-safe commits: the next owner starts exactly where this member stopped."""
+        commits = engine.commits
+        if commits is None or not self._config.rebalance_safe_commits:
+            return
+        consumed = {tp: om for tp, om in self._consumed_offsets().items() if tp in partitions}
+        if self._config.enable_auto_commit:
+            pending = {tp: om for tp, om in consumed.items() if commits.last_committed.get(tp) != om.offset}
+            if pending:
+                await self._commit_now(pending, self._config.request_timeout_ms / 1000)
+            return
+        # Manual commits: wait for the application's own commits of what it was handed.
+        with anyio.move_on_after(self._config.rebalance_commit_wait_ms / 1000):
+            while any(commits.last_committed.get(tp, -1) < om.offset for tp, om in consumed.items()):
+                event = engine.app_event()
+                with anyio.move_on_after(0.05):
+                    await event.wait()
+
     # -- assignment (plain methods) ---------------------------------------------------------------
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
@@ -250,6 +392,8 @@ class Consumer(Generic[KT, VT]):
         self.acquire("assign")
         try:
             engine = self._running()
+            if engine.membership is not None and engine.membership.state is not MemberState.UNSUBSCRIBED:
+                raise IllegalStateError("assign() while subscribed: call unsubscribe() first (they do not mix)")
             self._drop_iter_chunks()
             commits = engine.commits
             if commits is not None and self._config.enable_auto_commit:
@@ -407,6 +551,15 @@ class Consumer(Generic[KT, VT]):
                 if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
                     raise ConfigError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
                 to_commit[tp] = om
+            membership = engine.membership
+            if membership is not None and membership.state is not MemberState.UNSUBSCRIBED:
+                owned = engine.subscriptions.partitions
+                not_owned = [tp for tp in to_commit if tp not in owned]
+                if not_owned:
+                    raise CommitFailedError(
+                        f"cannot commit {_names(not_owned)}: no longer assigned to this member "
+                        f"(group {self._config.group_id!r}, generation {membership.generation}); "
+                        "another member owns them now")
         await self._commit_now(to_commit, self._timeout(timeout))
 
     async def _commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata], timeout: float) -> None:
@@ -493,9 +646,11 @@ class Consumer(Generic[KT, VT]):
         self._drop_iter_chunks()
         engine = self._running()
         self._mark_processed(engine)
+        engine.app_polled()
         with anyio.move_on_after(self._timeout_or_inf(timeout)):
             while True:
                 event = engine.app_event()
+                await self._run_rebalance_callbacks(engine)
                 self._raise_background_error()
                 records = self._collect(engine, only, limit)
                 if records:
@@ -524,7 +679,8 @@ class Consumer(Generic[KT, VT]):
             while True:
                 while chunks:
                     state, epoch, records, index = chunks[0]
-                    if state.epoch != epoch or state.paused or engine.subscriptions.get(state.tp) is not state:
+                    if (state.epoch != epoch or state.paused or state.revoking
+                            or engine.subscriptions.get(state.tp) is not state):
                         chunks.pop(0)
                         continue
                     record = records[index]
@@ -535,7 +691,9 @@ class Consumer(Generic[KT, VT]):
                     state.consumed = record.offset + 1
                     return self._deserialize(record)
                 self._mark_processed(engine)
+                engine.app_polled()
                 event = engine.app_event()
+                await self._run_rebalance_callbacks(engine)
                 self._raise_background_error()
                 collected = self._collect(engine, None, self._config.max_poll_records or _DEFAULT_BATCH)
                 for tp, recs in collected.items():
@@ -579,7 +737,7 @@ class Consumer(Generic[KT, VT]):
             if state is None or state.epoch != fetch.epoch:
                 buffer.remove(fetch)
                 continue
-            if tp in seen or state.paused or (only is not None and tp not in only):
+            if tp in seen or state.paused or state.revoking or (only is not None and tp not in only):
                 continue  # one completed fetch per partition at a time keeps offsets in order
             seen.add(tp)
             if count >= limit:
@@ -682,3 +840,7 @@ def _check_partitions(partitions: Iterable[Any], operation: str) -> list[TopicPa
         if not tp.topic or not isinstance(tp.partition, int) or tp.partition < 0:
             raise ConfigError(f"{operation}: invalid partition {tp!r}")
     return tps
+
+
+def _names(tps: Iterable[TopicPartition]) -> str:
+    return ", ".join(sorted(str(tp) for tp in tps)) or "no partitions"

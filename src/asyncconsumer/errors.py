@@ -86,6 +86,19 @@ class CommitFailedError(KafkaError):
     """A commit could not be completed (e.g. the partitions are no longer owned)."""
 
 
+class PollIntervalExceededError(KafkaError):
+    """The application did not poll within ``max_poll_interval_ms``: the member left its group.
+
+    Raised once, by the next poll; the consumer rejoins the group on that poll.
+    """
+
+    retriable = True
+
+
+class RebalanceCallbackError(KafkaError):
+    """A rebalance listener callback raised or overran its deadline; the rebalance went on."""
+
+
 class NoOffsetForPartitionError(KafkaError):
     """No committed offset and ``auto_offset_reset="none"``."""
 

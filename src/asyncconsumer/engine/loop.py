@@ -19,14 +19,17 @@ from typing import Any, TypeVar
 import anyio
 import anyio.abc
 
+from ..assignors import get_assignor
 from ..config import ConsumerConfig
 from ..errors import ConsumerClosedError, KafkaError, UnknownTopicOrPartitionError, error_for_code
 from ..managers.commit import CommitManager
 from ..managers.coordinator import CoordinatorManager
 from ..managers.fetch import FetchManager
 from ..managers.list_offsets import ListOffsetsManager
+from ..managers.membership import CallbackRequest, GroupSettings, MembershipManager
 from ..managers.metadata import Cluster, MetadataManager
 from ..managers.subscription import SubscriptionState
+from ..structs import TopicPartition
 from . import sasl as sasl_module
 from .connection import BrokerConnection
 from .fetch_buffer import FetchBuffer
@@ -67,7 +70,10 @@ class Engine:
             retry_backoff=retry,
             topics_of_interest=self._topics_of_interest,
             on_update=self._on_metadata,
+            want_all_topics=self._want_all_topics,
         )
+        self.callbacks: deque[CallbackRequest] = deque()
+        self.last_poll = clock()
         self.offsets = ListOffsetsManager(
             self.subscriptions,
             self.metadata,
@@ -91,9 +97,23 @@ class Engine:
         )
         self.coordinator: CoordinatorManager | None = None
         self.commits: CommitManager | None = None
+        self.membership: MembershipManager | None = None
         if config.group_id is not None:
             self.coordinator = CoordinatorManager(
                 config.group_id, retry_backoff=retry, register_node=self.network.register_node
+            )
+            settings = GroupSettings(
+                group_id=config.group_id,
+                group_instance_id=config.group_instance_id,
+                session_timeout_ms=config.session_timeout_ms,
+                rebalance_timeout_ms=config.effective_rebalance_timeout_ms,
+                heartbeat_interval=config.heartbeat_interval_ms / 1000,
+                retry_backoff=retry,
+                assignors=[get_assignor(name) for name in config.partition_assignment_strategy],
+            )
+            self.membership = MembershipManager(
+                settings, self.coordinator, self.subscriptions, self.metadata,
+                run_callback=self._queue_callback, drop_buffered=self._drop_buffered, report_error=self.report_error,
             )
             self.commits = CommitManager(
                 self.coordinator,
@@ -102,9 +122,12 @@ class Engine:
                 request_timeout=config.request_timeout_ms / 1000,
                 auto_commit_interval=config.auto_commit_interval_ms / 1000 if config.enable_auto_commit else None,
                 report_error=self.report_error,
+                group_identity=self.membership.identity,
             )
         self.managers: list[Any] = [
-            m for m in (self.metadata, self.coordinator, self.commits, self.offsets, self.fetcher) if m is not None
+            m
+            for m in (self.metadata, self.coordinator, self.membership, self.commits, self.offsets, self.fetcher)
+            if m is not None
         ]
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -155,6 +178,11 @@ class Engine:
             self._run_events(now)
             self._run_completions(now)
             self.network.drop_dead_connections()
+            if self.membership is not None:
+                expired = self.membership.check_poll_interval(
+                    now, self.last_poll, self.config.max_poll_interval_ms / 1000)
+                if expired is not None:
+                    self.report_error(expired)
             deadline = float("inf")
             for manager in self.managers:
                 for request in manager.poll(now):
@@ -252,10 +280,36 @@ class Engine:
     # -- metadata ---------------------------------------------------------------------------------
 
     def _topics_of_interest(self) -> set[str]:
-        return self.subscriptions.topics() | self.offsets.topics_of_interest()
+        topics = self.subscriptions.topics() | self.offsets.topics_of_interest()
+        if self.membership is not None:
+            topics |= self.membership.topics_of_interest()
+        return topics
+
+    def _want_all_topics(self) -> bool:
+        return self.membership is not None and self.membership.wants_all_topics
+
+    # -- group callbacks (background events) ------------------------------------------------------
+
+    def _queue_callback(self, request: CallbackRequest) -> None:
+        self.callbacks.append(request)
+        self.notify_app()
+
+    def _drop_buffered(self, tps: frozenset[TopicPartition]) -> None:
+        self.buffer.drop(lambda f: f.tp not in tps)
+
+    def app_polled(self) -> None:
+        """The application polled: liveness for max_poll_interval_ms."""
+        self.last_poll = self.clock()
+        if self.membership is not None:
+            self.membership.on_poll()
+            self.wake()
 
     def _on_metadata(self, cluster: Cluster) -> None:
         self.network.update_brokers(cluster.brokers)
+        if self.membership is not None:
+            if self.membership.wants_all_topics:
+                self.membership.update_pattern_topics({n for n, t in cluster.topics.items() if not t.is_internal})
+            self.membership.on_metadata()
         assigned = self.subscriptions.topics()
         for topic in assigned & set(cluster.topic_errors):
             if topic not in self._reported_unknown:

@@ -66,7 +66,9 @@ class MetadataManager:
         retry_backoff: float,
         topics_of_interest: Callable[[], set[str]],
         on_update: Callable[[Cluster], None],
+        want_all_topics: Callable[[], bool] = lambda: False,
     ) -> None:
+        self._want_all = want_all_topics
         self.cluster = Cluster()
         self._max_age = max_age
         self._retry_backoff = retry_backoff
@@ -77,6 +79,7 @@ class MetadataManager:
         self._last_refresh = float("-inf")
         self._retry_at = 0.0
         self._last_topics: set[str] = set()
+        self._last_want_all = False
         self._all_topics_waiters: list[Waiter[Cluster]] = []
         self._all_in_flight = False
         self.last_error: KafkaError | None = None
@@ -100,7 +103,7 @@ class MetadataManager:
         deadlines = [float("inf")]
         if self._all_topics_waiters and not self._all_in_flight:
             deadlines.append(max(now, self._retry_at))
-        sendable = bool(self._topics_of_interest()) or not self.cluster.brokers
+        sendable = bool(self._topics_of_interest()) or self._want_all() or not self.cluster.brokers
         if sendable and not self._in_flight:
             due = self._requested or self._last_refresh == float("-inf")
             deadlines.append(max(now, self._retry_at) if due else self._last_refresh + self._max_age)
@@ -110,25 +113,25 @@ class MetadataManager:
         requests = []
         if self._all_topics_waiters and not self._all_in_flight and now >= self._retry_at:
             self._all_in_flight = True
-            requests.append(self._request(None))
+            requests.append(self._request(None, everything=True))
         topics = self._topics_of_interest()
-        if topics != self._last_topics:
+        want_all = self._want_all()
+        if topics != self._last_topics or want_all != self._last_want_all:
             self._requested = True
         due = self._requested or now - self._last_refresh >= self._max_age
-        if due and not self._in_flight and now >= self._retry_at and (topics or not self.cluster.brokers):
+        if due and not self._in_flight and now >= self._retry_at and (topics or want_all or not self.cluster.brokers):
             self._in_flight = True
             self._requested = False
-            self._last_topics = topics
-            requests.append(self._request(sorted(topics)))
+            self._last_topics, self._last_want_all = topics, want_all
+            # A pattern subscription needs every topic: that is how new matching topics are found.
+            requests.append(self._request(None if want_all else sorted(topics), everything=False))
         return requests
 
-    def _request(self, topics: list[str] | None) -> UnsentRequest:
+    def _request(self, topics: list[str] | None, *, everything: bool) -> UnsentRequest:
         def build(version: int) -> Body:
             body: dict[str, Any] = {"allow_auto_topic_creation": False}
             body["topics"] = None if topics is None else [{"name": t, "topic_id": ZERO_UUID} for t in topics]
             return body
-
-        everything = topics is None
 
         def on_response(now: float, version: int, body: Body) -> None:
             self._handle(now, body, everything)

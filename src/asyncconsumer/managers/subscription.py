@@ -31,6 +31,8 @@ class PartitionState:
     leader_epoch: int | None = None
     reset_to: str | None = None
     paused: bool = False
+    #: Being revoked by the group: no longer fetched nor handed out (PREPARE_REVOCATION).
+    revoking: bool = False
     epoch: int = 0
     #: Offset after the last record handed to the application (what ``commit()`` commits).
     consumed: int = -1
@@ -86,6 +88,11 @@ class SubscriptionState:
         """Incremental assignment (cooperative rebalances)."""
         self.assign([*self.partitions, *tps])
 
+    def remove(self, tps: Iterable[TopicPartition]) -> None:
+        """Incremental revocation (cooperative rebalances, and every revocation before a join)."""
+        gone = set(tps)
+        self.assign([tp for tp in self.partitions if tp not in gone])
+
     def get(self, tp: TopicPartition) -> PartitionState | None:
         return self.partitions.get(tp)
 
@@ -106,7 +113,7 @@ class SubscriptionState:
         return [
             s
             for s in self.partitions.values()
-            if s.phase is PartitionPhase.FETCHING and not s.paused and s.retry_at <= now
+            if s.phase is PartitionPhase.FETCHING and not s.paused and not s.revoking and s.retry_at <= now
         ]
 
     def topics(self) -> set[str]:

@@ -770,7 +770,7 @@ def _select_decoder() -> tuple[_Decoder, str]:
         speedups.bind(ConsumerRecord, CorruptRecordError, decode_batch_py, _decompress)
     except (ImportError, TypeError):
         return decode_batch_py, "python"
-    return speedups.decode_batch, "c"  # type: ignore[no-any-return]
+    return speedups.decode_batch, "c"
 
 
 #: ``decode_batch(batch, topic, partition) -> list[ConsumerRecord]``: decode every record of ``batch``.

@@ -1,0 +1,655 @@
+"""Group membership for the classic protocol (JoinGroup / SyncGroup / Heartbeat / LeaveGroup).
+
+A sans-I/O state machine with the rebalance states of the threading-refactor
+design (seed 004).  Every transition is logged at debug level.
+
+    UNSUBSCRIBED ──subscribe──► PREPARE_REVOCATION ─► REVOKING_PARTITIONS ─► PARTITIONS_REVOKED
+         ▲                          (eager: all owned; cooperative: only what moves)      │
+         │                                                                                ▼
+      LEAVING ◄── unsubscribe/close        STABLE ◄── ASSIGNING_PARTITIONS ◄── SYNCING ◄── JOINING
+
+Partitions being revoked stop being fetched and lose their buffered records in
+PREPARE_REVOCATION, before the application's revoke callback runs; the loop
+then waits (with a deadline) for the application side to acknowledge each
+callback.  ``FENCED`` is final (another member took our ``group_instance_id``);
+``LOST`` hands partitions to ``on_partitions_lost`` and rejoins.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..assignors import (
+    Assignor,
+    MemberAssignment,
+    RebalanceProtocol,
+    Subscription,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
+)
+from ..engine.requests import Body, UnsentRequest
+from ..errors import KafkaError, PollIntervalExceededError, error_for_code
+from ..structs import TopicPartition
+from .commit import GroupIdentity
+from .coordinator import CoordinatorManager
+from .metadata import MetadataManager
+from .subscription import SubscriptionState
+
+log = logging.getLogger("asyncconsumer.membership")
+
+# Error codes (Kafka protocol).
+REBALANCE_IN_PROGRESS = 27
+ILLEGAL_GENERATION = 22
+UNKNOWN_MEMBER_ID = 25
+MEMBER_ID_REQUIRED = 79
+FENCED_INSTANCE_ID = 82
+_COORDINATOR_ERRORS = {13, 14, 15, 16}
+
+
+class MemberState(enum.Enum):
+    UNSUBSCRIBED = "unsubscribed"
+    PREPARE_REVOCATION = "prepare_revocation"
+    REVOKING_PARTITIONS = "revoking_partitions"
+    PARTITIONS_REVOKED = "partitions_revoked"
+    JOINING = "joining"
+    SYNCING = "syncing"
+    ASSIGNING_PARTITIONS = "assigning_partitions"
+    STABLE = "stable"
+    LOST = "lost"
+    LEAVING = "leaving"
+    FENCED = "fenced"
+
+
+class CallbackKind(enum.Enum):
+    REVOKED = "on_partitions_revoked"
+    ASSIGNED = "on_partitions_assigned"
+    LOST = "on_partitions_lost"
+
+
+@dataclass(eq=False)
+class CallbackRequest:
+    """A background event: run a rebalance callback on the application side, then ``ack``."""
+
+    kind: CallbackKind
+    partitions: frozenset[TopicPartition]
+    deadline: float
+    generation: int
+    acked: bool = False
+    error: BaseException | None = None
+
+    def ack(self, error: BaseException | None = None) -> None:
+        self.acked = True
+        self.error = error
+
+
+@dataclass
+class _Plan:
+    """What the current rebalance still has to do."""
+
+    revoke: frozenset[TopicPartition] = frozenset()
+    assign: frozenset[TopicPartition] = frozenset()
+    lost: bool = False
+    rejoin_after: bool = False
+
+
+@dataclass
+class GroupSettings:
+    group_id: str
+    group_instance_id: str | None
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    heartbeat_interval: float
+    retry_backoff: float
+    assignors: list[Assignor] = field(default_factory=list)
+
+
+class MembershipManager:
+    def __init__(
+        self,
+        settings: GroupSettings,
+        coordinator: CoordinatorManager,
+        subscriptions: SubscriptionState,
+        metadata: MetadataManager,
+        *,
+        run_callback: Callable[[CallbackRequest], None],
+        drop_buffered: Callable[[frozenset[TopicPartition]], None],
+        report_error: Callable[[KafkaError], None],
+    ) -> None:
+        self.settings = settings
+        self._coordinator = coordinator
+        self._subscriptions = subscriptions
+        self._metadata = metadata
+        self._run_callback = run_callback
+        self._drop_buffered = drop_buffered
+        self._report_error = report_error
+        self.state = MemberState.UNSUBSCRIBED
+        self.member_id = ""
+        self.generation = -1
+        self.leader_id = ""
+        self.protocol_name: str | None = None
+        self.topics: frozenset[str] = frozenset()
+        self.pattern: re.Pattern[str] | None = None
+        self.owned: frozenset[TopicPartition] = frozenset()
+        self._plan = _Plan()
+        self._callback: CallbackRequest | None = None
+        self._in_flight = False
+        self._retry_at = 0.0
+        self._next_heartbeat = 0.0
+        self._heartbeat_in_flight = False
+        self._rejoin_requested = False
+        self._group_topics: frozenset[str] = frozenset()
+        self._leader_pending: tuple[Body, int] | None = None
+        self._partition_counts: dict[str, int] = {}
+        self._sync_assignments: dict[str, bytes] | None = None
+        self._leaving = self._force_leave = self._wait_for_poll = False
+        self._leave_reason: str | None = None
+        self.transitions: list[tuple[MemberState, MemberState]] = []
+
+    # -- state ------------------------------------------------------------------------------------
+
+    def _to(self, state: MemberState) -> None:
+        if state is not self.state:
+            log.debug("group %r member %r: %s -> %s", self.settings.group_id, self.member_id or "-",
+                      self.state.name, state.name)
+            self.transitions.append((self.state, state))
+            self.state = state
+
+    def identity(self) -> GroupIdentity:
+        if self.state in (MemberState.UNSUBSCRIBED, MemberState.LEAVING, MemberState.FENCED) or self.generation < 0:
+            return GroupIdentity(-1, "", self.settings.group_instance_id)
+        return GroupIdentity(self.generation, self.member_id, self.settings.group_instance_id)
+
+    @property
+    def protocol(self) -> RebalanceProtocol:
+        # The highest protocol every configured assignor supports (as in the Java client).
+        common = set(RebalanceProtocol)
+        for assignor in self.settings.assignors:
+            common &= set(assignor.supported_protocols)
+        return RebalanceProtocol.COOPERATIVE if RebalanceProtocol.COOPERATIVE in common else RebalanceProtocol.EAGER
+
+    def topics_of_interest(self) -> set[str]:
+        """Our subscribed topics, and as leader every member's (to compute the assignment)."""
+        return set(self.topics) | set(self._group_topics)
+
+    @property
+    def wants_all_topics(self) -> bool:
+        return self.pattern is not None
+
+    # -- application requests ---------------------------------------------------------------------
+
+    def subscribe(self, topics: frozenset[str], pattern: re.Pattern[str] | None) -> None:
+        changed = topics != self.topics or pattern != self.pattern
+        self.topics, self.pattern = topics, pattern
+        if self.state is MemberState.FENCED:
+            return
+        if self.state in (MemberState.UNSUBSCRIBED, MemberState.LEAVING):
+            self._start_rebalance(join=True)
+        elif changed:
+            self.request_rejoin("subscription changed")
+
+    def update_pattern_topics(self, all_topics: set[str]) -> None:
+        """Regex subscriptions follow topics created and deleted."""
+        if self.pattern is None:
+            return
+        matched = frozenset(t for t in all_topics if self.pattern.fullmatch(t))
+        if matched != self.topics:
+            log.info("pattern %s now matches %s", self.pattern.pattern, sorted(matched))
+            self.topics = matched
+            if self.state is not MemberState.UNSUBSCRIBED:
+                self.request_rejoin("pattern subscription changed")
+
+    def on_metadata(self) -> None:
+        """The leader rejoins when a subscribed topic's partition count changes."""
+        if self.state is not MemberState.STABLE or self.leader_id != self.member_id:
+            return
+        counts = self._counts(self.topics_of_interest())
+        if counts != self._partition_counts and all(t in counts for t in self._partition_counts):
+            self.request_rejoin("partition count changed")
+
+    def request_rejoin(self, reason: str) -> None:
+        log.info("group %r: rejoining (%s)", self.settings.group_id, reason)
+        if self.state is MemberState.STABLE:
+            self._start_rebalance(join=True)
+        else:
+            self._rejoin_requested = True
+
+    def leave(self, reason: str) -> None:
+        """Unsubscribe or close: give up partitions (callbacks run) and leave the group."""
+        self.topics, self.pattern = frozenset(), None
+        if self.state in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
+            return
+        self._leave_reason = reason
+        self._leaving = True
+        self._rejoin_requested = False
+        self._plan = _Plan(revoke=self.owned)
+        self._to(MemberState.PREPARE_REVOCATION)
+
+    def check_poll_interval(self, now: float, last_poll: float, max_interval: float) -> KafkaError | None:
+        """Liveness: an application that stops polling loses its partitions and leaves the group.
+
+        Returns the error its next poll raises; the member rejoins on that poll (``on_poll``).
+        """
+        joined = self.state not in (MemberState.UNSUBSCRIBED, MemberState.FENCED, MemberState.LEAVING)
+        if not joined or self._wait_for_poll or now - last_poll <= max_interval:
+            return None
+        log.warning(
+            "group %r: the application did not poll for %.1fs (max_poll_interval_ms=%d); leaving the group — "
+            "process faster, poll more often (pause() partitions while busy) or raise max_poll_interval_ms",
+            self.settings.group_id, now - last_poll, int(max_interval * 1000),
+        )
+        lost = self.owned
+        if lost:
+            self._subscriptions.remove(lost)
+            self._drop_buffered(lost)
+            # Told on the next poll; nobody waits for it (the application is not polling).
+            self._run_callback(CallbackRequest(CallbackKind.LOST, lost, now, self.generation, acked=True))
+        self.owned = frozenset()
+        self._callback = None
+        self._plan = _Plan()
+        self._leaving = self._force_leave = self._wait_for_poll = True
+        self._to(MemberState.LEAVING)
+        return PollIntervalExceededError(
+            f"the consumer did not poll for more than max_poll_interval_ms={int(max_interval * 1000)}: it left "
+            f"group {self.settings.group_id!r} and its partitions were reassigned; it rejoins now"
+        )
+
+    def on_poll(self) -> None:
+        if self._wait_for_poll:
+            self._wait_for_poll = False
+            if self.state is MemberState.UNSUBSCRIBED and (self.topics or self.pattern is not None):
+                self._start_rebalance(join=True)
+
+    # -- the rebalance state machine ---------------------------------------------------------------
+
+    def _start_rebalance(self, *, join: bool) -> None:
+        revoke = self.owned if self.protocol is RebalanceProtocol.EAGER else frozenset()
+        self._plan = _Plan(revoke=revoke, rejoin_after=join)
+        self._to(MemberState.PREPARE_REVOCATION)
+
+    def _lose_partitions(self, reason: str) -> None:
+        log.warning("group %r: partitions lost (%s)", self.settings.group_id, reason)
+        self._plan = _Plan(revoke=self.owned, lost=True, rejoin_after=True)
+        self.generation = -1
+        self._to(MemberState.LOST)
+
+    def _advance(self, now: float) -> None:
+        """Move through the callback states; stops where a callback or a request is awaited."""
+        while True:
+            state = self.state
+            if state in (MemberState.PREPARE_REVOCATION, MemberState.LOST):
+                revoke = self._plan.revoke
+                if revoke:
+                    # Nothing more is fetched or handed out for these partitions from here on.
+                    for tp in revoke:
+                        part = self._subscriptions.get(tp)
+                        if part is not None:
+                            part.revoking = True
+                    self._drop_buffered(revoke)
+                    kind = CallbackKind.LOST if self._plan.lost else CallbackKind.REVOKED
+                    self._ask(now, kind, revoke)
+                    self._to(MemberState.REVOKING_PARTITIONS)
+                else:
+                    self._to(MemberState.PARTITIONS_REVOKED)
+            elif state is MemberState.REVOKING_PARTITIONS:
+                if not self._callback_done(now):
+                    return
+                self._to(MemberState.PARTITIONS_REVOKED)
+            elif state is MemberState.PARTITIONS_REVOKED:
+                if self._plan.revoke:
+                    self._subscriptions.remove(self._plan.revoke)
+                    self.owned = self.owned - self._plan.revoke
+                    self._plan.revoke = frozenset()
+                if self._leaving:
+                    self._to(MemberState.LEAVING)
+                elif self._plan.assign:
+                    self._to(MemberState.ASSIGNING_PARTITIONS)
+                    self._subscriptions.add(self._plan.assign)
+                    self.owned = self.owned | self._plan.assign
+                    self._ask(now, CallbackKind.ASSIGNED, self._plan.assign)
+                elif self._plan.rejoin_after or self._rejoin_requested:
+                    self._rejoin_requested = False
+                    self._to(MemberState.JOINING)
+                else:
+                    self._to(MemberState.STABLE)
+            elif state is MemberState.ASSIGNING_PARTITIONS:
+                if not self._callback_done(now):
+                    return
+                self._plan.assign = frozenset()
+                if self._plan.rejoin_after or self._rejoin_requested:
+                    self._rejoin_requested = False
+                    self._to(MemberState.JOINING)
+                else:
+                    self._to(MemberState.STABLE)
+                    self._next_heartbeat = now
+            else:
+                return
+
+    def _ask(self, now: float, kind: CallbackKind, partitions: frozenset[TopicPartition]) -> None:
+        deadline = now + self.settings.rebalance_timeout_ms / 1000
+        self._callback = CallbackRequest(kind, partitions, deadline, self.generation)
+        self._run_callback(self._callback)
+
+    def _callback_done(self, now: float) -> bool:
+        callback = self._callback
+        if callback is None:
+            return True
+        if not callback.acked and now < callback.deadline:
+            return False
+        if not callback.acked:
+            log.warning("group %r: %s did not finish within rebalance_timeout_ms; going on without it",
+                        self.settings.group_id, callback.kind.value)
+        self._callback = None
+        return True
+
+    # -- the manager protocol ---------------------------------------------------------------------
+
+    def next_deadline(self, now: float) -> float:
+        times = [float("inf")]
+        if self._callback is not None and not self._callback.acked:
+            times.append(self._callback.deadline)
+        if self.state in (MemberState.JOINING, MemberState.SYNCING, MemberState.LEAVING) and not self._in_flight:
+            if self._coordinator.node_id is not None:
+                times.append(max(now, self._retry_at))
+        if self._heartbeating() and not self._heartbeat_in_flight and self._coordinator.node_id is not None:
+            times.append(self._next_heartbeat)
+        return max(now, min(times))
+
+    def _heartbeating(self) -> bool:
+        return self.generation >= 0 and self.state in (
+            MemberState.STABLE, MemberState.ASSIGNING_PARTITIONS, MemberState.REVOKING_PARTITIONS,
+            MemberState.PREPARE_REVOCATION, MemberState.PARTITIONS_REVOKED,
+        )
+
+    def poll(self, now: float) -> list[UnsentRequest]:
+        self._advance(now)
+        node = self._coordinator.node_id
+        if node is None or self._in_flight or now < self._retry_at:
+            requests: list[UnsentRequest] = []
+        elif self.state is MemberState.JOINING:
+            requests = [self._join_request(node)]
+        elif self.state is MemberState.SYNCING and self._leader_pending is not None:
+            requests = self._maybe_sync_as_leader(node)
+        elif self.state is MemberState.SYNCING and self._sync_assignments is not None:
+            assignments, self._sync_assignments = self._sync_assignments, None
+            self._in_flight = True
+            requests = [self._sync_request(node, assignments)]
+        elif self.state is MemberState.LEAVING:
+            requests = self._leave(now, node)
+        else:
+            requests = []
+        if node is not None and self._heartbeating() and not self._heartbeat_in_flight and now >= self._next_heartbeat:
+            requests.append(self._heartbeat_request(node))
+        return requests
+
+    def _fail(self, now: float, error: BaseException, what: str) -> None:
+        self._in_flight = False
+        self._retry_at = now + self.settings.retry_backoff
+        if isinstance(error, KafkaError) and error.retriable:
+            self._coordinator.mark_unknown(now, error)
+        log.debug("%s for group %r failed: %s", what, self.settings.group_id, error)
+
+    # -- JoinGroup --------------------------------------------------------------------------------
+
+    def _subscription(self, assignor: Assignor) -> bytes:
+        owned = sorted(self.owned)
+        topics = sorted(self.topics)
+        sub = Subscription(
+            topics=tuple(topics),
+            user_data=assignor.subscription_user_data(set(topics), list(owned), self.generation),
+            owned_partitions=tuple(owned),
+            generation_id=self.generation,
+        )
+        return encode_subscription(sub)
+
+    def _join_request(self, node: int) -> UnsentRequest:
+        self._in_flight = True
+        settings = self.settings
+        protocols = [{"name": a.name, "metadata": self._subscription(a)} for a in settings.assignors]
+
+        def build(version: int) -> Body:
+            return {
+                "group_id": settings.group_id,
+                "session_timeout_ms": settings.session_timeout_ms,
+                "rebalance_timeout_ms": settings.rebalance_timeout_ms,
+                "member_id": self.member_id,
+                "group_instance_id": settings.group_instance_id,
+                "protocol_type": "consumer",
+                "protocols": protocols,
+                "reason": None,
+            }
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            self._in_flight = False
+            code = body["error_code"]
+            if self.state is not MemberState.JOINING:  # left (or fenced) while the join was in flight
+                if not code:
+                    self.member_id = body["member_id"]  # so that LeaveGroup names us
+                return
+            if code == MEMBER_ID_REQUIRED:  # KIP-394: join again with the id the coordinator gave us
+                self.member_id = body["member_id"]
+                return
+            if code == UNKNOWN_MEMBER_ID:
+                self.member_id = ""
+                self._retry_at = now
+                return
+            if code == FENCED_INSTANCE_ID:
+                self._fenced(body)
+                return
+            if code in _COORDINATOR_ERRORS:
+                self._coordinator.mark_unknown(now, error_for_code(code))
+                self._retry_at = now + settings.retry_backoff
+                return
+            if code == REBALANCE_IN_PROGRESS:
+                self._retry_at = now + settings.retry_backoff
+                return
+            if code:
+                error = error_for_code(code, f"JoinGroup for group {settings.group_id!r}")
+                self._retry_at = now + settings.retry_backoff
+                if not error.retriable:
+                    self._report_error(error)
+                return
+            self.member_id = body["member_id"]
+            self.generation = body["generation_id"]
+            self.leader_id = body["leader"]
+            self.protocol_name = body["protocol_name"]
+            log.info("group %r joined: generation %d, member %s%s", settings.group_id, self.generation,
+                     self.member_id, " (leader)" if self.leader_id == self.member_id else "")
+            self._to(MemberState.SYNCING)
+            if self.leader_id == self.member_id and not body.get("skip_assignment"):
+                members = {m["member_id"]: (m["group_instance_id"], m["metadata"]) for m in body["members"]}
+                subs = {}
+                for member_id, (instance_id, metadata) in members.items():
+                    sub = decode_subscription(metadata)
+                    subs[member_id] = Subscription(sub.topics, sub.user_data, sub.owned_partitions,
+                                                   sub.generation_id, sub.rack_id, instance_id)
+                self._group_topics = frozenset(t for s in subs.values() for t in s.topics)
+                self._leader_pending = ({"subs": subs}, self._metadata.version)
+                self._metadata.request_update()
+            else:
+                self._leader_pending = None
+                self._sync_assignments = {}
+
+        return UnsentRequest("JoinGroup", build, on_response, lambda now, e: self._fail(now, e, "JoinGroup"),
+                             node_id=node, min_version=2,
+                             extra_timeout_ms=self.settings.rebalance_timeout_ms)
+
+    # -- SyncGroup --------------------------------------------------------------------------------
+
+    def _maybe_sync_as_leader(self, node: int) -> list[UnsentRequest]:
+        assert self._leader_pending is not None
+        pending, version_at_join = self._leader_pending
+        if self._metadata.version <= version_at_join:
+            return []  # wait for metadata covering every member's topics
+        subs: dict[str, Subscription] = pending["subs"]
+        counts = self._counts(self._group_topics)
+        self._partition_counts = counts
+        assignor = next(a for a in self.settings.assignors if a.name == self.protocol_name)
+        plan = assignor.assign(counts, subs)
+        assignments = {member: encode_assignment(a) for member, a in plan.items()}
+        self._leader_pending = None
+        self._in_flight = True
+        return [self._sync_request(node, assignments)]
+
+    def _counts(self, topics: frozenset[str] | set[str]) -> dict[str, int]:
+        cluster = self._metadata.cluster
+        return {t: len(cluster.topics[t].partitions) for t in topics if t in cluster.topics}
+
+    def _sync_request(self, node: int, assignments: dict[str, bytes]) -> UnsentRequest:
+        settings = self.settings
+        generation, member_id = self.generation, self.member_id
+
+        def build(version: int) -> Body:
+            return {
+                "group_id": settings.group_id,
+                "generation_id": generation,
+                "member_id": member_id,
+                "group_instance_id": settings.group_instance_id,
+                "protocol_type": "consumer",
+                "protocol_name": self.protocol_name,
+                "assignments": [{"member_id": m, "assignment": a} for m, a in assignments.items()],
+            }
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            self._in_flight = False
+            if self.state is not MemberState.SYNCING or self.generation != generation:
+                return
+            code = body["error_code"]
+            if code == FENCED_INSTANCE_ID:
+                self._fenced(body)
+                return
+            if code in (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) or code in _COORDINATOR_ERRORS:
+                if code == UNKNOWN_MEMBER_ID:
+                    self.member_id = ""
+                if code in _COORDINATOR_ERRORS:
+                    self._coordinator.mark_unknown(now, error_for_code(code))
+                self._to(MemberState.JOINING)
+                self._retry_at = now + (settings.retry_backoff if code != REBALANCE_IN_PROGRESS else 0)
+                return
+            if code:
+                self._report_error(error_for_code(code, f"SyncGroup for group {settings.group_id!r}"))
+                self._to(MemberState.JOINING)
+                self._retry_at = now + settings.retry_backoff
+                return
+            self._apply_assignment(now, decode_assignment(body["assignment"] or b""))
+
+        def on_error(now: float, error: BaseException) -> None:
+            self._fail(now, error, "SyncGroup")
+            if self.state is MemberState.SYNCING:
+                self._to(MemberState.JOINING)
+
+        return UnsentRequest("SyncGroup", build, on_response, on_error, node_id=node, min_version=1)
+
+    def _apply_assignment(self, now: float, assignment: MemberAssignment) -> None:
+        new = frozenset(assignment.partitions)
+        for assignor in self.settings.assignors:
+            if assignor.name == self.protocol_name:
+                assignor.on_assignment(assignment, self.generation)
+        revoke = self.owned - new
+        add = new - self.owned
+        # Cooperative (KIP-429): partitions that move are revoked now and assigned to their new
+        # owner in a follow-up rebalance, which we ask for right away.
+        rejoin = bool(revoke) and self.protocol is RebalanceProtocol.COOPERATIVE
+        log.info("group %r generation %d: assigned %s, revoked %s", self.settings.group_id, self.generation,
+                 sorted(map(str, add)), sorted(map(str, revoke)))
+        self._plan = _Plan(revoke=revoke, assign=add, rejoin_after=rejoin)
+        self._to(MemberState.PREPARE_REVOCATION)
+        self._next_heartbeat = now + self.settings.heartbeat_interval
+        self._advance(now)
+
+    # -- Heartbeat --------------------------------------------------------------------------------
+
+    def _heartbeat_request(self, node: int) -> UnsentRequest:
+        self._heartbeat_in_flight = True
+        settings = self.settings
+        generation, member_id = self.generation, self.member_id
+
+        def build(version: int) -> Body:
+            return {"group_id": settings.group_id, "generation_id": generation, "member_id": member_id,
+                    "group_instance_id": settings.group_instance_id}
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            self._heartbeat_in_flight = False
+            self._next_heartbeat = now + settings.heartbeat_interval
+            code = body["error_code"]
+            if code == 0 or generation != self.generation:
+                return
+            if code == REBALANCE_IN_PROGRESS:
+                if self.state is MemberState.STABLE:
+                    self.request_rejoin("the coordinator started a rebalance")
+                else:
+                    self._rejoin_requested = True
+            elif code in (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID):
+                if code == UNKNOWN_MEMBER_ID:
+                    self.member_id = ""
+                self._lose_partitions(error_for_code(code).error_name)
+            elif code == FENCED_INSTANCE_ID:
+                self._fenced(body)
+            elif code in _COORDINATOR_ERRORS:
+                self._coordinator.mark_unknown(now, error_for_code(code))
+            else:
+                self._report_error(error_for_code(code, f"Heartbeat for group {settings.group_id!r}"))
+
+        def on_error(now: float, error: BaseException) -> None:
+            self._heartbeat_in_flight = False
+            self._next_heartbeat = now + settings.retry_backoff
+            self._coordinator.mark_unknown(now, error)
+
+        return UnsentRequest("Heartbeat", build, on_response, on_error, node_id=node)
+
+    # -- LeaveGroup -------------------------------------------------------------------------------
+
+    def _leave(self, now: float, node: int) -> list[UnsentRequest]:
+        # Static members do not leave on close (KIP-345): the coordinator keeps their partitions for
+        # session_timeout_ms, so a restart with the same group_instance_id gets them back quietly.
+        static = self.settings.group_instance_id is not None and not self._force_leave
+        if not self.member_id or static:
+            self._left(now)
+            return []
+        self._in_flight = True
+        settings, member_id, reason = self.settings, self.member_id, self._leave_reason
+
+        def build(version: int) -> Body:
+            if version >= 3:
+                return {"group_id": settings.group_id, "members": [
+                    {"member_id": member_id, "group_instance_id": settings.group_instance_id, "reason": reason}]}
+            return {"group_id": settings.group_id, "member_id": member_id}
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            self._left(now)
+
+        def on_error(now: float, error: BaseException) -> None:
+            log.info("LeaveGroup for %r failed (%s); the session times out instead", settings.group_id, error)
+            self._left(now)
+
+        return [UnsentRequest("LeaveGroup", build, on_response, on_error, node_id=node)]
+
+    def _left(self, now: float) -> None:
+        self._in_flight = False
+        self._leaving = self._force_leave = False
+        self.member_id, self.generation, self.owned = "", -1, frozenset()
+        self._to(MemberState.UNSUBSCRIBED)
+        if (self.topics or self.pattern is not None) and not self._wait_for_poll:
+            self._start_rebalance(join=True)  # subscribed again meanwhile
+
+    @property
+    def leaving(self) -> bool:
+        return self._leaving or self.state is MemberState.LEAVING
+
+    def _fenced(self, body: Body) -> None:
+        self._to(MemberState.FENCED)
+        self._report_error(error_for_code(
+            FENCED_INSTANCE_ID,
+            f"another consumer joined group {self.settings.group_id!r} with group_instance_id "
+            f"{self.settings.group_instance_id!r}; this one is fenced and stops",
+        ))
+
+    # -- what the application side asks ---------------------------------------------------------------
+
+    def assignment_generation(self) -> int:
+        return self.generation
