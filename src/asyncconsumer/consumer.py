@@ -647,20 +647,23 @@ class Consumer(Generic[KT, VT]):
         engine = self._running()
         self._mark_processed(engine)
         engine.app_polled()
-        with anyio.move_on_after(self._timeout_or_inf(timeout)):
-            while True:
-                event = engine.app_event()
-                await self._run_rebalance_callbacks(engine)
-                self._raise_background_error()
-                records = self._collect(engine, only, limit)
-                if records:
-                    for tp, recs in records.items():
-                        engine.subscriptions.partitions[tp].consumed = recs[-1].offset + 1
-                    return self._deserialize_many(engine, records)
-                if timeout == 0:
-                    break
+        # The timeout bounds the wait for records only: a rebalance callback that runs inside this
+        # call has its own deadline (rebalance_timeout_ms) and is not cut short by a short poll.
+        deadline = anyio.current_time() + self._timeout_or_inf(timeout)
+        while True:
+            event = engine.app_event()
+            await self._run_rebalance_callbacks(engine)
+            self._raise_background_error()
+            records = self._collect(engine, only, limit)
+            if records:
+                for tp, recs in records.items():
+                    engine.subscriptions.partitions[tp].consumed = recs[-1].offset + 1
+                return self._deserialize_many(engine, records)
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                return {}
+            with anyio.move_on_after(remaining):
                 await event.wait()
-        return {}
 
     @_bracketed("getone")
     async def getone(self, *partitions: TopicPartition) -> ConsumerRecord[KT, VT]:

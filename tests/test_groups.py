@@ -1,0 +1,280 @@
+"""Consumer groups against a real broker: rebalances are a non-event.
+
+Tansu holds a JoinGroup for session_timeout/2, so these tests use short session timeouts.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from asyncconsumer import CommitFailedError, Consumer, TopicPartition
+from asyncconsumer.errors import PollIntervalExceededError, RebalanceCallbackError
+from asyncconsumer.listener import RebalanceListener
+from asyncconsumer.managers.membership import MemberState
+
+pytestmark = pytest.mark.anyio
+
+GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 300, "fetch_max_wait_ms": 100,
+         "retry_backoff_ms": 50, "auto_offset_reset": "earliest", "request_timeout_ms": 10000}
+
+
+def member(bootstrap: str, group: str, **options: Any) -> Consumer[Any, Any]:
+    return Consumer(bootstrap_servers=bootstrap, group_id=group, **{**GROUP, **options})
+
+
+class Recorder(RebalanceListener):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, frozenset[TopicPartition]]] = []
+
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.events.append(("assigned", frozenset(assigned)))
+
+    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.events.append(("revoked", frozenset(revoked)))
+
+
+async def wait_for_assignment(c: Consumer[Any, Any], timeout: float = 20) -> set[TopicPartition]:
+    """Poll (callbacks only run inside polls) until the member is stable with partitions."""
+    engine = c._engine
+    assert engine is not None and engine.membership is not None
+    with anyio.fail_after(timeout):
+        while not (engine.membership.state is MemberState.STABLE and c.assignment()):
+            c.pause(*c.assignment())  # keep records in the topic for the test to read later
+            await c.getmany(timeout=0.1)
+        c.resume(*c.assignment())
+        return c.assignment()
+
+
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+async def test_members_come_and_go_every_record_exactly_once(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], strategy: str
+) -> None:
+    topic = new_topic(6)
+    total = 6000
+    produce(topic, ((i % 6, None, b"%d" % i) for i in range(total)))
+    group = f"g-{topic}"
+    seen: list[tuple[int, int]] = []
+    stop = {"a": anyio.Event(), "b": anyio.Event(), "c": anyio.Event()}
+
+    async def run(name: str) -> None:
+        async with member(bootstrap, group, partition_assignment_strategy=strategy, max_poll_records=20) as c:
+            c.subscribe([topic])
+            while not stop[name].is_set():
+                batch = await c.getmany(timeout=0.1)
+                for records in batch.values():
+                    seen.extend((r.partition, r.offset) for r in records)
+                await anyio.sleep(0.01)  # slow: rebalances happen mid-stream
+
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "a")
+            tg.start_soon(run, "b")  # two members
+            await anyio.sleep(5)
+            tg.start_soon(run, "c")  # three
+            await anyio.sleep(5)
+            stop["a"].set()  # two
+            stop["b"].set()  # one: c finishes the topic
+            while len(set(seen)) < total:  # noqa: ASYNC110 (waiting on other tasks' progress)
+                await anyio.sleep(0.2)
+            stop["c"].set()
+    counts = Counter(seen)
+    assert len(counts) == total
+    duplicates = {k: v for k, v in counts.items() if v > 1}
+    assert not duplicates, f"{len(duplicates)} records were delivered twice"
+
+
+async def test_revoke_callback_tasks_commit_and_the_next_owner_starts_after(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(3)
+    produce(topic, ((i % 3, None, b"%d" % i) for i in range(3000)))
+    group = f"g-{topic}"
+    handed: dict[TopicPartition, int] = {}
+
+    class CommitFromTasks(RebalanceListener):
+        def __init__(self, consumer: Consumer[Any, Any]) -> None:
+            self.consumer = consumer
+            self.committed: list[TopicPartition] = []
+
+        async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+            async def commit_one(tp: TopicPartition) -> None:
+                await self.consumer.commit({tp: handed[tp]})  # KIP-957: from a task the callback started
+                self.committed.append(tp)
+
+            async with anyio.create_task_group() as tg:
+                for tp in revoked:
+                    if tp in handed:
+                        tg.start_soon(commit_one, tp)
+
+    async with member(bootstrap, group, enable_auto_commit=False, rebalance_safe_commits=False) as c:
+        listener = CommitFromTasks(c)
+        c.subscribe([topic], listener=listener)
+        got = 0
+        with anyio.fail_after(30):
+            while got < 150:
+                for tp, records in (await c.getmany(timeout=1, max_records=50)).items():
+                    handed[tp] = records[-1].offset + 1
+                    got += len(records)
+        await c.unsubscribe()
+        assert sorted(listener.committed) == sorted(handed)
+    async with member(bootstrap, group) as c:
+        c.subscribe([topic])
+        firsts: dict[TopicPartition, int] = {}
+        with anyio.fail_after(30):
+            while len(firsts) < 3:
+                for tp, records in (await c.getmany(timeout=1)).items():
+                    firsts.setdefault(tp, records[0].offset)
+    for tp in handed:
+        assert firsts[tp] == handed[tp]
+
+
+async def test_callback_that_raises_and_one_that_overruns_do_not_hang(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"x")] * 10)
+
+    class Raises(RebalanceListener):
+        def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+            raise RuntimeError("boom in the listener")
+
+    async with member(bootstrap, f"g1-{topic}") as c:
+        c.subscribe([topic], listener=Raises())
+        with anyio.fail_after(20), pytest.raises(RebalanceCallbackError, match="boom in the listener"):
+            while True:
+                await c.getmany(timeout=0.2)
+        records = await c.getmany(timeout=5)  # the group moved on: the partition is ours
+        assert sum(len(r) for r in records.values()) == 10
+
+    class Sleeps(RebalanceListener):
+        async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+            await anyio.sleep(60)
+
+    async with member(bootstrap, f"g2-{topic}", rebalance_timeout_ms=1500) as c:
+        c.subscribe([topic], listener=Sleeps())
+        started = time.monotonic()
+        with anyio.fail_after(20), pytest.raises(RebalanceCallbackError, match="did not finish"):
+            while True:
+                await c.getmany(timeout=0.2)
+        assert time.monotonic() - started < 15
+        records = await c.getmany(timeout=5)
+        assert sum(len(r) for r in records.values()) == 10
+
+
+async def test_commit_after_losing_partitions_names_them(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    produce(topic, [(p, None, b"x") for p in (0, 1)])
+    async with member(bootstrap, f"g-{topic}") as c:
+        c.subscribe([topic])
+        await wait_for_assignment(c)
+        gone = TopicPartition(topic, 7)
+        with pytest.raises(CommitFailedError, match=re.escape(str(gone))):
+            await c.commit({gone: 1})
+
+
+async def test_regex_subscription_picks_up_a_topic_created_later(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    prefix = f"rx{time.monotonic_ns()}"
+    first = new_topic(1, name=f"{prefix}-a")
+    produce(first, [(0, None, b"a")])
+    async with member(bootstrap, f"g-{prefix}", metadata_max_age_ms=300) as c:
+        c.subscribe(pattern=rf"{prefix}-.*")
+        values: set[bytes] = set()
+        with anyio.fail_after(40):
+            while b"a" not in values:
+                values |= {r.value for rs in (await c.getmany(timeout=0.5)).values() for r in rs}
+            later = await anyio.to_thread.run_sync(lambda: new_topic(1, name=f"{prefix}-b"))
+            produce(later, [(0, None, b"b")])
+            while b"b" not in values:
+                values |= {r.value for rs in (await c.getmany(timeout=0.5)).values() for r in rs}
+        assert c.subscription() == {first, later}
+
+
+async def test_not_polling_past_max_poll_interval_leaves_then_rejoins(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"%d" % i) for i in range(5)])
+    listener = Recorder()
+    async with member(bootstrap, f"g-{topic}", max_poll_interval_ms=1500, enable_auto_commit=False) as c:
+        c.subscribe([topic], listener=listener)
+        await wait_for_assignment(c)
+        await anyio.sleep(2.5)  # "processing" without polling
+        with pytest.raises(PollIntervalExceededError, match="max_poll_interval_ms"):
+            await c.getmany(timeout=1)
+        assert ("revoked", frozenset({TopicPartition(topic, 0)})) in listener.events  # lost → revoked (default)
+        assigned = await wait_for_assignment(c)
+        assert assigned == {TopicPartition(topic, 0)}
+
+
+async def test_static_member_restart_keeps_its_partitions(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(4)
+    group = f"g-{topic}"
+    async with member(bootstrap, group, group_instance_id="worker-1") as c:
+        c.subscribe([topic])
+        before = await wait_for_assignment(c)
+    # Restart within the session timeout: the coordinator still holds worker-1's assignment.
+    async with member(bootstrap, group, group_instance_id="worker-1") as c:
+        c.subscribe([topic])
+        after = await wait_for_assignment(c)
+    assert after == before
+
+
+async def test_mixed_group_with_librdkafka_member(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    from confluent_kafka import Consumer as RdConsumer
+
+    topic = new_topic(4)
+    total = 2000
+    produce(topic, ((i % 4, None, b"%d" % i) for i in range(total)))
+    group = f"g-{topic}"
+    theirs: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def librdkafka_member() -> None:
+        rd = RdConsumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                         "partition.assignment.strategy": "range", "session.timeout.ms": 6000,
+                         "enable.auto.commit": False, "log_level": 3})
+        rd.subscribe([topic])
+        try:
+            while not done.is_set():
+                message = rd.poll(0.1)
+                if message is not None and message.error() is None:
+                    theirs.append((message.partition(), message.offset()))
+                    rd.commit(message=message, asynchronous=False)
+        finally:
+            rd.close()
+
+    ours: list[tuple[int, int]] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, librdkafka_member)
+        async with member(bootstrap, group, partition_assignment_strategy=["range"]) as c:
+            c.subscribe([topic])
+            with anyio.fail_after(60):
+                while len(set(ours) | set(theirs)) < total:
+                    for records in (await c.getmany(timeout=0.2)).values():
+                        ours.extend((r.partition, r.offset) for r in records)
+                    await c.commit()
+            mine = c.assignment()
+            committed = await c.committed({TopicPartition(topic, p) for p in range(4)})
+        done.set()
+    assert ours and theirs, "both members got partitions"
+    assert len(set(ours) | set(theirs)) == total
+    their_partitions = {p for p, _ in theirs}
+    assert not their_partitions & {tp.partition for tp in mine}
+    # Each side sees the other's commits: every partition's committed offset is its end.
+    assert all(om is not None and om.offset == total // 4 for om in committed.values())
