@@ -278,3 +278,87 @@ async def test_mixed_group_with_librdkafka_member(
     assert not their_partitions & {tp.partition for tp in mine}
     # Each side sees the other's commits: every partition's committed offset is its end.
     assert all(om is not None and om.offset == total // 4 for om in committed.values())
+
+
+async def test_partition_streams_slow_partition_does_not_stall_others(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    produce(topic, [(p, None, b"%d" % i) for p in (0, 1) for i in range(300)])
+    done: dict[int, list[int]] = {0: [], 1: []}
+    fast_done = anyio.Event()
+    slow_when_fast_done: list[int] = []
+
+    async def work(tp: TopicPartition, stream: Any) -> None:
+        async for record in stream:
+            done[tp.partition].append(record.offset)
+            if tp.partition == 0:
+                await anyio.sleep(0.01)  # the slow partition
+            elif len(done[1]) == 300:
+                slow_when_fast_done.append(len(done[0]))
+                fast_done.set()
+
+    async with member(bootstrap, f"g-{topic}", max_poll_records=50) as c:
+        c.subscribe([topic])
+
+        async def drive() -> None:
+            async for tp, stream in c.partitions(buffer_records=20):
+                tg.start_soon(work, tp, stream)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drive)
+                await fast_done.wait()
+                tg.cancel_scope.cancel()
+    assert done[1] == list(range(300))
+    assert slow_when_fast_done[0] < 300  # the slow partition was still behind: it did not hold the other back
+    assert done[0] == list(range(len(done[0])))  # in order, nothing skipped
+
+
+async def test_partition_stream_of_a_revoked_partition_ends_after_its_records_are_committed(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    total = 2000
+    produce(topic, [(i % 2, None, b"%d" % i) for i in range(total)])
+    group = f"g-{topic}"
+    seen: list[tuple[int, int]] = []
+    ended: list[int] = []
+
+    async def work(tp: TopicPartition, stream: Any) -> None:
+        async for record in stream:
+            seen.append((record.partition, record.offset))
+            await anyio.sleep(0.002)
+        ended.append(tp.partition)
+
+    async def streaming_member(stop: anyio.Event) -> None:
+        async with member(bootstrap, group, max_poll_records=20) as c:
+            c.subscribe([topic])
+            async with anyio.create_task_group() as tg:
+                async def drive() -> None:
+                    async for tp, stream in c.partitions(buffer_records=10):
+                        tg.start_soon(work, tp, stream)
+
+                tg.start_soon(drive)
+                await stop.wait()
+                tg.cancel_scope.cancel()
+
+    async def plain_member(stop: anyio.Event) -> None:
+        async with member(bootstrap, group) as c:
+            c.subscribe([topic])
+            while not stop.is_set():
+                for records in (await c.getmany(timeout=0.1)).values():
+                    seen.extend((r.partition, r.offset) for r in records)
+
+    stop = anyio.Event()
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(streaming_member, stop)
+            await anyio.sleep(4)
+            tg.start_soon(plain_member, stop)  # a rebalance: one partition moves to the plain member
+            while not ended or len(set(seen)) < total:  # noqa: ASYNC110 (waiting on the members' progress)
+                await anyio.sleep(0.1)
+            stop.set()
+    assert ended, "the revoked partition's stream ended"
+    counts = Counter(seen)
+    assert len(counts) == total and max(counts.values()) == 1  # exactly once across the handover

@@ -39,6 +39,7 @@ from .listener import RebalanceListener
 from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
 from .managers.membership import CallbackKind, CallbackRequest, MemberState
 from .managers.subscription import PartitionState
+from .streams import PartitionStream, PartitionStreams
 from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 
 log = logging.getLogger("asyncconsumer.consumer")
@@ -50,7 +51,7 @@ R = TypeVar("R")
 
 #: Set while a consumer callback runs; tasks started inside it inherit it (KIP-957).
 _CALLBACK_OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("asyncconsumer_callback", default=None)
-_POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches"})
+_POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "partitions"})
 _DEFAULT_BATCH = 500
 
 
@@ -94,8 +95,10 @@ class Consumer(Generic[KT, VT]):
         self._poll_depth = 0
         self._callback_token: object | None = None
         self._listener: RebalanceListener | None = None
+        self._revoke_hooks: list[Callable[[set[TopicPartition]], Awaitable[None]]] = []
         self._iter_chunks: list[tuple[PartitionState, int, list[Record], int]] = []
         self._closed = False
+        self._closing = False
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any], **options: Any) -> Consumer[Any, Any]:
@@ -184,6 +187,7 @@ class Consumer(Generic[KT, VT]):
             self._closed = True
             return
         engine = self._engine
+        self._closing = True
         try:
             with anyio.move_on_after(timeout, shield=True):
                 if engine.membership is not None and not engine.closed:
@@ -344,6 +348,9 @@ class Consumer(Generic[KT, VT]):
         remaining = max(0.0, request.deadline - engine.clock())
         try:
             with anyio.move_on_after(remaining) as scope:
+                if request.kind is not CallbackKind.ASSIGNED:
+                    for hook in list(self._revoke_hooks):
+                        await hook(partitions)
                 result = method(partitions)
                 if inspect.isawaitable(result):
                     await result
@@ -641,9 +648,13 @@ class Consumer(Generic[KT, VT]):
         """Records by partition: waits up to ``timeout`` seconds (None: until there are some; 0: don't wait)."""
         if max_records is not None and (isinstance(max_records, bool) or max_records <= 0):
             raise ConfigError(f"max_records must be a positive int, got {max_records!r}")
-        limit = max_records or self._config.max_poll_records or _DEFAULT_BATCH * 20
+        limit = max_records or self._batch_limit()
         only = set(_check_partitions(partitions, "getmany")) if partitions else None
         self._drop_iter_chunks()
+        return await self._poll(only, limit, timeout, mark_consumed=True)
+
+    async def _poll(self, only: set[TopicPartition] | None, limit: int, timeout: float | None, *,
+                    mark_consumed: bool) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         engine = self._running()
         self._mark_processed(engine)
         engine.app_polled()
@@ -656,14 +667,31 @@ class Consumer(Generic[KT, VT]):
             self._raise_background_error()
             records = self._collect(engine, only, limit)
             if records:
-                for tp, recs in records.items():
-                    engine.subscriptions.partitions[tp].consumed = recs[-1].offset + 1
+                if mark_consumed:
+                    for tp, recs in records.items():
+                        engine.subscriptions.partitions[tp].consumed = recs[-1].offset + 1
                 return self._deserialize_many(engine, records)
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 return {}
             with anyio.move_on_after(remaining):
                 await event.wait()
+
+    def _batch_limit(self) -> int:
+        return self._config.max_poll_records or _DEFAULT_BATCH * 20
+
+    def partitions(
+        self, *, buffer_records: int = 1000
+    ) -> AsyncIterator[tuple[TopicPartition, PartitionStream[KT, VT]]]:
+        """One stream per assigned partition, for processing partitions concurrently.
+
+        ``async for tp, stream in consumer.partitions(): tg.start_soon(work, stream)``.  Each
+        stream holds at most ``buffer_records`` records; a full stream pauses its partition.
+        A revoked partition's stream ends after its records are processed and committed.
+        """
+        if buffer_records <= 0:
+            raise ConfigError("buffer_records must be > 0")
+        return _PollingIterator(self, PartitionStreams(self, buffer_records))
 
     @_bracketed("getone")
     async def getone(self, *partitions: TopicPartition) -> ConsumerRecord[KT, VT]:
@@ -847,3 +875,27 @@ def _check_partitions(partitions: Iterable[Any], operation: str) -> list[TopicPa
 
 def _names(tps: Iterable[TopicPartition]) -> str:
     return ", ".join(sorted(str(tp) for tp in tps)) or "no partitions"
+
+
+class _PollingIterator(Generic[KT, VT]):
+    """Brackets each step of ``partitions()`` with acquire/release, as a poll."""
+
+    def __init__(self, consumer: Consumer[KT, VT], streams: PartitionStreams[KT, VT]) -> None:
+        self._consumer = consumer
+        self._streams = streams
+
+    def __aiter__(self) -> _PollingIterator[KT, VT]:
+        return self
+
+    async def __anext__(self) -> tuple[TopicPartition, PartitionStream[KT, VT]]:
+        self._consumer.acquire("partitions")
+        try:
+            return await self._streams.__anext__()
+        except ConsumerClosedError:
+            self._streams.close()
+            raise StopAsyncIteration from None
+        finally:
+            self._consumer.release("partitions")
+
+    async def aclose(self) -> None:
+        self._streams.close()

@@ -1,0 +1,156 @@
+"""Per-partition streams: ``async for tp, stream in consumer.partitions():``.
+
+One task (the one iterating ``partitions()``) polls the consumer and hands
+each partition's records to that partition's own bounded stream, so partitions
+can be processed concurrently.  A slow partition fills its stream and is then
+paused — back-pressured — without stalling the others.  When a partition is
+revoked its stream stops receiving, the application drains what is left, the
+offsets are committed (rebalance-safe commits), and only then is the partition
+given up; the stream then ends cleanly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from .structs import ConsumerRecord, TopicPartition
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+    from .managers.subscription import PartitionState
+
+KT = TypeVar("KT")
+VT = TypeVar("VT")
+
+
+class PartitionStream(Generic[KT, VT]):
+    """The records of one partition, in order; ends when the partition is revoked."""
+
+    def __init__(self, tp: TopicPartition, state: PartitionState, capacity: int) -> None:
+        self.tp = tp
+        self._state = state
+        send, receive = anyio.create_memory_object_stream[ConsumerRecord[KT, VT]](capacity)
+        self._send: MemoryObjectSendStream[ConsumerRecord[KT, VT]] = send
+        self._receive: MemoryObjectReceiveStream[ConsumerRecord[KT, VT]] = receive
+        self.pending: list[ConsumerRecord[KT, VT]] = []
+
+    def __aiter__(self) -> AsyncIterator[ConsumerRecord[KT, VT]]:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord[KT, VT]:
+        try:
+            record = await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+        self._state.consumed = record.offset + 1  # handed to the application: commit() covers it
+        return record
+
+    def push(self) -> bool:
+        """Move pending records into the stream; False when it is full (back-pressure)."""
+        while self.pending:
+            try:
+                self._send.send_nowait(self.pending[0])
+            except anyio.WouldBlock:
+                return False
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self.pending.clear()  # nobody reads this stream any more
+                return True
+            self.pending.pop(0)
+        return True
+
+    def end(self) -> None:
+        """No more records: what was not sent yet is dropped (not handed out, so not committed)."""
+        self.pending.clear()
+        self._send.close()
+
+    @property
+    def drained(self) -> bool:
+        return self._receive.statistics().current_buffer_used == 0 or self._receive._closed
+
+
+class PartitionStreams(Generic[KT, VT]):
+    def __init__(self, consumer: Consumer[KT, VT], capacity: int) -> None:
+        self._consumer = consumer
+        self._capacity = capacity
+        self._streams: dict[TopicPartition, PartitionStream[KT, VT]] = {}
+        self._new: list[tuple[TopicPartition, PartitionStream[KT, VT]]] = []
+        self._held: set[TopicPartition] = set()  # partitions we paused for back-pressure
+        consumer._revoke_hooks.append(self._on_revoke)
+
+    def __aiter__(self) -> AsyncIterator[tuple[TopicPartition, PartitionStream[KT, VT]]]:
+        return self
+
+    async def __anext__(self) -> tuple[TopicPartition, PartitionStream[KT, VT]]:
+        consumer = self._consumer
+        while not self._new:
+            self._open_assigned()
+            if self._new:
+                break
+            self._push_all()
+            batch = await consumer._poll(None, consumer._batch_limit(), 0.2, mark_consumed=False)
+            for tp, records in batch.items():
+                stream = self._streams.get(tp) or self._open(tp)
+                if stream is not None:
+                    stream.pending.extend(records)
+            self._push_all()
+        return self._new.pop(0)
+
+    def _open_assigned(self) -> None:
+        engine = self._consumer._engine
+        if engine is None:
+            return
+        for tp, state in engine.subscriptions.partitions.items():
+            if tp not in self._streams and not state.revoking:
+                self._open(tp)
+
+    def _open(self, tp: TopicPartition) -> PartitionStream[KT, VT] | None:
+        engine = self._consumer._engine
+        state = engine.subscriptions.get(tp) if engine is not None else None
+        if state is None:
+            return None
+        stream: PartitionStream[KT, VT] = PartitionStream(tp, state, self._capacity)
+        self._streams[tp] = stream
+        self._new.append((tp, stream))
+        return stream
+
+    def _push_all(self) -> None:
+        engine = self._consumer._engine
+        if engine is None:
+            return
+        for tp, stream in self._streams.items():
+            state = engine.subscriptions.get(tp)
+            if state is None:
+                continue
+            if stream.push():
+                if tp in self._held:
+                    self._held.discard(tp)
+                    state.paused = False
+                    engine.wake()
+            elif not state.paused:
+                self._held.add(tp)
+                state.paused = True  # back-pressure: stop fetching and returning this partition
+
+    async def _on_revoke(self, revoked: set[TopicPartition]) -> None:
+        ending = [self._streams.pop(tp) for tp in revoked if tp in self._streams]
+        for stream in ending:
+            stream.end()
+            self._held.discard(stream.tp)
+        # Wait for the application to finish what its streams already hold, so that the commit
+        # that follows covers exactly what it processed.  Not when closing: the readers are gone.
+        consumer = self._consumer
+        wait = 0.0 if consumer._closing else consumer.config.rebalance_commit_wait_ms / 1000
+        with anyio.move_on_after(wait):
+            while not all(s.drained for s in ending):  # noqa: ASYNC110 (the application drains them)
+                await anyio.sleep(0.01)
+
+    def close(self) -> None:
+        for stream in self._streams.values():
+            stream.end()
+        self._streams.clear()
+        hooks: list[Any] = self._consumer._revoke_hooks
+        if self._on_revoke in hooks:
+            hooks.remove(self._on_revoke)
