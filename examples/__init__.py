@@ -1,0 +1,1 @@
+"""Runnable examples (exercised by tests/test_examples.py)."""

@@ -1,0 +1,1 @@
+"""Tests of the PySpark data source (``asyncconsumer.spark``); marker ``spark``."""

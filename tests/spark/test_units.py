@@ -1,0 +1,364 @@
+"""The source's plain-Python parts, without Spark or a broker: options, planning, offsets, Arrow."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import pyarrow as pa
+import pytest
+
+from asyncconsumer import ConsumerRecord, TopicPartition
+from asyncconsumer.errors import OffsetOutOfRangeError
+from asyncconsumer.spark.arrow import arrow_schema, records_to_batch, spark_schema
+from asyncconsumer.spark.options import EARLIEST, LATEST, SourceOptionError, Subscription, parse_options
+from asyncconsumer.spark.source import (
+    DataLossError,
+    KafkaInputPartition,
+    KafkaStreamReader,
+    OffsetRange,
+    RangeReader,
+    rate_limit,
+    resolve_offsets,
+    split_ranges,
+)
+
+pytestmark = pytest.mark.spark
+
+BOOT = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
+TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
+
+
+def opts(**extra: str) -> dict[str, str]:
+    return {**BOOT, **extra}
+
+
+# ----------------------------------------------------------------------------------- options
+
+
+def test_defaults_follow_spark() -> None:
+    batch = parse_options(opts(subscribe="a, b ,a"), streaming=False)
+    assert batch.subscription == Subscription("subscribe", topics=("a", "b"))
+    assert batch.starting.kind == "earliest" and batch.ending is None
+    assert batch.fail_on_data_loss and not batch.include_headers
+    assert parse_options(opts(subscribe="a"), streaming=True).starting.kind == "latest"
+
+
+def test_option_names_are_case_insensitive_and_kafka_params_pass_through() -> None:
+    o = parse_options(
+        {
+            "KAFKA.BOOTSTRAP.SERVERS": "h:1",
+            "SubscribePattern": "ev-.*",
+            "INCLUDEHEADERS": "TRUE",
+            "kafka.isolation.level": "read_committed",
+            "kafka.fetch.max.wait.ms": "20",
+            "maxOffsetsPerTrigger": "10",
+            "minpartitions": "3",
+        },
+        streaming=True,
+    )
+    assert o.include_headers and o.read_committed
+    assert o.consumer_properties == {
+        "bootstrap.servers": "h:1",
+        "isolation.level": "read_committed",
+        "fetch.max.wait.ms": "20",
+    }
+    assert (o.max_offsets_per_trigger, o.min_partitions) == (10, 3)
+    assert o.subscription.matches("ev-1") and not o.subscription.matches("xev-1")
+
+
+def test_per_partition_offsets_json() -> None:
+    o = parse_options(
+        opts(
+            assign='{"t":[0,1]}',
+            startingOffsets='{"t":{"0":5,"1":-2}}',
+            endingOffsets='{"t":{"0":-1,"1":9}}',
+        ),
+        streaming=False,
+    )
+    assert o.subscription.partitions == (TP0, TP1)
+    assert o.starting.offsets_map == {TP0: 5, TP1: EARLIEST}
+    assert o.ending is not None and o.ending.offsets_map == {TP0: LATEST, TP1: 9}
+
+
+def test_timestamp_options_take_precedence_like_spark() -> None:
+    o = parse_options(opts(subscribe="t", startingOffsets="earliest", startingTimestamp="1000"), streaming=True)
+    assert (o.starting.kind, o.starting.timestamp) == ("timestamp", 1000)
+    o = parse_options(
+        opts(
+            subscribe="t",
+            startingTimestamp="1000",
+            startingOffsetsByTimestamp='{"t":{"0":7}}',
+            startingOffsetsByTimestampStrategy="latest",
+        ),
+        streaming=True,
+    )
+    assert o.starting.kind == "timestamps" and o.starting.timestamps_map == {TP0: 7}
+    assert o.starting.strategy == "latest"
+
+
+def test_group_id_for_lag_monitoring() -> None:
+    assert parse_options(opts(subscribe="t")).group_id is None
+    a = parse_options(opts(subscribe="t", groupIdPrefix="lag")).group_id
+    assert (
+        a is not None and a.startswith("lag-") and a == parse_options(opts(subscribe="t", groupIdPrefix="lag")).group_id
+    )
+    assert parse_options(opts(subscribe="t", groupIdPrefix="lag", **{"kafka.group.id": "g"})).group_id == "g"
+    # group.id is never handed to the reading consumers (they join no group)
+    assert "group.id" not in parse_options(opts(subscribe="t", **{"kafka.group.id": "g"})).consumer_properties
+
+
+def test_java_client_sasl_jaas_config_is_translated() -> None:
+    jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" password="s\\"cret";'
+    o = parse_options(
+        opts(
+            subscribe="t",
+            **{
+                "kafka.sasl.jaas.config": jaas,
+                "kafka.security.protocol": "SASL_SSL",
+                "kafka.sasl.mechanism": "SCRAM-SHA-512",
+            },
+        )
+    )
+    props = o.consumer_properties
+    assert (props["sasl.username"], props["sasl.password"]) == ("alice", 's"cret')
+    assert "sasl.jaas.config" not in props
+    assert 's"cret' not in repr(o)  # kafka.* values (passwords) stay out of reprs and logs
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "message"),
+    [
+        (opts(subscribe="t", assign='{"t":[0]}'), None, "exactly one of 'assign', 'subscribe' or 'subscribePattern'"),
+        (opts(), None, "exactly one of"),
+        ({"subscribe": "t"}, None, "'kafka.bootstrap.servers' is required"),
+        (opts(subscribe="t", startingOffset="earliest"), None, "did you mean 'startingOffsets'"),
+        (opts(subscribe="t", colour="red"), None, "unknown option 'colour'"),
+        (opts(subscribe="t", **{"kafka.auto.offset.reset": "earliest"}), None, "startingOffsets"),
+        (opts(subscribe="t", **{"kafka.value.deserializer": "x"}), None, "kafka.value.deserializer"),
+        (opts(subscribe="t", **{"kafka.no.such.setting": "1"}), None, "no.such.setting"),
+        (opts(subscribe="t", **{"kafka.fetch.max.wait.ms": "soon"}), None, "fetch_max_wait_ms"),
+        (opts(subscribe="t", minOffsetsPerTrigger="5"), None, "minOffsetsPerTrigger is not supported"),
+        (opts(subscribe="t", failOnDataLoss="maybe"), None, "'failOnDataLoss' must be 'true' or 'false'"),
+        (opts(subscribe="t", maxOffsetsPerTrigger="0"), None, "'maxOffsetsPerTrigger' must be a positive integer"),
+        (opts(subscribe="t", startingOffsets="first"), None, "must be 'earliest', 'latest' or per-partition JSON"),
+        (opts(subscribe="t", startingOffsets='{"t":{"0":'), None, "not valid JSON"),
+        (opts(subscribe="t", startingOffsets='{"t":{"x":1}}'), None, "'x' is not a partition number"),
+        (opts(subscribe="t", startingOffsets='{"u":{"0":1}}'), None, "u-0, which is not part of subscribe=t"),
+        (opts(assign='{"t":[0,1]}', startingOffsets='{"t":{"0":1}}'), None, "missing: t-1"),
+        (opts(assign='{"t":"0"}'), None, "option 'assign' must look like"),
+        (opts(subscribePattern="(unclosed"), None, "not a valid regular expression"),
+        (opts(subscribe="t", startingOffsets="latest"), False, "not valid for batch queries"),
+        (opts(subscribe="t", endingOffsets="earliest"), False, "not valid for batch queries"),
+        (opts(subscribe="t", startingOffsets='{"t":{"0":-1}}'), False, "-1 (latest) is not valid"),
+        (opts(subscribe="t", endingOffsets="latest"), True, "is for batch queries (spark.read) only"),
+        (opts(subscribe="t", startingTimestamp="yesterday"), None, "timestamp in milliseconds"),
+        (opts(subscribe="t", startingOffsetsByTimestampStrategy="skip"), None, "'error' or 'latest'"),
+        (opts(subscribe="t", **{"kafka.ssl.truststore.location": "/x.jks"}), None, "convert them to PEM"),
+        (opts(subscribe="t", **{"kafka.sasl.jaas.config": "com.example.Custom required;"}), None, "PlainLoginModule"),
+    ],
+)
+def test_bad_options_fail_with_a_clear_message(options: dict[str, str], streaming: bool | None, message: str) -> None:
+    with pytest.raises(SourceOptionError, match="asyncconsumer source") as info:
+        parse_options(options, streaming=streaming)
+    assert message in str(info.value)
+
+
+def test_parsed_options_and_partitions_pickle() -> None:
+    o = parse_options(opts(subscribe="t", includeHeaders="true"), streaming=True)
+    assert pickle.loads(pickle.dumps(o)) == o
+    reader = KafkaStreamReader(o)
+    reader._available_now_target = {TP0: 1}
+    clone = pickle.loads(pickle.dumps(reader))
+    assert clone.options == o and clone._available_now_target is None
+    part = pickle.loads(pickle.dumps(KafkaInputPartition("t", 1, 5, 9)))
+    assert part.offset_range == OffsetRange(TP1, 5, 9)
+
+
+# ---------------------------------------------------------------------------------- planning
+
+
+def covered(pieces: Sequence[OffsetRange]) -> dict[TopicPartition, list[int]]:
+    out: dict[TopicPartition, list[int]] = {}
+    for p in pieces:
+        out.setdefault(p.tp, []).extend(range(p.start, p.end))
+    return out
+
+
+def test_split_ranges_cover_each_range_exactly() -> None:
+    ranges = [OffsetRange(TP0, 10, 1010), OffsetRange(TP1, 0, 10), OffsetRange(TopicPartition("t", 2), 5, 5)]
+    assert split_ranges(ranges) == ranges[:2]  # empty ranges dropped
+    pieces = split_ranges(ranges, min_partitions=10)
+    assert len(pieces) >= 10
+    assert covered(pieces) == {TP0: list(range(10, 1010)), TP1: list(range(10))}
+    assert sum(p.tp == TP0 for p in pieces) > sum(p.tp == TP1 for p in pieces)  # shares follow sizes
+    capped = split_ranges(ranges, max_records_per_partition=300)
+    assert max(p.size for p in capped) <= 300
+    assert covered(capped) == covered(pieces)
+    assert split_ranges([OffsetRange(TP0, 0, 3)], min_partitions=10) == [
+        OffsetRange(TP0, 0, 1),
+        OffsetRange(TP0, 1, 2),
+        OffsetRange(TP0, 2, 3),
+    ]
+
+
+def test_rate_limit_shares_the_limit_by_backlog() -> None:
+    start = {TP0: 0, TP1: 100}
+    latest = {TP0: 900, TP1: 200}
+    assert rate_limit(start, latest, 10_000) == latest
+    limited = rate_limit(start, latest, 100)
+    assert limited == {TP0: 90, TP1: 110}
+    # a tiny backlog is not starved
+    assert rate_limit({TP0: 0, TP1: 0}, {TP0: 100_000, TP1: 1}, 10)[TP1] == 1
+
+
+# --------------------------------------------------------------------------- offset lookups
+
+
+class FakeLookup:
+    def __init__(
+        self,
+        earliest: Mapping[TopicPartition, int],
+        latest: Mapping[TopicPartition, int],
+        times: Mapping[TopicPartition, int | None] | None = None,
+    ) -> None:
+        self._earliest, self._latest, self._times = dict(earliest), dict(latest), dict(times or {})
+
+    async def partitions(self, subscription: Subscription) -> list[TopicPartition]:
+        return sorted(self._latest)
+
+    async def earliest(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self._earliest[tp] for tp in tps}
+
+    async def latest(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self._latest[tp] for tp in tps}
+
+    async def for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
+        return {tp: self._times.get(tp) for tp in timestamps}
+
+
+def resolve(options: dict[str, str], lookup: FakeLookup, *, starting: bool = True) -> dict[TopicPartition, int]:
+    o = parse_options(options)
+    spec = o.starting if starting else o.ending
+    assert spec is not None
+
+    async def main() -> dict[TopicPartition, int]:
+        return await resolve_offsets(lookup, spec, [TP0, TP1], starting=starting)
+
+    return anyio.run(main)
+
+
+def test_resolve_offsets() -> None:
+    lookup = FakeLookup({TP0: 3, TP1: 0}, {TP0: 50, TP1: 60}, {TP0: 20, TP1: None})
+    assert resolve(opts(subscribe="t", startingOffsets="earliest"), lookup) == {TP0: 3, TP1: 0}
+    assert resolve(opts(subscribe="t", startingOffsets="latest"), lookup) == {TP0: 50, TP1: 60}
+    assert resolve(opts(subscribe="t", startingOffsets='{"t":{"0":-2,"1":-1}}'), lookup) == {TP0: 3, TP1: 60}
+    assert resolve(opts(subscribe="t", startingOffsets='{"t":{"0":7,"1":8}}'), lookup) == {TP0: 7, TP1: 8}
+    # no record after the timestamp: the strategy decides for starting offsets; ending ones use latest
+    with pytest.raises(SourceOptionError, match=r"no record at or after the timestamp in t-1"):
+        resolve(opts(subscribe="t", startingTimestamp="99"), lookup)
+    latest_strategy = opts(subscribe="t", startingTimestamp="99", startingOffsetsByTimestampStrategy="latest")
+    assert resolve(latest_strategy, lookup) == {TP0: 20, TP1: 60}
+    assert resolve(opts(subscribe="t", endingTimestamp="99"), lookup, starting=False) == {TP0: 20, TP1: 60}
+    with pytest.raises(SourceOptionError, match="must give every partition to read; missing: t-1"):
+        resolve(opts(subscribe="t", startingOffsets='{"t":{"0":1}}'), lookup)
+    with pytest.raises(SourceOptionError, match="names partitions that do not exist: t-5"):
+        resolve(opts(subscribe="t", startingOffsets='{"t":{"0":1,"1":1,"5":1}}'), lookup)
+
+
+# -------------------------------------------------------------------------- executor reads
+
+
+def rec(offset: int, tp: TopicPartition = TP0) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord(tp.topic, tp.partition, offset, 1_000, 0, None, b"v%d" % offset, 0, 2, ())
+
+
+class FakeConsumer:
+    """Serves records of one partition; offsets below ``log_start`` are out of range."""
+
+    def __init__(self, offsets: Sequence[int], log_start: int = 0, chunk: int = 4) -> None:
+        self.offsets, self.log_start, self.chunk = list(offsets), log_start, chunk
+        self.pos = 0
+        self.seeks: list[int] = []
+
+    def assign(self, tps: Sequence[TopicPartition]) -> None:
+        pass
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.pos = offset
+        self.seeks.append(offset)
+
+    async def getmany(self, *tps: TopicPartition, timeout: float, max_records: int) -> dict[Any, Any]:
+        if self.pos < self.log_start:
+            raise OffsetOutOfRangeError("out of range")
+        batch = [o for o in self.offsets if o >= self.pos][: self.chunk]
+        if not batch:
+            return {}
+        self.pos = batch[-1] + 1
+        return {TP0: [rec(o) for o in batch]}
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.pos
+
+    async def beginning_offsets(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self.log_start for tp in tps}
+
+
+def read_all(consumer: FakeConsumer, start: int, end: int, *, fail_on_data_loss: bool = True) -> list[int]:
+    reader = RangeReader(
+        consumer,
+        OffsetRange(TP0, start, end),  # type: ignore[arg-type]
+        fail_on_data_loss=fail_on_data_loss,
+        poll_timeout=1.0,
+    )
+
+    async def main() -> list[int]:
+        got: list[int] = []
+        while chunk := await reader.next_chunk():
+            got.extend(r.offset for r in chunk)
+        return got
+
+    return anyio.run(main)
+
+
+def test_range_reader_reads_exactly_the_range() -> None:
+    assert read_all(FakeConsumer(range(100)), 10, 23) == list(range(10, 23))
+    # gaps (compaction, transaction markers) are not data loss
+    assert read_all(FakeConsumer([0, 2, 3, 9, 10, 15]), 1, 10) == [2, 3, 9]
+    assert read_all(FakeConsumer(range(100)), 5, 5) == []
+
+
+def test_range_reader_data_loss() -> None:
+    with pytest.raises(DataLossError, match=r"offsets 2 to 9 of t-0 are gone .*failOnDataLoss"):
+        read_all(FakeConsumer(range(10, 30), log_start=10), 2, 20)
+    consumer = FakeConsumer(range(10, 30), log_start=10)
+    assert read_all(consumer, 2, 20, fail_on_data_loss=False) == list(range(10, 20))
+    assert consumer.seeks == [2, 10]
+
+
+# ------------------------------------------------------------------------------------- Arrow
+
+
+def test_arrow_schema_is_what_spark_expects() -> None:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    for headers in (False, True):
+        assert to_arrow_schema(spark_schema(headers), timezone="UTC").equals(arrow_schema(headers))
+
+
+def test_records_to_batch() -> None:
+    records = [
+        ConsumerRecord("t", 1, 7, 1_700_000_000_123, 1, b"k", b"v", 1, 1, (("a", b"1"), ("b", None))),
+        ConsumerRecord("t", 1, 8, 1_700_000_000_124, 0, None, None, -1, -1, ()),
+    ]
+    batch = records_to_batch(records, include_headers=True)
+    assert batch.schema.equals(arrow_schema(True))
+    rows = batch.to_pylist()
+    assert rows[0]["key"] == b"k" and rows[1]["key"] is None and rows[1]["value"] is None
+    assert rows[0]["headers"] == [{"key": "a", "value": b"1"}, {"key": "b", "value": None}]
+    assert rows[1]["headers"] == []
+    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [1_700_000_000_123_000, 1_700_000_000_124_000]
+    assert batch.column("timestampType").to_pylist() == [1, 0]
+    assert records_to_batch(records, include_headers=False).schema.equals(arrow_schema(False))

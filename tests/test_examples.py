@@ -1,0 +1,55 @@
+"""The documented web-framework examples run against the real broker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+GROUP_OPTIONS = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 300, "fetch_max_wait_ms": 100}
+
+
+def test_fastapi_lifespan_worker(bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]) -> None:
+    from fastapi.testclient import TestClient
+
+    from examples.fastapi_worker import create_app
+
+    topic = new_topic(2)
+    produce(topic, [(i % 2, None, b"%d" % i) for i in range(200)])
+    app = create_app(bootstrap, topic, f"g-{topic}", **GROUP_OPTIONS)
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/stats").json()["consumed"] < 200:
+            assert time.monotonic() < deadline, client.get("/stats").json()
+            time.sleep(0.1)
+        assert client.get("/stats").json()["last_offset_by_partition"] == {"0": 99, "1": 99}
+    # Shutdown committed what was consumed: a second instance has nothing left to read.
+    produce(topic, [(0, None, b"late")])
+    with TestClient(create_app(bootstrap, topic, f"g-{topic}", **GROUP_OPTIONS)) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/stats").json()["consumed"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert client.get("/stats").json()["consumed"] == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # aiohttp is asyncio-only
+async def test_aiohttp_background_task(
+    anyio_backend: str, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    import anyio
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from examples.aiohttp_worker import create_app
+
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"x")] * 50)
+    app = create_app(bootstrap, topic, f"g-{topic}", **GROUP_OPTIONS)
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        with anyio.fail_after(30):
+            while (await (await client.get("/stats")).json())["consumed"] < 50:
+                await anyio.sleep(0.1)
