@@ -51,5 +51,5 @@ async def test_aiohttp_background_task(
     app = create_app(bootstrap, topic, f"g-{topic}", **GROUP_OPTIONS)
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         with anyio.fail_after(30):
-            while (await (await client.get("/stats")).json())["consumed"] < 50:
+            while (await (await client.get("/stats")).json())["consumed"] < 50:  # noqa: ASYNC110
                 await anyio.sleep(0.1)
