@@ -383,3 +383,22 @@ async def test_commit_in_flight_during_close_returns(bootstrap: str, new_topic: 
             with anyio.fail_after(10):
                 await c.close(timeout=2)
     assert len(outcome) == 1  # the commit finished one way or the other: it did not hang
+
+
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+async def test_runs_on_uvloop(
+    anyio_backend: Any, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    import asyncio
+
+    import uvloop
+
+    assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+    topic = new_topic(2)
+    produce(topic, [(i % 2, None, b"%d" % i) for i in range(1000)], compression="zstd")
+    async with consumer(bootstrap, group_id=f"g-{topic}", auto_offset_reset="earliest") as c:
+        c.assign(tps(topic, 2))
+        records = await read(c, 1000)
+        await c.commit()
+        assert await c.committed(TopicPartition(topic, 0)) == 500
+    assert sorted(int(r.value) for r in records) == list(range(1000))
