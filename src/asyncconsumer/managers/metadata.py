@@ -15,7 +15,13 @@ from typing import Any
 
 from ..engine.requests import Body, UnsentRequest
 from ..engine.waiter import Waiter
-from ..errors import KafkaError, TopicAuthorizationFailedError, UnknownTopicOrPartitionError, error_for_code
+from ..errors import (
+    AuthenticationError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
+    error_for_code,
+)
 from ..structs import TopicPartition
 
 log = logging.getLogger("asyncconsumer.metadata")
@@ -178,6 +184,8 @@ class MetadataManager:
         log.debug("metadata request failed: %s", error)
         self._retry_at = now + self._retry_backoff
         self.last_error = error if isinstance(error, KafkaError) else KafkaError(repr(error))
+        if isinstance(error, AuthenticationError):
+            self.fail_all(error)  # wrong credentials do not fix themselves: say so at once
         if everything:
             self._all_in_flight = False
         else:
