@@ -223,14 +223,26 @@ async def test_static_member_restart_keeps_its_partitions(
 ) -> None:
     topic = new_topic(4)
     group = f"g-{topic}"
-    async with member(bootstrap, group, group_instance_id="worker-1") as c:
-        c.subscribe([topic])
-        before = await wait_for_assignment(c)
-    # Restart within the session timeout: the coordinator still holds worker-1's assignment.
-    async with member(bootstrap, group, group_instance_id="worker-1") as c:
-        c.subscribe([topic])
-        after = await wait_for_assignment(c)
-    assert after == before
+    other_listener = Recorder()
+    async with member(bootstrap, group, group_instance_id="worker-2") as other:
+        other.subscribe([topic], listener=other_listener)
+        async with member(bootstrap, group, group_instance_id="worker-1") as c:
+            c.subscribe([topic])
+            with anyio.fail_after(30):
+                while len(c.assignment()) + len(other.assignment()) != 4 or not c.assignment():
+                    await c.getmany(timeout=0.05)
+                    await other.getmany(timeout=0.05)
+            before = c.assignment()
+            events_before = list(other_listener.events)
+        # worker-1 is gone but within session_timeout_ms: it left no LeaveGroup (static), so its
+        # partitions wait for it and the other member is not rebalanced.
+        async with member(bootstrap, group, group_instance_id="worker-1") as c:
+            c.subscribe([topic])
+            after = await wait_for_assignment(c)
+            for _ in range(10):
+                await other.getmany(timeout=0.1)
+        assert after == before
+        assert other_listener.events == events_before, "the other member saw a rebalance"
 
 
 async def test_mixed_group_with_librdkafka_member(
