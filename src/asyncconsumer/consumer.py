@@ -15,11 +15,12 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Generic, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, ParamSpec, Self, cast, overload
 
 import anyio
 import anyio.abc
 import sniffio
+from typing_extensions import TypeVar
 
 from .config import ConsumerConfig, build_config, from_properties
 from .engine.fetch_buffer import Record
@@ -44,8 +45,9 @@ from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, Topi
 
 log = logging.getLogger("asyncconsumer.consumer")
 
-KT = TypeVar("KT")
-VT = TypeVar("VT")
+# Defaults (PEP 696) let ``Consumer(...)`` without deserializers type as Consumer[bytes, bytes].
+KT = TypeVar("KT", default=bytes)
+VT = TypeVar("VT", default=bytes)
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -112,7 +114,7 @@ class Consumer(Generic[KT, VT]):
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Consumer[KT, VT]:
+    async def __aenter__(self) -> Self:
         if self._engine is not None:
             raise IllegalStateError("the consumer was already started")
         task_group = anyio.create_task_group()
