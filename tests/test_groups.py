@@ -374,3 +374,24 @@ async def test_partition_stream_of_a_revoked_partition_ends_after_its_records_ar
     assert ended, "the revoked partition's stream ended"
     counts = Counter(seen)
     assert len(counts) == total and max(counts.values()) == 1  # exactly once across the handover
+
+
+async def test_group_protocol_consumer_falls_back_to_classic_where_kip848_is_missing(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], kafka_backend: Any
+) -> None:
+    if kafka_backend.supports("kip848"):
+        pytest.skip("this broker supports KIP-848: no fallback to test")
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"x")] * 3)
+    async with member(bootstrap, f"g-{topic}", group_protocol="consumer") as c:
+        c.subscribe([topic])
+        got: list[Any] = []
+        with anyio.fail_after(30):
+            while len(got) < 3:
+                try:
+                    got += [r for rs in (await c.getmany(timeout=0.5)).values() for r in rs]
+                except Exception as exc:  # the one-time notice that KIP-848 is unavailable
+                    assert "KIP-848" in str(exc) or "group_protocol" in str(exc)
+        from asyncconsumer.managers.membership import MembershipManager
+
+        assert isinstance(c._engine.membership, MembershipManager)

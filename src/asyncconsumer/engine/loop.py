@@ -22,7 +22,8 @@ import anyio.abc
 from ..assignors import get_assignor
 from ..config import ConsumerConfig
 from ..errors import ConsumerClosedError, KafkaError, UnknownTopicOrPartitionError, error_for_code
-from ..managers.commit import CommitManager
+from ..managers.commit import CommitManager, GroupIdentity
+from ..managers.consumer_membership import ConsumerMembershipManager
 from ..managers.coordinator import CoordinatorManager
 from ..managers.fetch import FetchManager
 from ..managers.list_offsets import ListOffsetsManager
@@ -97,7 +98,7 @@ class Engine:
         )
         self.coordinator: CoordinatorManager | None = None
         self.commits: CommitManager | None = None
-        self.membership: MembershipManager | None = None
+        self.membership: MembershipManager | ConsumerMembershipManager | None = None
         if config.group_id is not None:
             self.coordinator = CoordinatorManager(
                 config.group_id, retry_backoff=retry, register_node=self.network.register_node
@@ -111,10 +112,15 @@ class Engine:
                 retry_backoff=retry,
                 assignors=[get_assignor(name) for name in config.partition_assignment_strategy],
             )
-            self.membership = MembershipManager(
-                settings, self.coordinator, self.subscriptions, self.metadata,
-                run_callback=self._queue_callback, drop_buffered=self._drop_buffered, report_error=self.report_error,
-            )
+            self._group_settings = settings
+            if config.group_protocol == "consumer":
+                self.membership = ConsumerMembershipManager(
+                    settings, self.coordinator, self.subscriptions, self.metadata,
+                    run_callback=self._queue_callback, drop_buffered=self._drop_buffered,
+                    report_error=self.report_error, rack_id=config.client_rack or None,
+                )
+            else:
+                self.membership = self._classic_membership()
             self.commits = CommitManager(
                 self.coordinator,
                 self.subscriptions,
@@ -122,7 +128,7 @@ class Engine:
                 request_timeout=config.request_timeout_ms / 1000,
                 auto_commit_interval=config.auto_commit_interval_ms / 1000 if config.enable_auto_commit else None,
                 report_error=self.report_error,
-                group_identity=self.membership.identity,
+                group_identity=self._group_identity,
             )
         self.managers: list[Any] = [
             m
@@ -183,6 +189,7 @@ class Engine:
                     now, self.last_poll, self.config.max_poll_interval_ms / 1000)
                 if expired is not None:
                     self.report_error(expired)
+            self._fall_back_to_classic()
             deadline = float("inf")
             for manager in self.managers:
                 for request in manager.poll(now):
@@ -284,6 +291,29 @@ class Engine:
         if self.membership is not None:
             topics |= self.membership.topics_of_interest()
         return topics
+
+    def _classic_membership(self) -> MembershipManager:
+        assert self.coordinator is not None
+        return MembershipManager(
+            self._group_settings, self.coordinator, self.subscriptions, self.metadata,
+            run_callback=self._queue_callback, drop_buffered=self._drop_buffered, report_error=self.report_error,
+        )
+
+    def _group_identity(self) -> GroupIdentity:
+        return self.membership.identity() if self.membership is not None else GroupIdentity()
+
+    def _fall_back_to_classic(self) -> None:
+        """KIP-848 is not available on this cluster: the classic protocol takes over."""
+        old = self.membership
+        if not isinstance(old, ConsumerMembershipManager) or not old.unsupported:
+            return
+        log.warning("group_protocol='consumer' is not supported by this cluster (KIP-848 needs Kafka >= 4.0); "
+                    "falling back to the classic group protocol")
+        new = self._classic_membership()
+        self.managers[self.managers.index(old)] = new
+        self.membership = new
+        if old.topics or old.pattern is not None:
+            new.subscribe(old.topics, old.pattern)
 
     def _want_all_topics(self) -> bool:
         return self.membership is not None and self.membership.wants_all_topics

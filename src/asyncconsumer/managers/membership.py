@@ -17,11 +17,11 @@ callback.  ``FENCED`` is final (another member took our ``group_instance_id``);
 
 from __future__ import annotations
 
-import enum
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from ..assignors import (
     Assignor,
@@ -36,10 +36,13 @@ from ..assignors import (
 from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, PollIntervalExceededError, error_for_code
 from ..structs import TopicPartition
-from .commit import GroupIdentity
 from .coordinator import CoordinatorManager
+from .member_base import GroupMemberBase
+from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState
 from .metadata import MetadataManager
 from .subscription import SubscriptionState
+
+__all__ = ["CallbackKind", "CallbackRequest", "GroupSettings", "MemberState", "MembershipManager"]
 
 log = logging.getLogger("asyncconsumer.membership")
 
@@ -52,42 +55,6 @@ FENCED_INSTANCE_ID = 82
 _COORDINATOR_ERRORS = {13, 14, 15, 16}
 
 
-class MemberState(enum.Enum):
-    UNSUBSCRIBED = "unsubscribed"
-    PREPARE_REVOCATION = "prepare_revocation"
-    REVOKING_PARTITIONS = "revoking_partitions"
-    PARTITIONS_REVOKED = "partitions_revoked"
-    JOINING = "joining"
-    SYNCING = "syncing"
-    ASSIGNING_PARTITIONS = "assigning_partitions"
-    STABLE = "stable"
-    LOST = "lost"
-    LEAVING = "leaving"
-    FENCED = "fenced"
-
-
-class CallbackKind(enum.Enum):
-    REVOKED = "on_partitions_revoked"
-    ASSIGNED = "on_partitions_assigned"
-    LOST = "on_partitions_lost"
-
-
-@dataclass(eq=False)
-class CallbackRequest:
-    """A background event: run a rebalance callback on the application side, then ``ack``."""
-
-    kind: CallbackKind
-    partitions: frozenset[TopicPartition]
-    deadline: float
-    generation: int
-    acked: bool = False
-    error: BaseException | None = None
-
-    def ack(self, error: BaseException | None = None) -> None:
-        self.acked = True
-        self.error = error
-
-
 @dataclass
 class _Plan:
     """What the current rebalance still has to do."""
@@ -98,18 +65,7 @@ class _Plan:
     rejoin_after: bool = False
 
 
-@dataclass
-class GroupSettings:
-    group_id: str
-    group_instance_id: str | None
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    heartbeat_interval: float
-    retry_backoff: float
-    assignors: list[Assignor] = field(default_factory=list)
-
-
-class MembershipManager:
+class MembershipManager(GroupMemberBase):
     def __init__(
         self,
         settings: GroupSettings,
@@ -121,49 +77,22 @@ class MembershipManager:
         drop_buffered: Callable[[frozenset[TopicPartition]], None],
         report_error: Callable[[KafkaError], None],
     ) -> None:
-        self.settings = settings
-        self._coordinator = coordinator
-        self._subscriptions = subscriptions
-        self._metadata = metadata
-        self._run_callback = run_callback
-        self._drop_buffered = drop_buffered
-        self._report_error = report_error
-        self.state = MemberState.UNSUBSCRIBED
-        self.member_id = ""
-        self.generation = -1
+        super().__init__(settings, coordinator, subscriptions, metadata, run_callback=run_callback,
+                         drop_buffered=drop_buffered, report_error=report_error)
         self.leader_id = ""
         self.protocol_name: str | None = None
-        self.topics: frozenset[str] = frozenset()
-        self.pattern: re.Pattern[str] | None = None
-        self.owned: frozenset[TopicPartition] = frozenset()
         self._plan = _Plan()
-        self._callback: CallbackRequest | None = None
         self._in_flight = False
         self._retry_at = 0.0
         self._next_heartbeat = 0.0
         self._heartbeat_in_flight = False
         self._rejoin_requested = False
         self._group_topics: frozenset[str] = frozenset()
-        self._leader_pending: tuple[Body, int] | None = None
+        self._leader_pending: tuple[dict[str, Any], int] | None = None
         self._partition_counts: dict[str, int] = {}
         self._sync_assignments: dict[str, bytes] | None = None
-        self._leaving = self._force_leave = self._wait_for_poll = False
-        self._leave_reason: str | None = None
-        self.transitions: list[tuple[MemberState, MemberState]] = []
 
     # -- state ------------------------------------------------------------------------------------
-
-    def _to(self, state: MemberState) -> None:
-        if state is not self.state:
-            log.debug("group %r member %r: %s -> %s", self.settings.group_id, self.member_id or "-",
-                      self.state.name, state.name)
-            self.transitions.append((self.state, state))
-            self.state = state
-
-    def identity(self) -> GroupIdentity:
-        if self.state in (MemberState.UNSUBSCRIBED, MemberState.LEAVING, MemberState.FENCED) or self.generation < 0:
-            return GroupIdentity(-1, "", self.settings.group_instance_id)
-        return GroupIdentity(self.generation, self.member_id, self.settings.group_instance_id)
 
     @property
     def protocol(self) -> RebalanceProtocol:
@@ -176,10 +105,6 @@ class MembershipManager:
     def topics_of_interest(self) -> set[str]:
         """Our subscribed topics, and as leader every member's (to compute the assignment)."""
         return set(self.topics) | set(self._group_topics)
-
-    @property
-    def wants_all_topics(self) -> bool:
-        return self.pattern is not None
 
     # -- application requests ---------------------------------------------------------------------
 
@@ -285,12 +210,7 @@ class MembershipManager:
             if state in (MemberState.PREPARE_REVOCATION, MemberState.LOST):
                 revoke = self._plan.revoke
                 if revoke:
-                    # Nothing more is fetched or handed out for these partitions from here on.
-                    for tp in revoke:
-                        part = self._subscriptions.get(tp)
-                        if part is not None:
-                            part.revoking = True
-                    self._drop_buffered(revoke)
+                    self._mark_revoking(revoke)
                     kind = CallbackKind.LOST if self._plan.lost else CallbackKind.REVOKED
                     self._ask(now, kind, revoke)
                     self._to(MemberState.REVOKING_PARTITIONS)
@@ -329,23 +249,6 @@ class MembershipManager:
                     self._next_heartbeat = now
             else:
                 return
-
-    def _ask(self, now: float, kind: CallbackKind, partitions: frozenset[TopicPartition]) -> None:
-        deadline = now + self.settings.rebalance_timeout_ms / 1000
-        self._callback = CallbackRequest(kind, partitions, deadline, self.generation)
-        self._run_callback(self._callback)
-
-    def _callback_done(self, now: float) -> bool:
-        callback = self._callback
-        if callback is None:
-            return True
-        if not callback.acked and now < callback.deadline:
-            return False
-        if not callback.acked:
-            log.warning("group %r: %s did not finish within rebalance_timeout_ms; going on without it",
-                        self.settings.group_id, callback.kind.value)
-        self._callback = None
-        return True
 
     # -- the manager protocol ---------------------------------------------------------------------
 
@@ -637,10 +540,6 @@ class MembershipManager:
         if (self.topics or self.pattern is not None) and not self._wait_for_poll:
             self._start_rebalance(join=True)  # subscribed again meanwhile
 
-    @property
-    def leaving(self) -> bool:
-        return self._leaving or self.state is MemberState.LEAVING
-
     def _fenced(self, body: Body) -> None:
         self._to(MemberState.FENCED)
         self._report_error(error_for_code(
@@ -649,7 +548,3 @@ class MembershipManager:
             f"{self.settings.group_instance_id!r}; this one is fenced and stops",
         ))
 
-    # -- what the application side asks ---------------------------------------------------------------
-
-    def assignment_generation(self) -> int:
-        return self.generation

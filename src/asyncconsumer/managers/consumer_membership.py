@@ -1,0 +1,550 @@
+"""Group membership for the consumer group protocol (KIP-848, ``group_protocol="consumer"``).
+
+One RPC, ``ConsumerGroupHeartbeat``, does joining, heartbeating and leaving;
+the coordinator computes the assignment and hands each member its *target*
+(topic ids and partitions).  The member reconciles towards it one step at a
+time and tells the coordinator what it owns in its next heartbeat:
+
+    UNSUBSCRIBED ──subscribe──► JOINING (epoch 0) ──response──► STABLE
+                                    ▲                              │ new target assignment
+                                    │                              ▼
+        LOST ◄── FENCED_MEMBER_EPOCH / UNKNOWN_MEMBER_ID     PREPARE_REVOCATION ─► REVOKING_PARTITIONS
+                                                                    │ (owned - target; callback, deadline)
+                                                                    ▼
+        STABLE ◄── ASSIGNING_PARTITIONS (target - owned; callback) ◄── PARTITIONS_REVOKED
+
+    leave(): revoke everything ─► LEAVING (epoch -1, or -2 for a static member) ─► UNSUBSCRIBED
+
+A sans-I/O state machine with the same public surface as the classic
+:class:`~asyncconsumer.managers.membership.MembershipManager`, so the engine
+can drive either.  ``generation`` is the member epoch (-1 outside the group,
+0 while joining).  Heartbeats carry only the fields that changed since the
+coordinator last accepted one; after any error the next one is complete again.
+Assigned topic ids missing from our metadata stay pending (a metadata refresh
+is asked for) while the rest of the assignment is reconciled.  Every state
+transition is logged at debug level and kept in ``transitions``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.requests import Body, UnsentRequest
+from ..errors import KafkaError, PollIntervalExceededError, UnsupportedVersionError, error_for_code
+from ..structs import TopicPartition
+from .coordinator import CoordinatorManager
+from .member_base import GroupMemberBase
+from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState
+from .metadata import MetadataManager
+from .subscription import SubscriptionState
+
+log = logging.getLogger("asyncconsumer.membership")
+
+# Error codes (Kafka protocol).
+UNKNOWN_MEMBER_ID = 25
+GROUP_AUTHORIZATION_FAILED = 30
+UNSUPPORTED_VERSION = 35
+GROUP_MAX_SIZE_REACHED = 81
+FENCED_INSTANCE_ID = 82
+FENCED_MEMBER_EPOCH = 110
+UNRELEASED_INSTANCE_ID = 111
+_COORDINATOR_ERRORS = {13, 14, 15, 16}
+_FATAL_ERRORS = {FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED}
+
+# Member epochs with a meaning of their own.
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+STATIC_LEAVE_EPOCH = -2
+
+#: Longest wait between retries after an error that is reported to the application.
+_MAX_ERROR_BACKOFF = 30.0
+
+#: A partition of the target assignment, as the coordinator names it.
+IdPartition = tuple[bytes, int]
+
+
+@dataclass
+class _Plan:
+    """What the current reconciliation still has to do."""
+
+    revoke: frozenset[TopicPartition] = frozenset()
+    assign: frozenset[TopicPartition] = frozenset()
+    lost: bool = False
+
+
+class ConsumerMembershipManager(GroupMemberBase):
+    """KIP-848 membership: the coordinator assigns, the member reconciles and acknowledges."""
+
+    def __init__(
+        self,
+        settings: GroupSettings,
+        coordinator: CoordinatorManager,
+        subscriptions: SubscriptionState,
+        metadata: MetadataManager,
+        *,
+        run_callback: Callable[[CallbackRequest], None],
+        drop_buffered: Callable[[frozenset[TopicPartition]], None],
+        report_error: Callable[[KafkaError], None],
+        rack_id: str | None = None,
+        server_assignor: str | None = None,
+    ) -> None:
+        super().__init__(settings, coordinator, subscriptions, metadata, run_callback=run_callback,
+                         drop_buffered=drop_buffered, report_error=report_error)
+        self.rack_id = rack_id or None
+        #: Name of a broker-side assignor ("uniform", "range"); ``None`` lets the coordinator choose.
+        self.server_assignor = server_assignor
+        #: The broker has no ConsumerGroupHeartbeat (Kafka < 4.0 or KIP-848 disabled): use the classic protocol.
+        self.unsupported = False
+        self.heartbeat_interval = settings.heartbeat_interval
+        self._plan = _Plan()
+        # Target assignment from the coordinator (None: nothing received since joining).
+        self._target: frozenset[IdPartition] | None = None
+        self._needs_reconcile = False
+        self._unresolved: frozenset[IdPartition] = frozenset()
+        self._resolved_at_version = -1
+        self._metadata_retry_at = 0.0
+        # Topic ids of the topics we own partitions of (heartbeats name partitions by id).
+        self._topic_ids: dict[str, bytes] = {}
+        # Heartbeat fields the coordinator accepted last (None: send every field).
+        self._acked: dict[str, Any] | None = None
+        self._in_flight = False
+        self._retry_at = 0.0
+        self._next_heartbeat = 0.0
+        self._error_count = 0
+        self._session = 0
+
+    # -- state ------------------------------------------------------------------------------------
+
+    @property
+    def member_epoch(self) -> int:
+        return self.generation
+
+    #: Member epochs start at 1 (0 only asks to join).
+    _first_generation = 1
+
+    def topics_of_interest(self) -> set[str]:
+        return set(self.topics)
+
+    @property
+    def pending_topic_ids(self) -> frozenset[IdPartition]:
+        """Assigned partitions whose topic ids our metadata does not know yet."""
+        return self._unresolved
+
+    # -- application requests ---------------------------------------------------------------------
+
+    def subscribe(self, topics: frozenset[str], pattern: re.Pattern[str] | None) -> None:
+        changed = topics != self.topics or pattern != self.pattern
+        self.topics, self.pattern = topics, pattern
+        if self.state is MemberState.FENCED or self._leaving or self.state is MemberState.LEAVING:
+            return  # a member that is leaving rejoins once it has left
+        if self.state is MemberState.UNSUBSCRIBED:
+            if topics or pattern is not None:
+                self._join()
+        elif changed:
+            # No rejoin in this protocol: the next heartbeat carries the new subscription.
+            self._next_heartbeat = 0.0
+
+    def update_pattern_topics(self, all_topics: set[str]) -> None:
+        """Regex subscriptions follow topics created and deleted (sent as names: v0 has no regex field)."""
+        if self.pattern is None:
+            return
+        matched = frozenset(t for t in all_topics if self.pattern.fullmatch(t))
+        if matched != self.topics:
+            log.info("pattern %s now matches %s", self.pattern.pattern, sorted(matched))
+            self.topics = matched
+            self._next_heartbeat = 0.0
+
+    def on_metadata(self) -> None:
+        """New metadata may name topic ids of the target assignment we could not resolve before."""
+        if self._unresolved:
+            self._needs_reconcile = True
+
+    def request_rejoin(self, reason: str) -> None:
+        """The coordinator drives rebalances here; all a member can do is resend its full state."""
+        log.info("group %r: resending the full member state (%s)", self.settings.group_id, reason)
+        self._acked = None
+        self._next_heartbeat = 0.0
+
+    def leave(self, reason: str) -> None:
+        """Unsubscribe or close: give up partitions (callbacks run) and leave the group."""
+        self.topics, self.pattern = frozenset(), None
+        if self.state in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
+            return
+        self._leave_reason = reason
+        self._leaving = True
+        self._target, self._unresolved, self._needs_reconcile = None, frozenset(), False
+        if self.state is MemberState.LEAVING or self._plan.lost:
+            return  # already on the way out (fenced: partitions are being lost, then nothing to leave)
+        self._callback = None
+        self._plan = _Plan(revoke=self.owned)
+        self._to(MemberState.PREPARE_REVOCATION)
+
+    def check_poll_interval(self, now: float, last_poll: float, max_interval: float) -> KafkaError | None:
+        """Liveness: an application that stops polling loses its partitions and leaves the group.
+
+        Returns the error its next poll raises; the member rejoins on that poll (``on_poll``).
+        """
+        joined = self.state not in (MemberState.UNSUBSCRIBED, MemberState.FENCED, MemberState.LEAVING)
+        if not joined or self._wait_for_poll or now - last_poll <= max_interval:
+            return None
+        log.warning(
+            "group %r: the application did not poll for %.1fs (max_poll_interval_ms=%d); leaving the group — "
+            "process faster, poll more often (pause() partitions while busy) or raise max_poll_interval_ms",
+            self.settings.group_id, now - last_poll, int(max_interval * 1000),
+        )
+        self._drop_all(now)
+        self._leaving = self._force_leave = self._wait_for_poll = True
+        self._to(MemberState.LEAVING)
+        return PollIntervalExceededError(
+            f"the consumer did not poll for more than max_poll_interval_ms={int(max_interval * 1000)}: it left "
+            f"group {self.settings.group_id!r} and its partitions were reassigned; it rejoins now"
+        )
+
+    def on_poll(self) -> None:
+        if self._wait_for_poll:
+            self._wait_for_poll = False
+            if self.state is MemberState.UNSUBSCRIBED and (self.topics or self.pattern is not None):
+                self._join()
+
+    # -- membership changes -----------------------------------------------------------------------
+
+    def _join(self) -> None:
+        self.generation = JOIN_EPOCH
+        self._acked = None
+        self._target, self._unresolved, self._needs_reconcile = None, frozenset(), False
+        self._to(MemberState.JOINING)
+
+    def _drop_all(self, now: float) -> None:
+        """Give up every partition at once (nobody waits for the LOST callback) and forget the plan."""
+        self._session += 1
+        lost = self.owned
+        if lost:
+            self._subscriptions.remove(lost)
+            self._drop_buffered(lost)
+            if not (self._plan.lost and self._callback is not None):  # else the application was told already
+                self._run_callback(CallbackRequest(CallbackKind.LOST, lost, now, self.generation, acked=True))
+        self.owned = frozenset()
+        self._topic_ids.clear()
+        self._callback = None
+        self._plan = _Plan()
+        self._target, self._unresolved, self._needs_reconcile = None, frozenset(), False
+
+    def _lose_partitions(self, now: float, error: KafkaError, *, forget_member_id: bool) -> None:
+        """Fenced by the coordinator: partitions are lost (no commit), then rejoin with epoch 0."""
+        log.warning("group %r member %s: %s; partitions lost, rejoining", self.settings.group_id,
+                    self.member_id or "-", error)
+        self._session += 1
+        if forget_member_id:
+            self.member_id = ""
+        self.generation = JOIN_EPOCH
+        self._acked = None
+        self._callback = None
+        self._target, self._unresolved, self._needs_reconcile = None, frozenset(), False
+        self._plan = _Plan(revoke=self.owned, lost=True)
+        self._to(MemberState.LOST)
+        self._advance(now)
+
+    def _fatal(self, now: float, error: KafkaError) -> None:
+        """The member cannot go on (fenced instance id, group full, no KIP-848): final."""
+        self._drop_all(now)
+        self.generation = -1
+        self._leaving = self._force_leave = False
+        self._to(MemberState.FENCED)
+        self._report_error(error)
+
+    # -- reconciliation ---------------------------------------------------------------------------
+
+    def _resolve(self) -> tuple[frozenset[TopicPartition], frozenset[IdPartition]]:
+        """The target as partitions we can name, and the rest (topic ids unknown to our metadata)."""
+        assert self._target is not None
+        cluster = self._metadata.cluster
+        owned_names = {topic_id: name for name, topic_id in self._topic_ids.items()}
+        names: dict[bytes, str | None] = {}
+        wanted: set[TopicPartition] = set()
+        unresolved: set[IdPartition] = set()
+        for topic_id, partition in self._target:
+            if topic_id not in names:
+                names[topic_id] = cluster.topic_name(topic_id) or owned_names.get(topic_id)
+            name = names[topic_id]
+            if name is None:
+                unresolved.add((topic_id, partition))
+            else:
+                wanted.add(TopicPartition(name, partition))
+        for topic_id, name in names.items():
+            if name is not None:
+                self._topic_ids[name] = topic_id
+        return frozenset(wanted), frozenset(unresolved)
+
+    def _reconcile(self, now: float) -> bool:
+        """In STABLE: start moving towards the target; False when there is nothing to do."""
+        metadata_moved = bool(self._unresolved) and self._metadata.version != self._resolved_at_version
+        if self._target is None or not (self._needs_reconcile or metadata_moved):
+            self._maybe_refresh_metadata(now)
+            return False
+        self._needs_reconcile = False
+        wanted, unresolved = self._resolve()
+        self._unresolved = unresolved
+        self._resolved_at_version = self._metadata.version
+        if unresolved:
+            log.info("group %r: assigned topic ids %s are not in our metadata yet; waiting for a refresh",
+                     self.settings.group_id, sorted({tid.hex() for tid, _ in unresolved}))
+            self._maybe_refresh_metadata(now)
+        revoke = self.owned - wanted
+        assign = wanted - self.owned
+        if not revoke and not assign:
+            return False
+        log.info("group %r epoch %d: assigned %s, revoked %s", self.settings.group_id, self.generation,
+                 sorted(map(str, assign)), sorted(map(str, revoke)))
+        self._plan = _Plan(revoke=revoke, assign=assign)
+        self._to(MemberState.PREPARE_REVOCATION)
+        return True
+
+    def _maybe_refresh_metadata(self, now: float) -> None:
+        if self._unresolved and now >= self._metadata_retry_at:
+            self._metadata.request_update()
+            self._metadata_retry_at = now + max(self.settings.retry_backoff, 1.0)
+
+    def _advance(self, now: float) -> None:
+        """Move through the callback states; stops where a callback or a request is awaited."""
+        while True:
+            state = self.state
+            if state in (MemberState.PREPARE_REVOCATION, MemberState.LOST):
+                revoke = self._plan.revoke
+                if revoke:
+                    self._mark_revoking(revoke)
+                    self._ask(now, CallbackKind.LOST if self._plan.lost else CallbackKind.REVOKED, revoke)
+                    self._to(MemberState.REVOKING_PARTITIONS)
+                else:
+                    self._to(MemberState.PARTITIONS_REVOKED)
+            elif state is MemberState.REVOKING_PARTITIONS:
+                if not self._callback_done(now):
+                    return
+                self._to(MemberState.PARTITIONS_REVOKED)
+            elif state is MemberState.PARTITIONS_REVOKED:
+                if self._plan.revoke:
+                    self._subscriptions.remove(self._plan.revoke)
+                    self.owned = self.owned - self._plan.revoke
+                    for topic in {tp.topic for tp in self._plan.revoke} - {tp.topic for tp in self.owned}:
+                        self._topic_ids.pop(topic, None)
+                    self._plan.revoke = frozenset()
+                    self._next_heartbeat = now  # acknowledge the revocation at once
+                if self._leaving:
+                    self._to(MemberState.LEAVING)
+                    return
+                if self._plan.lost:
+                    self._plan = _Plan()
+                    self._join()
+                    return
+                if self._plan.assign:
+                    self._to(MemberState.ASSIGNING_PARTITIONS)
+                    self._subscriptions.add(self._plan.assign)
+                    self.owned = self.owned | self._plan.assign
+                    self._ask(now, CallbackKind.ASSIGNED, self._plan.assign)
+                else:
+                    self._to(MemberState.STABLE)
+            elif state is MemberState.ASSIGNING_PARTITIONS:
+                if not self._callback_done(now):
+                    return
+                self._plan.assign = frozenset()
+                self._to(MemberState.STABLE)
+                self._next_heartbeat = now  # acknowledge the assignment at once
+            elif state is MemberState.STABLE:
+                if not self._reconcile(now):
+                    return
+            else:
+                return
+
+    # -- the manager protocol ---------------------------------------------------------------------
+
+    def _heartbeating(self) -> bool:
+        return self.generation > 0 and self.state in (
+            MemberState.STABLE, MemberState.ASSIGNING_PARTITIONS, MemberState.REVOKING_PARTITIONS,
+            MemberState.PREPARE_REVOCATION, MemberState.PARTITIONS_REVOKED,
+        )
+
+    def next_deadline(self, now: float) -> float:
+        times = [float("inf")]
+        if self._callback is not None and not self._callback.acked:
+            times.append(self._callback.deadline)
+        if self._unresolved and self.state is MemberState.STABLE:
+            times.append(self._metadata_retry_at)
+        if self._coordinator.node_id is not None and not self._in_flight:
+            if self.state in (MemberState.JOINING, MemberState.LEAVING):
+                times.append(self._retry_at)
+            elif self._heartbeating():
+                times.append(max(self._retry_at, self._next_heartbeat))
+        return max(now, min(times))
+
+    def poll(self, now: float) -> list[UnsentRequest]:
+        self._advance(now)
+        node = self._coordinator.node_id
+        if self.state is MemberState.LEAVING and not self._in_flight and self.generation <= 0:
+            self._left()  # never became a member (or fenced meanwhile): nothing to tell the coordinator
+            return []
+        if node is None or self._in_flight or now < self._retry_at:
+            return []
+        if self.state is MemberState.JOINING:
+            return [self._heartbeat_request(node, JOIN_EPOCH)]
+        if self.state is MemberState.LEAVING:
+            static = self.settings.group_instance_id is not None and not self._force_leave
+            return [self._heartbeat_request(node, STATIC_LEAVE_EPOCH if static else LEAVE_EPOCH)]
+        if self._heartbeating() and now >= self._next_heartbeat:
+            return [self._heartbeat_request(node, self.generation)]
+        return []
+
+    # -- ConsumerGroupHeartbeat -------------------------------------------------------------------
+
+    def _owned_by_id(self) -> list[Body]:
+        # Partitions whose assigned callback is still running are not acknowledged yet.
+        owned = self.owned
+        if self.state is MemberState.ASSIGNING_PARTITIONS:
+            owned -= self._plan.assign
+        by_id: dict[bytes, list[int]] = {}
+        for tp in owned:
+            by_id.setdefault(self._topic_ids[tp.topic], []).append(tp.partition)
+        return [{"topic_id": tid, "partitions": sorted(parts)} for tid, parts in sorted(by_id.items())]
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "instance_id": self.settings.group_instance_id,
+            "rack_id": self.rack_id,
+            "rebalance_timeout_ms": self.settings.rebalance_timeout_ms,
+            "subscribed_topic_names": sorted(self.topics),
+            "server_assignor": self.server_assignor,
+            "topic_partitions": self._owned_by_id(),
+        }
+
+    def _heartbeat_request(self, node: int, epoch: int) -> UnsentRequest:
+        self._in_flight = True
+        settings, session = self.settings, self._session
+        leaving = epoch < 0
+        sent: dict[str, Any] = {}
+
+        def build(version: int) -> Body:
+            body: Body = {"group_id": settings.group_id, "member_id": self.member_id, "member_epoch": epoch}
+            if leaving:
+                # The coordinator needs the instance id to keep a static member's assignment (-2).
+                body["instance_id"] = settings.group_instance_id
+                return body
+            fields = self._fields()
+            acked = None if epoch == JOIN_EPOCH else self._acked
+            sent.clear()
+            sent.update(fields)
+            for name, value in fields.items():
+                if acked is None or acked.get(name) != value:
+                    body[name] = value
+                elif name == "rebalance_timeout_ms":
+                    body[name] = -1  # unchanged
+                else:
+                    body[name] = None  # unchanged
+            return body
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            self._in_flight = False
+            if self.state is MemberState.FENCED:
+                return
+            if leaving:
+                self._left()
+                return
+            code = body["error_code"]
+            if code == 0:
+                self._on_success(now, body, sent, stale=session != self._session)
+            elif session == self._session or code in _FATAL_ERRORS or code == UNSUPPORTED_VERSION:
+                self._on_error_code(now, code, body.get("error_message"))
+
+        def on_error(now: float, error: BaseException) -> None:
+            self._in_flight = False
+            if self.state is MemberState.FENCED:
+                return
+            if leaving:
+                log.info("leaving group %r failed (%s); the session times out instead", settings.group_id, error)
+                self._left()
+                return
+            if isinstance(error, UnsupportedVersionError):
+                self._unsupported(now, str(error))
+                return
+            log.debug("ConsumerGroupHeartbeat for group %r failed: %s", settings.group_id, error)
+            self._acked = None
+            self._retry_at = now + settings.retry_backoff
+            if isinstance(error, KafkaError) and error.retriable:
+                self._coordinator.mark_unknown(now, error)
+
+        return UnsentRequest("ConsumerGroupHeartbeat", build, on_response, on_error, node_id=node)
+
+    def _on_success(self, now: float, body: Body, sent: dict[str, Any], *, stale: bool) -> None:
+        self._error_count = 0
+        if body["member_id"]:
+            self.member_id = body["member_id"]
+        if self.state is MemberState.FENCED or (stale and not self._leaving):
+            return
+        self.generation = body["member_epoch"]
+        if body["heartbeat_interval_ms"] > 0:
+            self.heartbeat_interval = body["heartbeat_interval_ms"] / 1000
+        self._acked = dict(sent)
+        # Something changed while this heartbeat was out (owned partitions, subscription): say so at once.
+        self._next_heartbeat = now if self._fields() != sent else now + self.heartbeat_interval
+        if self._leaving:
+            return  # going anyway: the leave heartbeat goes out next
+        if self.state is MemberState.JOINING:
+            log.info("group %r joined: member %s, epoch %d", self.settings.group_id, self.member_id, self.generation)
+            self._to(MemberState.STABLE)
+            self._target = frozenset()  # a join starts from nothing; the response normally says what to own
+            self._needs_reconcile = True
+        assignment = body["assignment"]
+        if assignment is not None:
+            self._target = frozenset(
+                (t["topic_id"], p) for t in assignment["topic_partitions"] for p in t["partitions"]
+            )
+            self._needs_reconcile = True
+        self._advance(now)
+
+    def _on_error_code(self, now: float, code: int, message: str | None) -> None:
+        settings = self.settings
+        error = error_for_code(code, message or f"ConsumerGroupHeartbeat for group {settings.group_id!r}")
+        self._acked = None  # the next heartbeat carries every field
+        if code == UNSUPPORTED_VERSION:
+            self._unsupported(now, str(error))
+        elif code in (FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID):
+            if self._leaving:
+                self.generation = JOIN_EPOCH  # no longer a member: nothing to leave
+            else:
+                # KIP-848: a fenced epoch rejoins with the same member id; an unknown one gets a new id (v0).
+                self._lose_partitions(now, error, forget_member_id=code == UNKNOWN_MEMBER_ID)
+        elif code == FENCED_INSTANCE_ID:
+            self._fatal(now, error_for_code(code, (
+                f"another consumer joined group {settings.group_id!r} with group_instance_id "
+                f"{settings.group_instance_id!r}; this one is fenced and stops")))
+        elif code == GROUP_MAX_SIZE_REACHED:
+            self._fatal(now, error_for_code(code, (
+                f"group {settings.group_id!r} is full (group.consumer.max.size on the broker); this consumer stops")))
+        elif code in _COORDINATOR_ERRORS:
+            self._coordinator.mark_unknown(now, error)
+            self._retry_at = now + settings.retry_backoff
+        else:
+            # UNRELEASED_INSTANCE_ID, UNSUPPORTED_ASSIGNOR, INVALID_REQUEST, GROUP_AUTHORIZATION_FAILED, ...:
+            # tell the application, and try again later (with a growing pause so errors do not flood it).
+            self._error_count += 1
+            delay = min(_MAX_ERROR_BACKOFF, settings.retry_backoff * 2 ** min(self._error_count - 1, 16))
+            self._retry_at = now + delay
+            self._report_error(error)
+
+    def _unsupported(self, now: float, detail: str) -> None:
+        self.unsupported = True
+        self._fatal(now, UnsupportedVersionError(
+            f'group_protocol="consumer" needs a broker with the KIP-848 consumer group protocol (Apache Kafka 4.0 '
+            f"or newer, ConsumerGroupHeartbeat enabled); group {self.settings.group_id!r} cannot use it ({detail}). "
+            f'Set group_protocol="classic" for this cluster'
+        ))
+
+    def _left(self) -> None:
+        self._in_flight = False
+        self._leaving = self._force_leave = False
+        self._session += 1
+        self.member_id, self.generation, self._acked = "", -1, None
+        self._to(MemberState.UNSUBSCRIBED)
+        if (self.topics or self.pattern is not None) and not self._wait_for_poll:
+            self._join()  # subscribed again meanwhile

@@ -1,0 +1,108 @@
+"""What both group protocols share: member state, callback steps, the application's view.
+
+``MembershipManager`` (classic JoinGroup/SyncGroup) and ``ConsumerMembershipManager``
+(KIP-848) differ in how an assignment arrives, not in how it is applied: both
+revoke first, wait for the application's callbacks (with a deadline), then
+assign — through the helpers here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+
+from ..errors import KafkaError
+from ..structs import TopicPartition
+from .commit import GroupIdentity
+from .coordinator import CoordinatorManager
+from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState
+from .metadata import MetadataManager
+from .subscription import SubscriptionState
+
+log = logging.getLogger("asyncconsumer.membership")
+
+
+class GroupMemberBase:
+    def __init__(
+        self,
+        settings: GroupSettings,
+        coordinator: CoordinatorManager,
+        subscriptions: SubscriptionState,
+        metadata: MetadataManager,
+        *,
+        run_callback: Callable[[CallbackRequest], None],
+        drop_buffered: Callable[[frozenset[TopicPartition]], None],
+        report_error: Callable[[KafkaError], None],
+    ) -> None:
+        self.settings = settings
+        self._coordinator = coordinator
+        self._subscriptions = subscriptions
+        self._metadata = metadata
+        self._run_callback = run_callback
+        self._drop_buffered = drop_buffered
+        self._report_error = report_error
+        self.state = MemberState.UNSUBSCRIBED
+        self.member_id = ""
+        #: Classic: the group generation.  KIP-848: the member epoch (0 while joining).
+        self.generation = -1
+        self.topics: frozenset[str] = frozenset()
+        self.pattern: re.Pattern[str] | None = None
+        self.owned: frozenset[TopicPartition] = frozenset()
+        self.transitions: list[tuple[MemberState, MemberState]] = []
+        self._callback: CallbackRequest | None = None
+        self._leaving = self._force_leave = self._wait_for_poll = False
+        self._leave_reason: str | None = None
+
+    def _to(self, state: MemberState) -> None:
+        if state is not self.state:
+            log.debug("group %r member %r generation %d: %s -> %s", self.settings.group_id,
+                      self.member_id or "-", self.generation, self.state.name, state.name)
+            self.transitions.append((self.state, state))
+            self.state = state
+
+    def identity(self) -> GroupIdentity:
+        """What offset commits carry: generation (or member epoch) and member id while a member."""
+        outside = self.state in (MemberState.UNSUBSCRIBED, MemberState.LEAVING, MemberState.FENCED)
+        if outside or self.generation < self._first_generation:
+            return GroupIdentity(-1, "", self.settings.group_instance_id)
+        return GroupIdentity(self.generation, self.member_id, self.settings.group_instance_id)
+
+    #: The lowest generation that means "a member": classic starts at 0, KIP-848 epochs at 1.
+    _first_generation = 0
+
+    def assignment_generation(self) -> int:
+        return self.generation
+
+    @property
+    def wants_all_topics(self) -> bool:
+        return self.pattern is not None
+
+    @property
+    def leaving(self) -> bool:
+        return self._leaving or self.state is MemberState.LEAVING
+
+    def _mark_revoking(self, partitions: frozenset[TopicPartition]) -> None:
+        """PREPARE_REVOCATION: nothing more is fetched or handed out for these partitions."""
+        for tp in partitions:
+            part = self._subscriptions.get(tp)
+            if part is not None:
+                part.revoking = True
+        self._drop_buffered(partitions)
+
+    def _ask(self, now: float, kind: CallbackKind, partitions: frozenset[TopicPartition]) -> None:
+        deadline = now + self.settings.rebalance_timeout_ms / 1000
+        self._callback = CallbackRequest(kind, partitions, deadline, self.generation)
+        self._run_callback(self._callback)
+
+    def _callback_done(self, now: float) -> bool:
+        callback = self._callback
+        if callback is None:
+            return True
+        if not callback.acked and now < callback.deadline:
+            return False
+        if not callback.acked:
+            log.warning("group %r: %s did not finish within rebalance_timeout_ms; going on without it",
+                        self.settings.group_id, callback.kind.value)
+        self._callback = None
+        return True
