@@ -152,6 +152,11 @@ class MembershipManager(GroupMemberBase):
         self._leave_reason = reason
         self._leaving = True
         self._rejoin_requested = False
+        self._group_topics = frozenset()
+        if self.state in (MemberState.PREPARE_REVOCATION, MemberState.REVOKING_PARTITIONS, MemberState.LOST):
+            # A revocation is under way: let it finish (one callback per partition), then leave.
+            self._plan.assign, self._plan.rejoin_after = frozenset(), False
+            return
         self._plan = _Plan(revoke=self.owned)
         self._to(MemberState.PREPARE_REVOCATION)
 
@@ -225,7 +230,10 @@ class MembershipManager(GroupMemberBase):
                     self._subscriptions.remove(self._plan.revoke)
                     self.owned = self.owned - self._plan.revoke
                     self._plan.revoke = frozenset()
-                if self._leaving:
+                if self._leaving and self.owned:
+                    self._plan = _Plan(revoke=self.owned)  # what the interrupted rebalance kept
+                    self._to(MemberState.PREPARE_REVOCATION)
+                elif self._leaving:
                     self._to(MemberState.LEAVING)
                 elif self._plan.assign:
                     self._to(MemberState.ASSIGNING_PARTITIONS)
@@ -243,7 +251,10 @@ class MembershipManager(GroupMemberBase):
                 self._plan.assign = frozenset()
                 if self._plan.rejoin_after or self._rejoin_requested:
                     self._rejoin_requested = False
-                    self._to(MemberState.JOINING)
+                    if self.protocol is RebalanceProtocol.EAGER and self.owned:
+                        self._start_rebalance(join=True)  # eager: revoke everything before joining
+                    else:
+                        self._to(MemberState.JOINING)
                 else:
                     self._to(MemberState.STABLE)
                     self._next_heartbeat = now
@@ -256,8 +267,10 @@ class MembershipManager(GroupMemberBase):
         times = [float("inf")]
         if self._callback is not None and not self._callback.acked:
             times.append(self._callback.deadline)
+        waiting_for_metadata = (self.state is MemberState.SYNCING and self._leader_pending is not None
+                                and self._metadata.version <= self._leader_pending[1])
         if self.state in (MemberState.JOINING, MemberState.SYNCING, MemberState.LEAVING) and not self._in_flight:
-            if self._coordinator.node_id is not None:
+            if self._coordinator.node_id is not None and not waiting_for_metadata:
                 times.append(max(now, self._retry_at))
         if self._heartbeating() and not self._heartbeat_in_flight and self._coordinator.node_id is not None:
             times.append(self._next_heartbeat)
@@ -340,6 +353,8 @@ class MembershipManager(GroupMemberBase):
             if code == UNKNOWN_MEMBER_ID:
                 self.member_id = ""
                 self._retry_at = now
+                if self.owned:
+                    self._lose_partitions(error_for_code(code).error_name)
                 return
             if code == FENCED_INSTANCE_ID:
                 self._fenced(body)
@@ -425,6 +440,12 @@ class MembershipManager(GroupMemberBase):
             code = body["error_code"]
             if code == FENCED_INSTANCE_ID:
                 self._fenced(body)
+                return
+            if code in (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) and self.owned:
+                if code == UNKNOWN_MEMBER_ID:
+                    self.member_id = ""
+                self._lose_partitions(error_for_code(code).error_name)
+                self._retry_at = now + settings.retry_backoff
                 return
             if code in (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) or code in _COORDINATOR_ERRORS:
                 if code == UNKNOWN_MEMBER_ID:
