@@ -343,7 +343,7 @@ async def test_deserializer_error_in_getmany_loses_no_other_partition(
                     continue
                 got += [(r.partition, r.value) for recs in batch.values() for r in recs]
     assert sorted(v for p, v in got if p == 0) == list(range(10))
-    assert [v for p, v in got if p == 1] in ([1], [])
+    assert [v for p, v in got if p == 1] == [1]  # the good record before the bad one is not lost
 
 
 async def test_assign_commits_what_was_processed_on_the_partitions_given_up(

@@ -53,3 +53,11 @@ def test_buffer_accounts_bytes_and_signals_space() -> None:
     assert events == ["data"]
     buffer.remove(first)
     assert buffer.used_bytes == 0 and not buffer.full and events == ["data", "space"]
+
+
+def test_a_corrupt_batch_says_where_to_seek_to_skip_it() -> None:
+    fetch = completed(batch(0, 3), corrupt(batch(3, 4)), batch(7, 2))
+    fetch.take(100, 0)
+    with pytest.raises(CorruptRecordError) as info:
+        fetch.take(100, 3)
+    assert fetch.offset_after_batch(info.value.offset) == 7

@@ -20,7 +20,11 @@ from .errors import (
     KafkaTimeoutError,
     NoBrokersAvailableError,
     NoOffsetForPartitionError,
+    PollIntervalExceededError,
+    RebalanceCallbackError,
 )
+from .listener import RebalanceListener
+from .streams import PartitionStream
 from .structs import CREATE_TIME, LOG_APPEND_TIME, ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 
 __all__ = [
@@ -40,6 +44,10 @@ __all__ = [
     "NoOffsetForPartitionError",
     "OffsetAndMetadata",
     "OffsetAndTimestamp",
+    "PartitionStream",
+    "PollIntervalExceededError",
+    "RebalanceCallbackError",
+    "RebalanceListener",
     "RecordDeserializationError",
     "TopicPartition",
     "__version__",

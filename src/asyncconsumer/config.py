@@ -276,8 +276,8 @@ def from_properties(properties: Mapping[str, Any], overrides: Mapping[str, Any] 
             raise ConfigError(f"unknown consumer property {key!r}")
         options[name] = _from_text(name, raw)
     options.update(overrides or {})
-    if ssl_props:
-        options.setdefault("ssl_context", _ssl_context_from_properties(ssl_props))
+    if ssl_props and options.get("ssl_context") is None:
+        options["ssl_context"] = _ssl_context_from_properties(ssl_props)
     return build_config(options)
 
 

@@ -101,6 +101,7 @@ class Consumer(Generic[KT, VT]):
         self._iter_chunks: list[tuple[PartitionState, int, list[Record], int]] = []
         self._closed = False
         self._closing = False
+        self._deferred_error: KafkaError | None = None
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any], **options: Any) -> Consumer[Any, Any]:
@@ -192,8 +193,7 @@ class Consumer(Generic[KT, VT]):
         self._closing = True
         try:
             with anyio.move_on_after(timeout, shield=True):
-                if engine.membership is not None and not engine.closed:
-                    await self._leave_group("the consumer is closing", timeout)
+                # Commit what was handed out, then leave (the revoke callback commits nothing more).
                 if engine.commits is not None and self._config.enable_auto_commit and not engine.closed:
                     offsets = self._consumed_offsets()
                     if offsets:
@@ -201,6 +201,8 @@ class Consumer(Generic[KT, VT]):
                             await self._commit_now(offsets, timeout)
                         except KafkaError as exc:
                             log.warning("final auto-commit on close failed: %s", exc)
+                if engine.membership is not None and not engine.closed:
+                    await self._leave_group("the consumer is closing", timeout)
         finally:
             self._closed = True
             await self._shutdown(max(0.5, min(timeout, 5.0)))
@@ -778,6 +780,9 @@ class Consumer(Generic[KT, VT]):
             try:
                 records = fetch.take(limit - count, state.position)
             except RecordError as exc:
+                exc.skip_to = fetch.offset_after_batch(exc.offset)
+                if exc.skip_to > exc.offset:
+                    exc.args = (f"{exc.args[0]}; seek({tp.topic!r}, {tp.partition}) to {exc.skip_to} to skip it",)
                 buffer.remove(fetch)
                 # Refetch from the bad batch: the error repeats until the application seeks past it.
                 state.set_position(max(state.position, exc.offset if exc.offset >= 0 else state.position),
@@ -824,15 +829,23 @@ class Consumer(Generic[KT, VT]):
         if self._config.key_deserializer is None and self._config.value_deserializer is None:
             return cast(dict[TopicPartition, list[ConsumerRecord[KT, VT]]], records)
         out: dict[TopicPartition, list[ConsumerRecord[KT, VT]]] = {}
-        try:
-            for tp, recs in records.items():
-                out[tp] = [self._deserialize(r) for r in recs]
-        except RecordDeserializationError as exc:
-            # Nothing of this call is handed out: every partition goes back to its first record, and
-            # the failing one to the failing record.
-            failing = TopicPartition(exc.topic, exc.partition)
-            self._rewind(engine, {tp: recs for tp, recs in records.items() if tp != failing})
-            raise
+        for tp, recs in records.items():
+            done: list[ConsumerRecord[KT, VT]] = []
+            try:
+                for record in recs:
+                    done.append(self._deserialize(record))
+            except RecordDeserializationError as exc:
+                # The records before the bad one are handed out now and the error comes with the
+                # next poll (the position stays at the bad record); partitions not reached yet go
+                # back to their first record.
+                self._rewind(engine, {t: rs for t, rs in records.items() if t not in out and t != tp})
+                if done:
+                    out[tp] = done
+                if not out:
+                    raise
+                self._deferred_error = exc
+                return out
+            out[tp] = done
         return out
 
     def _rewind(self, engine: Engine, records: Mapping[TopicPartition, list[Record]]) -> None:
@@ -847,6 +860,9 @@ class Consumer(Generic[KT, VT]):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _raise_background_error(self) -> None:
+        deferred, self._deferred_error = self._deferred_error, None
+        if deferred is not None:
+            raise deferred
         engine = self._engine
         if engine is None:
             return

@@ -68,6 +68,8 @@ class RecordError(KafkaError):
         self.topic = topic
         self.partition = partition
         self.offset = offset
+        #: Where to ``seek()`` to skip the bad data (the offset after its batch), -1 if unknown.
+        self.skip_to = -1
 
 
 class CorruptRecordError(RecordError):

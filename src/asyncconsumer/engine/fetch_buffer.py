@@ -28,6 +28,7 @@ class CompletedFetch:
         "_aborted",
         "_batches",
         "_check_crcs",
+        "_data",
         "_index",
         "_pending",
         "epoch",
@@ -55,6 +56,7 @@ class CompletedFetch:
         self.fetch_offset = fetch_offset
         self.next_offset = next_offset
         self.size = len(records)
+        self._data = records
         self.exhausted = False
         self.error: RecordError | None = None
         self._check_crcs = check_crcs
@@ -95,6 +97,22 @@ class CompletedFetch:
             self._index += len(chunk)
             out.extend(chunk)
         return out
+
+    def offset_after_batch(self, base_offset: int) -> int:
+        """The offset after the batch starting at ``base_offset`` (headers only), -1 if not found."""
+        from ..managers.fetch import scan_record_set
+
+        data, pos = self._data, 0
+        while pos + 17 <= len(data):
+            size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+            if size < 0:
+                break
+            base = int.from_bytes(data[pos : pos + 8], "big", signed=True)
+            if base == base_offset:
+                next_offset, _ = scan_record_set(data[pos : pos + 12 + size])
+                return next_offset
+            pos += 12 + size
+        return -1
 
     def _next_batch(self, position: int) -> bool:
         tp = self.tp

@@ -21,7 +21,13 @@ import anyio.abc
 
 from ..assignors import get_assignor
 from ..config import ConsumerConfig
-from ..errors import ConsumerClosedError, KafkaError, UnknownTopicOrPartitionError, error_for_code
+from ..errors import (
+    ConsumerClosedError,
+    KafkaError,
+    UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
+    error_for_code,
+)
 from ..managers.commit import CommitManager, GroupIdentity
 from ..managers.consumer_membership import ConsumerMembershipManager
 from ..managers.coordinator import CoordinatorManager
@@ -310,6 +316,8 @@ class Engine:
         log.warning("group_protocol='consumer' is not supported by this cluster (KIP-848 needs Kafka >= 4.0); "
                     "falling back to the classic group protocol")
         new = self._classic_membership()
+        # The manager's "not supported" notice is moot now that the classic protocol took over.
+        self._errors = deque(e for e in self._errors if not isinstance(e, UnsupportedVersionError))
         self.managers[self.managers.index(old)] = new
         self.membership = new
         if old.topics or old.pattern is not None:

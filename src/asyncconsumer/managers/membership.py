@@ -178,7 +178,8 @@ class MembershipManager(GroupMemberBase):
             self._subscriptions.remove(lost)
             self._drop_buffered(lost)
             # Told on the next poll; nobody waits for it (the application is not polling).
-            self._run_callback(CallbackRequest(CallbackKind.LOST, lost, now, self.generation, acked=True))
+            deadline = now + self.settings.rebalance_timeout_ms / 1000
+            self._run_callback(CallbackRequest(CallbackKind.LOST, lost, deadline, self.generation, acked=True))
         self.owned = frozenset()
         self._callback = None
         self._plan = _Plan()
@@ -562,6 +563,10 @@ class MembershipManager(GroupMemberBase):
             self._start_rebalance(join=True)  # subscribed again meanwhile
 
     def _fenced(self, body: Body) -> None:
+        if self.owned:  # fenced: this member may not read them any more
+            self._subscriptions.remove(self.owned)
+            self._drop_buffered(self.owned)
+            self.owned = frozenset()
         self._to(MemberState.FENCED)
         self._report_error(error_for_code(
             FENCED_INSTANCE_ID,
