@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.requests import Body, UnsentRequest
-from ..errors import KafkaError, PollIntervalExceededError, UnsupportedVersionError, error_for_code
+from ..errors import KafkaError, UnsupportedVersionError, error_for_code
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import GroupMemberBase
@@ -183,32 +183,8 @@ class ConsumerMembershipManager(GroupMemberBase):
         self._plan = _Plan(revoke=self.owned)
         self._to(MemberState.PREPARE_REVOCATION)
 
-    def check_poll_interval(self, now: float, last_poll: float, max_interval: float) -> KafkaError | None:
-        """Liveness: an application that stops polling loses its partitions and leaves the group.
-
-        Returns the error its next poll raises; the member rejoins on that poll (``on_poll``).
-        """
-        joined = self.state not in (MemberState.UNSUBSCRIBED, MemberState.FENCED, MemberState.LEAVING)
-        if not joined or self._wait_for_poll or now - last_poll <= max_interval:
-            return None
-        log.warning(
-            "group %r: the application did not poll for %.1fs (max_poll_interval_ms=%d); leaving the group — "
-            "process faster, poll more often (pause() partitions while busy) or raise max_poll_interval_ms",
-            self.settings.group_id, now - last_poll, int(max_interval * 1000),
-        )
-        self._drop_all(now)
-        self._leaving = self._force_leave = self._wait_for_poll = True
-        self._to(MemberState.LEAVING)
-        return PollIntervalExceededError(
-            f"the consumer did not poll for more than max_poll_interval_ms={int(max_interval * 1000)}: it left "
-            f"group {self.settings.group_id!r} and its partitions were reassigned; it rejoins now"
-        )
-
-    def on_poll(self) -> None:
-        if self._wait_for_poll:
-            self._wait_for_poll = False
-            if self.state is MemberState.UNSUBSCRIBED and (self.topics or self.pattern is not None):
-                self._join()
+    def _rejoin_after_poll(self) -> None:
+        self._join()
 
     # -- membership changes -----------------------------------------------------------------------
 
@@ -221,15 +197,15 @@ class ConsumerMembershipManager(GroupMemberBase):
     def _drop_all(self, now: float) -> None:
         """Give up every partition at once (nobody waits for the LOST callback) and forget the plan."""
         self._session += 1
-        lost = self.owned
-        if lost:
-            self._subscriptions.remove(lost)
-            self._drop_buffered(lost)
-            if not (self._plan.lost and self._callback is not None):  # else the application was told already
-                self._run_callback(CallbackRequest(CallbackKind.LOST, lost, now, self.generation, acked=True))
-        self.owned = frozenset()
+        if self._plan.lost and self._callback is not None:
+            # The application was told already (a LOST callback is pending): drop without telling again.
+            self._subscriptions.remove(self.owned)
+            self._drop_buffered(self.owned)
+            self.owned = frozenset()
+            self._callback = None
+        else:
+            super()._drop_all(now)
         self._topic_ids.clear()
-        self._callback = None
         self._plan = _Plan()
         self._target, self._unresolved, self._needs_reconcile = None, frozenset(), False
 

@@ -12,7 +12,7 @@ import logging
 import re
 from collections.abc import Callable
 
-from ..errors import KafkaError
+from ..errors import KafkaError, PollIntervalExceededError
 from ..structs import TopicPartition
 from .commit import GroupIdentity
 from .coordinator import CoordinatorManager
@@ -81,6 +81,49 @@ class GroupMemberBase:
     @property
     def leaving(self) -> bool:
         return self._leaving or self.state is MemberState.LEAVING
+
+    # -- liveness ---------------------------------------------------------------------------------
+
+    def check_poll_interval(self, now: float, last_poll: float, max_interval: float) -> KafkaError | None:
+        """Liveness: an application that stops polling loses its partitions and leaves the group.
+
+        Returns the error its next poll raises; the member rejoins on that poll (``on_poll``).
+        """
+        joined = self.state not in (MemberState.UNSUBSCRIBED, MemberState.FENCED, MemberState.LEAVING)
+        if not joined or self._wait_for_poll or now - last_poll <= max_interval:
+            return None
+        log.warning(
+            "group %r: the application did not poll for %.1fs (max_poll_interval_ms=%d); leaving the group — "
+            "process faster, poll more often (pause() partitions while busy) or raise max_poll_interval_ms",
+            self.settings.group_id, now - last_poll, int(max_interval * 1000),
+        )
+        self._drop_all(now)
+        self._leaving = self._force_leave = self._wait_for_poll = True
+        self._to(MemberState.LEAVING)
+        return PollIntervalExceededError(
+            f"the consumer did not poll for more than max_poll_interval_ms={int(max_interval * 1000)}: it left "
+            f"group {self.settings.group_id!r} and its partitions were reassigned; it rejoins now"
+        )
+
+    def on_poll(self) -> None:
+        if self._wait_for_poll:
+            self._wait_for_poll = False
+            if self.state is MemberState.UNSUBSCRIBED and (self.topics or self.pattern is not None):
+                self._rejoin_after_poll()
+
+    def _drop_all(self, now: float) -> None:
+        """Give up every partition at once; the application hears of it (LOST) on its next poll."""
+        lost = self.owned
+        if lost:
+            self._subscriptions.remove(lost)
+            self._drop_buffered(lost)
+            deadline = now + self.settings.rebalance_timeout_ms / 1000  # nobody waits for this one
+            self._run_callback(CallbackRequest(CallbackKind.LOST, lost, deadline, self.generation, acked=True))
+        self.owned = frozenset()
+        self._callback = None
+
+    def _rejoin_after_poll(self) -> None:
+        raise NotImplementedError
 
     def _mark_revoking(self, partitions: frozenset[TopicPartition]) -> None:
         """PREPARE_REVOCATION: nothing more is fetched or handed out for these partitions."""
