@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..engine.requests import Body, UnsentRequest
@@ -38,7 +37,7 @@ from ..errors import KafkaError, UnsupportedVersionError, error_for_code
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import GroupMemberBase
-from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState
+from .membership_types import CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
 from .subscription import SubscriptionState
 
@@ -67,15 +66,6 @@ _MAX_ERROR_BACKOFF = 30.0
 IdPartition = tuple[bytes, int]
 
 
-@dataclass
-class _Plan:
-    """What the current reconciliation still has to do."""
-
-    revoke: frozenset[TopicPartition] = frozenset()
-    assign: frozenset[TopicPartition] = frozenset()
-    lost: bool = False
-
-
 class ConsumerMembershipManager(GroupMemberBase):
     """KIP-848 membership: the coordinator assigns, the member reconciles and acknowledges."""
 
@@ -100,7 +90,6 @@ class ConsumerMembershipManager(GroupMemberBase):
         #: The broker has no ConsumerGroupHeartbeat (Kafka < 4.0 or KIP-848 disabled): use the classic protocol.
         self.unsupported = False
         self.heartbeat_interval = settings.heartbeat_interval
-        self._plan = _Plan()
         # Target assignment from the coordinator (None: nothing received since joining).
         self._target: frozenset[IdPartition] | None = None
         self._needs_reconcile = False
@@ -180,7 +169,7 @@ class ConsumerMembershipManager(GroupMemberBase):
         if self.state is MemberState.LEAVING or self._plan.lost:
             return  # already on the way out (fenced: partitions are being lost, then nothing to leave)
         self._callback = None
-        self._plan = _Plan(revoke=self.owned)
+        self._plan = RebalancePlan(revoke=self.owned)
         self._to(MemberState.PREPARE_REVOCATION)
 
     def _rejoin_after_poll(self) -> None:
@@ -206,7 +195,7 @@ class ConsumerMembershipManager(GroupMemberBase):
         else:
             super()._drop_all(now)
         self._topic_ids.clear()
-        self._plan = _Plan()
+        self._plan = RebalancePlan()
         self._target, self._unresolved, self._needs_reconcile = None, frozenset(), False
 
     def _lose_partitions(self, now: float, error: KafkaError, *, forget_member_id: bool) -> None:
@@ -220,7 +209,7 @@ class ConsumerMembershipManager(GroupMemberBase):
         self._acked = None
         self._callback = None
         self._target, self._unresolved, self._needs_reconcile = None, frozenset(), False
-        self._plan = _Plan(revoke=self.owned, lost=True)
+        self._plan = RebalancePlan(revoke=self.owned, lost=True)
         self._to(MemberState.LOST)
         self._advance(now)
 
@@ -275,7 +264,7 @@ class ConsumerMembershipManager(GroupMemberBase):
             return False
         log.info("group %r epoch %d: assigned %s, revoked %s", self.settings.group_id, self.generation,
                  sorted(map(str, assign)), sorted(map(str, revoke)))
-        self._plan = _Plan(revoke=revoke, assign=assign)
+        self._plan = RebalancePlan(revoke=revoke, assign=assign)
         self._to(MemberState.PREPARE_REVOCATION)
         return True
 
@@ -289,37 +278,26 @@ class ConsumerMembershipManager(GroupMemberBase):
         while True:
             state = self.state
             if state in (MemberState.PREPARE_REVOCATION, MemberState.LOST):
-                revoke = self._plan.revoke
-                if revoke:
-                    self._mark_revoking(revoke)
-                    self._ask(now, CallbackKind.LOST if self._plan.lost else CallbackKind.REVOKED, revoke)
-                    self._to(MemberState.REVOKING_PARTITIONS)
-                else:
-                    self._to(MemberState.PARTITIONS_REVOKED)
+                self._prepare_revocation(now)
             elif state is MemberState.REVOKING_PARTITIONS:
                 if not self._callback_done(now):
                     return
                 self._to(MemberState.PARTITIONS_REVOKED)
             elif state is MemberState.PARTITIONS_REVOKED:
-                if self._plan.revoke:
-                    self._subscriptions.remove(self._plan.revoke)
-                    self.owned = self.owned - self._plan.revoke
-                    for topic in {tp.topic for tp in self._plan.revoke} - {tp.topic for tp in self.owned}:
+                revoked = self._apply_revocation()
+                if revoked:
+                    for topic in {tp.topic for tp in revoked} - {tp.topic for tp in self.owned}:
                         self._topic_ids.pop(topic, None)
-                    self._plan.revoke = frozenset()
                     self._next_heartbeat = now  # acknowledge the revocation at once
                 if self._leaving:
                     self._to(MemberState.LEAVING)
                     return
                 if self._plan.lost:
-                    self._plan = _Plan()
+                    self._plan = RebalancePlan()
                     self._join()
                     return
                 if self._plan.assign:
-                    self._to(MemberState.ASSIGNING_PARTITIONS)
-                    self._subscriptions.add(self._plan.assign)
-                    self.owned = self.owned | self._plan.assign
-                    self._ask(now, CallbackKind.ASSIGNED, self._plan.assign)
+                    self._start_assignment(now)
                 else:
                     self._to(MemberState.STABLE)
             elif state is MemberState.ASSIGNING_PARTITIONS:

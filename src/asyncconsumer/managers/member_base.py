@@ -16,7 +16,7 @@ from ..errors import KafkaError, PollIntervalExceededError
 from ..structs import TopicPartition
 from .commit import GroupIdentity
 from .coordinator import CoordinatorManager
-from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState
+from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
 from .subscription import SubscriptionState
 
@@ -51,6 +51,7 @@ class GroupMemberBase:
         self.owned: frozenset[TopicPartition] = frozenset()
         self.transitions: list[tuple[MemberState, MemberState]] = []
         self._callback: CallbackRequest | None = None
+        self._plan = RebalancePlan()
         self._leaving = self._force_leave = self._wait_for_poll = False
         self._leave_reason: str | None = None
 
@@ -125,13 +126,37 @@ class GroupMemberBase:
     def _rejoin_after_poll(self) -> None:
         raise NotImplementedError
 
-    def _mark_revoking(self, partitions: frozenset[TopicPartition]) -> None:
-        """PREPARE_REVOCATION: nothing more is fetched or handed out for these partitions."""
-        for tp in partitions:
+    # -- the callback steps of a rebalance ---------------------------------------------------------
+
+    def _prepare_revocation(self, now: float) -> None:
+        """PREPARE_REVOCATION (or LOST): stop fetching and handing out, then ask the application."""
+        revoke = self._plan.revoke
+        if not revoke:
+            self._to(MemberState.PARTITIONS_REVOKED)
+            return
+        for tp in revoke:
             part = self._subscriptions.get(tp)
             if part is not None:
                 part.revoking = True
-        self._drop_buffered(partitions)
+        self._drop_buffered(revoke)
+        self._ask(now, CallbackKind.LOST if self._plan.lost else CallbackKind.REVOKED, revoke)
+        self._to(MemberState.REVOKING_PARTITIONS)
+
+    def _apply_revocation(self) -> frozenset[TopicPartition]:
+        """PARTITIONS_REVOKED: the acknowledged partitions leave the subscription state."""
+        revoked = self._plan.revoke
+        if revoked:
+            self._subscriptions.remove(revoked)
+            self.owned = self.owned - revoked
+            self._plan.revoke = frozenset()
+        return revoked
+
+    def _start_assignment(self, now: float) -> None:
+        """ASSIGNING_PARTITIONS: new partitions join the subscription state, then the application is told."""
+        self._to(MemberState.ASSIGNING_PARTITIONS)
+        self._subscriptions.add(self._plan.assign)
+        self.owned = self.owned | self._plan.assign
+        self._ask(now, CallbackKind.ASSIGNED, self._plan.assign)
 
     def _ask(self, now: float, kind: CallbackKind, partitions: frozenset[TopicPartition]) -> None:
         deadline = now + self.settings.rebalance_timeout_ms / 1000

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..assignors import (
@@ -38,7 +37,7 @@ from ..errors import KafkaError, error_for_code
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import GroupMemberBase
-from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState
+from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
 from .subscription import SubscriptionState
 
@@ -53,16 +52,6 @@ UNKNOWN_MEMBER_ID = 25
 MEMBER_ID_REQUIRED = 79
 FENCED_INSTANCE_ID = 82
 _COORDINATOR_ERRORS = {13, 14, 15, 16}
-
-
-@dataclass
-class _Plan:
-    """What the current rebalance still has to do."""
-
-    revoke: frozenset[TopicPartition] = frozenset()
-    assign: frozenset[TopicPartition] = frozenset()
-    lost: bool = False
-    rejoin_after: bool = False
 
 
 class MembershipManager(GroupMemberBase):
@@ -81,7 +70,6 @@ class MembershipManager(GroupMemberBase):
                          drop_buffered=drop_buffered, report_error=report_error)
         self.leader_id = ""
         self.protocol_name: str | None = None
-        self._plan = _Plan()
         self._in_flight = False
         self._retry_at = 0.0
         self._next_heartbeat = 0.0
@@ -157,12 +145,12 @@ class MembershipManager(GroupMemberBase):
             # A revocation is under way: let it finish (one callback per partition), then leave.
             self._plan.assign, self._plan.rejoin_after = frozenset(), False
             return
-        self._plan = _Plan(revoke=self.owned)
+        self._plan = RebalancePlan(revoke=self.owned)
         self._to(MemberState.PREPARE_REVOCATION)
 
     def _drop_all(self, now: float) -> None:
         super()._drop_all(now)
-        self._plan = _Plan()
+        self._plan = RebalancePlan()
 
     def _rejoin_after_poll(self) -> None:
         self._start_rebalance(join=True)
@@ -171,12 +159,12 @@ class MembershipManager(GroupMemberBase):
 
     def _start_rebalance(self, *, join: bool) -> None:
         revoke = self.owned if self.protocol is RebalanceProtocol.EAGER else frozenset()
-        self._plan = _Plan(revoke=revoke, rejoin_after=join)
+        self._plan = RebalancePlan(revoke=revoke, rejoin_after=join)
         self._to(MemberState.PREPARE_REVOCATION)
 
     def _lose_partitions(self, reason: str) -> None:
         log.warning("group %r: partitions lost (%s)", self.settings.group_id, reason)
-        self._plan = _Plan(revoke=self.owned, lost=True, rejoin_after=True)
+        self._plan = RebalancePlan(revoke=self.owned, lost=True, rejoin_after=True)
         self.generation = -1
         self._to(MemberState.LOST)
 
@@ -185,33 +173,20 @@ class MembershipManager(GroupMemberBase):
         while True:
             state = self.state
             if state in (MemberState.PREPARE_REVOCATION, MemberState.LOST):
-                revoke = self._plan.revoke
-                if revoke:
-                    self._mark_revoking(revoke)
-                    kind = CallbackKind.LOST if self._plan.lost else CallbackKind.REVOKED
-                    self._ask(now, kind, revoke)
-                    self._to(MemberState.REVOKING_PARTITIONS)
-                else:
-                    self._to(MemberState.PARTITIONS_REVOKED)
+                self._prepare_revocation(now)
             elif state is MemberState.REVOKING_PARTITIONS:
                 if not self._callback_done(now):
                     return
                 self._to(MemberState.PARTITIONS_REVOKED)
             elif state is MemberState.PARTITIONS_REVOKED:
-                if self._plan.revoke:
-                    self._subscriptions.remove(self._plan.revoke)
-                    self.owned = self.owned - self._plan.revoke
-                    self._plan.revoke = frozenset()
+                self._apply_revocation()
                 if self._leaving and self.owned:
-                    self._plan = _Plan(revoke=self.owned)  # what the interrupted rebalance kept
+                    self._plan = RebalancePlan(revoke=self.owned)  # what the interrupted rebalance kept
                     self._to(MemberState.PREPARE_REVOCATION)
                 elif self._leaving:
                     self._to(MemberState.LEAVING)
                 elif self._plan.assign:
-                    self._to(MemberState.ASSIGNING_PARTITIONS)
-                    self._subscriptions.add(self._plan.assign)
-                    self.owned = self.owned | self._plan.assign
-                    self._ask(now, CallbackKind.ASSIGNED, self._plan.assign)
+                    self._start_assignment(now)
                 elif self._plan.rejoin_after or self._rejoin_requested:
                     self._rejoin_requested = False
                     self._to(MemberState.JOINING)
@@ -453,7 +428,7 @@ class MembershipManager(GroupMemberBase):
         rejoin = bool(revoke) and self.protocol is RebalanceProtocol.COOPERATIVE
         log.info("group %r generation %d: assigned %s, revoked %s", self.settings.group_id, self.generation,
                  sorted(map(str, add)), sorted(map(str, revoke)))
-        self._plan = _Plan(revoke=revoke, assign=add, rejoin_after=rejoin)
+        self._plan = RebalancePlan(revoke=revoke, assign=add, rejoin_after=rejoin)
         self._to(MemberState.PREPARE_REVOCATION)
         self._next_heartbeat = now + self.settings.heartbeat_interval
         self._advance(now)

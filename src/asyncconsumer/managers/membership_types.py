@@ -54,3 +54,13 @@ class GroupSettings:
     heartbeat_interval: float
     retry_backoff: float
     assignors: list[Assignor] = field(default_factory=list)
+
+
+@dataclass
+class RebalancePlan:
+    """What the current rebalance (or reconciliation) still has to do: revoke first, then assign."""
+
+    revoke: frozenset[TopicPartition] = frozenset()
+    assign: frozenset[TopicPartition] = frozenset()
+    lost: bool = False
+    rejoin_after: bool = False
