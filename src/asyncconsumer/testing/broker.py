@@ -44,13 +44,10 @@ class EmbeddedBroker:
         *,
         port: int | None = None,
         advertised_port: int | None = None,
-        cert: str | None = None,
-        key: str | None = None,
         startup_timeout: float = 20.0,
     ) -> None:
         self.port = port or free_port()
         self.advertised_port = advertised_port or self.port
-        self._cert, self._key = cert, key
         self._startup_timeout = startup_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._log: object = None
@@ -64,7 +61,7 @@ class EmbeddedBroker:
         return self._process.pid if self._process is not None else None
 
     def start(self) -> EmbeddedBroker:
-        scheme = "tcp"
+        scheme = "tcp"  # Tansu's --cert/--key cannot be given together in this build: no TLS listener
         command = [
             broker_binary(),
             "broker",
@@ -75,8 +72,6 @@ class EmbeddedBroker:
             "--storage-engine",
             "memory://tansu/",
         ]
-        if self._cert and self._key:
-            command += ["--cert", self._cert, "--key", self._key]
         log = tempfile.TemporaryFile()
         self._log = log
         self._process = subprocess.Popen(
