@@ -711,6 +711,10 @@ static struct PyModuleDef module_def = {
     "Compiled record decoder for asyncconsumer (optional; records.py falls back to Python).",
     -1,
     methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 static int

@@ -1,0 +1,370 @@
+"""One reader per client and API, each run in a fresh subprocess by the driver.
+
+    python -m benchmarks.clients CLIENT --bootstrap HOST:PORT --topic T --partitions 4 --count N
+
+prints one JSON object: records and payload bytes read, wall seconds (consumer creation to last
+record), time to first record, CPU seconds of the read (all threads), peak RSS.  Every reader
+assigns all partitions from the beginning (no consumer group) and touches every record: it sums
+``len(key) + len(value)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+#: How many records a batch call asks for, where the API takes a number (confluent-kafka's
+#: ``consume(num_messages)``); asyncconsumer's and aiokafka's getmany use their defaults.
+CONSUME_BATCH = 10_000
+
+
+@dataclass
+class Tally:
+    """What a reader fills in; the harness adds timing and resources."""
+
+    records: int = 0
+    payload: int = 0
+    first: float = 0.0  # perf_counter of the first record
+    last: float = 0.0  # perf_counter when the last record was read
+
+
+Reader = Callable[[argparse.Namespace, Tally], None]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS.  VmHWM, not ru_maxrss: Linux carries ru_maxrss over ``exec`` from the
+    forked parent, so a child would report at least the driver's size."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# ------------------------------------------------------------------ asyncconsumer
+
+
+def _asyncconsumer(mode: str) -> Reader:
+    def read(args: argparse.Namespace, tally: Tally) -> None:
+        import anyio
+
+        from asyncconsumer import Consumer, TopicPartition
+
+        async def main() -> None:
+            want = args.count
+            consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers=args.bootstrap, auto_offset_reset="earliest")
+            async with consumer:
+                consumer.assign([TopicPartition(args.topic, p) for p in range(args.partitions)])
+                n = payload = 0
+                if mode == "iter":
+                    async for record in consumer:
+                        if n == 0:
+                            tally.first = time.perf_counter()
+                        n += 1
+                        payload += len(record.key or b"") + len(record.value or b"")
+                        if n >= want:
+                            break
+                elif mode == "batches":
+                    async for batch in cast(Any, consumer).batches():  # newer API: not on every Consumer
+                        if n == 0:
+                            tally.first = time.perf_counter()
+                        for record in batch:
+                            payload += len(record.key or b"") + len(record.value or b"")
+                        n += len(batch)
+                        if n >= want:
+                            break
+                else:
+                    while n < want:
+                        got = await consumer.getmany(timeout=30)
+                        if not got:
+                            break
+                        if n == 0:
+                            tally.first = time.perf_counter()
+                        for records in got.values():
+                            for record in records:
+                                payload += len(record.key or b"") + len(record.value or b"")
+                            n += len(records)
+                tally.last = time.perf_counter()
+                tally.records, tally.payload = n, payload
+
+        anyio.run(main)
+
+    return read
+
+
+# ------------------------------------------------------------------ aiokafka
+
+
+def _aiokafka(mode: str) -> Reader:
+    def read(args: argparse.Namespace, tally: Tally) -> None:
+        import asyncio
+
+        from aiokafka import AIOKafkaConsumer, TopicPartition  # type: ignore[import-untyped]
+
+        async def main() -> None:
+            want = args.count
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=args.bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+            )
+            await consumer.start()
+            try:
+                consumer.assign([TopicPartition(args.topic, p) for p in range(args.partitions)])
+                n = payload = 0
+                if mode == "iter":
+                    async for record in consumer:
+                        if n == 0:
+                            tally.first = time.perf_counter()
+                        n += 1
+                        payload += len(record.key or b"") + len(record.value or b"")
+                        if n >= want:
+                            break
+                else:
+                    while n < want:
+                        got = await consumer.getmany(timeout_ms=30_000)
+                        if not got:
+                            break
+                        if n == 0:
+                            tally.first = time.perf_counter()
+                        for records in got.values():
+                            for record in records:
+                                payload += len(record.key or b"") + len(record.value or b"")
+                            n += len(records)
+                tally.last = time.perf_counter()
+                tally.records, tally.payload = n, payload
+            finally:
+                await consumer.stop()
+
+        asyncio.run(main())
+
+    return read
+
+
+# ------------------------------------------------------------------ confluent-kafka
+
+
+def _confluent(tuned: bool) -> Reader:
+    def read(args: argparse.Namespace, tally: Tally) -> None:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
+
+        config: dict[str, Any] = {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": "asyncconsumer-bench",  # required by the client; assign() does not join a group
+            "enable.auto.commit": False,
+            "log_level": 3,
+        }
+        if tuned:
+            # librdkafka's default of 1000 ms idles on a backlog between fetch-queue refills.
+            config["fetch.queue.backoff.ms"] = 10
+        consumer = Consumer(config)
+        try:
+            consumer.assign([TopicPartition(args.topic, p, OFFSET_BEGINNING) for p in range(args.partitions)])
+            n = payload = 0
+            want = args.count
+            deadline = time.monotonic() + 300
+            while n < want and time.monotonic() < deadline:
+                for msg in consumer.consume(num_messages=min(CONSUME_BATCH, want - n), timeout=1.0):
+                    if msg.error() is not None:
+                        raise KafkaException(msg.error())
+                    if n == 0:
+                        tally.first = time.perf_counter()
+                    n += 1
+                    payload += len(msg.key() or b"") + len(msg.value() or b"")
+            tally.last = time.perf_counter()
+            tally.records, tally.payload = n, payload
+        finally:
+            consumer.close()
+
+    return read
+
+
+# ------------------------------------------------------------------ group join
+
+#: Every client joins with the same session timeout: brokers may hold a JoinGroup for part of it
+#: (Tansu holds it for half), so the clients' different defaults would decide the result.
+JOIN_SESSION_TIMEOUT_MS = 6_000  # Kafka's default group.min.session.timeout.ms
+
+
+def _group(client: str) -> str:
+    return f"bench-join-{client}-{os.getpid()}-{time.time_ns()}"
+
+
+def _join_asyncconsumer(args: argparse.Namespace, tally: Tally) -> None:
+    """Subscribe with a fresh consumer group and read one record (the result: time to first record)."""
+    import anyio
+
+    from asyncconsumer import Consumer
+
+    async def main() -> None:
+        consumer: Consumer[bytes, bytes] = Consumer(
+            bootstrap_servers=args.bootstrap,
+            group_id=_group("asyncconsumer"),
+            auto_offset_reset="earliest",
+            session_timeout_ms=JOIN_SESSION_TIMEOUT_MS,
+        )
+        async with consumer:
+            consumer.subscribe([args.topic])
+            record = await consumer.getone()
+            tally.first = tally.last = time.perf_counter()
+            tally.records, tally.payload = 1, len(record.key or b"") + len(record.value or b"")
+
+    anyio.run(main)
+
+
+def _join_aiokafka(args: argparse.Namespace, tally: Tally) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+
+    async def main() -> None:
+        consumer = AIOKafkaConsumer(
+            args.topic,
+            bootstrap_servers=args.bootstrap,
+            group_id=_group("aiokafka"),
+            auto_offset_reset="earliest",
+            session_timeout_ms=JOIN_SESSION_TIMEOUT_MS,
+        )
+        await consumer.start()
+        try:
+            record = await consumer.getone()
+            tally.first = tally.last = time.perf_counter()
+            tally.records, tally.payload = 1, len(record.key or b"") + len(record.value or b"")
+        finally:
+            await consumer.stop()
+
+    asyncio.run(main())
+
+
+def _join_confluent(args: argparse.Namespace, tally: Tally) -> None:
+    from confluent_kafka import Consumer as ConfluentConsumer
+    from confluent_kafka import KafkaException
+
+    consumer = ConfluentConsumer(
+        {
+            "bootstrap.servers": args.bootstrap,
+            "group.id": _group("confluent"),
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": JOIN_SESSION_TIMEOUT_MS,
+            "log_level": 3,
+        }
+    )
+    try:
+        consumer.subscribe([args.topic])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.1)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                raise KafkaException(msg.error())
+            tally.first = tally.last = time.perf_counter()
+            tally.records, tally.payload = 1, len(msg.key() or b"") + len(msg.value() or b"")
+            break
+    finally:
+        consumer.close()
+
+
+#: name -> (label, needed module, reader factory)
+CLIENTS: dict[str, tuple[str, str, Callable[[], Reader]]] = {
+    "asyncconsumer-iter": ("asyncconsumer `async for`", "asyncconsumer", lambda: _asyncconsumer("iter")),
+    "asyncconsumer-getmany": ("asyncconsumer `getmany()`", "asyncconsumer", lambda: _asyncconsumer("getmany")),
+    "asyncconsumer-batches": ("asyncconsumer `batches()`", "asyncconsumer", lambda: _asyncconsumer("batches")),
+    "asyncconsumer-getmany-py": (
+        "asyncconsumer `getmany()`, pure-Python decoder",
+        "asyncconsumer",
+        lambda: _asyncconsumer("getmany"),
+    ),
+    "aiokafka-iter": ("aiokafka `async for`", "aiokafka", lambda: _aiokafka("iter")),
+    "aiokafka-getmany": ("aiokafka `getmany()`", "aiokafka", lambda: _aiokafka("getmany")),
+    "confluent-default": ("confluent-kafka `consume()`, defaults", "confluent_kafka", lambda: _confluent(False)),
+    "confluent-tuned": (
+        "confluent-kafka `consume()`, fetch.queue.backoff.ms=10",
+        "confluent_kafka",
+        lambda: _confluent(True),
+    ),
+    "asyncconsumer-join": ("asyncconsumer `subscribe()`", "asyncconsumer", lambda: _join_asyncconsumer),
+    "aiokafka-join": ("aiokafka, topics in the constructor", "aiokafka", lambda: _join_aiokafka),
+    "confluent-join": ("confluent-kafka `subscribe()`", "confluent_kafka", lambda: _join_confluent),
+}
+
+#: Clients that need an environment of their own.
+CLIENT_ENV: dict[str, dict[str, str]] = {"asyncconsumer-getmany-py": {"ASYNCCONSUMER_NO_EXTENSION": "1"}}
+
+
+def _versions(client: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if client.startswith("asyncconsumer"):
+        from asyncconsumer import __version__
+        from asyncconsumer.protocol import records
+
+        out = {"version": __version__, "decoder": records.DECODER}
+    elif client.startswith("aiokafka"):
+        import aiokafka
+
+        out = {"version": aiokafka.__version__}
+    elif client.startswith("confluent"):
+        import confluent_kafka
+
+        out = {"version": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("client", choices=sorted(CLIENTS))
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--count", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    reader = CLIENTS[args.client][2]()
+    versions = _versions(args.client)  # imports the client before the clock starts
+    tally = Tally()
+    cpu0 = _cpu()
+    start = time.perf_counter()
+    error = None
+    try:
+        reader(args, tally)
+    except Exception as exc:  # reported, not raised: the driver shows it in the table
+        error = f"{type(exc).__name__}: {exc}"
+    end = tally.last or time.perf_counter()
+    cpu = _cpu() - cpu0
+    wall = end - start
+    result = {
+        "client": args.client,
+        "topic": args.topic,
+        "expected": args.count,
+        "records": tally.records,
+        "payload_bytes": tally.payload,
+        "wall_s": wall,
+        "first_record_s": (tally.first - start) if tally.first else None,
+        "records_per_s": tally.records / wall if wall > 0 else 0.0,
+        "mb_per_s": tally.payload / wall / 1e6 if wall > 0 else 0.0,
+        "cpu_s": cpu,
+        "peak_rss_mb": peak_rss_mb(),
+        "pid": os.getpid(),
+        "error": error,
+        **versions,
+    }
+    print(json.dumps(result), flush=True)
+    return 0 if error is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The benchmark data sets and their production (with confluent-kafka, an independent client)."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+PARTITIONS = 4
+KEY_SIZE = 10
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    topic: str
+    records: int
+    value_size: int
+    compression: str = "none"
+    partitions: int = PARTITIONS
+
+    @property
+    def payload_bytes(self) -> int:
+        """Key and value bytes of the whole data set (what MB/s counts)."""
+        return self.records * (KEY_SIZE + self.value_size)
+
+    def describe(self) -> str:
+        size = f"{self.value_size} B" if self.value_size < 1024 else f"{self.value_size // 1024} KiB"
+        codec = "" if self.compression == "none" else f", {self.compression}"
+        return f"{self.records:,} x {size} values, {KEY_SIZE} B keys, {self.partitions} partitions{codec}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def standard(quick: bool) -> list[Dataset]:
+    """The issue's data sets; ``quick`` shrinks them for development and CI."""
+    if quick:
+        return [
+            Dataset("100B", "bench-100b", 40_000, 100),
+            Dataset("1KiB", "bench-1kib", 8_000, 1024),
+            Dataset("100B-lz4", "bench-100b-lz4", 40_000, 100, "lz4"),
+        ]
+    return [
+        Dataset("100B", "bench-100b", 1_000_000, 100),
+        Dataset("1KiB", "bench-1kib", 200_000, 1024),
+        Dataset("100B-lz4", "bench-100b-lz4", 1_000_000, 100, "lz4"),
+    ]
+
+
+def memory_dataset(quick: bool) -> Dataset:
+    """The backlog of the memory benchmark: 1 GiB of 1 KiB records (quick: 16 MiB)."""
+    if quick:
+        return Dataset("memory-1KiB", "bench-memory", 16_000, 1024)
+    return Dataset("memory-1KiB", "bench-memory", 1_000_000, 1024)
+
+
+def sample_values(size: int, count: int = 1024) -> list[bytes]:
+    """Distinct JSON-like values of exactly ``size`` bytes: compressible like real events, not trivially."""
+    rng = random.Random(size)
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet"]
+    out = []
+    for i in range(count):
+        head = (
+            f'{{"id":{rng.randrange(10**9)},"user":"user-{rng.randrange(10_000)}",'
+            f'"amount":{rng.randrange(100_000) / 100},"ts":{1_700_000_000_000 + i},"tags":"'
+        )
+        body = head
+        while len(body) < size - 2:
+            body += rng.choice(words) + " "
+        out.append((body[: size - 2] + '"}').encode())
+    return out
+
+
+def create_topics(bootstrap: str, datasets: list[Dataset]) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    futures = admin.create_topics([NewTopic(d.topic, d.partitions, 1) for d in datasets], operation_timeout=30)
+    for future in futures.values():
+        future.result(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        md = admin.list_topics(timeout=5)
+        if all(d.topic in md.topics and len(md.topics[d.topic].partitions) == d.partitions for d in datasets):
+            return
+        time.sleep(0.05)
+    raise TimeoutError("benchmark topics did not appear in metadata")
+
+
+def produce(bootstrap: str, dataset: Dataset) -> float:
+    """Produce ``dataset`` (records spread round-robin over its partitions); returns the seconds taken.
+
+    confluent-kafka with librdkafka's default batching (batch.size 1 MB, linger.ms 5) and acks=all.
+    """
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "compression.type": dataset.compression,
+            "acks": "all",
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+            "log_level": 3,
+        }
+    )
+    failures: list[str] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    values = sample_values(dataset.value_size)
+    started = time.perf_counter()
+    parts = dataset.partitions
+    for i in range(dataset.records):
+        while True:
+            try:
+                producer.produce(
+                    dataset.topic,
+                    key=b"%010d" % i,
+                    value=values[i % len(values)],
+                    partition=i % parts,
+                    on_delivery=on_delivery,
+                )
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    left = producer.flush(300)
+    if left or failures:
+        raise RuntimeError(f"producing {dataset.name}: {left} undelivered, failures: {failures[:3]}")
+    return time.perf_counter() - started

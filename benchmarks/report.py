@@ -1,0 +1,189 @@
+"""Summaries, ratios and the Markdown report of a benchmark run."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from .clients import CLIENTS
+
+#: (numerator, denominator): asyncconsumer against each peer.
+RATIOS: list[tuple[str, str]] = [
+    ("asyncconsumer-iter", "aiokafka-iter"),
+    ("asyncconsumer-getmany", "aiokafka-getmany"),
+    ("asyncconsumer-getmany", "confluent-tuned"),
+    ("asyncconsumer-getmany", "confluent-default"),
+    ("asyncconsumer-batches", "aiokafka-getmany"),
+    ("asyncconsumer-batches", "confluent-tuned"),
+    ("asyncconsumer-iter", "confluent-tuned"),
+]
+
+_FIELDS = ("records_per_s", "mb_per_s", "cpu_s", "peak_rss_mb", "first_record_s")
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """dataset -> client -> medians over the rounds (runs that failed or read short are left out)."""
+    grouped: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        grouped[run["dataset"]][run["client"]].append(run)
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for dataset, by_client in grouped.items():
+        out[dataset] = {}
+        for client, client_runs in by_client.items():
+            good = [r for r in client_runs if r.get("ok")]
+            row: dict[str, Any] = {"runs": len(client_runs), "ok_runs": len(good)}
+            for field in _FIELDS:
+                row[field] = _median([r[field] for r in good if r.get(field) is not None])
+            rates = [r["records_per_s"] for r in good]
+            row["records_per_s_min"] = min(rates) if rates else None
+            row["records_per_s_max"] = max(rates) if rates else None
+            row["errors"] = sorted({r["error"] for r in client_runs if r.get("error")})
+            out[dataset][client] = row
+    return out
+
+
+def ratios(runs: list[dict[str, Any]], summary: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """asyncconsumer / peer records/s: of the medians, and the range of the per-round ratios."""
+    by_round: dict[tuple[str, str, int], float] = {
+        (r["dataset"], r["client"], r["round"]): r["records_per_s"] for r in runs if r.get("ok")
+    }
+    out = []
+    for dataset, clients in summary.items():
+        for num, den in RATIOS:
+            a, b = clients.get(num), clients.get(den)
+            if not a or not b or not a["records_per_s"] or not b["records_per_s"]:
+                continue
+            rounds = sorted({k[2] for k in by_round if k[0] == dataset})
+            per_round = [
+                by_round[(dataset, num, i)] / by_round[(dataset, den, i)]
+                for i in rounds
+                if (dataset, num, i) in by_round and (dataset, den, i) in by_round
+            ]
+            out.append(
+                {
+                    "dataset": dataset,
+                    "client": num,
+                    "peer": den,
+                    "ratio": a["records_per_s"] / b["records_per_s"],
+                    "per_round_min": min(per_round) if per_round else None,
+                    "per_round_max": max(per_round) if per_round else None,
+                }
+            )
+    return out
+
+
+def _fmt_rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1e6:.2f} M" if value >= 100_000 else f"{value / 1e3:.0f} k"
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    meta = result["meta"]
+    lines = [
+        f"# asyncconsumer benchmark ({'quick' if meta['quick'] else 'full'} run)",
+        "",
+        f"- date: {meta['date']}; machine: {meta['machine']}; Python {meta['python']}",
+        f"- broker: {meta['broker']}; rounds: {meta['rounds']} (clients interleaved, order rotated per round)",
+        f"- versions: {meta['versions']}",
+        f"- asyncconsumer record decoder: **{meta['decoder']}**",
+        "- records/s and MB/s (keys + values) over consumer creation to last record; CPU seconds of the "
+        "whole read (all threads); peak RSS of the reader process; medians over the rounds",
+        "",
+    ]
+    labels = {name: spec[0] for name, spec in CLIENTS.items()}
+    datasets = {d["name"]: d for d in result["datasets"]}
+    for name, clients in result["summary"].items():
+        d = datasets.get(name)
+        lines += [f"## {name}: {d['description'] if d else ''}", ""]
+        lines += [
+            "| client | records/s | (min-max) | MB/s | CPU s | peak RSS MB | first record ms |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for client, row in clients.items():
+            if row["ok_runs"] == 0:
+                lines.append(f"| {labels.get(client, client)} | failed: {'; '.join(row['errors'])[:120]} ||||||")
+                continue
+            first = row["first_record_s"]
+            lines.append(
+                f"| {labels.get(client, client)} | {_fmt_rate(row['records_per_s'])} | "
+                f"{_fmt_rate(row['records_per_s_min'])}-{_fmt_rate(row['records_per_s_max'])} | "
+                f"{_fmt(row['mb_per_s'], '.0f')} | {_fmt(row['cpu_s'], '.2f')} | {_fmt(row['peak_rss_mb'], '.0f')} | "
+                f"{_fmt(first * 1000 if first is not None else None, '.0f')} |"
+            )
+        lines.append("")
+    if result["ratios"]:
+        lines += [
+            "## asyncconsumer against its peers (records/s, same run)",
+            "",
+            "| data set | asyncconsumer | peer | ratio | per-round range |",
+            "|---|---|---|---:|---:|",
+        ]
+        for r in result["ratios"]:
+            spread = f"{r['per_round_min']:.2f}-{r['per_round_max']:.2f}" if r["per_round_min"] is not None else "-"
+            lines.append(
+                f"| {r['dataset']} | {labels.get(r['client'], r['client'])} | {labels.get(r['peer'], r['peer'])} | "
+                f"**{r['ratio']:.2f}x** | {spread} |"
+            )
+        lines.append("")
+    join = (result.get("group_join") or {}).get("summary")
+    if join:
+        from .clients import JOIN_SESSION_TIMEOUT_MS
+
+        lines += [
+            "## Group join: subscribe() with a new group to the first record",
+            "",
+            f"Every client with session.timeout.ms = {JOIN_SESSION_TIMEOUT_MS}: the broker may hold the JoinGroup "
+            "for part of it (Tansu holds it for half), which then dominates.",
+            "",
+            "| client | first record s | CPU s | peak RSS MB |",
+            "|---|---:|---:|---:|",
+        ]
+        for client, row in join.items():
+            if row["ok_runs"] == 0:
+                lines.append(f"| {labels.get(client, client)} | failed: {'; '.join(row['errors'])[:120]} |||")
+                continue
+            lines.append(
+                f"| {labels.get(client, client)} | {_fmt(row['first_record_s'], '.2f')} | "
+                f"{_fmt(row['cpu_s'], '.2f')} | {_fmt(row['peak_rss_mb'], '.0f')} |"
+            )
+        lines.append("")
+    memory = result.get("memory")
+    if memory:
+        lines += ["## Memory: slow consumer on a backlog", ""]
+        if memory.get("error"):
+            lines.append(f"failed: {memory['error']}")
+        else:
+            lines += [
+                f"Backlog {memory['backlog']}; the application sleeps {memory['pause_ms']:.0f} ms per "
+                f"{memory['batch']} records, so the fetch buffer stays full.",
+                "",
+                "| fetch_buffer_bytes | fetch_max_bytes | records read | RSS at start | peak RSS during the read | "
+                "growth |",
+                "|---:|---:|---:|---:|---:|---:|",
+                f"| {memory['fetch_buffer_mb']:.0f} MiB | {memory['fetch_max_mb']:.0f} MiB | {memory['records']:,} | "
+                f"{memory['baseline_rss_mb']:.0f} MB | {memory['peak_rss_mb']:.0f} MB | "
+                f"**{memory['growth_mb']:.0f} MB** |",
+                "",
+                "Growth is bounded by fetch_buffer_bytes plus the response being read (a broker may exceed "
+                "fetch_max_bytes by whole record batches) plus the records the application holds.",
+                "",
+            ]
+    decoder = result.get("decoder")
+    if decoder:
+        from .decoder import markdown as decoder_markdown
+
+        lines += ["## Record decoder alone (in process, no broker)", "", decoder_markdown(decoder), ""]
+    notes = result.get("notes") or []
+    if notes:
+        lines += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)

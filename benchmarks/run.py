@@ -1,0 +1,270 @@
+"""Run the benchmarks: ``python -m benchmarks.run [--quick] [--json out.json] [--markdown out.md]``.
+
+One command: starts the embedded broker, creates the topics and produces the data sets once
+(with confluent-kafka), then runs every client in a subprocess of its own, interleaved, for
+several rounds (the order rotates each round), then the memory benchmark and the in-process
+decoder comparison.  Prints the Markdown report; ``--json``/``--markdown`` also write it to files.
+
+The machine is shared and noisy: compare clients by the ratios from one run, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import datasets as ds
+from .clients import CLIENT_ENV, CLIENTS
+from .report import markdown, ratios, summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CLIENT_ORDER = [
+    "asyncconsumer-iter",
+    "asyncconsumer-getmany",
+    "asyncconsumer-batches",
+    "aiokafka-iter",
+    "aiokafka-getmany",
+    "confluent-default",
+    "confluent-tuned",
+    "asyncconsumer-getmany-py",
+]
+JOIN_CLIENTS = ["asyncconsumer-join", "aiokafka-join", "confluent-join"]
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def available_clients() -> tuple[list[str], list[str]]:
+    """Clients this environment can run, and notes on the ones it cannot."""
+    notes = []
+    out = []
+    from asyncconsumer import Consumer
+    from asyncconsumer.protocol import records
+
+    for name in CLIENT_ORDER + JOIN_CLIENTS:
+        module = CLIENTS[name][1]
+        if importlib.util.find_spec(module) is None:
+            notes.append(f"{name} skipped: {module} is not installed (pip install -e '.[bench]')")
+            continue
+        if name == "asyncconsumer-batches" and not hasattr(Consumer, "batches"):
+            notes.append("asyncconsumer `batches()` skipped: this Consumer has no batches() method")
+            continue
+        if name == "asyncconsumer-join" and not hasattr(Consumer, "subscribe"):
+            notes.append("group-join benchmark skipped: this Consumer has no consumer groups (subscribe) yet")
+            continue
+        if name == "asyncconsumer-getmany-py" and records.DECODER != "c":
+            notes.append("pure-Python decoder run skipped: the compiled decoder is not in use anyway")
+            continue
+        out.append(name)
+    return out, notes
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def run_json(command: list[str], timeout: float, env: dict[str, str]) -> dict[str, Any]:
+    """Run a benchmark subprocess that prints one JSON object as its last stdout line."""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f}s"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        return {"error": f"exit {proc.returncode}, no result; stderr: {proc.stderr.strip()[-400:]}"}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def run_client(
+    client: str, dataset: ds.Dataset, bootstrap: str, timeout: float, count: int | None = None
+) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.clients",
+        client,
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        dataset.topic,
+        "--partitions",
+        str(dataset.partitions),
+        "--count",
+        str(count or dataset.records),
+    ]
+    result = run_json(command, timeout, _env(CLIENT_ENV.get(client, {})))
+    result.setdefault("client", client)
+    result["dataset"] = dataset.name
+    result["ok"] = not result.get("error") and result.get("records") == (count or dataset.records)
+    if not result.get("error") and not result["ok"]:
+        result["error"] = f"read {result.get('records')} of {count or dataset.records} records"
+    return result
+
+
+def run_memory(bootstrap: str, dataset: ds.Dataset, quick: bool, timeout: float) -> dict[str, Any]:
+    buffer = 4 * 2**20 if quick else 32 * 2**20
+    fetch_max = 2**20 if quick else 4 * 2**20
+    to_read = dataset.records if quick else dataset.records // 4
+    pause, batch = 0.005, 200
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.memory",
+        "--bootstrap",
+        bootstrap,
+        "--topic",
+        dataset.topic,
+        "--partitions",
+        str(dataset.partitions),
+        "--count",
+        str(to_read),
+        "--buffer",
+        str(buffer),
+        "--fetch-max",
+        str(fetch_max),
+        "--pause",
+        str(pause),
+        "--batch",
+        str(batch),
+    ]
+    result = run_json(command, timeout, _env({}))
+    result.update(backlog=dataset.describe(), pause_ms=pause * 1000, batch=batch)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small data sets, one round (development, CI)")
+    parser.add_argument("--rounds", type=int, help="rounds of every client on every data set (default 3; quick 1)")
+    parser.add_argument("--json", type=Path, help="write the full result as JSON here")
+    parser.add_argument("--markdown", type=Path, help="write the Markdown report here")
+    parser.add_argument("--clients", help="comma-separated subset of: " + ", ".join(CLIENT_ORDER))
+    parser.add_argument("--datasets", help="comma-separated subset of the data set names")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory benchmark")
+    parser.add_argument("--no-join", action="store_true", help="skip the group-join benchmark")
+    parser.add_argument("--no-decoder", action="store_true", help="skip the in-process decoder comparison")
+    args = parser.parse_args(argv)
+
+    from asyncconsumer.protocol import records
+    from asyncconsumer.testing import EmbeddedBroker
+
+    rounds = args.rounds or (1 if args.quick else 3)
+    timeout = 90.0 if args.quick else 600.0
+    clients, notes = available_clients()
+    if args.clients:
+        wanted = args.clients.split(",")
+        unknown = set(wanted) - set(CLIENTS)
+        if unknown:
+            parser.error(f"unknown clients: {', '.join(sorted(unknown))}")
+        clients = [c for c in clients if c in wanted]
+    joiners = [c for c in clients if c in JOIN_CLIENTS] if not args.no_join else []
+    clients = [c for c in clients if c not in JOIN_CLIENTS]
+    sets = ds.standard(args.quick)
+    if args.datasets:
+        sets = [d for d in sets if d.name in args.datasets.split(",")]
+    memory_set = None if args.no_memory else ds.memory_dataset(args.quick)
+
+    runs: list[dict[str, Any]] = []
+    joins: list[dict[str, Any]] = []
+    memory: dict[str, Any] | None = None
+    produced: dict[str, float] = {}
+    started = time.perf_counter()
+    with EmbeddedBroker() as broker:
+        log(f"broker at {broker.bootstrap} (pid {broker.pid}); decoder: {records.DECODER}")
+        all_sets = sets + ([memory_set] if memory_set else [])
+        ds.create_topics(broker.bootstrap, all_sets)
+        for d in all_sets:
+            produced[d.name] = ds.produce(broker.bootstrap, d)
+            log(f"produced {d.name}: {d.describe()} in {produced[d.name]:.1f}s")
+        for round_no in range(rounds):
+            shift = round_no % max(1, len(clients))
+            order = clients[shift:] + clients[:shift]
+            for d in sets:
+                for client in order:
+                    result = run_client(client, d, broker.bootstrap, timeout)
+                    result["round"] = round_no
+                    runs.append(result)
+                    rate = result.get("records_per_s") or 0
+                    status = "ok" if result["ok"] else f"FAILED: {result.get('error')}"
+                    log(f"round {round_no + 1}/{rounds} {d.name:9s} {client:26s} {rate / 1e6:6.3f} M rec/s  {status}")
+        for round_no in range(rounds if joiners and sets else 0):
+            shift = round_no % len(joiners)
+            for client in joiners[shift:] + joiners[:shift]:
+                result = run_client(client, sets[0], broker.bootstrap, timeout, count=1)
+                result["round"] = round_no
+                joins.append(result)
+                first = result.get("first_record_s") or 0
+                status = "ok" if result["ok"] else f"FAILED: {result.get('error')}"
+                log(f"round {round_no + 1}/{rounds} group join {client:22s} first record after {first:.2f}s  {status}")
+        if memory_set is not None:
+            memory = run_memory(broker.bootstrap, memory_set, args.quick, timeout)
+            log(f"memory: {memory}")
+    decoder = None
+    if not args.no_decoder:
+        from .decoder import measure
+
+        decoder = measure(args.quick)
+        log("decoder comparison done")
+
+    summary = summarize(runs)
+    versions = {"asyncconsumer": _version("asyncconsumer"), "anyio": _version("anyio")}
+    for name in ("aiokafka", "confluent_kafka"):
+        if importlib.util.find_spec(name) is not None:
+            versions[name] = _version(name)
+    result = {
+        "meta": {
+            "quick": args.quick,
+            "rounds": rounds,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+            "python": platform.python_version(),
+            "broker": "Tansu (asyncconsumer.testing.EmbeddedBroker, in-memory storage)",
+            "decoder": records.DECODER,
+            "versions": versions,
+            "seconds": time.perf_counter() - started,
+            "produce_seconds": produced,
+        },
+        "datasets": [{**d.as_dict(), "description": d.describe()} for d in sets],
+        "runs": runs,
+        "summary": summary,
+        "ratios": ratios(runs, summary),
+        "group_join": {"runs": joins, "summary": summarize(joins).get(sets[0].name, {}) if joins else {}},
+        "memory": memory,
+        "decoder": decoder,
+        "notes": notes,
+    }
+    text = markdown(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    print(text)
+    failed = [r for r in runs + joins if not r["ok"]]
+    return 1 if failed or (memory and memory.get("error")) else 0
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist.replace("_", "-"))
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
