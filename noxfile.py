@@ -12,7 +12,7 @@ import nox
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.error_on_missing_interpreters = False
 
-LINT_PATHS = ("src", "tests", "noxfile.py")
+LINT_PATHS = ("src", "tests", "benchmarks", "examples", "noxfile.py")
 
 
 @nox.session(venv_backend="none")

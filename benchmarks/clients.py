@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 #: How many records a batch call asks for, where the API takes a number (confluent-kafka's
 #: ``consume(num_messages)``); asyncconsumer's and aiokafka's getmany use their defaults.
@@ -81,7 +81,7 @@ def _asyncconsumer(mode: str) -> Reader:
                         if n >= want:
                             break
                 elif mode == "batches":
-                    async for batch in cast(Any, consumer).batches():  # newer API: not on every Consumer
+                    async for batch in consumer.batches():
                         if n == 0:
                             tally.first = time.perf_counter()
                         for record in batch:

@@ -55,7 +55,8 @@ class ConsumerConfig:
     fetch_max_wait_ms: int = 500
     max_partition_fetch_bytes: int = 1048576
     fetch_buffer_bytes: int = 67108864
-    max_poll_records: int | None = None
+    #: Records per poll: getmany()'s default max_records, a batches() item, an async-for chunk.
+    max_poll_records: int = 500
     isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
     check_crcs: bool = True
     exclude_internal_topics: bool = True
@@ -91,6 +92,7 @@ class ConsumerConfig:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ConsumerConfig)}
 _POSITIVE = {
+    "max_poll_records",
     "auto_commit_interval_ms",
     "session_timeout_ms",
     "heartbeat_interval_ms",
@@ -180,8 +182,6 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"{name} must be > 0, got {value}")
         if name in _NON_NEGATIVE and value < 0:
             raise ConfigError(f"{name} must be >= 0, got {value}")
-        if name == "max_poll_records" and value <= 0:
-            raise ConfigError(f"max_poll_records must be > 0 or None, got {value}")
         return value
     if name == "ssl_context":
         if value is not None and not isinstance(value, ssl.SSLContext):

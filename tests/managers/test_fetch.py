@@ -204,16 +204,108 @@ def test_full_buffer_stops_fetching() -> None:
     assert len(s.fetches()) == 2
 
 
-def test_partition_with_max_bytes_buffered_is_not_fetched() -> None:
-    s = Setup()
-    s.start({T0: 0, T2: 0})
+def payload_of(size: int) -> bytes:
     payload = b""
-    while len(payload) < PARTITION_MAX:
+    while len(payload) < size:
         payload += records(0, 40)  # offsets do not matter here
-    request = s.fetch()
-    respond(request, {T0: data(T0, payload)})
-    assert s.buffer.buffered_bytes(T0) >= PARTITION_MAX
+    return payload
+
+
+def test_partition_with_its_share_buffered_is_not_fetched() -> None:
+    s = Setup(buffer_bytes=4 * PARTITION_MAX)
+    s.start({T0: 0, T2: 0})
+    assert s.fetcher.read_ahead_bytes() == 2 * PARTITION_MAX  # the buffer split between two partitions
+    respond(s.fetch(), {T0: data(T0, payload_of(2 * PARTITION_MAX), high_watermark=10_000)})
     assert fetched(s.fetch()) == {T2: 0}
+
+
+def test_partition_reads_ahead_up_to_its_share() -> None:
+    s = Setup(buffer_bytes=4 * PARTITION_MAX)
+    s.start({T0: 0, T2: 0})
+    payload = payload_of(PARTITION_MAX)
+    assert len(payload) < 2 * PARTITION_MAX
+    respond(s.fetch(), {T0: data(T0, payload, high_watermark=10_000)})
+    # More than max_partition_fetch_bytes buffered, less than its share: fetched again already.
+    assert set(fetched(s.fetch())) == {T0, T2}
+
+
+def test_share_is_at_least_max_partition_fetch_bytes() -> None:
+    s = Setup(buffer_bytes=PARTITION_MAX)
+    s.start({T0: 0, T1: 0, T2: 0})
+    assert s.fetcher.read_ahead_bytes() == PARTITION_MAX
+
+
+def test_read_ahead_share_follows_the_assignment() -> None:
+    s = Setup(buffer_bytes=12 * PARTITION_MAX)
+    s.start({T0: 0})
+    assert s.fetcher.read_ahead_bytes() == 12 * PARTITION_MAX
+    s.start({T0: 0, T1: 0, T2: 0})
+    assert s.fetcher.read_ahead_bytes() == 4 * PARTITION_MAX
+
+
+# -- fetches of caught-up partitions while others are being read ----------------------------------------
+
+
+def busy_and_caught_up(*, read_committed: bool = False, hw: int = 50, lso: int = -1) -> Setup:
+    """T0 (node 1) has its share buffered and more to read; T2 (node 1) is at the end of its log."""
+    s = Setup(buffer_bytes=4 * PARTITION_MAX, read_committed=read_committed)
+    s.start({T0: 0, T2: 50})
+    respond(s.fetch(), {T0: data(T0, payload_of(2 * PARTITION_MAX), high_watermark=10_000),
+                        T2: data(T2, b"", high_watermark=hw, last_stable_offset=lso)})
+    return s
+
+
+def test_fetch_of_only_caught_up_partitions_is_held_while_others_are_read() -> None:
+    s = busy_and_caught_up()
+    now = s.clock.now
+    # The broker would park a fetch of T2 alone for max_wait, and T0 could not be fetched meanwhile.
+    assert s.fetches() == []
+    assert s.fetcher.next_deadline(now) == pytest.approx(now + MAX_WAIT_MS / 1000)
+    s.clock.advance(MAX_WAIT_MS / 1000 - 0.01)
+    assert s.fetches() == []
+    s.clock.advance(0.01)
+    assert fetched(s.fetch()) == {T2: 50}  # held for fetch_max_wait_ms at most
+
+
+def test_held_fetch_goes_with_the_busy_partition() -> None:
+    s = busy_and_caught_up()
+    assert s.fetches() == []
+    s.clock.advance(0.1)
+    s.buffer.clear()  # the application read T0's records
+    assert fetched(s.fetch()) == {T0: s.subs.partitions[T0].fetch_offset, T2: 50}
+    assert s.fetcher.next_deadline(s.clock.now) == float("inf")  # nothing held any more
+
+
+def test_partition_with_records_to_read_is_not_held() -> None:
+    s = busy_and_caught_up()
+    s.subs.partitions[T2].high_watermark = 60  # more records since
+    assert fetched(s.fetch()) == {T2: 50}
+
+
+def test_caught_up_partition_alone_is_fetched_at_once() -> None:
+    s = Setup()
+    s.start({T2: 50})
+    respond(s.fetch(), {T2: data(T2, b"", high_watermark=50)})
+    assert fetched(s.fetch()) == {T2: 50}  # nothing else to wait for: the broker waits for new records
+
+
+def test_caught_up_on_another_node_is_not_held() -> None:
+    s = Setup(buffer_bytes=4 * PARTITION_MAX)
+    s.start({T0: 0, T1: 50})
+    first = {r.node_id: r for r in s.fetches()}
+    respond(first[1], {T0: data(T0, payload_of(2 * PARTITION_MAX), high_watermark=10_000)})
+    respond(first[2], {T1: data(T1, b"", high_watermark=50)})
+    assert fetched(s.fetch()) == {T1: 50}  # node 2 has no partition being read
+
+
+@pytest.mark.parametrize("read_committed", [True, False])
+def test_read_committed_is_caught_up_at_the_last_stable_offset(read_committed: bool) -> None:
+    # Records 50-59 are in an open transaction: read_committed cannot read them yet.
+    s = busy_and_caught_up(read_committed=read_committed, hw=60, lso=50)
+    if read_committed:
+        assert s.fetches() == []
+    else:
+        assert fetched(s.fetch()) == {T2: 50}
 
 
 # -- responses -----------------------------------------------------------------------------------------
@@ -458,12 +550,9 @@ def test_incremental_request_resends_a_seeked_partition() -> None:
 
 
 def test_buffered_partition_is_forgotten_then_added_back() -> None:
-    s = Setup()
+    s = Setup(buffer_bytes=2 * PARTITION_MAX)
     s.start({T0: 0, T2: 30})
-    payload = b""
-    while len(payload) < PARTITION_MAX:
-        payload += records(0, 40)
-    respond(s.fetch(), {T0: data(T0, payload)}, session_id=9)
+    respond(s.fetch(), {T0: data(T0, payload_of(PARTITION_MAX))}, session_id=9)
     request = s.fetch()
     assert fetched(request) == {}
     assert forgotten(request) == {T0}

@@ -62,6 +62,9 @@ FEATURES = frozenset(
         "list_offsets_timestamp",  # ListOffsets by timestamp (offsets_for_times); Tansu always answers 0
         "fast_join",  # JoinGroup answers promptly (Tansu holds it for session_timeout/2)
         "tls",  # a TLS listener can be had (``tls_broker`` fixture)
+        # KIP-345: a static member that rejoins within the session timeout gets its partitions back
+        # without a rebalance of the others (Tansu rebalances the group; librdkafka members too)
+        "static_rejoin_without_rebalance",
     }
 )
 
@@ -217,6 +220,7 @@ class TansuBroker:
             "list_offsets_latest_exact",
             "list_offsets_timestamp",
             "fast_join",
+            "static_rejoin_without_rebalance",
         }
     )
 

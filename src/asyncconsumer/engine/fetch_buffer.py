@@ -1,7 +1,8 @@
 """The fetch buffer: raw record sets waiting for the application, bounded in bytes.
 
 The background loop adds one ``CompletedFetch`` per partition per fetch
-response and stops fetching while ``used_bytes`` is at ``max_bytes``; the
+response and stops fetching while ``used_bytes`` is at ``max_bytes`` (and a
+partition while it has its share of it, see managers/fetch.py); the
 application side decodes them lazily, batch by batch, and frees the bytes
 when a completed fetch is used up.  No record bytes are copied before a
 key/value is handed out: completed fetches hold ``memoryview`` slices of the
@@ -179,12 +180,10 @@ class FetchBuffer:
         self.drop(lambda f: False)
 
     def _release(self, fetch: CompletedFetch) -> None:
-        was_full = self.full
         self.used_bytes -= fetch.size
         left = self._bytes_by_tp.get(fetch.tp, 0) - fetch.size
         if left > 0:
             self._bytes_by_tp[fetch.tp] = left
         else:
             self._bytes_by_tp.pop(fetch.tp, None)
-        if was_full or left <= 0:
-            self._on_space()
+        self._on_space()  # the partition may be under its read-ahead share now: fetch it again

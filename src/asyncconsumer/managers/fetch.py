@@ -1,10 +1,19 @@
 """The fetch sender: builds Fetch requests and files responses in the buffer.
 
 One fetch in flight per broker.  A partition is fetched when its position is
-known, it is not paused, it has less than ``max_partition_fetch_bytes``
-buffered and the whole buffer is below ``fetch_buffer_bytes`` — so while the
-application works through buffered data, the next chunk is already on its way,
-and memory stays bounded however slow the application is.
+known, it is not paused, and it has less than its share of the buffer
+buffered (``fetch_buffer_bytes`` split between the assigned partitions, at
+least ``max_partition_fetch_bytes``); nothing is fetched while the whole
+buffer is full.  So while the application works through buffered data the
+next chunk is already on its way, and memory stays bounded however slow the
+application is.
+
+A fetch naming only partitions at the end of their logs is parked by the
+broker for up to ``fetch_max_wait_ms``, and with one fetch per broker the
+partitions still being read could not be fetched meanwhile.  So while some
+partition of that broker has its share buffered, such a fetch is held back
+(for at most ``fetch_max_wait_ms``) and goes out with the next fetch of the
+busy ones, which the broker answers at once.
 
 Incremental fetch sessions (KIP-227): after a full fetch the broker remembers
 the partitions; later requests name only partitions whose fetch offset moved,
@@ -108,35 +117,61 @@ class FetchManager:
         self._in_flight_nodes: set[int] = set()
         self._in_flight_partitions: set[TopicPartition] = set()
         self._sessions: dict[int, FetchSession] = defaultdict(FetchSession)
+        #: Nodes whose fetch of caught-up partitions is held back, and since when.
+        self._held_since: dict[int, float] = {}
         #: Requests whose responses arrived with data (for tests and metrics).
         self.responses = 0
 
     def next_deadline(self, now: float) -> float:
         waiting = [s.retry_at for s in self._subscriptions.partitions.values() if s.retry_at > now]
+        waiting.extend(since + self._max_wait_ms / 1000 for since in self._held_since.values())
         return min(waiting, default=float("inf"))
 
-    def _wanted(self, state: PartitionState) -> bool:
-        tp = state.tp
-        return tp not in self._in_flight_partitions and self._buffer.buffered_bytes(tp) < self._partition_max_bytes
+    def read_ahead_bytes(self) -> int:
+        """How much one partition may have buffered and still be fetched."""
+        share = self._buffer.max_bytes // max(1, len(self._subscriptions.partitions))
+        return max(self._partition_max_bytes, share)
 
     def poll(self, now: float) -> list[UnsentRequest]:
         if self._buffer.full:
+            self._held_since.clear()
             return []
         cluster = self._metadata.cluster
+        share = self.read_ahead_bytes()
         by_node: dict[int, list[PartitionState]] = defaultdict(list)
+        busy: set[int] = set()  # nodes with a partition whose buffered records are still being read
         for state in self._subscriptions.fetchable(now):
-            if not self._wanted(state):
+            tp = state.tp
+            if tp in self._in_flight_partitions:
                 continue
-            leader = cluster.leader(state.tp)
+            leader = cluster.leader(tp)
             if leader is None:
                 self._metadata.request_update()
                 continue
+            if self._buffer.buffered_bytes(tp) >= share:
+                busy.add(leader.leader)
+                continue
             by_node[leader.leader].append(state)
         requests = []
+        held: dict[int, float] = {}
         for node, states in by_node.items():
-            if node not in self._in_flight_nodes:
-                requests.append(self._request(node, states))
+            if node in self._in_flight_nodes:
+                continue
+            if node in busy and all(self._caught_up(s) for s in states):
+                since = self._held_since.get(node, now)
+                if now < since + self._max_wait_ms / 1000:
+                    held[node] = since
+                    continue
+            requests.append(self._request(node, states))
+        self._held_since = held
         return requests
+
+    def _caught_up(self, state: PartitionState) -> bool:
+        """At the end of the log as of the last response: a fetch would wait for new records."""
+        end = state.high_watermark
+        if self._read_committed and state.last_stable_offset >= 0:
+            end = state.last_stable_offset
+        return 0 <= end <= state.fetch_offset
 
     def _request(self, node: int, states: list[PartitionState]) -> UnsentRequest:
         cluster = self._metadata.cluster

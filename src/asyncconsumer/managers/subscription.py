@@ -77,6 +77,8 @@ class SubscriptionState:
         wanted = list(dict.fromkeys(tps))
         removed = set(self.partitions) - set(wanted)
         kept = {tp: self.partitions[tp] for tp in wanted if tp in self.partitions}
+        for tp in removed:
+            self.partitions[tp].epoch += 1  # records taken for the application but not handed out are stale
         self.partitions = {
             tp: kept.get(tp) or PartitionState(tp, self._initial_phase(), reset_to=self.default_reset) for tp in wanted
         }
