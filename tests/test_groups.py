@@ -48,7 +48,9 @@ async def wait_for_assignment(c: Consumer[Any, Any], timeout: float = 20) -> set
     with anyio.fail_after(timeout):
         while not (engine.membership.state is MemberState.STABLE and c.assignment()):
             c.pause(*c.assignment())  # keep records in the topic for the test to read later
-            await c.getmany(timeout=0.1)
+            # A partition assigned during this poll is not paused yet: put back what it returned.
+            for tp, records in (await c.getmany(timeout=0.1)).items():
+                await c.seek(tp, records[0].offset)
         c.resume(*c.assignment())
         return c.assignment()
 
@@ -232,6 +234,30 @@ async def test_not_polling_past_max_poll_interval_leaves_then_rejoins(
         assert ("revoked", frozenset({TopicPartition(topic, 0)})) in listener.events  # lost → revoked (default)
         assigned = await wait_for_assignment(c)
         assert assigned == {TopicPartition(topic, 0)}
+
+
+@pytest.mark.parametrize("api", ["getmany", "async for"])
+async def test_waiting_inside_a_poll_is_polling(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], api: str
+) -> None:
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"first")])
+    listener = Recorder()
+    async with member(bootstrap, f"g-{topic}", max_poll_interval_ms=1500) as c:
+        c.subscribe([topic], listener=listener)
+        await wait_for_assignment(c)
+        events = list(listener.events)
+        # Blocked in the consumer, waiting for records, for longer than max_poll_interval_ms.
+        if api == "getmany":
+            assert [r.value for rs in (await c.getmany(timeout=10)).values() for r in rs] == [b"first"]
+            assert await c.getmany(timeout=3) == {}
+        else:
+            with anyio.move_on_after(3):
+                async for record in c:
+                    assert record.value == b"first"
+        assert await c.getmany(timeout=0.2) == {}  # no PollIntervalExceededError
+        assert listener.events == events  # kept its partition all along
+        assert c.assignment() == {TopicPartition(topic, 0)}
 
 
 async def test_static_member_restart_keeps_its_partitions(
