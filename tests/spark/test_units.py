@@ -197,6 +197,9 @@ def test_split_ranges_cover_each_range_exactly() -> None:
     capped = split_ranges(ranges, max_records_per_partition=300)
     assert max(p.size for p in capped) <= 300
     assert covered(capped) == covered(pieces)
+    equal = [OffsetRange(TopicPartition("t", p), 0, 100) for p in range(3)]
+    assert len(split_ranges(equal, min_partitions=4)) >= 4  # at least minPartitions, not about
+    assert covered(split_ranges(equal, min_partitions=4)) == covered(equal)
     assert split_ranges([OffsetRange(TP0, 0, 3)], min_partitions=10) == [
         OffsetRange(TP0, 0, 1),
         OffsetRange(TP0, 1, 2),
@@ -266,6 +269,36 @@ def test_resolve_offsets() -> None:
         resolve(opts(subscribe="t", startingOffsets='{"t":{"0":1}}'), lookup)
     with pytest.raises(SourceOptionError, match="names partitions that do not exist: t-5"):
         resolve(opts(subscribe="t", startingOffsets='{"t":{"0":1,"1":1,"5":1}}'), lookup)
+
+
+class GrowingLookup(FakeLookup):
+    """The topic as Spark's successive calls see it: ``grow()`` adds a partition and records."""
+
+    def grow(self) -> None:
+        self._latest = {tp: offset + 5 for tp, offset in self._latest.items()}
+        self._latest[TopicPartition("t", 2)] = 3
+        self._earliest[TopicPartition("t", 2)] = 0
+
+
+@pytest.mark.parametrize("starting", ["earliest", "latest"])
+def test_available_now_start_ignores_what_came_after_the_target(
+    monkeypatch: pytest.MonkeyPatch, starting: str
+) -> None:
+    """Spark calls prepareForTriggerAvailableNow, then initialOffset, then latestOffset and
+    partitions.  Partitions and records that appear in between belong to a later query; they must
+    not look like data loss (a partition gone, or an offset gone back)."""
+    lookup = GrowingLookup({TP0: 0, TP1: 0}, {TP0: 10, TP1: 20})
+    monkeypatch.setattr("asyncconsumer.spark.source.run_on_driver", lambda options, work: anyio.run(work, lookup))
+    reader = KafkaStreamReader(parse_options(opts(subscribePattern="t", startingOffsets=starting), streaming=True))
+    reader.prepareForTriggerAvailableNow()
+    lookup.grow()  # a partition added and records produced before Spark asks for the start
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end == {"t": {"0": 10, "1": 20}}
+    pieces = reader.partitions(start, end)  # raised DataLossError before the fix
+    expected = {(0, 0, 10), (1, 0, 20)} if starting == "earliest" else {(0, 10, 10), (1, 20, 20)}
+    assert {(p.partition, p.start, p.end) for p in pieces} <= expected
+    assert start == ({"t": {"0": 0, "1": 0}} if starting == "earliest" else {"t": {"0": 10, "1": 20}})
 
 
 # -------------------------------------------------------------------------- executor reads
@@ -339,6 +372,18 @@ def test_range_reader_data_loss() -> None:
 
 
 # ------------------------------------------------------------------------------------- Arrow
+
+
+def test_schema_is_spark_kafka_sources() -> None:
+    """The columns and types of Spark's own Kafka source, so jobs switch by the format name."""
+    assert spark_schema(False).simpleString() == (
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+        "timestamp:timestamp,timestampType:int>"
+    )
+    assert spark_schema(True).simpleString() == (
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+        "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,value:binary>>>"
+    )
 
 
 def test_arrow_schema_is_what_spark_expects() -> None:

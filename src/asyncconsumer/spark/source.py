@@ -117,15 +117,16 @@ def split_ranges(
     """Spark input partitions for ``ranges``: empty ranges dropped, then large ranges split.
 
     ``maxRecordsPerPartition`` caps every piece; if there are still fewer pieces than
-    ``minPartitions``, each range is cut into a share of ``minPartitions`` proportional to its size
-    (at least one piece each).  Pieces of one range are contiguous and cover it exactly.
+    ``minPartitions``, each range is cut into its share of ``minPartitions`` in proportion to its
+    size, rounded up: at least ``minPartitions`` pieces in all unless the ranges hold fewer
+    records.  Pieces of one range are contiguous and cover it exactly.
     """
     pieces = [r for r in ranges if r.size > 0]
     if max_records_per_partition is not None:
         pieces = [p for r in pieces for p in _cut(r, math.ceil(r.size / max_records_per_partition))]
     if min_partitions is not None and 0 < len(pieces) < min_partitions:
         total = sum(r.size for r in pieces)
-        pieces = [p for r in pieces for p in _cut(r, max(1, round(r.size / total * min_partitions)))]
+        pieces = [p for r in pieces for p in _cut(r, math.ceil(r.size / total * min_partitions))]
     return pieces
 
 
@@ -586,9 +587,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- offsets (driver) -------------------------------------------------------------------------
 
     def initialOffset(self) -> dict[str, Any]:
+        target = self._available_now_target
+
         async def work(lookup: OffsetLookup) -> dict[TopicPartition, int]:
-            tps = await lookup.partitions(self.options.subscription)
-            return await resolve_offsets(lookup, self.options.starting, tps, starting=True)
+            if target is None:
+                tps = await lookup.partitions(self.options.subscription)
+                return await resolve_offsets(lookup, self.options.starting, tps, starting=True)
+            # availableNow: Spark asks for the target first.  A partition created since, or a
+            # "latest" start past the target (records produced since), belongs to a later query;
+            # left in, it would look like a partition gone or an offset gone back (data loss).
+            offsets = await resolve_offsets(lookup, self.options.starting, sorted(target), starting=True)
+            return {tp: min(offset, target[tp]) for tp, offset in offsets.items()}
 
         return _offsets_json(run_on_driver(self.options, work))
 
