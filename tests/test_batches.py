@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncconsumer import ConfigError, Consumer, ConsumerRecord, TopicPartition
+from asyncconsumer import ConfigError, Consumer, ConsumerClosedError, ConsumerRecord, TopicPartition
 from asyncconsumer.consumer import RecordDeserializationError
 
 pytestmark = pytest.mark.anyio
@@ -277,3 +277,29 @@ async def test_partition_leaving_the_group_hands_out_nothing_more(
                 if after.count(1 - gone.partition) == 300:
                     break
         assert after.count(gone.partition) == 1  # only the record before the partition went
+
+
+@pytest.mark.parametrize("api", ["async for", "batches", "getmany"])
+async def test_a_crashed_background_loop_is_an_error_not_the_end_of_the_records(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], api: str
+) -> None:
+    topic = new_topic(1)
+    produce(topic, ((0, None, b"x") for _ in range(10)))
+    async with consumer(bootstrap) as c:
+        engine = c._engine
+        assert engine is not None
+
+        def bug(now: float) -> list[Any]:
+            raise RuntimeError("a bug in a request manager")
+
+        engine.fetcher.poll = bug  # type: ignore[method-assign]
+        c.assign(tps(topic, 1))
+        with anyio.fail_after(10), pytest.raises(ConsumerClosedError, match="a bug in a request manager"):
+            if api == "async for":
+                async for _ in c:
+                    pass
+            elif api == "batches":
+                async for _ in c.batches():
+                    pass
+            else:
+                await c.getmany(timeout=5)

@@ -95,3 +95,12 @@ def test_consumer_from_properties_with_overrides() -> None:
 )
 def test_parse_host_port(text: str, expected: tuple[str, int]) -> None:
     assert parse_host_port(text) == expected
+
+
+@pytest.mark.parametrize(("algorithm", "checked"), [("https", True), ("", False), ("none", False)])
+def test_hostname_check_follows_ssl_endpoint_identification_algorithm(algorithm: str, checked: bool) -> None:
+    # "" is the Java client's way to turn the check off, "none" librdkafka's.
+    props = {"bootstrap.servers": "h:9093", "security.protocol": "SSL",
+             "ssl.endpoint.identification.algorithm": algorithm}
+    context = from_properties(props).ssl_context
+    assert context is not None and context.check_hostname is checked

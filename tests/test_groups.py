@@ -60,58 +60,86 @@ async def wait_for_assignment(c: Consumer[Any, Any], timeout: float = 20) -> set
 async def test_members_come_and_go_every_record_exactly_once(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], strategy: str, api: str
 ) -> None:
+    """Two members, then three, then two, then one, each change while records are still unread."""
     topic = new_topic(6)
     total = 6000
     produce(topic, ((i % 6, None, b"%d" % i) for i in range(total)))
     group = f"g-{topic}"
     seen: list[tuple[int, int]] = []
+    seen_by: dict[str, set[int]] = {"a": set(), "b": set(), "c": set()}  # partitions each member read
+    budget = [1500]  # the members read up to this many records in the current phase, then wait
     stop = {"a": anyio.Event(), "b": anyio.Event(), "c": anyio.Event()}
 
     async def poll(c: Consumer[Any, Any], name: str) -> None:
-        while not stop[name].is_set():
-            batch = await c.getmany(timeout=0.1)
-            for records in batch.values():
+        while True:
+            for records in (await c.getmany(timeout=0.1)).values():
                 seen.extend((r.partition, r.offset) for r in records)
-            await anyio.sleep(0.01)  # slow: rebalances happen mid-stream
+                seen_by[name].add(records[0].partition)
+            await anyio.sleep(0.01)
 
     async def iterate(c: Consumer[Any, Any], name: str) -> None:
-        async with anyio.create_task_group() as tg:
-            async def stopper() -> None:
-                await stop[name].wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(stopper)
-            async for r in c:
-                seen.append((r.partition, r.offset))
-                if len(seen) % 7 == 0:
-                    await anyio.sleep(0.01)  # rebalances happen with records taken but not handed out
+        async for r in c:
+            seen.append((r.partition, r.offset))
+            seen_by[name].add(r.partition)
+            if len(seen) % 7 == 0:
+                await anyio.sleep(0.01)  # rebalances happen with records taken but not handed out
 
     async def run(name: str) -> None:
         async with member(bootstrap, group, partition_assignment_strategy=strategy, max_poll_records=20) as c:
             c.subscribe([topic])
-            await (poll if api == "getmany" else iterate)(c, name)
+            async with anyio.create_task_group() as tg:
 
-    with anyio.fail_after(90):
+                async def pace() -> None:  # hold at the phase's budget, still polling (callbacks run)
+                    while True:
+                        if len(seen) >= budget[0]:
+                            c.pause(*c.assignment())
+                        elif c.paused():
+                            c.resume(*c.paused())
+                        await anyio.sleep(0.02)
+
+                async def stopper() -> None:
+                    await stop[name].wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(pace)
+                tg.start_soon(stopper)
+                await (poll if api == "getmany" else iterate)(c, name)
+
+    async def reach(count: int, *members: str) -> None:
+        while len(seen) < count or not all(seen_by[m] for m in members):  # noqa: ASYNC110 (members' progress)
+            await anyio.sleep(0.05)
+
+    with anyio.fail_after(120):
         async with anyio.create_task_group() as tg:
             tg.start_soon(run, "a")
             tg.start_soon(run, "b")  # two members
-            await anyio.sleep(5)
+            await reach(1500, "a", "b")
+            budget[0] = 3000
             tg.start_soon(run, "c")  # three
-            await anyio.sleep(5)
+            await reach(3000, "c")
+            budget[0] = 4500
             stop["a"].set()  # two
+            await reach(4500)
+            budget[0] = total
             stop["b"].set()  # one: c finishes the topic
-            while len(set(seen)) < total:  # noqa: ASYNC110 (waiting on other tasks' progress)
-                await anyio.sleep(0.2)
+            await reach(total)
             stop["c"].set()
     counts = Counter(seen)
     assert len(counts) == total
     duplicates = {k: v for k, v in counts.items() if v > 1}
     assert not duplicates, f"{len(duplicates)} records were delivered twice"
+    # Partitions changed hands mid-stream: c read partitions that a or b had read from before.
+    assert seen_by["c"] & (seen_by["a"] | seen_by["b"])
 
 
+@pytest.mark.parametrize("how", ["tasks", "direct", "gather"])
 async def test_revoke_callback_tasks_commit_and_the_next_owner_starts_after(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], how: str, anyio_backend: str
 ) -> None:
+    """KIP-957: the revoke callback commits itself, or from tasks it starts (an anyio task group,
+    or asyncio.gather on asyncio); those calls complete before the partitions are given up."""
+    if how == "gather" and anyio_backend != "asyncio":
+        pytest.skip("asyncio.gather is asyncio's (trio's counterpart is the task group case)")
     topic = new_topic(3)
     produce(topic, ((i % 3, None, b"%d" % i) for i in range(3000)))
     group = f"g-{topic}"
@@ -127,9 +155,17 @@ async def test_revoke_callback_tasks_commit_and_the_next_owner_starts_after(
                 await self.consumer.commit({tp: handed[tp]})  # KIP-957: from a task the callback started
                 self.committed.append(tp)
 
-            async with anyio.create_task_group() as tg:
-                for tp in revoked:
-                    if tp in handed:
+            mine = [tp for tp in revoked if tp in handed]
+            if how == "direct":
+                for tp in mine:
+                    await commit_one(tp)
+            elif how == "gather":
+                import asyncio
+
+                await asyncio.gather(*(commit_one(tp) for tp in mine))
+            else:
+                async with anyio.create_task_group() as tg:
+                    for tp in mine:
                         tg.start_soon(commit_one, tp)
 
     async with member(bootstrap, group, enable_auto_commit=False, rebalance_safe_commits=False) as c:
@@ -152,6 +188,27 @@ async def test_revoke_callback_tasks_commit_and_the_next_owner_starts_after(
                     firsts.setdefault(tp, records[0].offset)
     for tp in handed:
         assert firsts[tp] == handed[tp]
+
+
+async def test_heartbeats_keep_a_member_that_does_not_poll(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """Heartbeats come from the background loop: a member busy for longer than session_timeout_ms
+    (but within max_poll_interval_ms) keeps its partitions without any rebalance."""
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"x")])
+    listener = Recorder()
+    async with member(bootstrap, f"g-{topic}", session_timeout_ms=6000, max_poll_interval_ms=30_000) as c:
+        c.subscribe([topic], listener=listener)
+        await wait_for_assignment(c)
+        engine = c._engine
+        assert engine is not None and engine.membership is not None
+        generation, events = engine.membership.generation, list(listener.events)
+        await anyio.sleep(8)  # busy, not polling, past the session timeout
+        records = await c.getmany(timeout=10)
+        assert [r.value for rs in records.values() for r in rs] == [b"x"]
+        assert listener.events == events and engine.membership.generation == generation
+        assert engine.membership.state is MemberState.STABLE
 
 
 async def test_callback_that_raises_and_one_that_overruns_do_not_hang(
@@ -187,17 +244,90 @@ async def test_callback_that_raises_and_one_that_overruns_do_not_hang(
         assert sum(len(r) for r in records.values()) == 10
 
 
+@pytest.mark.parametrize("misbehaves", ["raises", "overruns"])
+async def test_revoke_callback_that_misbehaves_still_commits_what_was_handed_out(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], misbehaves: str
+) -> None:
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"%d" % i) for i in range(100)])
+    tp = TopicPartition(topic, 0)
+
+    class Misbehaves(RebalanceListener):
+        async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+            if misbehaves == "raises":
+                raise RuntimeError("boom in on_partitions_revoked")
+            await anyio.sleep(60)
+
+    # No periodic auto-commit during the test: only the rebalance-safe commit can commit.
+    async with member(bootstrap, f"g-{topic}", rebalance_timeout_ms=3000, auto_commit_interval_ms=600_000) as c:
+        c.subscribe([topic], listener=Misbehaves())
+        await wait_for_assignment(c)
+        handed = (await c.getmany(timeout=10, max_records=30))[tp]
+        started = time.monotonic()
+        await c.unsubscribe()  # revokes: the callback misbehaves
+        assert time.monotonic() - started < 10
+        assert await c.committed(tp) == handed[-1].offset + 1
+
+
+async def test_manual_commits_from_a_worker_land_before_the_partition_moves(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """With manual commits, a revocation waits (rebalance_commit_wait_ms) for the application's
+    commits of what it was handed, so the next owner starts right after them."""
+    topic = new_topic(2)
+    produce(topic, [(i % 2, None, b"%d" % i) for i in range(400)])
+    group = f"g-{topic}"
+    async with member(bootstrap, group, enable_auto_commit=False) as a:
+        a.subscribe([topic])
+        await wait_for_assignment(a)
+        handed = await a.getmany(timeout=10, max_records=60)
+        assert handed
+        done = {tp: records[-1].offset + 1 for tp, records in handed.items()}
+
+        async def worker() -> None:  # slow processing in another task, then a manual commit
+            await anyio.sleep(2)
+            await a.commit(done)
+
+        firsts: dict[TopicPartition, int] = {}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker)
+            async with member(bootstrap, group) as b:
+                b.subscribe([topic])
+                with anyio.fail_after(40):
+                    while not firsts:
+                        a.pause(*a.assignment())  # a reads no further: what it has is in the worker
+                        await a.getmany(timeout=0.1)  # the revocation runs (and waits) in here
+                        for tp, records in (await b.getmany(timeout=0.1)).items():
+                            firsts.setdefault(tp, records[0].offset)
+    moved = set(firsts)
+    assert moved and moved <= set(done) | set(firsts)
+    for tp in moved:
+        assert firsts[tp] == done.get(tp, 0), f"{tp}: the next owner started at {firsts[tp]}, not after the commit"
+
+
 async def test_commit_after_losing_partitions_names_them(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
     topic = new_topic(2)
     produce(topic, [(p, None, b"x") for p in (0, 1)])
-    async with member(bootstrap, f"g-{topic}") as c:
+    group = f"g-{topic}"
+    async with member(bootstrap, group, max_poll_interval_ms=1500, enable_auto_commit=False) as c:
         c.subscribe([topic])
         await wait_for_assignment(c)
-        gone = TopicPartition(topic, 7)
-        with pytest.raises(CommitFailedError, match=re.escape(str(gone))):
-            await c.commit({gone: 1})
+        with pytest.raises(CommitFailedError, match=re.escape(str(TopicPartition(topic, 7)))):
+            await c.commit({TopicPartition(topic, 7): 1})  # never owned
+        handed = await c.getmany(timeout=10)
+        assert handed
+        await anyio.sleep(2.5)  # "processing" past max_poll_interval_ms: the member drops out
+        tp = next(iter(handed))
+        with pytest.raises(CommitFailedError, match=re.escape(str(tp))):
+            await c.commit({tp: handed[tp][-1].offset + 1})
+        with pytest.raises(CommitFailedError, match="dropped out"):
+            await c.commit()
+        with pytest.raises(PollIntervalExceededError):
+            await c.getmany(timeout=1)
+    async with member(bootstrap, group) as c:
+        assert await c.committed(tp) is None  # nothing of it was committed
 
 
 async def test_regex_subscription_picks_up_a_topic_created_later(
@@ -295,13 +425,16 @@ async def test_static_member_restart_keeps_its_partitions(
         assert other_listener.events == events_before, "the other member saw a rebalance"
 
 
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
 async def test_mixed_group_with_librdkafka_member(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], strategy: str
 ) -> None:
+    """librdkafka reads alone, then asyncconsumer joins: partitions move mid-stream, each side
+    starts where the other committed, and nothing is read twice."""
     from confluent_kafka import Consumer as RdConsumer
 
     topic = new_topic(4)
-    total = 2000
+    total = 4000
     produce(topic, ((i % 4, None, b"%d" % i) for i in range(total)))
     group = f"g-{topic}"
     theirs: list[tuple[int, int]] = []
@@ -309,7 +442,7 @@ async def test_mixed_group_with_librdkafka_member(
 
     def librdkafka_member() -> None:
         rd = RdConsumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                         "partition.assignment.strategy": "range", "session.timeout.ms": 6000,
+                         "partition.assignment.strategy": strategy, "session.timeout.ms": 6000,
                          "enable.auto.commit": False, "log_level": 3})
         rd.subscribe([topic])
         try:
@@ -318,26 +451,29 @@ async def test_mixed_group_with_librdkafka_member(
                 if message is not None and message.error() is None:
                     theirs.append((message.partition(), message.offset()))
                     rd.commit(message=message, asynchronous=False)
+                    time.sleep(0.004)  # slow enough that partitions move while records are unread
         finally:
             rd.close()
 
     ours: list[tuple[int, int]] = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.to_thread.run_sync, librdkafka_member)
-        async with member(bootstrap, group, partition_assignment_strategy=["range"]) as c:
-            c.subscribe([topic])
-            with anyio.fail_after(60):
+        with anyio.fail_after(60):
+            while len({p for p, _ in theirs}) < 4:  # noqa: ASYNC110 (the librdkafka thread's progress)
+                await anyio.sleep(0.05)  # it reads all four partitions alone first
+            async with member(bootstrap, group, partition_assignment_strategy=[strategy]) as c:
+                c.subscribe([topic])
                 while len(set(ours) | set(theirs)) < total:
                     for records in (await c.getmany(timeout=0.2)).values():
                         ours.extend((r.partition, r.offset) for r in records)
                     await c.commit()
-            mine = c.assignment()
-            committed = await c.committed({TopicPartition(topic, p) for p in range(4)})
+                committed = await c.committed({TopicPartition(topic, p) for p in range(4)})
         done.set()
     assert ours and theirs, "both members got partitions"
-    assert len(set(ours) | set(theirs)) == total
-    their_partitions = {p for p, _ in theirs}
-    assert not their_partitions & {tp.partition for tp in mine}
+    counts = Counter(ours + theirs)
+    assert len(counts) == total and max(counts.values()) == 1, "a record was read twice"
+    for p in {p for p, _ in ours}:  # moved from librdkafka: we started right after its commit
+        assert min(o for q, o in ours if q == p) == max(o for q, o in theirs if q == p) + 1
     # Each side sees the other's commits: every partition's committed offset is its end.
     assert all(om is not None and om.offset == total // 4 for om in committed.values())
 
@@ -385,12 +521,14 @@ async def test_partition_stream_of_a_revoked_partition_ends_after_its_records_ar
     produce(topic, [(i % 2, None, b"%d" % i) for i in range(total)])
     group = f"g-{topic}"
     seen: list[tuple[int, int]] = []
+    streamed: list[tuple[int, int]] = []
     ended: list[int] = []
 
     async def work(tp: TopicPartition, stream: Any) -> None:
         async for record in stream:
+            await anyio.sleep(0.005)  # processing: ~5 s per partition, so the handover is mid-stream
             seen.append((record.partition, record.offset))
-            await anyio.sleep(0.002)
+            streamed.append((record.partition, record.offset))
         ended.append(tp.partition)
 
     async def streaming_member(stop: anyio.Event) -> None:
@@ -416,7 +554,8 @@ async def test_partition_stream_of_a_revoked_partition_ends_after_its_records_ar
     with anyio.fail_after(90):
         async with anyio.create_task_group() as tg:
             tg.start_soon(streaming_member, stop)
-            await anyio.sleep(4)
+            while len(streamed) < 50:  # noqa: ASYNC110 (waiting on the member's progress)
+                await anyio.sleep(0.05)
             tg.start_soon(plain_member, stop)  # a rebalance: one partition moves to the plain member
             while not ended or len(set(seen)) < total:  # noqa: ASYNC110 (waiting on the members' progress)
                 await anyio.sleep(0.1)
@@ -424,6 +563,12 @@ async def test_partition_stream_of_a_revoked_partition_ends_after_its_records_ar
     assert ended, "the revoked partition's stream ended"
     counts = Counter(seen)
     assert len(counts) == total and max(counts.values()) == 1  # exactly once across the handover
+    by_plain = set(seen) - set(streamed)
+    [moved] = {p for p, _ in by_plain}  # the partition that moved to the plain member
+    by_stream = [o for p, o in streamed if p == moved]
+    assert by_stream, "the partition moved while it still had records to read"
+    # The next owner started right after the last record the stream's reader processed.
+    assert min(o for p, o in by_plain if p == moved) == max(by_stream) + 1
 
 
 async def test_group_protocol_consumer_falls_back_to_classic_where_kip848_is_missing(

@@ -58,11 +58,13 @@ async def test_broker_restart_behind_the_same_address_is_survived(proxied_broker
         ) as c:
             tp = TopicPartition(topic, 0)
             c.assign([tp])
-            first = (await c.getmany(timeout=10))[tp]
+            first: list[Any] = []
+            with anyio.fail_after(20):
+                while len(first) < 100:
+                    first += (await c.getmany(timeout=5)).get(tp, [])
             pb.proxy.refuse_new = True
             await pb.proxy.drop_all()
-            assert await c.getmany(timeout=0.5) == {} or True  # nothing new; must not raise
-            await anyio.to_thread.run_sync(lambda: None)
+            assert await c.getmany(timeout=2) == {}  # unreachable for a while: nothing new, and no error
             pb.proxy.refuse_new = False
             await anyio.to_thread.run_sync(lambda: pb.produce(topic, [(0, None, b"late")]))
             rest = []
@@ -71,6 +73,28 @@ async def test_broker_restart_behind_the_same_address_is_survived(proxied_broker
                     rest += (await c.getmany(timeout=5)).get(tp, [])
         offsets = [r.offset for r in first + rest]
         assert offsets == list(range(101))
+
+
+async def test_close_returns_within_its_timeout_when_the_broker_hangs(proxied_broker: Any) -> None:
+    """The final commit and the LeaveGroup get no answer: close(timeout) still returns in time."""
+    async with proxied_broker() as pb:
+        topic = await anyio.to_thread.run_sync(pb.new_topic, 1)
+        await anyio.to_thread.run_sync(lambda: pb.produce(topic, ((0, None, b"%d" % i) for i in range(10))))
+        tp = TopicPartition(topic, 0)
+        async with Consumer(
+            bootstrap_servers=pb.bootstrap, group_id=f"g-{topic}", auto_offset_reset="earliest",
+            fetch_max_wait_ms=100, request_timeout_ms=30_000, session_timeout_ms=6000, heartbeat_interval_ms=300,
+        ) as c:
+            c.subscribe([topic])
+            with anyio.fail_after(30):
+                while not (await c.getmany(timeout=1)).get(tp):
+                    pass
+            pb.proxy.blackhole = True  # the broker stops answering: a hung peer
+            started = anyio.current_time()
+            await c.close(timeout=2)
+            closed_in = anyio.current_time() - started
+        exited_in = anyio.current_time() - started
+    assert closed_in < 2.3 and exited_in < 2.5, (closed_in, exited_in)
 
 
 async def test_tls_broker(tls_broker: Any, produce: Callable[..., Any]) -> None:
@@ -96,6 +120,12 @@ async def test_tls_broker(tls_broker: Any, produce: Callable[..., Any]) -> None:
 
 
 async def test_tls_from_properties(tls_broker: Any) -> None:
+    from support.producer import create_topic
+
+    client = {"security.protocol": "SSL", "ssl.ca.location": str(tls_broker.ca_file)}
+    topic = await anyio.to_thread.run_sync(
+        lambda: create_topic(tls_broker.bootstrap, "tls-props-topic", 2, None, client_config=client)
+    )
     c = Consumer.from_properties(
         {
             "bootstrap.servers": tls_broker.bootstrap,
@@ -104,4 +134,5 @@ async def test_tls_from_properties(tls_broker: Any) -> None:
         }
     )
     async with c:
-        assert isinstance(await c.topics(), set)
+        assert topic in await c.topics()
+        assert await c.partitions_for_topic(topic) == {0, 1}

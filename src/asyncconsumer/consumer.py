@@ -16,7 +16,7 @@ import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Generic, ParamSpec, Self, cast, overload
+from typing import Any, Generic, NoReturn, ParamSpec, Protocol, Self, cast, overload
 
 import anyio
 import anyio.abc
@@ -57,6 +57,15 @@ _CALLBACK_OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 _POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches", "partitions"})
 
 
+class RevokeHook(Protocol):
+    """Steps around a revocation (per-partition streams use them): before the listener runs, and
+    after the rebalance-safe commit, just before the partitions are given up."""
+
+    async def before_revoke(self, partitions: set[TopicPartition], *, lost: bool) -> None: ...
+
+    def after_revoke(self, partitions: set[TopicPartition]) -> None: ...
+
+
 class RecordDeserializationError(RecordError):
     """A key or value deserializer raised; the position stays at the failing record."""
 
@@ -71,6 +80,24 @@ def _bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable
             self.acquire(operation)
             try:
                 return await method(*args, **kwargs)
+            finally:
+                self.release(operation)
+
+        return wrapper
+
+    return decorate
+
+
+def _bracketed_sync(operation: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Run a plain public method between ``acquire(operation)`` and ``release(operation)``."""
+
+    def decorate(method: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(method)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            self = cast("Consumer[Any, Any]", args[0])
+            self.acquire(operation)
+            try:
+                return method(*args, **kwargs)
             finally:
                 self.release(operation)
 
@@ -97,7 +124,7 @@ class Consumer(Generic[KT, VT]):
         self._poll_depth = 0
         self._callback_token: object | None = None
         self._listener: RebalanceListener | None = None
-        self._revoke_hooks: list[Callable[[set[TopicPartition]], Awaitable[None]]] = []
+        self._revoke_hooks: list[RevokeHook] = []
         #: Records taken from the buffer for ``async for``/``batches()`` and not handed out yet.
         self._chunks: deque[_Chunk] = deque()
         # ``async for`` hands out buffered records without acquire()/release() when they are the
@@ -189,15 +216,18 @@ class Consumer(Generic[KT, VT]):
     async def close(self, timeout: float = 30.0) -> None:
         """Commit (with auto-commit on), leave, stop the loop and close connections.
 
-        Bounded by ``timeout`` seconds and always returns; safe to call twice.
+        Returns within ``timeout`` seconds, whatever the brokers do; safe to call twice.
         """
         if self._closed or self._engine is None:
             self._closed = True
             return
         engine = self._engine
         self._closing = True
+        deadline = anyio.current_time() + timeout
+        # The last part of the time is kept for stopping the loop and closing connections.
+        teardown = min(1.0, timeout / 4)
         try:
-            with anyio.move_on_after(timeout, shield=True):
+            with anyio.move_on_after(timeout - teardown, shield=True):
                 # Commit what was handed out, then leave (the revoke callback commits nothing more).
                 if engine.commits is not None and self._config.enable_auto_commit and not engine.closed:
                     offsets = self._consumed_offsets()
@@ -210,13 +240,13 @@ class Consumer(Generic[KT, VT]):
                     await self._leave_group("the consumer is closing", timeout)
         finally:
             self._closed = True
-            await self._shutdown(max(0.5, min(timeout, 5.0)))
+            await self._shutdown(max(0.0, deadline - anyio.current_time()))
 
     async def _shutdown(self, timeout: float) -> None:
         engine = self._engine
         if engine is None:
             return
-        engine.stop()
+        engine.stop(within=timeout)
         with anyio.move_on_after(timeout, shield=True):
             await engine.wait_stopped()
         runner, self._runner = self._runner, None
@@ -266,6 +296,7 @@ class Consumer(Generic[KT, VT]):
 
     # -- consumer groups --------------------------------------------------------------------------
 
+    @_bracketed_sync("subscribe")
     def subscribe(
         self,
         topics: Iterable[str] = (),
@@ -303,6 +334,7 @@ class Consumer(Generic[KT, VT]):
         membership.subscribe(names, compiled)
         engine.wake()
 
+    @_bracketed_sync("subscription")
     def subscription(self) -> set[str]:
         """The topics currently subscribed (for a pattern: the topics it matches now)."""
         engine = self._engine
@@ -354,24 +386,39 @@ class Consumer(Generic[KT, VT]):
         previous_token = self._callback_token
         self._callback_token = token
         context_token = _CALLBACK_OWNER.set(token)
+        hooks = list(self._revoke_hooks) if request.kind is not CallbackKind.ASSIGNED else []
+        commit = request.kind is CallbackKind.REVOKED and self._commits_before_revoke(engine)
         remaining = max(0.0, request.deadline - engine.clock())
+        # Time kept back from the callback for the rebalance-safe commit: a callback that raises or
+        # overruns still leaves the commit its turn before the partitions are given up.
+        reserve = min(self._config.request_timeout_ms / 1000, remaining / 2) if commit else 0.0
         try:
-            with anyio.move_on_after(remaining) as scope:
-                if request.kind is not CallbackKind.ASSIGNED:
-                    for hook in list(self._revoke_hooks):
-                        await hook(partitions)
-                result = method(partitions)
-                if inspect.isawaitable(result):
-                    await result
-                if request.kind is CallbackKind.REVOKED:
-                    await self._commit_before_revoke(engine, request.partitions)
-            if scope.cancelled_caught:
-                error = RebalanceCallbackError(
-                    f"{request.kind.value} for {_names(partitions)} did not finish within rebalance_timeout_ms; "
-                    "the rebalance went on without it")
-        except Exception as exc:
-            error = RebalanceCallbackError(f"{request.kind.value} for {_names(partitions)} raised {exc!r}")
-            error.__cause__ = exc
+            try:
+                with anyio.move_on_after(remaining - reserve) as scope:
+                    for hook in hooks:
+                        await hook.before_revoke(partitions, lost=request.kind is CallbackKind.LOST)
+                    result = method(partitions)
+                    if inspect.isawaitable(result):
+                        await result
+                if scope.cancelled_caught:
+                    error = RebalanceCallbackError(
+                        f"{request.kind.value} for {_names(partitions)} did not finish within rebalance_timeout_ms; "
+                        "the rebalance went on without it")
+            except Exception as exc:
+                error = RebalanceCallbackError(f"{request.kind.value} for {_names(partitions)} raised {exc!r}")
+                error.__cause__ = exc
+            if commit:
+                with anyio.move_on_after(max(0.0, request.deadline - engine.clock())):
+                    try:
+                        await self._commit_before_revoke(engine, request.partitions)
+                    except KafkaError as exc:
+                        log.warning("committing %s before giving them up failed: %s", _names(partitions), exc)
+                        if error is None:
+                            error = RebalanceCallbackError(
+                                f"committing {_names(partitions)} before giving them up failed: {exc}")
+                            error.__cause__ = exc
+            for hook in hooks:
+                hook.after_revoke(partitions)
         finally:
             _CALLBACK_OWNER.reset(context_token)
             self._callback_token = previous_token
@@ -382,10 +429,13 @@ class Consumer(Generic[KT, VT]):
             log.error("%s", error)
         return error
 
+    def _commits_before_revoke(self, engine: Engine) -> bool:
+        return engine.commits is not None and self._config.rebalance_safe_commits
+
     async def _commit_before_revoke(self, engine: Engine, partitions: frozenset[TopicPartition]) -> None:
         """Rebalance-safe commits: the next owner starts exactly where this member stopped."""
         commits = engine.commits
-        if commits is None or not self._config.rebalance_safe_commits:
+        if commits is None:
             return
         consumed = {tp: om for tp, om in self._consumed_offsets().items() if tp in partitions}
         if self._config.enable_auto_commit:
@@ -402,43 +452,44 @@ class Consumer(Generic[KT, VT]):
 
     # -- assignment (plain methods) ---------------------------------------------------------------
 
+    @_bracketed_sync("assign")
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Read exactly these partitions (manual assignment, no group membership)."""
         tps = _check_partitions(partitions, "assign")
-        self.acquire("assign")
-        try:
-            engine = self._running()
-            if engine.membership is not None and engine.membership.state is not MemberState.UNSUBSCRIBED:
-                raise IllegalStateError("assign() while subscribed: call unsubscribe() first (they do not mix)")
-            self._drop_chunks()
-            commits = engine.commits
-            if commits is not None and self._config.enable_auto_commit:
-                # Partitions given up keep what the application finished with (Java does the same).
-                keep = set(tps)
-                leaving = {tp: om for tp, om in commits.processed_offsets().items() if tp not in keep}
-                if leaving:
-                    engine.post(lambda now: commits.commit(now, leaving))
-            engine.subscriptions.assign(tps)
-            assigned = engine.subscriptions.partitions
-            engine.buffer.drop(lambda f: f.tp in assigned)
-            engine.wake()
-        finally:
-            self.release("assign")
+        engine = self._running()
+        if engine.membership is not None and engine.membership.subscribed:
+            raise IllegalStateError("assign() while subscribed: call unsubscribe() first (they do not mix)")
+        self._drop_chunks()
+        commits = engine.commits
+        if commits is not None and self._config.enable_auto_commit:
+            # Partitions given up keep what the application finished with (Java does the same).
+            keep = set(tps)
+            leaving = {tp: om for tp, om in commits.processed_offsets().items() if tp not in keep}
+            if leaving:
+                engine.post(lambda now: commits.commit(now, leaving))
+        engine.subscriptions.assign(tps)
+        assigned = engine.subscriptions.partitions
+        engine.buffer.drop(lambda f: f.tp in assigned)
+        engine.wake()
 
+    @_bracketed_sync("assignment")
     def assignment(self) -> set[TopicPartition]:
         return set(self._engine.subscriptions.partitions) if self._engine is not None else set()
 
+    @_bracketed_sync("pause")
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop returning (and fetching) records for these partitions until ``resume``."""
         for state in self._states(partitions, "pause"):
             state.paused = True
         self._drop_chunks()
 
+    @_bracketed_sync("resume")
     def resume(self, *partitions: TopicPartition) -> None:
         for state in self._states(partitions, "resume"):
             state.paused = False
         self._running().wake()
 
+    @_bracketed_sync("paused")
     def paused(self) -> set[TopicPartition]:
         if self._engine is None:
             return set()
@@ -567,15 +618,22 @@ class Consumer(Generic[KT, VT]):
                 if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
                     raise ConfigError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
                 to_commit[tp] = om
-            membership = engine.membership
-            if membership is not None and membership.state is not MemberState.UNSUBSCRIBED:
-                owned = engine.subscriptions.partitions
-                not_owned = [tp for tp in to_commit if tp not in owned]
-                if not_owned:
-                    raise CommitFailedError(
-                        f"cannot commit {_names(not_owned)}: no longer assigned to this member "
-                        f"(group {self._config.group_id!r}, generation {membership.generation}); "
-                        "another member owns them now")
+        membership = engine.membership
+        if membership is not None and membership.subscribed:
+            # Only what this member owns, while it is a member: after a rebalance, a poll-interval
+            # expiry or fencing, another member may own the partitions and commit for them.
+            owned = engine.subscriptions.partitions if membership.is_member else {}
+            not_owned = [tp for tp in to_commit if tp not in owned]
+            if not_owned:
+                raise CommitFailedError(
+                    f"cannot commit {_names(not_owned)}: no longer assigned to this member "
+                    f"(group {self._config.group_id!r}, member state {membership.state.name}); "
+                    "another member may own them now")
+            if offsets is None and membership.dropped_out:
+                raise CommitFailedError(
+                    f"cannot commit: this consumer dropped out of group {self._config.group_id!r} (member state "
+                    f"{membership.state.name}: it left after max_poll_interval_ms or was fenced) and its "
+                    "partitions were reassigned; nothing was committed")
         await self._commit_now(to_commit, self._timeout(timeout))
 
     async def _commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata], timeout: float) -> None:
@@ -770,8 +828,8 @@ class Consumer(Generic[KT, VT]):
                     chunk.state.consumed = record.offset + 1
                     return self._deserialize(record)
                 await self._refill(engine, self._batch_limit())
-        except ConsumerClosedError:
-            raise StopAsyncIteration from None
+        except ConsumerClosedError as exc:
+            self._end_of_iteration(exc)
         finally:
             self.release("__anext__")
 
@@ -788,10 +846,16 @@ class Consumer(Generic[KT, VT]):
                     # Non-empty: a deserializer error on the first record raises, a later one is deferred.
                     return self._deserialize_many(engine, {chunk.state.tp: records})[chunk.state.tp]
                 await self._refill(engine, limit)
-        except ConsumerClosedError:
-            raise StopAsyncIteration from None
+        except ConsumerClosedError as exc:
+            self._end_of_iteration(exc)
         finally:
             self.release("batches")
+
+    def _end_of_iteration(self, closed: ConsumerClosedError) -> NoReturn:
+        """A closed consumer ends ``async for`` loops; a crashed one is an error, not an end."""
+        if self._engine is not None and self._engine.fatal_error is not None:
+            raise closed  # it names the failure
+        raise StopAsyncIteration from None
 
     def _live_chunk(self) -> _Chunk | None:
         """The first chunk whose partition may still be handed out (stale ones are dropped)."""
@@ -976,9 +1040,9 @@ class _PollingIterator(Generic[KT, VT]):
         self._consumer.acquire("partitions")
         try:
             return await self._streams.__anext__()
-        except ConsumerClosedError:
+        except ConsumerClosedError as exc:
             self._streams.close()
-            raise StopAsyncIteration from None
+            self._consumer._end_of_iteration(exc)
         finally:
             self._consumer.release("partitions")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from collections import Counter
@@ -93,6 +94,9 @@ def run_spark_pipeline(bootstrap: str) -> None:
     except ImportError as exc:  # pragma: no cover - only without the spark extra
         print(f"skipping the Spark pipeline: {exc} (pip install 'asyncconsumer[spark]')")
         return
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise SystemExit("the Spark pipeline needs a Java runtime (17 or newer) for PySpark: install one "
+                         "(on Debian: apt install openjdk-17-jre-headless), or run the demo with --no-spark")
     output = os.path.abspath("demo-output/per-user-per-minute.parquet")
     print("\nthe data pipeline on Spark (PySpark data source 'asyncconsumer') ...")
     summary = run_pipeline(bootstrap, TOPIC, output, progress=lambda line: print(f"  spark: {line}"))

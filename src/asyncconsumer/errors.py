@@ -113,6 +113,32 @@ class NoOffsetForPartitionError(KafkaError):
         self.partitions = partitions
 
 
+class LogTruncationError(KafkaError):
+    """The leader's log diverges before the position (KIP-320) and ``auto_offset_reset="none"``.
+
+    Records at and after ``divergent_offset`` that this consumer read are no longer in the log.
+    ``divergent_offset`` is None when the leader could not say where its log diverges.  The
+    partition stays stopped until the application seeks it.
+    """
+
+    def __init__(
+        self, partition: TopicPartition, position: int, divergent_offset: int | None, divergent_epoch: int | None
+    ) -> None:
+        where = (
+            f"the leader's log diverges at offset {divergent_offset} (leader epoch {divergent_epoch})"
+            if divergent_offset is not None
+            else "the leader has no record of the position's leader epoch"
+        )
+        super().__init__(
+            f"log truncation detected for {partition} at position {position}: {where}; "
+            "auto_offset_reset='none': seek() to continue"
+        )
+        self.partition = partition
+        self.position = position
+        self.divergent_offset = divergent_offset
+        self.divergent_epoch = divergent_epoch
+
+
 class BrokerResponseError(KafkaError):
     """A broker answered with a non-zero error code."""
 
@@ -127,6 +153,17 @@ class BrokerResponseError(KafkaError):
         self.detail = message
 
 
+class UnknownErrorCodeError(BrokerResponseError):
+    """A broker answered with an error code this client does not know (a newer broker)."""
+
+    def __init__(self, code: int, message: str | None = None) -> None:
+        KafkaError.__init__(
+            self, f"[Error {code}] an error code this client does not know" + (f": {message}" if message else "")
+        )
+        self.detail = message
+        self.unknown_code = code
+
+
 _BY_CODE: dict[int, type[BrokerResponseError]] = {}
 
 
@@ -134,7 +171,7 @@ def error_for_code(code: int, message: str | None = None) -> BrokerResponseError
     """Return an instance of the named class for broker error ``code``."""
     cls = _BY_CODE.get(code)
     if cls is None:
-        return BrokerResponseError(f"unknown error code {code}" + (f": {message}" if message else ""))
+        return UnknownErrorCodeError(code, message)
     return cls(message)
 
 

@@ -4,15 +4,19 @@ One task (the one iterating ``partitions()``) polls the consumer and hands
 each partition's records to that partition's own bounded stream, so partitions
 can be processed concurrently.  A slow partition fills its stream and is then
 paused — back-pressured — without stalling the others.  When a partition is
-revoked its stream stops receiving, the application drains what is left, the
-offsets are committed (rebalance-safe commits), and only then is the partition
-given up; the stream then ends cleanly.
+revoked its stream stops receiving, the application finishes what it holds, the
+offsets are committed (rebalance-safe commits), and only then does the stream
+end and is the partition given up.
+
+A record counts as processed (and is covered by ``commit()``) once the reader
+asks its stream for the next one, not when it receives it: a record being
+worked on when the partition moves goes to the next owner again, never lost.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -37,16 +41,20 @@ class PartitionStream(Generic[KT, VT]):
         self._send: MemoryObjectSendStream[ConsumerRecord[KT, VT]] = send
         self._receive: MemoryObjectReceiveStream[ConsumerRecord[KT, VT]] = receive
         self.pending: list[ConsumerRecord[KT, VT]] = []
+        self._in_hand: ConsumerRecord[KT, VT] | None = None  # handed out, not known to be processed
 
     def __aiter__(self) -> AsyncIterator[ConsumerRecord[KT, VT]]:
         return self
 
     async def __anext__(self) -> ConsumerRecord[KT, VT]:
+        if self._in_hand is not None:  # asking for the next one: done with the previous one
+            self._state.consumed = self._in_hand.offset + 1
+            self._in_hand = None
         try:
             record = await self._receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
-        self._state.consumed = record.offset + 1  # handed to the application: commit() covers it
+        self._in_hand = record
         return record
 
     def push(self) -> bool:
@@ -63,13 +71,21 @@ class PartitionStream(Generic[KT, VT]):
         return True
 
     def end(self) -> None:
-        """No more records: what was not sent yet is dropped (not handed out, so not committed)."""
+        """No more records: what the reader has not received yet is dropped (not processed, so
+        not committed: the next owner reads it)."""
         self.pending.clear()
         self._send.close()
+        while True:
+            try:
+                self._receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                break
 
     @property
     def drained(self) -> bool:
-        return self._receive.statistics().current_buffer_used == 0 or self._receive._closed
+        """The reader has processed everything sent and waits for more (or stopped reading)."""
+        idle = self._in_hand is None and self._receive.statistics().current_buffer_used == 0
+        return idle or self._receive._closed
 
 
 class PartitionStreams(Generic[KT, VT]):
@@ -79,7 +95,8 @@ class PartitionStreams(Generic[KT, VT]):
         self._streams: dict[TopicPartition, PartitionStream[KT, VT]] = {}
         self._new: list[tuple[TopicPartition, PartitionStream[KT, VT]]] = []
         self._held: set[TopicPartition] = set()  # partitions we paused for back-pressure
-        consumer._revoke_hooks.append(self._on_revoke)
+        self._ending: dict[TopicPartition, PartitionStream[KT, VT]] = {}  # revoked, not committed yet
+        consumer._revoke_hooks.append(self)
 
     def __aiter__(self) -> AsyncIterator[tuple[TopicPartition, PartitionStream[KT, VT]]]:
         return self
@@ -134,23 +151,32 @@ class PartitionStreams(Generic[KT, VT]):
                 self._held.add(tp)
                 state.paused = True  # back-pressure: stop fetching and returning this partition
 
-    async def _on_revoke(self, revoked: set[TopicPartition]) -> None:
-        ending = [self._streams.pop(tp) for tp in revoked if tp in self._streams]
+    async def before_revoke(self, partitions: set[TopicPartition], *, lost: bool) -> None:
+        """Stop feeding the streams of ``partitions`` and let their readers finish what they hold,
+        so that the commit that follows covers exactly what they processed."""
+        ending = [self._streams.pop(tp) for tp in partitions if tp in self._streams]
         for stream in ending:
-            stream.end()
+            stream.pending.clear()
             self._held.discard(stream.tp)
-        # Wait for the application to finish what its streams already hold, so that the commit
-        # that follows covers exactly what it processed.  Not when closing: the readers are gone.
+            self._ending[stream.tp] = stream
+        # Not when closing (the readers are gone) nor for lost partitions (nothing can be committed).
         consumer = self._consumer
-        wait = 0.0 if consumer._closing else consumer.config.rebalance_commit_wait_ms / 1000
+        wait = 0.0 if consumer._closing or lost else consumer.config.rebalance_commit_wait_ms / 1000
         with anyio.move_on_after(wait):
             while not all(s.drained for s in ending):  # noqa: ASYNC110 (the application drains them)
                 await anyio.sleep(0.01)
 
+    def after_revoke(self, partitions: set[TopicPartition]) -> None:
+        """The offsets are committed: the streams end."""
+        for tp in partitions:
+            stream = self._ending.pop(tp, None)
+            if stream is not None:
+                stream.end()
+
     def close(self) -> None:
-        for stream in self._streams.values():
+        for stream in [*self._streams.values(), *self._ending.values()]:
             stream.end()
         self._streams.clear()
-        hooks: list[Any] = self._consumer._revoke_hooks
-        if self._on_revoke in hooks:
-            hooks.remove(self._on_revoke)
+        self._ending.clear()
+        if self in self._consumer._revoke_hooks:
+            self._consumer._revoke_hooks.remove(self)

@@ -10,11 +10,13 @@ from asyncconsumer.engine.fetch_buffer import CompletedFetch, FetchBuffer
 from asyncconsumer.errors import (
     KafkaConnectionError,
     KafkaError,
+    LogTruncationError,
     OffsetOutOfRangeError,
     TopicAuthorizationFailedError,
 )
 from asyncconsumer.managers.fetch import FetchManager, scan_record_set
 from asyncconsumer.managers.subscription import PartitionPhase, SubscriptionState
+from asyncconsumer.managers.validation import PositionValidator
 from asyncconsumer.protocol.api import SUPPORTED_VERSIONS
 from asyncconsumer.protocol.compression import CODEC_GZIP
 from asyncconsumer.protocol.record_writer import build_batch, build_control_batch, build_legacy_message_set
@@ -54,14 +56,16 @@ class Setup:
         self.metadata = new_metadata(self.clock, self.leaders, retry_backoff=BACKOFF,
                                      topics=lambda: {tp.topic for tp in self.leaders}, topic_ids=topic_ids)
         self.buffer = FetchBuffer(buffer_bytes, on_space=lambda: None, on_data=self._on_data)
+        self.validator = PositionValidator(self.subs, self.metadata, self.buffer, retry_backoff=BACKOFF,
+                                           report_error=self.errors.append)
         self.fetcher = FetchManager(
             self.subs, self.metadata, self.buffer,
             fetch_min_bytes=1, fetch_max_bytes=1 << 20, fetch_max_wait_ms=MAX_WAIT_MS,
             max_partition_fetch_bytes=PARTITION_MAX, read_committed=read_committed, check_crcs=True,
             retry_backoff=BACKOFF, client_rack="rack-a", report_error=self.errors.append,
-            use_sessions=use_sessions,
+            on_diverging_epoch=self.validator.apply_end_offset, use_sessions=use_sessions,
         )
-        self.h = Scripted(self.metadata, self.fetcher, clock=self.clock, versions=versions)
+        self.h = Scripted(self.metadata, self.validator, self.fetcher, clock=self.clock, versions=versions)
 
     def _on_data(self) -> None:
         self.data_events += 1
@@ -612,6 +616,96 @@ def test_incremental_request_resends_a_partition_whose_leader_epoch_moved() -> N
     request = s.fetch()
     assert fetched(request) == {T0: 10}
     assert request.body()["topics"][0]["partitions"][0]["current_leader_epoch"] == 6
+
+
+# -- log truncation (KIP-320) -------------------------------------------------------------------------
+
+
+def partition_sent(request: Sent) -> dict[str, Any]:
+    [topic] = request.body()["topics"]
+    [partition] = topic["partitions"]
+    return dict(partition)
+
+
+def test_last_fetched_epoch_is_the_epoch_of_the_last_fetched_batch() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    unknown = s.fetch(12)
+    assert partition_sent(unknown)["last_fetched_epoch"] == -1  # nothing fetched, no epoch given
+    respond(unknown, {})
+    s.subs.partitions[T0].set_position(10, leader_epoch=5)
+    s.subs.partitions[T0].validated_for = 5
+    first = s.fetch(12)
+    assert partition_sent(first)["last_fetched_epoch"] == 5  # the epoch the position came with
+    payload = records(10, 2, partition_leader_epoch=4) + records(12, 2, partition_leader_epoch=5)
+    respond(first, {T0: data(T0, payload)})
+    assert partition_sent(s.fetch(12))["last_fetched_epoch"] == 5
+
+
+def test_last_fetched_epoch_is_not_sent_before_v12() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    respond(s.fetch(11), {T0: data(T0, records(10, 2, partition_leader_epoch=5))})
+    assert partition_sent(s.fetch(11))["last_fetched_epoch"] == -1  # the codec accepts only the default
+
+
+def diverging(tp: TopicPartition, epoch: int, end_offset: int) -> dict[str, Any]:
+    return {**data(tp), "diverging_epoch": {"epoch": epoch, "end_offset": end_offset}}
+
+
+def fetched_20_in_epoch_5(default_reset: str, position: int = 20) -> Setup:
+    s = Setup(default_reset=default_reset)
+    s.start({T0: 10})
+    respond(s.fetch(), {T0: data(T0, records(10, 10, partition_leader_epoch=5), high_watermark=20)})
+    s.subs.partitions[T0].position = position
+    return s
+
+
+@pytest.mark.parametrize("version", range(12, MAX_FETCH + 1))
+def test_diverging_epoch_moves_the_position_back(version: int) -> None:
+    s = fetched_20_in_epoch_5("earliest")
+    request = s.fetch(version)
+    assert partition_sent(request)["last_fetched_epoch"] == 5
+    respond(request, {T0: diverging(T0, 5, 16)})
+    state = s.subs.partitions[T0]
+    assert (state.phase, state.position, state.fetch_offset, state.leader_epoch) == (
+        PartitionPhase.FETCHING, 16, 16, 5)
+    assert buffered(s) == []
+    assert s.errors == []
+    assert fetched(s.fetch()) == {T0: 16}
+    s.h.assert_idle("OffsetForLeaderEpoch")  # the fetch answered the question: no extra round trip
+
+
+def test_diverging_epoch_with_reset_none_is_a_log_truncation_error() -> None:
+    s = fetched_20_in_epoch_5("none")
+    respond(s.fetch(), {T0: diverging(T0, 5, 16)})
+    [error] = s.errors
+    assert isinstance(error, LogTruncationError)
+    assert (error.position, error.divergent_offset) == (20, 16)
+    s.h.advance(3600)
+    assert s.fetches() == []
+
+
+def test_diverging_epoch_within_the_read_ahead_refetches_it() -> None:
+    s = fetched_20_in_epoch_5("earliest", position=14)
+    respond(s.fetch(), {T0: diverging(T0, 5, 16)})
+    state = s.subs.partitions[T0]
+    assert (state.position, state.fetch_offset) == (14, 14)
+    assert buffered(s) == []
+    assert fetched(s.fetch()) == {T0: 14}
+
+
+def test_partition_awaiting_validation_is_not_fetched_and_its_data_dropped() -> None:
+    s = fetched_20_in_epoch_5("earliest")
+    request = s.fetch()
+    s.leaders[T0] = (1, 6)  # a new leader epoch: the position is checked against it first
+    s.metadata.request_update()
+    load_metadata(s.metadata, s.clock, s.leaders)
+    s.h.poll()
+    assert s.subs.partitions[T0].phase is PartitionPhase.AWAIT_VALIDATION
+    assert s.h.take_all("Fetch") == []
+    request.respond(fetch_body(request.version, {T0: data(T0, records(20, 2))}))  # sent before: stale
+    assert [c.fetch_offset for c in buffered(s)] == [10]
 
 
 # -- topic ids (Fetch v13+) ----------------------------------------------------------------------------

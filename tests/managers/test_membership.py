@@ -10,6 +10,7 @@ records every ``drop_buffered`` / ``run_callback`` call (with the partitions'
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from asyncconsumer.assignors import (
 from asyncconsumer.errors import (
     FencedInstanceIdError,
     GroupAuthorizationFailedError,
+    GroupMaxSizeReachedError,
     InvalidSessionTimeoutError,
     KafkaConnectionError,
     KafkaError,
@@ -65,6 +67,7 @@ INVALID_SESSION_TIMEOUT = 26
 GROUP_AUTHORIZATION_FAILED = 30
 MEMBER_ID_REQUIRED = 79
 FENCED_INSTANCE_ID = 82
+GROUP_MAX_SIZE_REACHED = 81
 NOT_COORDINATOR = 16
 COORDINATOR_NOT_AVAILABLE = 15
 
@@ -312,6 +315,27 @@ def test_join_group_body_encodes_at_every_version(version: int) -> None:
     assert body["rebalance_timeout_ms"] == REBALANCE_MS
 
 
+def test_pattern_subscription_follows_a_deleted_topic() -> None:
+    g = Group()
+    g.m.subscribe(frozenset(), re.compile("t|u"))
+    g.m.update_pattern_topics({"t", "u", "other"})
+    g.find_coordinator()
+    assert join_subscription(g.join()).topics == ("t", "u")
+    g.sync([T0, U0])
+    g.last_callback(CallbackKind.ASSIGNED, tps(T0, U0)).ack()
+    g.h.poll()
+    assert g.m.state is S.STABLE
+    g.m.update_pattern_topics({"t", "other"})  # "u" was deleted
+    assert g.m.topics == {"t"}
+    g.h.poll()
+    g.last_callback(CallbackKind.REVOKED, tps(T0, U0)).ack()  # eager (range): everything goes first
+    assert join_subscription(g.join(generation=2)).topics == ("t",)
+    g.sync([T0])
+    g.last_callback(CallbackKind.ASSIGNED, tps(T0)).ack()
+    g.h.poll()
+    assert g.m.owned == tps(T0) and set(g.subs.partitions) == {T0}
+
+
 def test_empty_assignment_goes_straight_to_stable() -> None:
     g = Group()
     g.subscribe()
@@ -503,6 +527,31 @@ def test_join_fatal_error_is_reported() -> None:
     g.h.take("JoinGroup")
 
 
+def test_persistent_join_error_is_retried_less_and_less_often() -> None:
+    g = joining()
+    for delay in (BACKOFF, 2 * BACKOFF, 4 * BACKOFF, 8 * BACKOFF):
+        g.h.take("JoinGroup").respond(join_response(code=GROUP_AUTHORIZATION_FAILED))
+        g.clock.advance(delay - 0.01)
+        g.h.assert_idle("JoinGroup")  # not before the (growing) pause
+        g.clock.advance(0.01 + 1e-9)
+    assert [type(e) for e in g.errors] == [GroupAuthorizationFailedError] * 4
+    g.join()  # success starts the count again
+    g.h.take("SyncGroup").respond(sync_response(code=REBALANCE_IN_PROGRESS))
+    g.h.take("JoinGroup").respond(join_response(code=GROUP_AUTHORIZATION_FAILED))
+    g.clock.advance(BACKOFF)
+    g.h.take("JoinGroup")
+
+
+def test_join_group_max_size_reached_is_final() -> None:
+    g = joining()
+    g.h.take("JoinGroup").respond(join_response(code=GROUP_MAX_SIZE_REACHED))
+    assert g.m.state is S.FENCED
+    assert [type(e) for e in g.errors] == [GroupMaxSizeReachedError]
+    assert "group.max.size" in str(g.errors[0])
+    g.clock.advance(60)
+    g.h.assert_idle()
+
+
 def test_join_transport_error_backs_off() -> None:
     g = joining()
     g.h.take("JoinGroup").fail(KafkaConnectionError("reset"))
@@ -677,6 +726,10 @@ def test_heartbeat_fenced_instance_id() -> None:
     g.heartbeat(FENCED_INSTANCE_ID)
     assert g.m.state is S.FENCED
     assert [type(e) for e in g.errors] == [FencedInstanceIdError]
+    # The application hears that its partitions are gone (LOST: streams end, nothing is committed).
+    lost = g.last_callback(CallbackKind.LOST, tps(T0, T1))
+    assert lost.acked  # nobody waits for it
+    assert g.subs.partitions == {} and g.m.owned == frozenset()
     assert g.m.identity() == GroupIdentity(-1, "", "inst-1")
     g.clock.advance(HEARTBEAT * 3)
     g.h.assert_idle()
@@ -1012,7 +1065,8 @@ def test_poll_interval_expiry_leaves_and_rejoins_on_poll(instance_id: str | None
     assert g.m.check_poll_interval(now, now - 100, 5.0) is None  # reported once
 
     leave = g.h.take("LeaveGroup")  # even a static member leaves: its partitions must move
-    assert leave.body()["members"] == [{"member_id": "m-1", "group_instance_id": instance_id, "reason": None}]
+    assert leave.body()["members"] == [{"member_id": "m-1", "group_instance_id": instance_id,
+                                        "reason": "the application did not poll within max_poll_interval_ms=5000"}]
     g.h.assert_idle()  # no heartbeat while leaving
     leave.respond({"error_code": 0})
     assert g.m.state is S.UNSUBSCRIBED

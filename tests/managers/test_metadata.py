@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from asyncconsumer.errors import KafkaConnectionError, TopicAuthorizationFailedError, UnknownTopicOrPartitionError
@@ -211,3 +213,40 @@ def test_request_and_response_encode_from_v4(version: int) -> None:
     assert [t["name"] for t in request.body()["topics"]] == ["a"]
     request.respond(metadata_body(LEADERS))
     assert manager.cluster.leader(TopicPartition("a", 1)) == PartitionInfo(2, 3 if version >= 7 else -1)
+
+
+# -- leader epochs never go back (KIP-320) ----------------------------------------------------------
+
+
+def refresh(manager: MetadataManager, h: Scripted, leaders: dict[TopicPartition, tuple[int, int]],
+            **kwargs: Any) -> None:
+    manager.request_update()
+    h.take("Metadata").respond(metadata_body(leaders, **kwargs))
+
+
+def test_stale_leader_epoch_is_ignored() -> None:
+    manager, h, _, _ = make("a")
+    a0, a1 = TopicPartition("a", 0), TopicPartition("a", 1)
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    # A broker that has not caught up: a0 with an older epoch (and its old leader); a1 moved on.
+    refresh(manager, h, {a0: (2, 6), a1: (1, 4)}, brokers=[1, 2])
+    assert manager.cluster.leader(a0) == PartitionInfo(1, 7)
+    assert manager.cluster.leader(a1) == PartitionInfo(1, 4)
+    refresh(manager, h, {a0: (2, 8), a1: (1, 4)}, brokers=[1, 2])
+    assert manager.cluster.leader(a0) == PartitionInfo(2, 8)
+
+
+def test_recreated_topic_starts_its_epochs_afresh() -> None:
+    manager, h, _, _ = make("a")
+    a0 = TopicPartition("a", 0)
+    h.take("Metadata").respond(metadata_body({a0: (1, 7)}))
+    refresh(manager, h, {a0: (1, 0)}, topic_ids={"a": b"\x01" * 16})
+    assert manager.cluster.leader(a0) == PartitionInfo(1, 0)
+
+
+def test_unknown_epoch_is_not_compared() -> None:
+    manager, h, _, _ = make("a")
+    a0 = TopicPartition("a", 0)
+    h.take("Metadata").respond(metadata_body({a0: (1, 7)}))
+    refresh(manager, h, {a0: (2, -1)}, brokers=[1, 2])  # a broker without epochs in Metadata
+    assert manager.cluster.leader(a0) == PartitionInfo(2, -1)

@@ -301,6 +301,29 @@ def test_available_now_start_ignores_what_came_after_the_target(
     assert start == ({"t": {"0": 0, "1": 0}} if starting == "earliest" else {"t": {"0": 10, "1": 20}})
 
 
+@pytest.mark.parametrize("new_partition_starts_at", [0, 2])
+def test_streaming_picks_up_partitions_added_to_a_topic(
+    monkeypatch: pytest.MonkeyPatch, new_partition_starts_at: int
+) -> None:
+    """Tansu cannot add partitions (no CreatePartitions), so this path is shown here."""
+    lookup = GrowingLookup({TP0: 0, TP1: 0}, {TP0: 10, TP1: 20})
+    monkeypatch.setattr("asyncconsumer.spark.source.run_on_driver", lambda options, work: anyio.run(work, lookup))
+    reader = KafkaStreamReader(parse_options(opts(subscribe="t", startingOffsets="earliest"), streaming=True))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert {(p.partition, p.start, p.end) for p in reader.partitions(start, end)} == {(0, 0, 10), (1, 0, 20)}
+    lookup.grow()  # partition t-2 added, with three records
+    lookup._earliest[TopicPartition("t", 2)] = new_partition_starts_at
+    start, end = end, reader.latestOffset(end, reader.getDefaultReadLimit())
+    assert end == {"t": {"0": 15, "1": 25, "2": 3}}
+    if new_partition_starts_at == 0:
+        pieces = {(p.partition, p.start, p.end) for p in reader.partitions(start, end)}
+        assert pieces == {(0, 10, 15), (1, 20, 25), (2, 0, 3)}  # the new partition from its beginning
+    else:  # its first records are gone already: data loss, as in Spark
+        with pytest.raises(DataLossError, match="added partition t-2 starts at offset 2 instead of 0"):
+            reader.partitions(start, end)
+
+
 # -------------------------------------------------------------------------- executor reads
 
 

@@ -33,6 +33,31 @@ log = logging.getLogger("asyncconsumer.connection")
 Body = dict[str, Any]
 Spawn = Callable[..., None]
 _READ_CHUNK = 1 << 20
+_EMPTY = memoryview(b"")
+
+#: Response frames larger than this are refused before anything is allocated.  It stays
+#: under 0x14030000 (~320 MiB), the smallest size a TLS record header reads as, so a
+#: plaintext client on a TLS listener fails on the first reply, like one on an HTTP port
+#: ("HTTP" reads as ~1.1 GiB).  Far above any response with default fetch sizes.
+MAX_FRAME_BYTES = 256 << 20
+#: Room above ``fetch_max_bytes``: a broker may return one batch past it to make progress.
+_FRAME_HEADROOM = 64 << 20
+
+
+def frame_limit(fetch_max_bytes: int) -> int:
+    """The frame size limit for a consumer: grows with ``fetch_max_bytes`` so it never cuts a fetch."""
+    return max(MAX_FRAME_BYTES, fetch_max_bytes + _FRAME_HEADROOM)
+
+
+_LISTENER_HINT = "is this a Kafka listener? (TLS/SASL port mismatch?)"
+
+
+def _looks_like(header: bytes) -> str:
+    if 0x14 <= header[0] <= 0x18 and header[1] == 0x03:
+        return ", which looks like a TLS record"
+    if all(0x20 <= b < 0x7F for b in header):
+        return ", which looks like text"
+    return ""
 
 
 class BrokerConnection:
@@ -49,6 +74,7 @@ class BrokerConnection:
         setup_timeout: float,
         ssl_context: ssl.SSLContext | None,
         sasl: Callable[[BrokerConnection], Awaitable[None]] | None = None,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         self.node_id = node_id
         self.host = host
@@ -58,11 +84,15 @@ class BrokerConnection:
         self._setup_timeout = setup_timeout
         self._ssl_context = ssl_context
         self._sasl = sasl
+        self._max_frame_bytes = max_frame_bytes
         self._stream: anyio.abc.ByteStream | None = None
         self._send_lock = anyio.Lock()
         self._pending: dict[int, tuple[str, int, Waiter[Body]]] = {}
         self._next_correlation_id = 1
-        self._leftover = b""
+        # Bytes received but not yet consumed: ``_chunk[_pos:]`` (an offset, so taking a
+        # frame never copies the rest of the chunk).
+        self._chunk = _EMPTY
+        self._pos = 0
         self._closed_error: KafkaError | None = None
         self.api_versions: dict[int, tuple[int, int]] = {}
         self.last_used = 0.0
@@ -103,8 +133,11 @@ class BrokerConnection:
             await self._negotiate_versions()
             if self._sasl is not None:
                 await self._sasl(self)
-        except BaseException:
+        except BaseException as exc:
             await self.aclose()
+            if isinstance(exc, KafkaConnectionError) and not self.api_versions:
+                # Hanging up on the very first request is how a TLS listener answers plaintext.
+                raise KafkaConnectionError(f"{exc} before answering ApiVersions; {_LISTENER_HINT}") from exc
             raise
 
     async def _negotiate_versions(self) -> None:
@@ -165,22 +198,28 @@ class BrokerConnection:
             raise error
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _read_exactly(self, stream: anyio.abc.ByteStream, size: int) -> bytes | bytearray:
-        leftover = self._leftover
-        if len(leftover) >= size:
-            self._leftover = leftover[size:]
-            return leftover[:size]
+    async def _read_exactly(self, stream: anyio.abc.ByteStream, size: int) -> memoryview | bytearray:
+        """The next ``size`` bytes: a view of the current chunk if it holds them, else a new buffer.
+
+        The view is not a copy; it keeps its chunk (at most ``_READ_CHUNK``) alive while the
+        response's records point into it.  Only frames spanning chunks are copied, once.
+        """
+        chunk, start = self._chunk, self._pos
+        end = start + size
+        if end <= len(chunk):
+            self._pos = end
+            return chunk[start:end]
         buffer = bytearray(size)
-        buffer[: len(leftover)] = leftover
-        filled = len(leftover)
-        self._leftover = b""
+        filled = len(chunk) - start
+        buffer[:filled] = chunk[start:]
+        self._chunk, self._pos = _EMPTY, 0
         while filled < size:
-            chunk = await stream.receive(_READ_CHUNK)
-            take = min(len(chunk), size - filled)
-            buffer[filled : filled + take] = chunk[:take] if take < len(chunk) else chunk
+            data = memoryview(await stream.receive(_READ_CHUNK))
+            take = min(len(data), size - filled)
+            buffer[filled : filled + take] = data[:take]
             filled += take
-            if take < len(chunk):
-                self._leftover = chunk[take:]
+            if take < len(data):
+                self._chunk, self._pos = data, take
         return buffer
 
     async def _read_loop(self) -> None:
@@ -190,7 +229,7 @@ class BrokerConnection:
             with self._reader_scope:
                 await self._read_frames(stream)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._fail(KafkaConnectionError(f"connection to {self.host}:{self.port} closed: {exc or 'EOF'}"))
+            self._fail(KafkaConnectionError(f"connection to {self.host}:{self.port} closed: {str(exc) or 'EOF'}"))
         except KafkaError as exc:
             self._fail(exc)
         except Exception as exc:  # a decoding bug must not kill the consumer's task group
@@ -202,11 +241,20 @@ class BrokerConnection:
         while True:
             header = await self._read_exactly(stream, 4)
             size = int.from_bytes(header, "big", signed=True)
-            if size < 4:
-                raise ProtocolError(f"bad frame size {size} from {self.host}:{self.port}")
+            if not 4 <= size <= self._max_frame_bytes:
+                raise self._bad_frame_size(bytes(header), size)
             self._deliver(await self._read_exactly(stream, size))
 
-    def _deliver(self, frame: bytes | bytearray) -> None:
+    def _bad_frame_size(self, header: bytes, size: int) -> ProtocolError:
+        # Checked before allocating: garbage from a non-Kafka peer must fail now, not after
+        # the request timeout spent waiting for hundreds of MB that never come.
+        limit = f" (limit {self._max_frame_bytes})" if size > self._max_frame_bytes else ""
+        return ProtocolError(
+            f"bad response frame size {size}{limit} from {self.host}:{self.port}: first bytes "
+            f"{header!r}{_looks_like(header)}; {_LISTENER_HINT}"
+        )
+
+    def _deliver(self, frame: memoryview | bytearray) -> None:
         correlation_id = protocol.peek_correlation_id(frame)
         entry = self._pending.pop(correlation_id, None)
         if entry is None:

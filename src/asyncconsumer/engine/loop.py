@@ -36,6 +36,7 @@ from ..managers.list_offsets import ListOffsetsManager
 from ..managers.membership import CallbackRequest, GroupSettings, MembershipManager
 from ..managers.metadata import Cluster, MetadataManager
 from ..managers.subscription import SubscriptionState
+from ..managers.validation import PositionValidator
 from ..structs import TopicPartition
 from . import sasl as sasl_module
 from .connection import BrokerConnection
@@ -66,6 +67,7 @@ class Engine:
         self._stopped = anyio.Event()
         self.fatal_error: BaseException | None = None
         self.closed = False
+        self._close_within = 2.0  # how long closing the connections may take (see stop())
         self._reported_unknown: set[str] = set()
         retry = config.retry_backoff_ms / 1000
 
@@ -88,6 +90,9 @@ class Engine:
             retry_backoff=retry,
             report_error=self.report_error,
         )
+        self.validator = PositionValidator(
+            self.subscriptions, self.metadata, self.buffer, retry_backoff=retry, report_error=self.report_error
+        )
         self.fetcher = FetchManager(
             self.subscriptions,
             self.metadata,
@@ -101,6 +106,7 @@ class Engine:
             retry_backoff=retry,
             client_rack=config.client_rack,
             report_error=self.report_error,
+            on_diverging_epoch=self.validator.apply_end_offset,
         )
         self.coordinator: CoordinatorManager | None = None
         self.commits: CommitManager | None = None
@@ -138,7 +144,8 @@ class Engine:
             )
         self.managers: list[Any] = [
             m
-            for m in (self.metadata, self.coordinator, self.membership, self.commits, self.offsets, self.fetcher)
+            for m in (self.metadata, self.coordinator, self.membership, self.commits, self.offsets, self.validator,
+                      self.fetcher)
             if m is not None
         ]
 
@@ -159,14 +166,16 @@ class Engine:
             self.fatal_error = exc
         finally:
             self._task_group = None
-            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self._close_within):
                 await self.network.aclose()
             self.closed = True
             self._fail_waiters(self.fatal_error or ConsumerClosedError("the consumer is closed"))
             self._stopped.set()
             self._app_event.set()
 
-    def stop(self) -> None:
+    def stop(self, within: float = 2.0) -> None:
+        """Stop the loop; closing the connections may take up to ``within`` seconds."""
+        self._close_within = within
         self.closed = True
         self.wake()
 
@@ -369,7 +378,12 @@ class Engine:
         """A fresh all-topics metadata snapshot (for ``topics()``)."""
         waiter = await self.call(lambda now: self.metadata.fetch_all_topics())
         with anyio.move_on_after(timeout):
-            return await waiter.wait()
+            while True:
+                with anyio.move_on_after(0.05):
+                    return await waiter.wait()
+                failed = self.network.bootstrap_failed_for_good()
+                if failed is not None:
+                    raise failed
         raise self.unreachable_or_timeout("metadata request", timeout)
 
     def unreachable_or_timeout(self, what: str, timeout: float) -> KafkaError:

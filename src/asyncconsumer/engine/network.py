@@ -20,13 +20,26 @@ import anyio
 
 from ..config import ConsumerConfig, parse_host_port
 from ..errors import KafkaConnectionError, KafkaError, NoBrokersAvailableError
-from .connection import BrokerConnection, Spawn
+from .connection import BrokerConnection, Spawn, frame_limit
 from .requests import Body, UnsentRequest
 
 log = logging.getLogger("asyncconsumer.network")
 
 Completion = Callable[[UnsentRequest, int, "Body | None", "BaseException | None"], None]
 SaslHook = Callable[[BrokerConnection], Awaitable[None]]
+
+
+def reconnect_delay(
+    failures: int, base: float, cap: float, uniform: Callable[[float, float], float] = random.uniform
+) -> float:
+    """``base * 2**failures`` up to ``cap``, with ±20% jitter, never above ``cap``.
+
+    The jitter keeps many clients from reconnecting in step.  It applies to the capped
+    delay (so clients that all reached the cap still spread out), then the cap again, so
+    that ``reconnect_backoff_max_ms`` really is the longest wait.
+    """
+    delay = min(cap, base * (1 << min(failures, 16)))
+    return min(cap, delay * uniform(0.8, 1.2))
 
 
 @dataclass(slots=True)
@@ -107,6 +120,17 @@ class NetworkClient:
         last = errors[-1] if errors else None
         return NoBrokersAvailableError(f"no broker reachable (bootstrap_servers={servers}); last error: {last}")
 
+    def bootstrap_failed_for_good(self) -> KafkaError | None:
+        """Before any broker is known: every bootstrap server failed with an error that retrying
+        will not fix (not a Kafka listener, authentication), so waiting on is pointless."""
+        if self._brokers or self._connections:
+            return None
+        errors = [h.last_error if (h := self._health.get(n)) is not None else None for n in self._bootstrap]
+        if not errors or any(e is None or e.retriable for e in errors):
+            return None
+        servers = ", ".join(self._config.bootstrap_servers)
+        return NoBrokersAvailableError(f"no usable broker (bootstrap_servers={servers}): {errors[-1]}")
+
     # -- sending ----------------------------------------------------------------------------------
 
     def send(self, request: UnsentRequest) -> None:
@@ -183,6 +207,7 @@ class NetworkClient:
             setup_timeout=config.socket_connection_setup_timeout_ms / 1000,
             ssl_context=self._ssl_context(),
             sasl=sasl,
+            max_frame_bytes=frame_limit(config.fetch_max_bytes),
         )
 
     def _ssl_context(self) -> Any:
@@ -195,20 +220,12 @@ class NetworkClient:
         return ssl.create_default_context()
 
     def _backoff(self, node_id: int, health: _NodeHealth, error: KafkaError) -> None:
-        base = self._config.reconnect_backoff_ms / 1000
-        cap = self._config.reconnect_backoff_max_ms / 1000
-        delay = min(cap, base * (2 ** min(health.failures, 16)))
-        delay *= random.uniform(0.8, 1.2)  # jitter keeps many clients from reconnecting in step
+        base, cap = self._config.reconnect_backoff_ms / 1000, self._config.reconnect_backoff_max_ms / 1000
+        delay = reconnect_delay(health.failures, base, cap)
         health.failures += 1
         health.next_attempt = self._clock() + delay
         health.last_error = error
         log.debug("node %s unreachable (%s); next attempt in %.3fs", node_id, error, delay)
-
-    def connection_failed(self, node_id: int) -> None:
-        """A manager saw a transport error: the next attempt goes through backoff."""
-        connection = self._connections.pop(node_id, None)
-        if connection is not None and not connection.connected:
-            self._spawn(connection.aclose)
 
     def drop_dead_connections(self) -> None:
         for node_id, connection in list(self._connections.items()):

@@ -36,7 +36,7 @@ from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, UnsupportedVersionError, error_for_code
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
-from .member_base import GroupMemberBase
+from .member_base import FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, GroupMemberBase
 from .membership_types import CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
 from .subscription import SubscriptionState
@@ -47,20 +47,15 @@ log = logging.getLogger("asyncconsumer.membership")
 UNKNOWN_MEMBER_ID = 25
 GROUP_AUTHORIZATION_FAILED = 30
 UNSUPPORTED_VERSION = 35
-GROUP_MAX_SIZE_REACHED = 81
-FENCED_INSTANCE_ID = 82
 FENCED_MEMBER_EPOCH = 110
 UNRELEASED_INSTANCE_ID = 111
 _COORDINATOR_ERRORS = {13, 14, 15, 16}
-_FATAL_ERRORS = {FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED}
+_FATAL_ERRORS = {FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED}  # see GroupMemberBase._fatal_error
 
 # Member epochs with a meaning of their own.
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2
-
-#: Longest wait between retries after an error that is reported to the application.
-_MAX_ERROR_BACKOFF = 30.0
 
 #: A partition of the target assignment, as the coordinator names it.
 IdPartition = tuple[bytes, int]
@@ -103,7 +98,6 @@ class ConsumerMembershipManager(GroupMemberBase):
         self._in_flight = False
         self._retry_at = 0.0
         self._next_heartbeat = 0.0
-        self._error_count = 0
         self._session = 0
 
     # -- state ------------------------------------------------------------------------------------
@@ -114,6 +108,7 @@ class ConsumerMembershipManager(GroupMemberBase):
 
     #: Member epochs start at 1 (0 only asks to join).
     _first_generation = 1
+    _group_size_setting = "group.consumer.max.size"
 
     def topics_of_interest(self) -> set[str]:
         return set(self.topics)
@@ -212,14 +207,6 @@ class ConsumerMembershipManager(GroupMemberBase):
         self._plan = RebalancePlan(revoke=self.owned, lost=True)
         self._to(MemberState.LOST)
         self._advance(now)
-
-    def _fatal(self, now: float, error: KafkaError) -> None:
-        """The member cannot go on (fenced instance id, group full, no KIP-848): final."""
-        self._drop_all(now)
-        self.generation = -1
-        self._leaving = self._force_leave = False
-        self._to(MemberState.FENCED)
-        self._report_error(error)
 
     # -- reconciliation ---------------------------------------------------------------------------
 
@@ -468,22 +455,17 @@ class ConsumerMembershipManager(GroupMemberBase):
             else:
                 # KIP-848: a fenced epoch rejoins with the same member id; an unknown one gets a new id (v0).
                 self._lose_partitions(now, error, forget_member_id=code == UNKNOWN_MEMBER_ID)
-        elif code == FENCED_INSTANCE_ID:
-            self._fatal(now, error_for_code(code, (
-                f"another consumer joined group {settings.group_id!r} with group_instance_id "
-                f"{settings.group_instance_id!r}; this one is fenced and stops")))
-        elif code == GROUP_MAX_SIZE_REACHED:
-            self._fatal(now, error_for_code(code, (
-                f"group {settings.group_id!r} is full (group.consumer.max.size on the broker); this consumer stops")))
+        elif code in _FATAL_ERRORS:
+            fatal = self._fatal_error(code)
+            assert fatal is not None
+            self._fatal(now, fatal)
         elif code in _COORDINATOR_ERRORS:
             self._coordinator.mark_unknown(now, error)
             self._retry_at = now + settings.retry_backoff
         else:
             # UNRELEASED_INSTANCE_ID, UNSUPPORTED_ASSIGNOR, INVALID_REQUEST, GROUP_AUTHORIZATION_FAILED, ...:
             # tell the application, and try again later (with a growing pause so errors do not flood it).
-            self._error_count += 1
-            delay = min(_MAX_ERROR_BACKOFF, settings.retry_backoff * 2 ** min(self._error_count - 1, 16))
-            self._retry_at = now + delay
+            self._retry_at = self._error_backoff(now)
             self._report_error(error)
 
     def _unsupported(self, now: float, detail: str) -> None:
@@ -500,5 +482,5 @@ class ConsumerMembershipManager(GroupMemberBase):
         self._session += 1
         self.member_id, self.generation, self._acked = "", -1, None
         self._to(MemberState.UNSUBSCRIBED)
-        if (self.topics or self.pattern is not None) and not self._wait_for_poll:
+        if self.subscribed and not self._wait_for_poll:
             self._join()  # subscribed again meanwhile

@@ -18,6 +18,12 @@ busy ones, which the broker answers at once.
 Incremental fetch sessions (KIP-227): after a full fetch the broker remembers
 the partitions; later requests name only partitions whose fetch offset moved,
 and list the ones to forget.
+
+Log truncation (KIP-320): a partition whose position the current leader epoch
+has not vouched for is left to the position validator (managers/validation.py)
+and not fetched.  Fetch v12+ sends the epoch of the last fetched batch
+(``last_fetched_epoch``); a ``diverging_epoch`` in the answer goes to the
+validator as if it had asked.
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, OffsetOutOfRangeError, error_for_code
 from ..structs import TopicPartition
 from .metadata import ZERO_UUID, MetadataManager
-from .subscription import PartitionState, SubscriptionState
+from .subscription import PartitionPhase, PartitionState, SubscriptionState
 
 log = logging.getLogger("asyncconsumer.fetch")
 
-# Errors that a metadata refresh (a new leader, a new epoch) can fix.
+# Errors that a metadata refresh (a new leader, a new epoch) can fix (74/75: FENCED/UNKNOWN_LEADER_EPOCH).
 _REFRESH_CODES = {3, 5, 6, 9, 56, 74, 75, 78, 100, 103, 106}
+#: (state, offset checked, epoch, its end offset, leader epoch asked under): a diverging epoch.
+DivergenceHandler = Callable[[PartitionState, int, int, int, int], None]
 _OFFSET_OUT_OF_RANGE = 1
 _SESSION_CODES = {70, 71}  # FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH
 
@@ -48,18 +56,30 @@ def scan_record_set(data: memoryview) -> tuple[int, int]:
     Reads only batch headers, so the background side learns the next fetch
     offset without decoding; a truncated trailing batch is left out.
     """
+    next_offset, complete, _ = scan_batches(data)
+    return next_offset, complete
+
+
+def scan_batches(data: memoryview) -> tuple[int, int, list[tuple[int, int]]]:
+    """``scan_record_set`` plus (base offset, leader epoch) where the batches' epoch changes."""
     pos, end, next_offset = 0, len(data), -1
+    epochs: list[tuple[int, int]] = []
+    last_epoch = -1
     while pos + 17 <= end:
         size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
         stop = pos + 12 + size
         if size < 0 or stop > end:
             break
-        base = int.from_bytes(data[pos : pos + 8], "big", signed=True)
+        first = base = int.from_bytes(data[pos : pos + 8], "big", signed=True)
         if data[pos + 16] >= 2 and pos + 27 <= end:
             base += int.from_bytes(data[pos + 23 : pos + 27], "big", signed=True)
+            epoch = int.from_bytes(data[pos + 12 : pos + 16], "big", signed=True)  # partitionLeaderEpoch
+            if epoch != last_epoch:
+                epochs.append((first, epoch))
+                last_epoch = epoch
         next_offset = base + 1  # legacy messages: a compressed wrapper carries the last inner offset
         pos = stop
-    return next_offset, pos
+    return next_offset, pos, epochs
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +87,7 @@ class SessionPartition:
     fetch_offset: int
     leader_epoch: int
     topic_id: bytes
+    last_fetched_epoch: int = -1
 
 
 @dataclass(slots=True)
@@ -99,6 +120,7 @@ class FetchManager:
         retry_backoff: float,
         client_rack: str,
         report_error: Callable[[KafkaError], None],
+        on_diverging_epoch: DivergenceHandler,
         use_sessions: bool = True,
     ) -> None:
         self._subscriptions = subscriptions
@@ -113,6 +135,7 @@ class FetchManager:
         self._retry_backoff = retry_backoff
         self._rack = client_rack
         self._report_error = report_error
+        self._on_diverging_epoch = on_diverging_epoch
         self._use_sessions = use_sessions
         self._in_flight_nodes: set[int] = set()
         self._in_flight_partitions: set[TopicPartition] = set()
@@ -148,6 +171,8 @@ class FetchManager:
             if leader is None:
                 self._metadata.request_update()
                 continue
+            if state.needs_validation(leader.leader_epoch):
+                continue  # the position validator checks it against this leader first
             if self._buffer.buffered_bytes(tp) >= share:
                 busy.add(leader.leader)
                 continue
@@ -186,12 +211,12 @@ class FetchManager:
         )
         sent: dict[str, object] = {"full": True}
 
-        def partition_entry(tp: TopicPartition) -> dict[str, object]:
+        def partition_entry(tp: TopicPartition, version: int) -> dict[str, object]:
             return {
                 "partition": tp.partition,
                 "current_leader_epoch": entries[tp].leader_epoch,
                 "fetch_offset": entries[tp].fetch_offset,
-                "last_fetched_epoch": -1,
+                "last_fetched_epoch": entries[tp].last_fetched_epoch if version >= 12 else -1,
                 "log_start_offset": -1,
                 "partition_max_bytes": self._partition_max_bytes,
             }
@@ -230,7 +255,7 @@ class FetchManager:
                 "session_id": session.session_id if not full else 0,
                 "session_epoch": (session.epoch if not full else 0) if session_wanted else -1,
                 "topics": [
-                    {**topic_key(tps[0], version), "partitions": [partition_entry(tp) for tp in tps]}
+                    {**topic_key(tps[0], version), "partitions": [partition_entry(tp, version) for tp in tps]}
                     for tps in topics.values()
                 ],
                 "forgotten_topics_data": [
@@ -254,7 +279,7 @@ class FetchManager:
                 session.reset()  # any top-level error ends the session, as in the Java client
                 self._fail_partitions(now, wanted, error_for_code(code, f"Fetch from node {node}"))
                 return
-            self._update_session(session, body, sent, wanted)
+            self._update_session(session, body, sent, entries)
             if self._subscriptions.assignment_id != assignment_id and not self._still_assigned(wanted):
                 return
             self.responses += 1
@@ -266,7 +291,7 @@ class FetchManager:
                 for p in topic["partitions"]:
                     tp = TopicPartition(name, p["partition_index"])
                     if tp in wanted:
-                        self._handle_partition(now, tp, wanted[tp], p)
+                        self._handle_partition(now, tp, wanted[tp], entries[tp].leader_epoch, p)
 
         def on_error(now: float, error: BaseException) -> None:
             finish()
@@ -296,15 +321,24 @@ class FetchManager:
         cluster = self._metadata.cluster
         leader = cluster.leader(tp)
         topic = cluster.topics.get(tp.topic)
+        state = self._subscriptions.get(tp)
+        fetched_epoch = state.fetched_epoch if state is not None else None
         return SessionPartition(
-            offset, leader.leader_epoch if leader is not None else -1, topic.topic_id if topic else ZERO_UUID
+            offset,
+            leader.leader_epoch if leader is not None else -1,
+            topic.topic_id if topic else ZERO_UUID,
+            -1 if fetched_epoch is None else fetched_epoch,
         )
 
     def _still_assigned(self, wanted: dict[TopicPartition, tuple[int, int]]) -> bool:
         return any(tp in self._subscriptions.partitions for tp in wanted)
 
     def _update_session(
-        self, session: FetchSession, body: Body, sent: dict[str, object], wanted: dict[TopicPartition, tuple[int, int]]
+        self,
+        session: FetchSession,
+        body: Body,
+        sent: dict[str, object],
+        entries: dict[TopicPartition, SessionPartition],
     ) -> None:
         if not self._use_sessions or int(str(sent.get("version", 0))) < 7:
             return
@@ -317,8 +351,8 @@ class FetchManager:
         forgotten = sent.get("forgotten") or []
         for tp in forgotten:  # type: ignore[attr-defined]
             session.partitions.pop(tp, None)
-        for tp, (offset, _) in wanted.items():
-            session.partitions[tp] = self._session_entry(tp, offset)
+        # What the broker now remembers is what was sent, whatever changed here since.
+        session.partitions.update(entries)
         session.epoch = session.epoch + 1 if not sent["full"] else 1
         # Offsets that move on with this response are sent again next time (they differ).
 
@@ -331,13 +365,21 @@ class FetchManager:
         if not error.retriable:
             self._report_error(error)
 
-    def _handle_partition(self, now: float, tp: TopicPartition, sent: tuple[int, int], p: Body) -> None:
+    def _handle_partition(
+        self, now: float, tp: TopicPartition, sent: tuple[int, int], leader_epoch: int, p: Body
+    ) -> None:
         state = self._subscriptions.get(tp)
         fetch_offset, epoch = sent
         if state is None or state.epoch != epoch or state.fetch_offset != fetch_offset:
             return  # seeked, reset or unassigned since the request went out
+        if state.phase is not PartitionPhase.FETCHING:
+            return  # awaiting validation since: this data may be from a diverged log
         code = p["error_code"]
-        if code == 0:
+        diverging = p.get("diverging_epoch") or {}
+        if code == 0 and diverging.get("epoch", -1) >= 0:
+            self._on_diverging_epoch(state, fetch_offset, diverging["epoch"], diverging["end_offset"], leader_epoch)
+        elif code == 0:
+            state.validated_for = leader_epoch  # the leader served this position: it is consistent
             state.high_watermark = p["high_watermark"]
             state.last_stable_offset = p["last_stable_offset"]
             state.log_start_offset = p["log_start_offset"]
@@ -345,7 +387,7 @@ class FetchManager:
             if records is None or len(records) == 0:
                 return
             view = records if isinstance(records, memoryview) else memoryview(records)
-            next_offset, complete = scan_record_set(view)
+            next_offset, complete, epochs = scan_batches(view)
             if next_offset < 0:
                 return
             aborted = None
@@ -363,6 +405,7 @@ class FetchManager:
                 )
             )
             state.fetch_offset = max(next_offset, fetch_offset)
+            state.note_fetched_epochs(epochs)
         elif code == _OFFSET_OUT_OF_RANGE:
             if state.reset_to is None and self._subscriptions.default_reset == "none":
                 state.retry_at = float("inf")

@@ -12,7 +12,7 @@ import logging
 import re
 from collections.abc import Callable
 
-from ..errors import KafkaError, PollIntervalExceededError
+from ..errors import KafkaError, PollIntervalExceededError, error_for_code
 from ..structs import TopicPartition
 from .commit import GroupIdentity
 from .coordinator import CoordinatorManager
@@ -21,6 +21,12 @@ from .metadata import MetadataManager
 from .subscription import SubscriptionState
 
 log = logging.getLogger("asyncconsumer.membership")
+
+GROUP_MAX_SIZE_REACHED = 81
+FENCED_INSTANCE_ID = 82
+
+#: Longest wait between retries after an error that is reported to the application.
+MAX_ERROR_BACKOFF = 30.0
 
 
 class GroupMemberBase:
@@ -54,6 +60,7 @@ class GroupMemberBase:
         self._plan = RebalancePlan()
         self._leaving = self._force_leave = self._wait_for_poll = False
         self._leave_reason: str | None = None
+        self._error_count = 0  # errors in a row reported to the application (for their backoff)
 
     def _to(self, state: MemberState) -> None:
         if state is not self.state:
@@ -71,9 +78,27 @@ class GroupMemberBase:
 
     #: The lowest generation that means "a member": classic starts at 0, KIP-848 epochs at 1.
     _first_generation = 0
+    #: The broker setting that limits the group's size (named in GROUP_MAX_SIZE_REACHED errors).
+    _group_size_setting = "group.max.size"
 
     def assignment_generation(self) -> int:
         return self.generation
+
+    @property
+    def subscribed(self) -> bool:
+        """The application subscribed (and has not unsubscribed since), member or not right now."""
+        return bool(self.topics) or self.pattern is not None
+
+    @property
+    def dropped_out(self) -> bool:
+        """Out of the group by no choice of the application's (poll interval exceeded, fenced):
+        what it was handed can no longer be committed."""
+        return self._wait_for_poll or self.state is MemberState.FENCED
+
+    @property
+    def is_member(self) -> bool:
+        """In the group now: partitions it owns are its own (commits carry its generation)."""
+        return self.identity().generation >= self._first_generation
 
     @property
     def wants_all_topics(self) -> bool:
@@ -100,6 +125,7 @@ class GroupMemberBase:
         )
         self._drop_all(now)
         self._leaving = self._force_leave = self._wait_for_poll = True
+        self._leave_reason = f"the application did not poll within max_poll_interval_ms={int(max_interval * 1000)}"
         self._to(MemberState.LEAVING)
         return PollIntervalExceededError(
             f"the consumer did not poll for more than max_poll_interval_ms={int(max_interval * 1000)}: it left "
@@ -109,7 +135,7 @@ class GroupMemberBase:
     def on_poll(self) -> None:
         if self._wait_for_poll:
             self._wait_for_poll = False
-            if self.state is MemberState.UNSUBSCRIBED and (self.topics or self.pattern is not None):
+            if self.state is MemberState.UNSUBSCRIBED and self.subscribed:
                 self._rejoin_after_poll()
 
     def _drop_all(self, now: float) -> None:
@@ -125,6 +151,35 @@ class GroupMemberBase:
 
     def _rejoin_after_poll(self) -> None:
         raise NotImplementedError
+
+    # -- errors -----------------------------------------------------------------------------------
+
+    def _fatal_error(self, code: int) -> KafkaError | None:
+        """The error for a code after which this member cannot go on, or None."""
+        group, instance = self.settings.group_id, self.settings.group_instance_id
+        if code == FENCED_INSTANCE_ID:
+            return error_for_code(code, f"another consumer joined group {group!r} with group_instance_id "
+                                        f"{instance!r}; this one is fenced and stops")
+        if code == GROUP_MAX_SIZE_REACHED:
+            return error_for_code(code, f"group {group!r} is full ({self._group_size_setting} on the broker); "
+                                        "this consumer stops")
+        return None
+
+    def _fatal(self, now: float, error: KafkaError) -> None:
+        """The member cannot go on (fenced instance id, group full, ...): final.  Its partitions
+        are lost, and the application hears of it (LOST, then the error) on its next poll."""
+        self._drop_all(now)
+        self.generation = -1
+        self._leaving = self._force_leave = False
+        self._to(MemberState.FENCED)
+        self._report_error(error)
+
+    def _error_backoff(self, now: float) -> float:
+        """When to try again after an error reported to the application: the pause grows, so a
+        persistent error (authorization, a bad setting) does not flood it."""
+        self._error_count += 1
+        delay = self.settings.retry_backoff * 2.0 ** min(self._error_count - 1, 16)
+        return now + min(MAX_ERROR_BACKOFF, delay)
 
     # -- the callback steps of a rebalance ---------------------------------------------------------
 

@@ -36,7 +36,7 @@ from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, error_for_code
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
-from .member_base import GroupMemberBase
+from .member_base import FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, GroupMemberBase
 from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
 from .subscription import SubscriptionState
@@ -50,7 +50,6 @@ REBALANCE_IN_PROGRESS = 27
 ILLEGAL_GENERATION = 22
 UNKNOWN_MEMBER_ID = 25
 MEMBER_ID_REQUIRED = 79
-FENCED_INSTANCE_ID = 82
 _COORDINATOR_ERRORS = {13, 14, 15, 16}
 
 
@@ -304,7 +303,7 @@ class MembershipManager(GroupMemberBase):
                     self._lose_partitions(error_for_code(code).error_name)
                 return
             if code == FENCED_INSTANCE_ID:
-                self._fenced(body)
+                self._fenced(now)
                 return
             if code in _COORDINATOR_ERRORS:
                 self._coordinator.mark_unknown(now, error_for_code(code))
@@ -313,12 +312,20 @@ class MembershipManager(GroupMemberBase):
             if code == REBALANCE_IN_PROGRESS:
                 self._retry_at = now + settings.retry_backoff
                 return
+            if code == GROUP_MAX_SIZE_REACHED:
+                fatal = self._fatal_error(code)
+                assert fatal is not None
+                self._fatal(now, fatal)
+                return
             if code:
                 error = error_for_code(code, f"JoinGroup for group {settings.group_id!r}")
-                self._retry_at = now + settings.retry_backoff
-                if not error.retriable:
+                if error.retriable:
+                    self._retry_at = now + settings.retry_backoff
+                else:  # authorization, a bad setting, ...: tell the application, retry less and less often
+                    self._retry_at = self._error_backoff(now)
                     self._report_error(error)
                 return
+            self._error_count = 0
             self.member_id = body["member_id"]
             self.generation = body["generation_id"]
             self.leader_id = body["leader"]
@@ -386,7 +393,7 @@ class MembershipManager(GroupMemberBase):
                 return
             code = body["error_code"]
             if code == FENCED_INSTANCE_ID:
-                self._fenced(body)
+                self._fenced(now)
                 return
             if code in (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) and self.owned:
                 if code == UNKNOWN_MEMBER_ID:
@@ -460,7 +467,7 @@ class MembershipManager(GroupMemberBase):
                     self.member_id = ""
                 self._lose_partitions(error_for_code(code).error_name)
             elif code == FENCED_INSTANCE_ID:
-                self._fenced(body)
+                self._fenced(now)
             elif code in _COORDINATOR_ERRORS:
                 self._coordinator.mark_unknown(now, error_for_code(code))
             else:
@@ -505,18 +512,11 @@ class MembershipManager(GroupMemberBase):
         self._leaving = self._force_leave = False
         self.member_id, self.generation, self.owned = "", -1, frozenset()
         self._to(MemberState.UNSUBSCRIBED)
-        if (self.topics or self.pattern is not None) and not self._wait_for_poll:
+        if self.subscribed and not self._wait_for_poll:
             self._start_rebalance(join=True)  # subscribed again meanwhile
 
-    def _fenced(self, body: Body) -> None:
-        if self.owned:  # fenced: this member may not read them any more
-            self._subscriptions.remove(self.owned)
-            self._drop_buffered(self.owned)
-            self.owned = frozenset()
-        self._to(MemberState.FENCED)
-        self._report_error(error_for_code(
-            FENCED_INSTANCE_ID,
-            f"another consumer joined group {self.settings.group_id!r} with group_instance_id "
-            f"{self.settings.group_instance_id!r}; this one is fenced and stops",
-        ))
+    def _fenced(self, now: float) -> None:
+        fatal = self._fatal_error(FENCED_INSTANCE_ID)
+        assert fatal is not None
+        self._fatal(now, fatal)
 

@@ -4,6 +4,11 @@ Refreshed when asked (a fetch or list-offsets saw NOT_LEADER_OR_FOLLOWER, a
 leader epoch moved, a topic is unknown), when the topics of interest change,
 and every ``metadata_max_age_ms``.  One-shot "all topics" lookups for
 ``Consumer.topics()`` share the same request path.
+
+A broker that has not caught up may answer with a partition's leader epoch
+older than one already seen; that partition keeps what we knew (as in the
+Java client), so leaders and epochs never go back.  A changed topic id (the
+topic was re-created) starts its epochs afresh.
 """
 
 from __future__ import annotations
@@ -162,6 +167,7 @@ class MetadataManager:
                 p["partition_index"]: PartitionInfo(p["leader_id"], p["leader_epoch"]) for p in topic["partitions"]
             }
             topics[name] = TopicInfo(name, topic["topic_id"], topic["is_internal"], partitions)
+        self._keep_newer_epochs(topics)
         if everything:
             self._all_in_flight = False
             snapshot = Cluster(brokers, topics, errors)
@@ -179,6 +185,21 @@ class MetadataManager:
         self.last_error = None
         self.version += 1
         self._on_update(self.cluster)
+
+    def _keep_newer_epochs(self, topics: dict[str, TopicInfo]) -> None:
+        for name, topic in topics.items():
+            known = self.cluster.topics.get(name)
+            recreated = known is not None and ZERO_UUID not in (known.topic_id, topic.topic_id) and (
+                known.topic_id != topic.topic_id
+            )
+            if known is None or recreated:
+                continue
+            for index, info in topic.partitions.items():
+                old = known.partitions.get(index)
+                if old is not None and 0 <= info.leader_epoch < old.leader_epoch:
+                    log.debug("ignoring stale metadata for %s-%d: leader epoch %d < %d",
+                              name, index, info.leader_epoch, old.leader_epoch)
+                    topic.partitions[index] = old
 
     def _handle_error(self, now: float, error: BaseException, everything: bool) -> None:
         log.debug("metadata request failed: %s", error)

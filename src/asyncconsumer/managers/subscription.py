@@ -5,13 +5,20 @@ application side on the same event loop (mutations never span an ``await``).
 ``position`` is the next offset handed to the application; ``fetch_offset``
 runs ahead of it while fetched data waits in the buffer.  ``epoch`` changes on
 every seek/reset so that in-flight fetches for the old position are dropped.
+
+Leader epochs (KIP-320): ``leader_epoch`` is the epoch of the record before
+``position`` (what a commit carries), ``fetched_epoch`` the one before
+``fetch_offset`` (what validation and Fetch's ``last_fetched_epoch`` send).
+Both come from the batch headers the fetch manager saw, else from the epoch
+the position was set with.  ``validated_for`` is the metadata leader epoch the
+fetch position is known to be consistent with.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..structs import TopicPartition
 
@@ -19,6 +26,7 @@ from ..structs import TopicPartition
 class PartitionPhase(enum.Enum):
     AWAIT_COMMITTED = "await_committed"  # ask the group coordinator for a committed offset
     AWAIT_RESET = "await_reset"  # look up earliest/latest with ListOffsets
+    AWAIT_VALIDATION = "await_validation"  # KIP-320: check the position against the leader's log
     FETCHING = "fetching"  # position known
 
 
@@ -28,7 +36,6 @@ class PartitionState:
     phase: PartitionPhase
     position: int = -1
     fetch_offset: int = -1
-    leader_epoch: int | None = None
     reset_to: str | None = None
     paused: bool = False
     #: Being revoked by the group: no longer fetched nor handed out (PREPARE_REVOCATION).
@@ -42,18 +49,75 @@ class PartitionState:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     retry_at: float = 0.0
+    #: Metadata leader epoch the fetch position was validated against (or fetched under); None: never.
+    validated_for: int | None = None
+    #: The epoch given when the position was set: it covers offsets before any fetched batch.
+    _set_epoch: int | None = None
+    #: (first offset, leader epoch) where the epoch of fetched batches changes, in offset order.
+    _epoch_starts: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def has_position(self) -> bool:
         return self.phase is PartitionPhase.FETCHING
 
+    @property
+    def leader_epoch(self) -> int | None:
+        """Leader epoch of the record before ``position`` (None when unknown)."""
+        return self._epoch_before(self.position)
+
+    @leader_epoch.setter
+    def leader_epoch(self, value: int | None) -> None:
+        self._set_epoch = value
+        self._epoch_starts = [e for e in self._epoch_starts if e[0] >= self.position]
+
+    @property
+    def fetched_epoch(self) -> int | None:
+        """Leader epoch of the record before ``fetch_offset``: what validation checks."""
+        return self._epoch_starts[-1][1] if self._epoch_starts else self._set_epoch
+
+    def _epoch_before(self, offset: int) -> int | None:
+        for start, epoch in reversed(self._epoch_starts):
+            if start < offset:
+                return epoch
+        return self._set_epoch
+
     def set_position(self, offset: int, leader_epoch: int | None = None) -> None:
+        # Going back within what the leader already served (the application putting records
+        # back) needs no new validation; anywhere else, the new epoch is checked first.
+        if self.phase is not PartitionPhase.FETCHING or offset > self.fetch_offset:
+            self.validated_for = None
         self.phase = PartitionPhase.FETCHING
         self.position = self.fetch_offset = self.consumed = self.processed = offset
-        self.leader_epoch = leader_epoch
+        self._set_epoch = leader_epoch
+        self._epoch_starts = []
         self.reset_to = None
         self.retry_at = 0.0
         self.epoch += 1
+
+    def note_fetched_epochs(self, starts: list[tuple[int, int]]) -> None:
+        """Record where the leader epochs of newly fetched batches begin (unknown epochs are -1)."""
+        known = self.fetched_epoch
+        for start, epoch in starts:
+            if epoch >= 0 and epoch != known:
+                self._epoch_starts.append((start, epoch))
+                known = epoch
+        # Only the entry covering ``position`` and later ones can still be asked for.
+        while len(self._epoch_starts) > 1 and self._epoch_starts[1][0] < self.position:
+            self._epoch_starts.pop(0)
+
+    def rewind_fetch(self, offset: int) -> None:
+        """Fetch again from ``offset`` (<= fetch_offset) without moving the application's position."""
+        self.fetch_offset = offset
+        self._epoch_starts = [e for e in self._epoch_starts if e[0] < offset]
+
+    def needs_validation(self, leader_epoch: int) -> bool:
+        """KIP-320: the fetch position carries an epoch the current leader has not vouched for."""
+        return (
+            self.phase is PartitionPhase.FETCHING
+            and self.fetched_epoch is not None
+            and leader_epoch >= 0
+            and self.validated_for != leader_epoch
+        )
 
     def lag(self) -> int | None:
         if self.high_watermark < 0 or not self.has_position:
@@ -104,6 +168,7 @@ class SubscriptionState:
     def request_reset(self, tp: TopicPartition, strategy: str | None = None) -> None:
         state = self.partitions[tp]
         state.phase = PartitionPhase.AWAIT_RESET
+        state.validated_for = None
         state.reset_to = strategy or self.default_reset
         state.retry_at = 0.0
         state.epoch += 1

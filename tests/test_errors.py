@@ -1,0 +1,56 @@
+"""Broker error codes map to named classes with Kafka's retriable flags (Apache Kafka's ``Errors``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncconsumer import KafkaError, errors
+from asyncconsumer.errors import BrokerResponseError, UnknownErrorCodeError, error_for_code
+
+# (code, class name, retriable) as in Apache Kafka's org.apache.kafka.common.protocol.Errors.
+KNOWN = [
+    (1, "OffsetOutOfRangeError", False),
+    (2, "CorruptMessageError", True),
+    (3, "UnknownTopicOrPartitionError", True),
+    (5, "LeaderNotAvailableError", True),
+    (6, "NotLeaderOrFollowerError", True),
+    (7, "RequestTimedOutError", True),
+    (14, "CoordinatorLoadInProgressError", True),
+    (15, "CoordinatorNotAvailableError", True),
+    (16, "NotCoordinatorError", True),
+    (22, "IllegalGenerationError", False),
+    (25, "UnknownMemberIdError", False),
+    (27, "RebalanceInProgressError", False),
+    (29, "TopicAuthorizationFailedError", False),
+    (30, "GroupAuthorizationFailedError", False),
+    (35, "UnsupportedVersionError", False),
+    (58, "SaslAuthenticationFailedError", False),
+    (70, "FetchSessionIdNotFoundError", True),
+    (74, "FencedLeaderEpochError", True),
+    (75, "UnknownLeaderEpochError", True),
+    (79, "MemberIdRequiredError", False),
+    (81, "GroupMaxSizeReachedError", False),
+    (82, "FencedInstanceIdError", False),
+    (110, "FencedMemberEpochError", False),
+]
+
+
+@pytest.mark.parametrize(("code", "name", "retriable"), KNOWN)
+def test_codes_map_to_named_classes(code: int, name: str, retriable: bool) -> None:
+    error = error_for_code(code, "while doing something")
+    assert type(error) is getattr(errors, name)
+    assert isinstance(error, BrokerResponseError) and isinstance(error, KafkaError)
+    assert error.code == code and error.retriable is retriable
+    assert str(error).startswith(f"[Error {code}] ") and str(error).endswith(": while doing something")
+
+
+def test_every_code_is_one_class() -> None:
+    codes = [cls.code for cls in errors.ALL_BROKER_ERRORS]
+    assert len(codes) == len(set(codes)) and len(codes) > 100
+
+
+def test_an_unknown_code_says_which() -> None:
+    error = error_for_code(9999, "Fetch from node 1")
+    assert isinstance(error, UnknownErrorCodeError) and isinstance(error, BrokerResponseError)
+    assert error.unknown_code == 9999 and not error.retriable
+    assert str(error) == "[Error 9999] an error code this client does not know: Fetch from node 1"

@@ -1,0 +1,71 @@
+"""``PartitionStream`` on its own (no broker): what counts as processed, and how a stream ends."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from asyncconsumer.managers.subscription import PartitionPhase, PartitionState
+from asyncconsumer.streams import PartitionStream
+from asyncconsumer.structs import ConsumerRecord, TopicPartition
+
+pytestmark = pytest.mark.anyio
+
+TP = TopicPartition("t", 0)
+
+
+def record(offset: int) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord(TP.topic, TP.partition, offset, 0, 0, None, b"v", 0, 1, ())
+
+
+def new_stream(offsets: range, capacity: int = 10) -> tuple[PartitionStream[bytes, bytes], PartitionState]:
+    state = PartitionState(TP, PartitionPhase.FETCHING, position=offsets.start, consumed=offsets.start)
+    stream: PartitionStream[bytes, bytes] = PartitionStream(TP, state, capacity)
+    stream.pending.extend(record(o) for o in offsets)
+    stream.push()
+    return stream, state
+
+
+async def test_a_record_is_processed_when_the_next_one_is_asked_for() -> None:
+    stream, state = new_stream(range(5, 8))
+    first = await stream.__anext__()
+    assert first.offset == 5
+    assert state.consumed == 5  # received, still being worked on: not covered by a commit
+    assert not stream.drained
+    await stream.__anext__()
+    assert state.consumed == 6  # asking for offset 6 means done with 5
+    await stream.__anext__()
+    assert state.consumed == 7 and not stream.drained  # 7 is in hand
+    stream.end()
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()
+    assert state.consumed == 8  # done with the last one
+    assert stream.drained
+
+
+async def test_drained_once_the_reader_waits_for_more() -> None:
+    stream, state = new_stream(range(0, 2))
+    async with anyio.create_task_group() as tg:
+        got: list[int] = []
+
+        async def reader() -> None:
+            async for r in stream:
+                got.append(r.offset)
+
+        tg.start_soon(reader)
+        with anyio.fail_after(5):
+            while not stream.drained:  # noqa: ASYNC110 (the reader task drains it)
+                await anyio.sleep(0.001)
+        assert got == [0, 1] and state.consumed == 2
+        stream.end()
+    assert got == [0, 1]
+
+
+async def test_end_drops_what_the_reader_has_not_received() -> None:
+    stream, state = new_stream(range(0, 6), capacity=3)
+    assert len(stream.pending) == 3  # back-pressure: only 3 fit
+    assert (await stream.__anext__()).offset == 0
+    stream.end()
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()  # 1 and 2 were sent but never received: dropped, not committed
+    assert state.consumed == 1 and stream.pending == []
