@@ -67,8 +67,9 @@ async def test_members_come_and_go_every_record_exactly_once(
     group = f"g-{topic}"
     seen: list[tuple[int, int]] = []
     seen_by: dict[str, set[int]] = {"a": set(), "b": set(), "c": set()}  # partitions each member read
-    budget = [1500]  # the members read up to this many records in the current phase, then wait
+    budget = [0]  # the members read up to this many records in the current phase, then wait
     stop = {"a": anyio.Event(), "b": anyio.Event(), "c": anyio.Event()}
+    members: dict[str, Consumer[Any, Any]] = {}
 
     async def poll(c: Consumer[Any, Any], name: str) -> None:
         while True:
@@ -87,6 +88,7 @@ async def test_members_come_and_go_every_record_exactly_once(
     async def run(name: str) -> None:
         async with member(bootstrap, group, partition_assignment_strategy=strategy, max_poll_records=20) as c:
             c.subscribe([topic])
+            members[name] = c
             async with anyio.create_task_group() as tg:
 
                 async def pace() -> None:  # hold at the phase's budget, still polling (callbacks run)
@@ -104,25 +106,35 @@ async def test_members_come_and_go_every_record_exactly_once(
                 tg.start_soon(pace)
                 tg.start_soon(stopper)
                 await (poll if api == "getmany" else iterate)(c, name)
+            del members[name]
 
-    async def reach(count: int, *members: str) -> None:
-        while len(seen) < count or not all(seen_by[m] for m in members):  # noqa: ASYNC110 (members' progress)
+    async def settled(*names: str) -> None:
+        """The group has these members, sharing all six partitions."""
+        def shared() -> bool:
+            held = [members[n].assignment() for n in names if n in members]
+            return len(held) == len(names) and all(held) and sum(map(len, held)) == 6
+        while not shared():  # noqa: ASYNC110 (the members' progress)
             await anyio.sleep(0.05)
 
-    with anyio.fail_after(120):
+    async def read(count: int, *names: str) -> None:
+        budget[0] = count
+        while len(seen) < count or not all(seen_by[n] for n in names):  # noqa: ASYNC110 (members' progress)
+            await anyio.sleep(0.05)
+
+    with anyio.fail_after(100):
         async with anyio.create_task_group() as tg:
             tg.start_soon(run, "a")
-            tg.start_soon(run, "b")  # two members
-            await reach(1500, "a", "b")
-            budget[0] = 3000
-            tg.start_soon(run, "c")  # three
-            await reach(3000, "c")
-            budget[0] = 4500
-            stop["a"].set()  # two
-            await reach(4500)
-            budget[0] = total
-            stop["b"].set()  # one: c finishes the topic
-            await reach(total)
+            tg.start_soon(run, "b")
+            await settled("a", "b")
+            await read(1500, "a", "b")  # two members
+            tg.start_soon(run, "c")
+            await settled("a", "b", "c")
+            await read(3000, "c")  # three
+            stop["a"].set()
+            await settled("b", "c")
+            await read(4500)  # two
+            stop["b"].set()
+            await read(total)  # one: c finishes the topic
             stop["c"].set()
     counts = Counter(seen)
     assert len(counts) == total
@@ -434,7 +446,7 @@ async def test_mixed_group_with_librdkafka_member(
     from confluent_kafka import Consumer as RdConsumer
 
     topic = new_topic(4)
-    total = 4000
+    total = 2000
     produce(topic, ((i % 4, None, b"%d" % i) for i in range(total)))
     group = f"g-{topic}"
     theirs: list[tuple[int, int]] = []
