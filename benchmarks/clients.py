@@ -16,7 +16,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,40 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+# ------------------------------------------------------------------ the read loops
+
+
+async def read_each(records: AsyncIterator[Any], want: int, tally: Tally) -> None:
+    """``async for record in ...`` until ``want`` records, touching every key and value."""
+    n = payload = 0
+    async for record in records:
+        if n == 0:
+            tally.first = time.perf_counter()
+        n += 1
+        payload += len(record.key or b"") + len(record.value or b"")
+        if n >= want:
+            break
+    tally.last = time.perf_counter()
+    tally.records, tally.payload = n, payload
+
+
+async def read_polls(poll: Callable[[], Awaitable[dict[Any, list[Any]]]], want: int, tally: Tally) -> None:
+    """``getmany()`` in a loop until ``want`` records (or a poll that returns nothing)."""
+    n = payload = 0
+    while n < want:
+        got = await poll()
+        if not got:
+            break
+        if n == 0:
+            tally.first = time.perf_counter()
+        for records in got.values():
+            for record in records:
+                payload += len(record.key or b"") + len(record.value or b"")
+            n += len(records)
+    tally.last = time.perf_counter()
+    tally.records, tally.payload = n, payload
+
+
 # ------------------------------------------------------------------ asyncconsumer
 
 
@@ -71,16 +105,10 @@ def _asyncconsumer(mode: str) -> Reader:
             consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers=args.bootstrap, auto_offset_reset="earliest")
             async with consumer:
                 consumer.assign([TopicPartition(args.topic, p) for p in range(args.partitions)])
-                n = payload = 0
                 if mode == "iter":
-                    async for record in consumer:
-                        if n == 0:
-                            tally.first = time.perf_counter()
-                        n += 1
-                        payload += len(record.key or b"") + len(record.value or b"")
-                        if n >= want:
-                            break
+                    await read_each(consumer, want, tally)
                 elif mode == "batches":
+                    n = payload = 0
                     async for batch in consumer.batches():
                         if n == 0:
                             tally.first = time.perf_counter()
@@ -89,19 +117,10 @@ def _asyncconsumer(mode: str) -> Reader:
                         n += len(batch)
                         if n >= want:
                             break
+                    tally.last = time.perf_counter()
+                    tally.records, tally.payload = n, payload
                 else:
-                    while n < want:
-                        got = await consumer.getmany(timeout=30)
-                        if not got:
-                            break
-                        if n == 0:
-                            tally.first = time.perf_counter()
-                        for records in got.values():
-                            for record in records:
-                                payload += len(record.key or b"") + len(record.value or b"")
-                            n += len(records)
-                tally.last = time.perf_counter()
-                tally.records, tally.payload = n, payload
+                    await read_polls(lambda: consumer.getmany(timeout=30), want, tally)
 
         anyio.run(main)
 
@@ -125,28 +144,10 @@ def _aiokafka(mode: str) -> Reader:
             await consumer.start()
             try:
                 consumer.assign([TopicPartition(args.topic, p) for p in range(args.partitions)])
-                n = payload = 0
                 if mode == "iter":
-                    async for record in consumer:
-                        if n == 0:
-                            tally.first = time.perf_counter()
-                        n += 1
-                        payload += len(record.key or b"") + len(record.value or b"")
-                        if n >= want:
-                            break
+                    await read_each(consumer, want, tally)
                 else:
-                    while n < want:
-                        got = await consumer.getmany(timeout_ms=30_000)
-                        if not got:
-                            break
-                        if n == 0:
-                            tally.first = time.perf_counter()
-                        for records in got.values():
-                            for record in records:
-                                payload += len(record.key or b"") + len(record.value or b"")
-                            n += len(records)
-                tally.last = time.perf_counter()
-                tally.records, tally.payload = n, payload
+                    await read_polls(lambda: consumer.getmany(timeout_ms=30_000), want, tally)
             finally:
                 await consumer.stop()
 

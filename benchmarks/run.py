@@ -82,23 +82,19 @@ def run_json(command: list[str], timeout: float, env: dict[str, str]) -> dict[st
     return result
 
 
+def module_command(module: str, *positional: str, **options: object) -> list[str]:
+    """``python -m module positional... --option value...`` (underscores in names become dashes)."""
+    command = [sys.executable, "-m", module, *positional]
+    for name, value in options.items():
+        command += [f"--{name.replace('_', '-')}", str(value)]
+    return command
+
+
 def run_client(
     client: str, dataset: ds.Dataset, bootstrap: str, timeout: float, count: int | None = None
 ) -> dict[str, Any]:
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.clients",
-        client,
-        "--bootstrap",
-        bootstrap,
-        "--topic",
-        dataset.topic,
-        "--partitions",
-        str(dataset.partitions),
-        "--count",
-        str(count or dataset.records),
-    ]
+    command = module_command("benchmarks.clients", client, bootstrap=bootstrap, topic=dataset.topic,
+                             partitions=dataset.partitions, count=count or dataset.records)
     result = run_json(command, timeout, _env(CLIENT_ENV.get(client, {})))
     result.setdefault("client", client)
     result["dataset"] = dataset.name
@@ -113,27 +109,9 @@ def run_memory(bootstrap: str, dataset: ds.Dataset, quick: bool, timeout: float)
     fetch_max = 2**20 if quick else 4 * 2**20
     to_read = dataset.records if quick else dataset.records // 4
     pause, batch = 0.005, 200
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.memory",
-        "--bootstrap",
-        bootstrap,
-        "--topic",
-        dataset.topic,
-        "--partitions",
-        str(dataset.partitions),
-        "--count",
-        str(to_read),
-        "--buffer",
-        str(buffer),
-        "--fetch-max",
-        str(fetch_max),
-        "--pause",
-        str(pause),
-        "--batch",
-        str(batch),
-    ]
+    command = module_command("benchmarks.memory", bootstrap=bootstrap, topic=dataset.topic,
+                             partitions=dataset.partitions, count=to_read, buffer=buffer, fetch_max=fetch_max,
+                             pause=pause, batch=batch)
     result = run_json(command, timeout, _env({}))
     result.update(backlog=dataset.describe(), pause_ms=pause * 1000, batch=batch)
     return result
