@@ -16,6 +16,7 @@ import pytest
 
 from asyncconsumer import ConfigError, Consumer, ConsumerClosedError, ConsumerRecord, TopicPartition
 from asyncconsumer.consumer import RecordDeserializationError
+from asyncconsumer.errors import IllegalStateError
 
 pytestmark = pytest.mark.anyio
 
@@ -303,3 +304,23 @@ async def test_a_crashed_background_loop_is_an_error_not_the_end_of_the_records(
                     pass
             else:
                 await c.getmany(timeout=5)
+
+
+async def test_highwater_and_last_stable_offset_follow_fetch_responses(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    produce(topic, ((0, None, b"x") for _ in range(25)))
+    tp = TopicPartition(topic, 0)
+    async with consumer(bootstrap) as c:
+        c.assign([tp])
+        assert c.highwater(tp) is None  # no fetch response yet
+        records = await read_batches(c, 10, max_records=10)
+        assert c.highwater(tp) == 25 and c.last_stable_offset(tp) == 25
+        assert c.highwater(tp) - await c.position(tp) == 25 - sum(map(len, records))  # lag
+        produce(topic, [(0, None, b"late")])
+        with anyio.fail_after(10):
+            while c.highwater(tp) != 26:
+                await c.getmany(timeout=0.2)
+        with pytest.raises(IllegalStateError, match="not assigned"):
+            c.highwater(TopicPartition(topic, 5))

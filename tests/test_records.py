@@ -322,6 +322,25 @@ def test_header_key_invalid_utf8_is_replaced() -> None:
 # ---------------------------------------------------------------- codecs
 
 
+def test_xerial_snappy_framed_by_the_spec() -> None:
+    """A records section framed by hand as snappy-java's SnappyOutputStream writes it (what Java
+    producers send), independent of this project's writer: the magic, version 1, compatible
+    version 1, then blocks of [int32 length][raw snappy].  Blocks of any size are legal."""
+    import snappy
+
+    plain = build_batch(RECORDS, base_offset=500)
+    section = plain[61:]  # the uncompressed records after the 61-byte batch header
+    cut = len(section) // 3
+    framed = b"\x82SNAPPY\x00" + b"\x00\x00\x00\x01" + b"\x00\x00\x00\x01"
+    for block in (section[:cut], section[cut:]):
+        raw = snappy.compress(block)
+        framed += len(raw).to_bytes(4, "big") + raw
+    data = build_batch(RECORDS, base_offset=500, attributes=2, raw_records=framed)  # codec bits: snappy
+    [b] = batches(data)
+    assert b.compression == 2
+    assert [tuple(r) for r in decode_batch(b, TOPIC, PART)] == expected(RECORDS, 500)
+
+
 def test_snappy_xerial_and_raw() -> None:
     payload = bytes(range(256)) * 600  # > one 32 KiB xerial block
     xerial = compress(2, payload, snappy_xerial=True)

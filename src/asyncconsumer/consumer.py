@@ -495,6 +495,19 @@ class Consumer(Generic[KT, VT]):
             return set()
         return {tp for tp, s in self._engine.subscriptions.partitions.items() if s.paused}
 
+    @_bracketed_sync("highwater")
+    def highwater(self, partition: TopicPartition) -> int | None:
+        """The high watermark of an assigned partition as of its last fetch response (None before
+        one arrived): the offset the next produced record gets.  Lag is ``highwater - position``."""
+        mark = self._states([partition], "highwater")[0].high_watermark
+        return mark if mark >= 0 else None
+
+    @_bracketed_sync("last_stable_offset")
+    def last_stable_offset(self, partition: TopicPartition) -> int | None:
+        """Like ``highwater()``, for the last stable offset (what ``read_committed`` can read up to)."""
+        mark = self._states([partition], "last_stable_offset")[0].last_stable_offset
+        return mark if mark >= 0 else None
+
     def _states(self, partitions: Iterable[TopicPartition], operation: str) -> list[PartitionState]:
         engine = self._running()
         states = []

@@ -155,11 +155,23 @@ def test_conflicting_options_fail_before_any_task(spark: Any, bootstrap: str) ->
         kafka_read(spark, bootstrap, subscribe="a", startingOffset="earliest")
     assert "unknown option 'startingoffset'; did you mean 'startingOffsets'?" in str(info.value)
 
-    # batch-only checks run when the query is planned, still before any task
-    df = kafka_read(spark, bootstrap, subscribe="a", startingOffsets="latest")
-    with pytest.raises(PySparkException) as info:
-        df.count()
+    # batch-only checks run when the query is planned, still before any task (no Spark job starts)
+    group = f"bad-options-{uuid.uuid4().hex[:8]}"
+    spark.sparkContext.setJobGroup(group, "a query with a bad option")
+    try:
+        df = kafka_read(spark, bootstrap, subscribe="a", startingOffsets="latest")
+        with pytest.raises(PySparkException) as info:
+            df.count()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
     assert "startingOffsets='latest' is not valid for batch queries" in str(info.value)
+    assert list(spark.sparkContext.statusTracker().getJobIdsForGroup(group)) == []
+    spark.sparkContext.setJobGroup(f"{group}-control", "a query that runs")  # the tracker does see jobs
+    try:
+        spark.range(3).count()
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert list(spark.sparkContext.statusTracker().getJobIdsForGroup(f"{group}-control")) != []
 
     with pytest.raises(PySparkException) as info:
         spark.read.format("asyncconsumer").schema("value STRING").option("kafka.bootstrap.servers", bootstrap).option(
@@ -180,3 +192,16 @@ def test_ending_offsets_beyond_the_log_are_an_error(
         df.count()
     assert f"endingOffsets are beyond the end of the log for {topic}-0 (11 > latest 10)" in str(info.value)
     assert kafka_read(spark, bootstrap, subscribe=topic, endingOffsets=json.dumps({topic: {"0": 10}})).count() == 10
+
+
+def test_batch_read_over_tls(spark: Any, tls_broker: Any) -> None:
+    """kafka.* options pass TLS settings through to the consumers on the driver and the executors."""
+    from support.producer import create_topic, produce
+
+    client = {"security.protocol": "SSL", "ssl.ca.location": str(tls_broker.ca_file)}
+    topic = create_topic(tls_broker.bootstrap, f"spark-tls-{uuid.uuid4().hex[:8]}", 2, None, client_config=client)
+    values = [b"secret-%d" % i for i in range(200)]
+    produce(tls_broker.bootstrap, topic, [(i % 2, None, v) for i, v in enumerate(values)], client_config=client)
+    df = kafka_read(spark, tls_broker.bootstrap, subscribe=topic,
+                    **{"kafka.security.protocol": "SSL", "kafka.ssl.ca.location": str(tls_broker.ca_file)})
+    assert sorted(row.value for row in df.select("value").collect()) == sorted(values)

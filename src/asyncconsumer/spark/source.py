@@ -256,26 +256,20 @@ async def _probe_high_watermarks(
     *,
     read_committed: bool,
 ) -> dict[TopicPartition, int]:
-    # PRIVATE: reads the per-partition high watermark the consumer learnt from its last Fetch
-    # response (``consumer._engine.subscriptions``).  Replace with a public accessor
-    # (e.g. ``Consumer.highwater(tp)`` / ``last_stable_offset(tp)``) when the Consumer has one.
+    # ListOffsets "latest" can lag behind the log end on some brokers (Tansu); the high watermark a
+    # fetch response reports does not.  Fetch once from the listed end of each partition.
     consumer.assign(tps)
     for tp in tps:
         await consumer.seek(tp, max(0, listed.get(tp, 0)))
-    engine = consumer._engine
-    assert engine is not None
-    states = {tp: engine.subscriptions.partitions[tp] for tp in tps}
+    mark = consumer.last_stable_offset if read_committed else consumer.highwater
     found: dict[TopicPartition, int] = {}
     with anyio.move_on_after(_PROBE_TIMEOUT):
         while len(found) < len(tps):
             try:
                 await consumer.getmany(timeout=0.05, max_records=1)
             except OffsetOutOfRangeError:
-                pass  # the listed end is beyond the log: keep the listed value
-            for tp, state in states.items():
-                mark = state.last_stable_offset if read_committed else state.high_watermark
-                if mark >= 0:
-                    found[tp] = mark
+                break  # the listed end is past the log: the listed values stand
+            found.update({tp: m for tp in tps if (m := mark(tp)) is not None})
     consumer.assign([])
     return found
 
