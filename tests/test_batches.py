@@ -324,3 +324,29 @@ async def test_highwater_and_last_stable_offset_follow_fetch_responses(
                 await c.getmany(timeout=0.2)
         with pytest.raises(IllegalStateError, match="not assigned"):
             c.highwater(TopicPartition(topic, 5))
+
+
+async def test_pausing_one_partition_keeps_what_was_taken_for_the_others(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    produce(topic, ((0, None, b"a") for _ in range(300)))
+    produce(topic, ((1, None, b"b") for _ in range(300)))
+    tp0, tp1 = tps(topic, 2)
+    async with consumer(bootstrap) as c:
+        c.assign([tp0, tp1])
+        engine = c._engine
+        assert engine is not None
+        with anyio.fail_after(30):
+            while {tp for ch in c._chunks for tp in [ch.state.tp]} != {tp0, tp1}:
+                async for _ in c:  # take chunks of both partitions (hand out one record)
+                    break
+        first = c._chunks[0].state.tp
+        other = tp1 if first == tp0 else tp0
+        kept = c._chunks[0]
+        c.pause(other)
+        assert [ch.state.tp for ch in c._chunks] == [first] and c._chunks[0] is kept  # not thrown away
+        assert engine.subscriptions.partitions[other].consumed == engine.subscriptions.partitions[other].position
+        async for record in c:
+            assert record.topic_partition == first  # goes on with what was taken
+            break

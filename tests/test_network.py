@@ -494,3 +494,59 @@ async def test_consumer_on_an_http_port_reports_the_frame_error() -> None:
 def test_frame_limit_grows_with_fetch_max_bytes_and_stays_below_a_tls_record() -> None:
     assert frame_limit(52428800) == MAX_FRAME_BYTES < 0x14030000
     assert frame_limit(1 << 30) > 1 << 30
+
+
+class _Chunks:
+    """A byte stream that delivers fixed chunks (what one socket read returns)."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        return self.chunks.pop(0)
+
+
+async def test_small_frames_are_copied_large_ones_are_views_of_their_chunk() -> None:
+    from asyncconsumer.engine.connection import BrokerConnection
+
+    conn = BrokerConnection(1, HOST, 1, client_id="t", request_timeout=1, setup_timeout=1, ssl_context=None)
+    chunk = b"s" * 100 + b"L" * 900_000 + b"x" * 100_000
+    stream = _Chunks(chunk, b"y" * 200_000)
+    small = await conn._read_exactly(stream, 100)  # type: ignore[arg-type]
+    large = await conn._read_exactly(stream, 900_000)  # type: ignore[arg-type]
+    spanning = await conn._read_exactly(stream, 150_000)  # type: ignore[arg-type]
+    # A view would keep the whole 1 MB chunk alive for 100 bytes that the fetch buffer counts as 100.
+    assert isinstance(small, bytearray) and bytes(small) == b"s" * 100
+    assert isinstance(large, memoryview) and large.obj is chunk and bytes(large) == b"L" * 900_000
+    assert bytes(spanning) == b"x" * 100_000 + b"y" * 50_000  # across two reads: assembled once
+
+
+async def test_a_tls_handshake_cut_off_is_worth_retrying_a_bad_certificate_is_not(tls_broker: Any) -> None:
+    """A peer hanging up mid-handshake (a broker restarting) is a retriable connection error; a
+    certificate the client does not trust is an AuthenticationError, which retrying cannot fix."""
+    import ssl
+
+    from asyncconsumer.errors import AuthenticationError
+
+    listener = await anyio.create_tcp_listener(local_host=HOST, local_port=0)
+
+    async def hang_up(stream: anyio.abc.SocketStream) -> None:
+        await stream.aclose()
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hang_up)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        conn = BrokerConnection(-1, HOST, port, client_id="t", request_timeout=5, setup_timeout=5,
+                                ssl_context=ssl.create_default_context())
+        with anyio.fail_after(5), pytest.raises(KafkaConnectionError) as caught:
+            await conn.open(spawner(tg))
+        assert caught.value.retriable
+        tg.cancel_scope.cancel()
+
+    host, _, tls_port = tls_broker.bootstrap.rpartition(":")
+    untrusting = BrokerConnection(-1, host, int(tls_port), client_id="t", request_timeout=5, setup_timeout=5,
+                                  ssl_context=ssl.create_default_context())  # no CA for the test certificate
+    async with anyio.create_task_group() as tg:
+        with anyio.fail_after(5), pytest.raises(AuthenticationError, match="TLS handshake") as failed:
+            await untrusting.open(spawner(tg))
+        assert not failed.value.retriable

@@ -407,18 +407,20 @@ class Consumer(Generic[KT, VT]):
             except Exception as exc:
                 error = RebalanceCallbackError(f"{request.kind.value} for {_names(partitions)} raised {exc!r}")
                 error.__cause__ = exc
-            if commit:
-                with anyio.move_on_after(max(0.0, request.deadline - engine.clock())):
-                    try:
-                        await self._commit_before_revoke(engine, request.partitions)
-                    except KafkaError as exc:
-                        log.warning("committing %s before giving them up failed: %s", _names(partitions), exc)
-                        if error is None:
-                            error = RebalanceCallbackError(
-                                f"committing {_names(partitions)} before giving them up failed: {exc}")
-                            error.__cause__ = exc
-            for hook in hooks:
-                hook.after_revoke(partitions)
+            except anyio.get_cancelled_exc_class():
+                error = RebalanceCallbackError(
+                    f"{request.kind.value} for {_names(partitions)} was cancelled with the polling call; "
+                    "the rebalance went on without it")
+                raise
+            finally:
+                # The partitions are given up however the callback ended, even when the polling call
+                # was cancelled: the rebalance-safe commit and the end of their streams come first.
+                with anyio.CancelScope(shield=True):
+                    if commit:
+                        commit_error = await self._commit_before_revoke_within(engine, request)
+                        error = error or commit_error
+                    for hook in hooks:
+                        hook.after_revoke(partitions)
         finally:
             _CALLBACK_OWNER.reset(context_token)
             self._callback_token = previous_token
@@ -428,6 +430,19 @@ class Consumer(Generic[KT, VT]):
         if error is not None:
             log.error("%s", error)
         return error
+
+    async def _commit_before_revoke_within(self, engine: Engine, request: CallbackRequest) -> KafkaError | None:
+        """The rebalance-safe commit, by the callback's deadline; a failure is returned, not raised."""
+        with anyio.move_on_after(max(0.0, request.deadline - engine.clock())):
+            try:
+                await self._commit_before_revoke(engine, request.partitions)
+            except KafkaError as exc:
+                names = _names(request.partitions)
+                log.warning("committing %s before giving them up failed: %s", names, exc)
+                error = RebalanceCallbackError(f"committing {names} before giving them up failed: {exc}")
+                error.__cause__ = exc
+                return error
+        return None
 
     def _commits_before_revoke(self, engine: Engine) -> bool:
         return engine.commits is not None and self._config.rebalance_safe_commits
@@ -479,9 +494,10 @@ class Consumer(Generic[KT, VT]):
     @_bracketed_sync("pause")
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop returning (and fetching) records for these partitions until ``resume``."""
-        for state in self._states(partitions, "pause"):
+        states = self._states(partitions, "pause")
+        for state in states:
             state.paused = True
-        self._drop_chunks()
+        self._drop_chunks({state.tp for state in states})
 
     @_bracketed_sync("resume")
     def resume(self, *partitions: TopicPartition) -> None:
@@ -552,7 +568,7 @@ class Consumer(Generic[KT, VT]):
     def _forget_buffered(self, engine: Engine, tps: Iterable[TopicPartition]) -> None:
         gone = set(tps)
         engine.buffer.drop(lambda f: f.tp not in gone)
-        self._drop_chunks()
+        self._drop_chunks(gone)
         engine.wake()
 
     @_bracketed("position")
@@ -661,7 +677,7 @@ class Consumer(Generic[KT, VT]):
         if engine is None:
             return {}
         return {
-            tp: OffsetAndMetadata(s.consumed, "", s.leader_epoch)
+            tp: OffsetAndMetadata(s.consumed, "", s.epoch_before(s.consumed))
             for tp, s in engine.subscriptions.partitions.items()
             if s.has_position and s.consumed >= 0
         }
@@ -736,14 +752,14 @@ class Consumer(Generic[KT, VT]):
     async def _poll(self, only: set[TopicPartition] | None, limit: int, timeout: float | None, *,
                     mark_consumed: bool) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         engine = self._running()
-        records = await self._take(engine, only, limit, timeout)
+        records = await self._take(engine, only, limit, timeout, hand_out=mark_consumed)
         if mark_consumed:
             for tp, recs in records.items():
                 engine.subscriptions.partitions[tp].consumed = recs[-1].offset + 1
         return self._deserialize_many(engine, records)
 
     async def _take(self, engine: Engine, only: set[TopicPartition] | None, limit: int,
-                    timeout: float | None) -> dict[TopicPartition, list[Record]]:
+                    timeout: float | None, *, hand_out: bool = True) -> dict[TopicPartition, list[Record]]:
         """One poll: run rebalance callbacks, raise background errors, and take up to ``limit``
         buffered records, waiting up to ``timeout`` seconds for some (None: until there are)."""
         self._mark_processed(engine)
@@ -758,7 +774,7 @@ class Consumer(Generic[KT, VT]):
             event = engine.app_event()
             await self._run_rebalance_callbacks(engine)
             self._raise_background_error()
-            records = self._collect(engine, only, limit)
+            records = self._collect(engine, only, limit, hand_out=hand_out)
             if records:
                 return records
             remaining = deadline - anyio.current_time()
@@ -809,7 +825,8 @@ class Consumer(Generic[KT, VT]):
         # run in between) and no acquire()/release() while no other poll is in progress.  Inlined
         # rather than shared with _next_record: a call here is a fifth of the cost per record.
         chunks = self._chunks
-        if chunks and self._poller is None and self._default_hooks and not self._closed:
+        engine = self._engine
+        if chunks and self._poller is None and self._default_hooks and engine is not None and not engine.closed:
             chunk = chunks[0]
             state = chunk.state
             if state.epoch == chunk.epoch and not state.paused and not state.revoking:
@@ -885,15 +902,21 @@ class Consumer(Generic[KT, VT]):
         for tp, records in (await self._take(engine, None, limit, None)).items():
             self._chunks.append(_Chunk(engine.subscriptions.partitions[tp], records))
 
-    def _drop_chunks(self) -> None:
-        """Records taken for ``async for``/``batches()`` but not handed out go back (positions too)."""
-        chunks, self._chunks = self._chunks, deque()
-        for chunk in chunks:
+    def _drop_chunks(self, only: set[TopicPartition] | None = None) -> None:
+        """Records taken for ``async for``/``batches()`` but not handed out go back (positions too),
+        for ``only`` these partitions or all of them."""
+        kept: deque[_Chunk] = deque()
+        gone: set[TopicPartition] = set()
+        for chunk in self._chunks:
             state = chunk.state
+            if only is not None and state.tp not in only:
+                kept.append(chunk)
+                continue
             if state.epoch == chunk.epoch and chunk.index < len(chunk.records):
-                state.set_position(chunk.records[chunk.index].offset, state.leader_epoch)
-        if chunks and self._engine is not None:
-            gone = {chunk.state.tp for chunk in chunks}
+                state.rewind(chunk.records[chunk.index].offset)
+            gone.add(state.tp)
+        self._chunks = kept
+        if gone and self._engine is not None:
             self._engine.buffer.drop(lambda f: f.tp not in gone)
 
     def _mark_processed(self, engine: Engine) -> None:
@@ -903,7 +926,7 @@ class Consumer(Generic[KT, VT]):
                 state.processed = state.consumed
 
     def _collect(
-        self, engine: Engine, only: set[TopicPartition] | None, limit: int
+        self, engine: Engine, only: set[TopicPartition] | None, limit: int, *, hand_out: bool = True
     ) -> dict[TopicPartition, list[Record]]:
         subscriptions = engine.subscriptions
         buffer = engine.buffer
@@ -929,9 +952,7 @@ class Consumer(Generic[KT, VT]):
                     exc.args = (f"{exc.args[0]}; seek({tp.topic!r}, {tp.partition}) to {exc.skip_to} to skip it",)
                 buffer.remove(fetch)
                 # Refetch from the bad batch: the error repeats until the application seeks past it.
-                state.set_position(max(state.position, exc.offset if exc.offset >= 0 else state.position),
-                                   state.leader_epoch)
-                state.consumed = state.processed = state.position
+                state.rewind(max(state.position, exc.offset))
                 self._rewind(engine, result)
                 engine.wake()
                 raise
@@ -941,8 +962,10 @@ class Consumer(Generic[KT, VT]):
                 count += len(records)
             if fetch.exhausted:
                 state.position = max(state.position, fetch.next_offset)
-                if not records and state.consumed < state.position and tp not in result:
-                    state.consumed = state.position  # only control records or compaction gaps
+                # Only control records or compaction gaps: nothing to hand out, but commits may move
+                # past them (not while records taken for partition streams still wait there).
+                if hand_out and not records and state.consumed < state.position and tp not in result:
+                    state.consumed = state.position
                 buffer.remove(fetch)
                 seen.discard(tp)
         return result
@@ -957,7 +980,7 @@ class Consumer(Generic[KT, VT]):
         except Exception as exc:
             engine = self._running()
             state = engine.subscriptions.partitions[record.topic_partition]
-            state.set_position(record.offset, state.leader_epoch)
+            state.rewind(record.offset)
             self._forget_buffered(engine, [record.topic_partition])
             raise RecordDeserializationError(
                 f"deserializing the record failed: {exc!r}; seek past it to skip",
@@ -997,7 +1020,7 @@ class Consumer(Generic[KT, VT]):
         for tp, recs in records.items():
             state = engine.subscriptions.partitions.get(tp)
             if state is not None and recs:
-                state.set_position(recs[0].offset, state.leader_epoch)
+                state.rewind(recs[0].offset)
         if records:
             self._forget_buffered(engine, records)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncconsumer.managers.subscription import PartitionPhase, SubscriptionState
+from asyncconsumer.managers.subscription import PartitionPhase, PartitionState, SubscriptionState
 from asyncconsumer.structs import TopicPartition
 
 T0, T1, T2 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)
@@ -137,3 +137,32 @@ def test_seek_unparks_a_partition() -> None:
     subs.partitions[T0].retry_at = float("inf")  # what list_offsets does for auto_offset_reset="none"
     subs.seek(T0, 0)
     assert [s.tp for s in subs.fetchable(0.0)] == [T0]
+
+
+def fetching(offset: int = 10, epoch: int | None = 3) -> PartitionState:
+    state = PartitionState(T0, PartitionPhase.AWAIT_RESET)
+    state.set_position(offset, epoch)
+    return state
+
+
+def test_rewind_puts_taken_records_back_without_moving_what_was_handed_out_forward() -> None:
+    state = fetching(10)
+    state.position, state.fetch_offset, state.consumed, state.processed = 30, 40, 25, 20
+    state.validated_for = 6
+    epoch = state.epoch
+    state.rewind(25)  # records 25..29 were taken for the application, not handed out
+    assert (state.position, state.fetch_offset, state.consumed, state.processed) == (25, 25, 25, 20)
+    assert state.epoch == epoch + 1  # what was taken is stale
+    assert state.validated_for == 6  # the leader already served these offsets: no new check
+    state.rewind(18)  # a record before what was processed (a deserializer error in a stream batch)
+    assert (state.consumed, state.processed) == (18, 18)
+
+
+def test_commits_carry_the_epoch_of_the_offset_they_name() -> None:
+    state = fetching(10, epoch=3)
+    state.note_fetched_epochs([(10, 3), (15, 4)])  # the leader changed at offset 15
+    state.position, state.consumed, state.processed = 20, 16, 12
+    assert state.epoch_before(12) == 3 and state.epoch_before(16) == 4
+    assert state.leader_epoch == 4 and state.fetched_epoch == 4
+    state.note_fetched_epochs([(20, 4), (25, 5)])
+    assert state.epoch_before(12) == 3  # still known: a commit of 12 may be made yet

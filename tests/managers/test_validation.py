@@ -63,7 +63,7 @@ def after_epoch_bump(default_reset: str = "earliest", *, position: int = 20) -> 
     s = Setup(default_reset=default_reset)
     s.start({T0: 10})
     consumed_from(s, 10, 10, epoch=5)
-    state(s).position = position
+    state(s).position = state(s).consumed = position  # handed out up to here
     move_leader(s, T0, 1, 6)
     return s
 
@@ -78,7 +78,7 @@ def test_epoch_bump_validates_then_fetching_resumes_at_the_same_offset() -> None
     assert request.body()["replica_id"] == -1
     assert asked(request) == {T0: (6, 5)}
     assert state(s).phase is PartitionPhase.AWAIT_VALIDATION
-    assert not state(s).has_position
+    assert state(s).has_position  # commits keep covering it meanwhile
     assert s.fetches() == []  # not fetched while awaiting validation
     answer(request, {T0: (5, 20)})
     assert state(s).phase is PartitionPhase.FETCHING
@@ -112,6 +112,7 @@ def test_new_leader_is_asked() -> None:
     s = Setup()
     s.start({T0: 10})
     consumed_from(s, 10, 2, epoch=5)
+    state(s).position = state(s).consumed = 12  # both handed out
     move_leader(s, T0, 2, 9)
     request = validation(s)
     assert request.node_id == 2
@@ -312,3 +313,29 @@ def test_putting_records_back_needs_no_new_validation() -> None:
     assert st.leader_epoch == 5
     assert fetched(s.fetch()) == {T0: 15}
     s.h.assert_idle("OffsetForLeaderEpoch")
+
+
+def test_records_taken_but_not_handed_out_wait_for_the_validation() -> None:
+    """Validation stops at what the application was handed (``consumed``): read-ahead, and records
+    taken for it but not handed out yet, go (the new leader may not have them) and come again."""
+    s = after_epoch_bump(position=12)
+    st = state(s)
+    st.position = 20  # records 12..19 taken (an async-for chunk), 10..11 handed out
+    epoch_before = st.epoch
+    move_leader(s, T0, 1, 7)
+    request = validation(s)
+    assert (st.position, st.fetch_offset, st.consumed) == (12, 12, 12)
+    assert st.epoch != epoch_before  # what was taken is stale: not handed out meanwhile
+    assert buffered(s) == []
+    answer(request, {T0: (5, 16)})  # epoch 5 ends at 16: 12..15 were fine, 16.. diverged
+    assert (st.phase, st.position, st.fetch_offset) == (PartitionPhase.FETCHING, 12, 12)
+    assert fetched(s.fetch()) == {T0: 12}
+
+
+def test_nothing_handed_out_with_an_epoch_needs_no_check() -> None:
+    s = Setup()
+    s.start({T0: 10})
+    consumed_from(s, 10, 2, epoch=5)  # fetched, nothing handed out; the seek carried no epoch
+    move_leader(s, T0, 2, 9)
+    s.h.assert_idle("OffsetForLeaderEpoch")
+    assert fetched(s.fetch()) == {T0: 10}  # read-ahead dropped, fetched again from the new leader

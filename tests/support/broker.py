@@ -65,6 +65,9 @@ FEATURES = frozenset(
         # KIP-345: a static member that rejoins within the session timeout gets its partitions back
         # without a rebalance of the others (Tansu rebalances the group; librdkafka members too)
         "static_rejoin_without_rebalance",
+        # when the group leader leaves, a remaining member becomes leader (Tansu can go on naming the
+        # departed one: the others then rejoin for ever, nobody computing the assignment)
+        "leader_handover",
     }
 )
 
@@ -221,6 +224,7 @@ class TansuBroker:
             "list_offsets_timestamp",
             "fast_join",
             "static_rejoin_without_rebalance",
+            "leader_handover",
         }
     )
 

@@ -124,7 +124,10 @@ class BrokerConnection:
                     self._stream = await anyio.connect_tcp(self.host, self.port)
         except TimeoutError:
             raise KafkaConnectionError(f"connecting to {where} timed out after {self._setup_timeout:.1f}s") from None
-        except ssl.SSLError as exc:
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
+            # The peer hung up during the handshake (restarting, overloaded): worth trying again.
+            raise KafkaConnectionError(f"TLS handshake with {where} broke off: {exc!r}") from exc
+        except ssl.SSLError as exc:  # certificate, protocol or cipher mismatch: retrying will not help
             raise AuthenticationError(f"TLS handshake with {where} failed: {exc}") from exc
         except OSError as exc:
             raise KafkaConnectionError(f"cannot connect to {where}: {exc.strerror or exc}") from exc
@@ -202,13 +205,15 @@ class BrokerConnection:
         """The next ``size`` bytes: a view of the current chunk if it holds them, else a new buffer.
 
         The view is not a copy; it keeps its chunk (at most ``_READ_CHUNK``) alive while the
-        response's records point into it.  Only frames spanning chunks are copied, once.
+        response's records point into it.  Only frames spanning chunks are copied, once, and
+        frames under a quarter of their chunk: the fetch buffer counts a response's own bytes, so a
+        view must not pin much more than that (a small fetch could otherwise hold a whole chunk).
         """
         chunk, start = self._chunk, self._pos
         end = start + size
         if end <= len(chunk):
             self._pos = end
-            return chunk[start:end]
+            return chunk[start:end] if size * 4 >= len(chunk) else bytearray(chunk[start:end])
         buffer = bytearray(size)
         filled = len(chunk) - start
         buffer[:filled] = chunk[start:]

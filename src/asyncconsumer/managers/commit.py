@@ -112,7 +112,7 @@ class CommitManager:
         offsets = {}
         for tp, state in self._subscriptions.partitions.items():
             if state.has_position and state.processed >= 0 and self.last_committed.get(tp) != state.processed:
-                offsets[tp] = OffsetAndMetadata(state.processed, "", state.leader_epoch)
+                offsets[tp] = OffsetAndMetadata(state.processed, "", state.epoch_before(state.processed))
         return offsets
 
     def fail_all(self, error: BaseException) -> None:

@@ -50,7 +50,7 @@ UNSUPPORTED_VERSION = 35
 FENCED_MEMBER_EPOCH = 110
 UNRELEASED_INSTANCE_ID = 111
 _COORDINATOR_ERRORS = {13, 14, 15, 16}
-_FATAL_ERRORS = {FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED}  # see GroupMemberBase._fatal_error
+_FATAL_ERRORS = {FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED}  # see GroupMemberBase._fatal_code
 
 # Member epochs with a meaning of their own.
 JOIN_EPOCH = 0
@@ -456,9 +456,7 @@ class ConsumerMembershipManager(GroupMemberBase):
                 # KIP-848: a fenced epoch rejoins with the same member id; an unknown one gets a new id (v0).
                 self._lose_partitions(now, error, forget_member_id=code == UNKNOWN_MEMBER_ID)
         elif code in _FATAL_ERRORS:
-            fatal = self._fatal_error(code)
-            assert fatal is not None
-            self._fatal(now, fatal)
+            self._fatal_code(now, code)
         elif code in _COORDINATOR_ERRORS:
             self._coordinator.mark_unknown(now, error)
             self._retry_at = now + settings.retry_backoff

@@ -154,16 +154,14 @@ class GroupMemberBase:
 
     # -- errors -----------------------------------------------------------------------------------
 
-    def _fatal_error(self, code: int) -> KafkaError | None:
-        """The error for a code after which this member cannot go on, or None."""
+    def _fatal_code(self, now: float, code: int) -> None:
+        """FENCED_INSTANCE_ID or GROUP_MAX_SIZE_REACHED: this member cannot go on."""
         group, instance = self.settings.group_id, self.settings.group_instance_id
         if code == FENCED_INSTANCE_ID:
-            return error_for_code(code, f"another consumer joined group {group!r} with group_instance_id "
-                                        f"{instance!r}; this one is fenced and stops")
-        if code == GROUP_MAX_SIZE_REACHED:
-            return error_for_code(code, f"group {group!r} is full ({self._group_size_setting} on the broker); "
-                                        "this consumer stops")
-        return None
+            detail = f"another consumer joined group {group!r} with group_instance_id {instance!r}; this one is fenced"
+        else:
+            detail = f"group {group!r} is full ({self._group_size_setting} on the broker)"
+        self._fatal(now, error_for_code(code, f"{detail} and stops"))
 
     def _fatal(self, now: float, error: KafkaError) -> None:
         """The member cannot go on (fenced instance id, group full, ...): final.  Its partitions

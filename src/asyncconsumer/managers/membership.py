@@ -313,9 +313,7 @@ class MembershipManager(GroupMemberBase):
                 self._retry_at = now + settings.retry_backoff
                 return
             if code == GROUP_MAX_SIZE_REACHED:
-                fatal = self._fatal_error(code)
-                assert fatal is not None
-                self._fatal(now, fatal)
+                self._fatal_code(now, code)
                 return
             if code:
                 error = error_for_code(code, f"JoinGroup for group {settings.group_id!r}")
@@ -516,7 +514,5 @@ class MembershipManager(GroupMemberBase):
             self._start_rebalance(join=True)  # subscribed again meanwhile
 
     def _fenced(self, now: float) -> None:
-        fatal = self._fatal_error(FENCED_INSTANCE_ID)
-        assert fatal is not None
-        self._fatal(now, fatal)
+        self._fatal_code(now, FENCED_INSTANCE_ID)
 

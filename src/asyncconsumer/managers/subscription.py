@@ -58,24 +58,21 @@ class PartitionState:
 
     @property
     def has_position(self) -> bool:
-        return self.phase is PartitionPhase.FETCHING
+        """The position is known (while it is being validated too: commits keep covering it)."""
+        return self.phase is PartitionPhase.FETCHING or self.phase is PartitionPhase.AWAIT_VALIDATION
 
     @property
     def leader_epoch(self) -> int | None:
         """Leader epoch of the record before ``position`` (None when unknown)."""
-        return self._epoch_before(self.position)
-
-    @leader_epoch.setter
-    def leader_epoch(self, value: int | None) -> None:
-        self._set_epoch = value
-        self._epoch_starts = [e for e in self._epoch_starts if e[0] >= self.position]
+        return self.epoch_before(self.position)
 
     @property
     def fetched_epoch(self) -> int | None:
         """Leader epoch of the record before ``fetch_offset``: what validation checks."""
         return self._epoch_starts[-1][1] if self._epoch_starts else self._set_epoch
 
-    def _epoch_before(self, offset: int) -> int | None:
+    def epoch_before(self, offset: int) -> int | None:
+        """Leader epoch of the record before ``offset`` (what a commit of ``offset`` carries)."""
         for start, epoch in reversed(self._epoch_starts):
             if start < offset:
                 return epoch
@@ -101,14 +98,28 @@ class PartitionState:
             if epoch >= 0 and epoch != known:
                 self._epoch_starts.append((start, epoch))
                 known = epoch
-        # Only the entry covering ``position`` and later ones can still be asked for.
-        while len(self._epoch_starts) > 1 and self._epoch_starts[1][0] < self.position:
+        # Only the entry covering ``processed`` (the oldest offset a commit may still name) and later
+        # ones can still be asked for.
+        oldest = self.processed if self.processed >= 0 else self.position
+        while len(self._epoch_starts) > 1 and self._epoch_starts[1][0] < oldest:
             self._epoch_starts.pop(0)
 
-    def rewind_fetch(self, offset: int) -> None:
-        """Fetch again from ``offset`` (<= fetch_offset) without moving the application's position."""
-        self.fetch_offset = offset
+    def rewind(self, offset: int) -> None:
+        """Fetch again from ``offset``, at or before ``fetch_offset``: records fetched or taken for
+        the application from there on go back (``epoch`` moves, so they are stale).  What was
+        handed out and processed before ``offset`` stays so; validation is not needed again."""
+        self.position = self.fetch_offset = offset
+        self.consumed = min(self.consumed, offset)
+        self.processed = min(self.processed, offset)
         self._epoch_starts = [e for e in self._epoch_starts if e[0] < offset]
+        self.retry_at = 0.0
+        self.epoch += 1
+
+    def await_validation(self) -> None:
+        """KIP-320: stop at what the application was handed and have the leader confirm it.  The
+        read-ahead goes (the new leader may not have it) and is fetched again once confirmed."""
+        self.rewind(self.consumed if self.consumed >= 0 else self.position)
+        self.phase = PartitionPhase.AWAIT_VALIDATION
 
     def needs_validation(self, leader_epoch: int) -> bool:
         """KIP-320: the fetch position carries an epoch the current leader has not vouched for."""

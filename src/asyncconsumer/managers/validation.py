@@ -6,9 +6,13 @@ checked against, or a position is set with an epoch (a committed offset, a
 reset), the partition waits in ``AWAIT_VALIDATION`` (not fetched) while an
 OffsetForLeaderEpoch request asks the leader where that epoch ends in its log:
 
-- the end offset is at or after the fetch position: nothing diverged, fetch on;
-- it is before the fetch position but not before the application's position:
-  only read-ahead diverged, so it is dropped and fetched again;
+Waiting, the partition is back at what the application was handed (``consumed``):
+read-ahead is dropped, and nothing fetched from the old leader is handed out.
+
+- the end offset is at or after the position checked: nothing diverged, fetch on;
+- (a Fetch's ``diverging_epoch`` only) it is before the fetch position but not
+  before the application's position: only read-ahead diverged, so it is
+  dropped and fetched again;
 - it is before the application's position: the log was truncated (an unclean
   leader election).  With a reset policy the position moves back to the end
   offset; with ``auto_offset_reset="none"`` a ``LogTruncationError`` stops the
@@ -88,7 +92,10 @@ class PositionValidator:
                     self._metadata.request_update()
                 continue
             if state.needs_validation(leader.leader_epoch):
-                state.phase, state.retry_at = _AWAIT, 0.0
+                state.await_validation()
+                self._drop_buffered(state.tp)
+                if state.fetched_epoch is None:  # nothing handed out carries an epoch: nothing to check
+                    self._accept(state, leader.leader_epoch)
             if state.phase is not _AWAIT or state.retry_at > now or state.tp in self._in_flight:
                 continue
             if leader.leader in self.unsupported_nodes:
@@ -108,14 +115,17 @@ class PositionValidator:
             self._truncated(state, None, None, leader_epoch)
         elif end_offset >= checked_offset:
             self._accept(state, leader_epoch)
-        elif end_offset >= state.position:
+        elif end_offset >= state.consumed:
             log.info("read-ahead of %s diverges from the leader's log at offset %d; fetching it again",
                      tp, end_offset)
-            self._buffer.drop(lambda f: f.tp != tp)
-            state.rewind_fetch(state.position)
+            self._drop_buffered(tp)
+            state.rewind(state.consumed)
             self._accept(state, leader_epoch)
         else:
             self._truncated(state, end_offset, end_epoch, leader_epoch)
+
+    def _drop_buffered(self, tp: TopicPartition) -> None:
+        self._buffer.drop(lambda f: f.tp != tp)
 
     def _accept(self, state: PartitionState, leader_epoch: int) -> None:
         state.phase = PartitionPhase.FETCHING
@@ -125,19 +135,20 @@ class PositionValidator:
     def _truncated(self, state: PartitionState, offset: int | None, epoch: int | None, leader_epoch: int) -> None:
         tp = state.tp
         policy = self._subscriptions.default_reset
+        self._drop_buffered(tp)
         if policy == "none":
             log.warning("log truncation detected for %s at position %d (divergent offset %s)",
-                        tp, state.position, offset)
+                        tp, state.consumed, offset)
+            state.rewind(state.consumed)  # nothing more is handed out (taken records go stale)
             state.phase, state.retry_at = _AWAIT, float("inf")  # stopped until the application seeks
-            self._report_error(LogTruncationError(tp, state.position, offset, epoch))
+            self._report_error(LogTruncationError(tp, state.consumed, offset, epoch))
             return
-        self._buffer.drop(lambda f: f.tp != tp)
         if offset is None:
-            log.info("log truncation detected for %s at position %d; resetting to %s", tp, state.position, policy)
+            log.info("log truncation detected for %s at position %d; resetting to %s", tp, state.consumed, policy)
             self._subscriptions.request_reset(tp)
         else:
             log.info("log truncation detected for %s at position %d; resuming at the divergent offset %d",
-                     tp, state.position, offset)
+                     tp, state.consumed, offset)
             state.set_position(offset, epoch)
             state.validated_for = leader_epoch
 
