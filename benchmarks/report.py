@@ -83,6 +83,11 @@ def _fmt_rate(value: float | None) -> str:
     return f"{value / 1e6:.2f} M" if value >= 100_000 else f"{value / 1e3:.0f} k"
 
 
+def _failed_row(label: str, row: dict[str, Any], columns: int) -> str:
+    """A table row for a client whose every run failed: the first errors, then empty cells."""
+    return f"| {label} | failed: {'; '.join(row['errors'])[:120]} " + "|" * (columns - 1)
+
+
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -111,7 +116,7 @@ def markdown(result: dict[str, Any]) -> str:
         ]
         for client, row in clients.items():
             if row["ok_runs"] == 0:
-                lines.append(f"| {labels.get(client, client)} | failed: {'; '.join(row['errors'])[:120]} ||||||")
+                lines.append(_failed_row(labels.get(client, client), row, columns=7))
                 continue
             first = row["first_record_s"]
             lines.append(
@@ -150,7 +155,7 @@ def markdown(result: dict[str, Any]) -> str:
         ]
         for client, row in join.items():
             if row["ok_runs"] == 0:
-                lines.append(f"| {labels.get(client, client)} | failed: {'; '.join(row['errors'])[:120]} |||")
+                lines.append(_failed_row(labels.get(client, client), row, columns=4))
                 continue
             lines.append(
                 f"| {labels.get(client, client)} | {_fmt(row['first_record_s'], '.2f')} | "

@@ -31,6 +31,14 @@ def tps(topic: str, partitions: int) -> list[TopicPartition]:
     return [TopicPartition(topic, p) for p in range(partitions)]
 
 
+def a_and_b(new_topic: Callable[..., str], produce: Callable[..., Any], each: int) -> list[TopicPartition]:
+    """A two-partition topic: ``each`` records ``b"a"`` on partition 0 and ``b"b"`` on partition 1."""
+    topic = new_topic(2)
+    produce(topic, ((0, None, b"a") for _ in range(each)))
+    produce(topic, ((1, None, b"b") for _ in range(each)))
+    return tps(topic, 2)
+
+
 async def read_batches(c: Consumer[Any, Any], n: int, **kwargs: Any) -> list[list[ConsumerRecord[Any, Any]]]:
     batches: list[list[ConsumerRecord[Any, Any]]] = []
     with anyio.fail_after(60):
@@ -155,10 +163,7 @@ async def test_seek_during_async_for_drops_the_taken_records(
 async def test_pause_during_async_for_stops_that_partition_at_once(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
-    topic = new_topic(2)
-    produce(topic, ((0, None, b"a") for _ in range(500)))
-    produce(topic, ((1, None, b"b") for _ in range(500)))
-    tp0, tp1 = tps(topic, 2)
+    tp0, tp1 = a_and_b(new_topic, produce, 500)
     async with consumer(bootstrap) as c:
         c.assign([tp0, tp1])
         seen: list[int] = []
@@ -167,14 +172,14 @@ async def test_pause_during_async_for_stops_that_partition_at_once(
             async for record in c:
                 seen.append(record.partition)
                 if paused_at is None:
-                    c.pause(TopicPartition(topic, record.partition))
+                    c.pause(TopicPartition(tp0.topic, record.partition))
                     paused_at = len(seen), record.partition
                 if seen.count(1 - paused_at[1]) == 500:
                     break
             assert paused_at is not None
             # Nothing more from the paused partition after pause(); all of the other one.
             assert seen[paused_at[0]:].count(paused_at[1]) == 0
-            c.resume(TopicPartition(topic, paused_at[1]))
+            c.resume(TopicPartition(tp0.topic, paused_at[1]))
             async for record in c:
                 assert record.partition == paused_at[1]
                 assert record.offset == 1  # resumes right after the one record it handed out
@@ -184,10 +189,7 @@ async def test_pause_during_async_for_stops_that_partition_at_once(
 async def test_reassignment_during_async_for_drops_the_old_partition(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
-    topic = new_topic(2)
-    produce(topic, ((0, None, b"a") for _ in range(300)))
-    produce(topic, ((1, None, b"b") for _ in range(300)))
-    tp0, tp1 = tps(topic, 2)
+    tp0, tp1 = a_and_b(new_topic, produce, 300)
     async with consumer(bootstrap) as c:
         c.assign([tp0])
         with anyio.fail_after(30):
@@ -257,10 +259,7 @@ async def test_partition_leaving_the_group_hands_out_nothing_more(
     """What the membership code does to a partition: PREPARE_REVOCATION marks it revoking; a lost
     partition is removed from the assignment at once.  Records already taken from the buffer for
     ``async for`` must not be handed out after either."""
-    topic = new_topic(2)
-    produce(topic, ((0, None, b"a") for _ in range(300)))
-    produce(topic, ((1, None, b"b") for _ in range(300)))
-    tp0, tp1 = tps(topic, 2)
+    tp0, tp1 = a_and_b(new_topic, produce, 300)
     async with consumer(bootstrap) as c:
         c.assign([tp0, tp1])
         engine = c._engine
@@ -269,7 +268,7 @@ async def test_partition_leaving_the_group_hands_out_nothing_more(
         with anyio.fail_after(30):
             async for record in c:
                 if not after:
-                    gone = TopicPartition(topic, record.partition)
+                    gone = TopicPartition(tp0.topic, record.partition)
                     if how == "revoking":
                         engine.subscriptions.partitions[gone].revoking = True
                     else:
@@ -329,10 +328,7 @@ async def test_highwater_and_last_stable_offset_follow_fetch_responses(
 async def test_pausing_one_partition_keeps_what_was_taken_for_the_others(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
-    topic = new_topic(2)
-    produce(topic, ((0, None, b"a") for _ in range(300)))
-    produce(topic, ((1, None, b"b") for _ in range(300)))
-    tp0, tp1 = tps(topic, 2)
+    tp0, tp1 = a_and_b(new_topic, produce, 300)
     async with consumer(bootstrap) as c:
         c.assign([tp0, tp1])
         engine = c._engine

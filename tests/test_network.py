@@ -165,6 +165,16 @@ async def get_metadata(conn: BrokerConnection, out: dict[int, Body | BaseExcepti
         out[key] = exc
 
 
+async def metadata_at_once(conn: BrokerConnection, count: int, within: float) -> dict[int, Body | BaseException]:
+    """Ask for topics ``t0`` .. ``t<count-1>`` at once; each key maps to its response or error."""
+    out: dict[int, Body | BaseException] = {}
+    with anyio.fail_after(within):
+        async with anyio.create_task_group() as requests:
+            for i in range(count):
+                requests.start_soon(get_metadata, conn, out, i)
+    return out
+
+
 def tags(out: dict[int, Body | BaseException]) -> dict[int, str]:
     return {key: body["cluster_id"] if isinstance(body, dict) else repr(body) for key, body in out.items()}
 
@@ -207,11 +217,7 @@ async def test_pipelined_requests_are_answered_in_order_on_one_connection() -> N
     async with scripted_broker(answer) as server, anyio.create_task_group() as tg:
         conn = connection(server.port)
         await conn.open(spawner(tg))
-        out: dict[int, Body | BaseException] = {}
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as requests:
-                for i in range(count):
-                    requests.start_soon(get_metadata, conn, out, i)
+        out = await metadata_at_once(conn, count, within=10)
         assert {r.connection for r in server.received} == {1}
         ids = [r.correlation_id for r in held]
         assert ids == sorted(set(ids))  # distinct, and in the order they were sent
@@ -233,11 +239,7 @@ async def test_frames_dribbled_a_few_bytes_at_a_time_are_reassembled() -> None:
         conn = connection(server.port)
         await conn.open(spawner(tg))
         server.piece = 5  # size prefixes and bodies split across reads
-        out: dict[int, Body | BaseException] = {}
-        with anyio.fail_after(10):
-            async with anyio.create_task_group() as requests:
-                for i in range(3):
-                    requests.start_soon(get_metadata, conn, out, i)
+        out = await metadata_at_once(conn, 3, within=10)
         assert tags(out) == {i: f"t{i}" for i in range(3)}
         assert conn.connected
         await conn.aclose()
@@ -255,11 +257,7 @@ async def test_unknown_correlation_id_closes_the_connection_and_fails_every_pend
     async with scripted_broker(answer) as server, anyio.create_task_group() as tg:
         conn = connection(server.port)
         await conn.open(spawner(tg))
-        out: dict[int, Body | BaseException] = {}
-        with anyio.fail_after(5):
-            async with anyio.create_task_group() as requests:
-                for i in range(3):
-                    requests.start_soon(get_metadata, conn, out, i)
+        out = await metadata_at_once(conn, 3, within=5)
         assert len(out) == 3
         for error in out.values():
             assert isinstance(error, ProtocolError)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.strategies import nullable_bytes, records_with_deltas
 
 from asyncconsumer.errors import RecordError
 from asyncconsumer.protocol.record_writer import (
@@ -23,22 +24,10 @@ from asyncconsumer.protocol.records import (
 TOPIC, PART = "t", 0
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-nullable_bytes = st.none() | st.binary(max_size=300)
-header = st.tuples(st.text(max_size=12), st.none() | st.binary(max_size=40))
-record = st.builds(
-    Record,
-    key=nullable_bytes,
-    value=st.none() | st.binary(max_size=1500),
-    headers=st.lists(header, max_size=4).map(tuple),
-    timestamp_delta=st.integers(-(2**40), 2**40),
-)
-
 
 @st.composite
 def batch_specs(draw: st.DrawFn) -> dict[str, object]:
-    recs = draw(st.lists(record, max_size=12))
-    gaps = draw(st.lists(st.integers(1, 300), min_size=len(recs), max_size=len(recs)))
-    deltas = [sum(gaps[: i + 1]) - gaps[0] for i in range(len(recs))]
+    recs, deltas = draw(records_with_deltas())
     return {
         "records": recs,
         "offset_deltas": deltas,

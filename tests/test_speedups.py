@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.strategies import nullable_bytes, records_with_deltas
 
 from asyncconsumer.errors import CorruptRecordError, RecordError
 from asyncconsumer.protocol import records
@@ -265,22 +266,10 @@ def test_values_beyond_64_bits_match_python() -> None:
 
 # ---------------------------------------------------------------- hypothesis
 
-nullable_bytes = st.none() | st.binary(max_size=300)
-header = st.tuples(st.text(max_size=12), st.none() | st.binary(max_size=40))
-record = st.builds(
-    Record,
-    key=nullable_bytes,
-    value=st.none() | st.binary(max_size=1500),
-    headers=st.lists(header, max_size=4).map(tuple),
-    timestamp_delta=st.integers(-(2**40), 2**40),
-)
-
 
 @st.composite
 def batches(draw: st.DrawFn) -> bytes:
-    recs = draw(st.lists(record, max_size=12))
-    gaps = draw(st.lists(st.integers(1, 300), min_size=len(recs), max_size=len(recs)))
-    deltas = [sum(gaps[: i + 1]) - gaps[0] for i in range(len(recs))]
+    recs, deltas = draw(records_with_deltas())
     return build_batch(
         recs,
         base_offset=draw(st.integers(0, 2**62)),
