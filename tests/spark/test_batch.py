@@ -144,6 +144,36 @@ def test_headers_null_keys_and_compressed_topics(
     assert {r["timestampType"] for r in rows} == {0}
 
 
+def consumer_groups(bootstrap: str) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the answer is in
+    listing = admin.list_consumer_groups(request_timeout=10).result()
+    assert not listing.errors
+    return {g.group_id for g in listing.valid}
+
+
+def test_batch_read_joins_no_consumer_group(
+    spark: Any, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """Offsets live in Spark (as with Spark's Kafka source): the read creates no group on the broker."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = new_topic(2)
+    produce(topic, ((i % 2, None, b"x") for i in range(200)))
+    before = consumer_groups(bootstrap)
+    assert kafka_read(spark, bootstrap, subscribe=topic).count() == 200
+    assert consumer_groups(bootstrap) - before == set()
+    # control: the listing does show a group as soon as anything commits for it
+    control = f"control-{uuid.uuid4().hex[:8]}"
+    committer = Consumer({"bootstrap.servers": bootstrap, "group.id": control})
+    try:
+        committer.commit(offsets=[TopicPartition(topic, 0, 100)], asynchronous=False)
+    finally:
+        committer.close()
+    assert consumer_groups(bootstrap) - before == {control}
+
+
 def test_conflicting_options_fail_before_any_task(spark: Any, bootstrap: str) -> None:
     from pyspark.errors import PySparkException
 
