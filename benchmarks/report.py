@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from .clients import CLIENTS
@@ -83,9 +84,21 @@ def _fmt_rate(value: float | None) -> str:
     return f"{value / 1e6:.2f} M" if value >= 100_000 else f"{value / 1e3:.0f} k"
 
 
-def _failed_row(label: str, row: dict[str, Any], columns: int) -> str:
-    """A table row for a client whose every run failed: the first errors, then empty cells."""
-    return f"| {label} | failed: {'; '.join(row['errors'])[:120]} " + "|" * (columns - 1)
+def _client_table(
+    columns: list[str],
+    clients: dict[str, dict[str, Any]],
+    labels: dict[str, str],
+    cells: Callable[[dict[str, Any]], list[str]],
+) -> list[str]:
+    """A table with a row per client; a client whose every run failed shows its first errors instead."""
+    lines = ["| client | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for client, row in clients.items():
+        label = labels.get(client, client)
+        if row["ok_runs"] == 0:
+            lines.append(f"| {label} | failed: {'; '.join(row['errors'])[:120]} " + "|" * len(columns))
+        else:
+            lines.append(f"| {label} | " + " | ".join(cells(row)) + " |")
+    return lines
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -110,21 +123,19 @@ def markdown(result: dict[str, Any]) -> str:
     for name, clients in result["summary"].items():
         d = datasets.get(name)
         lines += [f"## {name}: {d['description'] if d else ''}", ""]
-        lines += [
-            "| client | records/s | (min-max) | MB/s | CPU s | peak RSS MB | first record ms |",
-            "|---|---:|---:|---:|---:|---:|---:|",
-        ]
-        for client, row in clients.items():
-            if row["ok_runs"] == 0:
-                lines.append(_failed_row(labels.get(client, client), row, columns=7))
-                continue
-            first = row["first_record_s"]
-            lines.append(
-                f"| {labels.get(client, client)} | {_fmt_rate(row['records_per_s'])} | "
-                f"{_fmt_rate(row['records_per_s_min'])}-{_fmt_rate(row['records_per_s_max'])} | "
-                f"{_fmt(row['mb_per_s'], '.0f')} | {_fmt(row['cpu_s'], '.2f')} | {_fmt(row['peak_rss_mb'], '.0f')} | "
-                f"{_fmt(first * 1000 if first is not None else None, '.0f')} |"
-            )
+        lines += _client_table(
+            ["records/s", "(min-max)", "MB/s", "CPU s", "peak RSS MB", "first record ms"],
+            clients,
+            labels,
+            lambda row: [
+                _fmt_rate(row["records_per_s"]),
+                f"{_fmt_rate(row['records_per_s_min'])}-{_fmt_rate(row['records_per_s_max'])}",
+                _fmt(row["mb_per_s"], ".0f"),
+                _fmt(row["cpu_s"], ".2f"),
+                _fmt(row["peak_rss_mb"], ".0f"),
+                _fmt(None if row["first_record_s"] is None else row["first_record_s"] * 1000, ".0f"),
+            ],
+        )
         lines.append("")
     if result["ratios"]:
         lines += [
@@ -150,17 +161,17 @@ def markdown(result: dict[str, Any]) -> str:
             f"Every client with session.timeout.ms = {JOIN_SESSION_TIMEOUT_MS}: the broker may hold the JoinGroup "
             "for part of it (Tansu holds it for half), which then dominates.",
             "",
-            "| client | first record s | CPU s | peak RSS MB |",
-            "|---|---:|---:|---:|",
         ]
-        for client, row in join.items():
-            if row["ok_runs"] == 0:
-                lines.append(_failed_row(labels.get(client, client), row, columns=4))
-                continue
-            lines.append(
-                f"| {labels.get(client, client)} | {_fmt(row['first_record_s'], '.2f')} | "
-                f"{_fmt(row['cpu_s'], '.2f')} | {_fmt(row['peak_rss_mb'], '.0f')} |"
-            )
+        lines += _client_table(
+            ["first record s", "CPU s", "peak RSS MB"],
+            join,
+            labels,
+            lambda row: [
+                _fmt(row["first_record_s"], ".2f"),
+                _fmt(row["cpu_s"], ".2f"),
+                _fmt(row["peak_rss_mb"], ".0f"),
+            ],
+        )
         lines.append("")
     memory = result.get("memory")
     if memory:
