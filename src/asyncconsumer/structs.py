@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Generic, NamedTuple, TypeVar
 
 KT = TypeVar("KT")
@@ -20,6 +21,14 @@ class TopicPartition(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.topic}-{self.partition}"
+
+
+def by_topic(partitions: Iterable[TopicPartition]) -> dict[str, list[TopicPartition]]:
+    """The partitions grouped by topic, topics in order of first appearance (as requests list them)."""
+    grouped: dict[str, list[TopicPartition]] = {}
+    for tp in partitions:
+        grouped.setdefault(tp.topic, []).append(tp)
+    return grouped
 
 
 class ConsumerRecord(NamedTuple, Generic[KT, VT]):

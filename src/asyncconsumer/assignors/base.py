@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..protocol.api import decode_data, encode_data
-from ..structs import TopicPartition
+from ..structs import TopicPartition, by_topic
 
 __all__ = [
     "LATEST_VERSION",
@@ -163,10 +163,7 @@ def sorted_member_ids(subscriptions: Mapping[str, Subscription]) -> list[str]:
 
 def _group_by_topic(partitions: Iterable[TopicPartition]) -> list[dict[str, Any]]:
     """``[{topic, partitions}]`` with topics in order of first appearance (as Java writes them)."""
-    by_topic: dict[str, list[int]] = {}
-    for topic, partition in partitions:
-        by_topic.setdefault(topic, []).append(partition)
-    return [{"topic": topic, "partitions": parts} for topic, parts in by_topic.items()]
+    return [{"topic": topic, "partitions": [tp.partition for tp in tps]} for topic, tps in by_topic(partitions).items()]
 
 
 def _flatten(entries: Iterable[Mapping[str, Any]]) -> tuple[TopicPartition, ...]:

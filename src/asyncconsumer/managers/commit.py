@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ..engine.requests import Body, UnsentRequest
 from ..engine.waiter import Waiter
 from ..errors import CommitFailedError, KafkaError, KafkaTimeoutError, error_for_code
-from ..structs import OffsetAndMetadata, TopicPartition
+from ..structs import OffsetAndMetadata, TopicPartition, by_topic
 from .coordinator import CoordinatorManager
 from .subscription import PartitionPhase, SubscriptionState
 
@@ -206,9 +206,9 @@ class CommitManager:
     def _commit_request(self, commit: _Commit, node: int) -> UnsentRequest:
         commit.in_flight = True
         identity = self._identity()
-        by_topic: dict[str, list[tuple[int, OffsetAndMetadata]]] = defaultdict(list)
+        grouped: dict[str, list[tuple[int, OffsetAndMetadata]]] = defaultdict(list)
         for tp, om in commit.offsets.items():
-            by_topic[tp.topic].append((tp.partition, om))
+            grouped[tp.topic].append((tp.partition, om))
 
         def build(version: int) -> Body:
             return {
@@ -231,7 +231,7 @@ class CommitManager:
                             for p, om in parts
                         ],
                     }
-                    for topic, parts in by_topic.items()
+                    for topic, parts in grouped.items()
                 ],
             }
 
@@ -287,10 +287,10 @@ class CommitManager:
 
     def _fetch_request(self, fetch: _Fetch, node: int) -> UnsentRequest:
         fetch.in_flight = True
-        by_topic: dict[str, list[int]] = defaultdict(list)
-        for tp in fetch.partitions:
-            by_topic[tp.topic].append(tp.partition)
-        topics = [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]
+        topics = [
+            {"name": topic, "partition_indexes": [tp.partition for tp in tps]}
+            for topic, tps in by_topic(fetch.partitions).items()
+        ]
         group_id = self._coordinator.group_id
 
         def build(version: int) -> Body:

@@ -36,14 +36,12 @@ from dataclasses import dataclass, field
 from ..engine.fetch_buffer import CompletedFetch, FetchBuffer
 from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, OffsetOutOfRangeError, error_for_code
-from ..structs import TopicPartition
-from .metadata import ZERO_UUID, MetadataManager
+from ..structs import TopicPartition, by_topic
+from .metadata import REFRESH_CODES, ZERO_UUID, MetadataManager
 from .subscription import PartitionPhase, PartitionState, SubscriptionState
 
 log = logging.getLogger("asyncconsumer.fetch")
 
-# Errors that a metadata refresh (a new leader, a new epoch) can fix (74/75: FENCED/UNKNOWN_LEADER_EPOCH).
-_REFRESH_CODES = {3, 5, 6, 9, 56, 74, 75, 78, 100, 103, 106}
 #: (state, offset checked, epoch, its end offset, leader epoch asked under): a diverging epoch.
 DivergenceHandler = Callable[[PartitionState, int, int, int, int], None]
 _OFFSET_OUT_OF_RANGE = 1
@@ -239,12 +237,8 @@ class FetchManager:
             sent["full"] = full
             sent["forgotten"] = forgotten
             sent["version"] = version
-            topics: dict[str, list[TopicPartition]] = defaultdict(list)
-            for tp in to_send:
-                topics[tp.topic].append(tp)
-            gone: dict[str, list[TopicPartition]] = defaultdict(list)
-            for tp in forgotten:
-                gone[tp.topic].append(tp)
+            topics = by_topic(to_send)
+            gone = by_topic(forgotten)
             session_wanted = self._use_sessions and version >= 7
             return {
                 "replica_id": -1,
@@ -422,7 +416,7 @@ class FetchManager:
                     self._subscriptions.default_reset,
                 )
                 self._subscriptions.request_reset(tp)
-        elif code in _REFRESH_CODES:
+        elif code in REFRESH_CODES:
             self._metadata.request_update()
             state.retry_at = now + self._retry_backoff
         else:

@@ -20,7 +20,7 @@ from ..errors import (
     NoOffsetForPartitionError,
     error_for_code,
 )
-from ..structs import TopicPartition
+from ..structs import TopicPartition, by_topic
 from .metadata import MetadataManager
 from .subscription import PartitionPhase, SubscriptionState
 
@@ -223,13 +223,11 @@ class ListOffsetsManager:
         handle: Callable[[float, dict[TopicPartition, OffsetResult] | KafkaError], None],
     ) -> UnsentRequest:
         cluster = self._metadata.cluster
-        by_topic: dict[str, list[TopicPartition]] = defaultdict(list)
-        for tp in parts:
-            by_topic[tp.topic].append(tp)
+        grouped = by_topic(parts)
 
         def build(version: int) -> Body:
             topics = []
-            for topic, tps in by_topic.items():
+            for topic, tps in grouped.items():
                 partitions = []
                 for tp in tps:
                     leader = cluster.leader(tp)

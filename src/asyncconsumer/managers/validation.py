@@ -35,14 +35,12 @@ from dataclasses import dataclass
 from ..engine.fetch_buffer import FetchBuffer
 from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, LogTruncationError, UnsupportedVersionError, error_for_code
-from ..structs import TopicPartition
-from .metadata import MetadataManager
+from ..structs import TopicPartition, by_topic
+from .metadata import REFRESH_CODES, MetadataManager
 from .subscription import PartitionPhase, PartitionState, SubscriptionState
 
 log = logging.getLogger("asyncconsumer.validation")
 
-# Errors after which a fresh leader (or the same one, a moment later) may answer.
-_RETRY_CODES = {3, 5, 6, 9, 56, 74, 75, 78}
 _UNSUPPORTED_VERSION = 35
 _AWAIT = PartitionPhase.AWAIT_VALIDATION
 
@@ -162,9 +160,7 @@ class PositionValidator:
             assert epoch is not None and leader is not None  # needs_validation / poll checked both
             checks[s.tp] = _Check(s.epoch, s.fetch_offset, epoch, leader.leader_epoch)
         self._in_flight.update(checks)
-        by_topic: dict[str, list[TopicPartition]] = defaultdict(list)
-        for tp in checks:
-            by_topic[tp.topic].append(tp)
+        topics = by_topic(checks)
 
         def build(version: int) -> Body:
             return {
@@ -181,7 +177,7 @@ class PositionValidator:
                             for tp in tps
                         ],
                     }
-                    for topic, tps in by_topic.items()
+                    for topic, tps in topics.items()
                 ],
             }
 
@@ -235,7 +231,7 @@ class PositionValidator:
             self.apply_end_offset(state, check.fetch_offset, p["leader_epoch"], p["end_offset"], check.leader_epoch)
         elif code == _UNSUPPORTED_VERSION:
             self._accept(state, check.leader_epoch)
-        elif code in _RETRY_CODES:
+        elif code in REFRESH_CODES:  # (its topic-id codes never come from OffsetForLeaderEpoch)
             self._metadata.request_update()
             state.retry_at = now + self._retry_backoff
         else:
