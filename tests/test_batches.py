@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support.consumers import FAST, tps
 
 from asyncconsumer import ConfigError, Consumer, ConsumerClosedError, ConsumerRecord, TopicPartition
 from asyncconsumer.consumer import RecordDeserializationError
@@ -20,15 +21,9 @@ from asyncconsumer.errors import IllegalStateError
 
 pytestmark = pytest.mark.anyio
 
-FAST = {"fetch_max_wait_ms": 100, "request_timeout_ms": 10000, "retry_backoff_ms": 50}
-
 
 def consumer(bootstrap: str, **options: Any) -> Consumer[Any, Any]:
     return Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", **{**FAST, **options})
-
-
-def tps(topic: str, partitions: int) -> list[TopicPartition]:
-    return [TopicPartition(topic, p) for p in range(partitions)]
 
 
 def a_and_b(new_topic: Callable[..., str], produce: Callable[..., Any], each: int) -> list[TopicPartition]:

@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from support.consumers import FAST, tps
 
 from asyncconsumer import (
     ConcurrentAccessError,
@@ -26,15 +27,9 @@ from asyncconsumer.errors import UnknownTopicOrPartitionError
 
 pytestmark = pytest.mark.anyio
 
-FAST = {"fetch_max_wait_ms": 100, "request_timeout_ms": 10000, "retry_backoff_ms": 50}
-
 
 def consumer(bootstrap: str, **options: Any) -> Consumer[Any, Any]:
     return Consumer(bootstrap_servers=bootstrap, **{**FAST, **options})
-
-
-def tps(topic: str, partitions: int) -> list[TopicPartition]:
-    return [TopicPartition(topic, p) for p in range(partitions)]
 
 
 async def read(c: Consumer[Any, Any], n: int, timeout: float = 30.0) -> list[ConsumerRecord[Any, Any]]:
