@@ -251,33 +251,35 @@ def _join_aiokafka(args: argparse.Namespace, tally: Tally) -> None:
     asyncio.run(main())
 
 
-def _join_confluent(args: argparse.Namespace, tally: Tally) -> None:
+def confluent_first_record(bootstrap: str, topic: str, group: str, timeout: float, **config: Any) -> Any:
+    """Subscribe with confluent-kafka in consumer group ``group`` and return the first record."""
     from confluent_kafka import Consumer as ConfluentConsumer
     from confluent_kafka import KafkaException
 
     consumer = ConfluentConsumer(
-        {
-            "bootstrap.servers": args.bootstrap,
-            "group.id": _group("confluent"),
-            "auto.offset.reset": "earliest",
-            "session.timeout.ms": JOIN_SESSION_TIMEOUT_MS,
-            "log_level": 3,
-        }
+        {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest", "log_level": 3, **config}
     )
     try:
-        consumer.subscribe([args.topic])
-        deadline = time.monotonic() + 120
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             msg = consumer.poll(0.1)
             if msg is None:
                 continue
             if msg.error() is not None:
                 raise KafkaException(msg.error())
-            tally.first = tally.last = time.perf_counter()
-            tally.records, tally.payload = 1, len(msg.key() or b"") + len(msg.value() or b"")
-            break
+            return msg
+        raise TimeoutError(f"group {group}: no record from {topic} within {timeout:.0f} s")
     finally:
         consumer.close()
+
+
+def _join_confluent(args: argparse.Namespace, tally: Tally) -> None:
+    msg = confluent_first_record(
+        args.bootstrap, args.topic, _group("confluent"), 120, **{"session.timeout.ms": JOIN_SESSION_TIMEOUT_MS}
+    )
+    tally.first = tally.last = time.perf_counter()
+    tally.records, tally.payload = 1, len(msg.key() or b"") + len(msg.value() or b"")
 
 
 #: name -> (label, needed module, reader factory)

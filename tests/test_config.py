@@ -40,6 +40,11 @@ def test_defaults_follow_kafka() -> None:
         ({"value_deserializer": 3}, "must be callable"),
         ({"partition_assignment_strategy": "fair"}, "is not one of range"),
         ({"heartbeat_interval_ms": 50000}, "heartbeat_interval_ms must be lower than session_timeout_ms"),
+        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER"}, "needs sasl_oauth_token_provider"),
+        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER", "sasl_oauth_token_provider": "tok"},
+         "sasl_oauth_token_provider must be a callable"),
+        ({"sasl_oauth_token_provider": lambda: "tok"}, "sasl_oauth_token_provider is set but not used"),
+        ({"security_protocol": "SASL_SSL", "sasl_mechanism": "GSSAPI"}, "is not one of"),
     ],
 )
 def test_bad_options_name_the_problem(options: dict[str, object], message: str) -> None:
@@ -104,3 +109,25 @@ def test_hostname_check_follows_ssl_endpoint_identification_algorithm(algorithm:
              "ssl.endpoint.identification.algorithm": algorithm}
     context = from_properties(props).ssl_context
     assert context is not None and context.check_hostname is checked
+
+
+def test_oauthbearer_options() -> None:
+    class Source:  # an object with an async token() method, like aiokafka's AbstractTokenProvider
+        async def token(self) -> str:
+            return "tok"
+
+    for provider in (lambda: "tok", Source()):
+        c = build_config({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER",
+                          "sasl_oauth_token_provider": provider})
+        assert c.sasl_oauth_token_provider is provider
+        assert "sasl_oauth_token_provider" not in repr(c)  # it may close over secrets
+    # A synchronous token() method is not the async shape: refused rather than called wrongly.
+    class SyncSource:
+        def token(self) -> str:
+            return "tok"
+
+    with pytest.raises(ConfigError, match="async token"):
+        build_config({"security_protocol": "SASL_SSL", "sasl_mechanism": "OAUTHBEARER",
+                      "sasl_oauth_token_provider": SyncSource()})
+    assert from_properties({"security.protocol": "SASL_SSL", "sasl.mechanisms": "oauthbearer"},
+                           {"sasl_oauth_token_provider": lambda: "t"}).sasl_mechanism == "OAUTHBEARER"

@@ -452,9 +452,10 @@ async def test_static_member_restart_keeps_its_partitions(
                 after = await wait_for_assignment(c, timeout=30)
                 await anyio.sleep(1)  # a rebalance of the other member would show meanwhile
             tg.cancel_scope.cancel()
+        events_after = list(other_listener.events)  # before its own close revokes its partitions
     assert after == before
     if kafka_backend.supports("static_rejoin_without_rebalance"):
-        assert other_listener.events == events_before, "the other member saw a rebalance"
+        assert events_after == events_before, "the other member saw a rebalance"
 
 
 @pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
@@ -462,14 +463,24 @@ async def test_mixed_group_with_librdkafka_member(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], strategy: str
 ) -> None:
     """librdkafka reads alone, then asyncconsumer joins: partitions move mid-stream, each side
-    starts where the other committed, and nothing is read twice."""
+    starts where the other committed, and nothing committed is read twice.
+
+    librdkafka's commit of a record can fail while the group rebalances (REBALANCE_IN_PROGRESS,
+    ILLEGAL_GENERATION): such a record was delivered but not committed, so its next owner reads it
+    again, which is at-least-once working as designed. Only records whose commit succeeded count
+    towards "read twice". The second half of the data is produced once asyncconsumer holds
+    partitions, so both members have records to read however fast the join is.
+    """
     from confluent_kafka import Consumer as RdConsumer
+    from confluent_kafka import KafkaException
 
     topic = new_topic(4)
     total = 2000
-    produce(topic, ((i % 4, None, b"%d" % i) for i in range(total)))
+    half = total // 2
+    produce(topic, ((i % 4, None, b"%d" % i) for i in range(half)))
     group = f"g-{topic}"
-    theirs: list[tuple[int, int]] = []
+    theirs: list[tuple[int, int]] = []  # delivered to librdkafka and committed
+    theirs_uncommitted: list[tuple[int, int]] = []  # delivered, but the commit failed in a rebalance
     done = threading.Event()
 
     def librdkafka_member() -> None:
@@ -480,32 +491,47 @@ async def test_mixed_group_with_librdkafka_member(
         try:
             while not done.is_set():
                 message = rd.poll(0.1)
-                if message is not None and message.error() is None:
-                    theirs.append((message.partition(), message.offset()))
+                if message is None or message.error() is not None:
+                    continue
+                try:
                     rd.commit(message=message, asynchronous=False)
-                    time.sleep(0.004)  # slow enough that partitions move while records are unread
+                except KafkaException:
+                    theirs_uncommitted.append((message.partition(), message.offset()))
+                else:
+                    theirs.append((message.partition(), message.offset()))
+                time.sleep(0.004)  # slow enough that partitions move while records are unread
         finally:
             rd.close()
+
+    def read() -> set[tuple[int, int]]:
+        return set(ours) | set(theirs) | set(theirs_uncommitted)
 
     ours: list[tuple[int, int]] = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.to_thread.run_sync, librdkafka_member)
-        with anyio.fail_after(60):
+        with anyio.fail_after(90):
             while len({p for p, _ in theirs}) < 4:  # noqa: ASYNC110 (the librdkafka thread's progress)
                 await anyio.sleep(0.05)  # it reads all four partitions alone first
             async with member(bootstrap, group, partition_assignment_strategy=[strategy]) as c:
                 c.subscribe([topic])
-                while len(set(ours) | set(theirs)) < total:
+                second_half_sent = False
+                while len(read()) < total:
                     for records in (await c.getmany(timeout=0.2)).values():
                         ours.extend((r.partition, r.offset) for r in records)
                     await c.commit()
+                    if c.assignment() and not second_half_sent:
+                        second_half_sent = True
+                        await anyio.to_thread.run_sync(
+                            produce, topic, [(i % 4, None, b"%d" % i) for i in range(half, total)]
+                        )
                 committed = await c.committed({TopicPartition(topic, p) for p in range(4)})
         done.set()
     assert ours and theirs, "both members got partitions"
     counts = Counter(ours + theirs)
-    assert len(counts) == total and max(counts.values()) == 1, "a record was read twice"
-    for p in {p for p, _ in ours}:  # moved from librdkafka: we started right after its commit
-        assert min(o for q, o in ours if q == p) == max(o for q, o in theirs if q == p) + 1
+    assert len(read()) == total and max(counts.values()) == 1, "a committed record was read twice"
+    for p in {p for p, _ in ours}:  # moved from librdkafka: we started right after its last commit
+        last_commit = max((o for q, o in theirs if q == p), default=-1)
+        assert min(o for q, o in ours if q == p) == last_commit + 1
     # Each side sees the other's commits: every partition's committed offset is its end.
     assert all(om is not None and om.offset == total // 4 for om in committed.values())
 

@@ -21,6 +21,7 @@ from asyncconsumer.protocol._schemas import SCHEMAS
 from asyncconsumer.protocol.api import (
     API_KEYS,
     API_NAMES,
+    CLIENT_MAX_VERSIONS,
     SUPPORTED_VERSIONS,
     ProtocolDecodeError,
     ProtocolEncodeError,
@@ -208,13 +209,28 @@ def test_every_api_is_covered() -> None:
         "LeaveGroup": 13, "ConsumerGroupHeartbeat": 68, "ConsumerGroupDescribe": 69,
         "OffsetForLeaderEpoch": 23, "SaslHandshake": 17, "SaslAuthenticate": 36, "CreateTopics": 19,
         "Produce": 0, "InitProducerId": 22,
+        # Kafka 4.x era (messages-2026): admin calls for tests and tools, telemetry, share groups.
+        "CreatePartitions": 37, "DeleteTopics": 20, "DescribeCluster": 60, "GetTelemetrySubscriptions": 71,
+        "PushTelemetry": 72, "ShareGroupHeartbeat": 76, "ShareGroupDescribe": 77, "ShareFetch": 78,
+        "ShareAcknowledge": 79, "DescribeShareGroupOffsets": 90,
     }  # fmt: skip
     assert wanted == API_KEYS
     assert {v: k for k, v in wanted.items()} == API_NAMES
-    assert SUPPORTED_VERSIONS["Fetch"] == (0, 17)
+    # Kafka 4.0 dropped the oldest versions (KIP-896): the definitions start there.
+    assert SUPPORTED_VERSIONS["Fetch"] == (4, 17)
+    assert SUPPORTED_VERSIONS["ListOffsets"] == (1, 10)
     assert SUPPORTED_VERSIONS["ApiVersions"] == (0, 4)
-    assert SUPPORTED_VERSIONS["ConsumerGroupHeartbeat"] == (0, 0)  # v1 is latestVersionUnstable
-    assert SUPPORTED_VERSIONS["ListOffsets"] == (0, 10)
+    assert SUPPORTED_VERSIONS["ShareFetch"] == (1, 2)
+
+
+def test_client_max_versions_cap_what_is_negotiated() -> None:
+    for api, cap in CLIENT_MAX_VERSIONS.items():
+        lo, hi = SCHEMAS[api + "Request"]["valid_versions"]
+        assert lo <= cap <= hi, api
+        assert SUPPORTED_VERSIONS[api] == (lo, cap)
+    # v1 is known to the codec (and encodes) but not negotiated: it needs a client-made member id.
+    assert SCHEMAS["ConsumerGroupHeartbeatRequest"]["valid_versions"] == (0, 1)
+    assert SUPPORTED_VERSIONS["ConsumerGroupHeartbeat"] == (0, 0)
 
 
 # --- byte-level tests --------------------------------------------------------------------
@@ -246,7 +262,8 @@ def test_api_versions_v0_request_bytes() -> None:
     assert header == {
         "request_api_key": 18, "request_api_version": 0, "correlation_id": 42, "client_id": "cli"
     }  # fmt: skip
-    assert body == {"client_software_name": "", "client_software_version": ""}
+    # v5's fields (KIP-1242) read back as their defaults
+    assert body == {"client_software_name": "", "client_software_version": "", "cluster_id": None, "node_id": -1}
 
 
 def test_null_client_id_and_flexible_header_keeps_int16_client_id() -> None:
@@ -409,10 +426,10 @@ def test_non_ignorable_field_missing_from_version_raises() -> None:
         encode_request("Metadata", 3, {"allow_auto_topic_creation": False}, correlation_id=0, client_id=None)
     assert isinstance(info.value, ValueError)
     assert isinstance(info.value, ProtocolError)
-    # The default value is fine, and so is an ignorable field (MaxBytes is v3+).
+    # The default value is fine, and so is an ignorable field (SessionId is v7+).
     encode_request("Metadata", 3, {"allow_auto_topic_creation": True}, correlation_id=0, client_id=None)
-    frame = encode_request("Fetch", 2, {"max_bytes": 1000}, correlation_id=0, client_id=None)
-    assert decode_request("Fetch", 2, frame[4:])[1]["max_bytes"] == 0x7FFFFFFF
+    frame = encode_request("Fetch", 6, {"session_id": 1000}, correlation_id=0, client_id=None)
+    assert decode_request("Fetch", 6, frame[4:])[1]["session_id"] == 0
 
 
 def test_nested_non_ignorable_field_raises() -> None:

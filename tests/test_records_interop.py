@@ -103,9 +103,8 @@ MESSAGES = [
 ]
 
 
-@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
-def test_librdkafka_codecs(mock_cluster: tuple[Any, tuple[str, int]], codec: str) -> None:
-    _, addr = mock_cluster
+def produce_messages(addr: tuple[str, int], codec: str) -> None:
+    """MESSAGES at timestamps 1_000_000 + i, in at least two batches."""
     producer = ck.Producer(
         {"bootstrap.servers": f"{addr[0]}:{addr[1]}", "compression.codec": codec, "linger.ms": 20, **QUIET}
     )
@@ -114,19 +113,10 @@ def test_librdkafka_codecs(mock_cluster: tuple[Any, tuple[str, int]], codec: str
         if i == 19:
             producer.flush(10)  # at least two batches
     producer.flush(10)
-    del producer
-    batches = list(read_log(addr))
-    assert len(batches) >= 2
-    codec_id = ["none", "gzip", "snappy", "lz4", "zstd"].index(codec)
-    assert {b.compression for b in batches} == {codec_id}
-    out = [r for b in batches for r in decode_batch(b, TOPIC, 0)]
-    assert [r.offset for r in out] == list(range(len(MESSAGES)))
-    assert [(r.key, r.value, list(r.headers)) for r in out] == MESSAGES
-    assert [r.timestamp for r in out] == [1_000_000 + i for i in range(len(MESSAGES))]
 
 
-def test_librdkafka_transactions(mock_cluster: tuple[Any, tuple[str, int]]) -> None:
-    _, addr = mock_cluster
+def produce_transactions(addr: tuple[str, int]) -> None:
+    """Three transactions of five records: committed, aborted, committed (values b"<outcome>-<n>")."""
     producer = ck.Producer(
         {"bootstrap.servers": f"{addr[0]}:{addr[1]}", "transactional.id": "tx-1", "linger.ms": 5, **QUIET}
     )
@@ -140,7 +130,25 @@ def test_librdkafka_transactions(mock_cluster: tuple[Any, tuple[str, int]]) -> N
             producer.abort_transaction(10)
         else:
             producer.commit_transaction(10)
-    del producer
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_librdkafka_codecs(mock_cluster: tuple[Any, tuple[str, int]], codec: str) -> None:
+    _, addr = mock_cluster
+    produce_messages(addr, codec)
+    batches = list(read_log(addr))
+    assert len(batches) >= 2
+    codec_id = ["none", "gzip", "snappy", "lz4", "zstd"].index(codec)
+    assert {b.compression for b in batches} == {codec_id}
+    out = [r for b in batches for r in decode_batch(b, TOPIC, 0)]
+    assert [r.offset for r in out] == list(range(len(MESSAGES)))
+    assert [(r.key, r.value, list(r.headers)) for r in out] == MESSAGES
+    assert [r.timestamp for r in out] == [1_000_000 + i for i in range(len(MESSAGES))]
+
+
+def test_librdkafka_transactions(mock_cluster: tuple[Any, tuple[str, int]]) -> None:
+    _, addr = mock_cluster
+    produce_transactions(addr)
     batches = list(read_log(addr, check_crcs=False))
     markers = [(b.base_offset, control_record_type(b)) for b in batches if b.is_control]
     assert [kind for _, kind in markers] == [CONTROL_COMMIT, CONTROL_ABORT, CONTROL_COMMIT]

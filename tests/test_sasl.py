@@ -1,27 +1,34 @@
-"""SASL PLAIN / SCRAM state machines and the SaslHandshake + SaslAuthenticate driver."""
+"""SASL PLAIN / SCRAM / OAUTHBEARER state machines, the token cache and the SaslHandshake + SaslAuthenticate driver."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
+import json
 import os
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from asyncconsumer.config import OAuthBearerToken
 from asyncconsumer.engine.sasl import (
     MIN_SCRAM_ITERATIONS,
     SUPPORTED_MECHANISMS,
+    OAuthBearerMechanism,
     PlainMechanism,
     SaslMechanism,
     ScramMechanism,
+    TokenCache,
     authenticate,
     create_mechanism,
+    jwt_claims,
+    reauthentication_delay,
 )
-from asyncconsumer.errors import AuthenticationError, ConfigError, IllegalStateError
+from asyncconsumer.errors import AuthenticationError, ConfigError, IllegalStateError, SaslAuthenticationError
 
 pytestmark = pytest.mark.anyio
 
@@ -345,15 +352,17 @@ def test_plain_rejects_nul_and_empty_username() -> None:
         PlainMechanism("", "pass")
 
 
-def test_plain_misuse() -> None:
-    mech = PlainMechanism("user", "pass")
+@pytest.mark.parametrize("make", [lambda: PlainMechanism("user", "pass"), lambda: OAuthBearerMechanism("tok")],
+                         ids=["PLAIN", "OAUTHBEARER"])
+def test_one_message_mechanism_misuse(make: Any) -> None:
+    mech = make()
     with pytest.raises(IllegalStateError):
         mech.step(b"")
     mech.initial_response()
     with pytest.raises(IllegalStateError):
         mech.initial_response()
     mech.step(b"")
-    with pytest.raises(AuthenticationError):
+    with pytest.raises(SaslAuthenticationError, match="after completion"):
         mech.step(b"")
 
 
@@ -375,7 +384,7 @@ def test_create_mechanism(name: str, cls: type, expected_name: str) -> None:
     assert mech.name == expected_name
 
 
-@pytest.mark.parametrize("name", ["GSSAPI", "OAUTHBEARER", "SCRAM-SHA-1", ""])
+@pytest.mark.parametrize("name", ["GSSAPI", "SCRAM-SHA-1", ""])
 def test_create_mechanism_unknown(name: str) -> None:
     with pytest.raises(ConfigError) as info:
         create_mechanism(name, "user", "pass")
@@ -468,7 +477,9 @@ async def test_authenticate_scram_success(hash_name: str) -> None:
 async def test_authenticate_scram_wrong_password() -> None:
     broker = FakeBroker(scram=ScramServer("sha256", "alice", "wonderland"))
     mech = ScramMechanism("alice", "looking-glass", "sha256")
-    with pytest.raises(AuthenticationError, match=r"SASL authentication failed: .*invalid credentials"):
+    with pytest.raises(
+        SaslAuthenticationError, match=r"SASL SCRAM-SHA-256 authentication as user 'alice' failed: .*invalid"
+    ):
         await authenticate(broker.request, mech, handshake_version=1, authenticate_version=1)
     assert not mech.complete
 
@@ -503,7 +514,7 @@ async def test_authenticate_plain() -> None:
     assert broker.calls[1][2] == {"auth_bytes": b"\x00user\x00pass"}
 
     broker = FakeBroker(plain_credentials=("user", "pass"))
-    with pytest.raises(AuthenticationError, match="SASL authentication failed"):
+    with pytest.raises(SaslAuthenticationError, match="SASL PLAIN authentication as user 'user' failed"):
         await authenticate(
             broker.request, PlainMechanism("user", "nope"), handshake_version=1, authenticate_version=1
         )
@@ -553,6 +564,7 @@ async def test_broker_without_sasl_authenticate_is_too_old() -> None:
 async def test_mechanism_that_stops_early_is_not_success() -> None:
     class Lazy:
         name = "PLAIN"
+        identity = "user ''"
         complete = False
 
         def initial_response(self) -> bytes:
@@ -569,3 +581,204 @@ async def test_mechanism_that_stops_early_is_not_success() -> None:
 def test_mechanism_protocol_is_satisfied() -> None:
     mechanisms: list[SaslMechanism] = [PlainMechanism("u", "p"), ScramMechanism("u", "p", "sha256")]
     assert [m.name for m in mechanisms] == ["PLAIN", "SCRAM-SHA-256"]
+
+
+# --- OAUTHBEARER -------------------------------------------------------------
+
+def _jwt(**claims: Any) -> str:
+    def part(data: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
+
+    return f"{part({'alg': 'none'})}.{part(claims)}."
+
+
+def test_oauthbearer_initial_response_is_rfc7628() -> None:
+    mech = OAuthBearerMechanism("abc.def.ghi")
+    assert mech.name == "OAUTHBEARER"
+    assert mech.initial_response() == b"n,,\x01auth=Bearer abc.def.ghi\x01\x01"
+    assert not mech.complete
+    assert mech.step(b"") is None  # success: an empty server message
+    assert mech.complete
+
+
+def test_oauthbearer_extensions_kip342() -> None:
+    mech = OAuthBearerMechanism("tok", {"logicalCluster": "lkc-1", "traceId": "a b"})
+    assert mech.initial_response() == b"n,,\x01auth=Bearer tok\x01logicalCluster=lkc-1\x01traceId=a b\x01\x01"
+
+
+@pytest.mark.parametrize("extensions", [{"auth": "x"}, {"bad-key": "x"}, {"k": ""}, {"k": "\x01"}])
+def test_oauthbearer_invalid_extensions(extensions: dict[str, str]) -> None:
+    with pytest.raises(SaslAuthenticationError, match="extension"):
+        OAuthBearerMechanism("tok", extensions)
+
+
+@pytest.mark.parametrize("token", ["", "two words", "tab\there", "x\x01y", "Bearer abc"])
+def test_oauthbearer_malformed_token(token: str) -> None:
+    with pytest.raises(SaslAuthenticationError, match="malformed"):
+        OAuthBearerMechanism(token)
+
+
+def test_oauthbearer_identity_names_the_subject() -> None:
+    assert OAuthBearerMechanism(_jwt(sub="svc-billing")).identity == "the token for 'svc-billing'"
+    assert OAuthBearerMechanism("opaque-token").identity == "the provider's token"
+
+
+def test_oauthbearer_server_error_is_acknowledged() -> None:
+    mech = OAuthBearerMechanism("tok")
+    mech.initial_response()
+    # RFC 7628 3.2.3: the client answers the JSON status with a single ^A.
+    assert mech.step(b'{"status":"invalid_token","scope":"kafka"}') == b"\x01"
+    assert mech.server_error == "status 'invalid_token', scope 'kafka'"
+    assert not mech.complete
+    with pytest.raises(SaslAuthenticationError, match="rejected the token: status 'invalid_token'"):
+        mech.step(b"")  # a server that "succeeds" after an error must not pass
+
+
+async def test_authenticate_oauthbearer_failure_names_status() -> None:
+    sent: list[bytes] = []
+
+    async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        if api == "SaslHandshake":
+            return {"error_code": 0, "mechanisms": ["OAUTHBEARER"]}
+        sent.append(body["auth_bytes"])
+        if len(sent) == 1:
+            return {"error_code": 0, "auth_bytes": b'{"status":"invalid_token"}', "session_lifetime_ms": 0}
+        return {"error_code": 58, "error_message": "Authentication failed", "auth_bytes": b"",
+                "session_lifetime_ms": 0}
+
+    with pytest.raises(SaslAuthenticationError, match=r"OAUTHBEARER authentication as .* status 'invalid_token'"):
+        await authenticate(request, OAuthBearerMechanism(_jwt(sub="bob")), handshake_version=1,
+                           authenticate_version=2)
+    assert sent[1] == b"\x01"
+
+
+async def test_authenticate_returns_session_lifetime() -> None:
+    async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        if api == "SaslHandshake":
+            return {"error_code": 0, "mechanisms": ["PLAIN"]}
+        return {"error_code": 0, "auth_bytes": b"", "session_lifetime_ms": 3000}
+
+    assert await authenticate(request, PlainMechanism("u", "p"), handshake_version=1, authenticate_version=2) == 3000
+
+
+async def test_handshake_on_a_listener_without_sasl() -> None:
+    async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
+        return {"error_code": 34, "mechanisms": []}
+
+    with pytest.raises(SaslAuthenticationError, match="is this a SASL listener"):
+        await authenticate(request, PlainMechanism("u", "p"), handshake_version=1, authenticate_version=2)
+
+
+def test_create_mechanism_oauthbearer() -> None:
+    mech = create_mechanism("OAUTHBEARER", None, None, OAuthBearerToken("tok", extensions={"a": "b"}))
+    assert isinstance(mech, OAuthBearerMechanism)
+    assert mech.initial_response() == b"n,,\x01auth=Bearer tok\x01a=b\x01\x01"
+    with pytest.raises(ConfigError, match="needs a token"):
+        create_mechanism("OAUTHBEARER", None, None)
+
+
+def test_jwt_claims() -> None:
+    assert jwt_claims(_jwt(sub="a", exp=5)) == {"sub": "a", "exp": 5}
+    assert jwt_claims("opaque") is None
+    assert jwt_claims("a.!!!.c") is None
+    assert jwt_claims(f"a.{base64.urlsafe_b64encode(b'[1]').decode()}.c") is None
+
+
+def test_reauthentication_delay_is_85_to_95_percent() -> None:
+    assert reauthentication_delay(10_000, lambda lo, hi: lo) == pytest.approx(8.5)
+    assert reauthentication_delay(10_000, lambda lo, hi: hi) == pytest.approx(9.5)
+    assert 8.5 <= reauthentication_delay(10_000) <= 9.5
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_token_cache_reuses_until_80_percent_of_lifetime() -> None:
+    clock = FakeClock()
+    minted: list[str] = []
+
+    def provider() -> str:
+        minted.append(_jwt(sub="svc", exp=clock.now + 100))
+        return minted[-1]
+
+    cache = TokenCache(provider, timeout=1, clock=clock)
+    first = await cache.token()
+    assert first.value == minted[0] and first.expires_at == clock.now + 100  # read from the JWT
+    clock.now += 79
+    assert (await cache.token()).value == minted[0]
+    assert cache.calls == 1
+    clock.now += 2  # past 80 % of the lifetime
+    assert (await cache.token()).value == minted[1]
+    assert cache.calls == 2
+
+
+async def test_token_cache_min_lifetime_forces_a_new_token() -> None:
+    clock = FakeClock()
+    cache = TokenCache(lambda: ("tok", clock.now + 100), timeout=1, clock=clock)
+    await cache.token()
+    clock.now += 10
+    await cache.token(min_lifetime=80)  # 90 s left: enough
+    assert cache.calls == 1
+    await cache.token(min_lifetime=95)  # a session as long as the last one would outlive it
+    assert cache.calls == 2
+
+
+async def test_token_cache_without_expiry_asks_every_time() -> None:
+    cache = TokenCache(lambda: "opaque", timeout=1)
+    await cache.token()
+    await cache.token()
+    assert cache.calls == 2
+
+
+async def test_token_cache_accepts_every_shape() -> None:
+    class Source:  # aiokafka's AbstractTokenProvider shape
+        async def token(self) -> str:
+            return "from-object"
+
+    async def async_provider() -> OAuthBearerToken:
+        return OAuthBearerToken("typed", expires_at=2e9, extensions={"k": "v"})
+
+    assert (await TokenCache(Source(), timeout=1).token()).value == "from-object"
+    typed = await TokenCache(async_provider, timeout=1).token()
+    assert typed == OAuthBearerToken("typed", expires_at=2e9, extensions={"k": "v"})
+    assert (await TokenCache(lambda: ("t", 123), timeout=1).token()).expires_at == 123.0
+
+
+async def test_token_cache_provider_errors_are_typed() -> None:
+    def raises() -> str:
+        raise KeyError("vault")
+
+    with pytest.raises(SaslAuthenticationError, match="sasl_oauth_token_provider raised KeyError") as info:
+        await TokenCache(raises, timeout=1).token()
+    assert isinstance(info.value.__cause__, KeyError)
+
+    with pytest.raises(SaslAuthenticationError, match="must return a str"):
+        await TokenCache(lambda: 42, timeout=1).token()  # type: ignore[arg-type,return-value]
+
+    async def hangs() -> str:
+        await anyio.sleep(10)
+        return "late"
+
+    with pytest.raises(SaslAuthenticationError, match=r"did not return a token within 0\.1s"):
+        await TokenCache(hangs, timeout=0.1).token()
+
+
+async def test_token_cache_shares_one_call() -> None:
+    calls = 0
+
+    async def slow() -> tuple[str, float]:
+        nonlocal calls
+        calls += 1
+        await anyio.sleep(0.05)
+        return "tok", 4e9
+
+    cache = TokenCache(slow, timeout=1)
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(cache.token)
+    assert calls == 1

@@ -24,14 +24,22 @@ VERSIONS = {"ApiVersions": (0, 3), "Metadata": (1, 12), "SaslHandshake": (0, 1),
 
 
 @asynccontextmanager
-async def scram_broker(username: str, password: str) -> AsyncIterator[tuple[str, list[str]]]:
+async def scram_broker(
+    username: str, password: str, *, session_lifetime_ms: int = 0
+) -> AsyncIterator[tuple[str, list[str]]]:
+    """With ``session_lifetime_ms`` it acts as Kafka with ``connections.max.reauth.ms``: a request
+    after the session's end, or any other request during a login, closes the connection."""
     log: list[str] = []
+    connections: list[int] = []
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
 
     async def serve(stream: anyio.abc.SocketStream) -> None:
         server = ScramServer("sha256", username, password)
         authenticated = False
+        logging_in = False
+        session_ends = float("inf")
+        connections.append(1)
         buffered = b""
         async with stream:
             while True:
@@ -46,11 +54,19 @@ async def scram_broker(username: str, password: str) -> AsyncIterator[tuple[str,
                 name = api.API_NAMES[key]
                 _, body = api.decode_request(name, version, frame)
                 log.append(name)
+                if authenticated and anyio.current_time() > session_ends:
+                    log.append("closed: session expired")
+                    return
+                if logging_in and name not in ("SaslHandshake", "SaslAuthenticate"):
+                    log.append(f"closed: {name} during a login")
+                    return
                 if name == "ApiVersions":
                     reply = {"error_code": 0, "api_keys": [
                         {"api_key": api.API_KEYS[n], "min_version": lo, "max_version": hi}
                         for n, (lo, hi) in VERSIONS.items()]}
                 elif name == "SaslHandshake":
+                    server = ScramServer("sha256", username, password)
+                    logging_in = True
                     ok = body["mechanism"] == "SCRAM-SHA-256"
                     reply = {"error_code": 0 if ok else 33, "mechanisms": ["SCRAM-SHA-256"]}
                 elif name == "SaslAuthenticate":
@@ -59,8 +75,12 @@ async def scram_broker(username: str, password: str) -> AsyncIterator[tuple[str,
                     else:
                         final = server.final(body["auth_bytes"])
                         authenticated = final is not None
+                        logging_in = False
+                        if session_lifetime_ms:
+                            session_ends = anyio.current_time() + session_lifetime_ms / 1000
                         reply = {"error_code": 0 if final else 58, "auth_bytes": final or b"",
-                                 "error_message": None if final else "Authentication failed: invalid credentials"}
+                                 "error_message": None if final else "Authentication failed: invalid credentials",
+                                 "session_lifetime_ms": session_lifetime_ms}
                 elif name == "Metadata" and authenticated:
                     reply = {"brokers": [{"node_id": 1, "host": "127.0.0.1", "port": port}], "topics": [
                         {"error_code": 0, "name": "secured", "partitions": [
@@ -73,6 +93,7 @@ async def scram_broker(username: str, password: str) -> AsyncIterator[tuple[str,
         tg.start_soon(listener.serve, serve)
         try:
             yield f"127.0.0.1:{port}", log
+            log.append(f"connections: {len(connections)}")
         finally:
             tg.cancel_scope.cancel()
 
@@ -101,3 +122,25 @@ async def test_mechanism_the_broker_does_not_enable() -> None:
         with anyio.fail_after(10), pytest.raises(AuthenticationError, match="SCRAM-SHA-256"):
             async with sasl_consumer(bootstrap, "s3cret", mechanism="PLAIN"):
                 pass
+
+
+async def test_reauthentication_keeps_the_connection() -> None:
+    """KIP-368 against the scripted broker: concurrent requests across several session lifetimes,
+    none sent in the middle of a login, on the one connection the consumer opened."""
+    async with scram_broker("alice", "s3cret", session_lifetime_ms=1500) as (bootstrap, log):
+        async with sasl_consumer(bootstrap, "s3cret") as c:
+            await c.topics()
+            assert c._engine is not None
+            opened = c._engine.network.connections_opened  # the bootstrap and node 1
+            with anyio.fail_after(20):
+                end = anyio.current_time() + 5
+                while anyio.current_time() < end:
+                    async with anyio.create_task_group() as tg:
+                        for _ in range(3):
+                            tg.start_soon(c.topics)
+                    await anyio.sleep(0.05)
+            assert c._engine.network.connections_opened == opened
+    assert not [entry for entry in log if entry.startswith("closed")], log
+    assert log[-1] == f"connections: {opened}"
+    # The initial login and at least two re-authentications (1.5 s sessions for 5 s).
+    assert log.count("SaslHandshake") >= 3

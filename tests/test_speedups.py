@@ -307,6 +307,16 @@ FUZZ = build_batch(
 )
 
 
+def damaged(flips: list[tuple[int, int]], cut: int, count: int | None) -> bytes:
+    """FUZZ's records with bytes flipped (``(index, xor)``), ``cut`` bytes cut off, ``count`` declared."""
+    body = bytearray(FUZZ[61:])
+    for index, xor in flips:
+        body[index - 61] ^= xor
+    if cut:
+        del body[-cut:]
+    return build_batch([(b"k", b"v")], base_offset=40, raw_records=bytes(body), record_count=count)
+
+
 @settings(max_examples=500, deadline=None)
 @given(
     flips=st.lists(st.tuples(st.integers(61, len(FUZZ) - 1), st.integers(1, 255)), min_size=1, max_size=4),
@@ -318,12 +328,7 @@ def test_damaged_records_same_outcome(flips: list[tuple[int, int]], cut: int, co
     # decode the same records or raise the same error class for the same batch.  When the damage
     # makes a read run past the batch, the Python decoder may read on into the next bytes of its
     # buffer before noticing, so only class and location are compared, not the wording.
-    body = bytearray(FUZZ[61:])
-    for index, xor in flips:
-        body[index - 61] ^= xor
-    if cut:
-        del body[-cut:]
-    data = build_batch([(b"k", b"v")], base_offset=40, raw_records=bytes(body), record_count=count)
+    data = damaged(flips, cut, count)
     assert_same(data, check_crcs=False, same_message=False)
     assert_same(data + FUZZ, check_crcs=False, same_message=False)
 

@@ -1,8 +1,8 @@
 """Generate src/asyncconsumer/protocol/_schemas.py from Kafka's JSON message definitions.
 
 Usage: ``python tools/gen_protocol.py [MESSAGES_DIR]`` (default
-``/work/shared/kafka-protocol/messages``).  The output is committed, so the
-package never reads the JSON files at run time.
+``/work/shared/kafka-protocol/messages-2026``: Kafka's definitions as of trunk after 4.3).
+The output is committed, so the package never reads the JSON files at run time.
 
 Each schema becomes a plain dict literal:
 
@@ -32,7 +32,7 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "src" / "asyncconsumer" / "protocol" / "_schemas.py"
-DEFAULT_SRC = pathlib.Path("/work/shared/kafka-protocol/messages")
+DEFAULT_SRC = pathlib.Path("/work/shared/kafka-protocol/messages-2026")
 
 INT_TYPES = {"int8", "int16", "uint16", "int32", "uint32", "int64"}
 PRIMITIVES = INT_TYPES | {"bool", "float64", "uuid", "string", "bytes", "records"}
@@ -143,6 +143,8 @@ def convert_fields(fields: list[dict[str, Any]], common: dict[str, Any], where: 
             field["fields"] = convert_fields(sub, common, here)
         elif "fields" in f:
             raise ValueError(f"{here}: primitive type with nested fields")
+        if ftype == "records" and not covers(field["nullable_versions"], field["versions"]):
+            field["default"] = b""  # Java's null default cannot be written where records are not nullable
         if field["default"] is None and not covers(field["nullable_versions"], field["versions"]):
             # The runtime relies on a null default being writable in every version of the field.
             raise ValueError(f"{here}: null default but not nullable in all versions")

@@ -174,10 +174,155 @@ varint_status(parser *p, int r)
         goto fail;                                            \
     } while (0)
 
-static PyObject *
-header_key(parser *p, Py_ssize_t len)
+#if defined(__GNUC__) || defined(__clang__)
+#define HOT static inline __attribute__((always_inline))
+#elif defined(_MSC_VER)
+#define HOT static __forceinline
+#else
+#define HOT static inline
+#endif
+
+/* The fields of a record before its headers, shared by the row and column decoders. */
+typedef struct {
+    int64_t length;
+    Py_ssize_t body_start;
+    int64_t offset;
+    int64_t ts;                /* base_timestamp + delta; untouched with LogAppendTime */
+    const unsigned char *key;  /* NULL: a null key */
+    const unsigned char *value;
+    int64_t klen, vlen;        /* -1 for null */
+} record_head;
+
+/* A record up to its headers, every read checked against the batch. */
+HOT int
+read_record_head(parser *p, int64_t base_offset, int64_t base_timestamp, int log_append_time, record_head *r)
 {
-    const unsigned char *at = p->buf + p->pos;
+    int status = ERR_PYTHON;
+    int64_t ts_delta, offset_delta;
+    READ_VARINT(r->length);
+    r->body_start = p->pos;
+    if (p->pos >= p->end) {
+        CORRUPT("record runs past the end of the batch");
+    }
+    p->pos += 1; /* attributes: unused */
+    READ_VARINT(ts_delta);
+    READ_VARINT(offset_delta);
+    if (add_overflows(base_offset, offset_delta, &r->offset)) {
+        return ERR_FALLBACK;
+    }
+    if (!log_append_time && add_overflows(base_timestamp, ts_delta, &r->ts)) {
+        return ERR_FALLBACK;
+    }
+    READ_VARINT(r->klen);
+    r->key = NULL;
+    if (r->klen >= 0) {
+        if (r->klen > p->end - p->pos) {
+            CORRUPT("record runs past the end of the batch");
+        }
+        r->key = p->buf + p->pos;
+        p->pos += (Py_ssize_t)r->klen;
+    }
+    else if (r->klen != -1) {
+        CORRUPT("invalid key length %lld at offset %lld", (long long)r->klen, (long long)r->offset);
+    }
+    READ_VARINT(r->vlen);
+    r->value = NULL;
+    if (r->vlen >= 0) {
+        if (r->vlen > p->end - p->pos) {
+            CORRUPT("record runs past the end of the batch");
+        }
+        r->value = p->buf + p->pos;
+        p->pos += (Py_ssize_t)r->vlen;
+    }
+    else if (r->vlen != -1) {
+        CORRUPT("invalid value length %lld at offset %lld", (long long)r->vlen, (long long)r->offset);
+    }
+    return OK;
+fail:
+    return status;
+}
+
+/* The record's header count: nearly always the single byte 0. */
+HOT int
+read_header_count(parser *p, int64_t *count)
+{
+    int status = ERR_PYTHON;
+    if (p->pos < p->end && p->buf[p->pos] == 0) {
+        p->pos += 1;
+        *count = 0;
+        return OK;
+    }
+    READ_VARINT(*count);
+    if (*count < 0) {
+        CORRUPT("negative header count %lld", (long long)*count);
+    }
+    return OK;
+fail:
+    return status;
+}
+
+/* One header: its key and value (NULL: null) where they lie in the batch. */
+HOT int
+read_header(parser *p, const unsigned char **key, Py_ssize_t *klen, const unsigned char **value, Py_ssize_t *vlen)
+{
+    int status = ERR_PYTHON;
+    int64_t k, v;
+    READ_VARINT(k);
+    if (k < 0) {
+        CORRUPT("invalid header key length %lld", (long long)k);
+    }
+    if (k > p->end - p->pos) {
+        CORRUPT("record runs past the end of the batch");
+    }
+    *key = p->buf + p->pos;
+    *klen = (Py_ssize_t)k;
+    p->pos += (Py_ssize_t)k;
+    READ_VARINT(v);
+    *value = NULL;
+    *vlen = 0;
+    if (v >= 0) {
+        if (v > p->end - p->pos) {
+            CORRUPT("record runs past the end of the batch");
+        }
+        *value = p->buf + p->pos;
+        *vlen = (Py_ssize_t)v;
+        p->pos += (Py_ssize_t)v;
+    }
+    else if (v != -1) {
+        CORRUPT("invalid header value length %lld", (long long)v);
+    }
+    return OK;
+fail:
+    return status;
+}
+
+/* Every record ends where its length field says. */
+HOT int
+check_record_end(parser *p, const record_head *r)
+{
+    if ((int64_t)(p->pos - r->body_start) != r->length) {
+        PyOS_snprintf(p->err, ERRBUF, "record at offset %lld does not match its length field", (long long)r->offset);
+        return ERR_CORRUPT;
+    }
+    return OK;
+}
+
+/* The last record ends where the batch does. */
+static int
+check_batch_end(parser *p, int64_t count)
+{
+    if (p->pos != p->end) {
+        Py_ssize_t diff = p->end - p->pos;
+        PyOS_snprintf(p->err, ERRBUF, "declared record count %lld does not match the batch bytes (%zd bytes %s)",
+                      (long long)count, diff < 0 ? -diff : diff, diff > 0 ? "left over" : "missing");
+        return ERR_CORRUPT;
+    }
+    return OK;
+}
+
+static PyObject *
+header_key(parser *p, const unsigned char *at, Py_ssize_t len)
+{
     for (int i = 0; i < p->nkeys; i++) {
         if (p->key_len[i] == len && memcmp(p->key_at[i], at, (size_t)len) == 0) {
             Py_INCREF(p->key_str[i]);
@@ -195,80 +340,51 @@ header_key(parser *p, Py_ssize_t len)
     return key;
 }
 
-/* The headers of one record: a tuple of (str, bytes | None) pairs. */
+/* The headers of one record (count > 0): a tuple of (str, bytes | None) pairs. */
 static PyObject *
 read_headers(parser *p, int64_t count, int *statusp)
 {
-    int status = ERR_PYTHON;
-    PyObject *headers = NULL;
-    if (count < 0) {
-        PyOS_snprintf(p->err, ERRBUF, "negative header count %lld", (long long)count);
-        *statusp = ERR_CORRUPT;
-        return NULL;
-    }
     /* Every header takes at least two bytes, so a larger count cannot parse:
      * allocate for what fits, and the read that runs out reports the error. */
     Py_ssize_t room = (p->end - p->pos) / 2;
     Py_ssize_t n = count < (int64_t)room ? (Py_ssize_t)count : room;
-    headers = PyTuple_New(n);
+    PyObject *headers = PyTuple_New(n);
+    int status = ERR_PYTHON;
     if (headers == NULL) {
         goto fail;
     }
     for (int64_t i = 0; i < count; i++) {
-        int64_t klen, vlen;
-        READ_VARINT(klen);
-        if (klen < 0) {
-            CORRUPT("invalid header key length %lld", (long long)klen);
+        const unsigned char *kat, *vat;
+        Py_ssize_t klen, vlen;
+        status = read_header(p, &kat, &klen, &vat, &vlen);
+        if (status != OK) {
+            goto fail;
         }
-        if (klen > p->end - p->pos) {
-            CORRUPT("record runs past the end of the batch");
+        status = ERR_PYTHON;
+        if (i >= n) { /* unreachable: see ``room`` */
+            PyOS_snprintf(p->err, ERRBUF, "record runs past the end of the batch");
+            status = ERR_CORRUPT;
+            goto fail;
         }
-        PyObject *key = header_key(p, (Py_ssize_t)klen);
+        PyObject *key = header_key(p, kat, klen);
         if (key == NULL) {
-            status = ERR_PYTHON;
             goto fail;
         }
-        p->pos += (Py_ssize_t)klen;
-        uint64_t u;
-        int r = read_uvarint(p, &u);
-        if (r != VARINT_OK) {
-            Py_DECREF(key);
-            status = varint_status(p, r);
-            goto fail;
-        }
-        vlen = unzigzag(u);
-        PyObject *value;
-        if (vlen >= 0) {
-            if (vlen > p->end - p->pos) {
-                Py_DECREF(key);
-                CORRUPT("record runs past the end of the batch");
-            }
-            value = PyBytes_FromStringAndSize((const char *)p->buf + p->pos, (Py_ssize_t)vlen);
+        PyObject *value = Py_None;
+        if (vat != NULL) {
+            value = PyBytes_FromStringAndSize((const char *)vat, vlen);
             if (value == NULL) {
                 Py_DECREF(key);
-                status = ERR_PYTHON;
                 goto fail;
             }
-            p->pos += (Py_ssize_t)vlen;
-        }
-        else if (vlen == -1) {
-            value = Py_None;
-            Py_INCREF(value);
         }
         else {
-            Py_DECREF(key);
-            CORRUPT("invalid header value length %lld", (long long)vlen);
-        }
-        if (i >= n) { /* unreachable: see ``room`` */
-            Py_DECREF(key);
-            Py_DECREF(value);
-            CORRUPT("record runs past the end of the batch");
+            Py_INCREF(value);
         }
         PyObject *pair = PyTuple_New(2);
         if (pair == NULL) {
             Py_DECREF(key);
             Py_DECREF(value);
-            status = ERR_PYTHON;
             goto fail;
         }
         PyTuple_SET_ITEM(pair, 0, key);
@@ -331,95 +447,57 @@ parse_records(parser *p, const batch_info *bi, int *statusp)
         goto fail;
     }
     for (int64_t i = 0; i < bi->count; i++) {
-        int64_t length, ts_delta, offset_delta, klen, vlen, nheaders;
-        READ_VARINT(length);
-        Py_ssize_t body_start = p->pos;
-        if (p->pos >= p->end) {
-            CORRUPT("record runs past the end of the batch");
-        }
-        p->pos += 1; /* attributes: unused */
-        READ_VARINT(ts_delta);
-        READ_VARINT(offset_delta);
-        int64_t offset, ts = 0;
-        if (add_overflows(bi->base_offset, offset_delta, &offset)) {
-            status = ERR_FALLBACK;
+        record_head r;
+        int64_t nheaders;
+        r.ts = 0; /* set unless LogAppendTime */
+        if ((status = read_record_head(p, bi->base_offset, bi->base_timestamp, bi->log_append_time, &r)) != OK ||
+            (status = read_header_count(p, &nheaders)) != OK) {
             goto fail;
         }
-        if (!bi->log_append_time && add_overflows(bi->base_timestamp, ts_delta, &ts)) {
-            status = ERR_FALLBACK;
-            goto fail;
-        }
-        READ_VARINT(klen);
-        const unsigned char *key_at = NULL;
-        if (klen >= 0) {
-            if (klen > p->end - p->pos) {
-                CORRUPT("record runs past the end of the batch");
-            }
-            key_at = p->buf + p->pos;
-            p->pos += (Py_ssize_t)klen;
-        }
-        else if (klen != -1) {
-            CORRUPT("invalid key length %lld at offset %lld", (long long)klen, (long long)offset);
-        }
-        READ_VARINT(vlen);
-        const unsigned char *value_at = NULL;
-        if (vlen >= 0) {
-            if (vlen > p->end - p->pos) {
-                CORRUPT("record runs past the end of the batch");
-            }
-            value_at = p->buf + p->pos;
-            p->pos += (Py_ssize_t)vlen;
-        }
-        else if (vlen != -1) {
-            CORRUPT("invalid value length %lld at offset %lld", (long long)vlen, (long long)offset);
-        }
-        PyObject *headers;
-        if (p->pos < p->end && p->buf[p->pos] == 0) {
-            p->pos += 1;
-            headers = empty_tuple;
+        PyObject *headers = empty_tuple;
+        if (nheaders == 0) {
             Py_INCREF(headers);
         }
-        else {
-            READ_VARINT(nheaders);
-            headers = read_headers(p, nheaders, &status);
-            if (headers == NULL) {
-                goto fail;
-            }
+        else if ((headers = read_headers(p, nheaders, &status)) == NULL) {
+            goto fail;
         }
-        if ((int64_t)(p->pos - body_start) != length) {
+        if ((status = check_record_end(p, &r)) != OK) {
             Py_DECREF(headers);
-            CORRUPT("record at offset %lld does not match its length field", (long long)offset);
+            goto fail;
         }
         if (i >= n) { /* unreachable: see ``room`` */
             Py_DECREF(headers);
-            CORRUPT("record runs past the end of the batch");
+            PyOS_snprintf(p->err, ERRBUF, "record runs past the end of the batch");
+            status = ERR_CORRUPT;
+            goto fail;
         }
+        status = ERR_PYTHON;
 
         PyObject *key, *value, *offset_obj, *ts_obj, *klen_obj, *vlen_obj;
-        if (key_at != NULL) {
-            key = PyBytes_FromStringAndSize((const char *)key_at, (Py_ssize_t)klen);
+        if (r.key != NULL) {
+            key = PyBytes_FromStringAndSize((const char *)r.key, (Py_ssize_t)r.klen);
         }
         else {
             key = Py_None;
             Py_INCREF(key);
         }
-        if (value_at != NULL) {
-            value = PyBytes_FromStringAndSize((const char *)value_at, (Py_ssize_t)vlen);
+        if (r.value != NULL) {
+            value = PyBytes_FromStringAndSize((const char *)r.value, (Py_ssize_t)r.vlen);
         }
         else {
             value = Py_None;
             Py_INCREF(value);
         }
-        offset_obj = PyLong_FromLongLong(offset);
+        offset_obj = PyLong_FromLongLong(r.offset);
         if (bi->log_append_time) {
             ts_obj = bi->log_append_ts;
             Py_INCREF(ts_obj);
         }
         else {
-            ts_obj = cached_long(ts, &last_ts, &last_ts_obj);
+            ts_obj = cached_long(r.ts, &last_ts, &last_ts_obj);
         }
-        klen_obj = cached_long(klen, &last_klen, &last_klen_obj);
-        vlen_obj = cached_long(vlen, &last_vlen, &last_vlen_obj);
+        klen_obj = cached_long(r.klen, &last_klen, &last_klen_obj);
+        vlen_obj = cached_long(r.vlen, &last_vlen, &last_vlen_obj);
         PyObject *record = NULL;
         if (key != NULL && value != NULL && offset_obj != NULL && ts_obj != NULL && klen_obj != NULL &&
             vlen_obj != NULL) {
@@ -435,7 +513,6 @@ parse_records(parser *p, const batch_info *bi, int *statusp)
             Py_XDECREF(klen_obj);
             Py_XDECREF(vlen_obj);
             Py_DECREF(headers);
-            status = ERR_PYTHON;
             goto fail;
         }
         Py_INCREF(bi->topic);
@@ -459,10 +536,8 @@ parse_records(parser *p, const batch_info *bi, int *statusp)
         PyObject_GC_UnTrack(record);
         PyList_SET_ITEM(out, (Py_ssize_t)i, record);
     }
-    if (p->pos != p->end) {
-        Py_ssize_t diff = p->end - p->pos;
-        CORRUPT("declared record count %lld does not match the batch bytes (%zd bytes %s)", (long long)bi->count,
-                diff < 0 ? -diff : diff, diff > 0 ? "left over" : "missing");
+    if ((status = check_batch_end(p, bi->count)) != OK) {
+        goto fail;
     }
     Py_XDECREF(last_ts_obj);
     Py_XDECREF(last_klen_obj);
@@ -501,10 +576,11 @@ call_fallback(PyObject *batch, PyObject *topic, PyObject *partition)
     return PyObject_CallFunctionObjArgs(fallback, batch, topic, partition, NULL);
 }
 
+/* Raise CorruptRecordError("record batch is corrupt: " + detail, topic=, partition=, offset=). */
 static void
-raise_corrupt(const char *detail, PyObject *topic, PyObject *partition, int64_t base_offset)
+raise_corrupt_obj(PyObject *detail, PyObject *topic, PyObject *partition, int64_t base_offset)
 {
-    PyObject *msg = PyUnicode_FromFormat("%U%s", str_prefix, detail);
+    PyObject *msg = PyUnicode_Concat(str_prefix, detail);
     PyObject *args = NULL, *kwargs = NULL, *offset = NULL, *exc = NULL;
     if (msg == NULL) {
         return;
@@ -528,6 +604,98 @@ done:
     Py_XDECREF(exc);
 }
 
+static void
+raise_corrupt(const char *detail, PyObject *topic, PyObject *partition, int64_t base_offset)
+{
+    PyObject *text = PyUnicode_FromString(detail);
+    if (text != NULL) {
+        raise_corrupt_obj(text, topic, partition, base_offset);
+        Py_DECREF(text);
+    }
+}
+
+/* Where a v2 batch's records section lies: in the batch's own buffer, or in
+ * the bytes ``_decompress`` returned.  The caller releases it with
+ * close_records() whatever open_records() returned. */
+typedef struct {
+    PyObject *data;
+    Py_buffer view;
+    int have_view;
+} records_src;
+
+enum open_result {
+    OPEN_OK = 0,
+    OPEN_ERROR = -1,      /* a Python exception is set */
+    OPEN_NOT_BUFFER = 1,  /* not a contiguous byte buffer: the Python decoder copes with anything indexable */
+};
+
+static int
+open_records(PyObject *batch, int64_t codec, PyObject *topic, PyObject *partition, parser *p, records_src *src)
+{
+    int64_t start = 0, size = 0;
+    src->data = NULL;
+    src->have_view = 0;
+    if (codec == CODEC_NONE) {
+        src->data = PyObject_GetAttr(batch, s_buf);
+        if (src->data == NULL || get_int64(batch, s_start, &start) < 0 || get_int64(batch, s_size_in_bytes, &size) < 0) {
+            return OPEN_ERROR;
+        }
+    }
+    else {
+        PyObject *codec_obj = PyLong_FromLongLong(codec);
+        if (codec_obj == NULL) {
+            return OPEN_ERROR;
+        }
+        src->data = PyObject_CallFunctionObjArgs(decompress_fn, batch, codec_obj, topic, partition, NULL);
+        Py_DECREF(codec_obj);
+        if (src->data == NULL) {
+            return OPEN_ERROR;
+        }
+    }
+    if (PyObject_GetBuffer(src->data, &src->view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return OPEN_NOT_BUFFER;
+    }
+    src->have_view = 1;
+    p->buf = (const unsigned char *)src->view.buf;
+    if (codec == CODEC_NONE) {
+        p->pos = (Py_ssize_t)start + V2_HEADER_SIZE;
+        p->end = (Py_ssize_t)(start + size);
+        if (start < 0 || size < V2_HEADER_SIZE || p->end > src->view.len) {
+            PyErr_SetString(PyExc_ValueError, "record batch bounds lie outside its buffer");
+            return OPEN_ERROR;
+        }
+    }
+    else {
+        p->pos = 0;
+        p->end = src->view.len;
+    }
+    return OPEN_OK;
+}
+
+static void
+close_records(records_src *src)
+{
+    if (src->have_view) {
+        PyBuffer_Release(&src->view);
+        src->have_view = 0;
+    }
+    Py_CLEAR(src->data);
+}
+
+/* The batch's ``is_control`` as 0/1, or -1 with an exception set. */
+static int
+batch_is_control(PyObject *batch)
+{
+    PyObject *control = PyObject_GetAttr(batch, s_is_control);
+    if (control == NULL) {
+        return -1;
+    }
+    int is_control = PyObject_IsTrue(control);
+    Py_DECREF(control);
+    return is_control;
+}
+
 static PyObject *
 decode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -540,10 +708,9 @@ decode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *batch = args[0], *topic = args[1], *partition = args[2];
-    PyObject *result = NULL, *data = NULL, *ts_type = NULL, *log_ts = NULL, *epoch = NULL;
-    int64_t magic, is_control, codec, start = 0, size = 0;
-    Py_buffer view;
-    int have_view = 0;
+    PyObject *result = NULL, *ts_type = NULL, *log_ts = NULL, *epoch = NULL;
+    int64_t magic, codec;
+    records_src src = {NULL};
 
     if (get_int64(batch, s_magic, &magic) < 0) {
         return NULL;
@@ -551,12 +718,7 @@ decode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (magic != 2) {
         return call_fallback(batch, topic, partition);
     }
-    PyObject *control = PyObject_GetAttr(batch, s_is_control);
-    if (control == NULL) {
-        return NULL;
-    }
-    is_control = PyObject_IsTrue(control);
-    Py_DECREF(control);
+    int is_control = batch_is_control(batch);
     if (is_control < 0) {
         return NULL;
     }
@@ -572,42 +734,13 @@ decode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         get_int64(batch, s_base_timestamp, &bi.base_timestamp) < 0) {
         return NULL;
     }
-    if (codec == CODEC_NONE) {
-        data = PyObject_GetAttr(batch, s_buf);
-        if (data == NULL || get_int64(batch, s_start, &start) < 0 || get_int64(batch, s_size_in_bytes, &size) < 0) {
-            goto done;
-        }
-    }
-    else {
-        PyObject *codec_obj = PyLong_FromLongLong(codec);
-        if (codec_obj == NULL) {
-            goto done;
-        }
-        data = PyObject_CallFunctionObjArgs(decompress_fn, batch, codec_obj, topic, partition, NULL);
-        Py_DECREF(codec_obj);
-        if (data == NULL) {
-            goto done;
-        }
-    }
-    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
-        /* Not a contiguous byte buffer: the Python decoder copes with anything indexable. */
-        PyErr_Clear();
+    int opened = open_records(batch, codec, topic, partition, &p, &src);
+    if (opened == OPEN_NOT_BUFFER) {
         result = call_fallback(batch, topic, partition);
         goto done;
     }
-    have_view = 1;
-    p.buf = (const unsigned char *)view.buf;
-    if (codec == CODEC_NONE) {
-        p.pos = (Py_ssize_t)start + V2_HEADER_SIZE;
-        p.end = (Py_ssize_t)(start + size);
-        if (start < 0 || size < V2_HEADER_SIZE || p.end > view.len) {
-            PyErr_SetString(PyExc_ValueError, "record batch bounds lie outside its buffer");
-            goto done;
-        }
-    }
-    else {
-        p.pos = 0;
-        p.end = view.len;
+    if (opened == OPEN_ERROR) {
+        goto done;
     }
 
     ts_type = PyObject_GetAttr(batch, s_timestamp_type);
@@ -645,15 +778,805 @@ done:
     for (int i = 0; i < p.nkeys; i++) {
         Py_DECREF(p.key_str[i]);
     }
-    if (have_view) {
-        PyBuffer_Release(&view);
-    }
-    Py_XDECREF(data);
+    close_records(&src);
     Py_XDECREF(ts_type);
     Py_XDECREF(log_ts);
     Py_XDECREF(epoch);
     return result;
 }
+
+/* ------------------------------------------------------------------ columnar decoding
+ *
+ * ColumnBuilder(topic, partition, headers=True, max_offset=2**31 - 1, allocate=None)
+ * accumulates the records of the batches given to ``append`` as Arrow-ready column buffers, with
+ * no Python object per record:
+ *
+ *     offsets int64, timestamps int64 (ms), timestamp types int32,
+ *     key and value: int32 offsets (n + 1), data, validity bitmap (LSB first) and null count,
+ *     headers (list<struct<key: string, value: binary>>): int32 list offsets (n + 1), and for
+ *     the n_h headers: key offsets (n_h + 1) + UTF-8 data, value offsets + data + validity.
+ *
+ * append(batch, start) -> stored parses the batch and stores its records at offset >= start:
+ * all of them or, on any error, none (the builder goes back to where it was).  It returns None,
+ * storing nothing, when they do not fit: when an int32 offset column would pass ``max_offset``;
+ * the batch is parsed to its end all the same, so a corrupt batch raises rather than that.
+ * Legacy message sets, values beyond 64 bits and non-buffer data go through the Python row
+ * decoder (``fallback``), whose records are then stored the same way.  finish() hands the
+ * buffers out as a tuple (see protocol/columnar.py ``ColumnBuffers``); the builder is spent then.
+ *
+ * Each buffer is a bytearray, or with ``allocate`` whatever ``allocate(size)`` returns: an object
+ * exporting a writable buffer, with a ``resize(size)`` method that keeps the bytes and leaves the
+ * memory in place until the next resize (pyarrow's ``allocate_buffer(size, resizable=True)``:
+ * Arrow's memory pool reuses memory, where large bytearrays come from fresh pages each time).
+ */
+
+enum {
+    B_OFFSETS,
+    B_TIMESTAMPS,
+    B_TS_TYPES,
+    B_KEY_OFFSETS,
+    B_KEY_DATA,
+    B_KEY_VALID,
+    B_VALUE_OFFSETS,
+    B_VALUE_DATA,
+    B_VALUE_VALID,
+    B_HDR_OFFSETS, /* the header buffers exist only with headers=True */
+    B_HKEY_OFFSETS,
+    B_HKEY_DATA,
+    B_HVALUE_OFFSETS,
+    B_HVALUE_DATA,
+    B_HVALUE_VALID,
+    NBUFS,
+};
+#define FIRST_HEADER_BUF B_HDR_OFFSETS
+#define ERR_FULL 4 /* not a failure: the record does not fit under max_offset */
+
+typedef struct {
+    PyObject *obj; /* a bytearray or an ``allocate``d buffer; its size is the capacity while building */
+    char *p;
+    Py_ssize_t cap;
+    int external; /* made by ``allocate`` */
+} colbuf;
+
+/* What append() rolls back to.  Everything else is a function of these. */
+typedef struct {
+    Py_ssize_t n, nh;
+    Py_ssize_t key_nulls, value_nulls, hvalue_nulls;
+    Py_ssize_t key_len, value_len, hkey_len, hvalue_len;
+} colstate;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *topic;
+    PyObject *partition;
+    int headers;
+    int finished;
+    Py_ssize_t max_offset;
+    colstate s;
+    colbuf b[NBUFS];
+} ColumnBuilder;
+
+/* Where an ``allocate``d buffer's memory is now (after creation or a resize). */
+static int
+colbuf_locate(colbuf *b, Py_ssize_t size)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(b->obj, &view, PyBUF_WRITABLE) < 0) {
+        return -1;
+    }
+    char *p = (char *)view.buf;
+    Py_ssize_t len = view.len;
+    PyBuffer_Release(&view); /* the object keeps the memory where it is until resized */
+    if (len < size) {
+        PyErr_SetString(PyExc_ValueError, "allocate() gave a buffer smaller than asked for");
+        return -1;
+    }
+    b->p = p;
+    return 0;
+}
+
+static int
+colbuf_init(colbuf *b, PyObject *allocate, Py_ssize_t cap)
+{
+    b->external = allocate != NULL;
+    b->cap = cap;
+    if (allocate == NULL) {
+        b->obj = PyByteArray_FromStringAndSize(NULL, cap);
+        b->p = b->obj == NULL ? NULL : PyByteArray_AS_STRING(b->obj);
+        return b->obj == NULL ? -1 : 0;
+    }
+    b->obj = PyObject_CallFunction(allocate, "n", cap);
+    return b->obj == NULL ? -1 : colbuf_locate(b, cap);
+}
+
+static int
+colbuf_resize(colbuf *b, Py_ssize_t size)
+{
+    if (!b->external) {
+        if (PyByteArray_Resize(b->obj, size) < 0) {
+            return -1;
+        }
+        b->p = PyByteArray_AS_STRING(b->obj);
+    }
+    else {
+        PyObject *r = PyObject_CallMethod(b->obj, "resize", "n", size);
+        if (r == NULL) {
+            return -1;
+        }
+        Py_DECREF(r);
+        if (colbuf_locate(b, size) < 0) {
+            return -1;
+        }
+    }
+    b->cap = size;
+    return 0;
+}
+
+static int
+colbuf_grow(colbuf *b, Py_ssize_t need)
+{
+    Py_ssize_t cap = b->cap > PY_SSIZE_T_MAX / 2 ? PY_SSIZE_T_MAX : b->cap * 2;
+    return colbuf_resize(b, cap < need ? need : cap);
+}
+
+static inline int
+colbuf_reserve(colbuf *b, Py_ssize_t need)
+{
+    return need <= b->cap ? 0 : colbuf_grow(b, need);
+}
+
+static inline void
+put_i64(colbuf *b, Py_ssize_t i, int64_t v)
+{
+    memcpy(b->p + i * 8, &v, 8);
+}
+
+static inline void
+put_i32(colbuf *b, Py_ssize_t i, int32_t v)
+{
+    memcpy(b->p + i * 4, &v, 4);
+}
+
+/* Bit i of a validity bitmap (LSB first); a byte is written whole when its first bit is. */
+static inline void
+put_bit(colbuf *b, Py_ssize_t i, int valid)
+{
+    unsigned char *byte = (unsigned char *)b->p + (i >> 3);
+    unsigned char mask = (unsigned char)(1u << (i & 7));
+    if ((i & 7) == 0) {
+        *byte = valid ? 1 : 0;
+    }
+    else if (valid) {
+        *byte |= mask;
+    }
+    else {
+        *byte &= (unsigned char)~mask;
+    }
+}
+
+/* Room for ``count`` more records in the per-record buffers. */
+static int
+reserve_records(ColumnBuilder *cb, Py_ssize_t count)
+{
+    Py_ssize_t n = cb->s.n + count;
+    if (colbuf_reserve(&cb->b[B_OFFSETS], n * 8) < 0 || colbuf_reserve(&cb->b[B_TIMESTAMPS], n * 8) < 0 ||
+        colbuf_reserve(&cb->b[B_TS_TYPES], n * 4) < 0 || colbuf_reserve(&cb->b[B_KEY_OFFSETS], (n + 1) * 4) < 0 ||
+        colbuf_reserve(&cb->b[B_VALUE_OFFSETS], (n + 1) * 4) < 0 ||
+        colbuf_reserve(&cb->b[B_KEY_VALID], n / 8 + 1) < 0 || colbuf_reserve(&cb->b[B_VALUE_VALID], n / 8 + 1) < 0) {
+        return -1;
+    }
+    if (cb->headers && colbuf_reserve(&cb->b[B_HDR_OFFSETS], (n + 1) * 4) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* Append len bytes to a data buffer; ERR_FULL when its offsets would pass max_offset. */
+static inline int
+put_data(ColumnBuilder *cb, int which, Py_ssize_t *used, const unsigned char *at, Py_ssize_t len)
+{
+    if (len > cb->max_offset - *used) {
+        return ERR_FULL;
+    }
+    if (colbuf_reserve(&cb->b[which], *used + len) < 0) {
+        return ERR_PYTHON;
+    }
+    if (len > 0) {
+        memcpy(cb->b[which].p + *used, at, (size_t)len);
+    }
+    *used += len;
+    return OK;
+}
+
+/* One header of the record being stored (its key is UTF-8 already). */
+static int
+put_header(ColumnBuilder *cb, const unsigned char *key, Py_ssize_t klen, const unsigned char *value, Py_ssize_t vlen)
+{
+    colstate *s = &cb->s;
+    if (s->nh >= cb->max_offset) { /* the list offsets count headers */
+        return ERR_FULL;
+    }
+    Py_ssize_t nh = s->nh + 1;
+    if (colbuf_reserve(&cb->b[B_HKEY_OFFSETS], (nh + 1) * 4) < 0 ||
+        colbuf_reserve(&cb->b[B_HVALUE_OFFSETS], (nh + 1) * 4) < 0 ||
+        colbuf_reserve(&cb->b[B_HVALUE_VALID], nh / 8 + 1) < 0) {
+        return ERR_PYTHON;
+    }
+    int r = put_data(cb, B_HKEY_DATA, &s->hkey_len, key, klen);
+    if (r == OK && value != NULL) {
+        r = put_data(cb, B_HVALUE_DATA, &s->hvalue_len, value, vlen);
+    }
+    if (r != OK) {
+        return r;
+    }
+    put_bit(&cb->b[B_HVALUE_VALID], s->nh, value != NULL);
+    if (value == NULL) {
+        s->hvalue_nulls++;
+    }
+    put_i32(&cb->b[B_HKEY_OFFSETS], nh, (int32_t)s->hkey_len);
+    put_i32(&cb->b[B_HVALUE_OFFSETS], nh, (int32_t)s->hvalue_len);
+    s->nh = nh;
+    return OK;
+}
+
+/* A header key exactly as the row decoders turn it into a str (malformed UTF-8 becomes
+ * U+FFFD), then stored as UTF-8. */
+static int
+put_header_key_value(ColumnBuilder *cb, const unsigned char *key, Py_ssize_t klen, const unsigned char *value,
+                     Py_ssize_t vlen)
+{
+    for (Py_ssize_t i = 0; i < klen; i++) {
+        if (key[i] >= 0x80) {
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)key, klen, "replace");
+            if (text == NULL) {
+                return ERR_PYTHON;
+            }
+            Py_ssize_t len;
+            const char *utf8 = PyUnicode_AsUTF8AndSize(text, &len);
+            int r = utf8 == NULL ? ERR_PYTHON : put_header(cb, (const unsigned char *)utf8, len, value, vlen);
+            Py_DECREF(text);
+            return r;
+        }
+    }
+    return put_header(cb, key, klen, value, vlen);
+}
+
+/* The record's key, value and fixed fields (its headers are stored already); reserve_records
+ * made room for it. */
+static int
+put_record(ColumnBuilder *cb, int64_t offset, int64_t ts, int32_t ts_type, const unsigned char *key,
+           Py_ssize_t klen, const unsigned char *value, Py_ssize_t vlen)
+{
+    colstate *s = &cb->s;
+    Py_ssize_t i = s->n;
+    int r = OK;
+    if (key != NULL) {
+        r = put_data(cb, B_KEY_DATA, &s->key_len, key, klen);
+    }
+    if (r == OK && value != NULL) {
+        r = put_data(cb, B_VALUE_DATA, &s->value_len, value, vlen);
+    }
+    if (r != OK) {
+        return r;
+    }
+    put_i64(&cb->b[B_OFFSETS], i, offset);
+    put_i64(&cb->b[B_TIMESTAMPS], i, ts);
+    put_i32(&cb->b[B_TS_TYPES], i, ts_type);
+    put_bit(&cb->b[B_KEY_VALID], i, key != NULL);
+    put_bit(&cb->b[B_VALUE_VALID], i, value != NULL);
+    s->key_nulls += key == NULL;
+    s->value_nulls += value == NULL;
+    put_i32(&cb->b[B_KEY_OFFSETS], i + 1, (int32_t)s->key_len);
+    put_i32(&cb->b[B_VALUE_OFFSETS], i + 1, (int32_t)s->value_len);
+    if (cb->headers) {
+        put_i32(&cb->b[B_HDR_OFFSETS], i + 1, (int32_t)s->nh);
+    }
+    s->n = i + 1;
+    return OK;
+}
+
+/* Would a record with this much key and value data fit?  (Headers are checked as stored.) */
+static inline int
+record_fits(ColumnBuilder *cb, Py_ssize_t klen, Py_ssize_t vlen)
+{
+    return klen <= cb->max_offset - cb->s.key_len && vlen <= cb->max_offset - cb->s.value_len;
+}
+
+typedef struct {
+    int64_t start;
+    Py_ssize_t stored;
+    int full; /* a record did not fit: nothing more is stored, the batch will be rolled back */
+} store_plan;
+
+/* Whether the record at ``offset`` is stored. */
+static inline int
+plan_record(store_plan *plan, ColumnBuilder *cb, int64_t offset, Py_ssize_t klen, Py_ssize_t vlen)
+{
+    if (offset < plan->start || plan->full) {
+        return 0;
+    }
+    if (!record_fits(cb, klen, vlen)) {
+        plan->full = 1;
+        return 0;
+    }
+    return 1;
+}
+
+typedef struct {
+    int64_t count;
+    int64_t base_offset;
+    int64_t base_timestamp;
+    int64_t log_append_ts; /* max_timestamp */
+    int log_append_time;
+    int32_t timestamp_type;
+} col_batch;
+
+/* The records section of a v2 batch into the builder, with parse_records' checks. */
+static int
+parse_columns(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *plan)
+{
+    int status;
+    /* A record takes at least 7 bytes: no more than this many can parse. */
+    Py_ssize_t room = (p->end - p->pos) / 7;
+    Py_ssize_t n = bi->count < 0 ? 0 : (bi->count < (int64_t)room ? (Py_ssize_t)bi->count : room);
+    if (reserve_records(cb, n) < 0) {
+        return ERR_PYTHON;
+    }
+    for (int64_t i = 0; i < bi->count; i++) {
+        record_head r;
+        int64_t nheaders;
+        r.ts = bi->log_append_ts;
+        if ((status = read_record_head(p, bi->base_offset, bi->base_timestamp, bi->log_append_time, &r)) != OK ||
+            (status = read_header_count(p, &nheaders)) != OK) {
+            return status;
+        }
+        int store = plan_record(plan, cb, r.offset, r.key == NULL ? 0 : (Py_ssize_t)r.klen,
+                                r.value == NULL ? 0 : (Py_ssize_t)r.vlen);
+        int keep = store && cb->headers;
+        for (int64_t h = 0; h < nheaders; h++) {
+            const unsigned char *hkey, *hvalue;
+            Py_ssize_t hklen, hvlen;
+            if ((status = read_header(p, &hkey, &hklen, &hvalue, &hvlen)) != OK) {
+                return status;
+            }
+            if (keep) {
+                status = put_header_key_value(cb, hkey, hklen, hvalue, hvlen);
+                if (status == ERR_PYTHON) {
+                    return status;
+                }
+                if (status == ERR_FULL) {
+                    plan->full = 1;
+                    keep = store = 0;
+                }
+            }
+        }
+        if ((status = check_record_end(p, &r)) != OK) {
+            return status;
+        }
+        if (store) {
+            if (plan->stored >= n) { /* unreachable: see ``room`` */
+                PyOS_snprintf(p->err, ERRBUF, "record runs past the end of the batch");
+                return ERR_CORRUPT;
+            }
+            /* record_fits() said the key and value fit: put_record cannot be full. */
+            if (put_record(cb, r.offset, r.ts, bi->timestamp_type, r.key, (Py_ssize_t)r.klen, r.value,
+                           (Py_ssize_t)r.vlen) != OK) {
+                return ERR_PYTHON;
+            }
+            plan->stored++;
+        }
+    }
+    return check_batch_end(p, bi->count);
+}
+
+/* An int field of a row from the Python decoder as int64; ``overflow`` is -1 or 1 (and the
+ * value unusable) when it does not fit. */
+static int
+row_int64(PyObject *obj, int64_t *out, int *overflow)
+{
+    long long v = PyLong_AsLongLongAndOverflow(obj, overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int
+bytes_or_none(PyObject *obj, const unsigned char **at, Py_ssize_t *len)
+{
+    if (obj == Py_None) {
+        *at = NULL;
+        *len = 0;
+        return 0;
+    }
+    char *buf;
+    if (PyBytes_AsStringAndSize(obj, &buf, len) < 0) {
+        return -1;
+    }
+    *at = (const unsigned char *)buf;
+    return 0;
+}
+
+/* Store the rows the Python decoder made of a batch, with the plan of the native path.  Offsets
+ * and timestamps beyond 64 bits (only corrupt batches have them) raise CorruptRecordError. */
+static int
+put_rows(ColumnBuilder *cb, PyObject *rows, store_plan *plan, int64_t base_offset)
+{
+    if (!PyList_Check(rows)) {
+        PyErr_SetString(PyExc_TypeError, "the row decoder did not return a list");
+        return -1;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(rows);
+    if (reserve_records(cb, count) < 0) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != RECORD_FIELDS) {
+            PyErr_SetString(PyExc_TypeError, "the row decoder returned something other than a ConsumerRecord");
+            return -1;
+        }
+        int64_t offset, ts = 0, ts_type;
+        int overflow;
+        PyObject *bad = NULL;
+        const char *what = "offset";
+        if (row_int64(PyTuple_GET_ITEM(row, 2), &offset, &overflow) < 0) {
+            return -1;
+        }
+        if (overflow < 0) {
+            continue; /* before any start offset */
+        }
+        if (overflow > 0) {
+            bad = PyTuple_GET_ITEM(row, 2);
+        }
+        else if (offset < plan->start) {
+            continue;
+        }
+        else {
+            if (row_int64(PyTuple_GET_ITEM(row, 3), &ts, &overflow) < 0) {
+                return -1;
+            }
+            if (overflow) {
+                what = "timestamp";
+                bad = PyTuple_GET_ITEM(row, 3);
+            }
+        }
+        if (bad != NULL) {
+            PyObject *detail = PyUnicode_FromFormat("%s %S does not fit in 64 bits", what, bad);
+            if (detail != NULL) {
+                raise_corrupt_obj(detail, cb->topic, cb->partition, base_offset);
+                Py_DECREF(detail);
+            }
+            return -1;
+        }
+        if (row_int64(PyTuple_GET_ITEM(row, 4), &ts_type, &overflow) < 0) {
+            return -1;
+        }
+        if (overflow || ts_type < INT32_MIN || ts_type > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "timestamp type out of range");
+            return -1;
+        }
+        const unsigned char *key, *value;
+        Py_ssize_t klen, vlen;
+        if (bytes_or_none(PyTuple_GET_ITEM(row, 5), &key, &klen) < 0 ||
+            bytes_or_none(PyTuple_GET_ITEM(row, 6), &value, &vlen) < 0) {
+            return -1;
+        }
+        if (!plan_record(plan, cb, offset, klen, vlen)) {
+            continue;
+        }
+        PyObject *headers = PyTuple_GET_ITEM(row, 9);
+        if (cb->headers) {
+            if (!PyTuple_Check(headers)) {
+                PyErr_SetString(PyExc_TypeError, "record headers are not a tuple");
+                return -1;
+            }
+            for (Py_ssize_t h = 0; h < PyTuple_GET_SIZE(headers) && !plan->full; h++) {
+                PyObject *pair = PyTuple_GET_ITEM(headers, h);
+                const unsigned char *hvalue;
+                Py_ssize_t hklen, hvlen;
+                const char *hkey;
+                if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+                    PyErr_SetString(PyExc_TypeError, "a record header is not a (key, value) pair");
+                    return -1;
+                }
+                hkey = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(pair, 0), &hklen);
+                if (hkey == NULL || bytes_or_none(PyTuple_GET_ITEM(pair, 1), &hvalue, &hvlen) < 0) {
+                    return -1;
+                }
+                int hr = put_header(cb, (const unsigned char *)hkey, hklen, hvalue, hvlen);
+                if (hr == ERR_PYTHON) {
+                    return -1;
+                }
+                plan->full = hr == ERR_FULL;
+            }
+            if (plan->full) {
+                continue;
+            }
+        }
+        if (put_record(cb, offset, ts, (int32_t)ts_type, key, klen, value, vlen) != OK) {
+            return -1;
+        }
+        plan->stored++;
+    }
+    return 0;
+}
+
+/* What append() returns for a batch parsed without error: the number of records stored, or None
+ * (and the builder rolled back to ``before``) when they did not fit. */
+static PyObject *
+append_result(ColumnBuilder *cb, const store_plan *plan, const colstate *before)
+{
+    if (plan->full) {
+        cb->s = *before;
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromSsize_t(plan->stored);
+}
+
+/* The Python row decoder's records for the batch, stored; the builder is as before on error. */
+static PyObject *
+append_via_rows(ColumnBuilder *cb, PyObject *batch, store_plan *plan, int64_t base_offset)
+{
+    colstate before = cb->s;
+    PyObject *rows = call_fallback(batch, cb->topic, cb->partition);
+    if (rows == NULL) {
+        return NULL;
+    }
+    int r = put_rows(cb, rows, plan, base_offset);
+    Py_DECREF(rows);
+    if (r < 0) {
+        cb->s = before;
+        return NULL;
+    }
+    return append_result(cb, plan, &before);
+}
+
+static PyObject *
+builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "append(batch, start) takes exactly 2 arguments");
+        return NULL;
+    }
+    if (cb->finished) {
+        PyErr_SetString(PyExc_RuntimeError, "ColumnBuilder.finish() was called already");
+        return NULL;
+    }
+    PyObject *batch = args[0];
+    store_plan plan = {0, 0, 0};
+    plan.start = PyLong_AsLongLong(args[1]);
+    if (plan.start == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    col_batch bi;
+    int64_t magic, codec, ts_type;
+    if (get_int64(batch, s_magic, &magic) < 0 || get_int64(batch, s_base_offset, &bi.base_offset) < 0) {
+        return NULL;
+    }
+    if (magic != 2) {
+        return append_via_rows(cb, batch, &plan, bi.base_offset);
+    }
+    int is_control = batch_is_control(batch);
+    if (is_control < 0) {
+        return NULL;
+    }
+    if (is_control) {
+        return PyLong_FromLong(0);
+    }
+    if (get_int64(batch, s_compression, &codec) < 0 || get_int64(batch, s_record_count, &bi.count) < 0 ||
+        get_int64(batch, s_base_timestamp, &bi.base_timestamp) < 0 ||
+        get_int64(batch, s_timestamp_type, &ts_type) < 0) {
+        return NULL;
+    }
+    bi.log_append_time = ts_type != 0;
+    bi.timestamp_type = (int32_t)ts_type;
+    bi.log_append_ts = 0;
+    if (bi.log_append_time && get_int64(batch, s_max_timestamp, &bi.log_append_ts) < 0) {
+        return NULL;
+    }
+    parser p;
+    p.nkeys = 0;
+    records_src src;
+    int opened = open_records(batch, codec, cb->topic, cb->partition, &p, &src);
+    if (opened != OPEN_OK) {
+        close_records(&src);
+        return opened == OPEN_NOT_BUFFER ? append_via_rows(cb, batch, &plan, bi.base_offset) : NULL;
+    }
+    colstate before = cb->s;
+    store_plan initial = plan;
+    int status = parse_columns(&p, cb, &bi, &plan);
+    close_records(&src);
+    if (status == OK) {
+        return append_result(cb, &plan, &before);
+    }
+    cb->s = before;
+    if (status == ERR_CORRUPT) {
+        raise_corrupt(p.err, cb->topic, cb->partition, bi.base_offset);
+    }
+    else if (status == ERR_FALLBACK) {
+        return append_via_rows(cb, batch, &initial, bi.base_offset);
+    }
+    return NULL;
+}
+
+/* A buffer cut to ``len`` bytes, handed over (a new reference). */
+static PyObject *
+take_buffer(colbuf *b, Py_ssize_t len)
+{
+    if (colbuf_resize(b, len) < 0) {
+        return NULL;
+    }
+    PyObject *obj = b->obj;
+    b->obj = NULL;
+    b->p = NULL;
+    b->cap = 0;
+    return obj;
+}
+
+/* Clear the bits of a bitmap past its ``n`` bits (left over by rolled-back appends). */
+static void
+mask_tail(colbuf *b, Py_ssize_t n)
+{
+    if (n & 7) {
+        b->p[n >> 3] &= (char)((1u << (n & 7)) - 1);
+    }
+}
+
+static PyObject *
+builder_finish(ColumnBuilder *cb, PyObject *unused)
+{
+    if (cb->finished) {
+        PyErr_SetString(PyExc_RuntimeError, "ColumnBuilder.finish() was called already");
+        return NULL;
+    }
+    cb->finished = 1; /* whatever happens below, the buffers are no longer the builder's */
+    colstate *s = &cb->s;
+    Py_ssize_t n = s->n, nh = s->nh;
+    mask_tail(&cb->b[B_KEY_VALID], n);
+    mask_tail(&cb->b[B_VALUE_VALID], n);
+    Py_ssize_t lens[NBUFS] = {
+        [B_OFFSETS] = n * 8,
+        [B_TIMESTAMPS] = n * 8,
+        [B_TS_TYPES] = n * 4,
+        [B_KEY_OFFSETS] = (n + 1) * 4,
+        [B_KEY_DATA] = s->key_len,
+        [B_KEY_VALID] = (n + 7) / 8,
+        [B_VALUE_OFFSETS] = (n + 1) * 4,
+        [B_VALUE_DATA] = s->value_len,
+        [B_VALUE_VALID] = (n + 7) / 8,
+        [B_HDR_OFFSETS] = (n + 1) * 4,
+        [B_HKEY_OFFSETS] = (nh + 1) * 4,
+        [B_HKEY_DATA] = s->hkey_len,
+        [B_HVALUE_OFFSETS] = (nh + 1) * 4,
+        [B_HVALUE_DATA] = s->hvalue_len,
+        [B_HVALUE_VALID] = (nh + 7) / 8,
+    };
+    if (cb->headers) {
+        mask_tail(&cb->b[B_HVALUE_VALID], nh);
+    }
+    PyObject *bufs[NBUFS] = {NULL};
+    PyObject *result = NULL;
+    for (int i = 0; i < NBUFS; i++) {
+        if (i >= FIRST_HEADER_BUF && !cb->headers) {
+            bufs[i] = Py_None;
+            Py_INCREF(Py_None);
+        }
+        else if ((bufs[i] = take_buffer(&cb->b[i], lens[i])) == NULL) {
+            goto done;
+        }
+    }
+    /* The order of protocol/columnar.py's Columns fields. */
+    result = Py_BuildValue("(nOOOOOOnOOOnOOOOOOnn)", n, bufs[B_OFFSETS], bufs[B_TIMESTAMPS], bufs[B_TS_TYPES],
+                           bufs[B_KEY_OFFSETS], bufs[B_KEY_DATA], bufs[B_KEY_VALID], s->key_nulls,
+                           bufs[B_VALUE_OFFSETS], bufs[B_VALUE_DATA], bufs[B_VALUE_VALID], s->value_nulls,
+                           bufs[B_HDR_OFFSETS], bufs[B_HKEY_OFFSETS], bufs[B_HKEY_DATA], bufs[B_HVALUE_OFFSETS],
+                           bufs[B_HVALUE_DATA], bufs[B_HVALUE_VALID], nh, s->hvalue_nulls);
+done:
+    for (int i = 0; i < NBUFS; i++) {
+        Py_XDECREF(bufs[i]);
+    }
+    return result;
+}
+
+static PyObject *
+builder_count(ColumnBuilder *cb, void *closure)
+{
+    return PyLong_FromSsize_t(cb->s.n);
+}
+
+static void
+builder_dealloc(ColumnBuilder *cb)
+{
+    for (int i = 0; i < NBUFS; i++) {
+        Py_XDECREF(cb->b[i].obj);
+    }
+    Py_XDECREF(cb->topic);
+    Py_XDECREF(cb->partition);
+    Py_TYPE(cb)->tp_free((PyObject *)cb);
+}
+
+static PyObject *
+builder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"topic", "partition", "headers", "max_offset", "allocate", NULL};
+    PyObject *topic, *partition, *allocate = Py_None;
+    int headers = 1;
+    Py_ssize_t max_offset = INT32_MAX;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO!|pnO:ColumnBuilder", kwlist, &topic, &PyLong_Type,
+                                     &partition, &headers, &max_offset, &allocate)) {
+        return NULL;
+    }
+    if (allocate != Py_None && !PyCallable_Check(allocate)) {
+        PyErr_SetString(PyExc_TypeError, "allocate must be callable or None");
+        return NULL;
+    }
+    if (fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "asyncconsumer._speedups.bind() was not called");
+        return NULL;
+    }
+    if (max_offset < 0 || max_offset > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "max_offset must lie in 0 .. 2**31 - 1 (Arrow's int32 offsets)");
+        return NULL;
+    }
+    ColumnBuilder *cb = (ColumnBuilder *)type->tp_alloc(type, 0);
+    if (cb == NULL) {
+        return NULL;
+    }
+    Py_INCREF(topic);
+    cb->topic = topic;
+    Py_INCREF(partition);
+    cb->partition = partition;
+    cb->headers = headers;
+    cb->max_offset = max_offset;
+    int nbufs = headers ? NBUFS : FIRST_HEADER_BUF;
+    for (int i = 0; i < nbufs; i++) {
+        if (colbuf_init(&cb->b[i], allocate == Py_None ? NULL : allocate, 64) < 0) {
+            Py_DECREF(cb);
+            return NULL;
+        }
+    }
+    /* offsets[0] of every offsets buffer */
+    int starts[] = {B_KEY_OFFSETS, B_VALUE_OFFSETS, B_HDR_OFFSETS, B_HKEY_OFFSETS, B_HVALUE_OFFSETS};
+    for (int i = 0; i < (int)(sizeof(starts) / sizeof(starts[0])); i++) {
+        if (starts[i] < nbufs) {
+            put_i32(&cb->b[starts[i]], 0, 0);
+        }
+    }
+    return (PyObject *)cb;
+}
+
+PyDoc_STRVAR(builder_doc,
+             "ColumnBuilder(topic, partition, headers=True, max_offset=2**31 - 1, allocate=None)\n\n"
+             "Record batches to Arrow-ready column buffers; see asyncconsumer.protocol.columnar.");
+PyDoc_STRVAR(append_doc,
+             "append(batch, start) -> int | None\n\n"
+             "Store the batch's records at offset >= start; how many, or None (nothing stored) when\n"
+             "they do not fit under max_offset.  All or nothing: on error the builder is unchanged.");
+PyDoc_STRVAR(finish_doc, "finish() -> tuple\n\nThe column buffers (protocol/columnar.py Columns order).");
+
+static PyMethodDef builder_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))builder_append, METH_FASTCALL, append_doc},
+    {"finish", (PyCFunction)builder_finish, METH_NOARGS, finish_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef builder_getset[] = {
+    {"count", (getter)builder_count, NULL, "records stored so far", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ColumnBuilderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "asyncconsumer._speedups.ColumnBuilder",
+    .tp_basicsize = sizeof(ColumnBuilder),
+    .tp_dealloc = (destructor)builder_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = builder_doc,
+    .tp_methods = builder_methods,
+    .tp_getset = builder_getset,
+    .tp_new = builder_new,
+};
 
 /* ------------------------------------------------------------------ bind */
 
@@ -738,8 +1661,18 @@ PyInit__speedups(void)
     }
     empty_tuple = PyTuple_New(0);
     str_prefix = PyUnicode_FromString("record batch is corrupt: ");
-    if (empty_tuple == NULL || str_prefix == NULL) {
+    if (empty_tuple == NULL || str_prefix == NULL || PyType_Ready(&ColumnBuilderType) < 0) {
         return NULL;
     }
-    return PyModule_Create(&module_def);
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&ColumnBuilderType);
+    if (PyModule_AddObject(module, "ColumnBuilder", (PyObject *)&ColumnBuilderType) < 0) {
+        Py_DECREF(&ColumnBuilderType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

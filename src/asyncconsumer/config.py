@@ -10,20 +10,56 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import ssl
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from .errors import ConfigError
 
 Deserializer = Callable[[bytes], Any]
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 OFFSET_RESETS = ("earliest", "latest", "none")
 ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
 ASSIGNORS = ("range", "roundrobin", "sticky", "cooperative-sticky")
 GROUP_PROTOCOLS = ("classic", "consumer")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OAuthBearerToken:
+    """An OAUTHBEARER token with what the client needs to know about it.
+
+    ``value`` is the token itself (typically a JWT).  ``expires_at`` is its expiry as a Unix time in
+    seconds (a JWT's ``exp`` claim; for a plain string token the client reads ``exp`` itself when the
+    token is a JWT): the client asks the provider for a new token once 80 % of the time from getting it
+    to ``expires_at`` has passed.  ``extensions`` are SASL extensions sent with the token (KIP-342),
+    such as ``{"logicalCluster": "lkc-1"}``; keys are letters only and ``auth`` is reserved.
+    """
+
+    value: str
+    expires_at: float | None = None
+    extensions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+#: What a token provider may return: the token, ``(token, expires_at)`` as librdkafka's and
+#: confluent-kafka's ``oauth_cb`` return it, or an :class:`OAuthBearerToken`.
+OAuthTokenResult: TypeAlias = "str | tuple[str, float] | OAuthBearerToken"
+
+
+@runtime_checkable
+class OAuthTokenSource(Protocol):
+    """An object with an async ``token()`` method (the shape of aiokafka's ``AbstractTokenProvider``)."""
+
+    def token(self) -> Awaitable[OAuthTokenResult]: ...
+
+
+#: ``sasl_oauth_token_provider``: a plain or async callable taking no arguments, or an object with an
+#: async ``token()`` method.
+OAuthTokenProvider: TypeAlias = (
+    "Callable[[], OAuthTokenResult | Awaitable[OAuthTokenResult]] | OAuthTokenSource"
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +93,8 @@ class ConsumerConfig:
     fetch_buffer_bytes: int = 67108864
     #: Records per poll: getmany()'s default max_records, a batches() item, an async-for chunk.
     max_poll_records: int = 500
+    #: read_committed: no records of aborted transactions, nothing past the last stable offset, and
+    #: end_offsets()/seek_to_end()/"latest" mean the LSO; markers are never returned (either level).
     isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
     check_crcs: bool = True
     exclude_internal_topics: bool = True
@@ -68,14 +106,21 @@ class ConsumerConfig:
     connections_max_idle_ms: int = 540000
     reconnect_backoff_ms: int = 50
     reconnect_backoff_max_ms: int = 1000
+    #: Also the least time between two metadata refreshes asked for one after the other.
     retry_backoff_ms: int = 100
+    #: The longest between metadata refreshes: a group's leader notices added partitions then.
     metadata_max_age_ms: int = 300000
     # Security.
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     ssl_context: ssl.SSLContext | None = None
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] = "PLAIN"
     sasl_plain_username: str | None = None
     sasl_plain_password: str | None = dataclasses.field(default=None, repr=False)
+    #: For ``sasl_mechanism="OAUTHBEARER"``: called (and awaited, if it returns an awaitable) for a
+    #: token when a connection authenticates or re-authenticates and the last token is near its expiry.
+    #: Returns a ``str``, ``(token, expires_at)`` or an :class:`OAuthBearerToken`.  An object with an
+    #: async ``token()`` method works too.  It must not block: do blocking I/O in a thread.
+    sasl_oauth_token_provider: OAuthTokenProvider | None = dataclasses.field(default=None, repr=False)
 
     @property
     def uses_tls(self) -> bool:
@@ -187,6 +232,13 @@ def _coerce(name: str, value: Any) -> Any:
         if value is not None and not isinstance(value, ssl.SSLContext):
             raise ConfigError(f"ssl_context must be an ssl.SSLContext, got {type(value).__name__}")
         return value
+    if name == "sasl_oauth_token_provider":
+        if value is not None and not callable(value) and not _has_token_method(value):
+            raise ConfigError(
+                "sasl_oauth_token_provider must be a callable returning a token (str, (token, expires_at) or "
+                f"OAuthBearerToken), or an object with an async token() method, got {value!r}"
+            )
+        return value
     if name.endswith("_deserializer"):
         if value is not None and not callable(value):
             raise ConfigError(f"{name} must be callable (bytes -> value), got {value!r}")
@@ -194,6 +246,11 @@ def _coerce(name: str, value: Any) -> Any:
     if value is not None and not isinstance(value, str):
         raise ConfigError(f"{name} must be a string, got {value!r}")
     return value
+
+
+def _has_token_method(value: object) -> bool:
+    method = getattr(value, "token", None)
+    return callable(method) and inspect.iscoroutinefunction(method)
 
 
 def build_config(options: Mapping[str, Any]) -> ConsumerConfig:
@@ -225,8 +282,21 @@ def _check_consistency(c: ConsumerConfig) -> None:
         raise ConfigError(f"rebalance_timeout_ms must be > 0, got {c.rebalance_timeout_ms}")
     if c.group_instance_id is not None and c.group_id is None:
         raise ConfigError("group_instance_id needs a group_id")
-    if c.uses_sasl and (not c.sasl_plain_username or c.sasl_plain_password is None):
-        raise ConfigError(f"security_protocol={c.security_protocol} needs sasl_plain_username and sasl_plain_password")
+    if c.uses_sasl and c.sasl_mechanism == "OAUTHBEARER":
+        if c.sasl_oauth_token_provider is None:
+            raise ConfigError(
+                "sasl_mechanism='OAUTHBEARER' needs sasl_oauth_token_provider (a callable returning a token)"
+            )
+    elif c.uses_sasl and (not c.sasl_plain_username or c.sasl_plain_password is None):
+        raise ConfigError(
+            f"security_protocol={c.security_protocol} with sasl_mechanism={c.sasl_mechanism!r} needs "
+            "sasl_plain_username and sasl_plain_password"
+        )
+    if c.sasl_oauth_token_provider is not None and not (c.uses_sasl and c.sasl_mechanism == "OAUTHBEARER"):
+        raise ConfigError(
+            "sasl_oauth_token_provider is set but not used: it needs sasl_mechanism='OAUTHBEARER' and "
+            f"security_protocol 'SASL_PLAINTEXT' or 'SASL_SSL' (got {c.sasl_mechanism!r}, {c.security_protocol!r})"
+        )
     if c.ssl_context is not None and not c.uses_tls:
         raise ConfigError(f"ssl_context is set but security_protocol={c.security_protocol}; use 'SSL' or 'SASL_SSL'")
 

@@ -600,7 +600,8 @@ class Consumer(Generic[KT, VT]):
     async def end_offsets(
         self, partitions: Iterable[TopicPartition], *, timeout: float | None = None
     ) -> dict[TopicPartition, int]:
-        """The offset after the last record (the last stable offset with read_committed)."""
+        """The offset after the last record: the high watermark, or with ``read_committed`` the last
+        stable offset (the first record of the oldest open transaction), as in the Java client."""
         results = await self._list_offsets({tp: LATEST for tp in _check_partitions(partitions, "end_offsets")}, timeout)
         return {tp: r[0] if r is not None else -1 for tp, r in results.items()}
 
@@ -673,13 +674,16 @@ class Consumer(Generic[KT, VT]):
         await waiter.wait()
 
     def _consumed_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The position after what was handed out, per partition (not for partitions that no longer
+        exist: a deleted topic's offsets cannot be committed, and went with it)."""
         engine = self._engine
         if engine is None:
             return {}
+        cluster = engine.metadata.cluster
         return {
             tp: OffsetAndMetadata(s.consumed, "", s.epoch_before(s.consumed))
             for tp, s in engine.subscriptions.partitions.items()
-            if s.has_position and s.consumed >= 0
+            if s.has_position and s.consumed >= 0 and not cluster.missing(tp)
         }
 
     @overload
@@ -754,8 +758,11 @@ class Consumer(Generic[KT, VT]):
         engine = self._running()
         records = await self._take(engine, only, limit, timeout, hand_out=mark_consumed)
         if mark_consumed:
-            for tp, recs in records.items():
-                engine.subscriptions.partitions[tp].consumed = recs[-1].offset + 1
+            for tp in records:
+                # Everything taken is handed out: the position is past it, and past the transaction
+                # markers, aborted batches or compaction gaps the fetch ended with (Java does the same).
+                state = engine.subscriptions.partitions[tp]
+                state.consumed = state.position
         return self._deserialize_many(engine, records)
 
     async def _take(self, engine: Engine, only: set[TopicPartition] | None, limit: int,
@@ -836,9 +843,10 @@ class Consumer(Generic[KT, VT]):
                 index += 1
                 if index == len(records):
                     chunks.popleft()
+                    state.consumed = chunk.end
                 else:
                     chunk.index = index
-                state.consumed = record.offset + 1
+                    state.consumed = record.offset + 1
                 if self._plain_records:
                     return record  # type: ignore[return-value]  # no deserializers: KT, VT are bytes
                 return self._deserialize(record)
@@ -855,7 +863,9 @@ class Consumer(Generic[KT, VT]):
                     chunk.index += 1
                     if chunk.index == len(chunk.records):
                         self._chunks.popleft()
-                    chunk.state.consumed = record.offset + 1
+                        chunk.state.consumed = chunk.end
+                    else:
+                        chunk.state.consumed = record.offset + 1
                     return self._deserialize(record)
                 await self._refill(engine, self._batch_limit())
         except ConsumerClosedError as exc:
@@ -872,7 +882,7 @@ class Consumer(Generic[KT, VT]):
                 if chunk is not None:
                     self._chunks.popleft()
                     records = chunk.records[chunk.index:] if chunk.index else chunk.records
-                    chunk.state.consumed = records[-1].offset + 1
+                    chunk.state.consumed = chunk.end
                     # Non-empty: a deserializer error on the first record raises, a later one is deferred.
                     return self._deserialize_many(engine, {chunk.state.tp: records})[chunk.state.tp]
                 await self._refill(engine, limit)
@@ -1089,13 +1099,16 @@ class _PollingIterator(Generic[KT, VT]):
 class _Chunk:
     """One partition's records taken from the buffer for ``async for`` or ``batches()``."""
 
-    __slots__ = ("epoch", "index", "records", "state")
+    __slots__ = ("end", "epoch", "index", "records", "state")
 
     def __init__(self, state: PartitionState, records: list[Record]) -> None:
         self.state = state
         self.epoch = state.epoch  # a seek, reset or revocation since makes the chunk stale
         self.records = records
         self.index = 0  # the next record to hand out
+        #: The position once the last record is handed out: past any transaction markers, aborted
+        #: batches or compaction gaps the fetch ended with (nothing in between to hand out).
+        self.end = state.position
 
     @property
     def live(self) -> bool:

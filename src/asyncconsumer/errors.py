@@ -52,7 +52,18 @@ class NoBrokersAvailableError(KafkaConnectionError):
 
 
 class AuthenticationError(KafkaError):
-    """TLS or SASL authentication with a broker failed."""
+    """TLS or SASL authentication with a broker failed, or the connection's security settings do not
+    match the listener (a plaintext client on a SASL listener, say).  Retrying does not help."""
+
+
+class SaslAuthenticationError(AuthenticationError):
+    """The SASL login failed: the broker rejected the credentials or the token (the message names the
+    mechanism and the user), the OAUTHBEARER token provider failed, or the exchange broke the rules."""
+
+
+class TLSHandshakeError(AuthenticationError):
+    """The TLS handshake with a broker failed or did not complete: an untrusted certificate, a host name
+    the certificate does not cover, or no TLS on that port (the message says which)."""
 
 
 class ProtocolError(KafkaError):

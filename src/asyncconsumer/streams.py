@@ -82,6 +82,11 @@ class PartitionStream(Generic[KT, VT]):
                 break
 
     @property
+    def idle(self) -> bool:
+        """Every record given to this stream was processed: none pending, buffered or in hand."""
+        return not self.pending and self._in_hand is None and self._receive.statistics().current_buffer_used == 0
+
+    @property
     def drained(self) -> bool:
         """The reader has processed everything sent and waits for more (or stopped reading)."""
         idle = self._in_hand is None and self._receive.statistics().current_buffer_used == 0
@@ -114,7 +119,20 @@ class PartitionStreams(Generic[KT, VT]):
                 if stream is not None:
                     stream.pending.extend(records)
             self._push_all()
+            self._advance_idle()
         return self._new.pop(0)
+
+    def _advance_idle(self) -> None:
+        """A partition whose stream processed everything it was given moves on to its fetch
+        position: past the transaction markers, aborted batches or compaction gaps that the
+        fetch skipped after those records (nothing there for the stream)."""
+        engine = self._consumer._engine
+        if engine is None:
+            return
+        for tp, stream in self._streams.items():
+            state = engine.subscriptions.get(tp)
+            if state is stream._state and state.has_position and state.consumed < state.position and stream.idle:
+                state.consumed = state.position
 
     def _open_assigned(self) -> None:
         engine = self._consumer._engine

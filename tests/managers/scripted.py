@@ -236,7 +236,11 @@ def metadata_body(
 def load_metadata(
     metadata: MetadataManager, clock: FakeClock, leaders: Leaders, **kwargs: Any
 ) -> MetadataManager:
-    """Answer ``metadata``'s next request with ``metadata_body(leaders, **kwargs)``."""
+    """Answer ``metadata``'s next request with ``metadata_body(leaders, **kwargs)``, first letting the
+    clock run to when it may go (a refresh asked for right after another one waits ``retry_backoff``)."""
+    due = metadata.next_deadline(clock.now)
+    if clock.now < due < float("inf"):
+        clock.advance(due - clock.now)
     requests = metadata.poll(clock.now)
     assert requests, "the metadata manager sent nothing"
     for request in requests:

@@ -31,7 +31,8 @@ U0 = TopicPartition("u", 0)
 
 class Setup:
     def __init__(self, *, has_group: bool = False, auto_commit: float | None = None,
-                 identity: GroupIdentity | None = None, versions: dict[str, int] | None = None) -> None:
+                 identity: GroupIdentity | None = None, versions: dict[str, int] | None = None,
+                 gone: set[TopicPartition] | None = None) -> None:
         self.clock = FakeClock()
         self.subs = SubscriptionState("earliest", has_group=has_group)
         self.errors: list[KafkaError] = []
@@ -39,6 +40,8 @@ class Setup:
         kwargs: dict[str, Any] = {}
         if identity is not None:
             kwargs["group_identity"] = lambda: identity
+        if gone is not None:
+            kwargs["partition_exists"] = lambda tp: tp not in gone
         self.commits = CommitManager(self.coordinator, self.subs, retry_backoff=BACKOFF,
                                      request_timeout=TIMEOUT, auto_commit_interval=auto_commit,
                                      report_error=self.errors.append, **kwargs)
@@ -391,7 +394,7 @@ def test_newly_added_partitions_are_fetched_separately() -> None:
     first = s.h.take("OffsetFetch")
     s.subs.add([T1])
     second = s.h.take("OffsetFetch")
-    assert second.body()["groups"][0]["topics"] == [{"name": "t", "partition_indexes": [1]}]
+    assert [(t["name"], t["partition_indexes"]) for t in second.body()["groups"][0]["topics"]] == [("t", [1])]
     second.respond(fetch_answer(9, {T1: (8, -1, "")}))
     first.respond(fetch_answer(9, {T0: (9, -1, "")}))
     assert (s.subs.partitions[T0].position, s.subs.partitions[T1].position) == (9, 8)
@@ -468,6 +471,22 @@ def test_auto_commit_skips_partitions_without_position() -> None:
     s.commits.start_auto_commit(s.h.now)
     s.h.advance(INTERVAL)
     assert set(commit_partitions(s.h.take("OffsetCommit"))) == {T1}
+
+
+def test_auto_commit_leaves_out_partitions_that_no_longer_exist() -> None:
+    # The broker refuses offsets of a deleted topic (UNKNOWN_TOPIC_OR_PARTITION) and dropped the
+    # group's offsets of it with the topic: there is nothing to commit there.
+    gone: set[TopicPartition] = set()
+    s = Setup(auto_commit=INTERVAL, gone=gone)
+    s.find_coordinator()
+    s.subs.assign([T0, T1])
+    s.subs.seek(T0, 4)
+    s.subs.seek(T1, 3)
+    gone.add(T0)
+    s.commits.start_auto_commit(s.h.now)
+    s.h.advance(INTERVAL)
+    assert set(commit_partitions(s.h.take("OffsetCommit"))) == {T1}
+    assert s.commits.processed_offsets() == {T1: OffsetAndMetadata(3)}
 
 
 def test_no_auto_commit_without_interval() -> None:

@@ -141,13 +141,17 @@ class Group:
             {"key": "g", "node_id": node, "host": f"c{node}", "port": 9000, "error_code": 0, "error_message": None}]})
         assert self.coordinator.node_id == COORDINATOR_NODE_BASE - node
 
-    def serve_metadata(self, leaders: Mapping[TopicPartition, tuple[int, int]] = LEADERS) -> list[str]:
-        """Answer the metadata manager's pending request; returns the topics it asked for."""
+    def serve_metadata(self, leaders: Mapping[TopicPartition, tuple[int, int]] = LEADERS, **kwargs: Any) -> list[str]:
+        """Answer the metadata manager's pending request; returns the topics it asked for.  A refresh
+        asked for right after another one waits the backoff: the clock runs to it."""
+        due = self.metadata.next_deadline(self.now)
+        if self.now < due < float("inf"):
+            self.h.advance(due - self.now)
         requests = self.metadata.poll(self.now)
         assert len(requests) == 1, f"expected one Metadata request, got {requests}"
         request = requests[0]
         asked = request.build(12)["topics"]
-        Sent(request, self.clock, 12).respond(metadata_body(leaders))
+        Sent(request, self.clock, 12).respond(metadata_body(leaders, **kwargs))
         return sorted(t["name"] for t in asked)
 
     # -- scripted flows --------------------------------------------------------------------------
@@ -441,6 +445,74 @@ def test_follower_ignores_partition_count_change() -> None:
     g.m.on_metadata()
     assert g.m.state is S.STABLE
     g.h.assert_idle("JoinGroup")
+
+
+WITHOUT_T = {U0: (1, 0), U1: (2, 0)}  # topic "t" deleted: the broker answers UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_member_owning_partitions_of_a_deleted_topic_rejoins_once_per_deletion() -> None:
+    g = Group()
+    g.stable((T0, T1))  # a follower: only the leader watches partition counts
+    g.metadata.request_update()
+    g.serve_metadata(WITHOUT_T, topic_errors={"t": 3})
+    g.m.on_metadata()
+    assert g.m.state is S.PREPARE_REVOCATION  # rejoin (eager: everything is revoked first)
+    g.h.poll()
+    g.last_callback(CallbackKind.REVOKED, tps(T0, T1)).ack()
+    g.join(generation=2)
+    g.sync([U0])
+    g.last_callback(CallbackKind.ASSIGNED, tps(U0)).ack()
+    g.h.poll()
+    g.metadata.request_update()
+    g.serve_metadata(WITHOUT_T, topic_errors={"t": 3})
+    g.m.on_metadata()
+    assert g.m.state is S.STABLE
+    # A leader whose metadata lags may hand the deleted partition out again, in a later rebalance:
+    # no second rejoin for the same deletion.
+    g.heartbeat(REBALANCE_IN_PROGRESS)
+    g.h.poll()
+    g.last_callback(CallbackKind.REVOKED, tps(U0)).ack()
+    g.join(generation=3)
+    g.sync([T0])
+    g.last_callback(CallbackKind.ASSIGNED, tps(T0)).ack()
+    g.h.poll()
+    assert g.m.state is S.STABLE
+    g.metadata.request_update()
+    g.serve_metadata(WITHOUT_T, topic_errors={"t": 3})
+    g.m.on_metadata()
+    assert g.m.state is S.STABLE
+    g.h.assert_idle("JoinGroup")
+    # Once the topic exists again, a later deletion is rejoined for again.
+    g.metadata.request_update()
+    g.serve_metadata()
+    g.m.on_metadata()
+    g.metadata.request_update()
+    g.serve_metadata(WITHOUT_T, topic_errors={"t": 3})
+    g.m.on_metadata()
+    assert g.m.state is S.PREPARE_REVOCATION
+
+
+def test_leader_rejoins_when_a_topic_of_another_member_is_deleted() -> None:
+    g = Group()
+    g.subscribe("t")
+    g.find_coordinator()
+    members = [("m-a", None, member_metadata("t")), ("m-b", None, member_metadata("u"))]
+    g.h.take("JoinGroup").respond(join_response(member_id="m-a", leader="m-a", members=members))
+    g.serve_metadata()
+    g.h.take("SyncGroup").respond(sync_response([T0, T1, T2, T3]))
+    g.last_callback(CallbackKind.ASSIGNED, tps(T0, T1, T2, T3)).ack()
+    g.h.poll()
+    assert g.m.state is S.STABLE
+    # "u" missing from an answer that did not ask for it says nothing ...
+    g.metadata.request_update()
+    g.serve_metadata({T0: (1, 0), T1: (1, 0), T2: (2, 0), T3: (2, 0)})
+    g.m.on_metadata()
+    assert g.m.state is S.STABLE
+    # ... the broker saying it does not exist is a change of the group's topics.
+    g.metadata.request_update()
+    g.serve_metadata({T0: (1, 0), T1: (1, 0), T2: (2, 0), T3: (2, 0)}, topic_errors={"u": 3})
+    g.m.on_metadata()
+    assert g.m.state is S.PREPARE_REVOCATION
 
 
 def test_leader_waiting_for_metadata_has_no_deadline() -> None:

@@ -114,6 +114,33 @@ def test_request_update_while_in_flight_sends_again_after_the_response() -> None
     h.assert_idle()
 
 
+def test_requested_refreshes_wait_the_backoff_after_each_answer() -> None:
+    # A partition that has no leader in any answer (its topic was deleted) asks for a refresh on
+    # every loop turn: that must make one request per retry_backoff_ms, not one per round trip.
+    manager, h, _, _ = make("a")
+    h.take("Metadata").respond(metadata_body({}, topic_errors={"a": 3}))
+    sent = []
+    for _ in range(40):
+        manager.request_update()
+        for request in h.sent("Metadata"):
+            request.respond(metadata_body({}, topic_errors={"a": 3}))
+            sent.append(h.now)
+        manager.request_update()
+        if sent and sent[-1] == h.now:
+            assert manager.next_deadline(h.now) == h.now + BACKOFF  # the loop sleeps until then
+        h.advance(BACKOFF / 4)
+    # 40 turns over 5 backoffs: the first refresh asked for goes at once, then one per backoff.
+    start = sent[0]
+    assert sent == [start + i * BACKOFF for i in range(10)]
+
+
+def test_new_topics_of_interest_do_not_wait_the_backoff() -> None:
+    _manager, h, interest, _ = make("a")
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    interest.names.add("c")
+    assert [t["name"] for t in h.take("Metadata").body()["topics"]] == ["a", "c"]
+
+
 def test_topics_of_interest_change_triggers_a_request() -> None:
     _manager, h, interest, _ = make("a")
     h.take("Metadata").respond(metadata_body(LEADERS))
@@ -155,6 +182,17 @@ def test_topic_errors_are_recorded() -> None:
     # LEADER_NOT_AVAILABLE (a topic being created) is transient: not a topic error, not a topic either.
     assert "creating" not in errors
     assert set(manager.cluster.topics) == {"a"}
+
+
+def test_missing_partitions_are_the_ones_the_broker_says_do_not_exist() -> None:
+    manager, h, _, _ = make("a", "gone", "secret", "later")
+    h.take("Metadata").respond(metadata_body(LEADERS, topic_errors={"gone": 3, "secret": 29}))
+    cluster = manager.cluster
+    assert cluster.topic_missing("gone") and cluster.missing(TopicPartition("gone", 0))
+    assert not cluster.missing(TopicPartition("a", 1))
+    assert cluster.missing(TopicPartition("a", 2))  # "a" has two partitions
+    assert not cluster.topic_missing("secret")  # may not be read: it exists all the same
+    assert not cluster.missing(TopicPartition("later", 0))  # not in this answer: nothing known
 
 
 def test_topic_error_clears_when_the_topic_appears() -> None:
@@ -221,6 +259,7 @@ def test_request_and_response_encode_from_v4(version: int) -> None:
 def refresh(manager: MetadataManager, h: Scripted, leaders: dict[TopicPartition, tuple[int, int]],
             **kwargs: Any) -> None:
     manager.request_update()
+    h.advance(BACKOFF)  # a refresh asked for right after another waits the backoff
     h.take("Metadata").respond(metadata_body(leaders, **kwargs))
 
 

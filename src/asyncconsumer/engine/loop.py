@@ -37,7 +37,7 @@ from ..managers.membership import CallbackRequest, GroupSettings, MembershipMana
 from ..managers.metadata import Cluster, MetadataManager
 from ..managers.subscription import SubscriptionState
 from ..managers.validation import PositionValidator
-from ..structs import TopicPartition
+from ..structs import TopicPartition, by_topic
 from . import sasl as sasl_module
 from .connection import BrokerConnection
 from .fetch_buffer import FetchBuffer
@@ -71,6 +71,11 @@ class Engine:
         self._reported_unknown: set[str] = set()
         retry = config.retry_backoff_ms / 1000
 
+        self._tokens = (
+            sasl_module.TokenCache(config.sasl_oauth_token_provider, timeout=config.request_timeout_ms / 1000)
+            if config.sasl_oauth_token_provider is not None
+            else None
+        )
         self.network = NetworkClient(
             config, self._spawn, self._on_complete, sasl=self._authenticate if config.uses_sasl else None, clock=clock
         )
@@ -141,6 +146,7 @@ class Engine:
                 auto_commit_interval=config.auto_commit_interval_ms / 1000 if config.enable_auto_commit else None,
                 report_error=self.report_error,
                 group_identity=self._group_identity,
+                partition_exists=lambda tp: not self.metadata.cluster.missing(tp),
             )
         self.managers: list[Any] = [
             m
@@ -357,22 +363,42 @@ class Engine:
             if self.membership.wants_all_topics:
                 self.membership.update_pattern_topics({n for n, t in cluster.topics.items() if not t.is_internal})
             self.membership.on_metadata()
-        assigned = self.subscriptions.topics()
-        for topic in assigned & set(cluster.topic_errors):
-            if topic not in self._reported_unknown:
-                self._reported_unknown.add(topic)
-                self.report_error(cluster.topic_errors[topic])
-        for tp in self.subscriptions.partitions:
-            info = cluster.topics.get(tp.topic)
-            if info is not None and tp.partition not in info.partitions and tp.topic not in self._reported_unknown:
-                self._reported_unknown.add(tp.topic)
-                self.report_error(
-                    UnknownTopicOrPartitionError(
-                        f"partition {tp} does not exist (topic has {len(info.partitions)} partitions)"
-                    )
-                )
-        self._reported_unknown &= assigned
+        self._report_unreadable(cluster)
         self.wake()
+
+    def _report_unreadable(self, cluster: Cluster) -> None:
+        """Assigned partitions the metadata says cannot be read: a topic that does not exist (deleted,
+        or not created yet), a partition number the topic does not have, a topic we may not read.
+
+        With ``assign()`` the application hears of each such topic once (the next poll raises), and
+        again if it comes back and goes again; the partitions stay assigned, unfetched, until the
+        topic exists.  A group member's partitions are the group's business: they leave at the next
+        rebalance (``MembershipManager.on_metadata``), which a warning announces; only a topic it
+        may not read is raised there too.
+        """
+        unreadable = by_topic(tp for tp in self.subscriptions.partitions
+                              if tp.topic in cluster.topic_errors or cluster.missing(tp))
+        group_managed = self.membership is not None and self.membership.subscribed
+        for topic, tps in unreadable.items():
+            if topic in self._reported_unknown:
+                continue
+            self._reported_unknown.add(topic)
+            error = cluster.topic_errors.get(topic)
+            if error is None:
+                known = cluster.topics[topic]
+                error, problem = UnknownTopicOrPartitionError(), f"has {len(known.partitions)} partitions"
+            else:
+                problem = "does not exist" if cluster.topic_missing(topic) else "may not be read by this client"
+            names = ", ".join(sorted(map(str, tps)))
+            if group_managed and isinstance(error, UnknownTopicOrPartitionError):
+                log.warning("topic %r %s: %s leave this member at the group's next rebalance", topic, problem, names)
+                continue
+            log.warning("topic %r %s: %s stay assigned but are not fetched", topic, problem, names)
+            self.report_error(type(error)(
+                f"topic {topic!r} {problem}: {names} stay assigned but are not fetched while it lasts "
+                "(assign() without them to stop)"))
+        # A topic that is fine again (re-created, say) is reported again if it goes again.
+        self._reported_unknown &= set(unreadable)
 
     async def wait_for_metadata(self, timeout: float) -> Cluster:
         """A fresh all-topics metadata snapshot (for ``topics()``)."""
@@ -398,10 +424,12 @@ class Engine:
 
     # -- SASL -------------------------------------------------------------------------------------
 
-    async def _authenticate(self, connection: BrokerConnection) -> None:
+    async def _authenticate(self, connection: BrokerConnection) -> int:
+        """Log ``connection`` in (also to re-authenticate it); returns the session lifetime in ms."""
         config = self.config
+        token = await self._tokens.token(connection.session_lifetime) if self._tokens is not None else None
         mechanism = sasl_module.create_mechanism(
-            config.sasl_mechanism, config.sasl_plain_username, config.sasl_plain_password
+            config.sasl_mechanism, config.sasl_plain_username, config.sasl_plain_password, token
         )
 
         async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -412,7 +440,7 @@ class Engine:
             authenticate_version: int | None = connection.choose_version("SaslAuthenticate")
         except KafkaError:
             authenticate_version = None
-        await sasl_module.authenticate(
+        return await sasl_module.authenticate(
             request, mechanism, handshake_version=handshake_version, authenticate_version=authenticate_version
         )
 

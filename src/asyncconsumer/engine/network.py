@@ -12,21 +12,32 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
 from ..config import ConsumerConfig, parse_host_port
-from ..errors import KafkaConnectionError, KafkaError, NoBrokersAvailableError
-from .connection import BrokerConnection, Spawn, frame_limit
+from ..errors import (
+    AuthenticationError,
+    KafkaConnectionError,
+    KafkaError,
+    NoBrokersAvailableError,
+    TLSHandshakeError,
+)
+from .connection import BrokerConnection, RefusedBeforeLogin, SaslHook, Spawn, TLSHandshakeCutOff, frame_limit
 from .requests import Body, UnsentRequest
 
 log = logging.getLogger("asyncconsumer.network")
 
 Completion = Callable[[UnsentRequest, int, "Body | None", "BaseException | None"], None]
-SaslHook = Callable[[BrokerConnection], Awaitable[None]]
+#: TLS handshakes in a row that a server hangs up on before the client takes it for a listener
+#: without TLS (a restarting broker refuses connections rather than accepting and hanging up).
+TLS_CUT_OFFS_FOR_GOOD = 3
+#: Likewise, connections in a row whose first request after ApiVersions a bootstrap server hangs up
+#: on, before any metadata: a SASL listener and a client that does not log in.
+REFUSALS_FOR_GOOD = 3
 
 
 def reconnect_delay(
@@ -47,6 +58,9 @@ class _NodeHealth:
     failures: int = 0
     next_attempt: float = 0.0
     last_error: KafkaError | None = None
+    tls_cut_offs: int = 0
+    refusals: int = 0
+    refusal: KafkaError | None = None
 
 
 class NetworkClient:
@@ -71,6 +85,8 @@ class NetworkClient:
         self._connecting: dict[int, anyio.Event] = {}
         self._health: dict[int, _NodeHealth] = {}
         self._closed = False
+        #: Connections opened so far (set-up included), for tests and debugging.
+        self.connections_opened = 0
 
     # -- broker addresses -----------------------------------------------------------------------
 
@@ -128,6 +144,8 @@ class NetworkClient:
         errors = [h.last_error if (h := self._health.get(n)) is not None else None for n in self._bootstrap]
         if not errors or any(e is None or e.retriable for e in errors):
             return None
+        if isinstance(errors[-1], AuthenticationError):
+            return errors[-1]  # the same typed error the first metadata request fails with
         servers = ", ".join(self._config.bootstrap_servers)
         return NoBrokersAvailableError(f"no usable broker (bootstrap_servers={servers}): {errors[-1]}")
 
@@ -175,6 +193,11 @@ class NetworkClient:
         if self._closed:
             raise KafkaConnectionError("the consumer is closing")
         health = self._health.setdefault(node_id, _NodeHealth())
+        dead = self._connections.pop(node_id, None)
+        if dead is not None:
+            self._note_closed(health, dead)
+        if health.refusals >= REFUSALS_FOR_GOOD and not self._brokers:
+            raise AuthenticationError(f"{health.refusal} ({health.refusals} connections in a row)")
         delay = health.next_attempt - self._clock()
         event = anyio.Event()
         self._connecting[node_id] = event
@@ -184,13 +207,18 @@ class NetworkClient:
             connection = self._new_connection(node_id, *address)
             await connection.open(self._spawn)
         except KafkaError as exc:
-            self._backoff(node_id, health, exc)
-            raise
+            error = self._tls_streak(health, exc)
+            self._backoff(node_id, health, error)
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             del self._connecting[node_id]
             event.set()
         health.failures = 0
         health.last_error = None
+        health.tls_cut_offs = 0
+        self.connections_opened += 1
         self._connections[node_id] = connection
         log.debug("connected to node %s at %s:%s", node_id, *address)
         return connection
@@ -219,6 +247,22 @@ class NetworkClient:
 
         return ssl.create_default_context()
 
+    @staticmethod
+    def _note_closed(health: _NodeHealth, connection: BrokerConnection) -> None:
+        if isinstance(connection.closed_error, RefusedBeforeLogin):
+            health.refusals += 1
+            health.refusal = connection.closed_error
+        elif connection.answered:
+            health.refusals = 0
+
+    @staticmethod
+    def _tls_streak(health: _NodeHealth, error: KafkaError) -> KafkaError:
+        """A server that hangs up on every TLS handshake is not a TLS listener: a typed error then."""
+        health.tls_cut_offs = health.tls_cut_offs + 1 if isinstance(error, TLSHandshakeCutOff) else 0
+        if health.tls_cut_offs < TLS_CUT_OFFS_FOR_GOOD:
+            return error
+        return TLSHandshakeError(f"{error} ({health.tls_cut_offs} handshakes in a row)")
+
     def _backoff(self, node_id: int, health: _NodeHealth, error: KafkaError) -> None:
         base, cap = self._config.reconnect_backoff_ms / 1000, self._config.reconnect_backoff_max_ms / 1000
         delay = reconnect_delay(health.failures, base, cap)
@@ -232,7 +276,9 @@ class NetworkClient:
             if not connection.connected:
                 del self._connections[node_id]
                 health = self._health.setdefault(node_id, _NodeHealth())
-                self._backoff(node_id, health, KafkaConnectionError(f"connection to node {node_id} was lost"))
+                self._note_closed(health, connection)
+                error = connection.closed_error or KafkaConnectionError(f"connection to node {node_id} was lost")
+                self._backoff(node_id, health, error)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -65,8 +65,10 @@ class CommitManager:
         auto_commit_interval: float | None,
         report_error: Callable[[KafkaError], None],
         group_identity: Callable[[], GroupIdentity] = GroupIdentity,
+        partition_exists: Callable[[TopicPartition], bool] = lambda tp: True,
     ) -> None:
         self._report_error = report_error
+        self._exists = partition_exists
         self._coordinator = coordinator
         self._subscriptions = subscriptions
         self._retry_backoff = retry_backoff
@@ -108,9 +110,13 @@ class CommitManager:
             self._next_auto_commit = now + self._auto_commit_interval
 
     def processed_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
-        """Offsets the application has finished with and that were not committed yet."""
+        """Offsets the application has finished with and that were not committed yet (not for
+        partitions that no longer exist: the broker refuses those, and dropped the group's offsets
+        of a deleted topic with it)."""
         offsets = {}
         for tp, state in self._subscriptions.partitions.items():
+            if not self._exists(tp):
+                continue
             if state.has_position and state.processed >= 0 and self.last_committed.get(tp) != state.processed:
                 offsets[tp] = OffsetAndMetadata(state.processed, "", state.epoch_before(state.processed))
         return offsets
@@ -225,7 +231,6 @@ class CommitManager:
                                 "partition_index": p,
                                 "committed_offset": om.offset,
                                 "committed_leader_epoch": om.leader_epoch if om.leader_epoch is not None else -1,
-                                "commit_timestamp": -1,
                                 "committed_metadata": om.metadata,
                             }
                             for p, om in parts

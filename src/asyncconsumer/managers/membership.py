@@ -77,6 +77,7 @@ class MembershipManager(GroupMemberBase):
         self._group_topics: frozenset[str] = frozenset()
         self._leader_pending: tuple[dict[str, Any], int] | None = None
         self._partition_counts: dict[str, int] = {}
+        self._gone_topics: frozenset[str] = frozenset()  # owned topics found deleted (rejoined for)
         self._sync_assignments: dict[str, bytes] | None = None
 
     # -- state ------------------------------------------------------------------------------------
@@ -117,11 +118,27 @@ class MembershipManager(GroupMemberBase):
                 self.request_rejoin("pattern subscription changed")
 
     def on_metadata(self) -> None:
-        """The leader rejoins when a subscribed topic's partition count changes."""
-        if self.state is not MemberState.STABLE or self.leader_id != self.member_id:
+        """Rejoin when the group's topics changed under the assignment: the leader when a topic's
+        partition count changed or a topic was deleted (as the Java client's leader does), and any
+        member that owns partitions the metadata says no longer exist, so that they leave it at
+        once whoever leads (once per deletion: the leader's metadata may lag a moment)."""
+        if self.state is not MemberState.STABLE:
+            return
+        cluster = self._metadata.cluster
+        gone = frozenset(tp.topic for tp in self.owned if cluster.missing(tp))
+        new = gone - self._gone_topics
+        # Remembered until the topic shows up again (re-created), owned meanwhile or not.
+        self._gone_topics = frozenset(t for t in self._gone_topics if t not in cluster.topics) | gone
+        if new:
+            self.request_rejoin(f"assigned topics no longer exist: {', '.join(sorted(new))}")
+            return
+        if self.leader_id != self.member_id:
             return
         counts = self._counts(self.topics_of_interest())
-        if counts != self._partition_counts and all(t in counts for t in self._partition_counts):
+        # A topic missing from this answer for no reason the broker gave (not asked for) says nothing.
+        if counts != self._partition_counts and all(
+            t in counts or cluster.topic_missing(t) for t in self._partition_counts
+        ):
             self.request_rejoin("partition count changed")
 
     def request_rejoin(self, reason: str) -> None:

@@ -2,8 +2,13 @@
 
 Refreshed when asked (a fetch or list-offsets saw NOT_LEADER_OR_FOLLOWER, a
 leader epoch moved, a topic is unknown), when the topics of interest change,
-and every ``metadata_max_age_ms``.  One-shot "all topics" lookups for
-``Consumer.topics()`` share the same request path.
+and every ``metadata_max_age_ms``.  A refresh asked for right after the answer
+to another asked-for refresh waits ``retry_backoff_ms`` from that answer (the
+Java client backs off its metadata refreshes too): a partition that has no
+leader in any answer (its topic was deleted, say) asks again after every
+answer, and that must not become a storm of requests.  New topics of interest
+are asked for at once.  One-shot "all topics" lookups for ``Consumer.topics()``
+share the same request path.
 
 A broker that has not caught up may answer with a partition's leader epoch
 older than one already seen; that partition keeps what we knew (as in the
@@ -67,6 +72,15 @@ class Cluster:
         info = topic.partitions.get(tp.partition)
         return info if info is not None and info.leader >= 0 else None
 
+    def topic_missing(self, topic: str) -> bool:
+        """The last answer says the broker does not know ``topic`` (deleted, or not created yet)."""
+        return isinstance(self.topic_errors.get(topic), UnknownTopicOrPartitionError)
+
+    def missing(self, tp: TopicPartition) -> bool:
+        """The last answer says ``tp`` does not exist: its topic is unknown or has no such partition."""
+        topic = self.topics.get(tp.topic)
+        return self.topic_missing(tp.topic) or (topic is not None and tp.partition not in topic.partitions)
+
     def topic_name(self, topic_id: bytes) -> str | None:
         for topic in self.topics.values():
             if topic.topic_id == topic_id:
@@ -91,6 +105,9 @@ class MetadataManager:
         self._topics_of_interest = topics_of_interest
         self._on_update = on_update
         self._requested = True
+        self._new_topics = True  # the topics of interest changed: ask without waiting out the backoff
+        #: The regular refresh in flight, or last answered, was sent because it was asked for.
+        self._on_request = False
         self._in_flight = False
         self._last_refresh = float("-inf")
         self._retry_at = 0.0
@@ -121,9 +138,18 @@ class MetadataManager:
             deadlines.append(max(now, self._retry_at))
         sendable = bool(self._topics_of_interest()) or self._want_all() or not self.cluster.brokers
         if sendable and not self._in_flight:
-            due = self._requested or self._last_refresh == float("-inf")
-            deadlines.append(max(now, self._retry_at) if due else self._last_refresh + self._max_age)
+            deadlines.append(max(now, self._retry_at, self._due_at()))
         return min(deadlines)
+
+    def _due_at(self) -> float:
+        """When the next regular refresh may go: at once for new topics (or the first one) and
+        when asked for, but ``retry_backoff`` after the last answer if that too was asked for;
+        else when the last answer is too old."""
+        if self._new_topics or self._last_refresh == float("-inf"):
+            return float("-inf")
+        if self._requested:
+            return self._last_refresh + self._retry_backoff if self._on_request else float("-inf")
+        return self._last_refresh + self._max_age
 
     def poll(self, now: float) -> list[UnsentRequest]:
         requests = []
@@ -133,11 +159,12 @@ class MetadataManager:
         topics = self._topics_of_interest()
         want_all = self._want_all()
         if topics != self._last_topics or want_all != self._last_want_all:
-            self._requested = True
-        due = self._requested or now - self._last_refresh >= self._max_age
+            self._requested = self._new_topics = True
+        due = now >= self._due_at()
         if due and not self._in_flight and now >= self._retry_at and (topics or want_all or not self.cluster.brokers):
             self._in_flight = True
-            self._requested = False
+            self._on_request = self._requested and not self._new_topics and now - self._last_refresh < self._max_age
+            self._requested = self._new_topics = False
             self._last_topics, self._last_want_all = topics, want_all
             # A pattern subscription needs every topic: that is how new matching topics are found.
             requests.append(self._request(None if want_all else sorted(topics), everything=False))

@@ -228,6 +228,11 @@ class PositionValidator:
     def _handle_partition(self, now: float, state: PartitionState, check: _Check, p: Body) -> None:
         code = p["error_code"]
         if code == 0:
+            # Documented (docs/architecture.md, "Log truncation"): the one line that shows a check
+            # was made and answered.
+            log.debug("OffsetForLeaderEpoch for %s at offset %d: leader epoch %d ends at offset %d "
+                      "(asked for epoch %d, current leader epoch %d)", state.tp, check.fetch_offset,
+                      p["leader_epoch"], p["end_offset"], check.fetched_epoch, check.leader_epoch)
             self.apply_end_offset(state, check.fetch_offset, p["leader_epoch"], p["end_offset"], check.leader_epoch)
         elif code == _UNSUPPORTED_VERSION:
             self._accept(state, check.leader_epoch)

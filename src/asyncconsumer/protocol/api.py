@@ -31,6 +31,7 @@ from .primitives import DECODE_ERRORS, FrameReader, ProtocolDecodeError, Protoco
 __all__ = [
     "API_KEYS",
     "API_NAMES",
+    "CLIENT_MAX_VERSIONS",
     "SUPPORTED_VERSIONS",
     "ProtocolDecodeError",
     "ProtocolEncodeError",
@@ -52,14 +53,32 @@ API_KEYS: dict[str, int] = {
 API_NAMES: dict[int, str] = {key: name for name, key in API_KEYS.items()}
 
 
-def _supported(s: dict[str, Any]) -> tuple[int, int]:
+#: The highest version of each API that this client's request managers implement.  The codec
+#: knows every version in Apache Kafka's definitions, but a newer version can change what a
+#: request must carry (ConsumerGroupHeartbeat v1: a client-generated member id, KIP-1082;
+#: OffsetCommit/OffsetFetch v10: topic ids instead of names), so a version is only negotiated
+#: once the code that builds the request has been taught it.  APIs not listed: up to the newest.
+CLIENT_MAX_VERSIONS: dict[str, int] = {
+    "ApiVersions": 4,  # v5: cluster id / node id checks and REBOOTSTRAP_REQUIRED (KIP-1242)
+    "ConsumerGroupHeartbeat": 0,  # v1: client-generated member ids (KIP-1082) and broker-side regex
+    "Fetch": 17,  # v18: a high watermark for replica fetchers (KIP-1166), nothing for consumers
+    "ListOffsets": 10,  # v11: earliest pending upload (KIP-1023)
+    "Metadata": 12,  # v13: a top-level error code
+    "OffsetCommit": 9,  # v10: topic ids only
+    "OffsetFetch": 9,  # v10: topic ids only
+}
+
+
+def _supported(name: str, s: dict[str, Any]) -> tuple[int, int]:
     lo, hi = s["valid_versions"]
     # An unstable latest version is only exposed by brokers configured for it; never negotiate it.
-    return (lo, hi - 1 if s["latest_version_unstable"] and hi > lo else hi)
+    if s["latest_version_unstable"] and hi > lo:
+        hi -= 1
+    return (lo, min(hi, CLIENT_MAX_VERSIONS.get(name, hi)))
 
 
 SUPPORTED_VERSIONS: dict[str, tuple[int, int]] = {
-    name: _supported(SCHEMAS[name + "Request"]) for name in API_KEYS
+    name: _supported(name, SCHEMAS[name + "Request"]) for name in API_KEYS
 }
 
 _DATA_NAMES = frozenset(s["name"] for s in SCHEMAS.values() if s["type"] == "data")

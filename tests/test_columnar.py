@@ -1,0 +1,719 @@
+"""Columnar decoding (protocol/columnar.py): the compiled and the pure-Python column builders against
+each other and against the row path.
+
+The oracle is the row path itself: ``CompletedFetch.take`` (engine/fetch_buffer.py) with
+``decode_batch``, driven the way the collector drives it (each call from the offset after the last
+record handed out).  ``ColumnReader.take`` must hand out the same records and raise the same error
+after them; its chunks follow the block rule (see protocol/columnar.py); its Arrow batches must hold
+exactly those records in Spark's schema; and the compiled builder's buffers must equal the Python
+builder's byte for byte.  The parts that need the compiled builder are skipped, with the reason,
+when it is not in use.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.strategies import nullable_bytes, records_with_deltas
+from test_speedups import CORRUPT, FIXTURES, FUZZ, V, _rec, damaged
+from test_speedups import batches as single_batches
+
+from asyncconsumer.engine.fetch_buffer import CompletedFetch
+from asyncconsumer.errors import CorruptRecordError, RecordError
+from asyncconsumer.protocol import columnar
+from asyncconsumer.protocol.columnar import (
+    ColumnBuffers,
+    ColumnReader,
+    Columns,
+    PyColumnBuilder,
+    arrow_schema,
+    finish_columns,
+    to_arrow,
+)
+from asyncconsumer.protocol.compression import compress
+from asyncconsumer.protocol.record_writer import (
+    DEFAULT_TIMESTAMP,
+    Record,
+    build_batch,
+    build_control_batch,
+    build_legacy_message_set,
+)
+from asyncconsumer.protocol.records import decode_batch_py, iter_batches
+from asyncconsumer.structs import ConsumerRecord, TopicPartition
+
+pa = pytest.importorskip("pyarrow")
+
+TOPIC, PART = "orders", 3
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+C_BUILDER: Any = columnar.ColumnBuilder if columnar.COLUMN_DECODER == "c" else None
+NO_C = f"the compiled column builder is not in use (COLUMN_DECODER={columnar.COLUMN_DECODER!r})"
+needs_c = pytest.mark.skipif(C_BUILDER is None, reason=NO_C)
+
+
+def c_bytearrays(topic: str, partition: int, headers: bool = True, max_offset: int = columnar.MAX_OFFSET,
+                 allocate: Any = None) -> Any:
+    """The compiled builder writing into bytearrays."""
+    return C_BUILDER(topic, partition, headers, max_offset)
+
+
+def c_arrow_pool(topic: str, partition: int, headers: bool = True, max_offset: int = columnar.MAX_OFFSET,
+                 allocate: Any = None) -> Any:
+    """The compiled builder writing into buffers from Arrow's memory pool."""
+    return C_BUILDER(topic, partition, headers, max_offset, columnar.default_allocator())
+
+
+#: The Python builder first (the reference), then the compiled one with each kind of buffer.
+BUILDERS: list[Any] = [PyColumnBuilder] + ([c_bytearrays, c_arrow_pool] if C_BUILDER is not None else [])
+
+Rows = list[ConsumerRecord[bytes, bytes]]
+Error = tuple[type, str, int, int, str]
+
+
+# ---------------------------------------------------------------- the two walks
+
+
+def _error(exc: RecordError) -> Error:
+    return type(exc), exc.topic, exc.partition, exc.offset, str(exc)
+
+
+def walk(take: Callable[[int, int], Any], size: Callable[[Any], int], last: Callable[[Any], int],
+         max_records: int, start: int) -> tuple[list[Any], Error | None]:
+    """Call ``take`` as the collector does until it hands out nothing; the chunks and the error."""
+    chunks: list[Any] = []
+    position = start
+    for _ in range(10_000):
+        try:
+            chunk = take(max_records, position)
+        except RecordError as exc:
+            return chunks, _error(exc)
+        if not size(chunk):
+            return chunks, None
+        chunks.append(chunk)
+        position = last(chunk) + 1
+    raise AssertionError("the walk did not end")
+
+
+def walk_rows(data: bytes | bytearray | memoryview, max_records: int, start: int, check_crcs: bool = True,
+              aborted: list[tuple[int, int]] | None = None) -> tuple[list[Rows], Error | None]:
+    fetch = CompletedFetch(TopicPartition(TOPIC, PART), 0, start, memoryview(data), -1, check_crcs=check_crcs,
+                           aborted=aborted)
+    return walk(fetch.take, len, lambda rows: rows[-1].offset, max_records, start)
+
+
+def walk_columns(builder: Any, data: bytes | bytearray | memoryview, max_records: int, start: int,
+                 headers: bool = True, max_offset: int = columnar.MAX_OFFSET,
+                 **kw: Any) -> tuple[list[Columns], Error | None]:
+    reader = ColumnReader(data, topic=TOPIC, partition=PART, include_headers=headers, max_offset=max_offset,
+                          builder=builder, **kw)
+    chunks, error = walk(reader.take, lambda c: c.count, lambda c: c.last_offset, max_records, start)
+    assert reader.exhausted
+    return chunks, error
+
+
+def raw(columns: Columns) -> list[Any]:
+    """The window and every buffer as bytes: equal lists mean byte-identical buffers."""
+    out: list[Any] = [columns.first, columns.count]
+    for f in fields(ColumnBuffers):
+        v = getattr(columns.buffers, f.name)
+        out.append(v if v is None or isinstance(v, int) else bytes(v))
+    return out
+
+
+def ints(buf: Any, fmt: str) -> list[int]:
+    return memoryview(buf).cast("B").cast(fmt).tolist()
+
+
+def assert_match(columns: Columns, rows: Rows, headers: bool = True) -> None:
+    """The columns, and their Arrow batch, hold exactly ``rows``."""
+    assert columns.count == len(rows)
+    b, window = columns.buffers, slice(columns.first, columns.first + columns.count)
+    assert ints(b.offsets, "q")[window] == [r.offset for r in rows]
+    assert ints(b.timestamps, "q")[window] == [r.timestamp for r in rows]
+    assert ints(b.timestamp_types, "i")[window] == [r.timestamp_type for r in rows]
+    if window == slice(0, b.count):
+        assert b.key_nulls == sum(r.key is None for r in rows)
+        assert b.value_nulls == sum(r.value is None for r in rows)
+    if any(not -(2**63) <= r.timestamp * 1000 < 2**63 for r in rows):  # beyond Arrow's microseconds
+        with pytest.raises(RecordError, match="beyond the range of Arrow's microsecond timestamps"):
+            to_arrow(columns, TOPIC, PART)
+        return
+    batch = to_arrow(columns, TOPIC, PART)
+    batch.validate(full=True)
+    assert batch.schema == arrow_schema(headers)
+    assert batch.num_rows == len(rows)
+    col = batch.column
+    assert col("key").to_pylist() == [r.key for r in rows]
+    assert col("value").to_pylist() == [r.value for r in rows]
+    assert col("topic").to_pylist() == [TOPIC] * len(rows)
+    assert col("partition").to_pylist() == [PART] * len(rows)
+    assert col("offset").to_pylist() == [r.offset for r in rows]
+    assert col("timestamp").cast(pa.int64()).to_pylist() == [r.timestamp * 1000 for r in rows]
+    assert col("timestampType").to_pylist() == [r.timestamp_type for r in rows]
+    if headers:
+        assert col("headers").to_pylist() == [[{"key": k, "value": v} for k, v in r.headers] for r in rows]
+    else:
+        assert b.header_offsets is None and "headers" not in batch.schema.names
+
+
+def assert_chunks_match(chunks: list[Columns], rows: Rows, max_records: int, headers: bool = True) -> None:
+    """The chunks hold ``rows`` in order, and follow the block rule: a take returns the rest of the
+    current block (at most ``max_records``) or starts a new one."""
+    at = 0
+    for i, columns in enumerate(chunks):
+        assert 0 < columns.count <= max_records
+        if columns.first == 0:  # a new block: whole batches until it held max_records (or no more)
+            assert i == 0 or chunks[i - 1].first + chunks[i - 1].count == chunks[i - 1].buffers.count
+            assert columns.count == min(max_records, columns.buffers.count)
+        else:  # the rest of the block
+            assert columns.buffers is chunks[i - 1].buffers
+            assert columns.first == chunks[i - 1].first + chunks[i - 1].count
+        assert_match(columns, rows[at : at + columns.count], headers)
+        at += columns.count
+    assert at == len(rows)
+
+
+def assert_same_walk(data: bytes | bytearray | memoryview, max_records: int = 1 << 30, start: int = 0,
+                     headers: bool = True, **kw: Any) -> tuple[Rows, Error | None]:
+    """Rows, Python columns and compiled columns: the same records, then the same error."""
+    rows, rows_error = walk_rows(data, max_records, start, **kw)
+    flat = [r for chunk in rows for r in chunk]
+    outcomes = []
+    for builder in BUILDERS:
+        chunks, error = walk_columns(builder, data, max_records, start, headers, **kw)
+        assert error == rows_error, builder
+        assert_chunks_match(chunks, flat, max_records, headers)
+        outcomes.append([raw(c) for c in chunks])
+    assert all(o == outcomes[0] for o in outcomes)  # byte for byte
+    return flat, rows_error
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+BAD_UTF8 = b"\xff\xfe", b"caf\xc3\xa9", b"\xed\xa0\x80", b"ok", b"\xc3"
+
+
+def _raw_headers_batch(base_offset: int) -> bytes:
+    """Header keys that are not valid UTF-8 (the row decoders replace bad bytes with U+FFFD)."""
+    body = b""
+    for i, key in enumerate(BAD_UTF8):
+        headers = V(2) + V(len(key)) + key + V(1) + b"v" + V(0) + V(-1)
+        body += _rec(b"\x00" + V(i) + V(i) + V(1) + b"k" + V(-1) + headers)
+    return build_batch([(b"k", b"v")] * len(BAD_UTF8), base_offset=base_offset, raw_records=body)
+
+
+def walk_fixtures() -> dict[str, bytes]:
+    out = dict(FIXTURES)
+    out["bad-utf8-header-keys"] = _raw_headers_batch(5)
+    out["transactions"] = b"".join([
+        build_batch([(b"a", b"1"), (b"b", b"2")], base_offset=0, is_transactional=True, producer_id=7),
+        build_batch([(b"c", b"3")], base_offset=2, is_transactional=True, producer_id=8, compression=4),
+        build_control_batch("abort", 7, base_offset=3),
+        build_batch([(b"d", b"4")], base_offset=4),
+        build_control_batch("commit", 8, base_offset=5),
+        build_batch([(b"e", b"5"), (None, None)], base_offset=6, is_transactional=True, producer_id=7),
+        build_control_batch("abort", 7, base_offset=8),
+    ])
+    out["good-then-corrupt"] = FIXTURES["codec-1"] + build_batch(
+        [(b"k", b"v")], base_offset=2000, raw_records=CORRUPT["length-mismatch"][0]
+    )
+    out["corrupt-crc-after-good"] = FIXTURES["codec-0"] + bytes(
+        bytearray(FIXTURES["codec-3"][:-1]) + bytes([FIXTURES["codec-3"][-1] ^ 1])
+    )
+    return out
+
+
+WALKS = walk_fixtures()
+
+
+@pytest.mark.parametrize("name", sorted(WALKS))
+@pytest.mark.parametrize("max_records", [1, 3, 1000])
+def test_fixture_walks(name: str, max_records: int) -> None:
+    rows, _ = assert_same_walk(WALKS[name], max_records)
+    if name == "transactions":
+        assert [r.value for r in rows] == [b"1", b"2", b"3", b"4", b"5", None]
+
+
+def test_read_committed_skips_aborted() -> None:
+    # Producer 7 aborts offsets 0-1 and 6-7; producer 8 commits 2.
+    rows, error = assert_same_walk(WALKS["transactions"], 2, aborted=[(7, 0), (7, 6)])
+    assert error is None
+    assert [r.offset for r in rows] == [2, 4]
+
+
+def test_headers_with_bad_utf8_keys() -> None:
+    [batch] = iter_batches(WALKS["bad-utf8-header-keys"], topic=TOPIC, partition=PART)
+    expected = [key.decode("utf-8", "replace") for key in BAD_UTF8]
+    assert [r.headers[0][0] for r in decode_batch_py(batch, TOPIC, PART)] == expected
+    for builder in BUILDERS:
+        b = builder(TOPIC, PART)
+        assert b.append(batch, 0) == len(BAD_UTF8)
+        headers = to_arrow(finish_columns(b), TOPIC, PART).column("headers").to_pylist()
+        assert [h[0]["key"] for h in headers] == expected
+        assert [h[1] for h in headers] == [{"key": "", "value": None}] * len(BAD_UTF8)
+
+
+@pytest.mark.parametrize("start", [995, 1000, 1003, 1008, 2000])
+@pytest.mark.parametrize("codec", [0, 3])
+def test_start_inside_a_batch(start: int, codec: int) -> None:
+    data = FIXTURES[f"codec-{codec}"]  # offsets 1000..1007
+    rows, _ = assert_same_walk(data, 1000, start)
+    assert [r.offset for r in rows] == list(range(max(start, 1000), 1008))
+
+
+def test_without_headers() -> None:
+    data = FIXTURES["many-batches"] + FIXTURES["codec-0"]
+    assert_same_walk(data, 7, headers=False)
+
+
+@pytest.mark.parametrize("wrap", ["bytes", "bytearray", "view-of-bytearray", "slice"])
+def test_buffer_kinds(wrap: str) -> None:
+    data = FIXTURES["many-batches"] + FIXTURES["codec-0"]
+    wrapped: Any = {
+        "bytes": data,
+        "bytearray": bytearray(data),
+        "view-of-bytearray": memoryview(bytearray(data)),
+        "slice": memoryview(b"JUNK" + data + b"TAIL")[4:-4],
+    }[wrap]
+    assert_same_walk(wrapped, 5)
+
+
+# ---------------------------------------------------------------- hypothesis: whole record sets
+
+
+@st.composite
+def record_sets(draw: st.DrawFn) -> tuple[bytes, list[tuple[int, int]], int, int]:
+    """A partition's record set: v2 batches (every codec, gaps, LogAppendTime), transactional ones
+    with their markers, legacy message sets; with the aborted list a broker could send."""
+    parts: list[bytes] = []
+    aborted: list[tuple[int, int]] = []
+    first = offset = draw(st.integers(0, 2**40))
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["data", "data", "txn", "control", "legacy"]))
+        if kind in ("data", "txn"):
+            recs, deltas = draw(records_with_deltas())
+            last_delta = (deltas[-1] if deltas else 0) + draw(st.integers(0, 3))
+            pid = draw(st.integers(1, 3)) if kind == "txn" else -1
+            parts.append(
+                build_batch(
+                    recs,
+                    base_offset=offset,
+                    base_timestamp=draw(st.integers(-(2**41), 2**50)),
+                    offset_deltas=deltas,
+                    last_offset_delta=last_delta,
+                    compression=draw(st.integers(0, 4)),
+                    snappy_xerial=draw(st.booleans()),
+                    timestamp_type=draw(st.integers(0, 1)),
+                    max_timestamp=DEFAULT_TIMESTAMP + 2**41,
+                    is_transactional=kind == "txn",
+                    producer_id=pid,
+                )
+            )
+            if kind == "txn" and draw(st.booleans()):
+                aborted.append((pid, offset))
+            offset += last_delta + 1
+        elif kind == "control":
+            parts.append(
+                build_control_batch(draw(st.sampled_from(["commit", "abort"])), draw(st.integers(1, 3)),
+                                    base_offset=offset)
+            )
+            offset += 1
+        else:
+            msgs = draw(st.lists(st.tuples(nullable_bytes, nullable_bytes), min_size=1, max_size=5))
+            gaps = draw(st.lists(st.integers(1, 4), min_size=len(msgs), max_size=len(msgs)))
+            deltas = [sum(gaps[: i + 1]) - gaps[0] for i in range(len(msgs))]
+            parts.append(
+                build_legacy_message_set(
+                    msgs,
+                    magic=draw(st.sampled_from([0, 1])),
+                    base_offset=offset,
+                    compression=draw(st.integers(0, 3)),
+                    offset_deltas=deltas,
+                )
+            )
+            offset += deltas[-1] + 1
+        offset += draw(st.integers(0, 3))
+    return b"".join(parts), aborted, first, offset
+
+
+@SETTINGS
+@given(
+    case=record_sets(),
+    max_records=st.integers(1, 30) | st.just(1 << 30),
+    start_at=st.floats(0, 1),
+    read_committed=st.booleans(),
+    view=st.booleans(),
+    headers=st.booleans(),
+)
+def test_generated_record_sets(
+    case: tuple[bytes, list[tuple[int, int]], int, int],
+    max_records: int,
+    start_at: float,
+    read_committed: bool,
+    view: bool,
+    headers: bool,
+) -> None:
+    data, aborted, first, end = case
+    start = first - 1 + int(start_at * (end - first + 2))
+    assert_same_walk(
+        memoryview(bytearray(data)) if view else data,
+        max_records,
+        start,
+        headers,
+        aborted=aborted if read_committed else None,
+    )
+
+
+def _largest_batch(data: bytes, start: int) -> int:
+    """The most bytes (or headers) one batch's records at or after ``start`` put into one column."""
+    most = 0
+    for batch in iter_batches(data, topic=TOPIC, partition=PART):
+        rows = [r for r in decode_batch_py(batch, TOPIC, PART) if r.offset >= start]
+        most = max(
+            most,
+            sum(len(r.key or b"") for r in rows),
+            sum(len(r.value or b"") for r in rows),
+            sum(len(r.headers) for r in rows),
+            sum(len(k.encode()) for r in rows for k, _ in r.headers),
+            sum(len(v or b"") for r in rows for _, v in r.headers),
+        )
+    return most
+
+
+@SETTINGS
+@given(case=record_sets(), extra=st.integers(0, 3000), max_records=st.integers(1, 1 << 30))
+def test_offset_limit_starts_new_blocks(case: tuple[bytes, list[tuple[int, int]], int, int], extra: int,
+                                        max_records: int) -> None:
+    # With a small max_offset a batch that would take an int32 offset column past it starts the
+    # next block: the blocks differ from the unlimited ones, the records do not, and the two
+    # builders agree byte for byte.
+    data, _, first, _ = case
+    max_offset = _largest_batch(data, first) + extra
+    rows, rows_error = walk_rows(data, 1 << 30, first)
+    flat = [r for chunk in rows for r in chunk]
+    outcomes = []
+    for builder in BUILDERS:
+        chunks, error = walk_columns(builder, data, max_records, first, max_offset=max_offset)
+        assert error == rows_error
+        for columns in chunks:
+            b = columns.buffers
+            for name in ("key_data", "value_data", "header_key_data", "header_value_data"):
+                assert len(getattr(b, name)) <= max_offset
+            assert b.header_count <= max_offset
+        at = 0
+        for columns in chunks:
+            assert_match(columns, flat[at : at + columns.count])
+            at += columns.count
+        assert at == len(flat)
+        outcomes.append([raw(c) for c in chunks])
+    assert all(o == outcomes[0] for o in outcomes)
+
+
+# ---------------------------------------------------------------- the builders directly
+
+
+@needs_c
+@SETTINGS
+@given(
+    batches=st.lists(single_batches(), min_size=1, max_size=4),
+    skips=st.lists(st.integers(-2, 20), min_size=4, max_size=4),
+    headers=st.booleans(),
+    max_offset=st.integers(0, 6000) | st.just(columnar.MAX_OFFSET),
+)
+def test_append_identical(batches: list[bytes], skips: list[int], headers: bool, max_offset: int) -> None:
+    # append(batch, start) stores and reports the same (a count, or None when the batch does not
+    # fit under max_offset), and leaves the same buffers.
+    results = []
+    for builder in BUILDERS:
+        b = builder(TOPIC, PART, headers, max_offset)
+        said = []
+        for data, skip in zip(batches, skips, strict=False):
+            [batch] = iter_batches(data, topic=TOPIC, partition=PART)
+            said.append(b.append(batch, batch.base_offset + skip))
+            assert b.count == sum(s or 0 for s in said)
+        results.append((said, raw(finish_columns(b))))
+    assert all(r == results[0] for r in results)
+    for stored, data, skip in zip(results[0][0], batches, skips, strict=False):
+        [batch] = iter_batches(data, topic=TOPIC, partition=PART)
+        wanted = [r for r in decode_batch_py(batch, TOPIC, PART) if r.offset >= batch.base_offset + skip]
+        assert stored is None or stored == len(wanted)
+        if max_offset == columnar.MAX_OFFSET:
+            assert stored == len(wanted)
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("name", sorted(CORRUPT))
+@pytest.mark.parametrize("then_more", [False, True])
+def test_corrupt_batch_changes_nothing(builder: Any, name: str, then_more: bool) -> None:
+    # A corrupt batch raises the row decoder's error and leaves the builder as it was, whether
+    # more batches follow or not (3 records: the validity bitmaps end inside a byte).
+    raw_records, count = CORRUPT[name]
+    good = list(iter_batches(FIXTURES["compaction-gaps"] + FIXTURES["codec-2"], topic=TOPIC, partition=PART))
+    bad_data = build_batch([(b"k", b"v")], base_offset=60, raw_records=compress(1, raw_records), record_count=count,
+                           compression=1)
+    [bad] = iter_batches(bad_data, topic=TOPIC, partition=PART)
+    try:
+        decode_batch_py(bad, TOPIC, PART)
+        expected = None
+    except RecordError as exc:
+        expected = _error(exc)
+    reference = builder(TOPIC, PART)
+    b = builder(TOPIC, PART)
+    reference.append(good[0], 0)
+    b.append(good[0], 0)
+    if expected is None:
+        b.append(bad, 0)
+        reference.append(bad, 0)
+    else:
+        with pytest.raises(RecordError) as info:
+            b.append(bad, 0)
+        assert _error(info.value) == expected
+    if then_more:
+        b.append(good[1], 0)
+        reference.append(good[1], 0)
+    assert raw(finish_columns(b)) == raw(finish_columns(reference))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    flips=st.lists(st.tuples(st.integers(61, len(FUZZ) - 1), st.integers(1, 255)), min_size=1, max_size=4),
+    cut=st.integers(0, 40),
+    count=st.none() | st.integers(-2, 12),
+    limit=st.integers(0, 10),
+)
+def test_damaged_records_same_outcome(flips: list[tuple[int, int]], cut: int, count: int | None, limit: int) -> None:
+    # Damaged records (CRC checks off): every builder decodes the same records or raises the same
+    # error class for the same batch as the row path.  Where a damaged length makes the Python
+    # decoder read on past the batch the wording may differ (see test_speedups), so only class
+    # and location are compared.
+    data = damaged(flips, cut, count) + FUZZ
+    max_records = limit or 1 << 30
+    rows, rows_error = walk_rows(data, max_records, 0, check_crcs=False)
+    outcomes = []
+    for builder in BUILDERS:
+        chunks, error = walk_columns(builder, data, max_records, 0, check_crcs=False)
+        assert (error is None) == (rows_error is None)
+        if error is not None and rows_error is not None:
+            assert error[:4] == rows_error[:4]
+        assert_chunks_match(chunks, [r for chunk in rows for r in chunk], max_records)
+        outcomes.append([raw(c) for c in chunks])
+    assert all(o == outcomes[0] for o in outcomes)
+
+
+# ---------------------------------------------------------------- values the columns cannot hold
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_offset_beyond_64_bits_is_corrupt(builder: Any) -> None:
+    # The row decoders hand out a Python int past 2**63 - 1; an int64 column cannot hold it.
+    body = _rec(b"\x00" + V(0) + V(0) + V(1) + b"k" + V(1) + b"v" + V(0))
+    body += _rec(b"\x00" + V(0) + V(2**62) + V(1) + b"k" + V(1) + b"v" + V(0))
+    data = build_batch([(b"k", b"v")] * 2, base_offset=2**62, raw_records=body)
+    [batch] = iter_batches(data, topic=TOPIC, partition=PART)
+    assert [r.offset for r in decode_batch_py(batch, TOPIC, PART)] == [2**62, 2**63]
+    b = builder(TOPIC, PART)
+    with pytest.raises(CorruptRecordError, match=f"offset {2**63} does not fit in 64 bits") as info:
+        b.append(batch, 0)
+    assert (info.value.topic, info.value.partition, info.value.offset) == (TOPIC, PART, 2**62)
+    assert b.count == 0
+    [good] = iter_batches(FIXTURES["codec-0"], topic=TOPIC, partition=PART)
+    assert b.append(good, 0) == 8
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_timestamp_beyond_64_bits(builder: Any) -> None:
+    # A 10-byte timestamp delta above 2**63: the compiled builder hands the batch to the Python row
+    # decoder; with CreateTime the timestamp does not fit, with LogAppendTime it is not used.
+    big = b"\xfe" + b"\xff" * 8 + b"\x01"
+    body = _rec(b"\x00" + big + V(0) + V(1) + b"k" + V(1) + b"v" + V(0))
+    for ts_type in (0, 1):
+        data = build_batch([(b"k", b"v")], base_offset=9, raw_records=body, timestamp_type=ts_type,
+                           max_timestamp=123)
+        [batch] = iter_batches(data, topic=TOPIC, partition=PART)
+        b = builder(TOPIC, PART)
+        if ts_type == 0:
+            with pytest.raises(CorruptRecordError, match=r"timestamp \d+ does not fit in 64 bits"):
+                b.append(batch, 0)
+        else:
+            assert b.append(batch, 0) == 1
+            assert_match(finish_columns(b), decode_batch_py(batch, TOPIC, PART))
+
+
+def test_timestamp_beyond_arrow_microseconds() -> None:
+    data = build_batch([(b"k", b"v")] * 2, base_offset=70, base_timestamp=2**62)
+    columns = columnar.decode_columns(data, topic=TOPIC, partition=PART)
+    assert ints(columns.buffers.timestamps, "q") == [2**62, 2**62]
+    with pytest.raises(RecordError, match=f"timestamp {2**62} ms is beyond") as info:
+        to_arrow(columns, TOPIC, PART)
+    assert info.value.offset == 70
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_batch_larger_than_a_column(builder: Any) -> None:
+    data = b"".join(build_batch([(b"k", b"v" * n)], base_offset=i) for i, n in enumerate([10, 30, 20, 100]))
+    reader = ColumnReader(data, topic=TOPIC, partition=PART, max_offset=50, builder=builder)
+    assert reader.take(10, 0).count == 2  # 10 + 30 bytes fit; 20 more would not: the next block
+    assert reader.take(10, 2).count == 1  # the batch of 100 cannot fit in any block
+    for _ in range(2):  # raised, then raised again: the reader is done with
+        with pytest.raises(RecordError, match="need more than 50 bytes in one Arrow column") as info:
+            reader.take(10, 3)
+        assert info.value.offset == 3
+    assert reader.exhausted
+
+
+# ---------------------------------------------------------------- Arrow and the builders' plumbing
+
+
+def test_schema_is_the_spark_sources() -> None:
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    from asyncconsumer.spark.arrow import arrow_schema as spark_arrow_schema
+    from asyncconsumer.spark.arrow import records_to_batch
+
+    assert arrow_schema(True) == spark_arrow_schema(True)
+    assert arrow_schema(False) == spark_arrow_schema(False)
+    for name in ("codec-0", "codec-4", "legacy-1-gzip", "log-append-time", "bad-utf8-header-keys"):
+        rows, _ = walk_rows(WALKS[name], 1 << 30, 0)
+        for builder in BUILDERS:
+            [columns], _ = walk_columns(builder, WALKS[name], 1 << 30, 0)
+            for headers in (True, False):
+                expected = records_to_batch(rows[0], include_headers=headers)
+                if not headers:
+                    columns_without, _ = walk_columns(builder, WALKS[name], 1 << 30, 0, headers=False)
+                    assert to_arrow(columns_without[0], TOPIC, PART).equals(expected)
+                else:
+                    assert to_arrow(columns, TOPIC, PART).equals(expected)
+
+
+def test_arrow_wraps_the_buffers_without_copying() -> None:
+    columns = columnar.decode_columns(FIXTURES["codec-0"], topic=TOPIC, partition=PART)
+    batch = to_arrow(columns, TOPIC, PART)
+    address = {n: pa.py_buffer(getattr(columns.buffers, n)).address for n in ("key_data", "value_data", "offsets")}
+    assert batch.column("key").buffers()[2].address == address["key_data"]
+    assert batch.column("value").buffers()[2].address == address["value_data"]
+    assert batch.column("offset").buffers()[1].address == address["offsets"]
+
+
+def test_empty() -> None:
+    for data in (b"", FIXTURES["control"], FIXTURES["emptied-by-compaction"]):
+        for builder in BUILDERS:
+            [], error = walk_columns(builder, data, 10, 0)
+            assert error is None
+            b = builder(TOPIC, PART)
+            columns = finish_columns(b)
+            assert columns.count == 0 and columns.last_offset is None
+            assert to_arrow(columns, TOPIC, PART).num_rows == 0
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_finish_spends_the_builder(builder: Any) -> None:
+    [batch] = iter_batches(FIXTURES["codec-0"], topic=TOPIC, partition=PART)
+    b = builder(TOPIC, PART)
+    b.append(batch, 0)
+    finish_columns(b)
+    with pytest.raises(RuntimeError):
+        b.finish()
+    with pytest.raises(RuntimeError):
+        b.append(batch, 0)
+    with pytest.raises(ValueError):
+        builder(TOPIC, PART, True, 2**31)
+
+
+@needs_c
+def test_no_reference_leaks() -> None:
+    topic, partition = "leak-" + "check", 10**6  # objects only this test holds
+    batches = list(iter_batches(FIXTURES["many-batches"] + FIXTURES["legacy-1-gzip"] + FIXTURES["codec-0"],
+                                topic=topic, partition=partition))
+    bad = list(iter_batches(build_batch([(b"k", b"v")], raw_records=V(50) + b"\x00" * 10), topic=topic,
+                            partition=partition))
+    allocate = functools.partial(pa.allocate_buffer, resizable=True)
+    before = sys.getrefcount(topic), sys.getrefcount(partition), sys.getrefcount(allocate)
+    for i in range(100):
+        if i % 2:
+            pooled = C_BUILDER(topic, partition, True, columnar.MAX_OFFSET, allocate)
+            for batch in batches:
+                pooled.append(batch, 0)
+            assert {type(x) for x in pooled.finish() if not isinstance(x, int)} == {pa.ResizableBuffer}
+            del pooled
+        b = C_BUILDER(topic, partition)
+        for batch in batches:
+            b.append(batch, 0)
+        for batch in bad:
+            with pytest.raises(CorruptRecordError):
+                b.append(batch, 0)
+        columns = b.finish()
+        # the tuple, x and the argument: the spent builder holds none of them
+        assert [sys.getrefcount(x) for x in columns if isinstance(x, bytearray)] == [3] * 15
+        del b, columns
+    gc.collect()
+    assert (sys.getrefcount(topic), sys.getrefcount(partition), sys.getrefcount(allocate)) == before
+
+
+def test_environment_switch_forces_python_builder() -> None:
+    env = {**os.environ, "ASYNCCONSUMER_NO_EXTENSION": "1"}
+    code = "from asyncconsumer.protocol import columnar as c; print(c.COLUMN_DECODER, c.ColumnBuilder.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["python", "PyColumnBuilder"]
+
+
+def test_columns_without_pyarrow() -> None:
+    # Decoding needs no pyarrow; to_arrow says what to install.
+    code = (
+        "import sys; sys.modules['pyarrow'] = None\n"
+        "from asyncconsumer.protocol import columnar as c\n"
+        "from asyncconsumer.protocol.record_writer import build_batch\n"
+        "cols = c.decode_columns(build_batch([(b'k', b'v')] * 3), topic='t', partition=0)\n"
+        "print(cols.count, bytes(cols.buffers.value_data))\n"
+        "try:\n    c.to_arrow(cols, 't', 0)\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = out.stdout.splitlines()
+    assert lines[0] == "3 b'vvv'"
+    assert "pip install 'asyncconsumer[arrow]'" in lines[1]
+
+
+class CountingBuilder:
+    """The builder in use, recording which batches it is given."""
+
+    appended: list[int] = []
+
+    def __init__(self, *args: Any) -> None:
+        self._inner = BUILDERS[-1](*args)
+
+    @property
+    def count(self) -> int:
+        return int(self._inner.count)
+
+    def append(self, batch: Any, start: int) -> int | None:
+        self.appended.append(batch.base_offset)
+        return self._inner.append(batch, start)  # type: ignore[no-any-return]
+
+    def finish(self) -> tuple[Any, ...]:
+        return self._inner.finish()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("max_records", [1, 7, 100, 150, 1000])
+def test_blocks_decode_each_batch_once(max_records: int) -> None:
+    # Two compressed batches of 150: each is parsed (and decompressed) once whatever max_records;
+    # a take hands out the rest of its block before decoding more.
+    data = b"".join(
+        build_batch([Record(b"k", b"v%d" % i) for i in range(150)], base_offset=base, compression=3)
+        for base in (0, 150)
+    )
+    CountingBuilder.appended = []
+    chunks, error = walk_columns(CountingBuilder, data, max_records, 0)
+    assert error is None
+    assert CountingBuilder.appended == [0, 150]
+    sizes = [c.count for c in chunks]
+    per_block = {1: [1] * 150, 7: [7] * 21 + [3], 100: [100, 50], 150: [150], 1000: []}[max_records]
+    assert sizes == (per_block * 2 if max_records != 1000 else [300])
