@@ -425,6 +425,10 @@ async def test_waiting_inside_a_poll_is_polling(
 async def test_static_member_restart_keeps_its_partitions(
     bootstrap: str, new_topic: Callable[..., str], kafka_backend: Any
 ) -> None:
+    if not kafka_backend.supports("static_rejoin_without_rebalance"):
+        # Tansu rebalances on the rejoin at generation 0 and can then leave a member waiting for ever
+        # (seen under load in CI): KIP-345 is Apache Kafka's to show.
+        pytest.skip("Tansu lacks KIP-345 static rejoin (static_rejoin_without_rebalance)")
     topic = new_topic(4)
     group = f"g-{topic}"
     other_listener = Recorder()
@@ -454,8 +458,7 @@ async def test_static_member_restart_keeps_its_partitions(
             tg.cancel_scope.cancel()
         events_after = list(other_listener.events)  # before its own close revokes its partitions
     assert after == before
-    if kafka_backend.supports("static_rejoin_without_rebalance"):
-        assert events_after == events_before, "the other member saw a rebalance"
+    assert events_after == events_before, "the other member saw a rebalance"
 
 
 @pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
