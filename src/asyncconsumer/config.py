@@ -62,6 +62,13 @@ OAuthTokenProvider: TypeAlias = (
 )
 
 
+#: ``batch_decompress_limit`` without ``max_batch_decompressed_bytes``: this many times the largest fetch
+#: size, and never under ``_MIN_DECOMPRESS_LIMIT`` (a broker hands out a batch up to its
+#: ``message.max.bytes`` whatever the fetch sizes are).
+_DECOMPRESS_EXPANSION = 4
+_MIN_DECOMPRESS_LIMIT = 64 << 20
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumerConfig:
     """Every consumer option with its default.  Durations keep Kafka's ``_ms`` names."""
@@ -97,6 +104,8 @@ class ConsumerConfig:
     #: end_offsets()/seek_to_end()/"latest" mean the LSO; markers are never returned (either level).
     isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
     check_crcs: bool = True
+    #: The most one compressed batch may decompress to; ``None``: ``batch_decompress_limit``'s default.
+    max_batch_decompressed_bytes: int | None = None
     exclude_internal_topics: bool = True
     key_deserializer: Deserializer | None = None
     value_deserializer: Deserializer | None = None
@@ -131,6 +140,16 @@ class ConsumerConfig:
         return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
     @property
+    def batch_decompress_limit(self) -> int:
+        """The most one compressed batch may decompress to: ``max_batch_decompressed_bytes``, or
+        ``4 * max(fetch_max_bytes, max_partition_fetch_bytes)`` but at least 64 MiB (200 MiB by default)."""
+        if self.max_batch_decompressed_bytes is not None:
+            return self.max_batch_decompressed_bytes
+        return max(
+            _MIN_DECOMPRESS_LIMIT, _DECOMPRESS_EXPANSION * max(self.fetch_max_bytes, self.max_partition_fetch_bytes)
+        )
+
+    @property
     def effective_rebalance_timeout_ms(self) -> int:
         return self.rebalance_timeout_ms if self.rebalance_timeout_ms is not None else self.max_poll_interval_ms
 
@@ -150,6 +169,7 @@ _POSITIVE = {
     "connections_max_idle_ms",
     "metadata_max_age_ms",
     "rebalance_commit_wait_ms",
+    "max_batch_decompressed_bytes",
 }
 _NON_NEGATIVE = {
     "fetch_min_bytes",
