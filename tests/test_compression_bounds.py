@@ -10,6 +10,7 @@ batch is larger than it may hold.
 
 * declared sizes (snappy's varint, a xerial chunk, LZ4 and zstd frame content sizes) past the
   bound are refused before anything is allocated;
+* frames that declare a small size and hold 600 MiB stop at the declared size;
 * bombs that declare nothing (concatenated gzip members, LZ4 and zstd frames without content
   size, many xerial chunks) stop at the bound, with the peak memory of the child bounded too;
 * payloads up to the bound still decode, and the bound follows the fetch limits
@@ -45,12 +46,17 @@ MiB = 1 << 20
 # The child: builds the batch (before the memory limit), then decodes it with every decoder.
 _SETUP = """
 import os
-from support.bombs import bomb, declaring
+from support.bombs import bomb, declaring, lying
 from asyncconsumer.protocol import records
 from asyncconsumer.protocol.record_writer import build_batch
 codec, kind, size, codec_id, limit = {args!r}
 PARTITION = {partition}
-payload = declaring(codec, size) if kind == "declaring" else bomb(codec, size)
+if kind == "declaring":
+    payload = declaring(codec, size)
+elif kind == "lying":
+    payload = lying(codec, 16, size)
+else:
+    payload = bomb(codec, size)
 batch = build_batch([(b"k", b"v")], base_offset={base}, compression=codec_id, raw_records=payload)
 decoders = [("python", records.decode_batch_py)]
 if records.DECODER == "c":
@@ -67,8 +73,9 @@ for name, decode in decoders:
     except BaseException as exc:
         out[name] = {"error": type(exc).__name__, "message": str(exc),
                      "offset": getattr(exc, "offset", None), "partition": getattr(exc, "partition", None)}
-import resource
-out["maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+# the peak RSS of this process image (ru_maxrss would include the parent's peak from before exec)
+with open("/proc/self/status") as status:
+    out["maxrss_kib"] = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
 emit(out)
 """
 
@@ -102,6 +109,21 @@ def test_a_declared_size_past_the_bound_is_refused_before_allocating(codec: str,
     _assert_refused(result)
     assert "more than the 209715200 bytes" in str(result["python"]["message"])
     assert int(result["maxrss_kib"]) < 200 * 1024  # nothing near the declared size was touched
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_a_frame_holding_more_than_it_declares_stops_at_the_declared_size(codec: str) -> None:
+    # 16 bytes declared, 600 MiB of zeros inside: lz4's one-shot decoder sized its buffer by the
+    # header and then kept growing it to the end of the data
+    result = _decode_in_child(codec, "lying", 600 * MiB, None)
+    decoders = [k for k in result if k != "maxrss_kib"]
+    for name in decoders:
+        outcome = result[name]
+        assert outcome.get("error") == "CorruptRecordError", (name, outcome)
+        assert outcome["offset"] == BASE_OFFSET and outcome["partition"] == PARTITION, (name, outcome)
+        if codec == "lz4":  # refused for what it is, not when growing the buffer fails
+            assert "declares 16 bytes but holds more" in str(outcome["message"]), outcome
+    assert int(result["maxrss_kib"]) < 200 * 1024, result["maxrss_kib"]
 
 
 @pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd"])

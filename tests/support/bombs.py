@@ -6,6 +6,9 @@ Two kinds, for every codec a record batch can use:
   decompress to ``size`` bytes: snappy's varint length, a xerial chunk, an LZ4
   frame content size, a zstd frame content size.  A decoder that trusts the
   header allocates ``size`` bytes up front;
+* *lying* payloads declare a small size and hold ``size`` bytes (zeros): a decoder that sizes
+  its buffer by the header and then grows it as the data keeps coming ends up as large as a
+  bomb;
 * *bombs* really expand to ``size`` bytes (zeros) and declare nothing, built
   by repeating one compressed unit of ``unit`` bytes (concatenated gzip
   members, LZ4 frames, zstd frames, xerial chunks) so making a gigabyte bomb
@@ -25,7 +28,7 @@ import zstandard
 
 from asyncconsumer.protocol.compression import XERIAL_MAGIC, xxh32
 
-__all__ = ["bomb", "declaring", "raw_snappy_declaring"]
+__all__ = ["bomb", "declaring", "lying", "raw_snappy_declaring"]
 
 _XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 
@@ -113,4 +116,24 @@ def bomb(codec: str, size: int, unit: int = 64 << 20) -> bytes:
     if codec == "xerial":
         block = bytes(snappy.compress(zeros))
         return _XERIAL_HEADER + (struct.pack(">i", len(block)) + block) * count
+    raise ValueError(codec)
+
+
+def lying(codec: str, declared: int, size: int) -> bytes:
+    """An LZ4 or zstd frame that declares ``declared`` bytes and holds ``size`` zeros."""
+    if codec == "lz4":
+        unit = 4 << 20
+        frame = lz4.frame.compress(bytes(unit), block_size=lz4.frame.BLOCKSIZE_MAX4MB, store_size=False)
+        (raw,) = struct.unpack_from("<I", frame, 7)  # first block after the 7-byte header
+        block = frame[7 : 11 + (raw & 0x7FFFFFFF)]
+        descriptor = bytes([0x40 | 0x20 | 0x08, 0x70]) + struct.pack("<Q", declared)
+        head = b"\x04\x22\x4d\x18" + descriptor + bytes([(xxh32(descriptor) >> 8) & 0xFF])
+        return head + block * -(-size // unit) + struct.pack("<I", 0)
+    if codec == "zstd":
+        unit = 128 << 10
+        count = -(-size // unit)
+        rle = ((unit << 3) | (1 << 1)).to_bytes(3, "little") + b"\x00"  # an RLE block of 128 KiB zeros
+        last = ((unit << 3) | (1 << 1) | 1).to_bytes(3, "little") + b"\x00"
+        head = b"\x28\xb5\x2f\xfd" + bytes([0xC0, 7 << 3]) + struct.pack("<Q", declared)  # 128 KiB window
+        return head + rle * (count - 1) + last
     raise ValueError(codec)

@@ -298,8 +298,10 @@ def _lz4_break_legacy_header(frame: bytes) -> bytes:
 def _lz4_decompress(data: Buffer, legacy_header: bool, max_size: int) -> bytes:
     frame_mod = _load_lz4()
     src: Buffer = _lz4_fix_legacy_header(data) if legacy_header else data
-    # Frame by frame: a declared content size is checked first; ``max_length``
-    # caps the output either way (the library grows its buffer up to it).
+    # Frame by frame.  A declared content size is checked first; ``max_length``
+    # then caps the output at it (or, for a frame without one, what Java producers
+    # write, at what is left of the bound): the one-shot ``lz4.frame.decompress``
+    # would keep growing its buffer past a declared size that lies.
     parts: list[bytes] = []
     rest: Buffer = src
     left = max_size
@@ -308,9 +310,12 @@ def _lz4_decompress(data: Buffer, legacy_header: bool, max_size: int) -> bytes:
             declared = frame_mod.get_frame_info(rest).get("content_size", 0)
             if declared > left:
                 raise _too_large("lz4", declared, max_size)
+            cap = declared if declared > 0 else left
             d = frame_mod.LZ4FrameDecompressor()
-            out = d.decompress(rest, max_length=left + 1)
-            if len(out) > left:
+            out = d.decompress(rest, max_length=cap + 1)
+            if len(out) > cap:
+                if declared > 0:
+                    raise CorruptRecordError(f"lz4 frame declares {declared} bytes but holds more")
                 raise _too_large("lz4", None, max_size)
             if not d.eof:
                 raise CorruptRecordError("lz4 data is truncated")
