@@ -6,10 +6,14 @@ under ``RLIMIT_AS = 1 GiB`` (tests/support/childproc.py), so a decoder that abor
 test instead of the test runner; the child records the case it is on, and the failure names it
 (``fuzz.case(seed, index)`` rebuilds it).
 
-Fixed seed, bounded time: by default ``CASES`` decoder cases and ``DECOMPRESSOR_CASES``
-decompressor cases, each run stopping early at its time budget (so the whole module stays
-under a minute on a slow CI machine).  ``ASYNCCONSUMER_FUZZ_SEED``, ``ASYNCCONSUMER_FUZZ_CASES``
-and ``ASYNCCONSUMER_FUZZ_SECONDS`` run other seeds or longer, locally.  The figures of a run
+The same cases also go through both column builders (the compiled ``ColumnBuilder`` and the
+reference ``PyColumnBuilder``, behind ``ColumnReader``): byte-identical buffers or the same error.
+
+Fixed seed, bounded time: by default ``CASES`` decoder cases, ``DECOMPRESSOR_CASES``
+decompressor cases and ``COLUMN_CASES`` column cases, each run stopping early at its time
+budget (so the whole module stays under a minute on a slow CI machine).
+``ASYNCCONSUMER_FUZZ_SEED``, ``ASYNCCONSUMER_FUZZ_CASES`` and ``ASYNCCONSUMER_FUZZ_SECONDS``
+run other seeds or longer, locally.  The figures of a run
 are in docs/fault-suite.md.
 """
 
@@ -30,7 +34,9 @@ from asyncconsumer.protocol import records
 SEED = int(os.environ.get("ASYNCCONSUMER_FUZZ_SEED", "14"))
 CASES = int(os.environ.get("ASYNCCONSUMER_FUZZ_CASES", "60000"))
 DECOMPRESSOR_CASES = CASES // 2
-SECONDS = float(os.environ.get("ASYNCCONSUMER_FUZZ_SECONDS", "20"))
+COLUMN_CASES = CASES // 3
+#: The decoder run's time budget; the decompressor run gets a third of it, the column run 45 %.
+SECONDS = float(os.environ.get("ASYNCCONSUMER_FUZZ_SECONDS", "18"))
 #: The least number of cases a run must get through in its time budget (a run that does
 #: nearly nothing proves nothing).
 MIN_CASES = min(2000, CASES // 2)
@@ -56,6 +62,8 @@ _BODY = """
 deadline = time.monotonic() + seconds
 if kind == "decoders":
     emit(fuzz.run(seed, 0, stop, deadline, progress, decs))
+elif kind == "columns":
+    emit(fuzz.run_columns(seed, 0, stop, deadline, progress))
 else:
     emit(fuzz.run_decompressors(seed, 0, stop, deadline, progress))
 """
@@ -74,7 +82,7 @@ def _fuzz_in_child(kind: str, stop: int, seconds: float, inject: str | None = No
         where = "before the first case"
         if last:
             index = int(last)
-            if kind == "decoders":
+            if kind in ("decoders", "columns"):
                 item, mutation, data = fuzz.case(SEED, index)
                 where = f"on case {index} of seed {SEED}: {item} mutated by {mutation}, {len(data)} bytes"
             else:
@@ -105,12 +113,24 @@ def test_both_decoders_agree_on_mutated_batches() -> None:
 
 
 def test_decompressors_stay_bounded_and_typed_on_mutated_payloads() -> None:
-    result = _fuzz_in_child("decompressors", DECOMPRESSOR_CASES, SECONDS * 0.4)
+    result = _fuzz_in_child("decompressors", DECOMPRESSOR_CASES, SECONDS / 3)
     print(f"\nfuzz decompressors seed={SEED}: {result}")
     _check(result)
     assert result["outcomes"].get("past-limit", 0) == 0
     assert result["outcomes"].get("decompressed", 0) > 0
     assert result["outcomes"].get("CorruptRecordError", 0) > 0
+
+
+def test_both_column_builders_agree_on_mutated_batches() -> None:
+    from asyncconsumer.protocol import columnar
+
+    result = _fuzz_in_child("columns", COLUMN_CASES, SECONDS * 0.45)
+    print(f"\nfuzz column builders seed={SEED}: {result}")
+    _check(result)
+    if columnar.COLUMN_DECODER == "c":
+        assert result["builders"] == ["python", "c"]
+    for outcome in ("decoded", "CorruptRecordError", "UnsupportedMagicError", "UnsupportedCodecError"):
+        assert result["outcomes"].get(outcome, 0) > 0, outcome
 
 
 # ------------------------------------------------------------------ the harness itself

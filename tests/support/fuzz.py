@@ -16,6 +16,10 @@ and the pure-Python one):
 outcome plus every failure found (with its case number); ``case(seed, index)`` rebuilds one case
 so a failure can be replayed.  Everything is deterministic for a given seed and index.
 
+The column part (``run_columns``) walks the same cases through ``ColumnReader`` with the compiled
+``ColumnBuilder`` and the reference ``PyColumnBuilder``: byte-identical buffers, or the same error
+class and location.
+
 The decompressor part mutates compressed payloads of every codec (and their headers) and calls
 ``compression.decompress`` directly with a bound: the result must be bytes no longer than the
 bound, or ``CorruptRecordError`` / ``UnsupportedCodecError``.
@@ -55,7 +59,17 @@ from asyncconsumer.protocol.record_writer import (
 )
 from asyncconsumer.protocol.records import decode_batch_py, iter_batches
 
-__all__ = ["LIMIT", "case", "corpus", "decoders", "decompressor_case", "run", "run_decompressors"]
+__all__ = [
+    "LIMIT",
+    "case",
+    "column_builders",
+    "corpus",
+    "decoders",
+    "decompressor_case",
+    "run",
+    "run_columns",
+    "run_decompressors",
+]
 
 TOPIC = "fuzz"
 PARTITION = 7
@@ -582,3 +596,89 @@ def decompressor_case(
         kind = "fallback-" + _bitflips(rng, b, 0)
     legacy = codec == CODEC_LZ4 and rng.random() < 0.3
     return codec, kind, bytes(b), legacy
+
+
+# ------------------------------------------------------------------ column builders
+
+
+def column_builders() -> list[tuple[str, Any]]:
+    from asyncconsumer.protocol import columnar
+
+    out: list[tuple[str, Any]] = [("python", columnar.PyColumnBuilder)]
+    if columnar.COLUMN_DECODER == "c":
+        out.append(("c", columnar.ColumnBuilder))
+    return out
+
+
+def _columns(builder: Any, data: bytes | memoryview) -> tuple[str, Any]:
+    """Walk ``data`` with a ColumnReader as the consumer does; every buffer as bytes, or the error."""
+    from dataclasses import fields
+
+    from asyncconsumer.protocol.columnar import ColumnBuffers, ColumnReader
+
+    chunks: list[Any] = []
+    try:
+        reader = ColumnReader(
+            data, topic=TOPIC, partition=PARTITION, builder=builder, allocate=None, max_decompressed=LIMIT
+        )
+        position = 0
+        for _ in range(10_000):
+            cols = reader.take(1 << 30, position)
+            if not cols.count:
+                break
+            chunk: list[Any] = [cols.first, cols.count]
+            for f in fields(ColumnBuffers):
+                v = getattr(cols.buffers, f.name)
+                chunk.append(v if v is None or isinstance(v, int) else bytes(v))
+            chunks.append(chunk)
+            last = cols.last_offset
+            assert last is not None
+            position = last + 1
+    except RecordError as exc:
+        return "error", (type(exc).__name__, exc.partition, exc.offset, len(chunks))
+    except Exception as exc:
+        return "untyped", f"{type(exc).__name__}: {exc}"
+    return "columns", chunks
+
+
+def run_columns(
+    seed: int, start: int, stop: int, deadline: float, progress: Callable[[int], object] | None = None
+) -> dict[str, Any]:
+    """The decoder cases through both column builders (see the module docstring)."""
+    items = corpus()
+    builders = column_builders()
+    outcomes: Counter[str] = Counter()
+    failures: list[dict[str, Any]] = []
+    done = 0
+    t0 = time.monotonic()
+    for index in range(start, stop):
+        if time.monotonic() >= deadline:
+            break
+        if progress is not None:
+            progress(index)
+        name, kind, data = case(seed, index, items)
+        done += 1
+        results = [(bname, _columns(b, data)) for bname, b in builders]
+        untyped = [(b, r[1]) for b, r in results if r[0] == "untyped"]
+        if untyped:
+            outcomes["untyped"] += 1
+            failures.append({"index": index, "item": name, "mutation": kind, "untyped": untyped})
+            continue
+        first = results[0][1]
+        if any(r != first for _, r in results[1:]):
+            outcomes["disagree"] += 1
+            failures.append(
+                {"index": index, "item": name, "mutation": kind, "results": [(b, repr(r)[:300]) for b, r in results]}
+            )
+            continue
+        if first[0] == "columns":
+            outcomes["decoded" if first[1] else "no-records"] += 1
+        else:
+            outcomes[first[1][0]] += 1
+    return {
+        "cases": done,
+        "seconds": round(time.monotonic() - t0, 2),
+        "builders": [b for b, _ in builders],
+        "outcomes": dict(outcomes),
+        "failures": failures[:20],
+    }
