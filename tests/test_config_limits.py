@@ -15,6 +15,8 @@
   (item 6); a ``bytes`` topic in ``assign()`` is refused at the call (item 5).  Against a real
   broker, after every bad call the consumer still works: the background loop did not die of
   the user's input.
+* A value the protocol carries but the broker refuses (``session_timeout_ms`` past Apache
+  Kafka's ``group.max.session.timeout.ms``) is reported at the next poll with a typed error.
 """
 
 from __future__ import annotations
@@ -380,3 +382,24 @@ async def test_bad_arguments_leave_a_running_consumer_working(
                     got.extend(r.value for r in records)
         assert got == [b"%d" % i for i in range(5)]
         assert topic in await c.topics(timeout=10)
+
+
+@pytest.mark.anyio
+async def test_a_value_the_broker_refuses_is_reported_at_the_next_poll(apache_kafka: Any) -> None:
+    # session_timeout_ms at the int32 limit can be sent, but Apache Kafka refuses anything past
+    # group.max.session.timeout.ms (30 min): the member cannot join, and says so at the next
+    # poll with a typed error instead of retrying silently
+    import uuid
+
+    from support.producer import create_topic
+
+    from asyncconsumer.errors import InvalidSessionTimeoutError
+
+    bootstrap = str(apache_kafka.bootstrap)
+    topic = create_topic(bootstrap, f"limits-{uuid.uuid4().hex[:12]}")
+    options: dict[str, Any] = {**FAST, "group_id": f"g-{uuid.uuid4().hex[:12]}", "session_timeout_ms": INT32_MAX}
+    async with Consumer(bootstrap_servers=bootstrap, **options) as c:
+        c.subscribe([topic])
+        with anyio.fail_after(60), pytest.raises(InvalidSessionTimeoutError, match="JoinGroup"):
+            while True:
+                await c.getmany(timeout=1)
