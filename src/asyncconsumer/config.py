@@ -15,7 +15,8 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
-from .errors import ConfigError
+from ._args import INT32_MAX, INT64_MAX, protocol_string_error
+from .errors import ConfigError, ConfigTypeError
 
 Deserializer = Callable[[bytes], Any]
 
@@ -62,6 +63,13 @@ OAuthTokenProvider: TypeAlias = (
 )
 
 
+#: ``batch_decompress_limit`` without ``max_batch_decompressed_bytes``: this many times the largest fetch
+#: size, and never under ``_MIN_DECOMPRESS_LIMIT`` (a broker hands out a batch up to its
+#: ``message.max.bytes`` whatever the fetch sizes are).
+_DECOMPRESS_EXPANSION = 4
+_MIN_DECOMPRESS_LIMIT = 64 << 20
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumerConfig:
     """Every consumer option with its default.  Durations keep Kafka's ``_ms`` names."""
@@ -97,6 +105,8 @@ class ConsumerConfig:
     #: end_offsets()/seek_to_end()/"latest" mean the LSO; markers are never returned (either level).
     isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
     check_crcs: bool = True
+    #: The most one compressed batch may decompress to; ``None``: ``batch_decompress_limit``'s default.
+    max_batch_decompressed_bytes: int | None = None
     exclude_internal_topics: bool = True
     key_deserializer: Deserializer | None = None
     value_deserializer: Deserializer | None = None
@@ -131,6 +141,16 @@ class ConsumerConfig:
         return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
     @property
+    def batch_decompress_limit(self) -> int:
+        """The most one compressed batch may decompress to: ``max_batch_decompressed_bytes``, or
+        ``4 * max(fetch_max_bytes, max_partition_fetch_bytes)`` but at least 64 MiB (200 MiB by default)."""
+        if self.max_batch_decompressed_bytes is not None:
+            return self.max_batch_decompressed_bytes
+        return max(
+            _MIN_DECOMPRESS_LIMIT, _DECOMPRESS_EXPANSION * max(self.fetch_max_bytes, self.max_partition_fetch_bytes)
+        )
+
+    @property
     def effective_rebalance_timeout_ms(self) -> int:
         return self.rebalance_timeout_ms if self.rebalance_timeout_ms is not None else self.max_poll_interval_ms
 
@@ -150,6 +170,7 @@ _POSITIVE = {
     "connections_max_idle_ms",
     "metadata_max_age_ms",
     "rebalance_commit_wait_ms",
+    "max_batch_decompressed_bytes",
 }
 _NON_NEGATIVE = {
     "fetch_min_bytes",
@@ -158,6 +179,50 @@ _NON_NEGATIVE = {
     "reconnect_backoff_max_ms",
     "retry_backoff_ms",
 }
+#: The protocol field each integer option is sent in, and so the largest value it may take.
+PROTOCOL_INT_FIELDS: dict[str, tuple[str, int]] = {
+    "session_timeout_ms": ("JoinGroup SessionTimeoutMs (int32)", INT32_MAX),
+    "max_poll_interval_ms": ("JoinGroup RebalanceTimeoutMs (int32) when rebalance_timeout_ms is None", INT32_MAX),
+    "rebalance_timeout_ms": ("JoinGroup / ConsumerGroupHeartbeat RebalanceTimeoutMs (int32)", INT32_MAX),
+    "fetch_max_wait_ms": ("Fetch MaxWaitMs (int32)", INT32_MAX),
+    "fetch_min_bytes": ("Fetch MinBytes (int32)", INT32_MAX),
+    "fetch_max_bytes": ("Fetch MaxBytes (int32)", INT32_MAX),
+    "max_partition_fetch_bytes": ("Fetch PartitionMaxBytes (int32)", INT32_MAX),
+}
+#: Integer options used only by the client: bounded by the type the Java client gives them (int or long).
+LOCAL_INT_LIMITS: dict[str, int] = {
+    "auto_commit_interval_ms": INT32_MAX,
+    "heartbeat_interval_ms": INT32_MAX,
+    "max_poll_records": INT32_MAX,
+    "request_timeout_ms": INT32_MAX,
+    "rebalance_commit_wait_ms": INT32_MAX,
+    "fetch_buffer_bytes": INT64_MAX,
+    "max_batch_decompressed_bytes": INT64_MAX,
+    "socket_connection_setup_timeout_ms": INT64_MAX,
+    "connections_max_idle_ms": INT64_MAX,
+    "reconnect_backoff_ms": INT64_MAX,
+    "reconnect_backoff_max_ms": INT64_MAX,
+    "retry_backoff_ms": INT64_MAX,
+    "metadata_max_age_ms": INT64_MAX,
+}
+#: String options sent as protocol STRINGs (int16 length, UTF-8).
+PROTOCOL_STRING_FIELDS: dict[str, str] = {
+    "client_id": "the request header's ClientId",
+    "group_id": "GroupId",
+    "group_instance_id": "GroupInstanceId",
+    "client_rack": "Fetch RackId / the assignor's rack",
+}
+
+
+def _check_int_limit(name: str, value: int) -> None:
+    if name in PROTOCOL_INT_FIELDS:
+        field, limit = PROTOCOL_INT_FIELDS[name]
+        if value > limit:
+            raise ConfigError(f"{name}={value} cannot be sent: {field} holds at most {limit}")
+    elif name in LOCAL_INT_LIMITS and value > LOCAL_INT_LIMITS[name]:
+        raise ConfigError(f"{name} must be at most {LOCAL_INT_LIMITS[name]}, got {value}")
+
+
 _CHOICES: dict[str, tuple[str, ...]] = {
     "auto_offset_reset": OFFSET_RESETS,
     "isolation_level": ISOLATION_LEVELS,
@@ -216,17 +281,18 @@ def _coerce(name: str, value: Any) -> Any:
     annotation = str(field.type)
     if annotation.startswith("bool"):
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be True or False, got {value!r}")
+            raise ConfigTypeError(f"{name} must be True or False, got {value!r}")
         return value
     if annotation.startswith("int"):
         if value is None and "None" in annotation:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
+            raise ConfigTypeError(f"{name} must be an integer, got {value!r}")
         if name in _POSITIVE and value <= 0:
             raise ConfigError(f"{name} must be > 0, got {value}")
         if name in _NON_NEGATIVE and value < 0:
             raise ConfigError(f"{name} must be >= 0, got {value}")
+        _check_int_limit(name, value)
         return value
     if name == "ssl_context":
         if value is not None and not isinstance(value, ssl.SSLContext):
@@ -244,7 +310,11 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"{name} must be callable (bytes -> value), got {value!r}")
         return value
     if value is not None and not isinstance(value, str):
-        raise ConfigError(f"{name} must be a string, got {value!r}")
+        raise ConfigTypeError(f"{name} must be a string, got {value!r}")
+    if value is not None and name in PROTOCOL_STRING_FIELDS:
+        why = protocol_string_error(value)
+        if why is not None:
+            raise ConfigError(f"{name} cannot be sent as {PROTOCOL_STRING_FIELDS[name]}: {why}")
     return value
 
 
@@ -333,6 +403,8 @@ def from_properties(properties: Mapping[str, Any], overrides: Mapping[str, Any] 
 
     ``overrides`` are snake_case options applied on top before validation.
     """
+    if not isinstance(properties, Mapping):
+        raise ConfigTypeError(f"properties must be a mapping of dotted names to values, got {properties!r:.80}")
     options: dict[str, Any] = {}
     ssl_props: dict[str, str] = {}
     for key, raw in properties.items():

@@ -23,6 +23,7 @@ import anyio.abc
 import sniffio
 from typing_extensions import TypeVar
 
+from . import _args
 from .config import ConsumerConfig, build_config, from_properties
 from .engine.fetch_buffer import Record
 from .engine.loop import Engine
@@ -77,6 +78,7 @@ def _bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable
         @functools.wraps(method)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             self = cast("Consumer[Any, Any]", args[0])
+            _args.check_timeout(kwargs.get("timeout"), operation)
             self.acquire(operation)
             try:
                 return await method(*args, **kwargs)
@@ -218,6 +220,7 @@ class Consumer(Generic[KT, VT]):
 
         Returns within ``timeout`` seconds, whatever the brokers do; safe to call twice.
         """
+        _args.check_timeout(timeout, "close", optional=False)
         if self._closed or self._engine is None:
             self._closed = True
             return
@@ -311,13 +314,14 @@ class Consumer(Generic[KT, VT]):
         """
         if isinstance(topics, str):
             topics = [topics]
-        names = frozenset(topics)
+        names = _args.check_topics(topics, "subscribe")
         if pattern is None and not names:
             raise ConfigError("subscribe() needs topics or a pattern (use unsubscribe() to stop)")
         if pattern is not None and names:
             raise ConfigError("subscribe() takes topics or a pattern, not both")
         if any(not isinstance(t, str) or not t for t in names):
             raise ConfigError(f"subscribe(): topic names must be non-empty strings, got {sorted(map(repr, names))}")
+        _args.check_pattern(pattern, "subscribe")
         try:
             compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
         except re.error as exc:
@@ -539,8 +543,7 @@ class Consumer(Generic[KT, VT]):
     @_bracketed("seek")
     async def seek(self, partition: TopicPartition, offset: int) -> None:
         """Make ``offset`` the next record returned for ``partition``."""
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise ConfigError(f"seek offset must be an integer >= 0, got {offset!r}")
+        _args.check_offset(offset, "seek")
         state = self._states([partition], "seek")[0]
         engine = self._running()
         state.set_position(offset)
@@ -610,10 +613,7 @@ class Consumer(Generic[KT, VT]):
         self, timestamps: Mapping[TopicPartition, int], *, timeout: float | None = None
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """For each partition, the first offset whose timestamp is >= the given one (ms)."""
-        _check_partitions(timestamps, "offsets_for_times")
-        for tp, ts in timestamps.items():
-            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-                raise ConfigError(f"offsets_for_times: timestamp for {tp} must be an int >= 0 (ms), got {ts!r}")
+        _args.check_timestamps(timestamps)
         results = await self._list_offsets(dict(timestamps), timeout)
         return {tp: OffsetAndTimestamp(*r) if r is not None else None for tp, r in results.items()}
 
@@ -635,19 +635,14 @@ class Consumer(Generic[KT, VT]):
         self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None, *, timeout: float | None = None
     ) -> None:
         """Commit ``offsets`` (the *next* offset to read), or the positions of every record returned so far."""
+        given = _args.check_commit_offsets(offsets) if offsets is not None else {}
         engine = self._running()
         if engine.commits is None:
             raise IllegalStateError("commit() needs a group_id: offsets are stored per consumer group")
         if offsets is None:
             to_commit = self._consumed_offsets()
         else:
-            _check_partitions(offsets, "commit")
-            to_commit = {}
-            for tp, value in offsets.items():
-                om = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(value)
-                if isinstance(om.offset, bool) or not isinstance(om.offset, int) or om.offset < 0:
-                    raise ConfigError(f"commit offset for {tp} must be an int >= 0, got {om.offset!r}")
-                to_commit[tp] = om
+            to_commit = given
         membership = engine.membership
         if membership is not None and membership.subscribed:
             # Only what this member owns, while it is a member: after a rebalance, a poll-interval
@@ -698,6 +693,7 @@ class Consumer(Generic[KT, VT]):
         self, partitions: TopicPartition | Iterable[TopicPartition], *, timeout: float | None = None
     ) -> int | dict[TopicPartition, OffsetAndMetadata | None] | None:
         """The group's committed offsets: for one partition an int (or None), for several a dict."""
+        _args.check_timeout(timeout, "committed")
         self.acquire("committed")
         try:
             single = isinstance(partitions, TopicPartition)
@@ -735,6 +731,7 @@ class Consumer(Generic[KT, VT]):
     @_bracketed("partitions_for_topic")
     async def partitions_for_topic(self, topic: str, *, timeout: float | None = None) -> set[int] | None:
         """Partition numbers of ``topic``, or None if it does not exist."""
+        _args.check_topic(topic, "partitions_for_topic")
         cluster = await self._running().wait_for_metadata(self._timeout(timeout))
         info = cluster.topics.get(topic)
         return set(info.partitions) if info is not None else None
@@ -746,8 +743,8 @@ class Consumer(Generic[KT, VT]):
         self, *partitions: TopicPartition, timeout: float | None = None, max_records: int | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         """Records by partition: waits up to ``timeout`` seconds (None: until there are some; 0: don't wait)."""
-        if max_records is not None and (isinstance(max_records, bool) or max_records <= 0):
-            raise ConfigError(f"max_records must be a positive int, got {max_records!r}")
+        if max_records is not None:
+            _args.check_positive_int(max_records, "getmany", "max_records")
         limit = max_records or self._batch_limit()
         only = set(_check_partitions(partitions, "getmany")) if partitions else None
         self._drop_chunks()
@@ -802,8 +799,7 @@ class Consumer(Generic[KT, VT]):
         stream holds at most ``buffer_records`` records; a full stream pauses its partition.
         A revoked partition's stream ends after its records are processed and committed.
         """
-        if buffer_records <= 0:
-            raise ConfigError("buffer_records must be > 0")
+        _args.check_positive_int(buffer_records, "partitions", "buffer_records")
         return _PollingIterator(self, PartitionStreams(self, buffer_records))
 
     def batches(self, *, max_records: int | None = None) -> AsyncIterator[list[ConsumerRecord[KT, VT]]]:
@@ -814,8 +810,8 @@ class Consumer(Generic[KT, VT]):
         fastest way to read: no per-record call.  ``commit()`` covers every batch handed out,
         as with ``getmany()``.
         """
-        if max_records is not None and (isinstance(max_records, bool) or max_records <= 0):
-            raise ConfigError(f"max_records must be a positive int, got {max_records!r}")
+        if max_records is not None:
+            _args.check_positive_int(max_records, "batches", "max_records")
         return _BatchIterator(self, max_records or self._batch_limit())
 
     @_bracketed("getone")
@@ -1057,15 +1053,7 @@ class Consumer(Generic[KT, VT]):
 
 
 def _check_partitions(partitions: Iterable[Any], operation: str) -> list[TopicPartition]:
-    if isinstance(partitions, (str, bytes)):
-        raise ConfigError(f"{operation}: expected TopicPartition objects, got {partitions!r}")
-    tps = list(partitions)
-    for tp in tps:
-        if not isinstance(tp, TopicPartition):
-            raise ConfigError(f"{operation}: expected TopicPartition, got {tp!r}")
-        if not tp.topic or not isinstance(tp.partition, int) or tp.partition < 0:
-            raise ConfigError(f"{operation}: invalid partition {tp!r}")
-    return tps
+    return _args.check_topic_partitions(partitions, operation)
 
 
 def _names(tps: Iterable[TopicPartition]) -> str:

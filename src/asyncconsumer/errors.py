@@ -23,6 +23,13 @@ class ConfigError(KafkaError, ValueError):
     """A configuration value is missing, of the wrong type or out of range."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """An option or a call's argument has the wrong type; the message names it.
+
+    Also a ``TypeError`` (and a ``ConfigError``, as before this class existed).
+    """
+
+
 class IllegalStateError(KafkaError):
     """The call does not fit the consumer's state (e.g. not started, no assignment)."""
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import RecordError
+from ..protocol.compression import DEFAULT_MAX_SIZE
 from ..protocol.records import (
     AbortedTransactionFilter,
     RecordBatch,
@@ -57,6 +58,7 @@ class CompletedFetch:
         *,
         check_crcs: bool,
         aborted: list[tuple[int, int]] | None,
+        max_decompressed: int = DEFAULT_MAX_SIZE,
     ) -> None:
         self.tp = tp
         self.epoch = epoch
@@ -68,7 +70,11 @@ class CompletedFetch:
         self.error: RecordError | None = None
         self._check_crcs = check_crcs
         self._batches: Iterator[RecordBatch] = iter_batches(
-            records, topic=tp.topic, partition=tp.partition, check_crcs=check_crcs
+            records,
+            topic=tp.topic,
+            partition=tp.partition,
+            check_crcs=check_crcs,
+            max_decompressed=max_decompressed,
         )
         self._aborted = AbortedTransactionFilter(aborted) if aborted is not None else None
         self._pending: list[Record] = []

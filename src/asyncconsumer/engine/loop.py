@@ -108,6 +108,7 @@ class Engine:
             max_partition_fetch_bytes=config.max_partition_fetch_bytes,
             read_committed=config.isolation_level == "read_committed",
             check_crcs=config.check_crcs,
+            max_decompressed=config.batch_decompress_limit,
             retry_backoff=retry,
             client_rack=config.client_rack,
             report_error=self.report_error,

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from ..engine.fetch_buffer import CompletedFetch, FetchBuffer
 from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, OffsetOutOfRangeError, error_for_code
+from ..protocol.compression import DEFAULT_MAX_SIZE
 from ..structs import TopicPartition, by_topic
 from .metadata import REFRESH_CODES, ZERO_UUID, MetadataManager
 from .subscription import PartitionPhase, PartitionState, SubscriptionState
@@ -120,8 +121,10 @@ class FetchManager:
         report_error: Callable[[KafkaError], None],
         on_diverging_epoch: DivergenceHandler,
         use_sessions: bool = True,
+        max_decompressed: int = DEFAULT_MAX_SIZE,
     ) -> None:
         self._subscriptions = subscriptions
+        self._max_decompressed = max_decompressed
         self._metadata = metadata
         self._buffer = buffer
         self._min_bytes = fetch_min_bytes
@@ -396,6 +399,7 @@ class FetchManager:
                     next_offset,
                     check_crcs=self._check_crcs,
                     aborted=aborted,
+                    max_decompressed=self._max_decompressed,
                 )
             )
             state.fetch_offset = max(next_offset, fetch_offset)

@@ -67,6 +67,7 @@ from typing_extensions import Buffer
 from ..errors import CorruptRecordError, RecordError
 from ..structs import ConsumerRecord
 from . import records as _records
+from .compression import DEFAULT_MAX_SIZE
 from .records import AbortedTransactionFilter, RecordBatch, decode_batch_py, iter_batches, next_batch_to_read
 
 __all__ = [
@@ -399,12 +400,13 @@ class ColumnReader:
         max_offset: int = MAX_OFFSET,
         builder: Any = None,
         allocate: Callable[[int], Any] | Literal["arrow"] | None = "arrow",
+        max_decompressed: int = DEFAULT_MAX_SIZE,
     ) -> None:
         self.topic = topic
         self.partition = partition
         self.exhausted = False
         self._batches: Iterator[RecordBatch] = iter_batches(
-            records, topic=topic, partition=partition, check_crcs=check_crcs
+            records, topic=topic, partition=partition, check_crcs=check_crcs, max_decompressed=max_decompressed
         )
         self._aborted = AbortedTransactionFilter(aborted) if aborted is not None else None
         self._headers = include_headers

@@ -6,6 +6,15 @@ fetched bytes is not copied before it reaches the codec).
 
 Errors carry no topic/partition: the record reader re-raises them with the
 location filled in.
+
+Every decompressor is bounded by ``max_size``, the most one batch may hold once
+decompressed (the consumer derives it from its fetch limits, see
+``ConsumerConfig.batch_decompress_limit``).  Sizes a payload declares (snappy's
+varint length, xerial chunk lengths, the LZ4 and zstd frame content sizes) are
+checked before anything is allocated; where nothing is declared (gzip, frames
+without a content size) the output is produced in steps and decoding stops as
+soon as it passes the bound.  A payload past the bound is a
+``CorruptRecordError``, never a ``MemoryError`` or a process abort.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ __all__ = [
     "CODEC_NONE",
     "CODEC_SNAPPY",
     "CODEC_ZSTD",
+    "DEFAULT_MAX_SIZE",
     "XERIAL_MAGIC",
     "compress",
     "decompress",
@@ -47,6 +57,19 @@ CODEC_NAMES = {
 }
 
 Buffer = bytes | bytearray | memoryview
+
+#: ``decompress``'s bound when the caller gives none: what the default consumer
+#: settings allow (``ConsumerConfig().batch_decompress_limit``, 200 MiB).
+DEFAULT_MAX_SIZE = 200 << 20
+
+
+def _too_large(name: str, declared: int | None, max_size: int) -> CorruptRecordError:
+    """``declared``: the size the data says it holds, None when decoding ran past ``max_size``."""
+    what = f"declares {declared} bytes uncompressed" if declared is not None else "decompresses to"
+    return CorruptRecordError(
+        f"{name} data {what} more than the {max_size} bytes one batch may hold (max_batch_decompressed_bytes)"
+    )
+
 
 # lz4 and zstandard are optional extras; import lazily so a missing library
 # only matters for the batches that need it.
@@ -101,14 +124,20 @@ def _unknown(codec: int) -> UnsupportedCodecError:
 # ---------------------------------------------------------------- gzip
 
 
-def _gunzip(data: Buffer) -> bytes:
+def _gunzip(data: Buffer, max_size: int) -> bytes:
     # wbits 16+15: gzip container only (what Kafka writes).  A decompressobj loop
-    # also accepts several concatenated gzip members.
+    # also accepts several concatenated gzip members.  ``max_length`` caps the
+    # output of each call (zlib grows its buffer as it goes: nothing is reserved).
     parts: list[bytes] = []
     rest: Buffer = data
+    left = max_size
     while True:
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        parts.append(d.decompress(rest))
+        out = d.decompress(rest, left + 1)
+        if len(out) > left:
+            raise _too_large("gzip", None, max_size)
+        left -= len(out)
+        parts.append(out)
         if not d.eof:
             raise CorruptRecordError("gzip data is truncated")
         rest = d.unused_data
@@ -124,18 +153,49 @@ XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 _XERIAL_BLOCK = 32 * 1024
 _I32 = struct.Struct(">i")
+#: A raw snappy block can expand at most 64/3 times (a 3-byte copy element gives 64 bytes).
+_SNAPPY_MAX_RATIO = 22
 
 
-def _snappy_decompress(data: Buffer) -> bytes:
+def _snappy_length(block: memoryview) -> int:
+    """The uncompressed length a raw snappy block declares (its leading varint, at most 32 bits)."""
+    result = 0
+    for i in range(min(5, len(block))):
+        b = block[i]
+        result |= (b & 0x7F) << (7 * i)
+        if b < 0x80:
+            return result
+    raise CorruptRecordError("snappy block length header is truncated or longer than 32 bits")
+
+
+def _snappy_block(block: memoryview, left: int, max_size: int) -> bytes:
+    """One raw snappy block, its declared length checked before the library allocates it."""
+    size = _snappy_length(block)
+    if size > left:
+        raise _too_large("snappy", size, max_size)
+    if size > _SNAPPY_MAX_RATIO * len(block):
+        raise CorruptRecordError(
+            f"snappy block of {len(block)} bytes declares {size} bytes uncompressed, more than snappy can encode in it"
+        )
+    out = bytes(snappy.decompress(block))
+    if len(out) != size:  # the library checks this; never hand out a different size
+        raise CorruptRecordError(f"snappy block declares {size} bytes but decodes to {len(out)}")
+    return out
+
+
+def _snappy_decompress(data: Buffer, max_size: int) -> bytes:
     mv = memoryview(data)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
     if mv[:8] != XERIAL_MAGIC:
         # librdkafka may write a raw snappy block.
-        return bytes(snappy.decompress(mv))
+        return _snappy_block(mv, max_size, max_size)
     # Xerial framing: magic, int32 version, int32 min-compatible version, then
     # repeated [int32 length][raw snappy block].
     pos = 16
     end = len(mv)
     parts: list[bytes] = []
+    left = max_size
     while pos < end:
         if pos + 4 > end:
             raise CorruptRecordError("xerial snappy block length is truncated")
@@ -143,7 +203,9 @@ def _snappy_decompress(data: Buffer) -> bytes:
         pos += 4
         if size < 0 or pos + size > end:
             raise CorruptRecordError(f"xerial snappy block of {size} bytes runs past the end of the data")
-        parts.append(bytes(snappy.decompress(mv[pos : pos + size])))
+        block = _snappy_block(mv[pos : pos + size], left, max_size)
+        left -= len(block)
+        parts.append(block)
         pos += size
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -233,14 +295,38 @@ def _lz4_break_legacy_header(frame: bytes) -> bytes:
     return bytes(out)
 
 
-def _lz4_decompress(data: Buffer, legacy_header: bool) -> bytes:
+def _lz4_decompress(data: Buffer, legacy_header: bool, max_size: int) -> bytes:
     frame_mod = _load_lz4()
     src: Buffer = _lz4_fix_legacy_header(data) if legacy_header else data
+    # Frame by frame.  A declared content size is checked first; ``max_length``
+    # then caps the output at it (or, for a frame without one, what Java producers
+    # write, at what is left of the bound): the one-shot ``lz4.frame.decompress``
+    # would keep growing its buffer past a declared size that lies.
+    parts: list[bytes] = []
+    rest: Buffer = src
+    left = max_size
     try:
-        out = frame_mod.decompress(src)
+        while True:
+            declared = frame_mod.get_frame_info(rest).get("content_size", 0)
+            if declared > left:
+                raise _too_large("lz4", declared, max_size)
+            cap = declared if declared > 0 else left
+            d = frame_mod.LZ4FrameDecompressor()
+            out = d.decompress(rest, max_length=cap + 1)
+            if len(out) > cap:
+                if declared > 0:
+                    raise CorruptRecordError(f"lz4 frame declares {declared} bytes but holds more")
+                raise _too_large("lz4", None, max_size)
+            if not d.eof:
+                raise CorruptRecordError("lz4 data is truncated")
+            left -= len(out)
+            parts.append(out)
+            rest = d.unused_data
+            if not rest:
+                break
     except RuntimeError as exc:
         raise CorruptRecordError(f"lz4 data is corrupt: {exc}") from exc
-    return bytes(out)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 # ---------------------------------------------------------------- zstd
@@ -248,7 +334,12 @@ def _lz4_decompress(data: Buffer, legacy_header: bool) -> bytes:
 _local = threading.local()
 
 
-def _zstd_decompress(data: Buffer) -> bytes:
+#: A zstd block gives at most 128 KiB from 4 bytes (an RLE block): 32768 bytes out per byte in.
+_ZSTD_MAX_RATIO_SHIFT = 15
+_ZSTD_MIN_STEP = 256
+
+
+def _zstd_decompress(data: Buffer, max_size: int) -> bytes:
     zstd = _load_zstd()
     # A ZstdDecompressor must not be used by two threads at once; keep one per thread.
     dctx = getattr(_local, "zstd_dctx", None)
@@ -256,42 +347,69 @@ def _zstd_decompress(data: Buffer) -> bytes:
         dctx = _local.zstd_dctx = zstd.ZstdDecompressor()
     # decompressobj streams, so frames without a content size (what Java's
     # zstd-jni and librdkafka write) decode; loop for concatenated frames.
+    # A frame's declared content size is checked first (the library then refuses
+    # to produce more than it declares).  A frame declaring none is fed in steps
+    # small enough that one step cannot produce more than what is left of the
+    # bound, so the output never passes it by more than a block.
     parts: list[bytes] = []
-    rest: Buffer = data
+    rest = memoryview(data)
+    if rest.format != "B" or rest.ndim != 1:
+        rest = rest.cast("B")
+    left = max_size
     while True:
+        declared = zstd.frame_content_size(rest)
+        if declared > left:
+            raise _too_large("zstd", declared, max_size)
         dobj = dctx.decompressobj()
-        parts.append(dobj.decompress(rest))
+        pos, end = 0, len(rest)
+        while pos < end and not dobj.eof:
+            step = end if declared >= 0 else max(_ZSTD_MIN_STEP, left >> _ZSTD_MAX_RATIO_SHIFT)
+            out = dobj.decompress(rest[pos : pos + step])
+            pos += step
+            if len(out) > left:
+                raise _too_large("zstd", None, max_size)
+            left -= len(out)
+            parts.append(out)
         if not dobj.eof:
             raise CorruptRecordError("zstd data is truncated")
-        rest = dobj.unused_data
-        if not rest:
+        unused = dobj.unused_data
+        if pos < end:
+            unused = unused + bytes(rest[pos:]) if unused else bytes(rest[pos:])
+        if not unused:
             break
+        rest = memoryview(unused)
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 # ---------------------------------------------------------------- API
 
 
-def decompress(codec: int, data: Buffer, *, legacy_lz4: bool = False) -> bytes:
-    """Decompress one record-batch payload.
+def decompress(codec: int, data: Buffer, *, legacy_lz4: bool = False, max_size: int = DEFAULT_MAX_SIZE) -> bytes:
+    """Decompress one record-batch payload to at most ``max_size`` bytes.
 
     ``legacy_lz4`` tolerates the wrong LZ4 header checksum of message format v0.
     Raises ``UnsupportedCodecError`` (unknown id or missing library) or
-    ``CorruptRecordError`` (the codec rejected the data).
+    ``CorruptRecordError`` (the codec rejected the data, or it would decompress
+    to more than ``max_size`` bytes).
     """
     try:
         if codec == CODEC_GZIP:
-            return _gunzip(data)
+            return _gunzip(data, max_size)
         if codec == CODEC_SNAPPY:
-            return _snappy_decompress(data)
+            return _snappy_decompress(data, max_size)
         if codec == CODEC_LZ4:
-            return _lz4_decompress(data, legacy_lz4)
+            return _lz4_decompress(data, legacy_lz4, max_size)
         if codec == CODEC_ZSTD:
-            return _zstd_decompress(data)
+            return _zstd_decompress(data, max_size)
         if codec == CODEC_NONE:
+            if len(data) > max_size:
+                raise _too_large("uncompressed", len(data), max_size)
             return bytes(data)
     except (CorruptRecordError, UnsupportedCodecError):
         raise
+    except MemoryError as exc:
+        name = CODEC_NAMES[codec]
+        raise CorruptRecordError(f"{name} data could not be decompressed: out of memory") from exc
     except Exception as exc:  # each library has its own error type
         name = CODEC_NAMES[codec]
         raise CorruptRecordError(f"{name} data is corrupt: {type(exc).__name__}: {exc}") from exc

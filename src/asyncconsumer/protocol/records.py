@@ -31,7 +31,7 @@ from crc32c import crc32c
 
 from ..errors import CorruptRecordError, RecordError, UnsupportedMagicError
 from ..structs import ConsumerRecord
-from .compression import CODEC_NONE, decompress
+from .compression import CODEC_NONE, DEFAULT_MAX_SIZE, decompress
 
 __all__ = [
     "CONTROL_ABORT",
@@ -114,6 +114,7 @@ class RecordBatch:
         "last_offset",
         "leader_epoch",
         "magic",
+        "max_decompressed",
         "max_timestamp",
         "partition",
         "producer_epoch",
@@ -143,6 +144,8 @@ class RecordBatch:
     data: memoryview
     topic: str
     partition: int
+    #: The most this batch may decompress to (``iter_batches``' ``max_decompressed``).
+    max_decompressed: int
     # The buffer the batch lives in and where: indexing a ``bytes`` is faster
     # than a memoryview, so the decoder reads through this when it can.
     _buf: bytes | memoryview
@@ -181,6 +184,7 @@ def iter_batches(
     check_crcs: bool = True,
     start: int = 0,
     end: int | None = None,
+    max_decompressed: int = DEFAULT_MAX_SIZE,
 ) -> Iterator[RecordBatch]:
     """Split a record set into batches, checking CRCs, without copying.
 
@@ -192,6 +196,8 @@ def iter_batches(
     Stops silently at a truncated trailing batch (a Fetch response may end in
     one).  Raises ``CorruptRecordError`` (bad CRC, impossible length) or
     ``UnsupportedMagicError``; the message names topic-partition and offset.
+    A compressed batch that would decompress to more than ``max_decompressed``
+    bytes is corrupt: decoding it raises ``CorruptRecordError``.
     """
     buf: bytes | memoryview
     if isinstance(records, bytes):
@@ -285,6 +291,7 @@ def iter_batches(
         b.data = view[pos:batch_end]
         b.topic = topic
         b.partition = partition
+        b.max_decompressed = max_decompressed
         b._buf = buf
         b._start = pos
         yield b
@@ -504,7 +511,7 @@ def decode_batch_py(batch: RecordBatch, topic: str, partition: int) -> list[Cons
 def _decompress(batch: RecordBatch, codec: int, topic: str, partition: int) -> bytes:
     start = V2_HEADER_SIZE if batch.magic == 2 else 0
     try:
-        return decompress(codec, batch.data[start:], legacy_lz4=batch.magic == 0)
+        return decompress(codec, batch.data[start:], legacy_lz4=batch.magic == 0, max_size=batch.max_decompressed)
     except RecordError as exc:
         raise type(exc)(str(exc), **_location(topic, partition, batch.base_offset)) from exc
 
@@ -653,7 +660,7 @@ def _decode_legacy(batch: RecordBatch, topic: str, partition: int) -> list[Consu
             return [_legacy_record(topic, partition, offset, ts, ts_type, key, value)]
         if value is None:
             raise _Corrupt("compressed wrapper message has a null value")
-        inner = decompress(codec, value, legacy_lz4=magic == 0)
+        inner = decompress(codec, value, legacy_lz4=magic == 0, max_size=batch.max_decompressed)
         entries = []
         pos = 0
         while pos < len(inner):
