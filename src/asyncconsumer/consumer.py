@@ -24,7 +24,6 @@ import sniffio
 from typing_extensions import TypeVar
 
 from .config import ConsumerConfig, build_config, from_properties
-from .engine.fetch_buffer import Record
 from .engine.loop import Engine
 from .errors import (
     CommitFailedError,
@@ -38,6 +37,7 @@ from .errors import (
     RecordError,
 )
 from .listener import RebalanceListener
+from .managers.fetch_buffer import Record
 from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
 from .managers.membership import CallbackKind, CallbackRequest, MemberState
 from .managers.subscription import PartitionState

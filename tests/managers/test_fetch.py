@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from asyncconsumer.engine.fetch_buffer import CompletedFetch, FetchBuffer
 from asyncconsumer.errors import (
     KafkaConnectionError,
     KafkaError,
@@ -15,6 +14,7 @@ from asyncconsumer.errors import (
     TopicAuthorizationFailedError,
 )
 from asyncconsumer.managers.fetch import FetchManager, scan_record_set
+from asyncconsumer.managers.fetch_buffer import CompletedFetch, FetchBuffer
 from asyncconsumer.managers.subscription import PartitionPhase, SubscriptionState
 from asyncconsumer.managers.validation import PositionValidator
 from asyncconsumer.protocol.api import SUPPORTED_VERSIONS

@@ -14,12 +14,12 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..engine.requests import Body, UnsentRequest
-from ..engine.waiter import Waiter
 from ..errors import CommitFailedError, KafkaError, KafkaTimeoutError, error_for_code
 from ..structs import OffsetAndMetadata, TopicPartition, by_topic
 from .coordinator import CoordinatorManager
+from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, SubscriptionState
+from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.commit")
 

@@ -32,13 +32,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, UnsupportedVersionError, error_for_code
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, GroupMemberBase
 from .membership_types import CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
+from .requests import Body, UnsentRequest
 from .subscription import SubscriptionState
 
 log = logging.getLogger("asyncconsumer.membership")

@@ -33,11 +33,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..engine.fetch_buffer import CompletedFetch, FetchBuffer
-from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, OffsetOutOfRangeError, error_for_code
 from ..structs import TopicPartition, by_topic
+from .fetch_buffer import CompletedFetch, FetchBuffer
 from .metadata import REFRESH_CODES, ZERO_UUID, MetadataManager
+from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, PartitionState, SubscriptionState
 
 log = logging.getLogger("asyncconsumer.fetch")

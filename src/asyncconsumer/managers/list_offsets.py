@@ -13,8 +13,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..engine.requests import Body, UnsentRequest
-from ..engine.waiter import Waiter
 from ..errors import (
     KafkaError,
     NoOffsetForPartitionError,
@@ -22,7 +20,9 @@ from ..errors import (
 )
 from ..structs import TopicPartition, by_topic
 from .metadata import MetadataManager
+from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, SubscriptionState
+from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.offsets")
 

@@ -32,13 +32,13 @@ from ..assignors import (
     encode_assignment,
     encode_subscription,
 )
-from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, error_for_code
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, GroupMemberBase
 from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
+from .requests import Body, UnsentRequest
 from .subscription import SubscriptionState
 
 __all__ = ["CallbackKind", "CallbackRequest", "GroupSettings", "MemberState", "MembershipManager"]

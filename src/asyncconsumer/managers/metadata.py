@@ -23,8 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.requests import Body, UnsentRequest
-from ..engine.waiter import Waiter
 from ..errors import (
     AuthenticationError,
     KafkaError,
@@ -33,6 +31,8 @@ from ..errors import (
     error_for_code,
 )
 from ..structs import TopicPartition
+from .requests import Body, UnsentRequest
+from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.metadata")
 

@@ -32,11 +32,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..engine.fetch_buffer import FetchBuffer
-from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, LogTruncationError, UnsupportedVersionError, error_for_code
 from ..structs import TopicPartition, by_topic
+from .fetch_buffer import FetchBuffer
 from .metadata import REFRESH_CODES, MetadataManager
+from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, PartitionState, SubscriptionState
 
 log = logging.getLogger("asyncconsumer.validation")
