@@ -13,13 +13,14 @@ from asyncconsumer.errors import (
     OffsetOutOfRangeError,
     TopicAuthorizationFailedError,
 )
-from asyncconsumer.managers.fetch import FetchManager, scan_record_set
+from asyncconsumer.managers.fetch import FetchManager
 from asyncconsumer.managers.fetch_buffer import CompletedFetch, FetchBuffer
 from asyncconsumer.managers.subscription import PartitionPhase, SubscriptionState
 from asyncconsumer.managers.validation import PositionValidator
 from asyncconsumer.protocol.api import SUPPORTED_VERSIONS
 from asyncconsumer.protocol.compression import CODEC_GZIP
 from asyncconsumer.protocol.record_writer import build_batch, build_control_batch, build_legacy_message_set
+from asyncconsumer.protocol.records import scan_record_set
 from asyncconsumer.structs import TopicPartition
 
 from .scripted import (

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import KafkaError, OffsetOutOfRangeError, error_for_code
+from ..protocol.records import scan_batches
 from ..structs import TopicPartition, by_topic
 from .fetch_buffer import CompletedFetch, FetchBuffer
 from .metadata import REFRESH_CODES, ZERO_UUID, MetadataManager
@@ -46,38 +47,6 @@ log = logging.getLogger("asyncconsumer.fetch")
 DivergenceHandler = Callable[[PartitionState, int, int, int, int], None]
 _OFFSET_OUT_OF_RANGE = 1
 _SESSION_CODES = {70, 71}  # FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH
-
-
-def scan_record_set(data: memoryview) -> tuple[int, int]:
-    """(offset after the last complete batch or -1, bytes of complete batches).
-
-    Reads only batch headers, so the background side learns the next fetch
-    offset without decoding; a truncated trailing batch is left out.
-    """
-    next_offset, complete, _ = scan_batches(data)
-    return next_offset, complete
-
-
-def scan_batches(data: memoryview) -> tuple[int, int, list[tuple[int, int]]]:
-    """``scan_record_set`` plus (base offset, leader epoch) where the batches' epoch changes."""
-    pos, end, next_offset = 0, len(data), -1
-    epochs: list[tuple[int, int]] = []
-    last_epoch = -1
-    while pos + 17 <= end:
-        size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
-        stop = pos + 12 + size
-        if size < 0 or stop > end:
-            break
-        first = base = int.from_bytes(data[pos : pos + 8], "big", signed=True)
-        if data[pos + 16] >= 2 and pos + 27 <= end:
-            base += int.from_bytes(data[pos + 23 : pos + 27], "big", signed=True)
-            epoch = int.from_bytes(data[pos + 12 : pos + 16], "big", signed=True)  # partitionLeaderEpoch
-            if epoch != last_epoch:
-                epochs.append((first, epoch))
-                last_epoch = epoch
-        next_offset = base + 1  # legacy messages: a compressed wrapper carries the last inner offset
-        pos = stop
-    return next_offset, pos, epochs
 
 
 @dataclass(frozen=True, slots=True)

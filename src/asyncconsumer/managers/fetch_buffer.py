@@ -22,6 +22,7 @@ from ..protocol.records import (
     decode_batch,
     iter_batches,
     next_batch_to_read,
+    offset_after_batch,
 )
 from ..structs import ConsumerRecord, TopicPartition
 
@@ -107,19 +108,7 @@ class CompletedFetch:
 
     def offset_after_batch(self, base_offset: int) -> int:
         """The offset after the batch starting at ``base_offset`` (headers only), -1 if not found."""
-        from ..managers.fetch import scan_record_set
-
-        data, pos = self._data, 0
-        while pos + 17 <= len(data):
-            size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
-            if size < 0:
-                break
-            base = int.from_bytes(data[pos : pos + 8], "big", signed=True)
-            if base == base_offset:
-                next_offset, _ = scan_record_set(data[pos : pos + 12 + size])
-                return next_offset
-            pos += 12 + size
-        return -1
+        return offset_after_batch(self._data, base_offset)
 
     def _next_batch(self, position: int) -> bool:
         tp = self.tp
