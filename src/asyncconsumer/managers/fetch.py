@@ -33,11 +33,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import KafkaError, OffsetOutOfRangeError, error_for_code
+from ..errors import FETCH_SESSION_CODES, REFRESH_METADATA_CODES, KafkaError, OffsetOutOfRangeError, error_for_code
 from ..protocol.records import scan_batches
 from ..structs import TopicPartition, by_topic
 from .fetch_buffer import CompletedFetch, FetchBuffer
-from .metadata import REFRESH_CODES, ZERO_UUID, MetadataManager
+from .metadata import ZERO_UUID, MetadataManager
 from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, PartitionState, SubscriptionState
 
@@ -45,8 +45,6 @@ log = logging.getLogger("asyncconsumer.fetch")
 
 #: (state, offset checked, epoch, its end offset, leader epoch asked under): a diverging epoch.
 DivergenceHandler = Callable[[PartitionState, int, int, int, int], None]
-_OFFSET_OUT_OF_RANGE = 1
-_SESSION_CODES = {70, 71}  # FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +232,7 @@ class FetchManager:
         def on_response(now: float, version: int, body: Body) -> None:
             finish()
             code = body["error_code"]
-            if code in _SESSION_CODES:
+            if code in FETCH_SESSION_CODES:
                 log.debug("fetch session with node %s reset: %s", node, error_for_code(code))
                 session.reset()
                 return
@@ -369,7 +367,7 @@ class FetchManager:
             )
             state.fetch_offset = max(next_offset, fetch_offset)
             state.note_fetched_epochs(epochs)
-        elif code == _OFFSET_OUT_OF_RANGE:
+        elif code == OffsetOutOfRangeError.code:
             if state.reset_to is None and self._subscriptions.default_reset == "none":
                 state.retry_at = float("inf")
                 self._report_error(
@@ -385,7 +383,7 @@ class FetchManager:
                     self._subscriptions.default_reset,
                 )
                 self._subscriptions.request_reset(tp)
-        elif code in REFRESH_CODES:
+        elif code in REFRESH_METADATA_CODES:
             self._metadata.request_update()
             state.retry_at = now + self._retry_backoff
         else:
