@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Generic, NoReturn, ParamSpec, Self, cast, overload
+from typing import Any, Generic, NoReturn, ParamSpec, Self, Unpack, cast, overload
 
 import anyio
 import anyio.abc
@@ -24,7 +24,7 @@ from typing_extensions import TypeVar
 from .app.collector import Collector, RecordDeserializationError
 from .app.rebalance import CALLBACK_OWNER, RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
 from .app.streams import PartitionStream, PartitionStreams
-from .config import ConsumerConfig, build_config, from_properties
+from .config import ConsumerConfig, ConsumerOptions, build_config, from_properties
 from .engine.loop import Engine
 from .errors import (
     CommitFailedError,
@@ -91,13 +91,14 @@ def _bracketed_sync(operation: str) -> Callable[[Callable[P, R]], Callable[P, R]
 class Consumer(Generic[KT, VT]):
     """An Apache Kafka consumer for asyncio and trio.
 
-    Options are keyword arguments with Kafka's names in snake_case (see
-    docs/configuration.md); ``Consumer.from_properties`` takes dotted names.
+    Options are keyword arguments with Kafka's names in snake_case (``ConsumerOptions``
+    documents each, docs/configuration.md at length); ``Consumer.from_properties`` takes
+    dotted names.
     Use it as ``async with Consumer(...) as consumer:`` (asyncio and trio), or
     ``await consumer.start()`` / ``await consumer.close()`` on asyncio.
     """
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, **options: Unpack[ConsumerOptions]) -> None:
         self._config = build_config(options)
         self._engine: Engine | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -116,7 +117,7 @@ class Consumer(Generic[KT, VT]):
         self._closing = False
 
     @classmethod
-    def from_properties(cls, properties: Mapping[str, Any], **options: Any) -> Consumer[Any, Any]:
+    def from_properties(cls, properties: Mapping[str, Any], **options: Unpack[ConsumerOptions]) -> Consumer[Any, Any]:
         """Build from Java/librdkafka dotted names (``{"bootstrap.servers": ...}``); ``options`` override."""
         config = from_properties(properties, options)
         return cls(**{name: getattr(config, name) for name in config.__dataclass_fields__})
