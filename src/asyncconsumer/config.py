@@ -14,18 +14,24 @@ import difflib
 import inspect
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol, TypeAlias, TypedDict, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, TypedDict, get_args, runtime_checkable
 
+from .assignors import ASSIGNORS
 from .errors import ConfigError
 
 Deserializer = Callable[[bytes], Any]
 
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
-OFFSET_RESETS = ("earliest", "latest", "none")
-ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
-ASSIGNORS = ("range", "roundrobin", "sticky", "cooperative-sticky")
-GROUP_PROTOCOLS = ("classic", "consumer")
+# The choice options: each list of names once, as a type; the tuples of names come from it.
+SecurityProtocol: TypeAlias = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism: TypeAlias = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+OffsetReset: TypeAlias = Literal["earliest", "latest", "none"]
+IsolationLevel: TypeAlias = Literal["read_uncommitted", "read_committed"]
+GroupProtocol: TypeAlias = Literal["classic", "consumer"]
+SECURITY_PROTOCOLS: tuple[SecurityProtocol, ...] = get_args(SecurityProtocol)
+SASL_MECHANISMS: tuple[SaslMechanism, ...] = get_args(SaslMechanism)
+OFFSET_RESETS: tuple[OffsetReset, ...] = get_args(OffsetReset)
+ISOLATION_LEVELS: tuple[IsolationLevel, ...] = get_args(IsolationLevel)
+GROUP_PROTOCOLS: tuple[GroupProtocol, ...] = get_args(GroupProtocol)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,7 +89,7 @@ class ConsumerOptions(TypedDict, total=False):
     #: Makes the member static (KIP-345): a restart within ``session_timeout_ms`` keeps its partitions.
     group_instance_id: str | None
     #: Where to start without a committed offset, and where to go when out of range ("none": raise).
-    auto_offset_reset: Literal["earliest", "latest", "none"]
+    auto_offset_reset: OffsetReset
     #: Commit what was handed out every ``auto_commit_interval_ms`` and on ``close()``.
     enable_auto_commit: bool
     #: The interval of the periodic auto-commit.
@@ -100,7 +106,7 @@ class ConsumerOptions(TypedDict, total=False):
     #: Classic protocol: the assignors offered, by preference (range, roundrobin, sticky, cooperative-sticky).
     partition_assignment_strategy: str | Sequence[str]
     #: "classic" (JoinGroup/SyncGroup) or "consumer" (KIP-848, Kafka 4.0+; falls back to classic).
-    group_protocol: Literal["classic", "consumer"]
+    group_protocol: GroupProtocol
     #: Commit what was handed out for revoked partitions before giving them up.
     rebalance_safe_commits: bool
     #: With manual commits: how long a revocation waits for the application's commits (and for a
@@ -121,7 +127,7 @@ class ConsumerOptions(TypedDict, total=False):
     max_poll_records: int
     #: read_committed: no records of aborted transactions, nothing past the last stable offset, and
     #: end_offsets()/seek_to_end()/"latest" mean the LSO; markers are never returned (either level).
-    isolation_level: Literal["read_uncommitted", "read_committed"]
+    isolation_level: IsolationLevel
     #: Check each batch's CRC when it is decoded.
     check_crcs: bool
     #: ``topics()`` leaves out internal topics such as ``__consumer_offsets``.
@@ -148,11 +154,11 @@ class ConsumerOptions(TypedDict, total=False):
     metadata_max_age_ms: int
     # Security.
     #: Transport and authentication.
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+    security_protocol: SecurityProtocol
     #: TLS settings for SSL/SASL_SSL (None: ``ssl.create_default_context()``).
     ssl_context: ssl.SSLContext | None
     #: The SASL mechanism for SASL_PLAINTEXT/SASL_SSL.
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+    sasl_mechanism: SaslMechanism
     #: The SASL username for PLAIN and SCRAM.
     sasl_plain_username: str | None
     #: The SASL password for PLAIN and SCRAM (left out of ``repr(config)``).
@@ -173,7 +179,7 @@ class ConsumerConfig:
     client_rack: str = ""
     group_id: str | None = None
     group_instance_id: str | None = None
-    auto_offset_reset: Literal["earliest", "latest", "none"] = "latest"
+    auto_offset_reset: OffsetReset = "latest"
     enable_auto_commit: bool = True
     auto_commit_interval_ms: int = 5000
     session_timeout_ms: int = 45000
@@ -181,7 +187,7 @@ class ConsumerConfig:
     max_poll_interval_ms: int = 300000
     rebalance_timeout_ms: int | None = None
     partition_assignment_strategy: tuple[str, ...] = ("range", "cooperative-sticky")
-    group_protocol: Literal["classic", "consumer"] = "classic"
+    group_protocol: GroupProtocol = "classic"
     rebalance_safe_commits: bool = True
     rebalance_commit_wait_ms: int = 10000
     fetch_min_bytes: int = 1
@@ -190,7 +196,7 @@ class ConsumerConfig:
     max_partition_fetch_bytes: int = 1048576
     fetch_buffer_bytes: int = 67108864
     max_poll_records: int = 500
-    isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
+    isolation_level: IsolationLevel = "read_uncommitted"
     check_crcs: bool = True
     exclude_internal_topics: bool = True
     key_deserializer: Deserializer | None = None
@@ -202,9 +208,9 @@ class ConsumerConfig:
     reconnect_backoff_max_ms: int = 1000
     retry_backoff_ms: int = 100
     metadata_max_age_ms: int = 300000
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    security_protocol: SecurityProtocol = "PLAINTEXT"
     ssl_context: ssl.SSLContext | None = None
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] = "PLAIN"
+    sasl_mechanism: SaslMechanism = "PLAIN"
     sasl_plain_username: str | None = None
     sasl_plain_password: str | None = dataclasses.field(default=None, repr=False)
     sasl_oauth_token_provider: OAuthTokenProvider | None = dataclasses.field(default=None, repr=False)

@@ -84,7 +84,6 @@ class CommitManager:
         self._fetches: list[_Fetch] = []
         self._position_fetch_in_flight: set[TopicPartition] = set()
         self._next_auto_commit = float("inf")
-        self._auto_commit_waiter: Waiter[None] | None = None
         self.last_committed: dict[TopicPartition, int] = {}
 
     # -- public operations ------------------------------------------------------------------------
@@ -153,8 +152,7 @@ class CommitManager:
             self._next_auto_commit = now + (self._auto_commit_interval or 0)
             offsets = self.processed_offsets()
             if offsets:
-                waiter = self.commit(now, offsets)
-                self._auto_commit_waiter = waiter
+                self.commit(now, offsets)
         for commit in list(self._commits):
             if commit.waiter.done():
                 self._commits.remove(commit)

@@ -101,10 +101,6 @@ class ConsumerMembershipManager(GroupMemberBase):
 
     # -- state ------------------------------------------------------------------------------------
 
-    @property
-    def member_epoch(self) -> int:
-        return self.generation
-
     #: Member epochs start at 1 (0 only asks to join).
     _first_generation = 1
     _group_size_setting = "group.consumer.max.size"

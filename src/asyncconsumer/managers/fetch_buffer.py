@@ -165,9 +165,6 @@ class FetchBuffer:
         for fetch in [f for f in self._fetches if not keep(f)]:
             self.remove(fetch)
 
-    def clear(self) -> None:
-        self.drop(lambda f: False)
-
     def _release(self, fetch: CompletedFetch) -> None:
         self.used_bytes -= fetch.size
         left = self._bytes_by_tp.get(fetch.tp, 0) - fetch.size
