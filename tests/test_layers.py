@@ -143,7 +143,7 @@ def test_checker_finds_cycles_but_not_the_allowed_one() -> None:
     assert cycles(graph, []) == [["a", "b", "c"], ["errors", "generated"]]
 
 
-def test_the_graph_sees_hidden_imports(tmp_path: pathlib.Path) -> None:
+def test_the_graph_sees_hidden_imports() -> None:
     """An import inside a function counts: a real edge of this package, checked in the graph."""
     graph = import_graph()
     assert "asyncconsumer.spark.__main__" in graph["asyncconsumer.spark"]  # imported inside run_pipeline()
