@@ -214,7 +214,7 @@ class Consumer(Generic[KT, VT]):
                     offsets = consumed_offsets(engine)
                     if offsets:
                         try:
-                            await self._commit_now(offsets, timeout)
+                            await commit_now(engine, offsets, timeout)
                         except KafkaError as exc:
                             log.warning("final auto-commit on close failed: %s", exc)
                 if engine.membership is not None and not engine.closed:
@@ -453,7 +453,7 @@ class Consumer(Generic[KT, VT]):
         with anyio.move_on_after(self._timeout(timeout)):
             while True:
                 event = engine.app_event()
-                self._raise_background_error()
+                self._collector.raise_background_error()
                 if state.has_position:
                     return state.consumed
                 await event.wait()
@@ -538,10 +538,7 @@ class Consumer(Generic[KT, VT]):
                     f"cannot commit: this consumer dropped out of group {self._config.group_id!r} (member state "
                     f"{membership.state.name}: it left after max_poll_interval_ms or was fenced) and its "
                     "partitions were reassigned; nothing was committed")
-        await self._commit_now(to_commit, self._timeout(timeout))
-
-    async def _commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata], timeout: float) -> None:
-        await commit_now(self._running(), offsets, timeout)
+        await commit_now(engine, to_commit, self._timeout(timeout))
 
     @overload
     async def committed(self, partitions: TopicPartition, *, timeout: float | None = None) -> int | None: ...
@@ -720,9 +717,6 @@ class Consumer(Generic[KT, VT]):
         raise StopAsyncIteration from None
 
     # -- helpers ----------------------------------------------------------------------------------
-
-    def _raise_background_error(self) -> None:
-        self._collector.raise_background_error()
 
     def _timeout(self, timeout: float | None) -> float:
         return self._config.request_timeout_ms / 1000 if timeout is None else timeout
