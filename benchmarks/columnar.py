@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asyncconsumer.engine.fetch_buffer import CompletedFetch
+from asyncconsumer.managers.fetch_buffer import CompletedFetch
 from asyncconsumer.protocol import columnar
 from asyncconsumer.protocol import records as records_module
 from asyncconsumer.protocol.compression import CODEC_LZ4, CODEC_NONE

@@ -1,7 +1,7 @@
 """Columnar decoding (protocol/columnar.py): the compiled and the pure-Python column builders against
 each other and against the row path.
 
-The oracle is the row path itself: ``CompletedFetch.take`` (engine/fetch_buffer.py) with
+The oracle is the row path itself: ``CompletedFetch.take`` (managers/fetch_buffer.py) with
 ``decode_batch``, driven the way the collector drives it (each call from the offset after the last
 record handed out).  ``ColumnReader.take`` must hand out the same records and raise the same error
 after them; its chunks follow the block rule (see protocol/columnar.py); its Arrow batches must hold
@@ -28,8 +28,8 @@ from support.strategies import nullable_bytes, records_with_deltas
 from test_speedups import CORRUPT, FIXTURES, FUZZ, V, _rec, damaged
 from test_speedups import batches as single_batches
 
-from asyncconsumer.engine.fetch_buffer import CompletedFetch
 from asyncconsumer.errors import CorruptRecordError, RecordError
+from asyncconsumer.managers.fetch_buffer import CompletedFetch
 from asyncconsumer.protocol import columnar
 from asyncconsumer.protocol.columnar import (
     ColumnBuffers,

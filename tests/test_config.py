@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import pathlib
+import re
 import ssl
 
 import pytest
 
 from asyncconsumer import ConfigError, Consumer
-from asyncconsumer.config import build_config, from_properties, parse_host_port
+from asyncconsumer.config import ConsumerConfig, ConsumerOptions, build_config, from_properties, parse_host_port
 
 
 def test_defaults_follow_kafka() -> None:
@@ -131,3 +135,47 @@ def test_oauthbearer_options() -> None:
                       "sasl_oauth_token_provider": SyncSource()})
     assert from_properties({"security.protocol": "SASL_SSL", "sasl.mechanisms": "oauthbearer"},
                            {"sasl_oauth_token_provider": lambda: "t"}).sasl_mechanism == "OAUTHBEARER"
+
+
+# -- one list of options: ConsumerOptions, ConsumerConfig and docs/configuration.md ------------------
+
+
+def _documented_options() -> dict[str, str]:
+    """option -> its default cell, from the reference tables of docs/configuration.md."""
+    text = (pathlib.Path(__file__).parent.parent / "docs/configuration.md").read_text()
+    reference = text.split("## Reference", 1)[1].split("\n## ", 1)[0]
+    options: dict[str, str] = {}
+    for line in reference.splitlines():
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]  # a "\|" inside a cell is no border
+        if len(cells) != 4 or not cells[0].startswith("`"):
+            continue
+        name = cells[0].strip("`")
+        assert name not in options, f"docs/configuration.md lists {name} twice"
+        options[name] = cells[2]
+    return options
+
+
+def test_the_typed_options_are_the_config_fields() -> None:
+    fields = {f.name for f in dataclasses.fields(ConsumerConfig)}
+    assert set(ConsumerOptions.__annotations__) == fields
+    assert not ConsumerOptions.__required_keys__  # every option is optional
+
+
+def test_docs_list_exactly_the_options_with_their_defaults() -> None:
+    documented = _documented_options()
+    fields = {f.name: f for f in dataclasses.fields(ConsumerConfig)}
+    assert sorted(documented) == sorted(fields)
+    for name, cell in documented.items():
+        literal = re.match(r"`([^`]*)`", cell.strip())
+        assert literal is not None, f"{name}: the default {cell!r} is not a `literal`"
+        default = fields[name].default
+        assert default is not dataclasses.MISSING
+        assert ast.literal_eval(literal.group(1)) == default, f"{name}: docs say {cell}, ConsumerConfig has {default!r}"
+
+
+def test_the_docs_check_can_fail() -> None:
+    """The parser finds every row: a row with a wrong default or a name too many would be seen."""
+    documented = _documented_options()
+    assert documented["fetch_max_bytes"].startswith("`52428800`")
+    assert documented["auto_offset_reset"] == '`"latest"`'
+    assert documented["sasl_oauth_token_provider"] == "`None`"

@@ -88,7 +88,7 @@ async def test_default_rule_lets_a_callback_and_its_tasks_poll(anyio_backend: st
                 tg.start_soon(poll_from_child, "child-1")
                 tg.start_soon(poll_from_child, "child-2")
 
-    class Engine:  # what _run_callback uses of the engine for an assignment
+    class Engine:  # what run_callback uses of the engine for an assignment
         commits = None
 
         def clock(self) -> float:
@@ -97,13 +97,13 @@ async def test_default_rule_lets_a_callback_and_its_tasks_poll(anyio_backend: st
         def wake(self) -> None:
             pass
 
-    consumer._listener = StartsTasks()
+    consumer._rebalance.listener = StartsTasks()
     request = CallbackRequest(CallbackKind.ASSIGNED, frozenset({TopicPartition("t", 0)}), time.monotonic() + 10, 1)
     inside, leave = anyio.Event(), anyio.Event()
     async with anyio.create_task_group() as tg:
         tg.start_soon(hold, consumer, "getmany", inside, leave)  # another task is the poller
         await inside.wait()
-        error = await consumer._run_callback(Engine(), request)  # type: ignore[arg-type]
+        error = await consumer._rebalance.run_callback(Engine(), request)  # type: ignore[arg-type]
         assert error is None and request.acked
         assert sorted(polled_from) == ["child-1", "child-2"]
         with pytest.raises(ConcurrentAccessError):  # the permission ended with the callback

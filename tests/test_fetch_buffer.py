@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncconsumer.engine.fetch_buffer import CompletedFetch, FetchBuffer
 from asyncconsumer.errors import CorruptRecordError
+from asyncconsumer.managers.fetch_buffer import CompletedFetch, FetchBuffer
 from asyncconsumer.protocol.record_writer import build_batch
 from asyncconsumer.structs import TopicPartition
 

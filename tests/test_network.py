@@ -24,9 +24,9 @@ from asyncconsumer import Consumer
 from asyncconsumer.config import build_config
 from asyncconsumer.engine.connection import MAX_FRAME_BYTES, BrokerConnection, Spawn, frame_limit
 from asyncconsumer.engine.network import NetworkClient, reconnect_delay
-from asyncconsumer.engine.requests import UnsentRequest
-from asyncconsumer.engine.waiter import Waiter
 from asyncconsumer.errors import KafkaConnectionError, KafkaTimeoutError, ProtocolError, UnsupportedVersionError
+from asyncconsumer.managers.requests import UnsentRequest
+from asyncconsumer.managers.waiter import Waiter
 from asyncconsumer.protocol import api
 
 pytestmark = pytest.mark.anyio

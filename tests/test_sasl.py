@@ -14,10 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from asyncconsumer.config import OAuthBearerToken
+from asyncconsumer.config import SASL_MECHANISMS, OAuthBearerToken
 from asyncconsumer.engine.sasl import (
     MIN_SCRAM_ITERATIONS,
-    SUPPORTED_MECHANISMS,
     OAuthBearerMechanism,
     PlainMechanism,
     SaslMechanism,
@@ -388,7 +387,7 @@ def test_create_mechanism(name: str, cls: type, expected_name: str) -> None:
 def test_create_mechanism_unknown(name: str) -> None:
     with pytest.raises(ConfigError) as info:
         create_mechanism(name, "user", "pass")
-    for supported in SUPPORTED_MECHANISMS:
+    for supported in SASL_MECHANISMS:
         assert supported in str(info.value)
 
 

@@ -24,13 +24,12 @@ from support.producer import create_topic, produce
 from support.proxy import ChaosProxy
 
 from asyncconsumer import Consumer, TopicPartition
-from asyncconsumer.config import OAuthBearerToken
+from asyncconsumer.config import SASL_MECHANISMS, OAuthBearerToken
 from asyncconsumer.errors import AuthenticationError, SaslAuthenticationError, TLSHandshakeError
 from asyncconsumer.testing import KafkaBroker
 
 pytestmark = pytest.mark.anyio
 
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 #: Errors must come well within this (the consumer's request_timeout_ms).
 REQUEST_TIMEOUT_MS = 10_000
 

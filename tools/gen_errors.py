@@ -1,7 +1,10 @@
 """Generate src/asyncconsumer/_broker_errors.py from Kafka's error-code table.
 
 The table below is the public list of Kafka protocol error codes (code, name,
-retriable). Run ``python tools/gen_errors.py`` after editing it.
+retriable); ``CODE_SETS`` names the sets of codes the request managers act on
+alike, one set per meaning (``errors.COORDINATOR_CODES``, ...), so no module
+keeps its own copy of the numbers.  Run ``python tools/gen_errors.py`` after
+editing either.
 """
 
 from __future__ import annotations
@@ -133,6 +136,33 @@ TABLE = [
     (120, "TRANSACTION_ABORTABLE", F),
 ]
 
+#: name -> (what the codes have in common and what a manager does about them, the codes by name).
+CODE_SETS: dict[str, tuple[str, list[str]]] = {
+    "COORDINATOR_CODES": (
+        "The group coordinator moved, is loading or cannot be reached: look it up again and retry.",
+        ["NETWORK_EXCEPTION", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"],
+    ),
+    "REFRESH_METADATA_CODES": (
+        "Partition errors that a metadata refresh (a new leader, a new epoch, the topic's id) can fix:\n"
+        "refresh, then retry (Fetch, ListOffsets, OffsetForLeaderEpoch; the topic-id codes come from\n"
+        "Fetch only and are harmless in the others).",
+        [
+            "UNKNOWN_TOPIC_OR_PARTITION", "LEADER_NOT_AVAILABLE", "NOT_LEADER_OR_FOLLOWER", "REPLICA_NOT_AVAILABLE",
+            "KAFKA_STORAGE_ERROR", "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH", "OFFSET_NOT_AVAILABLE",
+            "UNKNOWN_TOPIC_ID", "INCONSISTENT_TOPIC_ID", "FETCH_SESSION_TOPIC_ID_ERROR",
+        ],
+    ),
+    "RETRY_LATER_CODES": (
+        "A passing condition on the broker: send the same request again after the backoff\n"
+        "(OffsetCommit, OffsetFetch).",
+        ["REQUEST_TIMED_OUT", "UNSTABLE_OFFSET_COMMIT", "THROTTLING_QUOTA_EXCEEDED"],
+    ),
+    "FETCH_SESSION_CODES": (
+        "The broker forgot the incremental fetch session (KIP-227): start a new one with a full fetch.",
+        ["FETCH_SESSION_ID_NOT_FOUND", "INVALID_FETCH_SESSION_EPOCH"],
+    ),
+}
+
 
 def class_name(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_")) + "Error"
@@ -158,6 +188,12 @@ def main() -> None:
         ]
     names = ", ".join(class_name(n) for _, n, _ in TABLE)
     out += ["", f"ALL_BROKER_ERRORS: tuple[type[BrokerResponseError], ...] = ({names},)", ""]
+    codes = {name: code for code, name, _ in TABLE}
+    for set_name, (doc, members) in CODE_SETS.items():
+        numbers = ", ".join(str(codes[m]) for m in members)  # KeyError: a name not in TABLE
+        out += [""] + [f"#: {line}" for line in doc.splitlines()] + [f"#: {', '.join(members)}."]
+        out += [f"{set_name}: frozenset[int] = frozenset({{{numbers}}})"]
+    out += [""]
     path = pathlib.Path(__file__).parent.parent / "src/asyncconsumer/_broker_errors.py"
     path.write_text("\n".join(out))
 

@@ -732,3 +732,23 @@ class TransactionAbortableError(BrokerResponseError):
 
 
 ALL_BROKER_ERRORS: tuple[type[BrokerResponseError], ...] = (UnknownServerErrorError, OffsetOutOfRangeError, CorruptMessageError, UnknownTopicOrPartitionError, InvalidFetchSizeError, LeaderNotAvailableError, NotLeaderOrFollowerError, RequestTimedOutError, BrokerNotAvailableError, ReplicaNotAvailableError, MessageTooLargeError, StaleControllerEpochError, OffsetMetadataTooLargeError, NetworkExceptionError, CoordinatorLoadInProgressError, CoordinatorNotAvailableError, NotCoordinatorError, InvalidTopicExceptionError, RecordListTooLargeError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, InvalidRequiredAcksError, IllegalGenerationError, InconsistentGroupProtocolError, InvalidGroupIdError, UnknownMemberIdError, InvalidSessionTimeoutError, RebalanceInProgressError, InvalidCommitOffsetSizeError, TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError, InvalidTimestampError, UnsupportedSaslMechanismError, IllegalSaslStateError, UnsupportedVersionError, TopicAlreadyExistsError, InvalidPartitionsError, InvalidReplicationFactorError, InvalidReplicaAssignmentError, InvalidConfigError, NotControllerError, InvalidRequestError, UnsupportedForMessageFormatError, PolicyViolationError, OutOfOrderSequenceNumberError, DuplicateSequenceNumberError, InvalidProducerEpochError, InvalidTxnStateError, InvalidProducerIdMappingError, InvalidTransactionTimeoutError, ConcurrentTransactionsError, TransactionCoordinatorFencedError, TransactionalIdAuthorizationFailedError, SecurityDisabledError, OperationNotAttemptedError, KafkaStorageErrorError, LogDirNotFoundError, SaslAuthenticationFailedError, UnknownProducerIdError, ReassignmentInProgressError, DelegationTokenAuthDisabledError, DelegationTokenNotFoundError, DelegationTokenOwnerMismatchError, DelegationTokenRequestNotAllowedError, DelegationTokenAuthorizationFailedError, DelegationTokenExpiredError, InvalidPrincipalTypeError, NonEmptyGroupError, GroupIdNotFoundError, FetchSessionIdNotFoundError, InvalidFetchSessionEpochError, ListenerNotFoundError, TopicDeletionDisabledError, FencedLeaderEpochError, UnknownLeaderEpochError, UnsupportedCompressionTypeError, StaleBrokerEpochError, OffsetNotAvailableError, MemberIdRequiredError, PreferredLeaderNotAvailableError, GroupMaxSizeReachedError, FencedInstanceIdError, EligibleLeadersNotAvailableError, ElectionNotNeededError, NoReassignmentInProgressError, GroupSubscribedToTopicError, InvalidRecordError, UnstableOffsetCommitError, ThrottlingQuotaExceededError, ProducerFencedError, ResourceNotFoundError, DuplicateResourceError, UnacceptableCredentialError, InconsistentVoterSetError, InvalidUpdateVersionError, FeatureUpdateFailedError, PrincipalDeserializationFailureError, SnapshotNotFoundError, PositionOutOfRangeError, UnknownTopicIdError, DuplicateBrokerRegistrationError, BrokerIdNotRegisteredError, InconsistentTopicIdError, InconsistentClusterIdError, TransactionalIdNotFoundError, FetchSessionTopicIdErrorError, IneligibleReplicaError, NewLeaderElectedError, OffsetMovedToTieredStorageError, FencedMemberEpochError, UnreleasedInstanceIdError, UnsupportedAssignorError, StaleMemberEpochError, MismatchedEndpointTypeError, UnsupportedEndpointTypeError, UnknownControllerIdError, UnknownSubscriptionIdError, TelemetryTooLargeError, InvalidRegistrationError, TransactionAbortableError,)
+
+
+#: The group coordinator moved, is loading or cannot be reached: look it up again and retry.
+#: NETWORK_EXCEPTION, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR.
+COORDINATOR_CODES: frozenset[int] = frozenset({13, 14, 15, 16})
+
+#: Partition errors that a metadata refresh (a new leader, a new epoch, the topic's id) can fix:
+#: refresh, then retry (Fetch, ListOffsets, OffsetForLeaderEpoch; the topic-id codes come from
+#: Fetch only and are harmless in the others).
+#: UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, REPLICA_NOT_AVAILABLE, KAFKA_STORAGE_ERROR, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, OFFSET_NOT_AVAILABLE, UNKNOWN_TOPIC_ID, INCONSISTENT_TOPIC_ID, FETCH_SESSION_TOPIC_ID_ERROR.
+REFRESH_METADATA_CODES: frozenset[int] = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100, 103, 106})
+
+#: A passing condition on the broker: send the same request again after the backoff
+#: (OffsetCommit, OffsetFetch).
+#: REQUEST_TIMED_OUT, UNSTABLE_OFFSET_COMMIT, THROTTLING_QUOTA_EXCEEDED.
+RETRY_LATER_CODES: frozenset[int] = frozenset({7, 88, 89})
+
+#: The broker forgot the incremental fetch session (KIP-227): start a new one with a full fetch.
+#: FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH.
+FETCH_SESSION_CODES: frozenset[int] = frozenset({70, 71})

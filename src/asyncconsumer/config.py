@@ -1,6 +1,7 @@
 """Consumer configuration: Kafka's option names in snake_case, validated up front.
 
-``ConsumerConfig`` is immutable; ``Consumer(**kwargs)`` builds one and every
+``ConsumerOptions`` lists and documents the options (``Consumer(**options)``);
+``ConsumerConfig`` is their immutable, validated form: ``Consumer`` builds one and every
 problem (unknown name, wrong type, out-of-range value, inconsistent security
 settings) is a ``ConfigError`` that names the option before any I/O happens.
 ``from_properties`` accepts Java / librdkafka dotted names.
@@ -12,20 +13,26 @@ import dataclasses
 import difflib
 import inspect
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeAlias, TypedDict, get_args, runtime_checkable
 
 from ._args import INT32_MAX, INT64_MAX, protocol_string_error
+from .assignors import ASSIGNORS
 from .errors import ConfigError, ConfigTypeError
 
 Deserializer = Callable[[bytes], Any]
 
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
-OFFSET_RESETS = ("earliest", "latest", "none")
-ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
-ASSIGNORS = ("range", "roundrobin", "sticky", "cooperative-sticky")
-GROUP_PROTOCOLS = ("classic", "consumer")
+# The choice options: each list of names once, as a type; the tuples of names come from it.
+SecurityProtocol: TypeAlias = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism: TypeAlias = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+OffsetReset: TypeAlias = Literal["earliest", "latest", "none"]
+IsolationLevel: TypeAlias = Literal["read_uncommitted", "read_committed"]
+GroupProtocol: TypeAlias = Literal["classic", "consumer"]
+SECURITY_PROTOCOLS: tuple[SecurityProtocol, ...] = get_args(SecurityProtocol)
+SASL_MECHANISMS: tuple[SaslMechanism, ...] = get_args(SaslMechanism)
+OFFSET_RESETS: tuple[OffsetReset, ...] = get_args(OffsetReset)
+ISOLATION_LEVELS: tuple[IsolationLevel, ...] = get_args(IsolationLevel)
+GROUP_PROTOCOLS: tuple[GroupProtocol, ...] = get_args(GroupProtocol)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,17 +77,120 @@ _DECOMPRESS_EXPANSION = 4
 _MIN_DECOMPRESS_LIMIT = 64 << 20
 
 
+class ConsumerOptions(TypedDict, total=False):
+    """The keyword arguments of ``Consumer(...)``: every option, each documented here, once.
+
+    The long form (defaults, interactions, examples) is docs/configuration.md, which a test holds
+    to exactly these options and ``ConsumerConfig``'s defaults.  Durations keep Kafka's ``_ms``.
+    """
+
+    # Connection and identity.
+    #: The brokers to connect to first: ``"host:port"`` strings, or one comma-separated string.
+    bootstrap_servers: str | Sequence[str]
+    #: Sent in every request header (broker logs and quotas).
+    client_id: str
+    #: This client's rack: Fetch's ``rack_id``, and the member's rack with ``group_protocol="consumer"``.
+    client_rack: str
+    # Group and offsets.
+    #: The consumer group: needed for ``subscribe()``, ``commit()``, ``committed()`` and auto-commit.
+    group_id: str | None
+    #: Makes the member static (KIP-345): a restart within ``session_timeout_ms`` keeps its partitions.
+    group_instance_id: str | None
+    #: Where to start without a committed offset, and where to go when out of range ("none": raise).
+    auto_offset_reset: OffsetReset
+    #: Commit what was handed out every ``auto_commit_interval_ms`` and on ``close()``.
+    enable_auto_commit: bool
+    #: The interval of the periodic auto-commit.
+    auto_commit_interval_ms: int
+    #: Classic protocol: how long the coordinator waits for a heartbeat before removing the member.
+    session_timeout_ms: int
+    #: How often the background loop heartbeats while the member is in the group.
+    heartbeat_interval_ms: int
+    #: The longest time between two polls while subscribed; then the member leaves the group.
+    max_poll_interval_ms: int
+    #: How long a member may take through a rebalance, and each rebalance callback's deadline
+    #: (None: ``max_poll_interval_ms``).
+    rebalance_timeout_ms: int | None
+    #: Classic protocol: the assignors offered, by preference (range, roundrobin, sticky, cooperative-sticky).
+    partition_assignment_strategy: str | Sequence[str]
+    #: "classic" (JoinGroup/SyncGroup) or "consumer" (KIP-848, Kafka 4.0+; falls back to classic).
+    group_protocol: GroupProtocol
+    #: Commit what was handed out for revoked partitions before giving them up.
+    rebalance_safe_commits: bool
+    #: With manual commits: how long a revocation waits for the application's commits (and for a
+    #: partition stream to drain).
+    rebalance_commit_wait_ms: int
+    # Fetching.
+    #: The broker holds a Fetch until it has this many bytes (or ``fetch_max_wait_ms`` passes).
+    fetch_min_bytes: int
+    #: Upper bound of one Fetch response.
+    fetch_max_bytes: int
+    #: How long the broker may hold a Fetch.
+    fetch_max_wait_ms: int
+    #: Upper bound per partition in one Fetch; also a partition's least read-ahead.
+    max_partition_fetch_bytes: int
+    #: The byte budget for fetched records the application has not read yet (shared by partitions).
+    fetch_buffer_bytes: int
+    #: Records per poll: getmany()'s default max_records, a batches() item, an async-for chunk.
+    max_poll_records: int
+    #: read_committed: no records of aborted transactions, nothing past the last stable offset, and
+    #: end_offsets()/seek_to_end()/"latest" mean the LSO; markers are never returned (either level).
+    isolation_level: IsolationLevel
+    #: Check each batch's CRC when it is decoded.
+    check_crcs: bool
+    #: The most one compressed batch may decompress to (None: 4 times the largest fetch size, at least
+    #: 64 MiB); a batch declaring or producing more is a ``CorruptRecordError``.
+    max_batch_decompressed_bytes: int | None
+    #: ``topics()`` leaves out internal topics such as ``__consumer_offsets``.
+    exclude_internal_topics: bool
+    #: Key bytes to your key type (not called for None keys).
+    key_deserializer: Deserializer | None
+    #: Value bytes to your value type (not called for None values).
+    value_deserializer: Deserializer | None
+    # Network.
+    #: The time limit of one request; also the default ``timeout`` of the one-shot methods.
+    request_timeout_ms: int
+    #: The time limit for opening a connection (TCP plus TLS).
+    socket_connection_setup_timeout_ms: int
+    #: Accepted and checked; idle connections are not closed yet.
+    connections_max_idle_ms: int
+    #: The first delay before reconnecting to a failed broker (doubling per failure).
+    reconnect_backoff_ms: int
+    #: The cap of that delay.
+    reconnect_backoff_max_ms: int
+    #: The wait before retrying a failed request; also the least time between two metadata refreshes
+    #: asked for one after the other.
+    retry_backoff_ms: int
+    #: The longest between metadata refreshes: a group's leader notices added partitions then.
+    metadata_max_age_ms: int
+    # Security.
+    #: Transport and authentication.
+    security_protocol: SecurityProtocol
+    #: TLS settings for SSL/SASL_SSL (None: ``ssl.create_default_context()``).
+    ssl_context: ssl.SSLContext | None
+    #: The SASL mechanism for SASL_PLAINTEXT/SASL_SSL.
+    sasl_mechanism: SaslMechanism
+    #: The SASL username for PLAIN and SCRAM.
+    sasl_plain_username: str | None
+    #: The SASL password for PLAIN and SCRAM (left out of ``repr(config)``).
+    sasl_plain_password: str | None
+    #: For OAUTHBEARER: called (and awaited, if it returns an awaitable) for a token when a connection
+    #: authenticates or re-authenticates and the last token is near its expiry.  Returns a ``str``,
+    #: ``(token, expires_at)`` or an :class:`OAuthBearerToken`; an object with an async ``token()``
+    #: method works too.  It must not block: do blocking I/O in a thread.
+    sasl_oauth_token_provider: OAuthTokenProvider | None
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumerConfig:
-    """Every consumer option with its default.  Durations keep Kafka's ``_ms`` names."""
+    """The validated options with their defaults (``ConsumerOptions`` documents each one)."""
 
     bootstrap_servers: tuple[str, ...] = ("127.0.0.1:9092",)
     client_id: str = "asyncconsumer"
     client_rack: str = ""
-    # Group and offsets.
     group_id: str | None = None
     group_instance_id: str | None = None
-    auto_offset_reset: Literal["earliest", "latest", "none"] = "latest"
+    auto_offset_reset: OffsetReset = "latest"
     enable_auto_commit: bool = True
     auto_commit_interval_ms: int = 5000
     session_timeout_ms: int = 45000
@@ -88,48 +198,34 @@ class ConsumerConfig:
     max_poll_interval_ms: int = 300000
     rebalance_timeout_ms: int | None = None
     partition_assignment_strategy: tuple[str, ...] = ("range", "cooperative-sticky")
-    group_protocol: Literal["classic", "consumer"] = "classic"
-    #: Commit what was handed out for revoked partitions before giving them up.
+    group_protocol: GroupProtocol = "classic"
     rebalance_safe_commits: bool = True
-    #: With manual commits: how long a revocation waits for the application's commits.
     rebalance_commit_wait_ms: int = 10000
-    # Fetching.
     fetch_min_bytes: int = 1
     fetch_max_bytes: int = 52428800
     fetch_max_wait_ms: int = 500
     max_partition_fetch_bytes: int = 1048576
     fetch_buffer_bytes: int = 67108864
-    #: Records per poll: getmany()'s default max_records, a batches() item, an async-for chunk.
     max_poll_records: int = 500
-    #: read_committed: no records of aborted transactions, nothing past the last stable offset, and
-    #: end_offsets()/seek_to_end()/"latest" mean the LSO; markers are never returned (either level).
-    isolation_level: Literal["read_uncommitted", "read_committed"] = "read_uncommitted"
+    isolation_level: IsolationLevel = "read_uncommitted"
     check_crcs: bool = True
     #: The most one compressed batch may decompress to; ``None``: ``batch_decompress_limit``'s default.
     max_batch_decompressed_bytes: int | None = None
     exclude_internal_topics: bool = True
     key_deserializer: Deserializer | None = None
     value_deserializer: Deserializer | None = None
-    # Network.
     request_timeout_ms: int = 30000
     socket_connection_setup_timeout_ms: int = 10000
     connections_max_idle_ms: int = 540000
     reconnect_backoff_ms: int = 50
     reconnect_backoff_max_ms: int = 1000
-    #: Also the least time between two metadata refreshes asked for one after the other.
     retry_backoff_ms: int = 100
-    #: The longest between metadata refreshes: a group's leader notices added partitions then.
     metadata_max_age_ms: int = 300000
-    # Security.
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    security_protocol: SecurityProtocol = "PLAINTEXT"
     ssl_context: ssl.SSLContext | None = None
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] = "PLAIN"
+    sasl_mechanism: SaslMechanism = "PLAIN"
     sasl_plain_username: str | None = None
     sasl_plain_password: str | None = dataclasses.field(default=None, repr=False)
-    #: For ``sasl_mechanism="OAUTHBEARER"``: called (and awaited, if it returns an awaitable) for a
-    #: token when a connection authenticates or re-authenticates and the last token is near its expiry.
-    #: Returns a ``str``, ``(token, expires_at)`` or an :class:`OAuthBearerToken`.  An object with an
-    #: async ``token()`` method works too.  It must not block: do blocking I/O in a thread.
     sasl_oauth_token_provider: OAuthTokenProvider | None = dataclasses.field(default=None, repr=False)
 
     @property

@@ -2,21 +2,19 @@
 
 Every public call is bracketed by ``acquire()``/``release()`` (KIP-957), packs
 its work as an application event for the background loop when it needs the
-network, raises background errors, and collects records from the fetch
-buffer.  See docs/architecture.md for the whole picture.
+network, and hands the application-side work to app/ (the fetch collector,
+the rebalance runner, per-partition streams).  See docs/architecture.md for
+the whole picture.
 """
 
 from __future__ import annotations
 
-import contextvars
 import functools
-import inspect
 import logging
 import re
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Generic, NoReturn, ParamSpec, Protocol, Self, cast, overload
+from typing import Any, Generic, NoReturn, ParamSpec, Self, Unpack, cast, overload
 
 import anyio
 import anyio.abc
@@ -24,8 +22,10 @@ import sniffio
 from typing_extensions import TypeVar
 
 from . import _args
-from .config import ConsumerConfig, build_config, from_properties
-from .engine.fetch_buffer import Record
+from .app.collector import Collector, RecordDeserializationError
+from .app.rebalance import CALLBACK_OWNER, RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
+from .app.streams import PartitionStream, PartitionStreams
+from .config import ConsumerConfig, ConsumerOptions, build_config, from_properties
 from .engine.loop import Engine
 from .errors import (
     CommitFailedError,
@@ -35,14 +35,11 @@ from .errors import (
     IllegalStateError,
     KafkaError,
     KafkaTimeoutError,
-    RebalanceCallbackError,
-    RecordError,
 )
 from .listener import RebalanceListener
 from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
-from .managers.membership import CallbackKind, CallbackRequest, MemberState
+from .managers.membership import MemberState
 from .managers.subscription import PartitionState
-from .streams import PartitionStream, PartitionStreams
 from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 
 log = logging.getLogger("asyncconsumer.consumer")
@@ -53,22 +50,7 @@ VT = TypeVar("VT", default=bytes)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: Set while a consumer callback runs; tasks started inside it inherit it (KIP-957).
-_CALLBACK_OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("asyncconsumer_callback", default=None)
 _POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches", "partitions"})
-
-
-class RevokeHook(Protocol):
-    """Steps around a revocation (per-partition streams use them): before the listener runs, and
-    after the rebalance-safe commit, just before the partitions are given up."""
-
-    async def before_revoke(self, partitions: set[TopicPartition], *, lost: bool) -> None: ...
-
-    def after_revoke(self, partitions: set[TopicPartition]) -> None: ...
-
-
-class RecordDeserializationError(RecordError):
-    """A key or value deserializer raised; the position stays at the failing record."""
 
 
 def _bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
@@ -111,34 +93,33 @@ def _bracketed_sync(operation: str) -> Callable[[Callable[P, R]], Callable[P, R]
 class Consumer(Generic[KT, VT]):
     """An Apache Kafka consumer for asyncio and trio.
 
-    Options are keyword arguments with Kafka's names in snake_case (see
-    docs/configuration.md); ``Consumer.from_properties`` takes dotted names.
+    Options are keyword arguments with Kafka's names in snake_case (``ConsumerOptions``
+    documents each, docs/configuration.md at length); ``Consumer.from_properties`` takes
+    dotted names.
     Use it as ``async with Consumer(...) as consumer:`` (asyncio and trio), or
     ``await consumer.start()`` / ``await consumer.close()`` on asyncio.
     """
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, **options: Unpack[ConsumerOptions]) -> None:
         self._config = build_config(options)
         self._engine: Engine | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._runner: Any = None
         self._poller: int | None = None
         self._poll_depth = 0
-        self._callback_token: object | None = None
-        self._listener: RebalanceListener | None = None
-        self._revoke_hooks: list[RevokeHook] = []
-        #: Records taken from the buffer for ``async for``/``batches()`` and not handed out yet.
-        self._chunks: deque[_Chunk] = deque()
+        self._rebalance = RebalanceRunner(self._config)
+        self._collector: Collector[KT, VT] = Collector(self._config, self._rebalance, lambda: self._engine)
+        #: Records taken for ``async for``/``batches()`` and not handed out yet (the collector's).
+        self._chunks = self._collector.chunks
         # ``async for`` hands out buffered records without acquire()/release() when they are the
         # default ones: it does not await, so no other task can see the consumer in between.
         self._default_hooks = type(self).acquire is Consumer.acquire and type(self).release is Consumer.release
         self._plain_records = self._config.key_deserializer is None and self._config.value_deserializer is None
         self._closed = False
         self._closing = False
-        self._deferred_error: KafkaError | None = None
 
     @classmethod
-    def from_properties(cls, properties: Mapping[str, Any], **options: Any) -> Consumer[Any, Any]:
+    def from_properties(cls, properties: Mapping[str, Any], **options: Unpack[ConsumerOptions]) -> Consumer[Any, Any]:
         """Build from Java/librdkafka dotted names (``{"bootstrap.servers": ...}``); ``options`` override."""
         config = from_properties(properties, options)
         return cls(**{name: getattr(config, name) for name in config.__dataclass_fields__})
@@ -233,10 +214,10 @@ class Consumer(Generic[KT, VT]):
             with anyio.move_on_after(timeout - teardown, shield=True):
                 # Commit what was handed out, then leave (the revoke callback commits nothing more).
                 if engine.commits is not None and self._config.enable_auto_commit and not engine.closed:
-                    offsets = self._consumed_offsets()
+                    offsets = consumed_offsets(engine)
                     if offsets:
                         try:
-                            await self._commit_now(offsets, timeout)
+                            await commit_now(engine, offsets, timeout)
                         except KafkaError as exc:
                             log.warning("final auto-commit on close failed: %s", exc)
                 if engine.membership is not None and not engine.closed:
@@ -281,7 +262,8 @@ class Consumer(Generic[KT, VT]):
             self._poller = me
             self._poll_depth += 1
             return
-        if self._callback_token is not None and _CALLBACK_OWNER.get() is self._callback_token:
+        token = self._rebalance.callback_token
+        if token is not None and CALLBACK_OWNER.get() is token:
             self._poll_depth += 1
             return
         raise ConcurrentAccessError(
@@ -334,7 +316,7 @@ class Consumer(Generic[KT, VT]):
             raise ConfigError("subscribe() needs a group_id: partitions are shared out within a consumer group")
         if engine.subscriptions.partitions and membership.state is MemberState.UNSUBSCRIBED:
             raise IllegalStateError("subscribe() after assign(): call assign([]) first (they do not mix)")
-        self._listener = listener or RebalanceListener()
+        self._rebalance.listener = listener or RebalanceListener()
         membership.subscribe(names, compiled)
         engine.wake()
 
@@ -361,111 +343,9 @@ class Consumer(Generic[KT, VT]):
         with anyio.move_on_after(timeout):
             while membership.state not in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
                 event = engine.app_event()
-                await self._run_rebalance_callbacks(engine, raise_errors=False)
+                await self._rebalance.run_callbacks(engine, raise_errors=False)
                 if membership.state in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
                     break
-                with anyio.move_on_after(0.05):
-                    await event.wait()
-
-    async def _run_rebalance_callbacks(self, engine: Engine, *, raise_errors: bool = True) -> None:
-        """Run queued rebalance callbacks here, on the application side, and acknowledge them."""
-        first_error: BaseException | None = None
-        while engine.callbacks:
-            request = engine.callbacks.popleft()
-            error = await self._run_callback(engine, request)
-            first_error = first_error or error
-        if first_error is not None and raise_errors:
-            raise first_error
-
-    async def _run_callback(self, engine: Engine, request: CallbackRequest) -> BaseException | None:
-        listener = getattr(self, "_listener", None) or RebalanceListener()
-        method = {
-            CallbackKind.REVOKED: listener.on_partitions_revoked,
-            CallbackKind.ASSIGNED: listener.on_partitions_assigned,
-            CallbackKind.LOST: listener.on_partitions_lost,
-        }[request.kind]
-        partitions = set(request.partitions)
-        error: BaseException | None = None
-        token = object()
-        previous_token = self._callback_token
-        self._callback_token = token
-        context_token = _CALLBACK_OWNER.set(token)
-        hooks = list(self._revoke_hooks) if request.kind is not CallbackKind.ASSIGNED else []
-        commit = request.kind is CallbackKind.REVOKED and self._commits_before_revoke(engine)
-        remaining = max(0.0, request.deadline - engine.clock())
-        # Time kept back from the callback for the rebalance-safe commit: a callback that raises or
-        # overruns still leaves the commit its turn before the partitions are given up.
-        reserve = min(self._config.request_timeout_ms / 1000, remaining / 2) if commit else 0.0
-        try:
-            try:
-                with anyio.move_on_after(remaining - reserve) as scope:
-                    for hook in hooks:
-                        await hook.before_revoke(partitions, lost=request.kind is CallbackKind.LOST)
-                    result = method(partitions)
-                    if inspect.isawaitable(result):
-                        await result
-                if scope.cancelled_caught:
-                    error = RebalanceCallbackError(
-                        f"{request.kind.value} for {_names(partitions)} did not finish within rebalance_timeout_ms; "
-                        "the rebalance went on without it")
-            except Exception as exc:
-                error = RebalanceCallbackError(f"{request.kind.value} for {_names(partitions)} raised {exc!r}")
-                error.__cause__ = exc
-            except anyio.get_cancelled_exc_class():
-                error = RebalanceCallbackError(
-                    f"{request.kind.value} for {_names(partitions)} was cancelled with the polling call; "
-                    "the rebalance went on without it")
-                raise
-            finally:
-                # The partitions are given up however the callback ended, even when the polling call
-                # was cancelled: the rebalance-safe commit and the end of their streams come first.
-                with anyio.CancelScope(shield=True):
-                    if commit:
-                        commit_error = await self._commit_before_revoke_within(engine, request)
-                        error = error or commit_error
-                    for hook in hooks:
-                        hook.after_revoke(partitions)
-        finally:
-            _CALLBACK_OWNER.reset(context_token)
-            self._callback_token = previous_token
-            if not request.acked:
-                request.ack(error)
-                engine.wake()
-        if error is not None:
-            log.error("%s", error)
-        return error
-
-    async def _commit_before_revoke_within(self, engine: Engine, request: CallbackRequest) -> KafkaError | None:
-        """The rebalance-safe commit, by the callback's deadline; a failure is returned, not raised."""
-        with anyio.move_on_after(max(0.0, request.deadline - engine.clock())):
-            try:
-                await self._commit_before_revoke(engine, request.partitions)
-            except KafkaError as exc:
-                names = _names(request.partitions)
-                log.warning("committing %s before giving them up failed: %s", names, exc)
-                error = RebalanceCallbackError(f"committing {names} before giving them up failed: {exc}")
-                error.__cause__ = exc
-                return error
-        return None
-
-    def _commits_before_revoke(self, engine: Engine) -> bool:
-        return engine.commits is not None and self._config.rebalance_safe_commits
-
-    async def _commit_before_revoke(self, engine: Engine, partitions: frozenset[TopicPartition]) -> None:
-        """Rebalance-safe commits: the next owner starts exactly where this member stopped."""
-        commits = engine.commits
-        if commits is None:
-            return
-        consumed = {tp: om for tp, om in self._consumed_offsets().items() if tp in partitions}
-        if self._config.enable_auto_commit:
-            pending = {tp: om for tp, om in consumed.items() if commits.last_committed.get(tp) != om.offset}
-            if pending:
-                await self._commit_now(pending, self._config.request_timeout_ms / 1000)
-            return
-        # Manual commits: wait for the application's own commits of what it was handed.
-        with anyio.move_on_after(self._config.rebalance_commit_wait_ms / 1000):
-            while any(commits.last_committed.get(tp, -1) < om.offset for tp, om in consumed.items()):
-                event = engine.app_event()
                 with anyio.move_on_after(0.05):
                     await event.wait()
 
@@ -478,7 +358,7 @@ class Consumer(Generic[KT, VT]):
         engine = self._running()
         if engine.membership is not None and engine.membership.subscribed:
             raise IllegalStateError("assign() while subscribed: call unsubscribe() first (they do not mix)")
-        self._drop_chunks()
+        self._collector.drop_chunks()
         commits = engine.commits
         if commits is not None and self._config.enable_auto_commit:
             # Partitions given up keep what the application finished with (Java does the same).
@@ -501,7 +381,7 @@ class Consumer(Generic[KT, VT]):
         states = self._states(partitions, "pause")
         for state in states:
             state.paused = True
-        self._drop_chunks({state.tp for state in states})
+        self._collector.drop_chunks({state.tp for state in states})
 
     @_bracketed_sync("resume")
     def resume(self, *partitions: TopicPartition) -> None:
@@ -548,7 +428,7 @@ class Consumer(Generic[KT, VT]):
         engine = self._running()
         state.set_position(offset)
         state.retry_at = 0.0
-        self._forget_buffered(engine, [partition])
+        self._collector.forget_buffered(engine, [partition])
 
     @_bracketed("seek_to_beginning")
     async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
@@ -566,13 +446,7 @@ class Consumer(Generic[KT, VT]):
         self._states(tps, operation)
         for tp in tps:
             engine.subscriptions.request_reset(tp, where)
-        self._forget_buffered(engine, tps)
-
-    def _forget_buffered(self, engine: Engine, tps: Iterable[TopicPartition]) -> None:
-        gone = set(tps)
-        engine.buffer.drop(lambda f: f.tp not in gone)
-        self._drop_chunks(gone)
-        engine.wake()
+        self._collector.forget_buffered(engine, tps)
 
     @_bracketed("position")
     async def position(self, partition: TopicPartition, *, timeout: float | None = None) -> int:
@@ -582,7 +456,7 @@ class Consumer(Generic[KT, VT]):
         with anyio.move_on_after(self._timeout(timeout)):
             while True:
                 event = engine.app_event()
-                self._raise_background_error()
+                self._collector.raise_background_error()
                 if state.has_position:
                     return state.consumed
                 await event.wait()
@@ -640,7 +514,7 @@ class Consumer(Generic[KT, VT]):
         if engine.commits is None:
             raise IllegalStateError("commit() needs a group_id: offsets are stored per consumer group")
         if offsets is None:
-            to_commit = self._consumed_offsets()
+            to_commit = consumed_offsets(engine)
         else:
             to_commit = given
         membership = engine.membership
@@ -651,7 +525,7 @@ class Consumer(Generic[KT, VT]):
             not_owned = [tp for tp in to_commit if tp not in owned]
             if not_owned:
                 raise CommitFailedError(
-                    f"cannot commit {_names(not_owned)}: no longer assigned to this member "
+                    f"cannot commit {names(not_owned)}: no longer assigned to this member "
                     f"(group {self._config.group_id!r}, member state {membership.state.name}); "
                     "another member may own them now")
             if offsets is None and membership.dropped_out:
@@ -659,27 +533,7 @@ class Consumer(Generic[KT, VT]):
                     f"cannot commit: this consumer dropped out of group {self._config.group_id!r} (member state "
                     f"{membership.state.name}: it left after max_poll_interval_ms or was fenced) and its "
                     "partitions were reassigned; nothing was committed")
-        await self._commit_now(to_commit, self._timeout(timeout))
-
-    async def _commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata], timeout: float) -> None:
-        engine = self._running()
-        commits = engine.commits
-        assert commits is not None
-        waiter = await engine.call(lambda now: commits.commit(now, offsets, timeout))
-        await waiter.wait()
-
-    def _consumed_offsets(self) -> dict[TopicPartition, OffsetAndMetadata]:
-        """The position after what was handed out, per partition (not for partitions that no longer
-        exist: a deleted topic's offsets cannot be committed, and went with it)."""
-        engine = self._engine
-        if engine is None:
-            return {}
-        cluster = engine.metadata.cluster
-        return {
-            tp: OffsetAndMetadata(s.consumed, "", s.epoch_before(s.consumed))
-            for tp, s in engine.subscriptions.partitions.items()
-            if s.has_position and s.consumed >= 0 and not cluster.missing(tp)
-        }
+        await commit_now(engine, to_commit, self._timeout(timeout))
 
     @overload
     async def committed(self, partitions: TopicPartition, *, timeout: float | None = None) -> int | None: ...
@@ -747,45 +601,8 @@ class Consumer(Generic[KT, VT]):
             _args.check_positive_int(max_records, "getmany", "max_records")
         limit = max_records or self._batch_limit()
         only = set(_check_partitions(partitions, "getmany")) if partitions else None
-        self._drop_chunks()
-        return await self._poll(only, limit, timeout, mark_consumed=True)
-
-    async def _poll(self, only: set[TopicPartition] | None, limit: int, timeout: float | None, *,
-                    mark_consumed: bool) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
-        engine = self._running()
-        records = await self._take(engine, only, limit, timeout, hand_out=mark_consumed)
-        if mark_consumed:
-            for tp in records:
-                # Everything taken is handed out: the position is past it, and past the transaction
-                # markers, aborted batches or compaction gaps the fetch ended with (Java does the same).
-                state = engine.subscriptions.partitions[tp]
-                state.consumed = state.position
-        return self._deserialize_many(engine, records)
-
-    async def _take(self, engine: Engine, only: set[TopicPartition] | None, limit: int,
-                    timeout: float | None, *, hand_out: bool = True) -> dict[TopicPartition, list[Record]]:
-        """One poll: run rebalance callbacks, raise background errors, and take up to ``limit``
-        buffered records, waiting up to ``timeout`` seconds for some (None: until there are)."""
-        self._mark_processed(engine)
-        # Let the background loop run before taking buffered records: it sends the next fetch
-        # (read-ahead) and reads the sockets while the application works through this batch.
-        await anyio.lowlevel.checkpoint()
-        # The timeout bounds the wait for records only: a rebalance callback that runs inside this
-        # call has its own deadline (rebalance_timeout_ms) and is not cut short by a short poll.
-        deadline = anyio.current_time() + self._timeout_or_inf(timeout)
-        while True:
-            engine.app_polled()  # waiting inside a poll is polling (max_poll_interval_ms)
-            event = engine.app_event()
-            await self._run_rebalance_callbacks(engine)
-            self._raise_background_error()
-            records = self._collect(engine, only, limit, hand_out=hand_out)
-            if records:
-                return records
-            remaining = deadline - anyio.current_time()
-            if remaining <= 0:
-                return {}
-            with anyio.move_on_after(remaining):
-                await event.wait()
+        self._collector.drop_chunks()
+        return await self._collector.poll(self._running(), only, limit, timeout, mark_consumed=True)
 
     def _batch_limit(self) -> int:
         return self._config.max_poll_records
@@ -800,7 +617,7 @@ class Consumer(Generic[KT, VT]):
         A revoked partition's stream ends after its records are processed and committed.
         """
         _args.check_positive_int(buffer_records, "partitions", "buffer_records")
-        return _PollingIterator(self, PartitionStreams(self, buffer_records))
+        return _PollingIterator(self, PartitionStreams(_StreamSource(self), buffer_records))
 
     def batches(self, *, max_records: int | None = None) -> AsyncIterator[list[ConsumerRecord[KT, VT]]]:
         """Records a partition at a time: ``async for batch in consumer.batches():``.
@@ -845,15 +662,16 @@ class Consumer(Generic[KT, VT]):
                     state.consumed = record.offset + 1
                 if self._plain_records:
                     return record  # type: ignore[return-value]  # no deserializers: KT, VT are bytes
-                return self._deserialize(record)
+                return self._collector.deserialize(record)
         return await self._next_record()
 
     async def _next_record(self) -> ConsumerRecord[KT, VT]:
         self.acquire("__anext__")
+        collector = self._collector
         try:
             engine = self._running()
             while True:
-                chunk = self._live_chunk()
+                chunk = collector.live_chunk()
                 if chunk is not None:
                     record = chunk.records[chunk.index]
                     chunk.index += 1
@@ -862,8 +680,8 @@ class Consumer(Generic[KT, VT]):
                         chunk.state.consumed = chunk.end
                     else:
                         chunk.state.consumed = record.offset + 1
-                    return self._deserialize(record)
-                await self._refill(engine, self._batch_limit())
+                    return collector.deserialize(record)
+                await collector.refill(engine, self._batch_limit())
         except ConsumerClosedError as exc:
             self._end_of_iteration(exc)
         finally:
@@ -871,17 +689,18 @@ class Consumer(Generic[KT, VT]):
 
     async def _next_batch(self, limit: int) -> list[ConsumerRecord[KT, VT]]:
         self.acquire("batches")
+        collector = self._collector
         try:
             engine = self._running()
             while True:
-                chunk = self._live_chunk()
+                chunk = collector.live_chunk()
                 if chunk is not None:
                     self._chunks.popleft()
                     records = chunk.records[chunk.index:] if chunk.index else chunk.records
                     chunk.state.consumed = chunk.end
                     # Non-empty: a deserializer error on the first record raises, a later one is deferred.
-                    return self._deserialize_many(engine, {chunk.state.tp: records})[chunk.state.tp]
-                await self._refill(engine, limit)
+                    return collector.deserialize_many(engine, {chunk.state.tp: records})[chunk.state.tp]
+                await collector.refill(engine, limit)
         except ConsumerClosedError as exc:
             self._end_of_iteration(exc)
         finally:
@@ -893,171 +712,48 @@ class Consumer(Generic[KT, VT]):
             raise closed  # it names the failure
         raise StopAsyncIteration from None
 
-    def _live_chunk(self) -> _Chunk | None:
-        """The first chunk whose partition may still be handed out (stale ones are dropped)."""
-        chunks = self._chunks
-        while chunks:
-            chunk = chunks[0]
-            if chunk.live:
-                return chunk
-            chunks.popleft()
-        return None
-
-    async def _refill(self, engine: Engine, limit: int) -> None:
-        """A poll for ``async for``/``batches()``: the records taken become chunks."""
-        for tp, records in (await self._take(engine, None, limit, None)).items():
-            self._chunks.append(_Chunk(engine.subscriptions.partitions[tp], records))
-
-    def _drop_chunks(self, only: set[TopicPartition] | None = None) -> None:
-        """Records taken for ``async for``/``batches()`` but not handed out go back (positions too),
-        for ``only`` these partitions or all of them."""
-        kept: deque[_Chunk] = deque()
-        gone: set[TopicPartition] = set()
-        for chunk in self._chunks:
-            state = chunk.state
-            if only is not None and state.tp not in only:
-                kept.append(chunk)
-                continue
-            if state.epoch == chunk.epoch and chunk.index < len(chunk.records):
-                state.rewind(chunk.records[chunk.index].offset)
-            gone.add(state.tp)
-        self._chunks = kept
-        if gone and self._engine is not None:
-            self._engine.buffer.drop(lambda f: f.tp not in gone)
-
-    def _mark_processed(self, engine: Engine) -> None:
-        # A new poll means the application is done with what it got before (auto-commit).
-        for state in engine.subscriptions.partitions.values():
-            if state.consumed >= 0:
-                state.processed = state.consumed
-
-    def _collect(
-        self, engine: Engine, only: set[TopicPartition] | None, limit: int, *, hand_out: bool = True
-    ) -> dict[TopicPartition, list[Record]]:
-        subscriptions = engine.subscriptions
-        buffer = engine.buffer
-        result: dict[TopicPartition, list[Record]] = {}
-        seen: set[TopicPartition] = set()
-        count = 0
-        for fetch in buffer.fetches():
-            tp = fetch.tp
-            state = subscriptions.partitions.get(tp)
-            if state is None or state.epoch != fetch.epoch:
-                buffer.remove(fetch)
-                continue
-            if tp in seen or state.paused or state.revoking or (only is not None and tp not in only):
-                continue  # one completed fetch per partition at a time keeps offsets in order
-            seen.add(tp)
-            if count >= limit:
-                break
-            try:
-                records = fetch.take(limit - count, state.position)
-            except RecordError as exc:
-                exc.skip_to = fetch.offset_after_batch(exc.offset)
-                if exc.skip_to > exc.offset:
-                    exc.args = (f"{exc.args[0]}; seek({tp.topic!r}, {tp.partition}) to {exc.skip_to} to skip it",)
-                buffer.remove(fetch)
-                # Refetch from the bad batch: the error repeats until the application seeks past it.
-                state.rewind(max(state.position, exc.offset))
-                self._rewind(engine, result)
-                engine.wake()
-                raise
-            if records:
-                state.position = records[-1].offset + 1
-                result.setdefault(tp, []).extend(records)
-                count += len(records)
-            if fetch.exhausted:
-                state.position = max(state.position, fetch.next_offset)
-                # Only control records or compaction gaps: nothing to hand out, but commits may move
-                # past them (not while records taken for partition streams still wait there).
-                if hand_out and not records and state.consumed < state.position and tp not in result:
-                    state.consumed = state.position
-                buffer.remove(fetch)
-                seen.discard(tp)
-        return result
-
-    def _deserialize(self, record: Record) -> ConsumerRecord[KT, VT]:
-        key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
-        if key_fn is None and value_fn is None:
-            return record  # type: ignore[return-value]  # no deserializers: KT, VT are bytes
-        try:
-            key = key_fn(record.key) if key_fn is not None and record.key is not None else record.key
-            value = value_fn(record.value) if value_fn is not None and record.value is not None else record.value
-        except Exception as exc:
-            engine = self._running()
-            state = engine.subscriptions.partitions[record.topic_partition]
-            state.rewind(record.offset)
-            self._forget_buffered(engine, [record.topic_partition])
-            raise RecordDeserializationError(
-                f"deserializing the record failed: {exc!r}; seek past it to skip",
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-            ) from exc
-        return record._replace(key=key, value=value)  # type: ignore[return-value]
-
-    def _deserialize_many(
-        self, engine: Engine, records: dict[TopicPartition, list[Record]]
-    ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
-        if self._config.key_deserializer is None and self._config.value_deserializer is None:
-            return cast("dict[TopicPartition, list[ConsumerRecord[KT, VT]]]", records)
-        out: dict[TopicPartition, list[ConsumerRecord[KT, VT]]] = {}
-        for tp, recs in records.items():
-            done: list[ConsumerRecord[KT, VT]] = []
-            try:
-                for record in recs:
-                    done.append(self._deserialize(record))
-            except RecordDeserializationError as exc:
-                # The records before the bad one are handed out now and the error comes with the
-                # next poll (the position stays at the bad record); partitions not reached yet go
-                # back to their first record.
-                self._rewind(engine, {t: rs for t, rs in records.items() if t not in out and t != tp})
-                if done:
-                    out[tp] = done
-                if not out:
-                    raise
-                self._deferred_error = exc
-                return out
-            out[tp] = done
-        return out
-
-    def _rewind(self, engine: Engine, records: Mapping[TopicPartition, list[Record]]) -> None:
-        """Put records taken from the buffer back: their partitions refetch from the first one."""
-        for tp, recs in records.items():
-            state = engine.subscriptions.partitions.get(tp)
-            if state is not None and recs:
-                state.rewind(recs[0].offset)
-        if records:
-            self._forget_buffered(engine, records)
-
     # -- helpers ----------------------------------------------------------------------------------
-
-    def _raise_background_error(self) -> None:
-        deferred, self._deferred_error = self._deferred_error, None
-        if deferred is not None:
-            raise deferred
-        engine = self._engine
-        if engine is None:
-            return
-        error = engine.pop_error()
-        if error is not None:
-            raise error
-        engine.check_running()
 
     def _timeout(self, timeout: float | None) -> float:
         return self._config.request_timeout_ms / 1000 if timeout is None else timeout
 
-    @staticmethod
-    def _timeout_or_inf(timeout: float | None) -> float:
-        return float("inf") if timeout is None else timeout
 
 
 def _check_partitions(partitions: Iterable[Any], operation: str) -> list[TopicPartition]:
     return _args.check_topic_partitions(partitions, operation)
 
 
-def _names(tps: Iterable[TopicPartition]) -> str:
-    return ", ".join(sorted(str(tp) for tp in tps)) or "no partitions"
+class _StreamSource(Generic[KT, VT]):
+    """What per-partition streams see of the consumer (``app.streams.StreamSource``)."""
+
+    def __init__(self, consumer: Consumer[KT, VT]) -> None:
+        self._consumer = consumer
+
+    @property
+    def closing(self) -> bool:
+        return self._consumer._closing
+
+    @property
+    def revoke_wait(self) -> float:
+        return self._consumer.config.rebalance_commit_wait_ms / 1000
+
+    @property
+    def revoke_hooks(self) -> list[RevokeHook]:
+        return self._consumer._rebalance.revoke_hooks
+
+    def partitions(self) -> Mapping[TopicPartition, PartitionState]:
+        engine = self._consumer._engine
+        return engine.subscriptions.partitions if engine is not None else {}
+
+    def wake(self) -> None:
+        engine = self._consumer._engine
+        if engine is not None:
+            engine.wake()
+
+    async def take(self) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
+        consumer = self._consumer
+        return await consumer._collector.poll(consumer._running(), None, consumer._batch_limit(), 0.2,
+                                              mark_consumed=False)
 
 
 class _PollingIterator(Generic[KT, VT]):
@@ -1084,26 +780,6 @@ class _PollingIterator(Generic[KT, VT]):
         self._streams.close()
 
 
-class _Chunk:
-    """One partition's records taken from the buffer for ``async for`` or ``batches()``."""
-
-    __slots__ = ("end", "epoch", "index", "records", "state")
-
-    def __init__(self, state: PartitionState, records: list[Record]) -> None:
-        self.state = state
-        self.epoch = state.epoch  # a seek, reset or revocation since makes the chunk stale
-        self.records = records
-        self.index = 0  # the next record to hand out
-        #: The position once the last record is handed out: past any transaction markers, aborted
-        #: batches or compaction gaps the fetch ended with (nothing in between to hand out).
-        self.end = state.position
-
-    @property
-    def live(self) -> bool:
-        state = self.state
-        return state.epoch == self.epoch and not state.paused and not state.revoking
-
-
 class _BatchIterator(Generic[KT, VT]):
     """``consumer.batches()``: each step is a poll, bracketed by acquire/release."""
 
@@ -1116,3 +792,6 @@ class _BatchIterator(Generic[KT, VT]):
 
     async def __anext__(self) -> list[ConsumerRecord[KT, VT]]:
         return await self._consumer._next_batch(self._limit)
+
+
+__all__ = ["Consumer", "RecordDeserializationError"]

@@ -20,8 +20,8 @@ import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from asyncconsumer.engine.requests import Body, UnsentRequest
 from asyncconsumer.managers.metadata import MetadataManager
+from asyncconsumer.managers.requests import Body, UnsentRequest
 from asyncconsumer.protocol.api import (
     SUPPORTED_VERSIONS,
     decode_request,

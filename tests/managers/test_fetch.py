@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from asyncconsumer.engine.fetch_buffer import CompletedFetch, FetchBuffer
 from asyncconsumer.errors import (
     KafkaConnectionError,
     KafkaError,
@@ -14,12 +13,14 @@ from asyncconsumer.errors import (
     OffsetOutOfRangeError,
     TopicAuthorizationFailedError,
 )
-from asyncconsumer.managers.fetch import FetchManager, scan_record_set
+from asyncconsumer.managers.fetch import FetchManager
+from asyncconsumer.managers.fetch_buffer import CompletedFetch, FetchBuffer
 from asyncconsumer.managers.subscription import PartitionPhase, SubscriptionState
 from asyncconsumer.managers.validation import PositionValidator
 from asyncconsumer.protocol.api import SUPPORTED_VERSIONS
 from asyncconsumer.protocol.compression import CODEC_GZIP
 from asyncconsumer.protocol.record_writer import build_batch, build_control_batch, build_legacy_message_set
+from asyncconsumer.protocol.records import scan_record_set
 from asyncconsumer.structs import TopicPartition
 
 from .scripted import (
@@ -204,7 +205,7 @@ def test_full_buffer_stops_fetching() -> None:
     assert s.buffer.full
     respond(first[2], {})
     assert s.fetches() == []  # T1 has nothing buffered, but the buffer is full
-    s.buffer.clear()
+    s.buffer.drop(lambda f: False)
     assert len(s.fetches()) == 2
 
 
@@ -275,7 +276,7 @@ def test_held_fetch_goes_with_the_busy_partition() -> None:
     s = busy_and_caught_up()
     assert s.fetches() == []
     s.clock.advance(0.1)
-    s.buffer.clear()  # the application read T0's records
+    s.buffer.drop(lambda f: False)  # the application read T0's records
     assert fetched(s.fetch()) == {T0: s.subs.partitions[T0].fetch_offset, T2: 50}
     assert s.fetcher.next_deadline(s.clock.now) == float("inf")  # nothing held any more
 
@@ -561,7 +562,7 @@ def test_buffered_partition_is_forgotten_then_added_back() -> None:
     assert fetched(request) == {}
     assert forgotten(request) == {T0}
     respond(request, {}, session_id=9)
-    s.buffer.clear()
+    s.buffer.drop(lambda f: False)
     request = s.fetch()
     assert fetched(request) == {T0: s.subs.partitions[T0].fetch_offset}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncconsumer.errors import (
+    REFRESH_METADATA_CODES,
     KafkaConnectionError,
     NoOffsetForPartitionError,
     NotLeaderOrFollowerError,
@@ -117,6 +118,21 @@ def test_not_leader_requests_metadata_and_retries_after_backoff() -> None:
     assert partitions(retry) == {("t", 0): (LATEST, 8)}  # only the missing partition, new epoch
     retry.respond(answer({T0: (99, -1, 8)}))
     assert waiter.result() == {T0: (99, -1, 8), T1: (7, -1, 6)}
+
+
+@pytest.mark.parametrize("code", sorted(REFRESH_METADATA_CODES))
+def test_every_refresh_metadata_code_refreshes_and_retries(code: int) -> None:
+    """ListOffsets acts on the one set of refreshable codes the fetcher and the validator use, with
+    KAFKA_STORAGE_ERROR (56) as in the Java client (a replica's log dir failed: a new leader can
+    answer); FETCH_SESSION_TOPIC_ID_ERROR (106) comes from Fetch only, and would be retried too."""
+    s = Setup()
+    waiter = s.offsets.lookup({T1: EARLIEST})
+    s.h.take("ListOffsets").respond(answer({T1: code}))
+    assert not waiter.done()
+    s.h.take("Metadata")
+    s.h.advance(BACKOFF)
+    s.h.take("ListOffsets").respond(answer({T1: (3, -1, 6)}))
+    assert waiter.result() == {T1: (3, -1, 6)}
 
 
 def test_transport_error_retries_after_backoff() -> None:

@@ -35,9 +35,9 @@ from ..errors import (
     TLSHandshakeError,
     UnsupportedVersionError,
 )
+from ..managers.waiter import Waiter
 from ..protocol import api as protocol
 from .sasl import reauthentication_delay
-from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.connection")
 

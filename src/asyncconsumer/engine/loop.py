@@ -32,18 +32,18 @@ from ..managers.commit import CommitManager, GroupIdentity
 from ..managers.consumer_membership import ConsumerMembershipManager
 from ..managers.coordinator import CoordinatorManager
 from ..managers.fetch import FetchManager
+from ..managers.fetch_buffer import FetchBuffer
 from ..managers.list_offsets import ListOffsetsManager
 from ..managers.membership import CallbackRequest, GroupSettings, MembershipManager
 from ..managers.metadata import Cluster, MetadataManager
+from ..managers.requests import Body, HoldsWaiters, RequestManager, UnsentRequest
 from ..managers.subscription import SubscriptionState
 from ..managers.validation import PositionValidator
+from ..managers.waiter import Waiter
 from ..structs import TopicPartition, by_topic
 from . import sasl as sasl_module
 from .connection import BrokerConnection
-from .fetch_buffer import FetchBuffer
 from .network import NetworkClient
-from .requests import Body, UnsentRequest
-from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.engine")
 
@@ -149,12 +149,12 @@ class Engine:
                 group_identity=self._group_identity,
                 partition_exists=lambda tp: not self.metadata.cluster.missing(tp),
             )
-        self.managers: list[Any] = [
-            m
-            for m in (self.metadata, self.coordinator, self.membership, self.commits, self.offsets, self.validator,
-                      self.fetcher)
-            if m is not None
-        ]
+        managers: tuple[RequestManager | None, ...] = (
+            self.metadata, self.coordinator, self.membership, self.commits, self.offsets, self.validator, self.fetcher
+        )
+        self.managers: list[RequestManager] = [m for m in managers if m is not None]
+        holders: tuple[HoldsWaiters | None, ...] = (self.metadata, self.commits, self.offsets)
+        self._waiter_holders: list[HoldsWaiters] = [m for m in holders if m is not None]
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -193,10 +193,8 @@ class Engine:
         events, self._events = self._events, deque()
         for _, waiter in events:
             waiter.set_exception(error)
-        for manager in self.managers:
-            fail_all = getattr(manager, "fail_all", None)
-            if fail_all is not None:
-                fail_all(error)
+        for holder in self._waiter_holders:
+            holder.fail_all(error)
 
     async def _loop(self) -> None:
         if self.commits is not None:

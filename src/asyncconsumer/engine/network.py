@@ -26,8 +26,8 @@ from ..errors import (
     NoBrokersAvailableError,
     TLSHandshakeError,
 )
+from ..managers.requests import Body, UnsentRequest
 from .connection import BrokerConnection, RefusedBeforeLogin, SaslHook, Spawn, TLSHandshakeCutOff, frame_limit
-from .requests import Body, UnsentRequest
 
 log = logging.getLogger("asyncconsumer.network")
 

@@ -26,11 +26,10 @@ from typing import Any, Final, Literal, Protocol
 
 import anyio
 
-from ..config import OAuthBearerToken, OAuthTokenProvider
+from ..config import SASL_MECHANISMS, OAuthBearerToken, OAuthTokenProvider
 from ..errors import AuthenticationError, ConfigError, IllegalStateError, SaslAuthenticationError, error_for_code
 
 __all__ = [
-    "SUPPORTED_MECHANISMS",
     "OAuthBearerMechanism",
     "PlainMechanism",
     "RequestFn",
@@ -41,8 +40,6 @@ __all__ = [
     "create_mechanism",
     "reauthentication_delay",
 ]
-
-SUPPORTED_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 #: RFC 7677 asks for at least 4096 iterations; fewer means a weak or hostile server.
 MIN_SCRAM_ITERATIONS: Final = 4096
@@ -276,8 +273,8 @@ def create_mechanism(
     OAUTHBEARER takes ``token`` (from a :class:`TokenCache`); the others a username and password.
     """
     name = mechanism.strip().upper()
-    if name not in SUPPORTED_MECHANISMS:
-        raise ConfigError(f"unsupported SASL mechanism {mechanism!r}; supported: {', '.join(SUPPORTED_MECHANISMS)}")
+    if name not in SASL_MECHANISMS:
+        raise ConfigError(f"unsupported SASL mechanism {mechanism!r}; supported: {', '.join(SASL_MECHANISMS)}")
     if name == "OAUTHBEARER":
         if token is None:
             raise ConfigError("SASL mechanism OAUTHBEARER needs a token (sasl_oauth_token_provider)")

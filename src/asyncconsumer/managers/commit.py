@@ -14,18 +14,23 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..engine.requests import Body, UnsentRequest
-from ..engine.waiter import Waiter
-from ..errors import CommitFailedError, KafkaError, KafkaTimeoutError, error_for_code
+from ..errors import (
+    COORDINATOR_CODES,
+    RETRY_LATER_CODES,
+    CommitFailedError,
+    KafkaError,
+    KafkaTimeoutError,
+    error_for_code,
+)
 from ..structs import OffsetAndMetadata, TopicPartition, by_topic
 from .coordinator import CoordinatorManager
+from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, SubscriptionState
+from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.commit")
 
 # Errors after which the coordinator must be found again.
-_COORDINATOR_CODES = {13, 14, 15, 16}  # NETWORK_EXCEPTION, LOAD_IN_PROGRESS, NOT_AVAILABLE, NOT_COORDINATOR
-_RETRY_CODES = {7, 88, 89}  # REQUEST_TIMED_OUT, UNSTABLE_OFFSET_COMMIT, THROTTLING
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +84,6 @@ class CommitManager:
         self._fetches: list[_Fetch] = []
         self._position_fetch_in_flight: set[TopicPartition] = set()
         self._next_auto_commit = float("inf")
-        self._auto_commit_waiter: Waiter[None] | None = None
         self.last_committed: dict[TopicPartition, int] = {}
 
     # -- public operations ------------------------------------------------------------------------
@@ -148,8 +152,7 @@ class CommitManager:
             self._next_auto_commit = now + (self._auto_commit_interval or 0)
             offsets = self.processed_offsets()
             if offsets:
-                waiter = self.commit(now, offsets)
-                self._auto_commit_waiter = waiter
+                self.commit(now, offsets)
         for commit in list(self._commits):
             if commit.waiter.done():
                 self._commits.remove(commit)
@@ -251,10 +254,10 @@ class CommitManager:
                     if code == 0:
                         self.last_committed[tp] = commit.offsets[tp].offset
                         continue
-                    if code in _COORDINATOR_CODES:
+                    if code in COORDINATOR_CODES:
                         self._coordinator.mark_unknown(now, error_for_code(code))
                         retry = True
-                    elif code in _RETRY_CODES:
+                    elif code in RETRY_LATER_CODES:
                         retry = True
                     else:
                         failed[tp] = error_for_code(code)
@@ -315,11 +318,11 @@ class CommitManager:
                 group_error, result_topics = body["error_code"], body["topics"]
             codes = [group_error] + [p["error_code"] for t in result_topics for p in t["partitions"]]
             bad = [c for c in codes if c]
-            if any(c in _COORDINATOR_CODES for c in bad):
+            if any(c in COORDINATOR_CODES for c in bad):
                 self._coordinator.mark_unknown(now, error_for_code(bad[0]))
                 fetch.retry_at = now + self._retry_backoff
                 return
-            if any(c in _RETRY_CODES for c in bad):
+            if any(c in RETRY_LATER_CODES for c in bad):
                 fetch.retry_at = now + self._retry_backoff
                 return
             if bad:

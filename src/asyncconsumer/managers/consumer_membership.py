@@ -32,13 +32,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.requests import Body, UnsentRequest
-from ..errors import KafkaError, UnsupportedVersionError, error_for_code
+from ..errors import COORDINATOR_CODES, KafkaError, UnsupportedVersionError, error_for_code
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, GroupMemberBase
 from .membership_types import CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
+from .requests import Body, UnsentRequest
 from .subscription import SubscriptionState
 
 log = logging.getLogger("asyncconsumer.membership")
@@ -49,7 +49,6 @@ GROUP_AUTHORIZATION_FAILED = 30
 UNSUPPORTED_VERSION = 35
 FENCED_MEMBER_EPOCH = 110
 UNRELEASED_INSTANCE_ID = 111
-_COORDINATOR_ERRORS = {13, 14, 15, 16}
 _FATAL_ERRORS = {FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED}  # see GroupMemberBase._fatal_code
 
 # Member epochs with a meaning of their own.
@@ -101,10 +100,6 @@ class ConsumerMembershipManager(GroupMemberBase):
         self._session = 0
 
     # -- state ------------------------------------------------------------------------------------
-
-    @property
-    def member_epoch(self) -> int:
-        return self.generation
 
     #: Member epochs start at 1 (0 only asks to join).
     _first_generation = 1
@@ -457,7 +452,7 @@ class ConsumerMembershipManager(GroupMemberBase):
                 self._lose_partitions(now, error, forget_member_id=code == UNKNOWN_MEMBER_ID)
         elif code in _FATAL_ERRORS:
             self._fatal_code(now, code)
-        elif code in _COORDINATOR_ERRORS:
+        elif code in COORDINATOR_CODES:
             self._coordinator.mark_unknown(now, error)
             self._retry_at = now + settings.retry_backoff
         else:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ..engine.requests import Body, UnsentRequest
 from ..errors import KafkaError, error_for_code
+from .requests import Body, UnsentRequest
 
 log = logging.getLogger("asyncconsumer.coordinator")
 

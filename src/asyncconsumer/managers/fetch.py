@@ -33,52 +33,19 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..engine.fetch_buffer import CompletedFetch, FetchBuffer
-from ..engine.requests import Body, UnsentRequest
-from ..errors import KafkaError, OffsetOutOfRangeError, error_for_code
+from ..errors import FETCH_SESSION_CODES, REFRESH_METADATA_CODES, KafkaError, OffsetOutOfRangeError, error_for_code
 from ..protocol.compression import DEFAULT_MAX_SIZE
+from ..protocol.records import scan_batches
 from ..structs import TopicPartition, by_topic
-from .metadata import REFRESH_CODES, ZERO_UUID, MetadataManager
+from .fetch_buffer import CompletedFetch, FetchBuffer
+from .metadata import ZERO_UUID, MetadataManager
+from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, PartitionState, SubscriptionState
 
 log = logging.getLogger("asyncconsumer.fetch")
 
 #: (state, offset checked, epoch, its end offset, leader epoch asked under): a diverging epoch.
 DivergenceHandler = Callable[[PartitionState, int, int, int, int], None]
-_OFFSET_OUT_OF_RANGE = 1
-_SESSION_CODES = {70, 71}  # FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH
-
-
-def scan_record_set(data: memoryview) -> tuple[int, int]:
-    """(offset after the last complete batch or -1, bytes of complete batches).
-
-    Reads only batch headers, so the background side learns the next fetch
-    offset without decoding; a truncated trailing batch is left out.
-    """
-    next_offset, complete, _ = scan_batches(data)
-    return next_offset, complete
-
-
-def scan_batches(data: memoryview) -> tuple[int, int, list[tuple[int, int]]]:
-    """``scan_record_set`` plus (base offset, leader epoch) where the batches' epoch changes."""
-    pos, end, next_offset = 0, len(data), -1
-    epochs: list[tuple[int, int]] = []
-    last_epoch = -1
-    while pos + 17 <= end:
-        size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
-        stop = pos + 12 + size
-        if size < 0 or stop > end:
-            break
-        first = base = int.from_bytes(data[pos : pos + 8], "big", signed=True)
-        if data[pos + 16] >= 2 and pos + 27 <= end:
-            base += int.from_bytes(data[pos + 23 : pos + 27], "big", signed=True)
-            epoch = int.from_bytes(data[pos + 12 : pos + 16], "big", signed=True)  # partitionLeaderEpoch
-            if epoch != last_epoch:
-                epochs.append((first, epoch))
-                last_epoch = epoch
-        next_offset = base + 1  # legacy messages: a compressed wrapper carries the last inner offset
-        pos = stop
-    return next_offset, pos, epochs
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +235,7 @@ class FetchManager:
         def on_response(now: float, version: int, body: Body) -> None:
             finish()
             code = body["error_code"]
-            if code in _SESSION_CODES:
+            if code in FETCH_SESSION_CODES:
                 log.debug("fetch session with node %s reset: %s", node, error_for_code(code))
                 session.reset()
                 return
@@ -404,7 +371,7 @@ class FetchManager:
             )
             state.fetch_offset = max(next_offset, fetch_offset)
             state.note_fetched_epochs(epochs)
-        elif code == _OFFSET_OUT_OF_RANGE:
+        elif code == OffsetOutOfRangeError.code:
             if state.reset_to is None and self._subscriptions.default_reset == "none":
                 state.retry_at = float("inf")
                 self._report_error(
@@ -420,7 +387,7 @@ class FetchManager:
                     self._subscriptions.default_reset,
                 )
                 self._subscriptions.request_reset(tp)
-        elif code in REFRESH_CODES:
+        elif code in REFRESH_METADATA_CODES:
             self._metadata.request_update()
             state.retry_at = now + self._retry_backoff
         else:

@@ -13,24 +13,23 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..engine.requests import Body, UnsentRequest
-from ..engine.waiter import Waiter
 from ..errors import (
+    REFRESH_METADATA_CODES,
     KafkaError,
     NoOffsetForPartitionError,
     error_for_code,
 )
 from ..structs import TopicPartition, by_topic
 from .metadata import MetadataManager
+from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, SubscriptionState
+from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.offsets")
 
 EARLIEST = -2
 LATEST = -1
 _RESET_TIMESTAMPS = {"earliest": EARLIEST, "latest": LATEST}
-# Errors after which a fresh leader may answer.
-_REFRESH_CODES = {3, 5, 6, 9, 74, 75, 78, 100, 103}
 
 #: (offset, timestamp, leader_epoch), or None when no record is at/after the timestamp.
 OffsetResult = tuple[int, int, int | None] | None
@@ -255,7 +254,7 @@ class ListOffsetsManager:
                         offset = p["offset"]
                         epoch = p["leader_epoch"] if p["leader_epoch"] >= 0 else None
                         results[tp] = None if offset < 0 else (offset, p["timestamp"], epoch)
-                    elif code in _REFRESH_CODES:
+                    elif code in REFRESH_METADATA_CODES:
                         refresh = True
                     else:
                         fatal = error_for_code(code, f"ListOffsets for {tp}")

@@ -81,9 +81,6 @@ class GroupMemberBase:
     #: The broker setting that limits the group's size (named in GROUP_MAX_SIZE_REACHED errors).
     _group_size_setting = "group.max.size"
 
-    def assignment_generation(self) -> int:
-        return self.generation
-
     @property
     def subscribed(self) -> bool:
         """The application subscribed (and has not unsubscribed since), member or not right now."""

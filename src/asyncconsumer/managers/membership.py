@@ -32,13 +32,13 @@ from ..assignors import (
     encode_assignment,
     encode_subscription,
 )
-from ..engine.requests import Body, UnsentRequest
-from ..errors import KafkaError, error_for_code
+from ..errors import COORDINATOR_CODES, KafkaError, error_for_code
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, GroupMemberBase
 from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
+from .requests import Body, UnsentRequest
 from .subscription import SubscriptionState
 
 __all__ = ["CallbackKind", "CallbackRequest", "GroupSettings", "MemberState", "MembershipManager"]
@@ -50,7 +50,6 @@ REBALANCE_IN_PROGRESS = 27
 ILLEGAL_GENERATION = 22
 UNKNOWN_MEMBER_ID = 25
 MEMBER_ID_REQUIRED = 79
-_COORDINATOR_ERRORS = {13, 14, 15, 16}
 
 
 class MembershipManager(GroupMemberBase):
@@ -322,7 +321,7 @@ class MembershipManager(GroupMemberBase):
             if code == FENCED_INSTANCE_ID:
                 self._fenced(now)
                 return
-            if code in _COORDINATOR_ERRORS:
+            if code in COORDINATOR_CODES:
                 self._coordinator.mark_unknown(now, error_for_code(code))
                 self._retry_at = now + settings.retry_backoff
                 return
@@ -416,10 +415,10 @@ class MembershipManager(GroupMemberBase):
                 self._lose_partitions(error_for_code(code).error_name)
                 self._retry_at = now + settings.retry_backoff
                 return
-            if code in (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) or code in _COORDINATOR_ERRORS:
+            if code in (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) or code in COORDINATOR_CODES:
                 if code == UNKNOWN_MEMBER_ID:
                     self.member_id = ""
-                if code in _COORDINATOR_ERRORS:
+                if code in COORDINATOR_CODES:
                     self._coordinator.mark_unknown(now, error_for_code(code))
                 self._to(MemberState.JOINING)
                 self._retry_at = now + (settings.retry_backoff if code != REBALANCE_IN_PROGRESS else 0)
@@ -483,7 +482,7 @@ class MembershipManager(GroupMemberBase):
                 self._lose_partitions(error_for_code(code).error_name)
             elif code == FENCED_INSTANCE_ID:
                 self._fenced(now)
-            elif code in _COORDINATOR_ERRORS:
+            elif code in COORDINATOR_CODES:
                 self._coordinator.mark_unknown(now, error_for_code(code))
             else:
                 self._report_error(error_for_code(code, f"Heartbeat for group {settings.group_id!r}"))

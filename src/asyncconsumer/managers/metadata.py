@@ -23,8 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.requests import Body, UnsentRequest
-from ..engine.waiter import Waiter
 from ..errors import (
     AuthenticationError,
     KafkaError,
@@ -33,15 +31,12 @@ from ..errors import (
     error_for_code,
 )
 from ..structs import TopicPartition
+from .requests import Body, UnsentRequest
+from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.metadata")
 
 ZERO_UUID = bytes(16)
-#: Partition errors that a metadata refresh (a new leader, a new epoch, the topic's id) can fix:
-#: UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER, REPLICA_NOT_AVAILABLE,
-#: KAFKA_STORAGE_ERROR, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, OFFSET_NOT_AVAILABLE,
-#: UNKNOWN_TOPIC_ID, INCONSISTENT_TOPIC_ID, FETCH_SESSION_TOPIC_ID_ERROR.
-REFRESH_CODES = frozenset({3, 5, 6, 9, 56, 74, 75, 78, 100, 103, 106})
 
 
 @dataclass(slots=True)

@@ -32,16 +32,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..engine.fetch_buffer import FetchBuffer
-from ..engine.requests import Body, UnsentRequest
-from ..errors import KafkaError, LogTruncationError, UnsupportedVersionError, error_for_code
+from ..errors import REFRESH_METADATA_CODES, KafkaError, LogTruncationError, UnsupportedVersionError, error_for_code
 from ..structs import TopicPartition, by_topic
-from .metadata import REFRESH_CODES, MetadataManager
+from .fetch_buffer import FetchBuffer
+from .metadata import MetadataManager
+from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, PartitionState, SubscriptionState
 
 log = logging.getLogger("asyncconsumer.validation")
 
-_UNSUPPORTED_VERSION = 35
 _AWAIT = PartitionPhase.AWAIT_VALIDATION
 
 
@@ -234,9 +233,9 @@ class PositionValidator:
                       "(asked for epoch %d, current leader epoch %d)", state.tp, check.fetch_offset,
                       p["leader_epoch"], p["end_offset"], check.fetched_epoch, check.leader_epoch)
             self.apply_end_offset(state, check.fetch_offset, p["leader_epoch"], p["end_offset"], check.leader_epoch)
-        elif code == _UNSUPPORTED_VERSION:
+        elif code == UnsupportedVersionError.code:
             self._accept(state, check.leader_epoch)
-        elif code in REFRESH_CODES:  # (its topic-id codes never come from OffsetForLeaderEpoch)
+        elif code in REFRESH_METADATA_CODES:  # (its topic-id codes never come from OffsetForLeaderEpoch)
             self._metadata.request_update()
             state.retry_at = now + self._retry_backoff
         else:

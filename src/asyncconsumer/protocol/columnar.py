@@ -36,7 +36,7 @@ Design
   page faults than in copying; Arrow's pool hands the same memory out again (and 64-byte aligned).
   The Python builder always uses bytearrays.
 * **The walk** (:class:`ColumnReader`) is the row path's, ``CompletedFetch.take`` in
-  engine/fetch_buffer.py: batches split and CRC-checked by ``iter_batches``; batches ending
+  managers/fetch_buffer.py: batches split and CRC-checked by ``iter_batches``; batches ending
   before the position skipped; read_committed filtering by ``AbortedTransactionFilter``; control
   batches skipped; records before the position dropped; a corrupt batch raises after the records
   before it were handed out, on the following call.  Each batch is parsed (and decompressed)

@@ -46,7 +46,6 @@ __all__ = [
     "UINT16",
     "UINT32",
     "UUID",
-    "UVARINT",
     "Array",
     "Bytes",
     "FrameReader",
@@ -55,7 +54,6 @@ __all__ = [
     "ProtocolEncodeError",
     "Records",
     "String",
-    "UVarInt",
     "Uuid",
     "read_uvarint",
     "skip",
@@ -166,18 +164,6 @@ class _Base(Construct):  # type: ignore[misc]  # construct is untyped
         raise SizeofError("variable-size Kafka type", path=path)
 
 
-class UVarInt(_Base):
-    """Unsigned varint (tag numbers, sizes, compact lengths)."""
-
-    def _parse(self, stream: Any, context: Any, path: Any) -> int:
-        return read_uvarint(stream)
-
-    def _build(self, obj: Any, stream: Any, context: Any, path: Any) -> Any:
-        write_uvarint(stream, obj)
-        return obj
-
-
-UVARINT = UVarInt()
 BOOL = Flag  # any non-zero byte reads as true
 INT8 = Int8sb
 INT16 = Int16sb

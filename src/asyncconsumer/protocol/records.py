@@ -47,6 +47,9 @@ __all__ = [
     "iter_batches",
     "next_batch_to_read",
     "next_offset_after",
+    "offset_after_batch",
+    "scan_batches",
+    "scan_record_set",
 ]
 
 #: Control record types (key bytes 2-3 of a control record).
@@ -171,6 +174,55 @@ def next_offset_after(batch: RecordBatch) -> int:
 
 def _location(topic: str, partition: int, offset: int) -> dict[str, Any]:
     return {"topic": topic, "partition": partition, "offset": offset}
+
+
+# ------------------------------------------------------------ header scanning (no decoding)
+
+
+def scan_record_set(data: memoryview) -> tuple[int, int]:
+    """(offset after the last complete batch or -1, bytes of complete batches).
+
+    Reads only batch headers, so the background side learns the next fetch
+    offset without decoding (managers/fetch.py); a truncated trailing batch is left out.
+    """
+    next_offset, complete, _ = scan_batches(data)
+    return next_offset, complete
+
+
+def scan_batches(data: memoryview) -> tuple[int, int, list[tuple[int, int]]]:
+    """``scan_record_set`` plus (base offset, leader epoch) where the batches' epoch changes."""
+    pos, end, next_offset = 0, len(data), -1
+    epochs: list[tuple[int, int]] = []
+    last_epoch = -1
+    while pos + 17 <= end:
+        size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+        stop = pos + 12 + size
+        if size < 0 or stop > end:
+            break
+        first = base = int.from_bytes(data[pos : pos + 8], "big", signed=True)
+        if data[pos + 16] >= 2 and pos + 27 <= end:
+            base += int.from_bytes(data[pos + 23 : pos + 27], "big", signed=True)
+            epoch = int.from_bytes(data[pos + 12 : pos + 16], "big", signed=True)  # partitionLeaderEpoch
+            if epoch != last_epoch:
+                epochs.append((first, epoch))
+                last_epoch = epoch
+        next_offset = base + 1  # legacy messages: a compressed wrapper carries the last inner offset
+        pos = stop
+    return next_offset, pos, epochs
+
+
+def offset_after_batch(data: memoryview, base_offset: int) -> int:
+    """The offset after the batch starting at ``base_offset`` (headers only), -1 if not found:
+    where to seek to skip a corrupt batch."""
+    pos = 0
+    while pos + 17 <= len(data):
+        size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+        if size < 0:
+            break
+        if int.from_bytes(data[pos : pos + 8], "big", signed=True) == base_offset:
+            return scan_record_set(data[pos : pos + LOG_OVERHEAD + size])[0]
+        pos += LOG_OVERHEAD + size
+    return -1
 
 
 # ------------------------------------------------------------ batch splitting

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .options import SourceOptionError, SourceOptions, parse_options
-from .source import AsyncConsumerDataSource, DataLossError, KafkaBatchReader, KafkaStreamReader
+from .source import AsyncConsumerDataSource, DataLossError, KafkaBatchReader, KafkaStreamReader, register
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,11 +38,6 @@ __all__ = [
 
 #: The format name: ``spark.read.format(FORMAT)``.
 FORMAT = AsyncConsumerDataSource.name()
-
-
-def register(spark: SparkSession) -> None:
-    """Register the ``"asyncconsumer"`` format with ``spark`` (once per session; repeating is harmless)."""
-    spark.dataSource.register(AsyncConsumerDataSource)
 
 
 def run_pipeline(

@@ -88,7 +88,7 @@ def run_pipeline(
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
-    from . import register
+    from .source import register
 
     started = time.perf_counter()
     created = False

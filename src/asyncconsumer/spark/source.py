@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -44,6 +44,9 @@ from ..structs import ConsumerRecord, TopicPartition
 from .arrow import records_to_batch, spark_schema
 from .options import EARLIEST, LATEST, OffsetSpec, SourceOptionError, SourceOptions, Subscription, parse_options
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 __all__ = [
     "AsyncConsumerDataSource",
     "DataLossError",
@@ -51,6 +54,7 @@ __all__ = [
     "KafkaInputPartition",
     "KafkaStreamReader",
     "OffsetRange",
+    "register",
 ]
 
 log = logging.getLogger("asyncconsumer.spark")
@@ -706,3 +710,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+def register(spark: SparkSession) -> None:
+    """Register the ``"asyncconsumer"`` format with ``spark`` (once per session; repeating is harmless)."""
+    spark.dataSource.register(AsyncConsumerDataSource)

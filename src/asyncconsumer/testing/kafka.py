@@ -60,8 +60,9 @@ from base64 import urlsafe_b64encode
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, Literal, Self
+from typing import IO, TYPE_CHECKING, Any, Self
 
+from ..config import SASL_MECHANISMS, SECURITY_PROTOCOLS, SecurityProtocol
 from . import _probe
 from ._kafka_jars import JARS, KAFKA_VERSION
 
@@ -84,10 +85,9 @@ __all__ = [
 ]
 
 LOOPBACK = "127.0.0.1"
-Listener = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+Listener = SecurityProtocol
 #: Every client listener a node can have; PLAINTEXT is always on (the brokers talk over it).
-LISTENERS: tuple[Listener, ...] = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+LISTENERS: tuple[Listener, ...] = SECURITY_PROTOCOLS
 #: Users of the SASL listeners (PLAIN and SCRAM) when none are given.
 DEFAULT_USERS: Mapping[str, str] = {"alice": "alice-secret", "admin": "admin-secret"}
 MIN_JAVA = 17

@@ -23,6 +23,7 @@ from ..protocol.records import (
     decode_batch,
     iter_batches,
     next_batch_to_read,
+    offset_after_batch,
 )
 from ..structs import ConsumerRecord, TopicPartition
 
@@ -113,19 +114,7 @@ class CompletedFetch:
 
     def offset_after_batch(self, base_offset: int) -> int:
         """The offset after the batch starting at ``base_offset`` (headers only), -1 if not found."""
-        from ..managers.fetch import scan_record_set
-
-        data, pos = self._data, 0
-        while pos + 17 <= len(data):
-            size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
-            if size < 0:
-                break
-            base = int.from_bytes(data[pos : pos + 8], "big", signed=True)
-            if base == base_offset:
-                next_offset, _ = scan_record_set(data[pos : pos + 12 + size])
-                return next_offset
-            pos += 12 + size
-        return -1
+        return offset_after_batch(self._data, base_offset)
 
     def _next_batch(self, position: int) -> bool:
         tp = self.tp
@@ -181,9 +170,6 @@ class FetchBuffer:
         """Remove every completed fetch for which ``keep`` is false."""
         for fetch in [f for f in self._fetches if not keep(f)]:
             self.remove(fetch)
-
-    def clear(self) -> None:
-        self.drop(lambda f: False)
 
     def _release(self, fetch: CompletedFetch) -> None:
         self.used_bytes -= fetch.size

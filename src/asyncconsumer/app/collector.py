@@ -1,0 +1,276 @@
+"""The fetch collector: records from the fetch buffer to the application.
+
+A poll (``take``) runs queued rebalance callbacks, raises background errors
+and takes up to a limit of buffered records, decoding completed fetches batch
+by batch and moving each partition's position past what it took.  Records
+taken for ``async for``/``batches()`` wait as chunks until handed out; records
+taken and not handed out (a seek, a pause, a deserializer error, a corrupt
+batch) go back: their partitions rewind and refetch.  Deserializers run here
+too.  It talks to the engine only (``Engine``: subscriptions, the buffer, the
+wake-ups), never to ``Consumer`` internals.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import Generic, cast
+
+import anyio
+from typing_extensions import TypeVar
+
+from ..config import ConsumerConfig
+from ..engine.loop import Engine
+from ..errors import KafkaError, RecordError
+from ..managers.fetch_buffer import Record
+from ..managers.subscription import PartitionState
+from ..structs import ConsumerRecord, TopicPartition
+from .rebalance import RebalanceRunner
+
+KT = TypeVar("KT", default=bytes)
+VT = TypeVar("VT", default=bytes)
+
+
+class RecordDeserializationError(RecordError):
+    """A key or value deserializer raised; the position stays at the failing record."""
+
+
+class Chunk:
+    """One partition's records taken from the buffer for ``async for`` or ``batches()``."""
+
+    __slots__ = ("end", "epoch", "index", "records", "state")
+
+    def __init__(self, state: PartitionState, records: list[Record]) -> None:
+        self.state = state
+        self.epoch = state.epoch  # a seek, reset or revocation since makes the chunk stale
+        self.records = records
+        self.index = 0  # the next record to hand out
+        #: The position once the last record is handed out: past any transaction markers, aborted
+        #: batches or compaction gaps the fetch ended with (nothing in between to hand out).
+        self.end = state.position
+
+    @property
+    def live(self) -> bool:
+        state = self.state
+        return state.epoch == self.epoch and not state.paused and not state.revoking
+
+
+class Collector(Generic[KT, VT]):
+    """Takes records from the engine's fetch buffer for one consumer."""
+
+    def __init__(self, config: ConsumerConfig, rebalance: RebalanceRunner,
+                 engine: Callable[[], Engine | None]) -> None:
+        self._config = config
+        self._rebalance = rebalance
+        self._engine = engine
+        #: Records taken from the buffer for ``async for``/``batches()`` and not handed out yet.
+        #: The deque is the same object for the collector's life (the consumer's fast path holds it).
+        self.chunks: deque[Chunk] = deque()
+        #: A deserializer error held back for the next poll (the records before it were handed out).
+        self.deferred_error: KafkaError | None = None
+
+    # -- one poll -----------------------------------------------------------------------------------
+
+    async def poll(self, engine: Engine, only: set[TopicPartition] | None, limit: int, timeout: float | None, *,
+                   mark_consumed: bool) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
+        records = await self.take(engine, only, limit, timeout, hand_out=mark_consumed)
+        if mark_consumed:
+            for tp in records:
+                # Everything taken is handed out: the position is past it, and past the transaction
+                # markers, aborted batches or compaction gaps the fetch ended with (Java does the same).
+                state = engine.subscriptions.partitions[tp]
+                state.consumed = state.position
+        return self.deserialize_many(engine, records)
+
+    async def take(self, engine: Engine, only: set[TopicPartition] | None, limit: int,
+                   timeout: float | None, *, hand_out: bool = True) -> dict[TopicPartition, list[Record]]:
+        """One poll: run rebalance callbacks, raise background errors, and take up to ``limit``
+        buffered records, waiting up to ``timeout`` seconds for some (None: until there are)."""
+        self._mark_processed(engine)
+        # Let the background loop run before taking buffered records: it sends the next fetch
+        # (read-ahead) and reads the sockets while the application works through this batch.
+        await anyio.lowlevel.checkpoint()
+        # The timeout bounds the wait for records only: a rebalance callback that runs inside this
+        # call has its own deadline (rebalance_timeout_ms) and is not cut short by a short poll.
+        deadline = anyio.current_time() + (float("inf") if timeout is None else timeout)
+        while True:
+            engine.app_polled()  # waiting inside a poll is polling (max_poll_interval_ms)
+            event = engine.app_event()
+            await self._rebalance.run_callbacks(engine)
+            self.raise_background_error()
+            records = self._collect(engine, only, limit, hand_out=hand_out)
+            if records:
+                return records
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                return {}
+            with anyio.move_on_after(remaining):
+                await event.wait()
+
+    def raise_background_error(self) -> None:
+        deferred, self.deferred_error = self.deferred_error, None
+        if deferred is not None:
+            raise deferred
+        engine = self._engine()
+        if engine is None:
+            return
+        error = engine.pop_error()
+        if error is not None:
+            raise error
+        engine.check_running()
+
+    @staticmethod
+    def _mark_processed(engine: Engine) -> None:
+        # A new poll means the application is done with what it got before (auto-commit).
+        for state in engine.subscriptions.partitions.values():
+            if state.consumed >= 0:
+                state.processed = state.consumed
+
+    def _collect(
+        self, engine: Engine, only: set[TopicPartition] | None, limit: int, *, hand_out: bool = True
+    ) -> dict[TopicPartition, list[Record]]:
+        subscriptions = engine.subscriptions
+        buffer = engine.buffer
+        result: dict[TopicPartition, list[Record]] = {}
+        seen: set[TopicPartition] = set()
+        count = 0
+        for fetch in buffer.fetches():
+            tp = fetch.tp
+            state = subscriptions.partitions.get(tp)
+            if state is None or state.epoch != fetch.epoch:
+                buffer.remove(fetch)
+                continue
+            if tp in seen or state.paused or state.revoking or (only is not None and tp not in only):
+                continue  # one completed fetch per partition at a time keeps offsets in order
+            seen.add(tp)
+            if count >= limit:
+                break
+            try:
+                records = fetch.take(limit - count, state.position)
+            except RecordError as exc:
+                exc.skip_to = fetch.offset_after_batch(exc.offset)
+                if exc.skip_to > exc.offset:
+                    exc.args = (f"{exc.args[0]}; seek({tp.topic!r}, {tp.partition}) to {exc.skip_to} to skip it",)
+                buffer.remove(fetch)
+                # Refetch from the bad batch: the error repeats until the application seeks past it.
+                state.rewind(max(state.position, exc.offset))
+                self.rewind(engine, result)
+                engine.wake()
+                raise
+            if records:
+                state.position = records[-1].offset + 1
+                result.setdefault(tp, []).extend(records)
+                count += len(records)
+            if fetch.exhausted:
+                state.position = max(state.position, fetch.next_offset)
+                # Only control records or compaction gaps: nothing to hand out, but commits may move
+                # past them (not while records taken for partition streams still wait there).
+                if hand_out and not records and state.consumed < state.position and tp not in result:
+                    state.consumed = state.position
+                buffer.remove(fetch)
+                seen.discard(tp)
+        return result
+
+    # -- chunks (async for, batches()) ----------------------------------------------------------------
+
+    def live_chunk(self) -> Chunk | None:
+        """The first chunk whose partition may still be handed out (stale ones are dropped)."""
+        chunks = self.chunks
+        while chunks:
+            chunk = chunks[0]
+            if chunk.live:
+                return chunk
+            chunks.popleft()
+        return None
+
+    async def refill(self, engine: Engine, limit: int) -> None:
+        """A poll for ``async for``/``batches()``: the records taken become chunks."""
+        for tp, records in (await self.take(engine, None, limit, None)).items():
+            self.chunks.append(Chunk(engine.subscriptions.partitions[tp], records))
+
+    def drop_chunks(self, only: set[TopicPartition] | None = None) -> None:
+        """Records taken for ``async for``/``batches()`` but not handed out go back (positions too),
+        for ``only`` these partitions or all of them."""
+        kept: list[Chunk] = []
+        gone: set[TopicPartition] = set()
+        for chunk in self.chunks:
+            state = chunk.state
+            if only is not None and state.tp not in only:
+                kept.append(chunk)
+                continue
+            if state.epoch == chunk.epoch and chunk.index < len(chunk.records):
+                state.rewind(chunk.records[chunk.index].offset)
+            gone.add(state.tp)
+        self.chunks.clear()
+        self.chunks.extend(kept)
+        engine = self._engine()
+        if gone and engine is not None:
+            engine.buffer.drop(lambda f: f.tp not in gone)
+
+    # -- putting records back -------------------------------------------------------------------------
+
+    def rewind(self, engine: Engine, records: Mapping[TopicPartition, list[Record]]) -> None:
+        """Put records taken from the buffer back: their partitions refetch from the first one."""
+        for tp, recs in records.items():
+            state = engine.subscriptions.partitions.get(tp)
+            if state is not None and recs:
+                state.rewind(recs[0].offset)
+        if records:
+            self.forget_buffered(engine, records)
+
+    def forget_buffered(self, engine: Engine, tps: Iterable[TopicPartition]) -> None:
+        gone = set(tps)
+        engine.buffer.drop(lambda f: f.tp not in gone)
+        self.drop_chunks(gone)
+        engine.wake()
+
+    # -- deserializers --------------------------------------------------------------------------------
+
+    def deserialize(self, record: Record) -> ConsumerRecord[KT, VT]:
+        key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
+        if key_fn is None and value_fn is None:
+            return record  # type: ignore[return-value]  # no deserializers: KT, VT are bytes
+        try:
+            key = key_fn(record.key) if key_fn is not None and record.key is not None else record.key
+            value = value_fn(record.value) if value_fn is not None and record.value is not None else record.value
+        except Exception as exc:
+            engine = self._engine()
+            if engine is not None:
+                state = engine.subscriptions.partitions[record.topic_partition]
+                state.rewind(record.offset)
+                self.forget_buffered(engine, [record.topic_partition])
+            raise RecordDeserializationError(
+                f"deserializing the record failed: {exc!r}; seek past it to skip",
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+            ) from exc
+        return record._replace(key=key, value=value)  # type: ignore[return-value]
+
+    def deserialize_many(
+        self, engine: Engine, records: dict[TopicPartition, list[Record]]
+    ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
+        if self._config.key_deserializer is None and self._config.value_deserializer is None:
+            return cast("dict[TopicPartition, list[ConsumerRecord[KT, VT]]]", records)
+        out: dict[TopicPartition, list[ConsumerRecord[KT, VT]]] = {}
+        for tp, recs in records.items():
+            done: list[ConsumerRecord[KT, VT]] = []
+            try:
+                for record in recs:
+                    done.append(self.deserialize(record))
+            except RecordDeserializationError as exc:
+                # The records before the bad one are handed out now and the error comes with the
+                # next poll (the position stays at the bad record); partitions not reached yet go
+                # back to their first record.
+                self.rewind(engine, {t: rs for t, rs in records.items() if t not in out and t != tp})
+                if done:
+                    out[tp] = done
+                if not out:
+                    raise
+                self.deferred_error = exc
+                return out
+            out[tp] = done
+        return out
+
+
+__all__ = ["Chunk", "Collector", "RecordDeserializationError"]

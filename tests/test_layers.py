@@ -1,0 +1,174 @@
+"""The layer rule, checked on the import graph of src/asyncconsumer (docs/architecture.md).
+
+    base (errors, structs, listener, _args)  <  protocol  <  managers (+ assignors)
+        <  engine (+ config)  <  app (app/, consumer, the package)  <  integrations (spark, testing, demo)
+
+A module may import its own layer and the layers below, never one above, and
+no modules import each other (directly or round a loop), except the generated
+error classes and ``errors``.  Every import counts, also one inside a function
+or under ``TYPE_CHECKING``: hiding an import does not change the design.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from collections.abc import Callable, Mapping
+
+import pytest
+
+SRC = pathlib.Path(__file__).parent.parent / "src" / "asyncconsumer"
+LAYERS = ("base", "protocol", "managers", "engine", "app", "integrations")
+#: The first component under ``asyncconsumer`` -> its layer ("" is the package itself).
+PLACES = {
+    "_version": "base", "errors": "base", "_broker_errors": "base", "structs": "base", "listener": "base",
+    "_args": "base",
+    "protocol": "protocol",
+    "managers": "managers", "assignors": "managers",
+    "engine": "engine", "config": "engine",
+    "app": "app", "consumer": "app", "streams": "app", "": "app",
+    "spark": "integrations", "testing": "integrations", "demo": "integrations",
+}
+#: The one cycle allowed: errors.py re-exports the generated classes, which subclass its base class.
+ALLOWED_CYCLES = [frozenset({"asyncconsumer.errors", "asyncconsumer._broker_errors"})]
+
+
+def layer(module: str) -> int:
+    head = module.split(".")[1] if "." in module else ""
+    assert head in PLACES, f"{module} is in no layer: add it to PLACES in tests/test_layers.py"
+    return LAYERS.index(PLACES[head])
+
+
+def source_modules() -> dict[str, tuple[pathlib.Path, bool]]:
+    """module name -> (file, is a package)."""
+    modules = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        package = parts[-1] == "__init__"
+        modules[".".join(parts[:-1] if package else parts)] = (path, package)
+    return modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the asyncconsumer modules it imports (the longest existing name of each import)."""
+    modules = source_modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for module, (path, package) in modules.items():
+        here = module.split(".") if package else module.split(".")[:-1]
+        targets: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(resolve(alias.name) for alias in node.names if alias.name.startswith("asyncconsumer"))
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: "." is this package, ".." its parent, ...
+                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+                if not base.startswith("asyncconsumer"):
+                    continue
+                for alias in node.names:  # "from package import module" imports the module
+                    sub = f"{base}.{alias.name}"
+                    targets.add(sub if sub in modules else resolve(base))
+        graph[module] = {t for t in targets if t is not None and t != module}
+    return graph
+
+
+def upward_imports(graph: Mapping[str, set[str]], layer_of: Callable[[str], int]) -> list[str]:
+    return sorted(
+        f"{src} ({LAYERS[layer_of(src)]}) imports {dst} ({LAYERS[layer_of(dst)]})"
+        for src, targets in graph.items()
+        for dst in targets
+        if layer_of(dst) > layer_of(src)
+    )
+
+
+def cycles(graph: Mapping[str, set[str]], allowed: list[frozenset[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), less the allowed ones."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 and frozenset(component) not in allowed:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+# -- the checker can fail --------------------------------------------------------------------------
+
+
+def fake_layer(module: str) -> int:
+    return LAYERS.index(module.split(".")[0])
+
+
+def test_checker_finds_an_upward_import() -> None:
+    graph = {"managers.fetch": {"engine.loop", "protocol.records"}, "engine.loop": {"managers.fetch"}}
+    assert upward_imports(graph, fake_layer) == ["managers.fetch (managers) imports engine.loop (engine)"]
+
+
+def test_checker_finds_cycles_but_not_the_allowed_one() -> None:
+    graph = {
+        "a": {"b"}, "b": {"c"}, "c": {"a"},  # a loop of three
+        "errors": {"generated"}, "generated": {"errors"},  # allowed
+        "d": {"a"},
+    }
+    assert cycles(graph, [frozenset({"errors", "generated"})]) == [["a", "b", "c"]]
+    assert cycles(graph, []) == [["a", "b", "c"], ["errors", "generated"]]
+
+
+def test_the_graph_sees_hidden_imports() -> None:
+    """An import inside a function counts: a real edge of this package, checked in the graph."""
+    graph = import_graph()
+    assert "asyncconsumer.spark.__main__" in graph["asyncconsumer.spark"]  # imported inside run_pipeline()
+    assert "asyncconsumer.managers.fetch_buffer" in graph["asyncconsumer.app.collector"]
+
+
+# -- the package -----------------------------------------------------------------------------------
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in source_modules():
+        layer(module)
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    assert upward_imports(import_graph(), layer) == []
+
+
+def test_no_import_cycles_but_the_generated_errors() -> None:
+    assert cycles(import_graph(), ALLOWED_CYCLES) == []
+
+
+@pytest.mark.parametrize("allowed", ALLOWED_CYCLES)
+def test_the_allowed_cycle_is_still_there(allowed: frozenset[str]) -> None:
+    """An exception nobody needs any more goes."""
+    graph = import_graph()
+    assert any(set(c) == allowed for c in cycles(graph, []))
