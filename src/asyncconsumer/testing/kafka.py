@@ -46,7 +46,6 @@ import hashlib
 import os
 import re
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -57,7 +56,7 @@ import urllib.error
 import urllib.request
 import uuid
 from base64 import urlsafe_b64encode
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
@@ -65,6 +64,7 @@ from typing import IO, TYPE_CHECKING, Any, Self
 from ..config import SASL_MECHANISMS, SECURITY_PROTOCOLS, SecurityProtocol
 from . import _probe
 from ._kafka_jars import JARS, KAFKA_VERSION
+from ._process import parent_death_signal
 
 if TYPE_CHECKING:
     from .certs import TLSMaterial
@@ -316,28 +316,6 @@ def _cluster_id() -> str:
             return text
 
 
-def _pdeathsig() -> Callable[[], None] | None:
-    """Linux: make the kernel SIGTERM the broker if the process that started it dies uncleanly.
-
-    Armed only from the main thread: the signal fires when the *thread* that forked exits.
-    """
-    import threading
-
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def arm() -> None:  # pragma: no cover - runs in the child between fork and exec
-        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-    return arm
-
-
 def _error_lines(log: Path, limit: int = 8) -> str:
     """The broker's own ERROR/FATAL lines (and 'Caused by' summaries), without stack frames."""
     try:
@@ -423,7 +401,7 @@ class KafkaNode:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.directory,
-                preexec_fn=_pdeathsig(),
+                preexec_fn=parent_death_signal(),
             )
         finally:
             log.close()
