@@ -81,6 +81,9 @@ class ConsumerConfig:
     rebalance_timeout_ms: int | None = None
     partition_assignment_strategy: tuple[str, ...] = ("range", "cooperative-sticky")
     group_protocol: Literal["classic", "consumer"] = "classic"
+    #: ``group_protocol="consumer"``: the broker-side assignor to ask for ("uniform", "range", or
+    #: any name in the broker's ``group.consumer.assignors``); ``None`` lets the coordinator choose.
+    group_remote_assignor: str | None = None
     #: Commit what was handed out for revoked partitions before giving them up.
     rebalance_safe_commits: bool = True
     #: With manual commits: how long a revocation waits for the application's commits.
