@@ -8,6 +8,7 @@ what the broker says the group is, the member id of the client's own (KIP-1082),
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -141,3 +142,48 @@ async def test_a_missed_session_fences_the_member_which_loses_its_partitions_and
         # Back in the group, commits work again (with the new epoch).
         await c.commit({tp: got[-1].offset + 1})
         assert await c.committed(tp) == got[-1].offset + 1
+
+
+async def test_a_classic_member_joins_a_consumer_group(
+    apache_kafka: Any, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """Apache Kafka lets a classic-protocol member (JoinGroup/SyncGroup) join a KIP-848 group: the
+    coordinator assigns for it too.  Ours of each kind share the partitions, every record is read
+    once (rebalance-safe commits on both sides), and the group stays a consumer group."""
+    bootstrap = apache_kafka.bootstrap
+    topic = new_topic(4)
+    total = 800
+    produce(topic, ((i % 4, None, b"%d" % i) for i in range(total // 2)))
+    group = f"g-{topic}"
+    seen: list[tuple[int, int]] = []
+    by: dict[str, set[int]] = {"consumer": set(), "classic": set()}
+
+    async def read(c: Consumer[Any, Any], name: str) -> None:
+        for records in (await c.getmany(timeout=0.1, max_records=20)).values():
+            seen.extend((r.partition, r.offset) for r in records)
+            by[name].add(records[0].partition)
+
+    with anyio.fail_after(60):
+        async with member(bootstrap, group, group_protocol="consumer") as new:
+            new.subscribe([topic])
+            while len(seen) < 100:
+                await read(new, "consumer")
+            async with member(bootstrap, group, group_protocol="classic") as old:
+                old.subscribe([topic])
+                while not (old.assignment() and new.assignment()):
+                    await read(new, "consumer")
+                    await read(old, "classic")
+                    await anyio.sleep(0.01)
+                description = await anyio.to_thread.run_sync(describe, bootstrap, group)
+                assert str(description.type).endswith("CONSUMER")
+                assert len(description.members) == 2
+                assert old.assignment().isdisjoint(new.assignment())
+                await anyio.to_thread.run_sync(
+                    produce, topic, [(i % 4, None, b"%d" % i) for i in range(total // 2, total)]
+                )
+                while len(set(seen)) < total:
+                    await read(new, "consumer")
+                    await read(old, "classic")
+    counts = Counter(seen)
+    assert len(counts) == total and max(counts.values()) == 1
+    assert by["consumer"] and by["classic"]

@@ -26,6 +26,7 @@ log = logging.getLogger("asyncconsumer.commit")
 # Errors after which the coordinator must be found again.
 _COORDINATOR_CODES = {13, 14, 15, 16}  # NETWORK_EXCEPTION, LOAD_IN_PROGRESS, NOT_AVAILABLE, NOT_COORDINATOR
 _RETRY_CODES = {7, 88, 89}  # REQUEST_TIMED_OUT, UNSTABLE_OFFSET_COMMIT, THROTTLING
+STALE_MEMBER_EPOCH = 113
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +210,13 @@ class CommitManager:
 
     # -- OffsetCommit -----------------------------------------------------------------------------
 
+    def _moved_on(self, sent: GroupIdentity) -> bool:
+        """KIP-848: STALE_MEMBER_EPOCH answers a commit built just before a heartbeat brought the
+        member a newer epoch (the coordinator bumps it whenever the assignment changes).  The same
+        member with a newer epoch commits again; a member that is out of the group does not."""
+        now = self._identity()
+        return now.member_id == sent.member_id != "" and now.generation > sent.generation
+
     def _commit_request(self, commit: _Commit, node: int) -> UnsentRequest:
         commit.in_flight = True
         identity = self._identity()
@@ -254,7 +262,7 @@ class CommitManager:
                     if code in _COORDINATOR_CODES:
                         self._coordinator.mark_unknown(now, error_for_code(code))
                         retry = True
-                    elif code in _RETRY_CODES:
+                    elif code in _RETRY_CODES or (code == STALE_MEMBER_EPOCH and self._moved_on(identity)):
                         retry = True
                     else:
                         failed[tp] = error_for_code(code)
