@@ -489,9 +489,10 @@ async def test_static_member_restart_keeps_its_partitions(
                     await other.getmany(timeout=0.05)
 
             async with member(bootstrap, group, group_protocol=group_protocol, group_instance_id="worker-1") as c:
-                # Both join in one round (a second round would be a rebalance of its own).
-                other.subscribe([topic], listener=other_listener)
+                # Both join in one round (a second round would be a rebalance of its own); worker-1
+                # first, so that with the classic protocol it is likely the leader.
                 c.subscribe([topic])
+                other.subscribe([topic], listener=other_listener)
                 tg.start_soon(keep_polling)
                 with anyio.fail_after(30):
                     while len(c.assignment()) + len(other.assignment()) != 4 or not c.assignment():
@@ -500,16 +501,24 @@ async def test_static_member_restart_keeps_its_partitions(
                 events_before = list(other_listener.events)
             # worker-1 is gone but within session_timeout_ms: it left no LeaveGroup (static), so its
             # partitions wait for it and the other member is not rebalanced.
-            async with member(bootstrap, group, group_protocol=group_protocol, group_instance_id="worker-1") as c:
+            # Frequent metadata: a static leader back with SkipAssignment (KIP-814) must not take the
+            # first metadata refresh for a partition count change and rebalance the group.
+            async with member(bootstrap, group, group_protocol=group_protocol, group_instance_id="worker-1",
+                              metadata_max_age_ms=200) as c:
                 c.subscribe([topic])
                 after = await wait_for_assignment(c, timeout=30)
                 assert_protocol(c, group_protocol)
-                await anyio.sleep(1)  # a rebalance of the other member would show meanwhile
+                transitions = c._engine.membership.transitions  # type: ignore[union-attr]
+                settled = len(transitions)
+                await anyio.sleep(1.5)  # a rebalance of the other member would show meanwhile
+                # ... and one of its own (not polling, it would stay in the revocation).
+                moved_on = transitions[settled:]
             tg.cancel_scope.cancel()
         events_after = list(other_listener.events)  # before its own close revokes its partitions
     assert after == before
     if kafka_backend.supports("static_rejoin_without_rebalance"):
         assert events_after == events_before, "the other member saw a rebalance"
+        assert moved_on == [], "the member that came back started a rebalance"
 
 
 @pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
