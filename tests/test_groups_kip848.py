@@ -187,3 +187,25 @@ async def test_a_classic_member_joins_a_consumer_group(
     counts = Counter(seen)
     assert len(counts) == total and max(counts.values()) == 1
     assert by["consumer"] and by["classic"]
+
+
+async def test_a_regex_the_broker_cannot_take_is_matched_in_the_client(
+    apache_kafka: Any, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """A lookahead is Python's, not RE2/J's: the coordinator answers INVALID_REGULAR_EXPRESSION,
+    and the member matches the pattern itself and subscribes by name, without an error."""
+    bootstrap = apache_kafka.bootstrap
+    prefix = f"rxl{time.monotonic_ns()}"
+    wanted = new_topic(1, name=f"{prefix}-a")
+    skipped = new_topic(1, name=f"{prefix}-skip")
+    produce(wanted, [(0, None, b"a")])
+    produce(skipped, [(0, None, b"skip")])
+    async with member(bootstrap, f"g-{prefix}", group_protocol="consumer") as c:
+        c.subscribe(pattern=rf"{prefix}-(?!skip).*")
+        values: list[bytes] = []
+        with anyio.fail_after(30):
+            while not values:
+                values += [r.value for rs in (await c.getmany(timeout=0.5)).values() for r in rs]
+        m = membership(c)
+        assert m.member_epoch >= 1 and not m.broker_regex
+        assert values == [b"a"] and c.subscription() == {wanted} and c.assignment() == {TopicPartition(wanted, 0)}
