@@ -213,3 +213,17 @@ def proxied_broker(
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"asyncconsumer test brokers: {', '.join(backend_names_from_env())}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``group_protocol="consumer"`` (KIP-848) runs where the broker has it: Apache Kafka, not Tansu."""
+    keep, drop = [], []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("group_protocol") == "consumer" and params.get("kafka_backend") == "tansu":
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -18,9 +18,13 @@ import pytest
 from asyncconsumer import CommitFailedError, Consumer, TopicPartition
 from asyncconsumer.errors import PollIntervalExceededError, RebalanceCallbackError
 from asyncconsumer.listener import RebalanceListener
-from asyncconsumer.managers.membership import MemberState
+from asyncconsumer.managers.consumer_membership import ConsumerMembershipManager
+from asyncconsumer.managers.membership import MembershipManager, MemberState
 
 pytestmark = pytest.mark.anyio
+
+#: KIP-848 stand-ins for the classic client-side assignors in parametrized tests.
+REMOTE_ASSIGNOR = {"range": "range", "cooperative-sticky": "uniform"}
 
 GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 300, "fetch_max_wait_ms": 100,
          "retry_backoff_ms": 50, "auto_offset_reset": "earliest", "request_timeout_ms": 10000}
@@ -28,6 +32,27 @@ GROUP = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 300, "fetch_max_wa
 
 def member(bootstrap: str, group: str, **options: Any) -> Consumer[Any, Any]:
     return Consumer(bootstrap_servers=bootstrap, group_id=group, **{**GROUP, **options})
+
+
+@pytest.fixture(params=["classic", "consumer"])
+def group_protocol(request: pytest.FixtureRequest, kafka_backend: Any) -> str:
+    """The group protocol dimension: classic everywhere, KIP-848 ("consumer") on Apache Kafka
+    (conftest deselects Tansu's "consumer" items: Tansu has no KIP-848)."""
+    assert request.param == "classic" or kafka_backend.supports("kip848")
+    return str(request.param)
+
+
+def assert_protocol(c: Consumer[Any, Any], group_protocol: str) -> None:
+    """No silent fallback: the member speaks the protocol the test asked for.  With KIP-848 a
+    member epoch >= 1 is the coordinator's answer to a ConsumerGroupHeartbeat."""
+    engine = c._engine
+    assert engine is not None and engine.membership is not None
+    membership = engine.membership
+    if group_protocol == "consumer":
+        assert isinstance(membership, ConsumerMembershipManager), "fell back to the classic protocol"
+        assert not membership.unsupported and membership.member_epoch >= 1, membership.state
+    else:
+        assert isinstance(membership, MembershipManager)
 
 
 class Recorder(RebalanceListener):
@@ -59,13 +84,18 @@ async def wait_for_assignment(c: Consumer[Any, Any], timeout: float = 20) -> set
                                                ("cooperative-sticky", "async for")])
 async def test_members_come_and_go_every_record_exactly_once(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], strategy: str, api: str,
-    kafka_backend: Any,
+    kafka_backend: Any, group_protocol: str
 ) -> None:
     """Two members, then three, then two, then one, each change while records are still unread."""
     topic = new_topic(6)
     total = 6000
     produce(topic, ((i % 6, None, b"%d" % i) for i in range(total)))
     group = f"g-{topic}"
+    # KIP-848: the broker assigns; its two assignors stand in for the client-side ones.
+    protocol_options: dict[str, Any] = (
+        {"group_protocol": "consumer", "group_remote_assignor": REMOTE_ASSIGNOR[strategy]}
+        if group_protocol == "consumer" else {"partition_assignment_strategy": strategy}
+    )
     seen: list[tuple[int, int]] = []
     seen_by: dict[str, set[int]] = {"a": set(), "b": set(), "c": set()}  # partitions each member read
     budget = [0]  # the members read up to this many records in the current phase, then wait
@@ -87,7 +117,7 @@ async def test_members_come_and_go_every_record_exactly_once(
                 await anyio.sleep(0.01)  # rebalances happen with records taken but not handed out
 
     async def run(name: str) -> None:
-        async with member(bootstrap, group, partition_assignment_strategy=strategy, max_poll_records=20) as c:
+        async with member(bootstrap, group, max_poll_records=20, **protocol_options) as c:
             c.subscribe([topic])
             members[name] = c
             async with anyio.create_task_group() as tg:
@@ -121,8 +151,11 @@ async def test_members_come_and_go_every_record_exactly_once(
         """Who leaves next: the leader where the broker elects a new one, else a follower."""
         def leads(n: str) -> bool:
             membership = members[n]._engine.membership  # type: ignore[union-attr]
-            return membership is not None and membership.leader_id == membership.member_id
+            assert_protocol(members[n], group_protocol)
+            return isinstance(membership, MembershipManager) and membership.leader_id == membership.member_id
         wanted = kafka_backend.supports("leader_handover")
+        if group_protocol == "consumer":  # no leader: the coordinator assigns
+            return names[0] if not any(leads(n) for n in names) else ""
         return next((n for n in names if leads(n) == wanted), names[0])
 
     async def read(count: int, *names: str) -> None:
@@ -162,7 +195,8 @@ async def test_members_come_and_go_every_record_exactly_once(
 
 @pytest.mark.parametrize("how", ["tasks", "direct", "gather"])
 async def test_revoke_callback_tasks_commit_and_the_next_owner_starts_after(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], how: str, anyio_backend: str
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], how: str, anyio_backend: str,
+    group_protocol: str
 ) -> None:
     """KIP-957: the revoke callback commits itself, or from tasks it starts (an anyio task group,
     or asyncio.gather on asyncio); those calls complete before the partitions are given up."""
@@ -196,7 +230,8 @@ async def test_revoke_callback_tasks_commit_and_the_next_owner_starts_after(
                     for tp in mine:
                         tg.start_soon(commit_one, tp)
 
-    async with member(bootstrap, group, enable_auto_commit=False, rebalance_safe_commits=False) as c:
+    async with member(bootstrap, group, group_protocol=group_protocol,
+                      enable_auto_commit=False, rebalance_safe_commits=False) as c:
         listener = CommitFromTasks(c)
         c.subscribe([topic], listener=listener)
         got = 0
@@ -205,9 +240,10 @@ async def test_revoke_callback_tasks_commit_and_the_next_owner_starts_after(
                 for tp, records in (await c.getmany(timeout=1, max_records=50)).items():
                     handed[tp] = records[-1].offset + 1
                     got += len(records)
+        assert_protocol(c, group_protocol)
         await c.unsubscribe()
         assert sorted(listener.committed) == sorted(handed)
-    async with member(bootstrap, group) as c:
+    async with member(bootstrap, group, group_protocol=group_protocol) as c:
         c.subscribe([topic])
         firsts: dict[TopicPartition, int] = {}
         with anyio.fail_after(30):
@@ -219,16 +255,18 @@ async def test_revoke_callback_tasks_commit_and_the_next_owner_starts_after(
 
 
 async def test_heartbeats_keep_a_member_that_does_not_poll(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_protocol: str
 ) -> None:
     """Heartbeats come from the background loop: a member busy for longer than session_timeout_ms
     (but within max_poll_interval_ms) keeps its partitions without any rebalance."""
     topic = new_topic(1)
     produce(topic, [(0, None, b"x")])
     listener = Recorder()
-    async with member(bootstrap, f"g-{topic}", session_timeout_ms=6000, max_poll_interval_ms=30_000) as c:
+    async with member(bootstrap, f"g-{topic}", group_protocol=group_protocol,
+                      session_timeout_ms=6000, max_poll_interval_ms=30_000) as c:
         c.subscribe([topic], listener=listener)
         await wait_for_assignment(c)
+        assert_protocol(c, group_protocol)
         engine = c._engine
         assert engine is not None and engine.membership is not None
         generation, events = engine.membership.generation, list(listener.events)
@@ -240,7 +278,7 @@ async def test_heartbeats_keep_a_member_that_does_not_poll(
 
 
 async def test_callback_that_raises_and_one_that_overruns_do_not_hang(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_protocol: str
 ) -> None:
     topic = new_topic(1)
     produce(topic, [(0, None, b"x")] * 10)
@@ -249,19 +287,20 @@ async def test_callback_that_raises_and_one_that_overruns_do_not_hang(
         def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
             raise RuntimeError("boom in the listener")
 
-    async with member(bootstrap, f"g1-{topic}") as c:
+    async with member(bootstrap, f"g1-{topic}", group_protocol=group_protocol) as c:
         c.subscribe([topic], listener=Raises())
         with anyio.fail_after(20), pytest.raises(RebalanceCallbackError, match="boom in the listener"):
             while True:
                 await c.getmany(timeout=0.2)
         records = await c.getmany(timeout=5)  # the group moved on: the partition is ours
         assert sum(len(r) for r in records.values()) == 10
+        assert_protocol(c, group_protocol)
 
     class Sleeps(RebalanceListener):
         async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
             await anyio.sleep(60)
 
-    async with member(bootstrap, f"g2-{topic}", rebalance_timeout_ms=1500) as c:
+    async with member(bootstrap, f"g2-{topic}", group_protocol=group_protocol, rebalance_timeout_ms=1500) as c:
         c.subscribe([topic], listener=Sleeps())
         started = time.monotonic()
         with anyio.fail_after(20), pytest.raises(RebalanceCallbackError, match="did not finish"):
@@ -270,11 +309,12 @@ async def test_callback_that_raises_and_one_that_overruns_do_not_hang(
         assert time.monotonic() - started < 15
         records = await c.getmany(timeout=5)
         assert sum(len(r) for r in records.values()) == 10
+        assert_protocol(c, group_protocol)
 
 
 @pytest.mark.parametrize("misbehaves", ["raises", "overruns", "is cancelled"])
 async def test_revoke_callback_that_misbehaves_still_commits_what_was_handed_out(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], misbehaves: str
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], misbehaves: str, group_protocol: str
 ) -> None:
     topic = new_topic(1)
     produce(topic, [(0, None, b"%d" % i) for i in range(100)])
@@ -287,9 +327,11 @@ async def test_revoke_callback_that_misbehaves_still_commits_what_was_handed_out
             await anyio.sleep(60)
 
     # No periodic auto-commit during the test: only the rebalance-safe commit can commit.
-    async with member(bootstrap, f"g-{topic}", rebalance_timeout_ms=3000, auto_commit_interval_ms=600_000) as c:
+    async with member(bootstrap, f"g-{topic}", group_protocol=group_protocol,
+                      rebalance_timeout_ms=3000, auto_commit_interval_ms=600_000) as c:
         c.subscribe([topic], listener=Misbehaves())
         await wait_for_assignment(c)
+        assert_protocol(c, group_protocol)
         handed = (await c.getmany(timeout=10, max_records=30))[tp]
         started = time.monotonic()
         if misbehaves == "is cancelled":  # the caller gives up on the call the callback runs in
@@ -302,16 +344,17 @@ async def test_revoke_callback_that_misbehaves_still_commits_what_was_handed_out
 
 
 async def test_manual_commits_from_a_worker_land_before_the_partition_moves(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_protocol: str
 ) -> None:
     """With manual commits, a revocation waits (rebalance_commit_wait_ms) for the application's
     commits of what it was handed, so the next owner starts right after them."""
     topic = new_topic(2)
     produce(topic, [(i % 2, None, b"%d" % i) for i in range(400)])
     group = f"g-{topic}"
-    async with member(bootstrap, group, enable_auto_commit=False) as a:
+    async with member(bootstrap, group, group_protocol=group_protocol, enable_auto_commit=False) as a:
         a.subscribe([topic])
         await wait_for_assignment(a)
+        assert_protocol(a, group_protocol)
         handed = await a.getmany(timeout=10, max_records=60)
         assert handed
         done = {tp: records[-1].offset + 1 for tp, records in handed.items()}
@@ -323,7 +366,7 @@ async def test_manual_commits_from_a_worker_land_before_the_partition_moves(
         firsts: dict[TopicPartition, int] = {}
         async with anyio.create_task_group() as tg:
             tg.start_soon(worker)
-            async with member(bootstrap, group) as b:
+            async with member(bootstrap, group, group_protocol=group_protocol) as b:
                 b.subscribe([topic])
                 with anyio.fail_after(40):
                     while not firsts:
@@ -338,14 +381,16 @@ async def test_manual_commits_from_a_worker_land_before_the_partition_moves(
 
 
 async def test_commit_after_losing_partitions_names_them(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_protocol: str
 ) -> None:
     topic = new_topic(2)
     produce(topic, [(p, None, b"x") for p in (0, 1)])
     group = f"g-{topic}"
-    async with member(bootstrap, group, max_poll_interval_ms=1500, enable_auto_commit=False) as c:
+    async with member(bootstrap, group, group_protocol=group_protocol,
+                      max_poll_interval_ms=1500, enable_auto_commit=False) as c:
         c.subscribe([topic])
         await wait_for_assignment(c)
+        assert_protocol(c, group_protocol)
         with pytest.raises(CommitFailedError, match=re.escape(str(TopicPartition(topic, 7)))):
             await c.commit({TopicPartition(topic, 7): 1})  # never owned
         handed = await c.getmany(timeout=10)
@@ -358,22 +403,26 @@ async def test_commit_after_losing_partitions_names_them(
             await c.commit()
         with pytest.raises(PollIntervalExceededError):
             await c.getmany(timeout=1)
-    async with member(bootstrap, group) as c:
+    async with member(bootstrap, group, group_protocol=group_protocol) as c:
         assert await c.committed(tp) is None  # nothing of it was committed
 
 
 async def test_regex_subscription_picks_up_a_topic_created_later(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_protocol: str
 ) -> None:
     prefix = f"rx{time.monotonic_ns()}"
     first = new_topic(1, name=f"{prefix}-a")
     produce(first, [(0, None, b"a")])
-    async with member(bootstrap, f"g-{prefix}", metadata_max_age_ms=300) as c:
+    async with member(bootstrap, f"g-{prefix}", group_protocol=group_protocol, metadata_max_age_ms=300) as c:
         c.subscribe(pattern=rf"{prefix}-.*")
         values: set[bytes] = set()
         with anyio.fail_after(40):
             while b"a" not in values:
                 values |= {r.value for rs in (await c.getmany(timeout=0.5)).values() for r in rs}
+            assert_protocol(c, group_protocol)
+            if group_protocol == "consumer":  # KIP-848 v1: the coordinator resolves the regex itself
+                membership = c._engine.membership  # type: ignore[union-attr]
+                assert isinstance(membership, ConsumerMembershipManager) and membership.broker_regex
             later = await anyio.to_thread.run_sync(lambda: new_topic(1, name=f"{prefix}-b"))
             produce(later, [(0, None, b"b")])
             while b"b" not in values:
@@ -382,32 +431,36 @@ async def test_regex_subscription_picks_up_a_topic_created_later(
 
 
 async def test_not_polling_past_max_poll_interval_leaves_then_rejoins(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_protocol: str
 ) -> None:
     topic = new_topic(1)
     produce(topic, [(0, None, b"%d" % i) for i in range(5)])
     listener = Recorder()
-    async with member(bootstrap, f"g-{topic}", max_poll_interval_ms=1500, enable_auto_commit=False) as c:
+    async with member(bootstrap, f"g-{topic}", group_protocol=group_protocol,
+                      max_poll_interval_ms=1500, enable_auto_commit=False) as c:
         c.subscribe([topic], listener=listener)
         await wait_for_assignment(c)
+        assert_protocol(c, group_protocol)
         await anyio.sleep(2.5)  # "processing" without polling
         with pytest.raises(PollIntervalExceededError, match="max_poll_interval_ms"):
             await c.getmany(timeout=1)
         assert ("revoked", frozenset({TopicPartition(topic, 0)})) in listener.events  # lost → revoked (default)
         assigned = await wait_for_assignment(c)
+        assert_protocol(c, group_protocol)
         assert assigned == {TopicPartition(topic, 0)}
 
 
 @pytest.mark.parametrize("api", ["getmany", "async for"])
 async def test_waiting_inside_a_poll_is_polling(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], api: str
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], api: str, group_protocol: str
 ) -> None:
     topic = new_topic(1)
     produce(topic, [(0, None, b"first")])
     listener = Recorder()
-    async with member(bootstrap, f"g-{topic}", max_poll_interval_ms=1500) as c:
+    async with member(bootstrap, f"g-{topic}", group_protocol=group_protocol, max_poll_interval_ms=1500) as c:
         c.subscribe([topic], listener=listener)
         await wait_for_assignment(c)
+        assert_protocol(c, group_protocol)
         events = list(listener.events)
         # Blocked in the consumer, waiting for records, for longer than max_poll_interval_ms.
         if api == "getmany":
@@ -423,7 +476,7 @@ async def test_waiting_inside_a_poll_is_polling(
 
 
 async def test_static_member_restart_keeps_its_partitions(
-    bootstrap: str, new_topic: Callable[..., str], kafka_backend: Any
+    bootstrap: str, new_topic: Callable[..., str], kafka_backend: Any, group_protocol: str
 ) -> None:
     if not kafka_backend.supports("static_rejoin_without_rebalance"):
         # Tansu rebalances on the rejoin at generation 0 and can then leave a member waiting for ever
@@ -432,38 +485,50 @@ async def test_static_member_restart_keeps_its_partitions(
     topic = new_topic(4)
     group = f"g-{topic}"
     other_listener = Recorder()
-    async with member(bootstrap, group, group_instance_id="worker-2") as other:
+    async with member(bootstrap, group, group_protocol=group_protocol, group_instance_id="worker-2") as other:
         async with anyio.create_task_group() as tg:
 
             async def keep_polling() -> None:  # as a real worker does: its callbacks run
                 while True:
                     await other.getmany(timeout=0.05)
 
-            async with member(bootstrap, group, group_instance_id="worker-1") as c:
-                # Both join in one round (a second round would be a rebalance of its own).
-                other.subscribe([topic], listener=other_listener)
+            async with member(bootstrap, group, group_protocol=group_protocol, group_instance_id="worker-1") as c:
+                # Both join in one round (a second round would be a rebalance of its own); worker-1
+                # first, so that with the classic protocol it is likely the leader.
                 c.subscribe([topic])
+                other.subscribe([topic], listener=other_listener)
                 tg.start_soon(keep_polling)
                 with anyio.fail_after(30):
-                    while len(c.assignment()) + len(other.assignment()) != 4 or not c.assignment():
+                    # Both hold partitions (KIP-848: worker-1 first gets all four, then gives two up).
+                    while len(c.assignment()) + len(other.assignment()) != 4 or not (
+                            c.assignment() and other.assignment()):
                         await c.getmany(timeout=0.05)
                 before = c.assignment()
                 events_before = list(other_listener.events)
             # worker-1 is gone but within session_timeout_ms: it left no LeaveGroup (static), so its
             # partitions wait for it and the other member is not rebalanced.
-            async with member(bootstrap, group, group_instance_id="worker-1") as c:
+            # Frequent metadata: a static leader back with SkipAssignment (KIP-814) must not take the
+            # first metadata refresh for a partition count change and rebalance the group.
+            async with member(bootstrap, group, group_protocol=group_protocol, group_instance_id="worker-1",
+                              metadata_max_age_ms=200) as c:
                 c.subscribe([topic])
                 after = await wait_for_assignment(c, timeout=30)
-                await anyio.sleep(1)  # a rebalance of the other member would show meanwhile
+                assert_protocol(c, group_protocol)
+                transitions = c._engine.membership.transitions  # type: ignore[union-attr]
+                settled = len(transitions)
+                await anyio.sleep(1.5)  # a rebalance of the other member would show meanwhile
+                # ... and one of its own (not polling, it would stay in the revocation).
+                moved_on = transitions[settled:]
             tg.cancel_scope.cancel()
         events_after = list(other_listener.events)  # before its own close revokes its partitions
     assert after == before
     assert events_after == events_before, "the other member saw a rebalance"
+    assert moved_on == [], "the member that came back started a rebalance"
 
 
 @pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
 async def test_mixed_group_with_librdkafka_member(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], strategy: str
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], strategy: str, group_protocol: str
 ) -> None:
     """librdkafka reads alone, then asyncconsumer joins: partitions move mid-stream, each side
     starts where the other committed, and nothing committed is read twice.
@@ -477,6 +542,17 @@ async def test_mixed_group_with_librdkafka_member(
     from confluent_kafka import Consumer as RdConsumer
     from confluent_kafka import KafkaException
 
+    # librdkafka speaks the same protocol as we do: with KIP-848 the broker assigns (both members
+    # name the same remote assignor), with the classic one the leader's assignor does.
+    rd_options: dict[str, Any]
+    options: dict[str, Any]
+    if group_protocol == "consumer":
+        rd_options = {"group.protocol": "consumer", "group.remote.assignor": REMOTE_ASSIGNOR[strategy]}
+        options = {"group_protocol": "consumer", "group_remote_assignor": REMOTE_ASSIGNOR[strategy]}
+    else:
+        rd_options = {"partition.assignment.strategy": strategy, "session.timeout.ms": 6000}
+        options = {"partition_assignment_strategy": [strategy]}
+
     topic = new_topic(4)
     total = 2000
     half = total // 2
@@ -488,8 +564,7 @@ async def test_mixed_group_with_librdkafka_member(
 
     def librdkafka_member() -> None:
         rd = RdConsumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                         "partition.assignment.strategy": strategy, "session.timeout.ms": 6000,
-                         "enable.auto.commit": False, "log_level": 3})
+                         "enable.auto.commit": False, "log_level": 3, **rd_options})
         rd.subscribe([topic])
         try:
             while not done.is_set():
@@ -515,7 +590,7 @@ async def test_mixed_group_with_librdkafka_member(
         with anyio.fail_after(90):
             while len({p for p, _ in theirs}) < 4:  # noqa: ASYNC110 (the librdkafka thread's progress)
                 await anyio.sleep(0.05)  # it reads all four partitions alone first
-            async with member(bootstrap, group, partition_assignment_strategy=[strategy]) as c:
+            async with member(bootstrap, group, **options) as c:
                 c.subscribe([topic])
                 second_half_sent = False
                 while len(read()) < total:
@@ -523,6 +598,7 @@ async def test_mixed_group_with_librdkafka_member(
                         ours.extend((r.partition, r.offset) for r in records)
                     await c.commit()
                     if c.assignment() and not second_half_sent:
+                        assert_protocol(c, group_protocol)
                         second_half_sent = True
                         await anyio.to_thread.run_sync(
                             produce, topic, [(i % 4, None, b"%d" % i) for i in range(half, total)]
@@ -575,7 +651,7 @@ async def test_partition_streams_slow_partition_does_not_stall_others(
 
 
 async def test_partition_stream_of_a_revoked_partition_ends_after_its_records_are_committed(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_protocol: str
 ) -> None:
     topic = new_topic(2)
     total = 2000
@@ -593,11 +669,12 @@ async def test_partition_stream_of_a_revoked_partition_ends_after_its_records_ar
         ended.append(tp.partition)
 
     async def streaming_member(stop: anyio.Event) -> None:
-        async with member(bootstrap, group, max_poll_records=20) as c:
+        async with member(bootstrap, group, group_protocol=group_protocol, max_poll_records=20) as c:
             c.subscribe([topic])
             async with anyio.create_task_group() as tg:
                 async def drive() -> None:
                     async for tp, stream in c.partitions(buffer_records=10):
+                        assert_protocol(c, group_protocol)
                         tg.start_soon(work, tp, stream)
 
                 tg.start_soon(drive)
@@ -605,7 +682,7 @@ async def test_partition_stream_of_a_revoked_partition_ends_after_its_records_ar
                 tg.cancel_scope.cancel()
 
     async def plain_member(stop: anyio.Event) -> None:
-        async with member(bootstrap, group) as c:
+        async with member(bootstrap, group, group_protocol=group_protocol) as c:
             c.subscribe([topic])
             while not stop.is_set():
                 for records in (await c.getmany(timeout=0.1)).values():

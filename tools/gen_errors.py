@@ -134,6 +134,14 @@ TABLE = [
     (118, "TELEMETRY_TOO_LARGE", F),
     (119, "INVALID_REGISTRATION", F),
     (120, "TRANSACTION_ABORTABLE", F),
+    (121, "INVALID_RECORD_STATE", F),
+    (122, "SHARE_SESSION_NOT_FOUND", F),
+    (123, "INVALID_SHARE_SESSION_EPOCH", F),
+    (124, "FENCED_STATE_EPOCH", F),
+    (125, "INVALID_VOTER_KEY", F),
+    (126, "DUPLICATE_VOTER", F),
+    (127, "VOTER_NOT_FOUND", F),
+    (128, "INVALID_REGULAR_EXPRESSION", F),
 ]
 
 #: name -> (what the codes have in common and what a manager does about them, the codes by name).

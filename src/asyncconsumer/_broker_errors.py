@@ -731,7 +731,55 @@ class TransactionAbortableError(BrokerResponseError):
     retriable = False
 
 
-ALL_BROKER_ERRORS: tuple[type[BrokerResponseError], ...] = (UnknownServerErrorError, OffsetOutOfRangeError, CorruptMessageError, UnknownTopicOrPartitionError, InvalidFetchSizeError, LeaderNotAvailableError, NotLeaderOrFollowerError, RequestTimedOutError, BrokerNotAvailableError, ReplicaNotAvailableError, MessageTooLargeError, StaleControllerEpochError, OffsetMetadataTooLargeError, NetworkExceptionError, CoordinatorLoadInProgressError, CoordinatorNotAvailableError, NotCoordinatorError, InvalidTopicExceptionError, RecordListTooLargeError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, InvalidRequiredAcksError, IllegalGenerationError, InconsistentGroupProtocolError, InvalidGroupIdError, UnknownMemberIdError, InvalidSessionTimeoutError, RebalanceInProgressError, InvalidCommitOffsetSizeError, TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError, InvalidTimestampError, UnsupportedSaslMechanismError, IllegalSaslStateError, UnsupportedVersionError, TopicAlreadyExistsError, InvalidPartitionsError, InvalidReplicationFactorError, InvalidReplicaAssignmentError, InvalidConfigError, NotControllerError, InvalidRequestError, UnsupportedForMessageFormatError, PolicyViolationError, OutOfOrderSequenceNumberError, DuplicateSequenceNumberError, InvalidProducerEpochError, InvalidTxnStateError, InvalidProducerIdMappingError, InvalidTransactionTimeoutError, ConcurrentTransactionsError, TransactionCoordinatorFencedError, TransactionalIdAuthorizationFailedError, SecurityDisabledError, OperationNotAttemptedError, KafkaStorageErrorError, LogDirNotFoundError, SaslAuthenticationFailedError, UnknownProducerIdError, ReassignmentInProgressError, DelegationTokenAuthDisabledError, DelegationTokenNotFoundError, DelegationTokenOwnerMismatchError, DelegationTokenRequestNotAllowedError, DelegationTokenAuthorizationFailedError, DelegationTokenExpiredError, InvalidPrincipalTypeError, NonEmptyGroupError, GroupIdNotFoundError, FetchSessionIdNotFoundError, InvalidFetchSessionEpochError, ListenerNotFoundError, TopicDeletionDisabledError, FencedLeaderEpochError, UnknownLeaderEpochError, UnsupportedCompressionTypeError, StaleBrokerEpochError, OffsetNotAvailableError, MemberIdRequiredError, PreferredLeaderNotAvailableError, GroupMaxSizeReachedError, FencedInstanceIdError, EligibleLeadersNotAvailableError, ElectionNotNeededError, NoReassignmentInProgressError, GroupSubscribedToTopicError, InvalidRecordError, UnstableOffsetCommitError, ThrottlingQuotaExceededError, ProducerFencedError, ResourceNotFoundError, DuplicateResourceError, UnacceptableCredentialError, InconsistentVoterSetError, InvalidUpdateVersionError, FeatureUpdateFailedError, PrincipalDeserializationFailureError, SnapshotNotFoundError, PositionOutOfRangeError, UnknownTopicIdError, DuplicateBrokerRegistrationError, BrokerIdNotRegisteredError, InconsistentTopicIdError, InconsistentClusterIdError, TransactionalIdNotFoundError, FetchSessionTopicIdErrorError, IneligibleReplicaError, NewLeaderElectedError, OffsetMovedToTieredStorageError, FencedMemberEpochError, UnreleasedInstanceIdError, UnsupportedAssignorError, StaleMemberEpochError, MismatchedEndpointTypeError, UnsupportedEndpointTypeError, UnknownControllerIdError, UnknownSubscriptionIdError, TelemetryTooLargeError, InvalidRegistrationError, TransactionAbortableError,)
+class InvalidRecordStateError(BrokerResponseError):
+    code = 121
+    error_name = "INVALID_RECORD_STATE"
+    retriable = False
+
+
+class ShareSessionNotFoundError(BrokerResponseError):
+    code = 122
+    error_name = "SHARE_SESSION_NOT_FOUND"
+    retriable = False
+
+
+class InvalidShareSessionEpochError(BrokerResponseError):
+    code = 123
+    error_name = "INVALID_SHARE_SESSION_EPOCH"
+    retriable = False
+
+
+class FencedStateEpochError(BrokerResponseError):
+    code = 124
+    error_name = "FENCED_STATE_EPOCH"
+    retriable = False
+
+
+class InvalidVoterKeyError(BrokerResponseError):
+    code = 125
+    error_name = "INVALID_VOTER_KEY"
+    retriable = False
+
+
+class DuplicateVoterError(BrokerResponseError):
+    code = 126
+    error_name = "DUPLICATE_VOTER"
+    retriable = False
+
+
+class VoterNotFoundError(BrokerResponseError):
+    code = 127
+    error_name = "VOTER_NOT_FOUND"
+    retriable = False
+
+
+class InvalidRegularExpressionError(BrokerResponseError):
+    code = 128
+    error_name = "INVALID_REGULAR_EXPRESSION"
+    retriable = False
+
+
+ALL_BROKER_ERRORS: tuple[type[BrokerResponseError], ...] = (UnknownServerErrorError, OffsetOutOfRangeError, CorruptMessageError, UnknownTopicOrPartitionError, InvalidFetchSizeError, LeaderNotAvailableError, NotLeaderOrFollowerError, RequestTimedOutError, BrokerNotAvailableError, ReplicaNotAvailableError, MessageTooLargeError, StaleControllerEpochError, OffsetMetadataTooLargeError, NetworkExceptionError, CoordinatorLoadInProgressError, CoordinatorNotAvailableError, NotCoordinatorError, InvalidTopicExceptionError, RecordListTooLargeError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, InvalidRequiredAcksError, IllegalGenerationError, InconsistentGroupProtocolError, InvalidGroupIdError, UnknownMemberIdError, InvalidSessionTimeoutError, RebalanceInProgressError, InvalidCommitOffsetSizeError, TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError, InvalidTimestampError, UnsupportedSaslMechanismError, IllegalSaslStateError, UnsupportedVersionError, TopicAlreadyExistsError, InvalidPartitionsError, InvalidReplicationFactorError, InvalidReplicaAssignmentError, InvalidConfigError, NotControllerError, InvalidRequestError, UnsupportedForMessageFormatError, PolicyViolationError, OutOfOrderSequenceNumberError, DuplicateSequenceNumberError, InvalidProducerEpochError, InvalidTxnStateError, InvalidProducerIdMappingError, InvalidTransactionTimeoutError, ConcurrentTransactionsError, TransactionCoordinatorFencedError, TransactionalIdAuthorizationFailedError, SecurityDisabledError, OperationNotAttemptedError, KafkaStorageErrorError, LogDirNotFoundError, SaslAuthenticationFailedError, UnknownProducerIdError, ReassignmentInProgressError, DelegationTokenAuthDisabledError, DelegationTokenNotFoundError, DelegationTokenOwnerMismatchError, DelegationTokenRequestNotAllowedError, DelegationTokenAuthorizationFailedError, DelegationTokenExpiredError, InvalidPrincipalTypeError, NonEmptyGroupError, GroupIdNotFoundError, FetchSessionIdNotFoundError, InvalidFetchSessionEpochError, ListenerNotFoundError, TopicDeletionDisabledError, FencedLeaderEpochError, UnknownLeaderEpochError, UnsupportedCompressionTypeError, StaleBrokerEpochError, OffsetNotAvailableError, MemberIdRequiredError, PreferredLeaderNotAvailableError, GroupMaxSizeReachedError, FencedInstanceIdError, EligibleLeadersNotAvailableError, ElectionNotNeededError, NoReassignmentInProgressError, GroupSubscribedToTopicError, InvalidRecordError, UnstableOffsetCommitError, ThrottlingQuotaExceededError, ProducerFencedError, ResourceNotFoundError, DuplicateResourceError, UnacceptableCredentialError, InconsistentVoterSetError, InvalidUpdateVersionError, FeatureUpdateFailedError, PrincipalDeserializationFailureError, SnapshotNotFoundError, PositionOutOfRangeError, UnknownTopicIdError, DuplicateBrokerRegistrationError, BrokerIdNotRegisteredError, InconsistentTopicIdError, InconsistentClusterIdError, TransactionalIdNotFoundError, FetchSessionTopicIdErrorError, IneligibleReplicaError, NewLeaderElectedError, OffsetMovedToTieredStorageError, FencedMemberEpochError, UnreleasedInstanceIdError, UnsupportedAssignorError, StaleMemberEpochError, MismatchedEndpointTypeError, UnsupportedEndpointTypeError, UnknownControllerIdError, UnknownSubscriptionIdError, TelemetryTooLargeError, InvalidRegistrationError, TransactionAbortableError, InvalidRecordStateError, ShareSessionNotFoundError, InvalidShareSessionEpochError, FencedStateEpochError, InvalidVoterKeyError, DuplicateVoterError, VoterNotFoundError, InvalidRegularExpressionError,)
 
 
 #: The group coordinator moved, is loading or cannot be reached: look it up again and retry.

@@ -115,6 +115,9 @@ class ConsumerOptions(TypedDict, total=False):
     partition_assignment_strategy: str | Sequence[str]
     #: "classic" (JoinGroup/SyncGroup) or "consumer" (KIP-848, Kafka 4.0+; falls back to classic).
     group_protocol: GroupProtocol
+    #: ``group_protocol="consumer"``: the broker-side assignor to ask for ("uniform", "range", or any
+    #: name in the broker's ``group.consumer.assignors``); None lets the coordinator choose.
+    group_remote_assignor: str | None
     #: Commit what was handed out for revoked partitions before giving them up.
     rebalance_safe_commits: bool
     #: With manual commits: how long a revocation waits for the application's commits (and for a
@@ -199,6 +202,7 @@ class ConsumerConfig:
     rebalance_timeout_ms: int | None = None
     partition_assignment_strategy: tuple[str, ...] = ("range", "cooperative-sticky")
     group_protocol: GroupProtocol = "classic"
+    group_remote_assignor: str | None = None
     rebalance_safe_commits: bool = True
     rebalance_commit_wait_ms: int = 10000
     fetch_min_bytes: int = 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -32,7 +33,8 @@ U0 = TopicPartition("u", 0)
 class Setup:
     def __init__(self, *, has_group: bool = False, auto_commit: float | None = None,
                  identity: GroupIdentity | None = None, versions: dict[str, int] | None = None,
-                 gone: set[TopicPartition] | None = None) -> None:
+                 gone: set[TopicPartition] | None = None,
+                 identity_of: Callable[[], GroupIdentity] | None = None) -> None:
         self.clock = FakeClock()
         self.subs = SubscriptionState("earliest", has_group=has_group)
         self.errors: list[KafkaError] = []
@@ -40,6 +42,8 @@ class Setup:
         kwargs: dict[str, Any] = {}
         if identity is not None:
             kwargs["group_identity"] = lambda: identity
+        if identity_of is not None:
+            kwargs["group_identity"] = identity_of
         if gone is not None:
             kwargs["partition_exists"] = lambda tp: tp not in gone
         self.commits = CommitManager(self.coordinator, self.subs, retry_backoff=BACKOFF,
@@ -205,6 +209,32 @@ def test_fatal_code_fails_with_commit_failed_naming_the_partition(code: int) -> 
     assert s.commits.last_committed == {T0: 10}
     s.h.advance(BACKOFF)
     s.h.assert_idle("OffsetCommit")
+
+
+@pytest.mark.parametrize("then", ["newer epoch", "fenced"])
+def test_stale_member_epoch_retries_with_the_newer_epoch_only(then: str) -> None:
+    """KIP-848: a commit that crossed a heartbeat bumping the member epoch is answered
+    STALE_MEMBER_EPOCH; it goes again with the new epoch.  A member that left the group meanwhile
+    does not commit with an epoch it no longer has (or as a non-member): the commit fails."""
+    identity = [GroupIdentity(generation=4, member_id="m-1")]
+    s = Setup(identity_of=lambda: identity[0])
+    s.find_coordinator()
+    waiter = s.commits.commit(s.h.now, {T0: OffsetAndMetadata(10)})
+    first = s.h.take("OffsetCommit")
+    assert first.body()["generation_id_or_member_epoch"] == 4
+    identity[0] = GroupIdentity(generation=5, member_id="m-1") if then == "newer epoch" else GroupIdentity()
+    first.respond(commit_answer({T0: 113}))
+    if then == "fenced":
+        with pytest.raises(CommitFailedError, match="STALE_MEMBER_EPOCH"):
+            waiter.result()
+        s.h.advance(BACKOFF)
+        s.h.assert_idle("OffsetCommit")
+        return
+    s.h.advance(BACKOFF)
+    again = s.h.take("OffsetCommit")
+    assert again.body()["generation_id_or_member_epoch"] == 5 and again.body()["member_id"] == "m-1"
+    again.respond(commit_answer({T0: 0}))
+    assert waiter.result() is None and s.commits.last_committed == {T0: 10}
 
 
 def test_commit_times_out_without_a_coordinator() -> None:

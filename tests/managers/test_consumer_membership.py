@@ -66,8 +66,15 @@ class Setup:
         self.m = ConsumerMembershipManager(settings, self.coordinator, self.subs, self.metadata,
                                            run_callback=self.callbacks.append, drop_buffered=self.dropped.append,
                                            report_error=self.errors.append, **kwargs)
+        self._ctor_args = (settings, self.coordinator, self.subs, self.metadata)
+        self.m.client_member_id = "m-1"  # v1 (KIP-1082): the member names itself; the coordinator echoes it
         self.h = Scripted(self.coordinator, self.m, clock=self.clock)
         self.find_coordinator()
+
+    def fresh_manager(self) -> ConsumerMembershipManager:
+        """Another manager like ``m``, its member id left as it made it."""
+        return ConsumerMembershipManager(*self._ctor_args, run_callback=self.callbacks.append,
+                                         drop_buffered=self.dropped.append, report_error=self.errors.append)
 
     def find_coordinator(self, node: int = 3) -> None:
         self.h.take("FindCoordinator").at(4).respond({"coordinators": [
@@ -131,8 +138,10 @@ def test_join_assigns_three_partitions_and_the_heartbeat_acknowledges_them(caplo
 
     join = s.hb()
     body = join.body()
-    assert body["group_id"] == "g" and body["member_id"] == "" and body["member_epoch"] == 0
-    assert body["subscribed_topic_names"] == ["t"]
+    assert join.version == 1
+    # KIP-1082: the member's own id from the very first heartbeat.
+    assert body["group_id"] == "g" and body["member_id"] == "m-1" and body["member_epoch"] == 0
+    assert body["subscribed_topic_names"] == ["t"] and body["subscribed_topic_regex"] is None
     assert body["rebalance_timeout_ms"] == REBALANCE_TIMEOUT_MS
     assert body["rack_id"] == "rack-a" and body["instance_id"] is None and body["server_assignor"] is None
     assert body["topic_partitions"] == []
@@ -318,8 +327,9 @@ def test_unknown_topic_id_waits_for_metadata() -> None:
     assert s.owned_ids(s.hb()) == {T: [0], NEW: [0]}
 
 
-@pytest.mark.parametrize(("code", "keeps_id"), [(110, True), (25, False)], ids=["fenced_epoch", "unknown_member"])
+@pytest.mark.parametrize(("code", "keeps_id"), [(110, True), (25, True)], ids=["fenced_epoch", "unknown_member"])
 def test_fenced_member_loses_partitions_and_rejoins_with_epoch_0(code: int, keeps_id: bool) -> None:
+    """v1: fenced or unknown, the member rejoins under the id it made for itself (KIP-1082)."""
     s = Setup()
     s.answer(s.join({T: [0, 1]}, epoch=3), 3)
     for tp in (T0, T1):
@@ -535,7 +545,7 @@ def test_poll_interval_expiry(instance_id: str | None) -> None:
 
     s.m.on_poll()
     rejoin = s.hb()
-    assert rejoin.body()["member_epoch"] == 0 and rejoin.body()["member_id"] == ""
+    assert rejoin.body()["member_epoch"] == 0 and rejoin.body()["member_id"] == "m-1"  # the same id for good
     s.answer(rejoin, 9, {T: [1]})
     s.ack()
     assert s.owned_ids(s.hb()) == {T: [1]}
@@ -564,13 +574,101 @@ def test_subscription_change_is_sent_at_once_and_only_it() -> None:
     assert change.body()["topic_partitions"] is None and change.body()["member_epoch"] == 1
 
 
-def test_pattern_subscription_sends_the_matched_names() -> None:
+def test_pattern_subscription_on_v0_sends_the_matched_names() -> None:
     s = Setup()
     s.m.subscribe(frozenset(), re.compile(r"t.*"))
     assert s.m.wants_all_topics
     s.m.update_pattern_topics({"t", "tx", "other"})
     assert s.m.topics_of_interest() == {"t", "tx"}
-    assert s.hb().body()["subscribed_topic_names"] == ["t", "tx"]
+    assert s.hb().at(0).body()["subscribed_topic_names"] == ["t", "tx"]
+
+
+def test_pattern_subscription_goes_to_the_coordinator_as_a_regex() -> None:
+    """v1: the coordinator resolves the regex (new topics included); the names matched in our
+    metadata are only what subscription() shows, and are not sent."""
+    s = Setup()
+    s.m.subscribe(frozenset(), re.compile(r"t.*"))
+    s.m.update_pattern_topics({"t", "other"})
+    join = s.hb()
+    body = join.body()
+    assert body["subscribed_topic_regex"] == "t.*" and body["subscribed_topic_names"] == []
+    s.answer(join, 1, {T: [0]})
+    assert s.m.broker_regex
+    s.ack()
+    ack = s.hb()
+    assert ack.body()["subscribed_topic_regex"] is None and ack.body()["subscribed_topic_names"] is None
+    s.answer(ack, 1)
+    s.m.update_pattern_topics({"t", "tx", "other"})  # a topic created later: the coordinator's business
+    assert s.m.topics == {"t", "tx"}
+    s.h.advance(INTERVAL_MS / 1000 - 0.01)
+    s.no_hb()
+    s.h.advance(0.01)
+    body = s.hb().body()
+    assert body["subscribed_topic_regex"] is None and body["subscribed_topic_names"] is None
+
+
+def test_switching_from_a_regex_to_topic_names_clears_the_regex() -> None:
+    s = Setup()
+    s.m.subscribe(frozenset(), re.compile(r"t.*"))
+    s.answer(s.hb(), 1, {T: [0]})
+    s.ack()
+    s.answer(s.hb(), 1)
+    s.m.subscribe(frozenset({"t"}), None)
+    body = s.hb().body()  # at once, not after the interval
+    assert body["subscribed_topic_regex"] == "" and body["subscribed_topic_names"] == ["t"]
+    assert not s.m.wants_all_topics
+
+
+def test_regex_the_broker_rejects_is_matched_in_the_client(caplog: pytest.LogCaptureFixture) -> None:
+    """INVALID_REGULAR_EXPRESSION (the broker's RE2/J lacks lookarounds, backreferences, ...): the
+    pattern is matched against our metadata and the names are sent, with a warning."""
+    s = Setup()
+    s.m.subscribe(frozenset(), re.compile(r"t(?!x).*"))
+    s.m.update_pattern_topics({"t", "tx", "ty"})
+    first = s.hb()
+    assert first.body()["subscribed_topic_regex"] == "t(?!x).*"
+    s.answer(first, 0, error=128)
+    assert s.state() is S.JOINING and s.errors == []
+    assert "matching it in the client" in caplog.text
+    again = s.hb()
+    body = again.body()
+    assert body["subscribed_topic_regex"] is None and body["subscribed_topic_names"] == ["t", "ty"]
+    s.answer(again, 1, {T: [0]})
+    assert not s.m.broker_regex and s.state() is S.ASSIGNING_PARTITIONS
+
+
+def test_v0_the_coordinator_names_the_member() -> None:
+    """A broker with only v0 (Kafka 3.7/3.8 preview): the join carries no id; the coordinator's is
+    used, and forgotten when the coordinator no longer knows it (UNKNOWN_MEMBER_ID)."""
+    s = Setup()
+    s.m.subscribe(frozenset({"t"}), None)
+    join = s.hb().at(0)
+    assert join.body()["member_id"] == ""
+    s.answer(join, 1, {T: [0]}, member_id="broker-1")
+    s.ack()
+    ack = s.hb().at(0)
+    assert ack.body()["member_id"] == "broker-1"
+    s.answer(ack, 0, error=25)
+    s.ack()  # the lost callback
+    assert s.hb().at(0).body()["member_id"] == ""
+
+
+def test_the_member_id_is_the_same_for_the_consumers_lifetime() -> None:
+    """KIP-1082: a member that leaves and subscribes again uses the id it made at the start; two
+    managers never share one."""
+    s = Setup()
+    s.answer(s.join({T: [0]}), 1)
+    s.m.leave("unsubscribe")
+    s.no_hb()  # the revoke callback first
+    s.ack()
+    leave = s.hb()
+    assert leave.body()["member_epoch"] == -1 and leave.body()["member_id"] == "m-1"
+    s.answer(leave, -1)
+    s.m.subscribe(frozenset({"t"}), None)
+    assert s.hb().body()["member_id"] == "m-1"
+    assert Setup().m.client_member_id == "m-1"  # (the harness pins it)
+    ids = {s.fresh_manager().client_member_id for _ in range(3)}
+    assert len(ids) == 3 and all(len(i) == 22 for i in ids)
 
 
 def test_unsupported_broker_sets_the_flag() -> None:

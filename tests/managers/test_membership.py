@@ -404,6 +404,39 @@ def test_leader_skip_assignment_behaves_as_follower() -> None:
     assert g.h.take("SyncGroup").body()["assignments"] == []
 
 
+def test_static_leader_back_with_skip_assignment_keeps_its_partitions_and_watches_the_topics() -> None:
+    """KIP-814: a static leader rejoining gets SkipAssignment: no assignor run, an empty SyncGroup,
+    its old assignment back, and no rejoin at the next metadata (the counts there are the
+    baseline); a later partition count change still makes it rejoin, as a leader does."""
+    g = Group(instance_id="i-a")
+    g.subscribe()
+    g.find_coordinator()
+    body = join_response(member_id="m-a", leader="m-a", members=[("m-a", "i-a", member_metadata("t"))])
+    body["skip_assignment"] = True
+    g.h.take("JoinGroup").respond(body)
+    assert g.m.topics_of_interest() == {"t"}
+    g.serve_metadata()
+    sync = g.h.take("SyncGroup")
+    assert sync.body()["assignments"] == []
+    sync.respond(sync_response([T0, T1, T2, T3]))
+    g.last_callback(CallbackKind.ASSIGNED, tps(T0, T1, T2, T3)).ack()
+    g.h.poll()
+    assert g.m.state is S.STABLE
+    for _ in range(2):  # metadata with the same counts: nothing to do
+        g.metadata.request_update()
+        g.serve_metadata()
+        g.m.on_metadata()
+        g.h.poll()
+        assert g.m.state is S.STABLE and "JoinGroup" not in [r.api for r in g.h.pending]
+    g.metadata.request_update()
+    g.serve_metadata({**LEADERS, TopicPartition("t", 4): (1, 0)})
+    g.m.on_metadata()
+    assert g.m.state is S.PREPARE_REVOCATION  # eager (range): revoke, then rejoin
+    g.h.poll()
+    g.last_callback(CallbackKind.REVOKED, tps(T0, T1, T2, T3)).ack()
+    assert g.h.take("JoinGroup").body()["group_instance_id"] == "i-a"
+
+
 def leader_stable(g: Group) -> None:
     g.subscribe("t")
     g.find_coordinator()

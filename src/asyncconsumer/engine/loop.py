@@ -136,6 +136,7 @@ class Engine:
                     settings, self.coordinator, self.subscriptions, self.metadata,
                     run_callback=self._queue_callback, drop_buffered=self._drop_buffered,
                     report_error=self.report_error, rack_id=config.client_rack or None,
+                    server_assignor=config.group_remote_assignor,
                 )
             else:
                 self.membership = self._classic_membership()

@@ -31,6 +31,7 @@ from .waiter import Waiter
 log = logging.getLogger("asyncconsumer.commit")
 
 # Errors after which the coordinator must be found again.
+STALE_MEMBER_EPOCH = 113
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +213,13 @@ class CommitManager:
 
     # -- OffsetCommit -----------------------------------------------------------------------------
 
+    def _moved_on(self, sent: GroupIdentity) -> bool:
+        """KIP-848: STALE_MEMBER_EPOCH answers a commit built just before a heartbeat brought the
+        member a newer epoch (the coordinator bumps it whenever the assignment changes).  The same
+        member with a newer epoch commits again; a member that is out of the group does not."""
+        now = self._identity()
+        return now.member_id == sent.member_id != "" and now.generation > sent.generation
+
     def _commit_request(self, commit: _Commit, node: int) -> UnsentRequest:
         commit.in_flight = True
         identity = self._identity()
@@ -257,7 +265,7 @@ class CommitManager:
                     if code in COORDINATOR_CODES:
                         self._coordinator.mark_unknown(now, error_for_code(code))
                         retry = True
-                    elif code in RETRY_LATER_CODES:
+                    elif code in RETRY_LATER_CODES or (code == STALE_MEMBER_EPOCH and self._moved_on(identity)):
                         retry = True
                     else:
                         failed[tp] = error_for_code(code)

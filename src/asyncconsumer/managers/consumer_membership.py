@@ -27,8 +27,10 @@ transition is logged at debug level and kept in ``transitions``.
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +51,7 @@ GROUP_AUTHORIZATION_FAILED = 30
 UNSUPPORTED_VERSION = 35
 FENCED_MEMBER_EPOCH = 110
 UNRELEASED_INSTANCE_ID = 111
+INVALID_REGULAR_EXPRESSION = 128
 _FATAL_ERRORS = {FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED}  # see GroupMemberBase._fatal_code
 
 # Member epochs with a meaning of their own.
@@ -58,6 +61,15 @@ STATIC_LEAVE_EPOCH = -2
 
 #: A partition of the target assignment, as the coordinator names it.
 IdPartition = tuple[bytes, int]
+
+#: ConsumerGroupHeartbeat v1: the member names itself (KIP-1082) and may send a regex (KIP-848).
+_CLIENT_MEMBER_ID_VERSION = 1
+
+
+def new_member_id() -> str:
+    """A member id of the client's own (KIP-1082), kept for the consumer's lifetime: 16 random
+    bytes in URL-safe base64 without padding, the form Kafka's own clients use."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
 
 
 class ConsumerMembershipManager(GroupMemberBase):
@@ -98,6 +110,14 @@ class ConsumerMembershipManager(GroupMemberBase):
         self._retry_at = 0.0
         self._next_heartbeat = 0.0
         self._session = 0
+        #: Our own member id, sent from the first heartbeat on v1+ (v0: the coordinator names us).
+        self.client_member_id = new_member_id()
+        #: The ConsumerGroupHeartbeat version of the last request built (-1: none yet).
+        self.version = -1
+        #: The broker rejected the pattern as a regex (RE2/J syntax): it is matched here instead.
+        self._regex_rejected: str | None = None
+        #: The coordinator accepted a heartbeat carrying our regex (it resolves the topics itself).
+        self.broker_regex = False
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -128,14 +148,25 @@ class ConsumerMembershipManager(GroupMemberBase):
             self._next_heartbeat = 0.0
 
     def update_pattern_topics(self, all_topics: set[str]) -> None:
-        """Regex subscriptions follow topics created and deleted (sent as names: v0 has no regex field)."""
+        """The topics a regex subscription matches in our metadata: what ``subscription()`` shows.
+
+        On v1+ the coordinator resolves the regex itself (SubscribedTopicRegex) and these names are
+        not sent; on v0, or for a pattern the broker rejected, they are the subscription.
+        """
         if self.pattern is None:
             return
         matched = frozenset(t for t in all_topics if self.pattern.fullmatch(t))
         if matched != self.topics:
             log.info("pattern %s now matches %s", self.pattern.pattern, sorted(matched))
             self.topics = matched
-            self._next_heartbeat = 0.0
+            if not self._regex_on_broker(self.version):
+                self._next_heartbeat = 0.0
+
+    def _regex_on_broker(self, version: int) -> bool:
+        """The subscription is a regex the coordinator resolves (v1+, and it accepted the regex)."""
+        pattern = self.pattern
+        return (pattern is not None and version >= _CLIENT_MEMBER_ID_VERSION
+                and pattern.pattern != self._regex_rejected)
 
     def on_metadata(self) -> None:
         """New metadata may name topic ids of the target assignment we could not resolve before."""
@@ -344,8 +375,8 @@ class ConsumerMembershipManager(GroupMemberBase):
             by_id.setdefault(self._topic_ids[tp.topic], []).append(tp.partition)
         return [{"topic_id": tid, "partitions": sorted(parts)} for tid, parts in sorted(by_id.items())]
 
-    def _fields(self) -> dict[str, Any]:
-        return {
+    def _fields(self, version: int) -> dict[str, Any]:
+        fields: dict[str, Any] = {
             "instance_id": self.settings.group_instance_id,
             "rack_id": self.rack_id,
             "rebalance_timeout_ms": self.settings.rebalance_timeout_ms,
@@ -353,6 +384,16 @@ class ConsumerMembershipManager(GroupMemberBase):
             "server_assignor": self.server_assignor,
             "topic_partitions": self._owned_by_id(),
         }
+        if version >= _CLIENT_MEMBER_ID_VERSION:
+            # A regex goes to the coordinator as it is, which resolves it (RE2/J, whole-name match,
+            # new topics included); "" clears one sent before.
+            if self._regex_on_broker(version):
+                assert self.pattern is not None
+                fields["subscribed_topic_names"] = []
+                fields["subscribed_topic_regex"] = self.pattern.pattern
+            else:
+                fields["subscribed_topic_regex"] = ""
+        return fields
 
     def _heartbeat_request(self, node: int, epoch: int) -> UnsentRequest:
         self._in_flight = True
@@ -361,17 +402,22 @@ class ConsumerMembershipManager(GroupMemberBase):
         sent: dict[str, Any] = {}
 
         def build(version: int) -> Body:
-            body: Body = {"group_id": settings.group_id, "member_id": self.member_id, "member_epoch": epoch}
+            self.version = version
+            # v1+: our own id from the first heartbeat on, for good (KIP-1082); v0: the coordinator's.
+            member_id = self.member_id or (self.client_member_id if version >= _CLIENT_MEMBER_ID_VERSION else "")
+            body: Body = {"group_id": settings.group_id, "member_id": member_id, "member_epoch": epoch}
             if leaving:
                 # The coordinator needs the instance id to keep a static member's assignment (-2).
                 body["instance_id"] = settings.group_instance_id
                 return body
-            fields = self._fields()
+            fields = self._fields(version)
             acked = None if epoch == JOIN_EPOCH else self._acked
             sent.clear()
             sent.update(fields)
             for name, value in fields.items():
-                if acked is None or acked.get(name) != value:
+                if name == "subscribed_topic_regex" and value == "" and not (acked or {}).get(name):
+                    body[name] = None  # never subscribed by regex (as far as the coordinator knows)
+                elif acked is None or acked.get(name) != value:
                     body[name] = value
                 elif name == "rebalance_timeout_ms":
                     body[name] = -1  # unchanged
@@ -421,8 +467,9 @@ class ConsumerMembershipManager(GroupMemberBase):
         if body["heartbeat_interval_ms"] > 0:
             self.heartbeat_interval = body["heartbeat_interval_ms"] / 1000
         self._acked = dict(sent)
+        self.broker_regex = bool(sent.get("subscribed_topic_regex"))
         # Something changed while this heartbeat was out (owned partitions, subscription): say so at once.
-        self._next_heartbeat = now if self._fields() != sent else now + self.heartbeat_interval
+        self._next_heartbeat = now if self._fields(self.version) != sent else now + self.heartbeat_interval
         if self._leaving:
             return  # going anyway: the leave heartbeat goes out next
         if self.state is MemberState.JOINING:
@@ -452,6 +499,14 @@ class ConsumerMembershipManager(GroupMemberBase):
                 self._lose_partitions(now, error, forget_member_id=code == UNKNOWN_MEMBER_ID)
         elif code in _FATAL_ERRORS:
             self._fatal_code(now, code)
+        elif code == INVALID_REGULAR_EXPRESSION and self.pattern is not None:
+            # The coordinator's RE2/J does not take this Python regex (lookarounds, backreferences,
+            # ...): match it against our metadata instead and send the topic names, as v0 does.
+            log.warning("group %r: the broker rejected the pattern %r as a regular expression (%s); matching it "
+                        "in the client instead (topics are sent by name)", settings.group_id, self.pattern.pattern,
+                        message)
+            self._regex_rejected = self.pattern.pattern
+            self._retry_at = now
         elif code in COORDINATOR_CODES:
             self._coordinator.mark_unknown(now, error)
             self._retry_at = now + settings.retry_backoff

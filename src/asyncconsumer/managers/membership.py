@@ -75,7 +75,8 @@ class MembershipManager(GroupMemberBase):
         self._rejoin_requested = False
         self._group_topics: frozenset[str] = frozenset()
         self._leader_pending: tuple[dict[str, Any], int] | None = None
-        self._partition_counts: dict[str, int] = {}
+        #: The leader's partition counts of the group's topics (None: to be taken from the next metadata).
+        self._partition_counts: dict[str, int] | None = {}
         self._gone_topics: frozenset[str] = frozenset()  # owned topics found deleted (rejoined for)
         self._sync_assignments: dict[str, bytes] | None = None
 
@@ -134,6 +135,10 @@ class MembershipManager(GroupMemberBase):
         if self.leader_id != self.member_id:
             return
         counts = self._counts(self.topics_of_interest())
+        if self._partition_counts is None:  # a static leader back with skip_assignment: the baseline
+            if all(t in counts for t in self._group_topics):
+                self._partition_counts = counts
+            return
         # A topic missing from this answer for no reason the broker gave (not asked for) says nothing.
         if counts != self._partition_counts and all(
             t in counts or cluster.topic_missing(t) for t in self._partition_counts
@@ -347,7 +352,7 @@ class MembershipManager(GroupMemberBase):
             log.info("group %r joined: generation %d, member %s%s", settings.group_id, self.generation,
                      self.member_id, " (leader)" if self.leader_id == self.member_id else "")
             self._to(MemberState.SYNCING)
-            if self.leader_id == self.member_id and not body.get("skip_assignment"):
+            if self.leader_id == self.member_id:
                 members = {m["member_id"]: (m["group_instance_id"], m["metadata"]) for m in body["members"]}
                 subs = {}
                 for member_id, (instance_id, metadata) in members.items():
@@ -355,7 +360,15 @@ class MembershipManager(GroupMemberBase):
                     subs[member_id] = Subscription(sub.topics, sub.user_data, sub.owned_partitions,
                                                    sub.generation_id, sub.rack_id, instance_id)
                 self._group_topics = frozenset(t for s in subs.values() for t in s.topics)
-                self._leader_pending = ({"subs": subs}, self._metadata.version)
+                if body.get("skip_assignment"):
+                    # KIP-814: a static leader rejoining keeps the assignment it had (no assignor run,
+                    # an empty SyncGroup) but still watches the group's topics; the partition counts
+                    # of the next metadata are what later changes are measured against.
+                    self._leader_pending = None
+                    self._sync_assignments = {}
+                    self._partition_counts = None
+                else:
+                    self._leader_pending = ({"subs": subs}, self._metadata.version)
                 self._metadata.request_update()
             else:
                 self._leader_pending = None
