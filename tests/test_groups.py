@@ -50,7 +50,7 @@ def assert_protocol(c: Consumer[Any, Any], group_protocol: str) -> None:
     membership = engine.membership
     if group_protocol == "consumer":
         assert isinstance(membership, ConsumerMembershipManager), "fell back to the classic protocol"
-        assert not membership.unsupported and membership.member_epoch >= 1, membership.state
+        assert not membership.unsupported and membership.generation >= 1, membership.state
     else:
         assert isinstance(membership, MembershipManager)
 

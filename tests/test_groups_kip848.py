@@ -116,7 +116,7 @@ async def test_a_missed_session_fences_the_member_which_loses_its_partitions_and
         c.subscribe([topic], listener=listener)
         await wait_for_assignment(c)
         m = membership(c)
-        epoch, member_id = m.member_epoch, m.member_id
+        epoch, member_id = m.generation, m.member_id
         assert epoch >= 1 and member_id == m.client_member_id
         handed = (await c.getmany(timeout=10, max_records=5))[tp]
         time.sleep(3.5)  # noqa: ASYNC251 (on purpose: no heartbeat can go out, the session expires)
@@ -136,7 +136,7 @@ async def test_a_missed_session_fences_the_member_which_loses_its_partitions_and
                 await poll()
         assert listener.events[1:] == [("lost", frozenset({tp})), ("assigned", frozenset({tp}))]
         assert (MemberState.LOST, MemberState.REVOKING_PARTITIONS) in m.transitions
-        assert m.member_id == member_id and m.member_epoch > epoch  # rejoined: the same id, a new epoch
+        assert m.member_id == member_id and m.generation > epoch  # rejoined: the same id, a new epoch
         assert await c.committed(tp) is None  # nothing was committed for the lost partition ...
         assert got[0].offset == 0  # ... so it is read again from the start
         # Back in the group, commits work again (with the new epoch).
@@ -207,5 +207,5 @@ async def test_a_regex_the_broker_cannot_take_is_matched_in_the_client(
             while not values:
                 values += [r.value for rs in (await c.getmany(timeout=0.5)).values() for r in rs]
         m = membership(c)
-        assert m.member_epoch >= 1 and not m.broker_regex
+        assert m.generation >= 1 and not m.broker_regex
         assert values == [b"a"] and c.subscription() == {wanted} and c.assignment() == {TopicPartition(wanted, 0)}
