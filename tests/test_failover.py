@@ -1,0 +1,242 @@
+"""Multi-broker failover (issue 13) on a three-node Apache Kafka cluster.
+
+One cluster for the module (nodes 1, 2, 3 in racks a, b, c; replication factor 3,
+``min.insync.replicas=2``).  Each scenario consumes through a group while brokers are killed,
+stopped and restarted, and checks that every record produced (confluent-kafka, ``acks=all``,
+idempotent, so the producer itself adds no duplicates) is read exactly once: the same
+(partition, offset, value) triples the producer was told about, none missing, none twice.  A test
+leaves the cluster whole: every node running and every partition with three in-sync replicas.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from support.consumers import FAST
+
+from asyncconsumer import Consumer
+from asyncconsumer.testing import KafkaCluster
+
+pytestmark = [pytest.mark.anyio, pytest.mark.broker]
+
+RACKS = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"  # the scenarios are about the brokers, not the event loop: one backend
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[KafkaCluster]:
+    with KafkaCluster(3, racks=RACKS) as kafka:
+        yield kafka
+
+
+@pytest.fixture
+def whole(cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """The cluster, made whole again after the test (every node up, every replica in sync)."""
+    yield cluster
+    heal(cluster)
+
+
+def admin(cluster: KafkaCluster) -> AdminClient:
+    return AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 3})
+
+
+def heal(cluster: KafkaCluster, timeout: float = 90.0) -> None:
+    down = [n for n in cluster.nodes if not n.alive]
+    for node in down:
+        node.launch()
+    if down:
+        cluster.wait_ready(timeout)
+    wait_in_sync(cluster, timeout)
+
+
+def wait_in_sync(cluster: KafkaCluster, timeout: float = 90.0) -> None:
+    """Until every partition of every topic has a leader and all three replicas in sync."""
+    client = admin(cluster)
+    deadline = time.monotonic() + timeout
+    problem = ""
+    while time.monotonic() < deadline:
+        try:
+            md = client.list_topics(timeout=5)
+        except Exception as exc:
+            problem = repr(exc)
+        else:
+            lagging = [
+                f"{t.topic}-{p.id} isr={p.isrs} leader={p.leader}"
+                for t in md.topics.values()
+                for p in t.partitions.values()
+                if len(p.isrs) < 3 or p.leader < 0
+            ]
+            if len(md.brokers) == 3 and not lagging:
+                return
+            problem = f"{len(md.brokers)} brokers; " + ", ".join(lagging[:5])
+        time.sleep(0.2)
+    raise TimeoutError(f"cluster not whole after {timeout}s: {problem}")
+
+
+def new_topic(cluster: KafkaCluster, partitions: int = 3, *, replicas: list[list[int]] | None = None,
+              config: dict[str, str] | None = None) -> str:
+    name = f"failover-{uuid.uuid4().hex[:8]}"
+    topic = (NewTopic(name, replica_assignment=replicas, config=config or {}) if replicas is not None
+             else NewTopic(name, num_partitions=partitions, replication_factor=3, config=config or {}))
+    client = admin(cluster)
+    client.create_topics([topic], operation_timeout=30)[name].result(30)
+    wait_in_sync(cluster)
+    return name
+
+
+def leaders(cluster: KafkaCluster, topic: str) -> dict[int, int]:
+    md = admin(cluster).list_topics(topic, timeout=10)
+    return {p.id: p.leader for p in md.topics[topic].partitions.values()}
+
+
+def coordinator(cluster: KafkaCluster, group: str) -> int:
+    client = admin(cluster)
+    (future,) = client.describe_consumer_groups([group], request_timeout=10).values()
+    return int(future.result(10).coordinator.id)
+
+
+@dataclass
+class Background:
+    """Records produced from a thread, ``acks=all`` and idempotent, until stopped."""
+
+    cluster: KafkaCluster
+    topic: str
+    rate: float = 400.0  # records per second
+    delivered: list[tuple[int, int, bytes]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Background:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        producer = Producer({
+            "bootstrap.servers": self.cluster.bootstrap, "acks": "all", "enable.idempotence": True,
+            "linger.ms": 5, "message.timeout.ms": 120000, "log_level": 0,
+        })
+
+        def report(err: Any, msg: Any) -> None:
+            if err is not None:
+                self.failures.append(str(err))
+            else:
+                self.delivered.append((msg.partition(), msg.offset(), msg.value()))
+
+        sent = 0
+        begin = time.monotonic()
+        while not self._stop.is_set():
+            due = int((time.monotonic() - begin) * self.rate)
+            while sent < due:
+                producer.produce(self.topic, value=b"%d" % sent, on_delivery=report)
+                sent += 1
+            producer.poll(0.01)
+        if producer.flush(120):
+            self.failures.append("undelivered after 120 s")
+
+    def stop(self) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(150)
+        assert not self.failures, self.failures[:5]
+
+    async def stop_async(self) -> None:
+        await anyio.to_thread.run_sync(self.stop)
+
+
+@dataclass
+class Reader:
+    """A group member reading into ``seen`` (and committing every ``commit_every`` records)."""
+
+    consumer: Consumer[Any, Any]
+    commit_every: int = 0
+    seen: list[tuple[int, int, bytes]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+
+    async def run(self) -> None:
+        async for record in self.consumer:
+            self.seen.append((record.partition, record.offset, record.value))
+            self.arrivals.append(time.monotonic())
+            if self.commit_every and len(self.seen) % self.commit_every == 0:
+                await self.consumer.commit()
+
+    def arrived_after(self, moment: float) -> int:
+        return sum(1 for t in self.arrivals if t > moment)
+
+
+def group_consumer(bootstrap: str, group: str, **options: Any) -> Consumer[Any, Any]:
+    return Consumer(bootstrap_servers=bootstrap, group_id=group, **{
+        **FAST, "auto_offset_reset": "earliest", "session_timeout_ms": 30000, "heartbeat_interval_ms": 1000,
+        "reconnect_backoff_max_ms": 1000, "auto_commit_interval_ms": 500, **options})
+
+
+def exactly_once(produced: list[tuple[int, int, bytes]], *reads: list[tuple[int, int, bytes]]) -> None:
+    seen = [r for read in reads for r in read]
+    duplicates = len(seen) - len(set(seen))
+    missing = set(produced) - set(seen)
+    foreign = set(seen) - set(produced)
+    assert not duplicates, f"{duplicates} records read twice"
+    assert not missing, f"{len(missing)} of {len(produced)} records never read, e.g. {sorted(missing)[:5]}"
+    assert not foreign, f"read records nobody produced: {sorted(foreign)[:5]}"
+
+
+async def until(predicate: Any, timeout: float, what: str) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+
+
+async def drain(reader: Reader, producer: Background, timeout: float = 60.0) -> None:
+    await producer.stop_async()
+    want = set(producer.delivered)
+    await until(lambda: want <= set(reader.seen), timeout, "the last records")
+    await anyio.sleep(0.5)  # anything read twice would show up now
+
+
+async def on_thread(fn: Any, *args: Any) -> Any:
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+# -- 1. the leader killed mid-fetch --------------------------------------------------------------
+
+
+async def test_the_leader_of_the_partitions_being_read_is_killed_mid_fetch_and_later_restarted(
+    whole: KafkaCluster,
+) -> None:
+    cluster = whole
+    topic = new_topic(cluster, 3)
+    victim = cluster.node(leaders(cluster, topic)[0])
+    led = [p for p, leader in leaders(cluster, topic).items() if leader == victim.node_id]
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, f"g-{topic}") as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await until(lambda: len(reader.seen) > 500, 30, "records before the kill")
+            await on_thread(victim.kill)
+            killed_at = time.monotonic()
+            # Records of the partitions it led flow again, from their new leaders.
+            await until(lambda: any(t > killed_at for (p, _, _), t in zip(reader.seen, reader.arrivals, strict=True)
+                                    if p in led), 30, "records from the moved partitions")
+            moved = leaders(cluster, topic)
+            assert all(moved[p] != victim.node_id for p in led)
+            await on_thread(victim.restart)
+            await on_thread(wait_in_sync, cluster)
+            await drain(reader, producer)
+            tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, reader.seen)
