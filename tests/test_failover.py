@@ -10,6 +10,7 @@ leaves the cluster whole: every node running and every partition with three in-s
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -26,7 +27,7 @@ from support.consumers import FAST
 from asyncconsumer import Consumer
 from asyncconsumer.testing import KafkaCluster
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker]
+pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.timeout(300)]
 
 RACKS = ("a", "b", "c")
 
@@ -200,10 +201,10 @@ async def until(predicate: Any, timeout: float, what: str) -> None:
             await anyio.sleep(0.05)
 
 
-async def drain(reader: Reader, producer: Background, timeout: float = 60.0) -> None:
+async def drain(producer: Background, *readers: Reader, timeout: float = 60.0) -> None:
     await producer.stop_async()
     want = set(producer.delivered)
-    await until(lambda: want <= set(reader.seen), timeout, "the last records")
+    await until(lambda: want <= {r for reader in readers for r in reader.seen}, timeout, "the last records")
     await anyio.sleep(0.5)  # anything read twice would show up now
 
 
@@ -237,6 +238,142 @@ async def test_the_leader_of_the_partitions_being_read_is_killed_mid_fetch_and_l
             assert all(moved[p] != victim.node_id for p in led)
             await on_thread(victim.restart)
             await on_thread(wait_in_sync, cluster)
-            await drain(reader, producer)
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, reader.seen)
+
+
+# -- 2. the group coordinator killed -------------------------------------------------------------
+
+
+async def test_the_group_coordinator_is_killed_commits_are_retried_and_the_rebalance_safe_commit_holds(
+    whole: KafkaCluster,
+) -> None:
+    """Commits go on throughout (every 50 records, and auto-commit); the coordinator's broker dies;
+    the member finds the new coordinator, its commits in flight are retried there and none fails.
+    Then a second member joins: the first hands over its partitions committed (rebalance-safe
+    commits), and the two together read every record exactly once."""
+    cluster = whole
+    topic = new_topic(cluster, 4)
+    group = f"g-{topic}"
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, group) as a:
+        a.subscribe([topic])
+        first = Reader(a, commit_every=50)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first.run)
+            await until(lambda: len(first.seen) > 400, 30, "records before the kill")
+            victim = cluster.node(await on_thread(coordinator, cluster, group))
+            await on_thread(victim.kill)
+            killed_at = time.monotonic()
+            await until(lambda: first.arrived_after(killed_at) > 800, 40, "records after the kill")
+            assert await on_thread(coordinator, cluster, group) != victim.node_id
+            async with group_consumer(cluster.bootstrap, group) as b:
+                b.subscribe([topic])
+                second = Reader(b, commit_every=50)
+                tg.start_soon(second.run)
+                await until(lambda: len(second.seen) > 100 and len(a.assignment()) == 2, 40,
+                            "the second member's records")
+                await on_thread(victim.restart)
+                await drain(producer, first, second)
+                tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, first.seen, second.seen)
+
+
+# -- 3. a rolling restart ------------------------------------------------------------------------
+
+
+async def test_a_rolling_restart_of_all_three_brokers_while_a_group_consumes_and_commits(
+    whole: KafkaCluster,
+) -> None:
+    cluster = whole
+    topic = new_topic(cluster, 3)
+    group = f"g-{topic}"
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, group) as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            for node in cluster.nodes:
+                await until(lambda: len(reader.seen) > 200, 30, "records")
+                before = len(reader.seen)
+                await on_thread(node.restart)  # a controlled shutdown, then started again
+                await on_thread(wait_in_sync, cluster)
+                await until(lambda b=before: len(reader.seen) > b + 200, 30, f"records after restarting {node}")
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+        await c.commit()
+        committed = await c.committed(c.assignment())
+    exactly_once(producer.delivered, reader.seen)
+    ends = {p: max(o for q, o, _ in reader.seen if q == p) + 1 for p, _, _ in reader.seen}
+    assert {tp.partition: om.offset if om else None for tp, om in committed.items()} == ends
+
+
+# -- 4. a controlled shutdown --------------------------------------------------------------------
+
+
+async def test_a_controlled_shutdown_moves_leadership_before_the_broker_stops_and_reading_goes_on(
+    whole: KafkaCluster,
+) -> None:
+    cluster = whole
+    topic = new_topic(cluster, 3)
+    victim = cluster.node(leaders(cluster, topic)[0])
+    led = [p for p, leader in leaders(cluster, topic).items() if leader == victim.node_id]
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, f"g-{topic}") as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await until(lambda: len(reader.seen) > 300, 30, "records before the shutdown")
+            await on_thread(victim.stop)
+            stopped_at = time.monotonic()
+            moved = leaders(cluster, topic)
+            assert all(moved[p] not in (victim.node_id, -1) for p in led), moved
+            await until(lambda: any(t > stopped_at for (p, _, _), t in zip(reader.seen, reader.arrivals, strict=True)
+                                    if p in led), 20, "records from the moved partitions")
+            await on_thread(victim.restart)
+            await on_thread(wait_in_sync, cluster)
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, reader.seen)
+
+
+# -- 5. bootstrap servers down -------------------------------------------------------------------
+
+
+async def test_a_bootstrap_server_down_at_start_then_every_broker_down_for_20_s_and_back(
+    whole: KafkaCluster, caplog: pytest.LogCaptureFixture,
+) -> None:
+    cluster = whole
+    topic = new_topic(cluster, 3)
+    first = cluster.node(1)
+    await on_thread(first.kill)
+    bootstrap = ",".join(n.bootstrap for n in cluster.nodes)  # the dead one first
+    producer = Background(cluster, topic).start()
+    async with group_consumer(bootstrap, f"g-{topic}") as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await until(lambda: len(reader.seen) > 300, 30, "records with a bootstrap server down")
+            await on_thread(heal, cluster)
+            with caplog.at_level(logging.WARNING, logger="asyncconsumer"):
+                for node in cluster.nodes:
+                    await on_thread(node.kill)
+                down_at = time.monotonic()
+                timeout = c.config.request_timeout_ms / 1000
+                await until(lambda: any(r.levelno >= logging.WARNING and "unreachable" in r.getMessage()
+                                        for r in caplog.records), timeout, "a warning naming the broker")
+                said = time.monotonic() - down_at
+                await anyio.sleep(20 - said)
+                before = len(reader.seen)
+                for node in cluster.nodes:
+                    await on_thread(node.launch)
+                await on_thread(cluster.wait_ready)
+                await until(lambda: len(reader.seen) > before + 200, 60, "records after the cluster came back")
+            await on_thread(wait_in_sync, cluster)
+            await drain(producer, reader)
             tg.cancel_scope.cancel()
     exactly_once(producer.delivered, reader.seen)

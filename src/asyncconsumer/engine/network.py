@@ -53,6 +53,19 @@ def reconnect_delay(
     return min(cap, delay * uniform(0.8, 1.2))
 
 
+def describe_node(node_id: int) -> str:
+    """A connection id in words: a bootstrap server, a broker, or a group coordinator's connection."""
+    if node_id < 0:
+        return "bootstrap server"
+    if node_id > _COORDINATOR_IDS:
+        return f"group coordinator (broker {2**31 - 1 - node_id})"
+    return f"broker {node_id}"
+
+
+#: Connection ids above this are group coordinators' own (managers/coordinator.py, ``2**31 - 1 - id``).
+_COORDINATOR_IDS = 2**30
+
+
 @dataclass(slots=True)
 class _NodeHealth:
     failures: int = 0
@@ -208,6 +221,10 @@ class NetworkClient:
             await connection.open(self._spawn)
         except KafkaError as exc:
             error = self._tls_streak(health, exc)
+            if health.failures == 0:
+                # Not a silent stall: the first failed attempt after a success says which broker.
+                log.warning("%s at %s:%s unreachable (%s); retrying with backoff", describe_node(node_id), *address,
+                            error)
             self._backoff(node_id, health, error)
             if error is exc:
                 raise
