@@ -87,11 +87,9 @@ def wait_in_sync(cluster: KafkaCluster, timeout: float = 90.0) -> None:
     raise TimeoutError(f"cluster not whole after {timeout}s: {problem}")
 
 
-def new_topic(cluster: KafkaCluster, partitions: int = 3, *, replicas: list[list[int]] | None = None,
-              config: dict[str, str] | None = None) -> str:
+def new_topic(cluster: KafkaCluster, partitions: int = 3, *, config: dict[str, str] | None = None) -> str:
     name = f"failover-{uuid.uuid4().hex[:8]}"
-    topic = (NewTopic(name, replica_assignment=replicas, config=config or {}) if replicas is not None
-             else NewTopic(name, num_partitions=partitions, replication_factor=3, config=config or {}))
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=3, config=config or {})
     client = admin(cluster)
     client.create_topics([topic], operation_timeout=30)[name].result(30)
     wait_in_sync(cluster)
@@ -376,6 +374,48 @@ async def test_a_bootstrap_server_down_at_start_then_every_broker_down_for_20_s_
                 await on_thread(cluster.wait_ready)
                 await until(lambda: len(reader.seen) > before + 200, 60, "records after the cluster came back")
             await on_thread(wait_in_sync, cluster)
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, reader.seen)
+
+
+# -- 6. fetching from a follower (KIP-392) -------------------------------------------------------
+
+
+async def test_fetches_go_to_the_follower_in_the_consumers_rack_and_back_to_the_leader_when_it_fails(
+    whole: KafkaCluster,
+) -> None:
+    """One partition; the consumer is in the rack of one of its followers.  The leader names that
+    follower as the preferred read replica, and the follower serves the fetches.  The follower
+    killed: the leader serves them again, nothing lost; the follower back: the leader names it again."""
+    cluster = whole
+    topic = new_topic(cluster, 1)
+    leader = leaders(cluster, topic)[0]
+    follower, other = (n.node_id for n in cluster.nodes if n.node_id != leader)
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, f"g-{topic}", client_rack=RACKS[follower - 1]) as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await until(lambda: len(reader.seen) > 400, 30, "records")
+            served = c.metrics().fetch_responses_by_node
+            assert served.get(follower, 0) > 5 * served.get(leader, 0), served
+            assert served.get(other, 0) == 0, served
+
+            await on_thread(cluster.node(follower).kill)
+            killed = dict(c.metrics().fetch_responses_by_node)
+            before = len(reader.seen)
+            await until(lambda: len(reader.seen) > before + 400, 30, "records with the follower gone")
+            served = c.metrics().fetch_responses_by_node
+            assert served.get(leader, 0) > killed.get(leader, 0) + 5, (killed, served)  # the leader again
+            assert served.get(other, 0) == 0, served  # not another rack's replica
+
+            await on_thread(cluster.node(follower).restart)
+            await on_thread(wait_in_sync, cluster)
+            back = dict(c.metrics().fetch_responses_by_node)
+            await until(lambda: c.metrics().fetch_responses_by_node.get(follower, 0) > back.get(follower, 0) + 5,
+                        30, "fetches from the follower again")
             await drain(producer, reader)
             tg.cancel_scope.cancel()
     exactly_once(producer.delivered, reader.seen)
