@@ -23,8 +23,10 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from support.consumers import FAST
+from support.producer import produce
 
-from asyncconsumer import Consumer
+from asyncconsumer import Consumer, TopicPartition
+from asyncconsumer.errors import LogTruncationError
 from asyncconsumer.testing import KafkaCluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.timeout(300)]
@@ -64,7 +66,7 @@ def heal(cluster: KafkaCluster, timeout: float = 90.0) -> None:
 
 
 def wait_in_sync(cluster: KafkaCluster, timeout: float = 90.0) -> None:
-    """Until every partition of every topic has a leader and all three replicas in sync."""
+    """Until every partition of every topic has a leader and all its replicas in sync."""
     client = admin(cluster)
     deadline = time.monotonic() + timeout
     problem = ""
@@ -78,7 +80,7 @@ def wait_in_sync(cluster: KafkaCluster, timeout: float = 90.0) -> None:
                 f"{t.topic}-{p.id} isr={p.isrs} leader={p.leader}"
                 for t in md.topics.values()
                 for p in t.partitions.values()
-                if len(p.isrs) < 3 or p.leader < 0
+                if len(p.isrs) < len(p.replicas) or p.leader < 0
             ]
             if len(md.brokers) == 3 and not lagging:
                 return
@@ -419,3 +421,69 @@ async def test_fetches_go_to_the_follower_in_the_consumers_rack_and_back_to_the_
             await drain(producer, reader)
             tg.cancel_scope.cancel()
     exactly_once(producer.delivered, reader.seen)
+
+
+# -- 7. truncation after an unclean leader election (KIP-320) ------------------------------------
+
+
+async def test_an_unclean_leader_election_truncates_the_log_and_the_consumer_resets_or_raises(
+    whole: KafkaCluster,
+) -> None:
+    """A topic on nodes 1 (leader) and 2, ``min.insync.replicas=1``, unclean elections allowed.
+    Node 2 dies; 50 records go to node 1 alone and are read.  Node 1 dies, node 2 comes back and
+    is elected uncleanly: its log ends where node 1's went on alone.  A consumer with
+    ``auto_offset_reset="earliest"`` resumes at the divergent offset and reads the new leader's
+    records exactly once; one with ``"none"`` raises ``LogTruncationError`` naming that offset.
+    (Node 3 keeps the controller quorum: two of three voters are up throughout but for a moment.)"""
+    cluster = whole
+    topic = f"unclean-{uuid.uuid4().hex[:8]}"
+    await on_thread(lambda: cluster.run_tool(
+        "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", cluster.bootstrap, "--create",
+        "--topic", topic, "--replica-assignment", "1:2", "--config", "min.insync.replicas=1",
+        "--config", "unclean.leader.election.enable=true"))
+    await on_thread(wait_in_sync, cluster)
+    tp = TopicPartition(topic, 0)
+    await on_thread(lambda: produce(cluster.bootstrap, topic, [(0, None, b"old-%d" % i) for i in range(100)]))
+    leader, follower = cluster.node(1), cluster.node(2)
+    assert leaders(cluster, topic) == {0: 1}
+
+    await on_thread(follower.kill)
+    await on_thread(lambda: produce(cluster.bootstrap, topic, [(0, None, b"alone-%d" % i) for i in range(50)],
+                                    timeout=60))
+    resets = Consumer(bootstrap_servers=cluster.bootstrap, **{**FAST, "auto_offset_reset": "earliest"})
+    raises = Consumer(bootstrap_servers=cluster.bootstrap, **{**FAST, "auto_offset_reset": "none"})
+    async with resets, raises:
+        resets.assign([tp])
+        raises.assign([tp])
+        await raises.seek(tp, 0)
+        for c in (resets, raises):
+            offsets: list[int] = []
+            with anyio.fail_after(30):
+                while len(offsets) < 150:
+                    offsets += [r.offset for r in (await c.getmany(tp, timeout=1)).get(tp, [])]
+            assert offsets == list(range(150))
+
+        await on_thread(leader.kill)
+        await on_thread(lambda: follower.restart(wait=False))
+        deadline = time.monotonic() + 60
+        while leaders(cluster, topic).get(0) != 2:
+            assert time.monotonic() < deadline, "node 2 was not elected"
+            if time.monotonic() > deadline - 50:
+                await on_thread(lambda: cluster.run_tool(
+                    "org.apache.kafka.tools.LeaderElectionCommand", "--bootstrap-server", follower.bootstrap,
+                    "--election-type", "UNCLEAN", "--topic", topic, "--partition", "0", check=False))
+            await anyio.sleep(0.5)
+        await on_thread(lambda: produce(follower.bootstrap, topic, [(0, None, b"new-%d" % i) for i in range(30)],
+                                        timeout=60))
+
+        got: list[tuple[int, bytes]] = []
+        with anyio.fail_after(60):
+            while len(got) < 30:
+                got += [(r.offset, r.value) for r in (await resets.getmany(tp, timeout=1)).get(tp, [])]
+        assert got == [(100 + i, b"new-%d" % i) for i in range(30)]
+        assert await resets.getmany(tp, timeout=1) == {}
+
+        with anyio.fail_after(60), pytest.raises(LogTruncationError) as caught:
+            while True:
+                assert not await raises.getmany(tp, timeout=1)
+        assert (caught.value.partition, caught.value.position, caught.value.divergent_offset) == (tp, 150, 100)
