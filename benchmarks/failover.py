@@ -3,7 +3,8 @@
 A three-node ``KafkaCluster``; per run a fresh one-partition topic (replication factor 3), a
 producer thread (confluent-kafka, ``acks=all``, idempotent) writing ``--rate`` records/s whose
 values carry their production time, and the consumers under test reading it at the same time,
-each in its own group: asyncconsumer (an anyio task) and confluent-kafka (a thread).  Once both
+each in its own group: asyncconsumer (an anyio task), confluent-kafka (a thread) and the Java
+``KafkaConsumer`` (Kafka's own ``ConsoleConsumer`` in a JVM of its own, its output read line by line).  Once both
 read, the partition's leader is SIGKILLed.  For each client, the recovery time is from the kill to
 the first record *produced after the kill* that the client reads; the producer's own recovery (its
 first delivery report after the kill) is printed too, since no consumer can read a record before
@@ -11,13 +12,16 @@ it is written.  The killed node is restarted and the cluster made whole before t
 
     ./dev run python -m benchmarks.failover [--runs 5] [--rate 500]
 
-The Java consumer is not in this script yet.
+The consumers' own share is the difference to the producer's time: a few tens of milliseconds
+(their next fetch after the record is written) once they know the new leader.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
+import subprocess
 import threading
 import time
 import uuid
@@ -99,9 +103,35 @@ class _Librdkafka(threading.Thread):
             while not self.stop_event.is_set():
                 for msg in consumer.consume(500, timeout=0.1):
                     if msg.error() is None:
-                        self.read.append((float(msg.value()), time.time()))
+                        self.read.append((float(msg.value() or 0), time.time()))
         finally:
             consumer.close()
+
+
+class _Java(threading.Thread):
+    """Kafka's ``ConsoleConsumer`` (a ``KafkaConsumer`` with its defaults) printing the values."""
+
+    def __init__(self, cluster: KafkaCluster, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.read: list[tuple[float, float]] = []
+        self.process = subprocess.Popen(
+            cluster.java_command("org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server",
+                                 cluster.bootstrap, "--topic", topic, "--group", f"java-{topic}", "--from-beginning"),
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+    def run(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with contextlib.suppress(ValueError):
+                self.read.append((float(line), time.time()))
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(30)
 
 
 async def _asyncconsumer(bootstrap: str, topic: str, read: list[tuple[float, float]], stop: anyio.Event) -> None:
@@ -110,7 +140,7 @@ async def _asyncconsumer(bootstrap: str, topic: str, read: list[tuple[float, flo
         while not stop.is_set():
             for records in (await c.getmany(timeout=0.1)).values():
                 now = time.time()
-                read.extend((float(r.value), now) for r in records)
+                read.extend((float(r.value or 0), now) for r in records)
 
 
 def _recovery(read: list[tuple[float, float]], killed_at: float) -> float | None:
@@ -125,24 +155,27 @@ async def _run_once(cluster: KafkaCluster, rate: float) -> dict[str, float | Non
     await anyio.to_thread.run_sync(_whole, cluster)
     producer = _Producer(cluster.bootstrap, topic, rate)
     librdkafka = _Librdkafka(cluster.bootstrap, topic)
+    java = _Java(cluster, topic)
     ours: list[tuple[float, float]] = []
     stop = anyio.Event()
     producer.start()
     librdkafka.start()
+    java.start()
     async with anyio.create_task_group() as tg:
         tg.start_soon(_asyncconsumer, cluster.bootstrap, topic, ours, stop)
         with anyio.fail_after(60):
-            while len(ours) < rate or len(librdkafka.read) < rate:  # noqa: ASYNC110
+            while min(len(ours), len(librdkafka.read), len(java.read)) < rate:  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         node = cluster.node(await anyio.to_thread.run_sync(_leader, cluster, topic))
         killed_at = time.time()
         await anyio.to_thread.run_sync(node.kill)
         with anyio.move_on_after(60):
-            while _recovery(ours, killed_at) is None or _recovery(librdkafka.read, killed_at) is None:  # noqa: ASYNC110
+            while any(_recovery(read, killed_at) is None for read in (ours, librdkafka.read, java.read)):  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         stop.set()
     producer.stop_event.set()
     librdkafka.stop_event.set()
+    await anyio.to_thread.run_sync(java.stop)
     await anyio.to_thread.run_sync(producer.join)
     await anyio.to_thread.run_sync(librdkafka.join)
     delivered = [t - killed_at for t in producer.delivered_at if t > killed_at]
@@ -153,7 +186,11 @@ async def _run_once(cluster: KafkaCluster, rate: float) -> dict[str, float | Non
         "producer": min(delivered) if delivered else None,
         "asyncconsumer": _recovery(ours, killed_at),
         "confluent-kafka": _recovery(librdkafka.read, killed_at),
+        "java": _recovery(java.read, killed_at),
     }
+
+
+CLIENTS = ("producer", "asyncconsumer", "confluent-kafka", "java")
 
 
 def _summary(values: list[float | None]) -> str:
@@ -172,13 +209,13 @@ async def _main(runs: int, rate: float) -> None:
             print(f"run {index + 1}: " + ", ".join(
                 f"{k} {v:.2f} s" if v is not None else f"{k} -" for k, v in result.items()), flush=True)
     print(f"\nrecovery after a leader kill, {runs} runs, {rate:g} records/s:")
-    for client in ("producer", "asyncconsumer", "confluent-kafka"):
+    for client in CLIENTS:
         print(f"  {client:16} {_summary([r[client] for r in results])}")
-    ours = [r["asyncconsumer"] for r in results]
-    theirs = [r["confluent-kafka"] for r in results]
-    if all(v is not None for v in ours + theirs):
-        ratio = statistics.median(ours) / statistics.median(theirs)  # type: ignore[type-var,operator]
-        print(f"  asyncconsumer / confluent-kafka (medians): {ratio:.2f}")
+    ours = [v for r in results if (v := r["asyncconsumer"]) is not None]
+    for other in CLIENTS[2:]:
+        theirs = [v for r in results if (v := r[other]) is not None]
+        if ours and theirs:
+            print(f"  asyncconsumer / {other} (medians): {statistics.median(ours) / statistics.median(theirs):.2f}")
 
 
 def main() -> None:
