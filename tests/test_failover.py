@@ -11,6 +11,8 @@ leaves the cluster whole: every node running and every partition with three in-s
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 import uuid
@@ -501,3 +503,40 @@ async def test_an_unclean_leader_election_truncates_the_log_and_the_consumer_res
             while True:
                 assert not await raises.getmany(tp, timeout=1)
         assert (caught.value.partition, caught.value.position, caught.value.divergent_offset) == (tp, 150, 100)
+
+
+# -- a broker that hangs -------------------------------------------------------------------------
+
+
+async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_and_reading_goes_on(
+    whole: KafkaCluster, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SIGSTOP, not SIGKILL: the leader's sockets stay open and nothing answers.  No silent stall:
+    a WARNING names the broker within ``request_timeout_ms`` (plus the fetch's own wait), the
+    connection is dropped, and reading goes on from the new leader."""
+    cluster = whole
+    topic = new_topic(cluster, 1)
+    victim = cluster.node(leaders(cluster, topic)[0])
+    assert victim.pid is not None
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, f"g-{topic}", request_timeout_ms=5000) as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100, tolerate_timeouts=True)
+        named = (f"broker {victim.node_id} at", f"(broker {victim.node_id}) at")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await until(lambda: len(reader.seen) > 300, 30, "records before the hang")
+            with caplog.at_level(logging.WARNING, logger="asyncconsumer"):
+                os.kill(victim.pid, signal.SIGSTOP)
+                try:
+                    stopped_at = time.monotonic()
+                    limit = (c.config.request_timeout_ms + c.config.fetch_max_wait_ms) / 1000 + 2
+                    await until(lambda: any(r.levelno == logging.WARNING and r.getMessage().startswith(named)
+                                            for r in caplog.records), limit, "a warning naming the hung broker")
+                    await until(lambda: reader.arrived_after(stopped_at + 1) > 100, 30, "records from the new leader")
+                finally:
+                    os.kill(victim.pid, signal.SIGCONT)
+            await on_thread(wait_in_sync, cluster)
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, reader.seen)

@@ -26,7 +26,15 @@ from ..errors import (
     NoBrokersAvailableError,
     TLSHandshakeError,
 )
-from .connection import BrokerConnection, RefusedBeforeLogin, SaslHook, Spawn, TLSHandshakeCutOff, frame_limit
+from .connection import (
+    BrokerConnection,
+    RefusedBeforeLogin,
+    SaslHook,
+    Spawn,
+    TLSHandshakeCutOff,
+    describe_node,
+    frame_limit,
+)
 from .requests import Body, UnsentRequest
 
 log = logging.getLogger("asyncconsumer.network")
@@ -51,19 +59,6 @@ def reconnect_delay(
     """
     delay = min(cap, base * (1 << min(failures, 16)))
     return min(cap, delay * uniform(0.8, 1.2))
-
-
-def describe_node(node_id: int) -> str:
-    """A connection id in words: a bootstrap server, a broker, or a group coordinator's connection."""
-    if node_id < 0:
-        return "bootstrap server"
-    if node_id > _COORDINATOR_IDS:
-        return f"group coordinator (broker {2**31 - 1 - node_id})"
-    return f"broker {node_id}"
-
-
-#: Connection ids above this are group coordinators' own (managers/coordinator.py, ``2**31 - 1 - id``).
-_COORDINATOR_IDS = 2**30
 
 
 @dataclass(slots=True)
