@@ -5,7 +5,9 @@ One cluster for the module (nodes 1, 2, 3 in racks a, b, c; replication factor 3
 stopped and restarted, and checks that every record produced (confluent-kafka, ``acks=all``,
 idempotent, so the producer itself adds no duplicates) is read exactly once: the same
 (partition, offset, value) triples the producer was told about, none missing, none twice.  A test
-leaves the cluster whole: every node running and every partition with three in-sync replicas.
+leaves the cluster whole: every node running and every partition with all its replicas in sync.
+The truncation test (7) assigns its partition instead of joining a group: for a moment two of the
+three controller voters are down there.
 """
 
 from __future__ import annotations
