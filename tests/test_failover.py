@@ -419,8 +419,12 @@ async def test_fetches_go_to_the_follower_in_the_consumers_rack_and_back_to_the_
         async with anyio.create_task_group() as tg:
             tg.start_soon(reader.run)
             await until(lambda: len(reader.seen) > 400, 30, "records")
+            # Once the leader has named the follower (its first answers), the follower serves.
+            start = dict(c.metrics().fetch_responses_by_node)
+            await until(lambda: len(reader.seen) > 800, 30, "more records")
             served = c.metrics().fetch_responses_by_node
-            assert served.get(follower, 0) > 5 * served.get(leader, 0), served
+            assert served.get(follower, 0) - start.get(follower, 0) >= 5, (start, served)
+            assert served.get(leader, 0) - start.get(leader, 0) <= 1, (start, served)
             assert served.get(other, 0) == 0, served
 
             await on_thread(cluster.node(follower).kill)
@@ -521,7 +525,8 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
     victim = cluster.node(leaders(cluster, topic)[0])
     assert victim.pid is not None
     producer = Background(cluster, topic).start()
-    async with group_consumer(cluster.bootstrap, f"g-{topic}", request_timeout_ms=5000) as c:
+    async with group_consumer(cluster.bootstrap, f"g-{topic}", request_timeout_ms=5000,
+                              socket_connection_setup_timeout_ms=5000) as c:
         c.subscribe([topic])
         reader = Reader(c, commit_every=100, tolerate_timeouts=True)
         named = (f"broker {victim.node_id} at", f"(broker {victim.node_id}) at")
@@ -535,7 +540,11 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
                     limit = (c.config.request_timeout_ms + c.config.fetch_max_wait_ms) / 1000 + 2
                     await until(lambda: any(r.levelno == logging.WARNING and r.getMessage().startswith(named)
                                             for r in caplog.records), limit, "a warning naming the hung broker")
-                    await until(lambda: reader.arrived_after(stopped_at + 1) > 100, 30, "records from the new leader")
+                    # A new connection to the hung broker is accepted by its kernel and then hangs
+                    # until the set-up timeout: the fetch waits that out before going to the new leader.
+                    await until(lambda: reader.arrived_after(stopped_at + 1) > 100, 60, "records from the new leader")
+                    recovered = next(t for t in reader.arrivals if t > stopped_at + 1) - stopped_at
+                    print(f"records again {recovered:.1f}s after the hang")
                 finally:
                     os.kill(victim.pid, signal.SIGCONT)
             await on_thread(wait_in_sync, cluster)
