@@ -25,7 +25,15 @@ from .errors import (
 )
 from .listener import RebalanceListener
 from .streams import PartitionStream
-from .structs import CREATE_TIME, LOG_APPEND_TIME, ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from .structs import (
+    CREATE_TIME,
+    LOG_APPEND_TIME,
+    ConsumerMetrics,
+    ConsumerRecord,
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+    TopicPartition,
+)
 
 __all__ = [
     "CREATE_TIME",
@@ -36,6 +44,7 @@ __all__ = [
     "Consumer",
     "ConsumerClosedError",
     "ConsumerConfig",
+    "ConsumerMetrics",
     "ConsumerRecord",
     "KafkaConnectionError",
     "KafkaError",

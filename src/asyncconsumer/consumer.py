@@ -40,7 +40,7 @@ from .listener import RebalanceListener
 from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
 from .managers.membership import MemberState
 from .managers.subscription import PartitionState
-from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from .structs import ConsumerMetrics, ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 
 log = logging.getLogger("asyncconsumer.consumer")
 
@@ -407,6 +407,12 @@ class Consumer(Generic[KT, VT]):
         """Like ``highwater()``, for the last stable offset (what ``read_committed`` can read up to)."""
         mark = self._states([partition], "last_stable_offset")[0].last_stable_offset
         return mark if mark >= 0 else None
+
+    def metrics(self) -> ConsumerMetrics:
+        """A snapshot of the consumer's counters (fetch responses, per serving broker; connections)."""
+        engine = self._running()
+        fetcher = engine.fetcher
+        return ConsumerMetrics(fetcher.responses, dict(fetcher.responses_by_node), engine.network.connections_opened)
 
     def _states(self, partitions: Iterable[TopicPartition], operation: str) -> list[PartitionState]:
         engine = self._running()

@@ -810,3 +810,71 @@ def test_scan_legacy_message_sets() -> None:
     assert scan(wrapped) == (10, len(wrapped))  # the wrapper carries the last inner offset
     v0 = build_legacy_message_set([(None, b"x")], magic=0, base_offset=3)
     assert scan(v0 + plain[:10]) == (4, len(v0))
+
+
+# -- fetching from a follower (KIP-392) ----------------------------------------------------------------
+
+
+def preferred(tp: TopicPartition, replica: int, **kwargs: Any) -> dict[str, Any]:
+    return {**data(tp, **kwargs), "preferred_read_replica": replica}
+
+
+def on_follower(s: Setup) -> Sent:
+    """T0 (leader 1) started at 10; the leader names node 2; the next fetch goes there."""
+    s.start({T0: 10})
+    leader = s.fetch()
+    assert leader.node_id == 1 and leader.body()["rack_id"] == "rack-a"
+    respond(leader, {T0: preferred(T0, 2, high_watermark=20)})
+    follower = s.fetch()
+    assert follower.node_id == 2 and fetched(follower) == {T0: 10}
+    return follower
+
+
+def test_a_preferred_read_replica_is_fetched_from_and_counted() -> None:
+    s = Setup()
+    follower = on_follower(s)
+    respond(follower, {T0: data(T0, records(10, 5), high_watermark=20)})
+    request = s.fetch()
+    assert request.node_id == 2 and fetched(request) == {T0: 15}
+    assert s.fetcher.responses_by_node == {1: 1, 2: 1}
+    assert [f.fetch_offset for f in buffered(s)] == [10]
+
+
+def test_the_preferred_read_replica_expires_after_its_time_to_live() -> None:
+    s = Setup()
+    follower = on_follower(s)
+    s.h.advance(300)  # metadata_max_age_ms's default: the leader is asked again
+    respond(follower, {T0: data(T0, high_watermark=20)})
+    assert s.fetch().node_id == 1
+
+
+@pytest.mark.parametrize("code", [1, 6, 9])  # OFFSET_OUT_OF_RANGE, NOT_LEADER_OR_FOLLOWER, REPLICA_NOT_AVAILABLE
+def test_a_partition_error_at_the_follower_goes_back_to_the_leader_without_a_reset(code: int) -> None:
+    s = Setup(default_reset="none")
+    respond(on_follower(s), {T0: data(T0, error_code=code)})
+    assert s.errors == []
+    state = s.subs.partitions[T0]
+    assert state.phase is PartitionPhase.FETCHING and state.fetch_offset == 10
+    s.h.advance(BACKOFF)
+    request = s.fetch()
+    assert request.node_id == 1 and fetched(request) == {T0: 10}
+
+
+def test_a_failed_fetch_from_the_follower_goes_back_to_the_leader() -> None:
+    s = Setup()
+    on_follower(s).fail(KafkaConnectionError("connection to node 2 was lost"))
+    s.h.advance(BACKOFF)
+    request = s.fetch()
+    assert request.node_id == 1 and fetched(request) == {T0: 10}
+
+
+def test_a_replica_missing_from_the_metadata_refreshes_it_and_the_leader_serves_meanwhile() -> None:
+    s = Setup(leaders={T0: (1, 5)})  # the metadata lists broker 1 only
+    s.start({T0: 10})
+    respond(s.fetch(), {T0: preferred(T0, 3, high_watermark=20)})
+    request = s.fetch()
+    assert request.node_id == 1
+    metadata = s.h.take("Metadata")
+    metadata.respond(metadata_body(s.leaders, brokers=[1, 3]))
+    respond(request, {T0: data(T0, high_watermark=20)})
+    assert s.fetch().node_id == 3

@@ -102,6 +102,19 @@ def _tls_error(where: str, exc: ssl.SSLError) -> TLSHandshakeError:
     return TLSHandshakeError(f"TLS handshake with {where} failed: {exc}")
 
 
+def describe_node(node_id: int) -> str:
+    """A connection id in words: a bootstrap server, a broker, or a group coordinator's connection."""
+    if node_id < 0:
+        return "bootstrap server"
+    if node_id > _COORDINATOR_IDS:
+        return f"group coordinator (broker {2**31 - 1 - node_id})"
+    return f"broker {node_id}"
+
+
+#: Connection ids above this are group coordinators' own (managers/coordinator.py, ``2**31 - 1 - id``).
+_COORDINATOR_IDS = 2**30
+
+
 class BrokerConnection:
     """A connection to ``host:port``; ``node_id`` is negative for bootstrap servers."""
 
@@ -283,6 +296,9 @@ class BrokerConnection:
             return await waiter.wait()
         if scope.cancelled_caught:
             error = KafkaTimeoutError(f"{api} request to {self.host}:{self.port} timed out after {timeout:.1f}s")
+            if self._closed_error is None:  # not a silent stall: say which broker does not answer
+                log.warning("%s at %s:%s did not answer a %s request within %.1fs; closing the connection",
+                            describe_node(self.node_id), self.host, self.port, api, timeout)
             self._fail(error)
             raise error
         raise AssertionError("unreachable")  # pragma: no cover

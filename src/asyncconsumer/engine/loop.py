@@ -113,6 +113,7 @@ class Engine:
             client_rack=config.client_rack,
             report_error=self.report_error,
             on_diverging_epoch=self.validator.apply_end_offset,
+            preferred_replica_ttl=config.metadata_max_age_ms / 1000,
         )
         self.coordinator: CoordinatorManager | None = None
         self.commits: CommitManager | None = None

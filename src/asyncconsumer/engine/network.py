@@ -27,7 +27,15 @@ from ..errors import (
     TLSHandshakeError,
 )
 from ..managers.requests import Body, UnsentRequest
-from .connection import BrokerConnection, RefusedBeforeLogin, SaslHook, Spawn, TLSHandshakeCutOff, frame_limit
+from .connection import (
+    BrokerConnection,
+    RefusedBeforeLogin,
+    SaslHook,
+    Spawn,
+    TLSHandshakeCutOff,
+    describe_node,
+    frame_limit,
+)
 
 log = logging.getLogger("asyncconsumer.network")
 
@@ -208,6 +216,10 @@ class NetworkClient:
             await connection.open(self._spawn)
         except KafkaError as exc:
             error = self._tls_streak(health, exc)
+            if health.failures == 0:
+                # Not a silent stall: the first failed attempt after a success says which broker.
+                log.warning("%s at %s:%s unreachable (%s); retrying with backoff", describe_node(node_id), *address,
+                            error)
             self._backoff(node_id, health, error)
             if error is exc:
                 raise

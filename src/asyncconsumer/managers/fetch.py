@@ -19,6 +19,14 @@ Incremental fetch sessions (KIP-227): after a full fetch the broker remembers
 the partitions; later requests name only partitions whose fetch offset moved,
 and list the ones to forget.
 
+Fetching from followers (KIP-392): with ``client_rack`` set, a leader running a rack-aware
+replica selector answers with a ``preferred_read_replica``; the partition is then fetched from
+that replica until ``metadata_max_age_ms`` has passed or a fetch from it fails in any way (a lost
+connection, a partition error, an offset the follower does not have yet): then from the leader
+again, which may name a replica anew.  A named replica missing from the cluster metadata (a
+broker just back) is fetched from once the metadata, refreshed at once, lists it; the leader
+serves meanwhile.  Which broker served how many fetches is counted in ``responses_by_node``.
+
 Log truncation (KIP-320): a partition whose position the current leader epoch
 has not vouched for is left to the position validator (managers/validation.py)
 and not fetched.  Fetch v12+ sends the epoch of the last fetched batch
@@ -89,6 +97,7 @@ class FetchManager:
         on_diverging_epoch: DivergenceHandler,
         use_sessions: bool = True,
         max_decompressed: int = DEFAULT_MAX_SIZE,
+        preferred_replica_ttl: float = 300.0,
     ) -> None:
         self._subscriptions = subscriptions
         self._max_decompressed = max_decompressed
@@ -112,6 +121,11 @@ class FetchManager:
         self._held_since: dict[int, float] = {}
         #: Requests whose responses arrived with data (for tests and metrics).
         self.responses = 0
+        #: The same, per broker that served them (fetching from followers shows here).
+        self.responses_by_node: dict[int, int] = defaultdict(int)
+        #: KIP-392: partition -> (the replica the leader named, until when it is used).
+        self._preferred: dict[TopicPartition, tuple[int, float]] = {}
+        self._preferred_ttl = preferred_replica_ttl
 
     def next_deadline(self, now: float) -> float:
         waiting = [s.retry_at for s in self._subscriptions.partitions.values() if s.retry_at > now]
@@ -141,10 +155,11 @@ class FetchManager:
                 continue
             if state.needs_validation(leader.leader_epoch):
                 continue  # the position validator checks it against this leader first
+            node = self._read_replica(tp, leader.leader, now)
             if self._buffer.buffered_bytes(tp) >= share:
-                busy.add(leader.leader)
+                busy.add(node)
                 continue
-            by_node[leader.leader].append(state)
+            by_node[node].append(state)
         requests = []
         held: dict[int, float] = {}
         for node, states in by_node.items():
@@ -158,6 +173,29 @@ class FetchManager:
             requests.append(self._request(node, states))
         self._held_since = held
         return requests
+
+    def _read_replica(self, tp: TopicPartition, leader: int, now: float) -> int:
+        """The leader, or the replica it named for us while that choice is fresh and in the cluster."""
+        preferred = self._preferred.get(tp)
+        if preferred is None:
+            return leader
+        node, until = preferred
+        if now >= until:
+            del self._preferred[tp]
+            return leader
+        if node not in self._metadata.cluster.brokers:
+            self._metadata.request_update()  # a broker back since the last metadata: learn its address
+            return leader
+        return node
+
+    def _from_follower(self, tp: TopicPartition, node: int) -> bool:
+        """``tp`` was fetched from ``node`` as its preferred read replica: forget that choice."""
+        preferred = self._preferred.get(tp)
+        if preferred is None or preferred[0] != node:
+            return False
+        del self._preferred[tp]
+        log.debug("fetching %s from the leader again (a fetch from replica %s failed)", tp, node)
+        return True
 
     def _caught_up(self, state: PartitionState) -> bool:
         """At the end of the log as of the last response: a fetch would wait for new records."""
@@ -241,12 +279,15 @@ class FetchManager:
                 return
             if code:
                 session.reset()  # any top-level error ends the session, as in the Java client
+                for tp in wanted:
+                    self._from_follower(tp, node)
                 self._fail_partitions(now, wanted, error_for_code(code, f"Fetch from node {node}"))
                 return
             self._update_session(session, body, sent, entries)
             if self._subscriptions.assignment_id != assignment_id and not self._still_assigned(wanted):
                 return
             self.responses += 1
+            self.responses_by_node[node] += 1
             for topic in body["responses"]:
                 name = topic["topic"] if version < 13 else cluster.topic_name(topic["topic_id"])
                 if name is None:
@@ -255,7 +296,7 @@ class FetchManager:
                 for p in topic["partitions"]:
                     tp = TopicPartition(name, p["partition_index"])
                     if tp in wanted:
-                        self._handle_partition(now, tp, wanted[tp], entries[tp].leader_epoch, p)
+                        self._handle_partition(now, tp, wanted[tp], entries[tp].leader_epoch, p, node)
 
         def on_error(now: float, error: BaseException) -> None:
             finish()
@@ -263,6 +304,7 @@ class FetchManager:
             log.debug("fetch from node %s failed: %s", node, error)
             self._metadata.request_update()
             for tp in wanted:
+                self._from_follower(tp, node)
                 state = self._subscriptions.get(tp)
                 if state is not None:
                     state.retry_at = now + self._retry_backoff
@@ -330,7 +372,7 @@ class FetchManager:
             self._report_error(error)
 
     def _handle_partition(
-        self, now: float, tp: TopicPartition, sent: tuple[int, int], leader_epoch: int, p: Body
+        self, now: float, tp: TopicPartition, sent: tuple[int, int], leader_epoch: int, p: Body, node: int = -1
     ) -> None:
         state = self._subscriptions.get(tp)
         fetch_offset, epoch = sent
@@ -339,6 +381,16 @@ class FetchManager:
         if state.phase is not PartitionPhase.FETCHING:
             return  # awaiting validation since: this data may be from a diverged log
         code = p["error_code"]
+        if code and self._from_follower(tp, node):
+            # Whatever went wrong at the follower (it may not have the offset yet: it lags the
+            # leader), the leader is asked next, and decides about resets and errors.
+            state.retry_at = now + self._retry_backoff
+            self._metadata.request_update()
+            return
+        replica = p.get("preferred_read_replica", -1)
+        if code == 0 and replica is not None and replica >= 0 and replica != node:
+            log.debug("fetching %s from replica %s (named by node %s)", tp, replica, node)
+            self._preferred[tp] = (replica, now + self._preferred_ttl)
         diverging = p.get("diverging_epoch") or {}
         if code == 0 and diverging.get("epoch", -1) >= 0:
             self._on_diverging_epoch(state, fetch_offset, diverging["epoch"], diverging["end_offset"], leader_epoch)

@@ -1,0 +1,553 @@
+"""Multi-broker failover (issue 13) on a three-node Apache Kafka cluster.
+
+One cluster for the module (nodes 1, 2, 3 in racks a, b, c; replication factor 3,
+``min.insync.replicas=2``).  Each scenario consumes through a group while brokers are killed,
+stopped and restarted, and checks that every record produced (confluent-kafka, ``acks=all``,
+idempotent, so the producer itself adds no duplicates) is read exactly once: the same
+(partition, offset, value) triples the producer was told about, none missing, none twice.  A test
+leaves the cluster whole: every node running and every partition with all its replicas in sync.
+The truncation test (7) assigns its partition instead of joining a group: for a moment two of the
+three controller voters are down there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pytest
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from support.consumers import FAST
+from support.producer import produce
+
+from asyncconsumer import Consumer, TopicPartition
+from asyncconsumer.errors import KafkaTimeoutError, LogTruncationError
+from asyncconsumer.testing import KafkaCluster
+
+pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.timeout(300)]
+
+RACKS = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"  # the scenarios are about the brokers, not the event loop: one backend
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[KafkaCluster]:
+    with KafkaCluster(3, racks=RACKS) as kafka:
+        yield kafka
+
+
+@pytest.fixture
+def whole(cluster: KafkaCluster) -> Iterator[KafkaCluster]:
+    """The cluster, made whole again after the test (every node up, every replica in sync)."""
+    yield cluster
+    heal(cluster)
+
+
+def admin(cluster: KafkaCluster) -> AdminClient:
+    return AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 3})
+
+
+def heal(cluster: KafkaCluster, timeout: float = 90.0) -> None:
+    down = [n for n in cluster.nodes if not n.alive]
+    for node in down:
+        node.launch()
+    if down:
+        cluster.wait_ready(timeout)
+    wait_in_sync(cluster, timeout)
+
+
+def wait_in_sync(cluster: KafkaCluster, timeout: float = 90.0) -> None:
+    """Until every partition of every topic has a leader and all its replicas in sync."""
+    client = admin(cluster)
+    deadline = time.monotonic() + timeout
+    problem = ""
+    while time.monotonic() < deadline:
+        try:
+            md = client.list_topics(timeout=5)
+        except Exception as exc:
+            problem = repr(exc)
+        else:
+            lagging = [
+                f"{t.topic}-{p.id} isr={p.isrs} leader={p.leader}"
+                for t in md.topics.values()
+                for p in t.partitions.values()
+                if len(p.isrs) < len(p.replicas) or p.leader < 0
+            ]
+            if len(md.brokers) == 3 and not lagging:
+                return
+            problem = f"{len(md.brokers)} brokers; " + ", ".join(lagging[:5])
+        time.sleep(0.2)
+    raise TimeoutError(f"cluster not whole after {timeout}s: {problem}")
+
+
+def new_topic(cluster: KafkaCluster, partitions: int = 3, *, config: dict[str, str] | None = None) -> str:
+    name = f"failover-{uuid.uuid4().hex[:8]}"
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=3, config=config or {})
+    client = admin(cluster)
+    client.create_topics([topic], operation_timeout=30)[name].result(30)
+    wait_in_sync(cluster)
+    return name
+
+
+def leaders(cluster: KafkaCluster, topic: str) -> dict[int, int]:
+    md = admin(cluster).list_topics(topic, timeout=10)
+    return {p.id: p.leader for p in md.topics[topic].partitions.values()}
+
+
+def coordinator(cluster: KafkaCluster, group: str) -> int:
+    client = admin(cluster)
+    for _ in range(50):
+        (future,) = client.describe_consumer_groups([group], request_timeout=10).values()
+        try:
+            return int(future.result(10).coordinator.id)
+        except KafkaException:  # NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS: a moment later
+            time.sleep(0.2)
+    raise TimeoutError(f"no coordinator for group {group!r}")
+
+
+@dataclass
+class Background:
+    """Records produced from a thread, ``acks=all`` and idempotent, until stopped."""
+
+    cluster: KafkaCluster
+    topic: str
+    rate: float = 400.0  # records per second
+    delivered: list[tuple[int, int, bytes]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Background:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        producer = Producer({
+            "bootstrap.servers": self.cluster.bootstrap, "acks": "all", "enable.idempotence": True,
+            "linger.ms": 5, "message.timeout.ms": 120000, "log_level": 0,
+        })
+
+        def report(err: Any, msg: Any) -> None:
+            if err is not None:
+                self.failures.append(str(err))
+            else:
+                self.delivered.append((msg.partition(), msg.offset(), msg.value()))
+
+        sent = 0
+        begin = time.monotonic()
+        while not self._stop.is_set():
+            due = int((time.monotonic() - begin) * self.rate)
+            while sent < due:
+                producer.produce(self.topic, value=b"%d" % sent, on_delivery=report)
+                sent += 1
+            producer.poll(0.01)
+        if producer.flush(120):
+            self.failures.append("undelivered after 120 s")
+
+    def stop(self) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join(150)
+        assert not self.failures, self.failures[:5]
+
+    async def stop_async(self) -> None:
+        await anyio.to_thread.run_sync(self.stop)
+
+
+@dataclass
+class Reader:
+    """A group member reading into ``seen`` (and committing every ``commit_every`` records)."""
+
+    consumer: Consumer[Any, Any]
+    commit_every: int = 0
+    #: Commits that timed out (only allowed where the whole cluster is down for longer).
+    timed_out: list[KafkaTimeoutError] = field(default_factory=list)
+    tolerate_timeouts: bool = False
+    seen: list[tuple[int, int, bytes]] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+
+    async def run(self) -> None:
+        async for record in self.consumer:
+            self.seen.append((record.partition, record.offset, record.value))
+            self.arrivals.append(time.monotonic())
+            if self.commit_every and len(self.seen) % self.commit_every == 0:
+                try:
+                    await self.consumer.commit()
+                except KafkaTimeoutError as exc:
+                    if not self.tolerate_timeouts:
+                        raise
+                    self.timed_out.append(exc)  # the next commit covers these offsets too
+
+    def arrived_after(self, moment: float) -> int:
+        return sum(1 for t in self.arrivals if t > moment)
+
+
+def group_consumer(bootstrap: str, group: str, **options: Any) -> Consumer[Any, Any]:
+    return Consumer(bootstrap_servers=bootstrap, group_id=group, **{
+        **FAST, "auto_offset_reset": "earliest", "session_timeout_ms": 30000, "heartbeat_interval_ms": 1000,
+        "reconnect_backoff_max_ms": 1000, "auto_commit_interval_ms": 500, **options})
+
+
+def exactly_once(produced: list[tuple[int, int, bytes]], *reads: list[tuple[int, int, bytes]]) -> None:
+    seen = [r for read in reads for r in read]
+    duplicates = len(seen) - len(set(seen))
+    missing = set(produced) - set(seen)
+    foreign = set(seen) - set(produced)
+    assert not duplicates, f"{duplicates} records read twice"
+    assert not missing, f"{len(missing)} of {len(produced)} records never read, e.g. {sorted(missing)[:5]}"
+    assert not foreign, f"read records nobody produced: {sorted(foreign)[:5]}"
+
+
+async def until(predicate: Any, timeout: float, what: str) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+
+
+async def drain(producer: Background, *readers: Reader, timeout: float = 60.0) -> None:
+    await producer.stop_async()
+    want = set(producer.delivered)
+    await until(lambda: want <= {r for reader in readers for r in reader.seen}, timeout, "the last records")
+    await anyio.sleep(0.5)  # anything read twice would show up now
+
+
+async def on_thread(fn: Any, *args: Any) -> Any:
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+# -- 1. the leader killed mid-fetch --------------------------------------------------------------
+
+
+async def test_the_leader_of_the_partitions_being_read_is_killed_mid_fetch_and_later_restarted(
+    whole: KafkaCluster,
+) -> None:
+    cluster = whole
+    topic = new_topic(cluster, 3)
+    victim = cluster.node(leaders(cluster, topic)[0])
+    led = [p for p, leader in leaders(cluster, topic).items() if leader == victim.node_id]
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, f"g-{topic}") as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await until(lambda: len(reader.seen) > 500, 30, "records before the kill")
+            await on_thread(victim.kill)
+            killed_at = time.monotonic()
+            # Records of the partitions it led flow again, from their new leaders.
+            await until(lambda: any(t > killed_at for (p, _, _), t in zip(reader.seen, reader.arrivals, strict=True)
+                                    if p in led), 30, "records from the moved partitions")
+            moved = leaders(cluster, topic)
+            assert all(moved[p] != victim.node_id for p in led)
+            await on_thread(victim.restart)
+            await on_thread(wait_in_sync, cluster)
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, reader.seen)
+
+
+# -- 2. the group coordinator killed -------------------------------------------------------------
+
+
+async def test_the_group_coordinator_is_killed_commits_are_retried_and_the_rebalance_safe_commit_holds(
+    whole: KafkaCluster,
+) -> None:
+    """Commits go on throughout (every 50 records, and auto-commit); the coordinator's broker dies;
+    the member finds the new coordinator, its commits in flight are retried there and none fails.
+    Then a second member joins: the first hands over its partitions committed (rebalance-safe
+    commits), and the two together read every record exactly once."""
+    cluster = whole
+    topic = new_topic(cluster, 4)
+    group = f"g-{topic}"
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, group) as a:
+        a.subscribe([topic])
+        first = Reader(a, commit_every=50)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first.run)
+            await until(lambda: len(first.seen) > 400, 30, "records before the kill")
+            victim = cluster.node(await on_thread(coordinator, cluster, group))
+            await on_thread(victim.kill)
+            killed_at = time.monotonic()
+            await until(lambda: first.arrived_after(killed_at) > 800, 40, "records after the kill")
+            assert await on_thread(coordinator, cluster, group) != victim.node_id
+            async with group_consumer(cluster.bootstrap, group) as b:
+                b.subscribe([topic])
+                second = Reader(b, commit_every=50)
+                tg.start_soon(second.run)
+                await until(lambda: len(second.seen) > 100 and len(a.assignment()) == 2, 40,
+                            "the second member's records")
+                await on_thread(victim.restart)
+                await drain(producer, first, second)
+                tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, first.seen, second.seen)
+
+
+# -- 3. a rolling restart ------------------------------------------------------------------------
+
+
+async def test_a_rolling_restart_of_all_three_brokers_while_a_group_consumes_and_commits(
+    whole: KafkaCluster,
+) -> None:
+    cluster = whole
+    topic = new_topic(cluster, 3)
+    group = f"g-{topic}"
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, group) as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            for node in cluster.nodes:
+                await until(lambda: len(reader.seen) > 200, 30, "records")
+                before = len(reader.seen)
+                await on_thread(node.restart)  # a controlled shutdown, then started again
+                await on_thread(wait_in_sync, cluster)
+                await until(lambda b=before: len(reader.seen) > b + 200, 30, f"records after restarting {node}")
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+        await c.commit()
+        committed = await c.committed(c.assignment())
+    exactly_once(producer.delivered, reader.seen)
+    ends: dict[int, int] = {}
+    for partition, offset, _ in reader.seen:
+        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    assert {tp.partition: om.offset if om else None for tp, om in committed.items()} == ends
+
+
+# -- 4. a controlled shutdown --------------------------------------------------------------------
+
+
+async def test_a_controlled_shutdown_moves_leadership_before_the_broker_stops_and_reading_goes_on(
+    whole: KafkaCluster,
+) -> None:
+    cluster = whole
+    topic = new_topic(cluster, 3)
+    victim = cluster.node(leaders(cluster, topic)[0])
+    led = [p for p, leader in leaders(cluster, topic).items() if leader == victim.node_id]
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, f"g-{topic}") as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await until(lambda: len(reader.seen) > 300, 30, "records before the shutdown")
+            await on_thread(victim.stop)
+            stopped_at = time.monotonic()
+            moved = leaders(cluster, topic)
+            assert all(moved[p] not in (victim.node_id, -1) for p in led), moved
+            await until(lambda: any(t > stopped_at for (p, _, _), t in zip(reader.seen, reader.arrivals, strict=True)
+                                    if p in led), 20, "records from the moved partitions")
+            await on_thread(victim.restart)
+            await on_thread(wait_in_sync, cluster)
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, reader.seen)
+
+
+# -- 5. bootstrap servers down -------------------------------------------------------------------
+
+
+async def test_a_bootstrap_server_down_at_start_then_every_broker_down_for_20_s_and_back(
+    whole: KafkaCluster, caplog: pytest.LogCaptureFixture,
+) -> None:
+    cluster = whole
+    topic = new_topic(cluster, 3)
+    first = cluster.node(1)
+    await on_thread(first.kill)
+    bootstrap = ",".join(n.bootstrap for n in cluster.nodes)  # the dead one first
+    producer = Background(cluster, topic).start()
+    async with group_consumer(bootstrap, f"g-{topic}") as c:
+        c.subscribe([topic])
+        # Commits in flight while every broker is down time out (a typed error; the next one covers them).
+        reader = Reader(c, commit_every=100, tolerate_timeouts=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await until(lambda: len(reader.seen) > 300, 30, "records with a bootstrap server down")
+            await on_thread(heal, cluster)
+            with caplog.at_level(logging.WARNING, logger="asyncconsumer"):
+                for node in cluster.nodes:
+                    await on_thread(node.kill)
+                down_at = time.monotonic()
+                timeout = c.config.request_timeout_ms / 1000
+                await until(lambda: any(r.levelno >= logging.WARNING and "unreachable" in r.getMessage()
+                                        for r in caplog.records), timeout, "a warning naming the broker")
+                said = time.monotonic() - down_at
+                await anyio.sleep(20 - said)
+                before = len(reader.seen)
+                for node in cluster.nodes:
+                    await on_thread(node.launch)
+                await on_thread(cluster.wait_ready)
+                await until(lambda: len(reader.seen) > before + 200, 60, "records after the cluster came back")
+            await on_thread(wait_in_sync, cluster)
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, reader.seen)
+
+
+# -- 6. fetching from a follower (KIP-392) -------------------------------------------------------
+
+
+async def test_fetches_go_to_the_follower_in_the_consumers_rack_and_back_to_the_leader_when_it_fails(
+    whole: KafkaCluster,
+) -> None:
+    """One partition; the consumer is in the rack of one of its followers.  The leader names that
+    follower as the preferred read replica, and the follower serves the fetches.  The follower
+    killed: the leader serves them again, nothing lost; the follower back: the leader names it again."""
+    cluster = whole
+    topic = new_topic(cluster, 1)
+    leader = leaders(cluster, topic)[0]
+    follower, other = (n.node_id for n in cluster.nodes if n.node_id != leader)
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, f"g-{topic}", client_rack=RACKS[follower - 1]) as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await until(lambda: len(reader.seen) > 400, 30, "records")
+            # Once the leader has named the follower (its first answers), the follower serves.
+            start = dict(c.metrics().fetch_responses_by_node)
+            await until(lambda: len(reader.seen) > 800, 30, "more records")
+            served = c.metrics().fetch_responses_by_node
+            assert served.get(follower, 0) - start.get(follower, 0) >= 5, (start, served)
+            assert served.get(leader, 0) - start.get(leader, 0) <= 1, (start, served)
+            assert served.get(other, 0) == 0, served
+
+            await on_thread(cluster.node(follower).kill)
+            killed = dict(c.metrics().fetch_responses_by_node)
+            before = len(reader.seen)
+            await until(lambda: len(reader.seen) > before + 400, 30, "records with the follower gone")
+            served = c.metrics().fetch_responses_by_node
+            assert served.get(leader, 0) > killed.get(leader, 0) + 5, (killed, served)  # the leader again
+            assert served.get(other, 0) == 0, served  # not another rack's replica
+
+            await on_thread(cluster.node(follower).restart)
+            await on_thread(wait_in_sync, cluster)
+            back = dict(c.metrics().fetch_responses_by_node)
+            await until(lambda: c.metrics().fetch_responses_by_node.get(follower, 0) > back.get(follower, 0) + 5,
+                        30, "fetches from the follower again")
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, reader.seen)
+
+
+# -- 7. truncation after an unclean leader election (KIP-320) ------------------------------------
+
+
+async def test_an_unclean_leader_election_truncates_the_log_and_the_consumer_resets_or_raises(
+    whole: KafkaCluster,
+) -> None:
+    """A topic on nodes 1 (leader) and 2, ``min.insync.replicas=1``, unclean elections allowed.
+    Node 2 dies; 50 records go to node 1 alone and are read.  Node 1 dies, node 2 comes back and
+    is elected uncleanly: its log ends where node 1's went on alone.  A consumer with
+    ``auto_offset_reset="earliest"`` resumes at the divergent offset and reads the new leader's
+    records exactly once; one with ``"none"`` raises ``LogTruncationError`` naming that offset.
+    (Node 3 keeps the controller quorum: two of three voters are up throughout but for a moment.)"""
+    cluster = whole
+    topic = f"unclean-{uuid.uuid4().hex[:8]}"
+    await on_thread(lambda: cluster.run_tool(
+        "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", cluster.bootstrap, "--create",
+        "--topic", topic, "--replica-assignment", "1:2", "--config", "min.insync.replicas=1",
+        "--config", "unclean.leader.election.enable=true"))
+    await on_thread(wait_in_sync, cluster)
+    tp = TopicPartition(topic, 0)
+    await on_thread(lambda: produce(cluster.bootstrap, topic, [(0, None, b"old-%d" % i) for i in range(100)]))
+    leader, follower = cluster.node(1), cluster.node(2)
+    assert leaders(cluster, topic) == {0: 1}
+
+    await on_thread(follower.kill)
+    await on_thread(lambda: produce(cluster.bootstrap, topic, [(0, None, b"alone-%d" % i) for i in range(50)],
+                                    timeout=60))
+    resets = Consumer(bootstrap_servers=cluster.bootstrap, **{**FAST, "auto_offset_reset": "earliest"})
+    raises = Consumer(bootstrap_servers=cluster.bootstrap, **{**FAST, "auto_offset_reset": "none"})
+    async with resets, raises:
+        resets.assign([tp])
+        raises.assign([tp])
+        await raises.seek(tp, 0)
+        for c in (resets, raises):
+            offsets: list[int] = []
+            with anyio.fail_after(30):
+                while len(offsets) < 150:
+                    offsets += [r.offset for r in (await c.getmany(tp, timeout=1)).get(tp, [])]
+            assert offsets == list(range(150))
+
+        await on_thread(leader.kill)
+        await on_thread(lambda: follower.restart(wait=False))
+        deadline = time.monotonic() + 60
+        while leaders(cluster, topic).get(0) != 2:
+            assert time.monotonic() < deadline, "node 2 was not elected"
+            if time.monotonic() > deadline - 50:
+                await on_thread(lambda: cluster.run_tool(
+                    "org.apache.kafka.tools.LeaderElectionCommand", "--bootstrap-server", follower.bootstrap,
+                    "--election-type", "UNCLEAN", "--topic", topic, "--partition", "0", check=False))
+            await anyio.sleep(0.5)
+        await on_thread(lambda: produce(follower.bootstrap, topic, [(0, None, b"new-%d" % i) for i in range(30)],
+                                        timeout=60))
+
+        got: list[tuple[int, bytes]] = []
+        with anyio.fail_after(60):
+            while len(got) < 30:
+                got += [(r.offset, r.value) for r in (await resets.getmany(tp, timeout=1)).get(tp, [])]
+        assert got == [(100 + i, b"new-%d" % i) for i in range(30)]
+        assert await resets.getmany(tp, timeout=1) == {}
+
+        with anyio.fail_after(60), pytest.raises(LogTruncationError) as caught:
+            while True:
+                assert not await raises.getmany(tp, timeout=1)
+        assert (caught.value.partition, caught.value.position, caught.value.divergent_offset) == (tp, 150, 100)
+
+
+# -- a broker that hangs -------------------------------------------------------------------------
+
+
+async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_and_reading_goes_on(
+    whole: KafkaCluster, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SIGSTOP, not SIGKILL: the leader's sockets stay open and nothing answers.  No silent stall:
+    a WARNING names the broker within ``request_timeout_ms`` (plus the fetch's own wait), the
+    connection is dropped, and reading goes on from the new leader."""
+    cluster = whole
+    topic = new_topic(cluster, 1)
+    victim = cluster.node(leaders(cluster, topic)[0])
+    assert victim.pid is not None
+    producer = Background(cluster, topic).start()
+    async with group_consumer(cluster.bootstrap, f"g-{topic}", request_timeout_ms=5000,
+                              socket_connection_setup_timeout_ms=5000) as c:
+        c.subscribe([topic])
+        reader = Reader(c, commit_every=100, tolerate_timeouts=True)
+        named = (f"broker {victim.node_id} at", f"(broker {victim.node_id}) at")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await until(lambda: len(reader.seen) > 300, 30, "records before the hang")
+            with caplog.at_level(logging.WARNING, logger="asyncconsumer"):
+                os.kill(victim.pid, signal.SIGSTOP)
+                try:
+                    stopped_at = time.monotonic()
+                    limit = (c.config.request_timeout_ms + c.config.fetch_max_wait_ms) / 1000 + 2
+                    await until(lambda: any(r.levelno == logging.WARNING and r.getMessage().startswith(named)
+                                            for r in caplog.records), limit, "a warning naming the hung broker")
+                    # A new connection to the hung broker is accepted by its kernel and then hangs
+                    # until the set-up timeout: the fetch waits that out before going to the new leader.
+                    await until(lambda: reader.arrived_after(stopped_at + 1) > 100, 60, "records from the new leader")
+                    recovered = next(t for t in reader.arrivals if t > stopped_at + 1) - stopped_at
+                    print(f"records again {recovered:.1f}s after the hang")
+                finally:
+                    os.kill(victim.pid, signal.SIGCONT)
+            await on_thread(wait_in_sync, cluster)
+            await drain(producer, reader)
+            tg.cancel_scope.cancel()
+    exactly_once(producer.delivered, reader.seen)
