@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support.consumers import Recorder
 
 from asyncconsumer import CommitFailedError, Consumer, TopicPartition
 from asyncconsumer.errors import PollIntervalExceededError, RebalanceCallbackError
@@ -53,17 +54,6 @@ def assert_protocol(c: Consumer[Any, Any], group_protocol: str) -> None:
         assert not membership.unsupported and membership.generation >= 1, membership.state
     else:
         assert isinstance(membership, MembershipManager)
-
-
-class Recorder(RebalanceListener):
-    def __init__(self) -> None:
-        self.events: list[tuple[str, frozenset[TopicPartition]]] = []
-
-    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.events.append(("assigned", frozenset(assigned)))
-
-    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.events.append(("revoked", frozenset(revoked)))
 
 
 async def wait_for_assignment(c: Consumer[Any, Any], timeout: float = 20) -> set[TopicPartition]:

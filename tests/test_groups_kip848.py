@@ -14,14 +14,20 @@ from typing import Any
 
 import anyio
 import pytest
+from support.consumers import LostRecorder
 from test_groups import member, wait_for_assignment
 
 from asyncconsumer import CommitFailedError, Consumer, TopicPartition
-from asyncconsumer.listener import RebalanceListener
 from asyncconsumer.managers.consumer_membership import ConsumerMembershipManager
 from asyncconsumer.managers.membership import MemberState
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def bootstrap(apache_kafka: Any) -> str:
+    """This module's broker: Apache Kafka (``new_topic``/``produce`` use it too; Tansu has no KIP-848)."""
+    return str(apache_kafka.bootstrap)
 
 confluent_admin = pytest.importorskip("confluent_kafka.admin")
 
@@ -82,20 +88,6 @@ async def test_the_broker_sees_a_consumer_group_of_our_members(
             assert {TopicPartition(tp.topic, tp.partition) for tp in m.assignment.topic_partitions} == c.assignment()
 
 
-class Lost(RebalanceListener):
-    def __init__(self) -> None:
-        self.events: list[tuple[str, frozenset[TopicPartition]]] = []
-
-    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.events.append(("assigned", frozenset(assigned)))
-
-    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.events.append(("revoked", frozenset(revoked)))
-
-    def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
-        self.events.append(("lost", frozenset(lost)))
-
-
 async def test_a_missed_session_fences_the_member_which_loses_its_partitions_and_rejoins(
     apache_kafka: Any, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
@@ -110,7 +102,7 @@ async def test_a_missed_session_fences_the_member_which_loses_its_partitions_and
     produce(topic, [(0, None, b"%d" % i) for i in range(20)])
     group = f"g-{topic}"
     await anyio.to_thread.run_sync(lambda: set_group_config(bootstrap, group, consumer_session_timeout_ms="2000"))
-    listener = Lost()
+    listener = LostRecorder()
     # Auto-commit on, but its timer never fires in the test: only a (wrong) rebalance commit could commit.
     async with member(bootstrap, group, group_protocol="consumer", auto_commit_interval_ms=600_000) as c:
         c.subscribe([topic], listener=listener)

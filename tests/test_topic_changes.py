@@ -26,12 +26,11 @@ import anyio
 import anyio.abc
 import pytest
 from confluent_kafka.admin import NewPartitions
-from support.consumers import FAST, tps
+from support.consumers import FAST, LostRecorder, tps
 from support.producer import admin_client, wait_for_topic
 
 from asyncconsumer import Consumer, KafkaError, TopicPartition
 from asyncconsumer.errors import UnknownTopicOrPartitionError
-from asyncconsumer.listener import RebalanceListener
 
 pytestmark = [pytest.mark.anyio, pytest.mark.broker]
 
@@ -60,23 +59,14 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await anyio.to_thread.run_sync(lambda: fn(*args))
 
 
-class Member(RebalanceListener):
+class Member(LostRecorder):
     """A consumer polling in its own task, keeping what it read, what it raised and its callbacks."""
 
     def __init__(self, consumer: Consumer[Any, Any]) -> None:
+        super().__init__()
         self.consumer = consumer
         self.records: list[tuple[str, int, int]] = []
         self.errors: list[KafkaError] = []
-        self.events: list[tuple[str, frozenset[TopicPartition]]] = []
-
-    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.events.append(("assigned", frozenset(assigned)))
-
-    def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.events.append(("revoked", frozenset(revoked)))
-
-    def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
-        self.events.append(("lost", frozenset(lost)))
 
     def revoked(self) -> set[TopicPartition]:
         return {tp for kind, tps_ in self.events if kind in ("revoked", "lost") for tp in tps_}
