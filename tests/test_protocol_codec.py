@@ -228,9 +228,10 @@ def test_client_max_versions_cap_what_is_negotiated() -> None:
         lo, hi = SCHEMAS[api + "Request"]["valid_versions"]
         assert lo <= cap <= hi, api
         assert SUPPORTED_VERSIONS[api] == (lo, cap)
-    # v1 is known to the codec (and encodes) but not negotiated: it needs a client-made member id.
+    # v1 (KIP-1082: the client makes its member id; SubscribedTopicRegex) is negotiated: the
+    # KIP-848 member sends its own id from the first heartbeat.
     assert SCHEMAS["ConsumerGroupHeartbeatRequest"]["valid_versions"] == (0, 1)
-    assert SUPPORTED_VERSIONS["ConsumerGroupHeartbeat"] == (0, 0)
+    assert SUPPORTED_VERSIONS["ConsumerGroupHeartbeat"] == (0, 1)
 
 
 # --- byte-level tests --------------------------------------------------------------------
