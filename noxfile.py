@@ -7,6 +7,8 @@ missing one (under ``CI=true`` it would otherwise error).
 
 from __future__ import annotations
 
+import os
+
 import nox
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
@@ -17,8 +19,17 @@ LINT_PATHS = ("src", "tests", "benchmarks", "examples", "noxfile.py")
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """pytest (extra arguments are passed through: ./dev test -k name -x)."""
-    session.run("python", "-m", "pytest", *session.posargs)
+    """pytest (extra arguments are passed through: ./dev test -k name -x).
+
+    The whole suite (no arguments) runs on ``ASYNCCONSUMER_TEST_WORKERS`` pytest-xdist workers
+    (default 2; 0 runs it in one process).  ``--dist loadgroup`` keeps every test of one broker on
+    one worker (tests/conftest.py groups them), so the Tansu and Apache Kafka halves run side by
+    side.  With arguments, pytest runs in one process unless the arguments say otherwise."""
+    args = list(session.posargs)
+    workers = os.environ.get("ASYNCCONSUMER_TEST_WORKERS", "2")
+    if not args and workers not in ("", "0", "1"):
+        args = ["-n", workers, "--dist", "loadgroup"]
+    session.run("python", "-m", "pytest", *args)
 
 
 @nox.session(venv_backend="none")

@@ -227,3 +227,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    _group_by_broker(items)
+
+
+def _group_by_broker(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``./dev test`` runs two workers), every test of one broker goes to one
+    worker, in collection order, so each broker still sees its tests one at a time, as in a serial
+    run; what uses no shared broker is spread over the workers."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        broker = params.get("kafka_backend")
+        if broker is None and "apache_kafka" in getattr(item, "fixturenames", ()):
+            broker = "kafka"
+        if broker is not None:
+            item.add_marker(pytest.mark.xdist_group(str(broker)))
