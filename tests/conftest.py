@@ -233,11 +233,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _group_by_broker(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``./dev test`` runs two workers), every test of one broker goes to one
     worker, in collection order, so each broker still sees its tests one at a time, as in a serial
-    run; what uses no shared broker is spread over the workers."""
+    run. The Spark tests (one Spark JVM for all of them) and every other module (its module-scoped
+    fixtures, such as a three-node cluster, started once) each stay whole on one worker too."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        broker = params.get("kafka_backend")
-        if broker is None and "apache_kafka" in getattr(item, "fixturenames", ()):
-            broker = "kafka"
-        if broker is not None:
-            item.add_marker(pytest.mark.xdist_group(str(broker)))
+        group = params.get("kafka_backend")
+        if group is None and "apache_kafka" in getattr(item, "fixturenames", ()):
+            group = "kafka"
+        if item.nodeid.startswith("tests/spark/"):
+            group = "spark"
+        if group is None:
+            group = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(str(group)))
