@@ -1,0 +1,1 @@
+"""pytest plugin (fixtures for applications tests): see docs/pytest-plugin.md."""
