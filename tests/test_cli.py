@@ -9,12 +9,16 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.broker import BrokerBackend, free_port
+
+from asyncconsumer.testing.producer import create_topic
+from asyncconsumer.testing.producer import produce as produce_to
 
 pytestmark = pytest.mark.broker
 
@@ -235,3 +239,36 @@ def test_python_m_and_console_script_agree() -> None:
     help_text = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
     assert help_text == cli("--help").stdout
     assert "consume" in help_text and "lag" in help_text
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+def test_command_config_sasl_login_and_bad_credentials(apache_kafka: Any, mechanism: str, tmp_path: Path) -> None:
+    """``--command-config`` with a Java client's SASL settings: the right password reads, a wrong one
+    ends in one line naming the failed login."""
+    broker = apache_kafka.broker
+    user, password = next(iter(broker.users.items()))
+    module = "plain.PlainLoginModule" if mechanism == "PLAIN" else "scram.ScramLoginModule"
+    topic = create_topic(apache_kafka.bootstrap, f"cli-sasl-{mechanism.lower()}-{uuid.uuid4().hex[:8]}")
+    produce_to(apache_kafka.bootstrap, topic, [b"secret"])
+
+    def config(secret: str) -> Path:
+        path = tmp_path / f"{secret}.properties"
+        path.write_text(
+            "# a Java client's settings\n"
+            "security.protocol=SASL_PLAINTEXT\n"
+            f"sasl.mechanism={mechanism}\n"
+            f"sasl.jaas.config=org.apache.kafka.common.security.{module} required \\\n"
+            f'    username="{user}" password="{secret}";\n'
+        )
+        return path
+
+    sasl = broker.bootstrap_for("SASL_PLAINTEXT")
+    good = cli("consume", "--bootstrap-server", sasl, "--topic", topic, "--from-beginning", "--max-messages", "1",
+               "--timeout-ms", "20000", "--command-config", str(config(password)))
+    assert good.returncode == 0, good.stderr
+    assert good.stdout == "secret\n"
+    bad = cli("consume", "--bootstrap-server", sasl, "--topic", topic, "--command-config", str(config("wrong")))
+    assert_one_line_error(bad, "uthenticat")
+    assert bad.returncode == 1
+    bad_lag = cli("lag", "--bootstrap-server", sasl, "--group", "g", "--command-config", str(config("wrong")))
+    assert_one_line_error(bad_lag, "uthenticat")
