@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def test_consume_json_rows_exact(bootstrap: str, new_topic: Callable[..., str], 
         {"topic": topic, "partition": 1, "offset": 1, "timestamp": TS + 3, "key": "ключ", "value": "значение",
          "headers": []},
     ]
-    assert "Processed a total of 4 messages" in result.stderr
+    assert result.stderr == "Processed a total of 4 messages\n"  # no progress line: stderr is a pipe
 
 
 def test_consume_text_with_formatter_properties(
@@ -191,6 +192,41 @@ def test_ctrl_c_stops_cleanly_and_commits(
     assert "Traceback" not in stderr
     assert stderr.strip() == "Processed a total of 3 messages"
     assert lag_json(bootstrap, group)[0]["current_offset"] == 3
+
+
+def test_progress_on_a_terminal_stderr(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """With stderr a terminal, a running count is drawn there (and wiped at the end); stdout keeps
+    only the records."""
+    topic = new_topic()
+    produce(topic, [f"r{i}".encode() for i in range(3)])
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "asyncconsumer", "consume", "--bootstrap-server", bootstrap, "--topic", topic,
+             "--from-beginning", "--max-messages", "3", "--timeout-ms", "20000"],
+            stdout=subprocess.PIPE, stderr=terminal, stdin=subprocess.DEVNULL, timeout=60,
+        )
+        os.close(terminal)
+        terminal = -1
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:  # EIO: the terminal's other end is closed and everything was read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        if terminal >= 0:
+            os.close(terminal)
+        os.close(controller)
+    assert proc.returncode == 0
+    assert proc.stdout == b"r0\nr1\nr2\n"
+    assert b" messages consumed" in drawn and b"\x1b[K" in drawn, drawn
+    assert drawn.rstrip().endswith(b"Processed a total of 3 messages"), drawn
 
 
 def test_unreachable_broker_is_one_line(tmp_path: Path) -> None:
