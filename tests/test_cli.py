@@ -240,6 +240,12 @@ def test_unreachable_broker_is_one_line(tmp_path: Path) -> None:
     assert_one_line_error(result, f"127.0.0.1:{port}")
 
 
+def test_missing_topic_is_one_line(bootstrap: str) -> None:
+    result = cli("consume", "--bootstrap-server", bootstrap, "--topic", "no-such-topic-here", "--timeout-ms", "1000")
+    assert_one_line_error(result, "'no-such-topic-here' does not exist")
+    assert result.returncode == 1
+
+
 @pytest.mark.parametrize(
     ("args", "needles", "code"),
     [
