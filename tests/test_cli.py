@@ -82,11 +82,10 @@ def test_consume_json_rows_exact(bootstrap: str, new_topic: Callable[..., str], 
     assert result.stderr == "Processed a total of 4 messages\n"  # no progress line: stderr is a pipe
 
 
-def test_consume_text_with_formatter_properties(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
-) -> None:
-    topic = new_topic()
-    produce(topic, [(0, b"a", b"one", [("h", b"1")], TS), (0, None, b"two", None, TS + 1)])
+def test_consume_text_with_formatter_properties(bootstrap: str, kafka_topic: str, kafka_produce: Any) -> None:
+    """(Written with the package's own pytest plugin fixtures, on each of the suite's brokers.)"""
+    topic = kafka_topic
+    kafka_produce(topic, [(0, b"a", b"one", [("h", b"1")], TS), (0, None, b"two", None, TS + 1)])
     result = cli("consume", "--bootstrap-server", bootstrap, "--topic", topic, "--from-beginning",
                  "--max-messages", "2", "--timeout-ms", "20000",
                  "--property", "print.key=true", "--property", "print.partition=true",
