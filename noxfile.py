@@ -63,3 +63,14 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks (arguments are passed through)."""
     session.run("python", "-m", "benchmarks.run", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def docs(session: nox.Session) -> None:
+    """The docs site (mkdocs.yml) into site/, strict: a broken link or anchor, or a page left out
+    of nav, fails.  ``./dev docs serve`` previews it instead."""
+    session.env["NO_MKDOCS_2_WARNING"] = "1"
+    if session.posargs[:1] == ["serve"]:
+        session.run("mkdocs", "serve", *session.posargs[1:])
+    else:
+        session.run("mkdocs", "build", "--strict", *session.posargs)

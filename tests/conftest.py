@@ -6,6 +6,8 @@ Fixtures:
     kafka_backend     session broker, one per backend in ASYNCCONSUMER_TEST_BROKER (default: tansu and
                       kafka; a test using it runs on each): ``.bootstrap``, ``.name``, ``.supports(f)``
     bootstrap         ``kafka_backend.bootstrap``
+    kafka_broker      ``kafka_backend`` under the name the package's pytest plugin uses, so that the plugin's
+                      ``kafka_topic`` and ``kafka_produce`` (docs/pytest-plugin.md) run on each backend here too
     new_topic         ``new_topic(partitions=1, *, name=None, config=None) -> str``
     produce           ``produce(topic, records, compression="none", **kw) -> [(partition, offset)]``
     tls_broker        the backend's TLS listener: ``.bootstrap``, ``.ssl_context``, ``.ca_file``
@@ -126,6 +128,12 @@ def apache_kafka(_broker_pool: _BrokerPool) -> KafkaBackend:
 @pytest.fixture(scope="session")
 def bootstrap(kafka_backend: BrokerBackend) -> str:
     return kafka_backend.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(kafka_backend: BrokerBackend) -> BrokerBackend:
+    """Overrides the pytest plugin's ``kafka_broker`` (one embedded Tansu): the suite's brokers instead."""
+    return kafka_backend
 
 
 def unique_name(prefix: str = "t") -> str:

