@@ -134,6 +134,8 @@ class ShareFetchManager:
         self._acks: dict[TopicPartition, dict[int, int]] = {}
         self._commits: dict[TopicPartition, list[_Commit]] = {}
         self._urgent: set[TopicPartition] = set()
+        #: Partitions whose acknowledgements are on their way, with the commits waiting for them.
+        self._sending: dict[TopicPartition, list[_Commit]] = {}
         self.closing = False
         self.closed_nodes: set[int] = set()
         #: The acquisition lock duration the broker last announced (seconds).
@@ -150,15 +152,16 @@ class ShareFetchManager:
     def commit(self) -> Waiter[AckResults]:
         """Send every queued acknowledgement now; the waiter gets each partition's outcome."""
         waiter: Waiter[AckResults] = Waiter()
-        tps = {tp for tp, acks in self._acks.items() if acks}
-        tps |= {tp for tp, commits in self._commits.items() if commits}  # already sent, not answered
-        if not tps:
+        queued = {tp for tp, acks in self._acks.items() if acks}
+        if not queued and not self._sending:
             waiter.set_result({})
             return waiter
-        commit = _Commit(waiter, set(tps))
-        for tp in tps:
+        commit = _Commit(waiter, queued | set(self._sending))
+        for tp in queued:
             self._commits.setdefault(tp, []).append(commit)
-        self._urgent |= {tp for tp in tps if self._acks.get(tp)}
+        for commits in self._sending.values():  # sent already, not answered yet
+            commits.append(commit)
+        self._urgent |= queued
         return waiter
 
     def records_handed_out(self, node_id: int, count: int) -> None:
@@ -178,10 +181,11 @@ class ShareFetchManager:
         return self.closing and all(node in self.closed_nodes for node in self._sessions)
 
     def fail_all(self, error: BaseException) -> None:
-        for commits in self._commits.values():
+        for commits in [*self._commits.values(), *self._sending.values()]:
             for commit in commits:
                 commit.waiter.set_exception(error)
         self._commits.clear()
+        self._sending.clear()
 
     # -- RequestManager -----------------------------------------------------------------------------
 
@@ -243,7 +247,9 @@ class ShareFetchManager:
     def _take_acks(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, tuple[dict[int, int], list[_Commit]]]:
         taken = {}
         for tp in tps:
-            taken[tp] = (self._acks.pop(tp, {}), self._commits.pop(tp, []))
+            commits = self._commits.pop(tp, [])
+            taken[tp] = (self._acks.pop(tp, {}), commits)
+            self._sending[tp] = commits
             self._urgent.discard(tp)
         return taken
 
@@ -445,8 +451,9 @@ class ShareFetchManager:
 
     # -- outcomes -----------------------------------------------------------------------------------
 
-    @staticmethod
-    def _settle(commits: list[_Commit], tp: TopicPartition, error: KafkaError | None) -> None:
+    def _settle(self, commits: list[_Commit], tp: TopicPartition, error: KafkaError | None) -> None:
+        if self._sending.get(tp) is commits:
+            del self._sending[tp]
         for commit in commits:
             commit.settle(tp, error)
 
