@@ -44,7 +44,7 @@ def records(base: int, count: int) -> bytes:
     return build_batch([(None, f"v{base + i}".encode()) for i in range(count)], base_offset=base)
 
 
-def partition(index: int, *, data: bytes = b"", acquired: tuple[tuple[int, int, int], ...] | list[Any] = (),
+def partition(index: int, *, data: bytes = b"", acquired: list[Any] | tuple[Any, ...] = (),
               code: int = 0, ack_code: int = 0) -> dict[str, Any]:
     return {"partition_index": index, "error_code": code, "error_message": None,
             "acknowledge_error_code": ack_code, "acknowledge_error_message": None,
