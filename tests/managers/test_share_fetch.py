@@ -49,7 +49,8 @@ def partition(index: int, *, data: bytes = b"", acquired: list[Any] | tuple[Any,
     return {"partition_index": index, "error_code": code, "error_message": None,
             "acknowledge_error_code": ack_code, "acknowledge_error_message": None,
             "current_leader": {"leader_id": -1, "leader_epoch": -1}, "records": data,
-            "acquired_records": [{"first_offset": f, "last_offset": lst, "delivery_count": d} for f, lst, d in acquired]}
+            "acquired_records": [{"first_offset": f, "last_offset": lst, "delivery_count": d}
+                                 for f, lst, d in acquired]}
 
 
 def fetch_answer(*parts: dict[str, Any], code: int = 0, lock_ms: int = 5000) -> dict[str, Any]:
