@@ -263,8 +263,8 @@ async def test_a_sigkilled_members_records_come_back_after_the_lock_timeout(
     topic = new_topic(1)
     group = await group_for(bootstrap, share_record_lock_duration_ms=3000)
     await anyio.to_thread.run_sync(lambda: produce(topic, values(20)))
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_MEMBER, bootstrap, group, topic],
-                            stdout=subprocess.PIPE, text=True)
+    proc = await anyio.to_thread.run_sync(lambda: subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MEMBER, bootstrap, group, topic], stdout=subprocess.PIPE, text=True))
     try:
         line = await anyio.to_thread.run_sync(proc.stdout.readline)  # type: ignore[union-attr]
         assert line.startswith("acquired"), line
