@@ -54,17 +54,23 @@ def values(n: int, prefix: str = "job") -> list[bytes]:
     return [f"{prefix}-{i}".encode() for i in range(n)]
 
 
+Decide = Callable[[ShareConsumerRecord[bytes, bytes]], AcknowledgeType]
+
+
 async def poll_until(consumer: ShareConsumer[bytes, bytes], want: int, *, timeout: float = 30.0,
-                     ack: AcknowledgeType | None = AcknowledgeType.ACCEPT) -> Records:
-    """Poll until ``want`` records arrived (acknowledging each with ``ack`` unless None)."""
+                     ack: AcknowledgeType | Decide | None = AcknowledgeType.ACCEPT) -> Records:
+    """Poll until ``want`` records arrived, acknowledging each with ``ack`` (or ``ack(record)``);
+    ``None``: leave the last poll's records unacknowledged (explicit mode needs them in one poll)."""
     got: Records = []
     with anyio.fail_after(timeout):
         while len(got) < want:
             for records in (await consumer.getmany(timeout=0.5)).values():
                 for r in records:
                     got.append(r)
-                    if ack is not None:
+                    if isinstance(ack, AcknowledgeType):
                         consumer.acknowledge(r, ack)
+                    elif ack is not None:
+                        consumer.acknowledge(r, ack(r))
     return got
 
 
@@ -133,10 +139,9 @@ async def test_release_redelivers_with_delivery_count_2(
     async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
                              share_acknowledgement_mode="explicit") as consumer:
         consumer.subscribe([topic])
-        first = await poll_until(consumer, 5, ack=None)
+        first = await poll_until(
+            consumer, 5, ack=lambda r: AcknowledgeType.RELEASE if r.offset == 2 else AcknowledgeType.ACCEPT)
         assert [r.delivery_count for r in first] == [1] * 5
-        for r in first:
-            consumer.acknowledge(r, AcknowledgeType.RELEASE if r.offset == 2 else AcknowledgeType.ACCEPT)
         assert all(e is None for e in (await consumer.commit()).values())
         again = await poll_until(consumer, 1)
         assert [(r.offset, r.value, r.delivery_count) for r in again] == [(2, b"job-2", 2)]
@@ -153,9 +158,7 @@ async def test_reject_is_never_redelivered(
     async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
                              share_acknowledgement_mode="explicit") as consumer:
         consumer.subscribe([topic])
-        got = await poll_until(consumer, 3, ack=None)
-        for r in got:
-            consumer.acknowledge(r, AcknowledgeType.REJECT if r.offset == 0 else AcknowledgeType.ACCEPT)
+        await poll_until(consumer, 3, ack=lambda r: AcknowledgeType.REJECT if r.offset == 0 else AcknowledgeType.ACCEPT)
         assert all(e is None for e in (await consumer.commit()).values())
         assert await nothing_more(consumer, 4.0) == []  # longer than the lock: not just still locked
 
@@ -284,3 +287,43 @@ async def test_a_sigkilled_members_records_come_back_after_the_lock_timeout(
     assert sorted(r.value for r in got) == sorted(values(20))  # type: ignore[type-var]
     # The held records came back only once their locks ran out (3 s after acquisition).
     assert time.monotonic() - killed_at > 1.0
+
+
+async def test_a_group_shared_with_javas_console_share_consumer(
+    apache_kafka: Any, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    group = await group_for(bootstrap)
+    total = 400
+    command = apache_kafka.broker.java_command(
+        "org.apache.kafka.tools.consumer.ConsoleShareConsumer", "--bootstrap-server", bootstrap,
+        "--topic", topic, "--group", group, "--timeout-ms", "8000")
+    java = await anyio.to_thread.run_sync(lambda: subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+    ours: list[bytes] = []
+    try:
+        async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                 share_acknowledgement_mode="explicit", max_poll_records=10) as consumer:
+            consumer.subscribe([topic])
+            await consumer.wait_for_assignment()
+            await anyio.sleep(3.0)  # the Java member joins too (its JVM starts slower)
+            await anyio.to_thread.run_sync(
+                lambda: produce(topic, [(i % 2, None, v) for i, v in enumerate(values(total))]))
+            idle_since = time.monotonic()
+            while time.monotonic() - idle_since < 5.0:
+                for records in (await consumer.getmany(timeout=0.3)).values():
+                    idle_since = time.monotonic()
+                    for r in records:
+                        await anyio.sleep(0.005)  # slower than Java per record, so that both get work
+                        assert r.value is not None
+                        ours.append(r.value)
+                        consumer.acknowledge(r, AcknowledgeType.ACCEPT)
+            await consumer.commit()
+        out, _ = await anyio.to_thread.run_sync(lambda: java.communicate(timeout=60))
+    finally:
+        if java.poll() is None:
+            java.kill()
+            java.wait()
+    theirs = [line.encode() for line in out.splitlines() if line.startswith("job-")]
+    assert ours and theirs, (len(ours), len(theirs))
+    assert sorted(ours + theirs) == sorted(values(total))  # every record once, in one member or the other
