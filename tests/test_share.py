@@ -327,3 +327,24 @@ async def test_a_group_shared_with_javas_console_share_consumer(
     theirs = [line.encode() for line in out.splitlines() if line.startswith("job-")]
     assert ours and theirs, (len(ours), len(theirs))
     assert sorted(ours + theirs) == sorted(values(total))  # every record once, in one member or the other
+
+
+async def test_renew_keeps_a_slow_record_acquired_past_its_lock(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap, share_record_lock_duration_ms=2000)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(1)))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             share_acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe([topic])
+        (record,) = await poll_until(consumer, 1, ack=None)
+        first_deadline = consumer.lock_deadline(record)
+        for _ in range(3):  # 3 s of work on a 2 s lock
+            await anyio.sleep(1.0)
+            consumer.acknowledge(record, AcknowledgeType.RENEW)
+            assert all(e is None for e in (await consumer.commit()).values())
+        assert consumer.lock_deadline(record) > first_deadline + 2.0
+        consumer.acknowledge(record, AcknowledgeType.ACCEPT)
+        assert all(e is None for e in (await consumer.commit()).values())
+        assert await nothing_more(consumer, 3.0) == []

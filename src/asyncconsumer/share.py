@@ -106,6 +106,7 @@ class ShareConsumer(Generic[KT, VT]):
         self._topics: frozenset[str] = frozenset()
         self._pending: deque[ShareConsumerRecord[KT, VT]] = deque()
         self._unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
+        self._renewed: dict[_Key, float] = {}
         self._closed = False
 
     @property
@@ -235,16 +236,27 @@ class ShareConsumer(Generic[KT, VT]):
                 f"{record.topic}-{record.partition} offset {record.offset} is not a record this consumer "
                 "handed out and has not acknowledged yet"
             )
-        if record.lock_deadline and time.monotonic() > record.lock_deadline:
+        deadline = self.lock_deadline(record)
+        now = time.monotonic()
+        if deadline and now > deadline:
             del self._unacked[key]
+            self._renewed.pop(key, None)
             raise AcquisitionLockExpiredError(
                 f"the acquisition lock of {record.topic}-{record.partition} offset {record.offset} ran out "
-                f"{time.monotonic() - record.lock_deadline:.1f}s ago: the record is back in the group"
+                f"{now - deadline:.1f}s ago: the record is back in the group"
             )
-        if kind != AcknowledgeType.RENEW:
+        if kind == AcknowledgeType.RENEW:
+            # The broker restarts the lock when it gets the renewal: a little after now.
+            self._renewed[key] = now + engine.fetcher.lock_timeout
+        else:
             del self._unacked[key]
+            self._renewed.pop(key, None)
         tp = record.topic_partition
         engine.post(lambda now: engine.fetcher.acknowledge(tp, record.offset, int(kind)))
+
+    def lock_deadline(self, record: ShareConsumerRecord[KT, VT]) -> float:
+        """When ``record``'s acquisition lock runs out (``time.monotonic()`` clock), renewals included."""
+        return self._renewed.get((record.topic, record.partition, record.offset), record.lock_deadline)
 
     async def commit(self, timeout: float | None = None) -> dict[TopicPartition, KafkaError | None]:
         """Send the queued acknowledgements now and wait for the broker: each partition's outcome,
