@@ -86,6 +86,14 @@ async def nothing_more(consumer: ShareConsumer[bytes, bytes], seconds: float) ->
     return got
 
 
+def settled(consumer: ShareConsumer[bytes, bytes]) -> bool:
+    """One partition assigned, and the member's share sessions hold exactly that one."""
+    engine = consumer._engine
+    assert engine is not None
+    in_sessions = {tp for session in engine.fetcher._sessions.values() for tp in session.partitions}
+    return len(consumer.assignment()) == 1 and in_sessions == consumer.assignment()
+
+
 async def test_three_share_consumers_split_the_work_each_record_accepted_once(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
@@ -94,6 +102,8 @@ async def test_three_share_consumers_split_the_work_each_record_accepted_once(
     total = 600
     accepted: Counter[bytes] = Counter()
     per_member: Counter[int] = Counter()
+    assignments: dict[int, list[int]] = {}
+    members: list[ShareConsumer[bytes, bytes]] = []
     done = anyio.Event()
 
     async def member(index: int, *, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -101,6 +111,7 @@ async def test_three_share_consumers_split_the_work_each_record_accepted_once(
                                  share_acknowledgement_mode="explicit", max_poll_records=20) as consumer:
             consumer.subscribe([topic])
             await consumer.wait_for_assignment()
+            members.append(consumer)
             task_status.started()
             while not done.is_set():
                 for records in (await consumer.getmany(timeout=0.2)).values():
@@ -112,18 +123,25 @@ async def test_three_share_consumers_split_the_work_each_record_accepted_once(
                         consumer.acknowledge(r, AcknowledgeType.ACCEPT)
                 if sum(accepted.values()) >= total:
                     done.set()
+            assignments[index] = sorted(tp.partition for tp in consumer.assignment())
             assert all(error is None for error in (await consumer.commit()).values())
 
     async with anyio.create_task_group() as tg:
         for i in range(3):
             await tg.start(member, i)
+        # A member learns of a new assignment at its next heartbeat, and a long-polling ShareFetch
+        # sent before still names the partitions it had (the broker serves them).  Produce once the
+        # three hold one partition each and their share sessions say so too.
+        with anyio.fail_after(30):
+            while not all(settled(m) for m in members):  # noqa: ASYNC110
+                await anyio.sleep(0.1)
         await anyio.to_thread.run_sync(lambda: produce(topic, [(i % 3, None, v) for i, v in enumerate(values(total))]))
         with anyio.fail_after(60):
             await done.wait()
 
     assert set(accepted) == set(values(total))
     assert max(accepted.values()) == 1, [v for v, n in accepted.items() if n > 1][:5]
-    assert len(per_member) == 3 and min(per_member.values()) > 0, per_member
+    assert len(per_member) == 3 and min(per_member.values()) > 0, (per_member, assignments)
     # Nothing left for a latecomer: every record was accepted.
     async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as late:
         late.subscribe([topic])
@@ -348,3 +366,23 @@ async def test_renew_keeps_a_slow_record_acquired_past_its_lock(
         consumer.acknowledge(record, AcknowledgeType.ACCEPT)
         assert all(e is None for e in (await consumer.commit()).values())
         assert await nothing_more(consumer, 3.0) == []
+
+
+async def test_the_share_apis_are_negotiated_at_their_newest_versions(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """The codec's ShareGroupHeartbeat v1, ShareFetch v2, ShareAcknowledge v2 (KIP-1222 renewals) are
+    what Kafka 4.3.1 offers and what the share consumer's connections pick."""
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(1)))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as consumer:
+        consumer.subscribe([topic])
+        await poll_until(consumer, 1, ack=None)
+        engine = consumer._engine
+        assert engine is not None
+        connections = list(engine.network._connections.values())
+        assert connections
+        chosen = {api: connections[0].choose_version(api)
+                  for api in ("ShareGroupHeartbeat", "ShareFetch", "ShareAcknowledge", "ShareGroupDescribe")}
+    assert chosen == {"ShareGroupHeartbeat": 1, "ShareFetch": 2, "ShareAcknowledge": 2, "ShareGroupDescribe": 1}
