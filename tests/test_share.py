@@ -324,7 +324,10 @@ async def test_a_group_shared_with_javas_console_share_consumer(
                                  share_acknowledgement_mode="explicit", max_poll_records=10) as consumer:
             consumer.subscribe([topic])
             await consumer.wait_for_assignment()
-            await anyio.sleep(3.0)  # the Java member joins too (its JVM starts slower)
+            # The Java member has joined once ours is down to one of the two partitions.
+            with anyio.fail_after(60):
+                while not settled(consumer):  # noqa: ASYNC110
+                    await anyio.sleep(0.1)
             await anyio.to_thread.run_sync(
                 lambda: produce(topic, [(i % 2, None, v) for i, v in enumerate(values(total))]))
             idle_since = time.monotonic()
