@@ -389,3 +389,23 @@ async def test_the_share_apis_are_negotiated_at_their_newest_versions(
         chosen = {api: connections[0].choose_version(api)
                   for api in ("ShareGroupHeartbeat", "ShareFetch", "ShareAcknowledge", "ShareGroupDescribe")}
     assert chosen == {"ShareGroupHeartbeat": 1, "ShareFetch": 2, "ShareAcknowledge": 2, "ShareGroupDescribe": 1}
+
+
+async def test_close_releases_what_explicit_mode_left_unacknowledged(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap)  # the broker's 15 s lock: a redelivery within it was a release
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(4)))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             share_acknowledgement_mode="explicit") as first:
+        first.subscribe([topic])
+        got = await poll_until(first, 4, ack=None)
+        first.acknowledge(got[0], AcknowledgeType.ACCEPT)
+        closing = time.monotonic()
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as second:
+        second.subscribe([topic])
+        again = await poll_until(second, 3, ack=None, timeout=10.0)
+        await second.commit()
+    assert time.monotonic() - closing < 12.0
+    assert sorted((r.offset, r.delivery_count) for r in again) == [(1, 2), (2, 2), (3, 2)]
