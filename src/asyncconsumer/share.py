@@ -20,13 +20,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
-from typing import Any, Generic, Literal, NamedTuple, Self, TypeVar, cast
+from typing import Any, Generic, Literal, NamedTuple, Self, Unpack, cast
 
 import anyio
 import anyio.abc
+from typing_extensions import TypeVar
 
 from .app.collector import RecordDeserializationError
-from .config import ConsumerConfig, build_config
+from .config import ConsumerConfig, ConsumerOptions, build_config
 from .engine.share_loop import ShareEngine
 from .errors import (
     AcknowledgementRequiredError,
@@ -40,8 +41,8 @@ from .errors import (
 from .managers.share_fetch import AckResults, ShareBatch
 from .structs import TopicPartition
 
-KT = TypeVar("KT")
-VT = TypeVar("VT")
+KT = TypeVar("KT", default=bytes)
+VT = TypeVar("VT", default=bytes)
 ShareAcknowledgementMode = Literal["implicit", "explicit"]
 
 
@@ -92,7 +93,12 @@ class ShareConsumer(Generic[KT, VT]):
     plus ``share_acknowledgement_mode`` ("implicit": every record handed out is accepted at the
     next poll; "explicit": each must be acknowledged before the next poll)."""
 
-    def __init__(self, *, share_acknowledgement_mode: ShareAcknowledgementMode = "implicit", **options: Any) -> None:
+    def __init__(
+        self,
+        *,
+        share_acknowledgement_mode: ShareAcknowledgementMode = "implicit",
+        **options: Unpack[ConsumerOptions],
+    ) -> None:
         if share_acknowledgement_mode not in ("implicit", "explicit"):
             raise ConfigError(
                 f"share_acknowledgement_mode must be 'implicit' or 'explicit', not {share_acknowledgement_mode!r}"
