@@ -26,6 +26,7 @@ from asyncconsumer import (
     AcknowledgementRequiredError,
     AcknowledgeType,
     AcquisitionLockExpiredError,
+    ConcurrentAccessError,
     ShareConsumer,
     ShareConsumerRecord,
 )
@@ -409,3 +410,16 @@ async def test_close_releases_what_explicit_mode_left_unacknowledged(
         await second.commit()
     assert time.monotonic() - closing < 12.0
     assert sorted((r.offset, r.delivery_count) for r in again) == [(1, 2), (2, 2), (3, 2)]
+
+
+async def test_a_second_task_polling_at_the_same_time_is_refused(bootstrap: str, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as consumer:
+        consumer.subscribe([topic])
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: consumer.getmany(timeout=1.0))
+            await anyio.sleep(0.1)
+            with pytest.raises(ConcurrentAccessError, match="already polling"):
+                await consumer.getmany(timeout=0.1)
+        assert await consumer.getmany(timeout=0.1) == {}  # free again once the first poll returned

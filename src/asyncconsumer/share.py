@@ -32,6 +32,7 @@ from .engine.share_loop import ShareEngine
 from .errors import (
     AcknowledgementRequiredError,
     AcquisitionLockExpiredError,
+    ConcurrentAccessError,
     ConfigError,
     ConsumerClosedError,
     IllegalStateError,
@@ -116,6 +117,7 @@ class ShareConsumer(Generic[KT, VT]):
         self._unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
         self._renewed: dict[_Key, float] = {}
         self._closed = False
+        self._polling = False
 
     @property
     def config(self) -> ConsumerConfig:
@@ -337,6 +339,19 @@ class ShareConsumer(Generic[KT, VT]):
         return record
 
     async def _poll(self, engine: ShareEngine, limit: int, timeout: float | None) -> list[ShareConsumerRecord[KT, VT]]:
+        if self._polling:
+            raise ConcurrentAccessError(
+                "another task is already polling this share consumer (getmany/async for): one poller at a time"
+            )
+        self._polling = True
+        try:
+            return await self._poll_records(engine, limit, timeout)
+        finally:
+            self._polling = False
+
+    async def _poll_records(
+        self, engine: ShareEngine, limit: int, timeout: float | None
+    ) -> list[ShareConsumerRecord[KT, VT]]:
         deadline = None if timeout is None else anyio.current_time() + timeout
         while True:
             error = engine.pop_error()
