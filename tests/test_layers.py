@@ -26,7 +26,7 @@ PLACES = {
     "protocol": "protocol",
     "managers": "managers", "assignors": "managers",
     "engine": "engine", "config": "engine",
-    "app": "app", "consumer": "app", "streams": "app", "": "app",
+    "app": "app", "consumer": "app", "share": "app", "streams": "app", "": "app",
     "spark": "integrations", "testing": "integrations", "demo": "integrations",
 }
 #: The one cycle allowed: errors.py re-exports the generated classes, which subclass its base class.

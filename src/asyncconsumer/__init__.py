@@ -11,6 +11,8 @@ from ._version import __version__
 from .config import ConsumerConfig
 from .consumer import Consumer, RecordDeserializationError
 from .errors import (
+    AcknowledgementRequiredError,
+    AcquisitionLockExpiredError,
     CommitFailedError,
     ConcurrentAccessError,
     ConfigError,
@@ -24,6 +26,7 @@ from .errors import (
     RebalanceCallbackError,
 )
 from .listener import RebalanceListener
+from .share import AcknowledgeType, ShareConsumer, ShareConsumerRecord
 from .streams import PartitionStream
 from .structs import (
     CREATE_TIME,
@@ -36,6 +39,11 @@ from .structs import (
 )
 
 __all__ = [
+    "AcknowledgeType",
+    "ShareConsumer",
+    "ShareConsumerRecord",
+    "AcknowledgementRequiredError",
+    "AcquisitionLockExpiredError",
     "CREATE_TIME",
     "LOG_APPEND_TIME",
     "CommitFailedError",

@@ -201,3 +201,13 @@ from ._broker_errors import *  # noqa: E402,F403
 from ._broker_errors import ALL_BROKER_ERRORS  # noqa: E402
 
 _BY_CODE.update({cls.code: cls for cls in ALL_BROKER_ERRORS})
+
+
+class AcknowledgementRequiredError(IllegalStateError):
+    """Share consumer, explicit acknowledgement mode: records of the last poll were not acknowledged
+    before the next poll (Java's IllegalStateException in the same place)."""
+
+
+class AcquisitionLockExpiredError(KafkaError):
+    """Share consumer: the acquisition lock of the record being acknowledged ran out, so the broker
+    has already given it back to the group (another member may be working on it)."""

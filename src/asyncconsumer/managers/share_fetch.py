@@ -1,0 +1,483 @@
+"""Share fetching (KIP-932): ShareFetch / ShareAcknowledge with share sessions, sans-I/O.
+
+One share session per partition leader.  Epoch 0 opens it (listing every partition
+of the member's assignment that the node leads), later requests carry the next
+epoch and list only partitions that are new or have acknowledgements, plus the
+partitions to forget; -1 closes it.  The broker hands out *acquired* records:
+``AcquiredRecords`` ranges with a delivery count, locked for
+``AcquisitionLockTimeoutMs``.  Offsets of an acquired range with no record (control
+batches, compacted away) are acknowledged as GAP at once.
+
+Acknowledgements queued by the application ride on the node's next ShareFetch; a
+``commit`` (or RENEW, or close) sends them in a ShareAcknowledge as soon as the
+node has nothing in flight.  Only one request per node is in flight, so the
+session epoch stays in order.  A node is fetched from only when the records it
+sent last are all handed to the application (the buffer stays bounded and the
+broker does not lock more than the application can work through).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import KafkaError, error_for_code
+from ..protocol.records import decode_batch, iter_batches
+from ..structs import ConsumerRecord, TopicPartition
+from .metadata import MetadataManager
+from .requests import Body, UnsentRequest
+from .waiter import Waiter
+
+log = logging.getLogger("asyncconsumer.share")
+
+GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
+SESSION_CODES = frozenset({122, 123})  # SHARE_SESSION_NOT_FOUND, INVALID_SHARE_SESSION_EPOCH
+METADATA_CODES = frozenset({3, 5, 6, 9, 56, 74, 75, 100})
+_MAX_EPOCH = 2**31 - 1
+
+AckResults = dict[TopicPartition, KafkaError | None]
+
+
+@dataclass(slots=True)
+class AcquiredRecord:
+    """A raw record as the broker acquired it for this member."""
+
+    record: ConsumerRecord[bytes, bytes]
+    delivery_count: int
+    lock_deadline: float
+
+
+@dataclass(slots=True)
+class ShareBatch:
+    node_id: int
+    tp: TopicPartition
+    records: list[AcquiredRecord]
+
+
+@dataclass(slots=True)
+class _Session:
+    epoch: int = 0
+    partitions: set[TopicPartition] = field(default_factory=set)
+    in_flight: bool = False
+    #: Records of this node not handed to the application yet.
+    buffered: int = 0
+
+
+@dataclass(slots=True)
+class _Commit:
+    waiter: Waiter[AckResults]
+    remaining: set[TopicPartition]
+    results: AckResults = field(default_factory=dict)
+
+    def settle(self, tp: TopicPartition, error: KafkaError | None) -> None:
+        if tp in self.remaining:
+            self.remaining.discard(tp)
+            self.results[tp] = error
+            if not self.remaining:
+                self.waiter.set_result(self.results)
+
+
+def ack_batches(acks: dict[int, int]) -> list[Body]:
+    """``{offset: type}`` as acknowledgement batches: runs of consecutive offsets with one type."""
+    batches: list[Body] = []
+    first = last = kind = None
+    for offset in sorted(acks):
+        t = acks[offset]
+        if last is not None and offset == last + 1 and t == kind:
+            last = offset
+            continue
+        if first is not None:
+            batches.append({"first_offset": first, "last_offset": last, "acknowledge_types": [kind]})
+        first = last = offset
+        kind = t
+    if first is not None:
+        batches.append({"first_offset": first, "last_offset": last, "acknowledge_types": [kind]})
+    return batches
+
+
+class ShareFetchManager:
+    def __init__(
+        self,
+        group_id: str,
+        metadata: MetadataManager,
+        *,
+        member_id: Callable[[], str],
+        assignment: Callable[[], frozenset[TopicPartition]],
+        can_fetch: Callable[[], bool],
+        on_batch: Callable[[ShareBatch], None],
+        report_error: Callable[[KafkaError], None],
+        max_wait_ms: int = 500,
+        min_bytes: int = 1,
+        max_bytes: int = 52428800,
+        max_records: int = 500,
+        retry_backoff: float = 0.1,
+        check_crcs: bool = True,
+    ) -> None:
+        self.group_id = group_id
+        self._metadata = metadata
+        self._member_id = member_id
+        self._assignment = assignment
+        self._can_fetch = can_fetch
+        self._on_batch = on_batch
+        self._report_error = report_error
+        self._max_wait_ms = max_wait_ms
+        self._min_bytes = min_bytes
+        self._max_bytes = max_bytes
+        self.max_records = max_records
+        self._retry_backoff = retry_backoff
+        self._check_crcs = check_crcs
+        self._sessions: dict[int, _Session] = {}
+        self._retry_at: dict[int, float] = {}
+        #: Acknowledgements not sent yet: partition -> {offset: type}.
+        self._acks: dict[TopicPartition, dict[int, int]] = {}
+        self._commits: dict[TopicPartition, list[_Commit]] = {}
+        self._urgent: set[TopicPartition] = set()
+        #: Partitions whose acknowledgements are on their way, with the commits waiting for them.
+        self._sending: dict[TopicPartition, list[_Commit]] = {}
+        self.closing = False
+        self.closed_nodes: set[int] = set()
+        #: The acquisition lock duration the broker last announced (seconds).
+        self.lock_timeout = 0.0
+        self.responses = 0
+
+    # -- application side (through engine events) -------------------------------------------------
+
+    def acknowledge(self, tp: TopicPartition, offset: int, kind: int) -> None:
+        self._acks.setdefault(tp, {})[offset] = kind
+        if kind == RENEW:
+            self._urgent.add(tp)
+
+    def commit(self) -> Waiter[AckResults]:
+        """Send every queued acknowledgement now; the waiter gets each partition's outcome."""
+        waiter: Waiter[AckResults] = Waiter()
+        queued = {tp for tp, acks in self._acks.items() if acks}
+        if not queued and not self._sending:
+            waiter.set_result({})
+            return waiter
+        commit = _Commit(waiter, queued | set(self._sending))
+        for tp in queued:
+            self._commits.setdefault(tp, []).append(commit)
+        for commits in self._sending.values():  # sent already, not answered yet
+            commits.append(commit)
+        self._urgent |= queued
+        return waiter
+
+    def records_handed_out(self, node_id: int, count: int) -> None:
+        session = self._sessions.get(node_id)
+        if session is not None:
+            session.buffered = max(0, session.buffered - count)
+
+    def pending_acknowledgements(self) -> int:
+        return sum(len(a) for a in self._acks.values())
+
+    def start_closing(self) -> None:
+        """Close every share session (epoch -1) carrying the acknowledgements still queued."""
+        self.closing = True
+
+    @property
+    def done_closing(self) -> bool:
+        return self.closing and all(node in self.closed_nodes for node in self._sessions)
+
+    def fail_all(self, error: BaseException) -> None:
+        for commits in [*self._commits.values(), *self._sending.values()]:
+            for commit in commits:
+                commit.waiter.set_exception(error)
+        self._commits.clear()
+        self._sending.clear()
+
+    # -- RequestManager -----------------------------------------------------------------------------
+
+    def next_deadline(self, now: float) -> float:
+        if self._retry_at:
+            return min(self._retry_at.values())
+        return float("inf")
+
+    def _leader(self, tp: TopicPartition) -> int | None:
+        info = self._metadata.cluster.leader(tp)
+        return info.leader if info is not None else None
+
+    def _topic_id(self, topic: str) -> bytes | None:
+        info = self._metadata.cluster.topics.get(topic)
+        return info.topic_id if info is not None else None
+
+    def _acks_for(self, node: int) -> list[TopicPartition]:
+        return [tp for tp, acks in self._acks.items() if acks and self._leader(tp) == node]
+
+    def poll(self, now: float) -> list[UnsentRequest]:
+        by_node: dict[int, list[TopicPartition]] = {}
+        for tp in self._assignment():
+            node = self._leader(tp)
+            if node is None:
+                self._metadata.request_update()
+                continue
+            by_node.setdefault(node, []).append(tp)
+        for tp in list(self._acks):
+            if self._acks[tp] and self._leader(tp) is None:
+                self._fail_acks(tp, KafkaError(f"no leader known for {tp}: its acknowledgements are dropped"))
+        requests: list[UnsentRequest] = []
+        nodes = set(by_node) | set(self._sessions) | {n for tp in self._acks if (n := self._leader(tp)) is not None}
+        for node in nodes:
+            session = self._sessions.setdefault(node, _Session())
+            if session.in_flight or now < self._retry_at.get(node, 0.0):
+                continue
+            self._retry_at.pop(node, None)
+            acked = self._acks_for(node)
+            if self.closing:
+                if session.epoch == 0:
+                    for tp in acked:  # no session to carry them: the locks run out instead
+                        self._fail_acks(tp, KafkaError(f"no share session open for {tp}'s acknowledgements"))
+                    self.closed_nodes.add(node)
+                elif node not in self.closed_nodes:
+                    requests.append(self._acknowledge(now, node, session, acked, final=True))
+                continue
+            wanted = set(by_node.get(node, ()))
+            renew = any(RENEW in self._acks[tp].values() for tp in acked)
+            urgent = [tp for tp in acked if tp in self._urgent]
+            fetchable = wanted and session.buffered == 0 and self._can_fetch()
+            if urgent and session.epoch != 0 and (renew or not fetchable):
+                requests.append(self._acknowledge(now, node, session, acked, final=False, renew=renew))
+            elif fetchable or (session.partitions - wanted) or (urgent and session.epoch == 0):
+                requests.append(self._fetch(node, session, wanted, acked))
+        return requests
+
+    # -- ShareFetch ---------------------------------------------------------------------------------
+
+    def _take_acks(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, tuple[dict[int, int], list[_Commit]]]:
+        taken = {}
+        for tp in tps:
+            commits = self._commits.pop(tp, [])
+            taken[tp] = (self._acks.pop(tp, {}), commits)
+            self._sending[tp] = commits
+            self._urgent.discard(tp)
+        return taken
+
+    def _fetch(
+        self, node: int, session: _Session, wanted: set[TopicPartition], acked: list[TopicPartition]
+    ) -> UnsentRequest:
+        if session.epoch == 0:
+            # A new session carries no acknowledgements (the broker would reject them).
+            acked = []
+            send = set(wanted)
+        else:
+            send = (wanted - session.partitions) | set(acked)
+        forget = session.partitions - wanted if session.epoch != 0 else set()
+        epoch = session.epoch
+        taken = self._take_acks(acked)
+        session.in_flight = True
+        member_id = self._member_id()
+
+        def build(version: int) -> Body:
+            return {
+                "group_id": self.group_id,
+                "member_id": member_id,
+                "share_session_epoch": epoch,
+                "max_wait_ms": self._max_wait_ms,
+                "min_bytes": self._min_bytes,
+                "max_bytes": self._max_bytes,
+                "max_records": self.max_records,
+                "batch_size": self.max_records,
+                "topics": self._topics(send, taken, fetch=True),
+                "forgotten_topics_data": self._topics(forget, {}, fetch=False, forgotten=True),
+            }
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            session.in_flight = False
+            self._on_fetch(now, node, session, epoch, send, forget, taken, body)
+
+        def on_error(now: float, error: BaseException) -> None:
+            session.in_flight = False
+            self._session_failed(now, node, session, taken, error)
+
+        return UnsentRequest(
+            "ShareFetch", build, on_response, on_error, node_id=node, extra_timeout_ms=self._max_wait_ms
+        )
+
+    def _topics(
+        self,
+        tps: Iterable[TopicPartition],
+        taken: dict[TopicPartition, tuple[dict[int, int], list[_Commit]]],
+        *,
+        fetch: bool,
+        forgotten: bool = False,
+    ) -> list[Body]:
+        grouped: dict[bytes, list[Any]] = {}
+        for tp in sorted(tps):
+            tid = self._topic_id(tp.topic)
+            if tid is None:
+                continue
+            if forgotten:
+                grouped.setdefault(tid, []).append(tp.partition)
+                continue
+            acks = taken.get(tp, ({}, []))[0]
+            entry: Body = {"partition_index": tp.partition, "acknowledgement_batches": ack_batches(acks)}
+            if fetch:
+                entry["partition_max_bytes"] = 0
+            grouped.setdefault(tid, []).append(entry)
+        return [{"topic_id": tid, "partitions": parts} for tid, parts in grouped.items()]
+
+    def _next_epoch(self, epoch: int) -> int:
+        return 1 if epoch >= _MAX_EPOCH else epoch + 1
+
+    def _on_fetch(
+        self,
+        now: float,
+        node: int,
+        session: _Session,
+        epoch: int,
+        sent: set[TopicPartition],
+        forget: set[TopicPartition],
+        taken: dict[TopicPartition, tuple[dict[int, int], list[_Commit]]],
+        body: Body,
+    ) -> None:
+        self.responses += 1
+        code = body["error_code"]
+        if code != 0:
+            self._session_failed(now, node, session, taken, error_for_code(code, body.get("error_message")))
+            return
+        session.epoch = self._next_epoch(epoch)
+        session.partitions = (session.partitions | sent) - forget
+        if body.get("acquisition_lock_timeout_ms", 0) > 0:
+            self.lock_timeout = body["acquisition_lock_timeout_ms"] / 1000
+        deadline = now + self.lock_timeout
+        answered: set[TopicPartition] = set()
+        for topic in body["responses"]:
+            name = self._metadata.cluster.topic_name(topic["topic_id"])
+            if name is None:
+                continue
+            for p in topic["partitions"]:
+                tp = TopicPartition(name, p["partition_index"])
+                answered.add(tp)
+                if tp in taken:
+                    ack_code = p["acknowledge_error_code"]
+                    self._settle(
+                        taken[tp][1],
+                        tp,
+                        error_for_code(ack_code, p.get("acknowledge_error_message")) if ack_code else None,
+                    )
+                if p["error_code"] != 0:
+                    if p["error_code"] in METADATA_CODES:
+                        self._metadata.request_update()
+                    self._report_error(error_for_code(p["error_code"], p.get("error_message")))
+                    continue
+                self._acquired(node, tp, session, p, deadline)
+        for tp, (_, commits) in taken.items():
+            if tp not in answered:
+                self._settle(commits, tp, None)
+
+    def _acquired(self, node: int, tp: TopicPartition, session: _Session, p: Body, deadline: float) -> None:
+        ranges = p.get("acquired_records") or []
+        if not ranges:
+            return
+        counts: dict[int, int] = {}
+        for r in ranges:
+            for offset in range(r["first_offset"], r["last_offset"] + 1):
+                counts[offset] = r["delivery_count"]
+        out: list[AcquiredRecord] = []
+        records = p.get("records")
+        if records:
+            for batch in iter_batches(records, topic=tp.topic, partition=tp.partition, check_crcs=self._check_crcs):
+                for record in decode_batch(batch, tp.topic, tp.partition):
+                    count = counts.pop(record.offset, None)
+                    if count is not None:
+                        out.append(AcquiredRecord(record, count, deadline))
+        for offset in counts:  # acquired, but no record there (control batch, compacted away)
+            self._acks.setdefault(tp, {})[offset] = GAP
+        if out and self.closing:  # arrived while closing: straight back to the group
+            for a in out:
+                self._acks.setdefault(tp, {})[a.record.offset] = RELEASE
+        elif out:
+            session.buffered += len(out)
+            self._on_batch(ShareBatch(node, tp, out))
+
+    # -- ShareAcknowledge -----------------------------------------------------------------------------
+
+    def _acknowledge(
+        self, now: float, node: int, session: _Session, acked: list[TopicPartition], *, final: bool, renew: bool = False
+    ) -> UnsentRequest:
+        epoch = -1 if final else session.epoch
+        taken = self._take_acks(acked)
+        session.in_flight = True
+        member_id = self._member_id()
+
+        def build(version: int) -> Body:
+            body: Body = {
+                "group_id": self.group_id,
+                "member_id": member_id,
+                "share_session_epoch": epoch,
+                "topics": self._topics(taken, taken, fetch=False),
+            }
+            if version >= 2:
+                body["is_renew_ack"] = renew
+            return body
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            session.in_flight = False
+            if final:
+                self.closed_nodes.add(node)
+            code = body["error_code"]
+            if code != 0:
+                self._session_failed(now, node, session, taken, error_for_code(code, body.get("error_message")))
+                return
+            if not final:
+                session.epoch = self._next_epoch(epoch)
+            if body.get("acquisition_lock_timeout_ms", 0) > 0:
+                self.lock_timeout = body["acquisition_lock_timeout_ms"] / 1000
+            answered = set()
+            for topic in body["responses"]:
+                name = self._metadata.cluster.topic_name(topic["topic_id"])
+                for p in topic["partitions"]:
+                    if name is None:
+                        continue
+                    tp = TopicPartition(name, p["partition_index"])
+                    answered.add(tp)
+                    if tp in taken:
+                        c = p["error_code"]
+                        self._settle(taken[tp][1], tp, error_for_code(c, p.get("error_message")) if c else None)
+            for tp, (_, commits) in taken.items():
+                if tp not in answered:
+                    self._settle(commits, tp, None)
+
+        def on_error(now: float, error: BaseException) -> None:
+            session.in_flight = False
+            if final:
+                self.closed_nodes.add(node)
+            self._session_failed(now, node, session, taken, error)
+
+        return UnsentRequest(
+            "ShareAcknowledge", build, on_response, on_error, node_id=node, min_version=2 if renew else 0
+        )
+
+    # -- outcomes -----------------------------------------------------------------------------------
+
+    def _settle(self, commits: list[_Commit], tp: TopicPartition, error: KafkaError | None) -> None:
+        if self._sending.get(tp) is commits:
+            del self._sending[tp]
+        for commit in commits:
+            commit.settle(tp, error)
+
+    def _fail_acks(self, tp: TopicPartition, error: KafkaError) -> None:
+        self._acks.pop(tp, None)
+        self._urgent.discard(tp)
+        self._settle(self._commits.pop(tp, []), tp, error)
+
+    def _session_failed(
+        self,
+        now: float,
+        node: int,
+        session: _Session,
+        taken: dict[TopicPartition, tuple[dict[int, int], list[_Commit]]],
+        error: BaseException,
+    ) -> None:
+        kafka_error = error if isinstance(error, KafkaError) else KafkaError(repr(error))
+        for tp, (_, commits) in taken.items():
+            self._settle(commits, tp, kafka_error)
+        # Start a new session: the broker forgets ours on most errors; records acquired in it are
+        # released when their locks run out.
+        session.epoch = 0
+        session.partitions = set()
+        self._retry_at[node] = now + self._retry_backoff
+        self._metadata.request_update()
+        if not (isinstance(error, KafkaError) and getattr(error, "code", None) in SESSION_CODES):
+            log.debug("share session with node %s failed: %r", node, error)

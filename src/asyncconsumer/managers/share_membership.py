@@ -1,0 +1,184 @@
+"""Share-group membership (KIP-932): the ShareGroupHeartbeat loop, sans-I/O.
+
+A share group has no client-side assignor and no revocation protocol: the member
+(id generated here, KIP-1082 style) heartbeats with epoch 0 to join, the broker
+answers with its epoch and the partitions it may fetch from, and every later
+heartbeat carries the current epoch.  Records are locked per record by the share
+partition, not per member, so a changed assignment takes effect at once.  Leaving
+is a heartbeat with epoch -1.
+
+Errors: UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH rejoin with epoch 0 (same member
+id); coordinator errors look the coordinator up again; anything else is reported
+(typed, from ``error_for_code``) and retried after the back-off.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Callable
+
+from ..errors import KafkaError, error_for_code
+from ..structs import TopicPartition
+from .coordinator import CoordinatorManager
+from .requests import Body, UnsentRequest
+
+UNKNOWN_MEMBER_ID = 25
+FENCED_MEMBER_EPOCH = 110
+COORDINATOR_CODES = frozenset({14, 15, 16})  # load in progress, not available, not coordinator
+LEAVE_EPOCH = -1
+
+
+def new_member_id() -> str:
+    """A random member id as Java spells a Uuid: 22 URL-safe base64 characters."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+class ShareMembershipManager:
+    def __init__(
+        self,
+        group_id: str,
+        coordinator: CoordinatorManager,
+        *,
+        topic_name: Callable[[bytes], str | None],
+        report_error: Callable[[KafkaError], None],
+        retry_backoff: float = 0.1,
+        rack_id: str | None = None,
+    ) -> None:
+        self.group_id = group_id
+        self.member_id = new_member_id()
+        self.epoch = 0
+        self._coordinator = coordinator
+        self._topic_name = topic_name
+        self._report_error = report_error
+        self._retry_backoff = retry_backoff
+        self._rack_id = rack_id
+        self.subscription: frozenset[str] = frozenset()
+        self._sent_subscription: frozenset[str] | None = None
+        #: The broker's assignment by topic id (names resolved through metadata when needed).
+        self._assigned_ids: dict[bytes, frozenset[int]] = {}
+        self.heartbeat_interval = 1.0
+        self._next_heartbeat = 0.0
+        self._in_flight = False
+        self._leaving = False
+        self.left = False
+        self.last_error: KafkaError | None = None
+        #: Bumped whenever the assignment changes (the fetch manager re-reads it).
+        self.assignment_version = 0
+
+    # -- application side -------------------------------------------------------------------------
+
+    def subscribe(self, topics: frozenset[str]) -> None:
+        if topics != self.subscription:
+            self.subscription = topics
+            self._next_heartbeat = 0.0  # tell the broker now
+
+    def leave(self) -> None:
+        """Send epoch -1 next (after any heartbeat in flight); ``left`` turns true when it is answered."""
+        if self.epoch == 0 and not self._in_flight and self._sent_subscription is None:
+            self.left = True  # never joined
+            return
+        self._leaving = True
+        self._next_heartbeat = 0.0
+
+    @property
+    def unresolved_topic_ids(self) -> set[bytes]:
+        return {tid for tid in self._assigned_ids if self._topic_name(tid) is None}
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        out: set[TopicPartition] = set()
+        for tid, partitions in self._assigned_ids.items():
+            name = self._topic_name(tid)
+            if name is not None:
+                out.update(TopicPartition(name, p) for p in partitions)
+        return frozenset(out)
+
+    @property
+    def is_member(self) -> bool:
+        return self.epoch > 0 and not self._leaving and not self.left
+
+    # -- RequestManager -----------------------------------------------------------------------------
+
+    def next_deadline(self, now: float) -> float:
+        if self._in_flight or self.left or (not self.subscription and not self._leaving):
+            return float("inf")
+        return self._next_heartbeat
+
+    def poll(self, now: float) -> list[UnsentRequest]:
+        if self._in_flight or self.left or now < self._next_heartbeat:
+            return []
+        if not self.subscription and not self._leaving:
+            return []
+        node = self._coordinator.node_id
+        if node is None:
+            return []
+        leaving = self._leaving
+        epoch = LEAVE_EPOCH if leaving else self.epoch
+        full = self.epoch == 0 or self._sent_subscription != self.subscription
+        topics = sorted(self.subscription) if full and not leaving else None
+        self._in_flight = True
+
+        def build(version: int) -> Body:
+            return {
+                "group_id": self.group_id,
+                "member_id": self.member_id,
+                "member_epoch": epoch,
+                "rack_id": self._rack_id,
+                "subscribed_topic_names": topics,
+            }
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            self._in_flight = False
+            self._handle(now, body, leaving, topics)
+
+        def on_error(now: float, error: BaseException) -> None:
+            self._in_flight = False
+            if leaving:
+                self.left = True  # best effort: the session timeout removes us otherwise
+                return
+            self._coordinator.mark_unknown(now, error)
+            self._next_heartbeat = now + self._retry_backoff
+
+        return [UnsentRequest("ShareGroupHeartbeat", build, on_response, on_error, node_id=node)]
+
+    def _handle(self, now: float, body: Body, leaving: bool, topics: list[str] | None) -> None:
+        code = body["error_code"]
+        if leaving:
+            self.left = True
+            self.epoch = 0
+            self._assigned_ids = {}
+            self.assignment_version += 1
+            return
+        if code in COORDINATOR_CODES:
+            self._coordinator.mark_unknown(now, error_for_code(code, body.get("error_message")))
+            self._next_heartbeat = now + self._retry_backoff
+            return
+        if code in (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH):
+            self.epoch = 0  # rejoin with the same id; the broker hands the partitions out again
+            self._sent_subscription = None
+            self._next_heartbeat = now
+            if self._assigned_ids:
+                self._assigned_ids = {}
+                self.assignment_version += 1
+            return
+        if code != 0:
+            error = error_for_code(code, body.get("error_message"))
+            self.last_error = error
+            self._report_error(error)
+            self._next_heartbeat = now + max(self._retry_backoff, self.heartbeat_interval)
+            return
+        self.last_error = None
+        if topics is not None:
+            self._sent_subscription = frozenset(topics)
+        if body.get("member_id"):
+            self.member_id = body["member_id"]
+        self.epoch = body["member_epoch"]
+        if body["heartbeat_interval_ms"] > 0:
+            self.heartbeat_interval = body["heartbeat_interval_ms"] / 1000
+        self._next_heartbeat = now + self.heartbeat_interval
+        assignment = body.get("assignment")
+        if assignment is not None:
+            new = {tp["topic_id"]: frozenset(tp["partitions"]) for tp in assignment["topic_partitions"]}
+            if new != self._assigned_ids:
+                self._assigned_ids = new
+                self.assignment_version += 1

@@ -1,0 +1,455 @@
+"""The share consumer (KIP-932, "queues for Kafka"): records handed out one member at a time,
+each acknowledged (accept, release for redelivery, reject, renew the lock).
+
+    async with ShareConsumer(bootstrap_servers="...", group_id="workers",
+                             share_acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe(["jobs"])
+        async for record in consumer:
+            ...
+            consumer.acknowledge(record, AcknowledgeType.ACCEPT)
+
+See docs/share-groups.md.  The background loop (``engine/share_loop.py``) owns every request;
+this side hands records out, queues acknowledgements and waits on results.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from types import TracebackType
+from typing import Any, Generic, Literal, NamedTuple, Self, Unpack, cast
+
+import anyio
+import anyio.abc
+from typing_extensions import TypeVar
+
+from .app.collector import RecordDeserializationError
+from .config import ConsumerConfig, ConsumerOptions, build_config
+from .engine.share_loop import ShareEngine
+from .errors import (
+    AcknowledgementRequiredError,
+    AcquisitionLockExpiredError,
+    ConcurrentAccessError,
+    ConfigError,
+    ConsumerClosedError,
+    IllegalStateError,
+    KafkaError,
+    KafkaTimeoutError,
+)
+from .managers.share_fetch import AckResults, ShareBatch
+from .structs import TopicPartition
+
+KT = TypeVar("KT", default=bytes)
+VT = TypeVar("VT", default=bytes)
+ShareAcknowledgementMode = Literal["implicit", "explicit"]
+
+
+class AcknowledgeType(enum.IntEnum):
+    """How a share consumer acknowledges a record (the protocol's values)."""
+
+    #: Processed: the record is done for the whole group.
+    ACCEPT = 1
+    #: Not processed: give it back for another delivery (``delivery_count`` grows).
+    RELEASE = 2
+    #: Cannot be processed: archive it, never deliver it again.
+    REJECT = 3
+    #: Still working: extend the acquisition lock (KIP-1222; brokers with ShareAcknowledge v2).
+    RENEW = 4
+
+
+class ShareConsumerRecord(NamedTuple, Generic[KT, VT]):
+    """A record as a share consumer hands it out: a ``ConsumerRecord`` plus the delivery count and
+    the acquisition lock's deadline."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: KT | None
+    value: VT | None
+    serialized_key_size: int
+    serialized_value_size: int
+    headers: tuple[tuple[str, bytes | None], ...]
+    leader_epoch: int | None = None
+    #: 1 on the first delivery, 2 after one release or lock expiry, ...
+    delivery_count: int = 1
+    #: When the acquisition lock runs out, on ``time.monotonic()``'s clock (computed when the
+    #: records arrived, so slightly later than the broker's own deadline).
+    lock_deadline: float = 0.0
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+_Key = tuple[str, int, int]
+
+
+class ShareConsumer(Generic[KT, VT]):
+    """An asyncio/trio share-group consumer; options as for ``Consumer`` (``group_id`` required),
+    plus ``share_acknowledgement_mode`` ("implicit": every record handed out is accepted at the
+    next poll; "explicit": each must be acknowledged before the next poll)."""
+
+    def __init__(
+        self,
+        *,
+        share_acknowledgement_mode: ShareAcknowledgementMode = "implicit",
+        **options: Unpack[ConsumerOptions],
+    ) -> None:
+        if share_acknowledgement_mode not in ("implicit", "explicit"):
+            raise ConfigError(
+                f"share_acknowledgement_mode must be 'implicit' or 'explicit', not {share_acknowledgement_mode!r}"
+            )
+        self._config: ConsumerConfig = build_config(options)
+        if self._config.group_id is None:
+            raise ConfigError("a share consumer needs a group_id (the share group's name)")
+        if self._config.uses_sasl:
+            raise ConfigError("ShareConsumer does not support SASL yet (security_protocol SASL_PLAINTEXT/SASL_SSL)")
+        self.acknowledgement_mode: ShareAcknowledgementMode = share_acknowledgement_mode
+        self._engine: ShareEngine | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._topics: frozenset[str] = frozenset()
+        self._pending: deque[ShareConsumerRecord[KT, VT]] = deque()
+        self._unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
+        self._renewed: dict[_Key, float] = {}
+        self._closed = False
+        self._polling = False
+
+    @property
+    def config(self) -> ConsumerConfig:
+        return self._config
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._engine is not None:
+            raise IllegalStateError("the share consumer was already started")
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        engine = ShareEngine(self._config, max_records=self._config.max_poll_records)
+        self._engine = engine
+        await task_group.start(engine.run)
+        if self._topics:
+            engine.post(lambda now: engine.membership.subscribe(self._topics))
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self.close()
+        finally:
+            task_group, self._task_group = self._task_group, None
+            if task_group is not None:
+                task_group.cancel_scope.cancel()
+                await task_group.__aexit__(None, None, None)
+
+    async def close(self, timeout: float = 30.0) -> None:
+        """Send the pending acknowledgements (implicit mode: accept what was handed out), release the
+        rest, close the share sessions, leave the group and stop."""
+        engine = self._engine
+        if engine is None or self._closed:
+            return
+        self._closed = True
+        if engine.closed:
+            return
+        with anyio.move_on_after(timeout, shield=True):
+            implicit = self.acknowledgement_mode == "implicit"
+            unacked = list(self._unacked.values())
+            self._unacked.clear()
+            undelivered = list(self._pending)
+            self._pending.clear()
+
+            def release(now: float) -> None:
+                fetcher = engine.fetcher
+                for r in unacked:
+                    fetcher.acknowledge(r.topic_partition, r.offset, 1 if implicit else 2)
+                for r in undelivered:
+                    fetcher.acknowledge(r.topic_partition, r.offset, 2)
+                while engine.batches:
+                    batch = engine.batches.popleft()
+                    for a in batch.records:
+                        fetcher.acknowledge(batch.tp, a.record.offset, 2)
+                fetcher.start_closing()
+
+            try:
+                await engine.call(release)
+                await self._until(engine, lambda: engine.fetcher.done_closing)
+                await engine.call(lambda now: engine.membership.leave())
+                await self._until(engine, lambda: engine.membership.left)
+            except ConsumerClosedError:
+                pass
+        engine.stop()
+        with anyio.move_on_after(5.0, shield=True):
+            await engine.wait_stopped()
+
+    @staticmethod
+    async def _until(engine: ShareEngine, condition: Callable[[], bool]) -> None:
+        """Wait until ``condition()`` holds (re-checked whenever the loop handled responses)."""
+        while not engine.closed:
+            event = engine.app_event()
+            if condition():
+                return
+            with anyio.move_on_after(0.5):
+                await event.wait()
+
+    def _running(self) -> ShareEngine:
+        engine = self._engine
+        if engine is None or self._closed:
+            raise ConsumerClosedError("the share consumer is not running: use 'async with'")
+        engine.check_running()
+        return engine
+
+    # -- subscription ---------------------------------------------------------------------------------
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        """Join the share group for ``topics`` (names; a share group has no patterns)."""
+        if isinstance(topics, str):
+            raise TypeError("subscribe() takes a list of topic names, not a string")
+        names = frozenset(topics)
+        if not names or any(not isinstance(t, str) or not t for t in names):
+            raise ValueError("subscribe() needs at least one non-empty topic name")
+        self._topics = names
+        engine = self._engine
+        if engine is not None and not engine.closed:
+            engine.post(lambda now: engine.membership.subscribe(names))
+
+    def subscription(self) -> set[str]:
+        return set(self._topics)
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions the broker currently lets this member fetch from."""
+        engine = self._engine
+        return set(engine.membership.assignment()) if engine is not None else set()
+
+    @property
+    def member_id(self) -> str | None:
+        return self._engine.membership.member_id if self._engine is not None else None
+
+    # -- acknowledgements -------------------------------------------------------------------------------
+
+    def acknowledge(self, record: ShareConsumerRecord[KT, VT], type: AcknowledgeType = AcknowledgeType.ACCEPT) -> None:
+        """Acknowledge a record handed out by the last poll; sent with the next fetch or ``commit()``.
+
+        RENEW keeps the record acquired (and needs a later ACCEPT/RELEASE/REJECT); a record whose
+        lock already ran out raises ``AcquisitionLockExpiredError`` (the broker gave it back)."""
+        engine = self._running()
+        kind = AcknowledgeType(type)
+        key = (record.topic, record.partition, record.offset)
+        if key not in self._unacked:
+            raise IllegalStateError(
+                f"{record.topic}-{record.partition} offset {record.offset} is not a record this consumer "
+                "handed out and has not acknowledged yet"
+            )
+        deadline = self.lock_deadline(record)
+        now = time.monotonic()
+        if deadline and now > deadline:
+            del self._unacked[key]
+            self._renewed.pop(key, None)
+            raise AcquisitionLockExpiredError(
+                f"the acquisition lock of {record.topic}-{record.partition} offset {record.offset} ran out "
+                f"{now - deadline:.1f}s ago: the record is back in the group"
+            )
+        if kind == AcknowledgeType.RENEW:
+            # The broker restarts the lock when it gets the renewal: a little after now.
+            self._renewed[key] = now + engine.fetcher.lock_timeout
+        else:
+            del self._unacked[key]
+            self._renewed.pop(key, None)
+        tp = record.topic_partition
+        engine.post(lambda now: engine.fetcher.acknowledge(tp, record.offset, int(kind)))
+
+    def lock_deadline(self, record: ShareConsumerRecord[KT, VT]) -> float:
+        """When ``record``'s acquisition lock runs out (``time.monotonic()`` clock), renewals included."""
+        return self._renewed.get((record.topic, record.partition, record.offset), record.lock_deadline)
+
+    async def commit(self, timeout: float | None = None) -> dict[TopicPartition, KafkaError | None]:
+        """Send the queued acknowledgements now and wait for the broker: each partition's outcome,
+        ``None`` for success or the typed error (``InvalidRecordStateError`` for a lock that ran out,
+        say).  In implicit mode the records handed out so far are accepted first."""
+        engine = self._running()
+        if self.acknowledgement_mode == "implicit":
+            self._accept_delivered(engine)
+        waiter = await engine.call(lambda now: engine.fetcher.commit())
+        with anyio.fail_after(timeout if timeout is not None else self._config.request_timeout_ms / 1000):
+            results: AckResults = await waiter.wait()
+        return results
+
+    def _accept_delivered(self, engine: ShareEngine) -> None:
+        records = list(self._unacked.values())
+        self._unacked.clear()
+        if records:
+
+            def ack(now: float) -> None:
+                for r in records:
+                    engine.fetcher.acknowledge(r.topic_partition, r.offset, 1)
+
+            engine.post(ack)
+
+    def _begin_poll(self, engine: ShareEngine) -> None:
+        if self.acknowledgement_mode == "implicit":
+            self._accept_delivered(engine)
+        elif self._unacked:
+            first = min(self._unacked)
+            raise AcknowledgementRequiredError(
+                f"explicit acknowledgement mode: {len(self._unacked)} record(s) of the last poll are not "
+                f"acknowledged (first: {first[0]}-{first[1]} offset {first[2]}); acknowledge each before polling again"
+            )
+
+    # -- polling ----------------------------------------------------------------------------------------
+
+    async def getmany(
+        self, *, timeout: float | None = None, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]]:
+        """The next records by partition, waiting up to ``timeout`` seconds (None: until some arrive).
+
+        A poll: implicit mode accepts the records handed out before; explicit mode raises
+        ``AcknowledgementRequiredError`` if any of them is not acknowledged."""
+        engine = self._running()
+        self._begin_poll(engine)
+        limit = max_records or self._config.max_poll_records
+        records = await self._poll(engine, limit, timeout)
+        out: dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]] = {}
+        for r in records:
+            self._unacked[(r.topic, r.partition, r.offset)] = r
+            out.setdefault(r.topic_partition, []).append(r)
+        return out
+
+    def __aiter__(self) -> AsyncIterator[ShareConsumerRecord[KT, VT]]:
+        return self
+
+    async def __anext__(self) -> ShareConsumerRecord[KT, VT]:
+        """The next record; when the current batch runs out, the next batch is a poll (see getmany)."""
+        try:
+            if not self._pending:
+                engine = self._running()
+                self._begin_poll(engine)
+                self._pending.extend(await self._poll(engine, self._config.max_poll_records, None))
+            record = self._pending.popleft()
+        except ConsumerClosedError as exc:
+            if self._closed:
+                raise StopAsyncIteration from None
+            raise exc
+        self._unacked[(record.topic, record.partition, record.offset)] = record
+        return record
+
+    async def _poll(self, engine: ShareEngine, limit: int, timeout: float | None) -> list[ShareConsumerRecord[KT, VT]]:
+        if self._polling:
+            raise ConcurrentAccessError(
+                "another task is already polling this share consumer (getmany/async for): one poller at a time"
+            )
+        self._polling = True
+        try:
+            return await self._poll_records(engine, limit, timeout)
+        finally:
+            self._polling = False
+
+    async def _poll_records(
+        self, engine: ShareEngine, limit: int, timeout: float | None
+    ) -> list[ShareConsumerRecord[KT, VT]]:
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        while True:
+            error = engine.pop_error()
+            if error is not None:
+                raise error
+            if engine.batches:
+                return self._take(engine, limit)
+            engine.check_running()
+            event = engine.app_event()
+            if engine.batches or engine._errors:
+                continue
+            if deadline is None:
+                await event.wait()
+            else:
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    return []
+                with anyio.move_on_after(remaining):
+                    await event.wait()
+
+    def _take(self, engine: ShareEngine, limit: int) -> list[ShareConsumerRecord[KT, VT]]:
+        out: list[ShareConsumerRecord[KT, VT]] = []
+        counts: dict[int, int] = {}
+        key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
+        bad: RecordDeserializationError | None = None
+        while engine.batches and len(out) < limit:
+            batch: ShareBatch = engine.batches[0]
+            take = batch.records[: limit - len(out)]
+            del batch.records[: len(take)]
+            if not batch.records:
+                engine.batches.popleft()
+            counts[batch.node_id] = counts.get(batch.node_id, 0) + len(take)
+            for a in take:
+                r = a.record
+                key: Any = r.key
+                value: Any = r.value
+                if bad is None:
+                    try:
+                        if key_fn is not None and key is not None:
+                            key = key_fn(key)
+                        if value_fn is not None and value is not None:
+                            value = value_fn(value)
+                    except Exception as exc:
+                        # Released: it comes back (delivery_count + 1) until the group's delivery
+                        # limit archives it.
+                        bad = RecordDeserializationError(
+                            f"deserializing the record failed: {exc!r}; it was released",
+                            topic=r.topic,
+                            partition=r.partition,
+                            offset=r.offset,
+                        )
+                        tp = batch.tp
+                        engine.post(functools.partial(_release, engine, tp, r.offset))
+                        continue
+                out.append(
+                    cast(
+                        "ShareConsumerRecord[KT, VT]",
+                        ShareConsumerRecord(
+                            r.topic,
+                            r.partition,
+                            r.offset,
+                            r.timestamp,
+                            r.timestamp_type,
+                            key,
+                            value,
+                            r.serialized_key_size,
+                            r.serialized_value_size,
+                            r.headers,
+                            r.leader_epoch,
+                            a.delivery_count,
+                            a.lock_deadline,
+                        ),
+                    )
+                )
+        if counts:
+
+            def handed(now: float) -> None:
+                for node, n in counts.items():
+                    engine.fetcher.records_handed_out(node, n)
+
+            engine.post(handed)
+        if bad is not None and not out:
+            raise bad
+        if bad is not None:
+            engine.report_error(bad)
+        return out
+
+    async def wait_for_assignment(self, timeout: float = 30.0) -> set[TopicPartition]:
+        """Wait until the broker has assigned this member at least one partition."""
+        engine = self._running()
+        with anyio.move_on_after(timeout):
+            await self._until(engine, lambda: bool(engine.membership.is_member and engine.membership.assignment()))
+            return self.assignment()
+        raise KafkaTimeoutError(f"no share-group assignment within {timeout}s")
+
+
+def _release(engine: ShareEngine, tp: TopicPartition, offset: int, now: float) -> None:
+    engine.fetcher.acknowledge(tp, offset, AcknowledgeType.RELEASE)
+
+
+__all__ = ["AcknowledgeType", "ShareAcknowledgementMode", "ShareConsumer", "ShareConsumerRecord"]

@@ -1,0 +1,243 @@
+"""ShareFetchManager: share sessions, acquired records, acknowledgements riding on ShareFetch or sent
+in ShareAcknowledge, commit outcomes per partition, closing (scripted, fake clock)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncconsumer.errors import InvalidRecordStateError, KafkaError, ShareSessionNotFoundError
+from asyncconsumer.managers.share_fetch import (
+    ACCEPT,
+    GAP,
+    REJECT,
+    RELEASE,
+    RENEW,
+    ShareBatch,
+    ShareFetchManager,
+    ack_batches,
+)
+from asyncconsumer.protocol.record_writer import build_batch
+from asyncconsumer.structs import TopicPartition
+
+from .scripted import FakeClock, Scripted, new_metadata, topic_id
+
+P0 = TopicPartition("jobs", 0)
+P1 = TopicPartition("jobs", 1)
+
+
+class Setup:
+    def __init__(self, assigned: set[TopicPartition] | None = None) -> None:
+        self.clock = FakeClock()
+        self.metadata = new_metadata(self.clock, {P0: (1, 0), P1: (2, 0)})
+        self.assigned = {P0, P1} if assigned is None else assigned
+        self.batches: list[ShareBatch] = []
+        self.errors: list[KafkaError] = []
+        self.fetcher = ShareFetchManager(
+            "workers", self.metadata, member_id=lambda: "m1", assignment=lambda: frozenset(self.assigned),
+            can_fetch=lambda: True, on_batch=self.batches.append, report_error=self.errors.append,
+            max_wait_ms=500, max_records=100,
+        )
+        self.h = Scripted(self.fetcher, clock=self.clock)
+
+
+def records(base: int, count: int) -> bytes:
+    return build_batch([(None, f"v{base + i}".encode()) for i in range(count)], base_offset=base)
+
+
+def partition(index: int, *, data: bytes = b"", acquired: list[Any] | tuple[Any, ...] = (),
+              code: int = 0, ack_code: int = 0) -> dict[str, Any]:
+    return {"partition_index": index, "error_code": code, "error_message": None,
+            "acknowledge_error_code": ack_code, "acknowledge_error_message": None,
+            "current_leader": {"leader_id": -1, "leader_epoch": -1}, "records": data,
+            "acquired_records": [{"first_offset": f, "last_offset": lst, "delivery_count": d}
+                                 for f, lst, d in acquired]}
+
+
+def fetch_answer(*parts: dict[str, Any], code: int = 0, lock_ms: int = 5000) -> dict[str, Any]:
+    return {"throttle_time_ms": 0, "error_code": code, "error_message": None, "acquisition_lock_timeout_ms": lock_ms,
+            "responses": [{"topic_id": topic_id("jobs"), "partitions": list(parts)}] if parts else [],
+            "node_endpoints": []}
+
+
+def ack_answer(*parts: tuple[int, int], code: int = 0) -> dict[str, Any]:
+    return {"throttle_time_ms": 0, "error_code": code, "error_message": None, "acquisition_lock_timeout_ms": 5000,
+            "responses": [{"topic_id": topic_id("jobs"), "partitions": [
+                {"partition_index": p, "error_code": c, "error_message": None,
+                 "current_leader": {"leader_id": -1, "leader_epoch": -1}} for p, c in parts]}] if parts else [],
+            "node_endpoints": []}
+
+
+def by_node(sent: list[Any]) -> dict[int | None, Any]:
+    return {s.node_id: s for s in sent}
+
+
+def test_ack_batches_are_runs_of_one_type() -> None:
+    assert ack_batches({}) == []
+    assert ack_batches({5: ACCEPT, 6: ACCEPT, 7: RELEASE, 9: ACCEPT, 8: RELEASE}) == [
+        {"first_offset": 5, "last_offset": 6, "acknowledge_types": [ACCEPT]},
+        {"first_offset": 7, "last_offset": 8, "acknowledge_types": [RELEASE]},
+        {"first_offset": 9, "last_offset": 9, "acknowledge_types": [ACCEPT]},
+    ]
+
+
+def test_one_session_per_leader_opened_with_epoch_0_and_every_partition() -> None:
+    s = Setup()
+    sent = by_node(s.h.sent("ShareFetch"))
+    assert set(sent) == {1, 2}
+    body = sent[1].body()
+    assert body["share_session_epoch"] == 0 and body["group_id"] == "workers" and body["member_id"] == "m1"
+    assert body["max_records"] == 100
+    assert [(t["topic_id"], [p["partition_index"] for p in t["partitions"]]) for t in body["topics"]] == [
+        (topic_id("jobs"), [0])]
+    assert body["forgotten_topics_data"] == []
+
+
+def test_acquired_records_are_handed_over_with_delivery_count_and_lock_deadline() -> None:
+    s = Setup({P0})
+    sent = s.h.take("ShareFetch")
+    sent.respond(fetch_answer(partition(0, data=records(0, 4), acquired=[(0, 1, 1), (2, 3, 2)]), lock_ms=7000))
+    assert len(s.batches) == 1
+    got = [(a.record.offset, a.record.value, a.delivery_count) for a in s.batches[0].records]
+    assert got == [(0, b"v0", 1), (1, b"v1", 1), (2, b"v2", 2), (3, b"v3", 2)]
+    assert s.batches[0].records[0].lock_deadline == s.clock.now + 7.0
+    assert s.fetcher.lock_timeout == 7.0
+
+
+def test_records_outside_the_acquired_ranges_are_dropped_and_missing_offsets_acknowledged_as_gaps() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 3), acquired=[(1, 4, 1)])))
+    assert [a.record.offset for a in s.batches[0].records] == [1, 2]
+    assert s.fetcher._acks[P0] == {3: GAP, 4: GAP}
+
+
+def test_no_new_fetch_while_the_last_records_are_not_handed_out() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 2), acquired=[(0, 1, 1)])))
+    s.h.assert_idle("ShareFetch")
+    s.fetcher.records_handed_out(1, 2)
+    body = s.h.take("ShareFetch").body()
+    assert body["share_session_epoch"] == 1
+    assert body["topics"] == []  # nothing new in the session, no acknowledgements
+
+
+def test_acknowledgements_ride_on_the_next_share_fetch() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 3), acquired=[(0, 2, 1)])))
+    s.fetcher.records_handed_out(1, 3)
+    for offset, kind in [(0, ACCEPT), (1, ACCEPT), (2, REJECT)]:
+        s.fetcher.acknowledge(P0, offset, kind)
+    sent = s.h.take("ShareFetch")
+    s.h.assert_idle("ShareAcknowledge")
+    (topic,) = sent.body()["topics"]
+    (entry,) = topic["partitions"]
+    assert entry["acknowledgement_batches"] == [
+        {"first_offset": 0, "last_offset": 1, "acknowledge_types": [ACCEPT]},
+        {"first_offset": 2, "last_offset": 2, "acknowledge_types": [REJECT]},
+    ]
+    assert s.fetcher.pending_acknowledgements() == 0
+
+
+def test_commit_sends_a_share_acknowledge_when_not_fetching_and_reports_per_partition() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 2), acquired=[(0, 1, 1)])))
+    # records still buffered: no fetch, so the commit goes as ShareAcknowledge
+    s.fetcher.acknowledge(P0, 0, ACCEPT)
+    s.fetcher.acknowledge(P0, 1, RELEASE)
+    waiter = s.fetcher.commit()
+    sent = s.h.take("ShareAcknowledge")
+    body = sent.body()
+    assert body["share_session_epoch"] == 1
+    assert body["topics"][0]["partitions"][0]["acknowledgement_batches"] == [
+        {"first_offset": 0, "last_offset": 0, "acknowledge_types": [ACCEPT]},
+        {"first_offset": 1, "last_offset": 1, "acknowledge_types": [RELEASE]},
+    ]
+    assert not waiter.done()
+    sent.respond(ack_answer((0, 0)))
+    assert waiter.result() == {P0: None}
+    s.fetcher.records_handed_out(1, 2)
+    assert s.h.take("ShareFetch").body()["share_session_epoch"] == 2
+
+
+def test_commit_with_nothing_pending_completes_at_once() -> None:
+    s = Setup({P0})
+    assert s.fetcher.commit().result() == {}
+
+
+def test_a_failed_acknowledgement_is_a_typed_error_for_its_partition() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 1), acquired=[(0, 0, 1)])))
+    s.fetcher.acknowledge(P0, 0, ACCEPT)
+    waiter = s.fetcher.commit()
+    s.h.take("ShareAcknowledge").respond(ack_answer((0, 121)))  # INVALID_RECORD_STATE
+    assert isinstance(waiter.result()[P0], InvalidRecordStateError)
+
+
+def test_acknowledgement_errors_on_a_share_fetch_reach_the_commit() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 1), acquired=[(0, 0, 1)])))
+    s.fetcher.records_handed_out(1, 1)
+    s.fetcher.acknowledge(P0, 0, ACCEPT)
+    sent = s.h.take("ShareFetch")  # the acks ride here (the node was free to fetch)
+    waiter = s.fetcher.commit()  # waits for the acks already on their way
+    sent.respond(fetch_answer(partition(0, ack_code=121)))
+    assert isinstance(waiter.result()[P0], InvalidRecordStateError)
+
+
+def test_renew_goes_at_once_in_a_share_acknowledge_flagged_as_renew() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 1), acquired=[(0, 0, 1)])))
+    s.fetcher.records_handed_out(1, 1)
+    s.fetcher.acknowledge(P0, 0, RENEW)
+    sent = s.h.take("ShareAcknowledge").at(2)
+    s.h.assert_idle("ShareFetch")  # one request per session at a time
+    body = sent.body()
+    assert body["is_renew_ack"] is True
+    assert body["topics"][0]["partitions"][0]["acknowledgement_batches"][0]["acknowledge_types"] == [RENEW]
+
+
+def test_a_lost_session_starts_over_with_epoch_0_after_the_backoff() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 1), acquired=[(0, 0, 1)])))
+    s.fetcher.records_handed_out(1, 1)
+    s.fetcher.acknowledge(P0, 0, ACCEPT)
+    sent = s.h.take("ShareFetch")
+    waiter = s.fetcher.commit()
+    sent.respond(fetch_answer(code=122))  # SHARE_SESSION_NOT_FOUND
+    assert isinstance(waiter.result()[P0], ShareSessionNotFoundError)
+    s.h.assert_idle("ShareFetch")
+    s.h.advance(0.2)
+    assert s.h.take("ShareFetch").body()["share_session_epoch"] == 0
+
+
+def test_a_revoked_partition_is_forgotten_in_the_session() -> None:
+    s = Setup({P0, TopicPartition("jobs", 2)})
+    s.metadata = s.metadata  # jobs-2 has no leader known: it is skipped and metadata asked for
+    s.h.take("ShareFetch").respond(fetch_answer())
+    s.assigned.clear()
+    body = s.h.take("ShareFetch").body()
+    assert body["forgotten_topics_data"] == [{"topic_id": topic_id("jobs"), "partitions": [0]}]
+
+
+def test_closing_sends_the_last_acknowledgements_with_epoch_minus_1() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 2), acquired=[(0, 1, 1)])))
+    s.fetcher.acknowledge(P0, 0, ACCEPT)
+    s.fetcher.acknowledge(P0, 1, RELEASE)
+    s.fetcher.start_closing()
+    assert not s.fetcher.done_closing
+    sent = s.h.take("ShareAcknowledge")
+    assert sent.body()["share_session_epoch"] == -1
+    sent.respond(ack_answer((0, 0)))
+    assert s.fetcher.done_closing
+    s.h.assert_idle()
+
+
+def test_records_arriving_while_closing_are_released() -> None:
+    s = Setup({P0})
+    sent = s.h.take("ShareFetch")
+    s.fetcher.start_closing()
+    sent.respond(fetch_answer(partition(0, data=records(0, 2), acquired=[(0, 1, 1)])))
+    assert s.batches == []
+    final = s.h.take("ShareAcknowledge")
+    assert final.body()["topics"][0]["partitions"][0]["acknowledgement_batches"] == [
+        {"first_offset": 0, "last_offset": 1, "acknowledge_types": [RELEASE]}]

@@ -1,0 +1,425 @@
+"""Share groups (KIP-932) on Apache Kafka: ShareConsumer against the real share-group coordinator.
+
+Runs on Apache Kafka only (Tansu has no share groups) and on asyncio (test_share_trio.py has the
+trio member).  Every group reads from the earliest offset (``share.auto.offset.reset``, set with
+IncrementalAlterConfigs on the GROUP resource); lock durations and delivery limits are per group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+from support.share import share_group
+
+from asyncconsumer import (
+    AcknowledgementRequiredError,
+    AcknowledgeType,
+    AcquisitionLockExpiredError,
+    ConcurrentAccessError,
+    ShareConsumer,
+    ShareConsumerRecord,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+
+Records = list[ShareConsumerRecord[bytes, bytes]]
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def bootstrap(apache_kafka: Any) -> str:
+    """This module's broker: Apache Kafka (``new_topic``/``produce`` use it too)."""
+    return str(apache_kafka.bootstrap)
+
+
+async def group_for(bootstrap: str, **configs: object) -> str:
+    return await anyio.to_thread.run_sync(lambda: share_group(bootstrap, **configs))
+
+
+def values(n: int, prefix: str = "job") -> list[bytes]:
+    return [f"{prefix}-{i}".encode() for i in range(n)]
+
+
+Decide = Callable[[ShareConsumerRecord[bytes, bytes]], AcknowledgeType]
+
+
+async def poll_until(consumer: ShareConsumer[bytes, bytes], want: int, *, timeout: float = 30.0,
+                     ack: AcknowledgeType | Decide | None = AcknowledgeType.ACCEPT) -> Records:
+    """Poll until ``want`` records arrived, acknowledging each with ``ack`` (or ``ack(record)``);
+    ``None``: leave the last poll's records unacknowledged (explicit mode needs them in one poll)."""
+    got: Records = []
+    with anyio.fail_after(timeout):
+        while len(got) < want:
+            for records in (await consumer.getmany(timeout=0.5)).values():
+                for r in records:
+                    got.append(r)
+                    if isinstance(ack, AcknowledgeType):
+                        consumer.acknowledge(r, ack)
+                    elif ack is not None:
+                        consumer.acknowledge(r, ack(r))
+    return got
+
+
+async def nothing_more(consumer: ShareConsumer[bytes, bytes], seconds: float) -> Records:
+    """Whatever arrives within ``seconds`` (accepted), expected to be nothing."""
+    got: Records = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for records in (await consumer.getmany(timeout=0.3)).values():
+            for r in records:
+                got.append(r)
+                consumer.acknowledge(r, AcknowledgeType.ACCEPT)
+    return got
+
+
+def settled(consumer: ShareConsumer[bytes, bytes]) -> bool:
+    """One partition assigned, and the member's share sessions hold exactly that one."""
+    engine = consumer._engine
+    assert engine is not None
+    in_sessions = {tp for session in engine.fetcher._sessions.values() for tp in session.partitions}
+    return len(consumer.assignment()) == 1 and in_sessions == consumer.assignment()
+
+
+async def test_three_share_consumers_split_the_work_each_record_accepted_once(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(3)
+    group = await group_for(bootstrap)
+    total = 600
+    accepted: Counter[bytes] = Counter()
+    per_member: Counter[int] = Counter()
+    assignments: dict[int, list[int]] = {}
+    members: list[ShareConsumer[bytes, bytes]] = []
+    done = anyio.Event()
+
+    async def member(index: int, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                 share_acknowledgement_mode="explicit", max_poll_records=20) as consumer:
+            consumer.subscribe([topic])
+            await consumer.wait_for_assignment()
+            members.append(consumer)
+            task_status.started()
+            while not done.is_set():
+                for records in (await consumer.getmany(timeout=0.2)).values():
+                    for r in records:
+                        await anyio.sleep(0.002)  # a little work per job, so that the members share
+                        assert r.value is not None
+                        accepted[r.value] += 1
+                        per_member[index] += 1
+                        consumer.acknowledge(r, AcknowledgeType.ACCEPT)
+                if sum(accepted.values()) >= total:
+                    done.set()
+            assignments[index] = sorted(tp.partition for tp in consumer.assignment())
+            assert all(error is None for error in (await consumer.commit()).values())
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            await tg.start(member, i)
+        # A member learns of a new assignment at its next heartbeat, and a long-polling ShareFetch
+        # sent before still names the partitions it had (the broker serves them).  Produce once the
+        # three hold one partition each and their share sessions say so too.
+        with anyio.fail_after(30):
+            while not all(settled(m) for m in members):  # noqa: ASYNC110
+                await anyio.sleep(0.1)
+        await anyio.to_thread.run_sync(lambda: produce(topic, [(i % 3, None, v) for i, v in enumerate(values(total))]))
+        with anyio.fail_after(60):
+            await done.wait()
+
+    assert set(accepted) == set(values(total))
+    assert max(accepted.values()) == 1, [v for v, n in accepted.items() if n > 1][:5]
+    assert len(per_member) == 3 and min(per_member.values()) > 0, (per_member, assignments)
+    # Nothing left for a latecomer: every record was accepted.
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as late:
+        late.subscribe([topic])
+        assert await nothing_more(late, 3.0) == []
+
+
+async def test_release_redelivers_with_delivery_count_2(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(5)))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             share_acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe([topic])
+        first = await poll_until(
+            consumer, 5, ack=lambda r: AcknowledgeType.RELEASE if r.offset == 2 else AcknowledgeType.ACCEPT)
+        assert [r.delivery_count for r in first] == [1] * 5
+        assert all(e is None for e in (await consumer.commit()).values())
+        again = await poll_until(consumer, 1)
+        assert [(r.offset, r.value, r.delivery_count) for r in again] == [(2, b"job-2", 2)]
+        await consumer.commit()
+        assert await nothing_more(consumer, 2.0) == []
+
+
+async def test_reject_is_never_redelivered(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap, share_record_lock_duration_ms=2000)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(3)))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             share_acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe([topic])
+        await poll_until(consumer, 3, ack=lambda r: AcknowledgeType.REJECT if r.offset == 0 else AcknowledgeType.ACCEPT)
+        assert all(e is None for e in (await consumer.commit()).values())
+        assert await nothing_more(consumer, 4.0) == []  # longer than the lock: not just still locked
+
+
+async def test_implicit_mode_accepts_what_was_handed_out_at_the_next_poll(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    group = await group_for(bootstrap, share_record_lock_duration_ms=2000)
+    await anyio.to_thread.run_sync(lambda: produce(topic, [(i % 2, None, v) for i, v in enumerate(values(50))]))
+    seen: list[bytes] = []
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as consumer:
+        assert consumer.acknowledgement_mode == "implicit"
+        consumer.subscribe([topic])
+        with anyio.fail_after(30):
+            async for record in consumer:
+                assert record.value is not None
+                seen.append(record.value)
+                if len(seen) == 50:
+                    break
+        await consumer.commit()  # accepts the last records handed out too
+    assert sorted(seen) == sorted(values(50))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as again:
+        again.subscribe([topic])
+        assert await nothing_more(again, 4.0) == []
+
+
+async def test_explicit_mode_refuses_to_poll_with_unacknowledged_records(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(3)))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             share_acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe([topic])
+        got = await poll_until(consumer, 3, ack=None)
+        consumer.acknowledge(got[0], AcknowledgeType.ACCEPT)
+        with pytest.raises(AcknowledgementRequiredError, match="2 record"):
+            await consumer.getmany(timeout=0.1)
+        for r in got[1:]:
+            consumer.acknowledge(r)
+        assert await consumer.getmany(timeout=0.1) == {}
+
+
+async def test_a_lock_that_ran_out_is_a_typed_error_and_the_record_comes_back(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap, share_record_lock_duration_ms=2000)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(1)))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             share_acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe([topic])
+        (record,) = await poll_until(consumer, 1, ack=None)
+        assert record.lock_deadline - time.monotonic() == pytest.approx(2.0, abs=1.0)
+        await anyio.sleep(max(0.0, record.lock_deadline - time.monotonic()) + 0.3)
+        with pytest.raises(AcquisitionLockExpiredError, match="offset 0"):
+            consumer.acknowledge(record, AcknowledgeType.ACCEPT)
+        (back,) = await poll_until(consumer, 1)
+        assert (back.offset, back.delivery_count) == (0, 2)
+
+
+async def test_the_delivery_count_limit_archives_the_record(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap, share_delivery_count_limit=2, share_record_lock_duration_ms=2000)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(1)))
+    counts = []
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             share_acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe([topic])
+        for _ in range(2):
+            (record,) = await poll_until(consumer, 1, ack=AcknowledgeType.RELEASE)
+            counts.append(record.delivery_count)
+            await consumer.commit()
+        assert counts == [1, 2]
+        assert await nothing_more(consumer, 4.0) == []
+
+
+_KILLED_MEMBER = textwrap.dedent("""
+    import sys, anyio
+    from asyncconsumer import ShareConsumer
+
+    async def main(bootstrap, group, topic):
+        async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                 share_acknowledgement_mode="explicit") as consumer:
+            consumer.subscribe([topic])
+            got = 0
+            while True:
+                batch = await consumer.getmany(timeout=0.5, max_records=1000)
+                got += sum(len(rs) for rs in batch.values())
+                if got:
+                    print("acquired", got, flush=True)
+                    await anyio.sleep(3600)  # holds the records, never acknowledges
+
+    anyio.run(main, *sys.argv[1:])
+""")
+
+
+async def test_a_sigkilled_members_records_come_back_after_the_lock_timeout(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap, share_record_lock_duration_ms=3000)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(20)))
+    proc = await anyio.to_thread.run_sync(lambda: subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MEMBER, bootstrap, group, topic], stdout=subprocess.PIPE, text=True))
+    try:
+        line = await anyio.to_thread.run_sync(proc.stdout.readline)  # type: ignore[union-attr]
+        assert line.startswith("acquired"), line
+        held = int(line.split()[1])
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = time.monotonic()
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as survivor:
+        survivor.subscribe([topic])
+        got = await poll_until(survivor, 20, ack=None)
+        await survivor.commit()
+    redelivered = [r for r in got if r.delivery_count == 2]
+    assert len(redelivered) == held and {r.delivery_count for r in got} <= {1, 2}
+    assert sorted(r.value for r in got) == sorted(values(20))  # type: ignore[type-var]
+    # The held records came back only once their locks ran out (3 s after acquisition).
+    assert time.monotonic() - killed_at > 1.0
+
+
+async def test_a_group_shared_with_javas_console_share_consumer(
+    apache_kafka: Any, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    group = await group_for(bootstrap)
+    total = 400
+    command = apache_kafka.broker.java_command(
+        "org.apache.kafka.tools.consumer.ConsoleShareConsumer", "--bootstrap-server", bootstrap,
+        "--topic", topic, "--group", group, "--timeout-ms", "8000")
+    java = await anyio.to_thread.run_sync(lambda: subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+    ours: list[bytes] = []
+    try:
+        async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                 share_acknowledgement_mode="explicit", max_poll_records=10) as consumer:
+            consumer.subscribe([topic])
+            await consumer.wait_for_assignment()
+            # The Java member has joined once ours is down to one of the two partitions.
+            with anyio.fail_after(60):
+                while not settled(consumer):  # noqa: ASYNC110
+                    await anyio.sleep(0.1)
+            await anyio.to_thread.run_sync(
+                lambda: produce(topic, [(i % 2, None, v) for i, v in enumerate(values(total))]))
+            idle_since = time.monotonic()
+            while time.monotonic() - idle_since < 5.0:
+                for records in (await consumer.getmany(timeout=0.3)).values():
+                    idle_since = time.monotonic()
+                    for r in records:
+                        await anyio.sleep(0.005)  # slower than Java per record, so that both get work
+                        assert r.value is not None
+                        ours.append(r.value)
+                        consumer.acknowledge(r, AcknowledgeType.ACCEPT)
+            await consumer.commit()
+        out, _ = await anyio.to_thread.run_sync(lambda: java.communicate(timeout=60))
+    finally:
+        if java.poll() is None:
+            java.kill()
+            java.wait()
+    theirs = [line.encode() for line in out.splitlines() if line.startswith("job-")]
+    assert ours and theirs, (len(ours), len(theirs))
+    assert sorted(ours + theirs) == sorted(values(total))  # every record once, in one member or the other
+
+
+async def test_renew_keeps_a_slow_record_acquired_past_its_lock(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap, share_record_lock_duration_ms=2000)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(1)))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             share_acknowledgement_mode="explicit") as consumer:
+        consumer.subscribe([topic])
+        (record,) = await poll_until(consumer, 1, ack=None)
+        first_deadline = consumer.lock_deadline(record)
+        for _ in range(3):  # 3 s of work on a 2 s lock
+            await anyio.sleep(1.0)
+            consumer.acknowledge(record, AcknowledgeType.RENEW)
+            assert all(e is None for e in (await consumer.commit()).values())
+        assert consumer.lock_deadline(record) > first_deadline + 2.0
+        consumer.acknowledge(record, AcknowledgeType.ACCEPT)
+        assert all(e is None for e in (await consumer.commit()).values())
+        assert await nothing_more(consumer, 3.0) == []
+
+
+async def test_the_share_apis_are_negotiated_at_their_newest_versions(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """The codec's ShareGroupHeartbeat v1, ShareFetch v2, ShareAcknowledge v2 (KIP-1222 renewals) are
+    what Kafka 4.3.1 offers and what the share consumer's connections pick."""
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(1)))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as consumer:
+        consumer.subscribe([topic])
+        await poll_until(consumer, 1, ack=None)
+        engine = consumer._engine
+        assert engine is not None
+        connections = list(engine.network._connections.values())
+        assert connections
+        chosen = {api: connections[0].choose_version(api)
+                  for api in ("ShareGroupHeartbeat", "ShareFetch", "ShareAcknowledge", "ShareGroupDescribe")}
+    assert chosen == {"ShareGroupHeartbeat": 1, "ShareFetch": 2, "ShareAcknowledge": 2, "ShareGroupDescribe": 1}
+
+
+async def test_close_releases_what_explicit_mode_left_unacknowledged(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap)  # the broker's 15 s lock: a redelivery within it was a release
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(4)))
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             share_acknowledgement_mode="explicit") as first:
+        first.subscribe([topic])
+        got = await poll_until(first, 4, ack=None)
+        first.acknowledge(got[0], AcknowledgeType.ACCEPT)
+        closing = time.monotonic()
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as second:
+        second.subscribe([topic])
+        again = await poll_until(second, 3, ack=None, timeout=10.0)
+        await second.commit()
+    assert time.monotonic() - closing < 12.0
+    assert sorted((r.offset, r.delivery_count) for r in again) == [(1, 2), (2, 2), (3, 2)]
+
+
+async def test_a_second_task_polling_at_the_same_time_is_refused(bootstrap: str, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as consumer:
+        consumer.subscribe([topic])
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: consumer.getmany(timeout=1.0))
+            await anyio.sleep(0.1)
+            with pytest.raises(ConcurrentAccessError, match="already polling"):
+                await consumer.getmany(timeout=0.1)
+        assert await consumer.getmany(timeout=0.1) == {}  # free again once the first poll returned
