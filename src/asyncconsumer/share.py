@@ -361,7 +361,7 @@ class ShareConsumer(Generic[KT, VT]):
                 return self._take(engine, limit)
             engine.check_running()
             event = engine.app_event()
-            if engine.batches or engine._errors:
+            if engine.has_news:
                 continue
             if deadline is None:
                 await event.wait()

@@ -208,6 +208,11 @@ class ShareEngine:
     def pop_error(self) -> KafkaError | None:
         return self._errors.popleft() if self._errors else None
 
+    @property
+    def has_news(self) -> bool:
+        """Records or an error wait for the application."""
+        return bool(self.batches or self._errors)
+
     def notify_app(self) -> None:
         self._app_event.set()
 
