@@ -22,14 +22,15 @@ can drive either.  ``generation`` is the member epoch (-1 outside the group,
 coordinator last accepted one; after any error the next one is complete again.
 Assigned topic ids missing from our metadata stay pending (a metadata refresh
 is asked for) while the rest of the assignment is reconciled.  Every state
-transition is logged at debug level and kept in ``transitions``.
+transition is checked against ``membership_types.CONSUMER_TRANSITIONS``, logged at
+debug level and kept in ``transitions``; the callback steps, ``subscribe``/``leave``
+and liveness are the core shared with the classic manager (``member_base``).
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +39,7 @@ from ..errors import COORDINATOR_CODES, KafkaError, UnsupportedVersionError, err
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, GroupMemberBase
-from .membership_types import CallbackRequest, GroupSettings, MemberState, RebalancePlan
+from .membership_types import CONSUMER_TRANSITIONS, CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
 from .requests import Body, UnsentRequest
 from .subscription import SubscriptionState
@@ -75,6 +76,9 @@ def new_member_id() -> str:
 class ConsumerMembershipManager(GroupMemberBase):
     """KIP-848 membership: the coordinator assigns, the member reconciles and acknowledges."""
 
+    group_protocol = "consumer"
+    allowed_transitions = CONSUMER_TRANSITIONS
+
     def __init__(
         self,
         settings: GroupSettings,
@@ -106,9 +110,6 @@ class ConsumerMembershipManager(GroupMemberBase):
         self._topic_ids: dict[str, bytes] = {}
         # Heartbeat fields the coordinator accepted last (None: send every field).
         self._acked: dict[str, Any] | None = None
-        self._in_flight = False
-        self._retry_at = 0.0
-        self._next_heartbeat = 0.0
         self._session = 0
         #: Our own member id, sent from the first heartbeat on v1+ (v0: the coordinator names us).
         self.client_member_id = new_member_id()
@@ -135,32 +136,18 @@ class ConsumerMembershipManager(GroupMemberBase):
 
     # -- application requests ---------------------------------------------------------------------
 
-    def subscribe(self, topics: frozenset[str], pattern: re.Pattern[str] | None) -> None:
-        changed = topics != self.topics or pattern != self.pattern
-        self.topics, self.pattern = topics, pattern
-        if self.state is MemberState.FENCED or self._leaving or self.state is MemberState.LEAVING:
-            return  # a member that is leaving rejoins once it has left
-        if self.state is MemberState.UNSUBSCRIBED:
-            if topics or pattern is not None:
-                self._join()
-        elif changed:
-            # No rejoin in this protocol: the next heartbeat carries the new subscription.
+    #: A member that is leaving joins again once it has left.
+    _subscribe_waits_for_leave = True
+
+    def _subscription_changed(self) -> None:
+        # No rejoin in this protocol: the next heartbeat carries the new subscription.
+        self._next_heartbeat = 0.0
+
+    def _pattern_topics_changed(self) -> None:
+        # On v1+ the coordinator resolves the regex itself (SubscribedTopicRegex) and these names
+        # are not sent; on v0, or for a pattern the broker rejected, they are the subscription.
+        if not self._regex_on_broker(self.version):
             self._next_heartbeat = 0.0
-
-    def update_pattern_topics(self, all_topics: set[str]) -> None:
-        """The topics a regex subscription matches in our metadata: what ``subscription()`` shows.
-
-        On v1+ the coordinator resolves the regex itself (SubscribedTopicRegex) and these names are
-        not sent; on v0, or for a pattern the broker rejected, they are the subscription.
-        """
-        if self.pattern is None:
-            return
-        matched = frozenset(t for t in all_topics if self.pattern.fullmatch(t))
-        if matched != self.topics:
-            log.info("pattern %s now matches %s", self.pattern.pattern, sorted(matched))
-            self.topics = matched
-            if not self._regex_on_broker(self.version):
-                self._next_heartbeat = 0.0
 
     def _regex_on_broker(self, version: int) -> bool:
         """The subscription is a regex the coordinator resolves (v1+, and it accepted the regex)."""
@@ -179,22 +166,12 @@ class ConsumerMembershipManager(GroupMemberBase):
         self._acked = None
         self._next_heartbeat = 0.0
 
-    def leave(self, reason: str) -> None:
-        """Unsubscribe or close: give up partitions (callbacks run) and leave the group."""
-        self.topics, self.pattern = frozenset(), None
-        if self.state in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
-            return
-        self._leave_reason = reason
-        self._leaving = True
+    def _drop_rebalance_for_leave(self) -> bool:
         self._target, self._unresolved, self._needs_reconcile = None, frozenset(), False
         if self.state is MemberState.LEAVING or self._plan.lost:
-            return  # already on the way out (fenced: partitions are being lost, then nothing to leave)
-        self._callback = None
-        self._plan = RebalancePlan(revoke=self.owned)
-        self._to(MemberState.PREPARE_REVOCATION)
-
-    def _rejoin_after_poll(self) -> None:
-        self._join()
+            return False  # already on the way out (fenced: partitions are being lost, then nothing to leave)
+        self._callback = None  # one revoke callback for everything, instead of the one pending
+        return True
 
     # -- membership changes -----------------------------------------------------------------------
 
@@ -286,57 +263,23 @@ class ConsumerMembershipManager(GroupMemberBase):
             self._metadata.request_update()
             self._metadata_retry_at = now + max(self.settings.retry_backoff, 1.0)
 
-    def _advance(self, now: float) -> None:
-        """Move through the callback states; stops where a callback or a request is awaited."""
-        while True:
-            state = self.state
-            if state in (MemberState.PREPARE_REVOCATION, MemberState.LOST):
-                self._prepare_revocation(now)
-            elif state is MemberState.REVOKING_PARTITIONS:
-                if not self._callback_done(now):
-                    return
-                self._to(MemberState.PARTITIONS_REVOKED)
-            elif state is MemberState.PARTITIONS_REVOKED:
-                revoked = self._apply_revocation()
-                if revoked:
-                    for topic in {tp.topic for tp in revoked} - {tp.topic for tp in self.owned}:
-                        self._topic_ids.pop(topic, None)
-                    self._next_heartbeat = now  # acknowledge the revocation at once
-                if self._leaving:
-                    self._to(MemberState.LEAVING)
-                    return
-                if self._plan.lost:
-                    self._plan = RebalancePlan()
-                    self._join()
-                    return
-                if self._plan.assign:
-                    self._start_assignment(now)
-                else:
-                    self._to(MemberState.STABLE)
-            elif state is MemberState.ASSIGNING_PARTITIONS:
-                if not self._callback_done(now):
-                    return
-                self._plan.assign = frozenset()
-                self._to(MemberState.STABLE)
-                self._next_heartbeat = now  # acknowledge the assignment at once
-            elif state is MemberState.STABLE:
-                if not self._reconcile(now):
-                    return
-            else:
-                return
+    def _after_revocation(self, now: float, revoked: frozenset[TopicPartition]) -> None:
+        if revoked:
+            for topic in {tp.topic for tp in revoked} - {tp.topic for tp in self.owned}:
+                self._topic_ids.pop(topic, None)
+            self._next_heartbeat = now  # acknowledge the revocation at once
+
+    def _rejoin_after_revocation(self) -> bool:
+        if not self._plan.lost:
+            return False
+        self._plan = RebalancePlan()
+        self._join()  # the lost partitions are gone: join again with epoch 0
+        return True
 
     # -- the manager protocol ---------------------------------------------------------------------
 
-    def _heartbeating(self) -> bool:
-        return self.generation > 0 and self.state in (
-            MemberState.STABLE, MemberState.ASSIGNING_PARTITIONS, MemberState.REVOKING_PARTITIONS,
-            MemberState.PREPARE_REVOCATION, MemberState.PARTITIONS_REVOKED,
-        )
-
-    def next_deadline(self, now: float) -> float:
-        times = [float("inf")]
-        if self._callback is not None and not self._callback.acked:
-            times.append(self._callback.deadline)
+    def _protocol_deadlines(self, now: float) -> list[float]:
+        times = []
         if self._unresolved and self.state is MemberState.STABLE:
             times.append(self._metadata_retry_at)
         if self._coordinator.node_id is not None and not self._in_flight:
@@ -344,7 +287,7 @@ class ConsumerMembershipManager(GroupMemberBase):
                 times.append(self._retry_at)
             elif self._heartbeating():
                 times.append(max(self._retry_at, self._next_heartbeat))
-        return max(now, min(times))
+        return times
 
     def poll(self, now: float) -> list[UnsentRequest]:
         self._advance(now)
@@ -357,8 +300,7 @@ class ConsumerMembershipManager(GroupMemberBase):
         if self.state is MemberState.JOINING:
             return [self._heartbeat_request(node, JOIN_EPOCH)]
         if self.state is MemberState.LEAVING:
-            static = self.settings.group_instance_id is not None and not self._force_leave
-            return [self._heartbeat_request(node, STATIC_LEAVE_EPOCH if static else LEAVE_EPOCH)]
+            return [self._heartbeat_request(node, STATIC_LEAVE_EPOCH if self._static_leave else LEAVE_EPOCH)]
         if self._heartbeating() and now >= self._next_heartbeat:
             return [self._heartbeat_request(node, self.generation)]
         return []
@@ -524,11 +466,6 @@ class ConsumerMembershipManager(GroupMemberBase):
             f'Set group_protocol="classic" for this cluster'
         ))
 
-    def _left(self) -> None:
-        self._in_flight = False
-        self._leaving = self._force_leave = False
+    def _forget_session(self) -> None:
         self._session += 1
-        self.member_id, self.generation, self._acked = "", -1, None
-        self._to(MemberState.UNSUBSCRIBED)
-        if self.subscribed and not self._wait_for_poll:
-            self._join()  # subscribed again meanwhile
+        self._acked = None

@@ -1,9 +1,14 @@
-"""What both group protocols share: member state, callback steps, the application's view.
+"""The core both group protocols share: member state, callback steps, the application's view.
 
-``MembershipManager`` (classic JoinGroup/SyncGroup) and ``ConsumerMembershipManager``
-(KIP-848) differ in how an assignment arrives, not in how it is applied: both
-revoke first, wait for the application's callbacks (with a deadline), then
-assign — through the helpers here.
+``MembershipManager`` (classic JoinGroup/SyncGroup, ``membership.py``) and
+``ConsumerMembershipManager`` (KIP-848, ``consumer_membership.py``) are siblings on this core.
+They differ in how an assignment arrives, not in how it is applied: both revoke first, wait for
+the application's callbacks (with a deadline), then assign.  So the core holds the state machine
+(``_to``, checked against the protocol's table in ``membership_types``), the walk through the
+callback steps (``_advance``), the application's requests (``subscribe``, ``leave``, pattern
+updates), liveness (poll interval, fencing), leaving, and the manager protocol's
+``next_deadline``.  A protocol fills in the hooks: how it joins, what it does after a
+revocation or an assignment, when it heartbeats, what it waits for.
 """
 
 from __future__ import annotations
@@ -11,12 +16,21 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from typing import ClassVar
 
 from ..errors import KafkaError, PollIntervalExceededError, error_for_code
 from ..structs import TopicPartition
 from .commit import GroupIdentity
 from .coordinator import CoordinatorManager
-from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState, RebalancePlan
+from .membership_types import (
+    CallbackKind,
+    CallbackRequest,
+    GroupSettings,
+    IllegalStateTransition,
+    MemberState,
+    RebalancePlan,
+    Transitions,
+)
 from .metadata import MetadataManager
 from .subscription import SubscriptionState
 
@@ -30,6 +44,10 @@ MAX_ERROR_BACKOFF = 30.0
 
 
 class GroupMemberBase:
+    #: The ``group_protocol`` setting this manager implements, and its allowed transitions (``membership_types``).
+    group_protocol: ClassVar[str]
+    allowed_transitions: ClassVar[Transitions]
+
     def __init__(
         self,
         settings: GroupSettings,
@@ -61,9 +79,17 @@ class GroupMemberBase:
         self._leaving = self._force_leave = self._wait_for_poll = False
         self._leave_reason: str | None = None
         self._error_count = 0  # errors in a row reported to the application (for their backoff)
+        # The group request in flight (JoinGroup/SyncGroup/LeaveGroup, or the KIP-848 heartbeat),
+        # the time before which none is sent, and when the next heartbeat is due.
+        self._in_flight = False
+        self._retry_at = 0.0
+        self._next_heartbeat = 0.0
 
     def _to(self, state: MemberState) -> None:
+        """The one place the state changes: only along the protocol's table (staying put is no move)."""
         if state is not self.state:
+            if state not in self.allowed_transitions[self.state]:
+                raise IllegalStateTransition(self.group_protocol, self.state, state)
             log.debug("group %r member %r generation %d: %s -> %s", self.settings.group_id,
                       self.member_id or "-", self.generation, self.state.name, state.name)
             self.transitions.append((self.state, state))
@@ -105,6 +131,83 @@ class GroupMemberBase:
     def leaving(self) -> bool:
         return self._leaving or self.state is MemberState.LEAVING
 
+    # -- application requests ---------------------------------------------------------------------
+
+    #: KIP-848: a subscription made while leaving waits until the member has left (then it joins);
+    #: classic: it starts the rebalance steps at once (LeaveGroup still goes out first).
+    _subscribe_waits_for_leave = False
+
+    def subscribe(self, topics: frozenset[str], pattern: re.Pattern[str] | None) -> None:
+        changed = topics != self.topics or pattern != self.pattern
+        self.topics, self.pattern = topics, pattern
+        if self.state is MemberState.FENCED or (self._subscribe_waits_for_leave and self.leaving):
+            return
+        if self.state in (MemberState.UNSUBSCRIBED, MemberState.LEAVING):
+            if self.subscribed:
+                self._join()
+        elif changed:
+            self._subscription_changed()
+
+    def update_pattern_topics(self, all_topics: set[str]) -> None:
+        """Regex subscriptions follow topics created and deleted: the topics the pattern matches in
+        our metadata (what ``subscription()`` shows)."""
+        if self.pattern is None:
+            return
+        matched = frozenset(t for t in all_topics if self.pattern.fullmatch(t))
+        if matched != self.topics:
+            log.info("pattern %s now matches %s", self.pattern.pattern, sorted(matched))
+            self.topics = matched
+            self._pattern_topics_changed()
+
+    def leave(self, reason: str) -> None:
+        """Unsubscribe or close: give up partitions (callbacks run) and leave the group."""
+        self.topics, self.pattern = frozenset(), None
+        if self.state in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
+            return
+        self._leave_reason = reason
+        self._leaving = True
+        if self._drop_rebalance_for_leave():
+            self._plan = RebalancePlan(revoke=self.owned)
+            self._to(MemberState.PREPARE_REVOCATION)
+
+    # -- what a protocol fills in -----------------------------------------------------------------
+
+    def _join(self) -> None:
+        """Start joining the group (from UNSUBSCRIBED; classic also from LEAVING)."""
+        raise NotImplementedError
+
+    def _subscription_changed(self) -> None:
+        """The application subscribed to other topics while in the group."""
+        raise NotImplementedError
+
+    def _pattern_topics_changed(self) -> None:
+        """The topics a regex subscription matches changed."""
+        raise NotImplementedError
+
+    def _drop_rebalance_for_leave(self) -> bool:
+        """leave(): forget what the rebalance under way would still do; False when the member is
+        already on its way out (what is being revoked goes first, then it leaves)."""
+        raise NotImplementedError
+
+    def _after_revocation(self, now: float, revoked: frozenset[TopicPartition]) -> None:
+        """PARTITIONS_REVOKED, the revoked partitions gone: the protocol's bookkeeping."""
+
+    def _rejoin_after_revocation(self) -> bool:
+        """PARTITIONS_REVOKED, not leaving, nothing to assign: join again now (True) or settle."""
+        raise NotImplementedError
+
+    def _rejoin_after_assignment(self) -> bool:
+        """ASSIGNING_PARTITIONS acknowledged: join again now (True) or settle in STABLE."""
+        return False
+
+    def _reconcile(self, now: float) -> bool:
+        """STABLE: start the callback steps again (True), or nothing to do."""
+        return False
+
+    def _protocol_deadlines(self, now: float) -> list[float]:
+        """When the protocol next needs a turn: a request to send, a retry, a heartbeat."""
+        raise NotImplementedError
+
     # -- liveness ---------------------------------------------------------------------------------
 
     def check_poll_interval(self, now: float, last_poll: float, max_interval: float) -> KafkaError | None:
@@ -133,7 +236,7 @@ class GroupMemberBase:
         if self._wait_for_poll:
             self._wait_for_poll = False
             if self.state is MemberState.UNSUBSCRIBED and self.subscribed:
-                self._rejoin_after_poll()
+                self._join()
 
     def _drop_all(self, now: float) -> None:
         """Give up every partition at once; the application hears of it (LOST) on its next poll."""
@@ -145,9 +248,7 @@ class GroupMemberBase:
             self._run_callback(CallbackRequest(CallbackKind.LOST, lost, deadline, self.generation, acked=True))
         self.owned = frozenset()
         self._callback = None
-
-    def _rejoin_after_poll(self) -> None:
-        raise NotImplementedError
+        self._plan = RebalancePlan()
 
     # -- errors -----------------------------------------------------------------------------------
 
@@ -224,3 +325,74 @@ class GroupMemberBase:
                         self.settings.group_id, callback.kind.value)
         self._callback = None
         return True
+
+    def _advance(self, now: float) -> None:
+        """Move through the callback steps; stops where a callback or a request is awaited."""
+        while True:
+            state = self.state
+            if state in (MemberState.PREPARE_REVOCATION, MemberState.LOST):
+                self._prepare_revocation(now)
+            elif state is MemberState.REVOKING_PARTITIONS:
+                if not self._callback_done(now):
+                    return
+                self._to(MemberState.PARTITIONS_REVOKED)
+            elif state is MemberState.PARTITIONS_REVOKED:
+                self._after_revocation(now, self._apply_revocation())
+                if self._leaving and self.owned:
+                    self._plan = RebalancePlan(revoke=self.owned)  # what the interrupted rebalance kept
+                    self._to(MemberState.PREPARE_REVOCATION)
+                elif self._leaving:
+                    self._to(MemberState.LEAVING)
+                elif self._plan.assign:
+                    self._start_assignment(now)
+                elif not self._rejoin_after_revocation():
+                    self._to(MemberState.STABLE)
+            elif state is MemberState.ASSIGNING_PARTITIONS:
+                if not self._callback_done(now):
+                    return
+                self._plan.assign = frozenset()
+                if not self._rejoin_after_assignment():
+                    self._to(MemberState.STABLE)
+                    self._next_heartbeat = now  # acknowledge the assignment at once (classic: resume)
+            elif state is MemberState.STABLE:
+                if not self._reconcile(now):
+                    return
+            else:
+                return
+
+    # -- the manager protocol ---------------------------------------------------------------------
+
+    def next_deadline(self, now: float) -> float:
+        times = [float("inf"), *self._protocol_deadlines(now)]
+        if self._callback is not None and not self._callback.acked:
+            times.append(self._callback.deadline)
+        return max(now, min(times))
+
+    def _heartbeating(self) -> bool:
+        """A member (classic: generation 0 on; KIP-848: epoch 1 on) that is not joining or leaving."""
+        return self.generation >= self._first_generation and self.state in (
+            MemberState.STABLE, MemberState.ASSIGNING_PARTITIONS, MemberState.REVOKING_PARTITIONS,
+            MemberState.PREPARE_REVOCATION, MemberState.PARTITIONS_REVOKED,
+        )
+
+    # -- leaving ----------------------------------------------------------------------------------
+
+    @property
+    def _static_leave(self) -> bool:
+        """A static member leaving on close stays in the group (KIP-345: the coordinator keeps its
+        partitions for session_timeout_ms, so a restart with the same group_instance_id gets them
+        back quietly); one that missed the poll interval leaves for real."""
+        return self.settings.group_instance_id is not None and not self._force_leave
+
+    def _left(self) -> None:
+        """Out of the group (the coordinator answered the leave, or there was nothing to tell it)."""
+        self._in_flight = False
+        self._leaving = self._force_leave = False
+        self.member_id, self.generation, self.owned = "", -1, frozenset()
+        self._forget_session()
+        self._to(MemberState.UNSUBSCRIBED)
+        if self.subscribed and not self._wait_for_poll:
+            self._join()  # subscribed again meanwhile
+
+    def _forget_session(self) -> None:
+        """_left(): what the protocol keeps about the membership that ended."""

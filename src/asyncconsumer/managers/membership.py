@@ -1,7 +1,9 @@
 """Group membership for the classic protocol (JoinGroup / SyncGroup / Heartbeat / LeaveGroup).
 
 A sans-I/O state machine with the rebalance states of the threading-refactor
-design (seed 004).  Every transition is logged at debug level.
+design (seed 004), on the core it shares with the KIP-848 manager
+(:mod:`~asyncconsumer.managers.member_base`).  Every transition is checked against
+``membership_types.CLASSIC_TRANSITIONS`` and logged at debug level.
 
     UNSUBSCRIBED ──subscribe──► PREPARE_REVOCATION ─► REVOKING_PARTITIONS ─► PARTITIONS_REVOKED
          ▲                          (eager: all owned; cooperative: only what moves)      │
@@ -18,7 +20,6 @@ callback.  ``FENCED`` is final (another member took our ``group_instance_id``);
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +37,14 @@ from ..errors import COORDINATOR_CODES, KafkaError, error_for_code
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, GroupMemberBase
-from .membership_types import CallbackKind, CallbackRequest, GroupSettings, MemberState, RebalancePlan
+from .membership_types import (
+    CLASSIC_TRANSITIONS,
+    CallbackKind,
+    CallbackRequest,
+    GroupSettings,
+    MemberState,
+    RebalancePlan,
+)
 from .metadata import MetadataManager
 from .requests import Body, UnsentRequest
 from .subscription import SubscriptionState
@@ -53,6 +61,9 @@ MEMBER_ID_REQUIRED = 79
 
 
 class MembershipManager(GroupMemberBase):
+    group_protocol = "classic"
+    allowed_transitions = CLASSIC_TRANSITIONS
+
     def __init__(
         self,
         settings: GroupSettings,
@@ -68,9 +79,6 @@ class MembershipManager(GroupMemberBase):
                          drop_buffered=drop_buffered, report_error=report_error)
         self.leader_id = ""
         self.protocol_name: str | None = None
-        self._in_flight = False
-        self._retry_at = 0.0
-        self._next_heartbeat = 0.0
         self._heartbeat_in_flight = False
         self._rejoin_requested = False
         self._group_topics: frozenset[str] = frozenset()
@@ -96,26 +104,15 @@ class MembershipManager(GroupMemberBase):
 
     # -- application requests ---------------------------------------------------------------------
 
-    def subscribe(self, topics: frozenset[str], pattern: re.Pattern[str] | None) -> None:
-        changed = topics != self.topics or pattern != self.pattern
-        self.topics, self.pattern = topics, pattern
-        if self.state is MemberState.FENCED:
-            return
-        if self.state in (MemberState.UNSUBSCRIBED, MemberState.LEAVING):
-            self._start_rebalance(join=True)
-        elif changed:
-            self.request_rejoin("subscription changed")
+    def _join(self) -> None:
+        self._start_rebalance(join=True)
 
-    def update_pattern_topics(self, all_topics: set[str]) -> None:
-        """Regex subscriptions follow topics created and deleted."""
-        if self.pattern is None:
-            return
-        matched = frozenset(t for t in all_topics if self.pattern.fullmatch(t))
-        if matched != self.topics:
-            log.info("pattern %s now matches %s", self.pattern.pattern, sorted(matched))
-            self.topics = matched
-            if self.state is not MemberState.UNSUBSCRIBED:
-                self.request_rejoin("pattern subscription changed")
+    def _subscription_changed(self) -> None:
+        self.request_rejoin("subscription changed")
+
+    def _pattern_topics_changed(self) -> None:
+        if self.state is not MemberState.UNSUBSCRIBED:
+            self.request_rejoin("pattern subscription changed")
 
     def on_metadata(self) -> None:
         """Rejoin when the group's topics changed under the assignment: the leader when a topic's
@@ -152,28 +149,14 @@ class MembershipManager(GroupMemberBase):
         else:
             self._rejoin_requested = True
 
-    def leave(self, reason: str) -> None:
-        """Unsubscribe or close: give up partitions (callbacks run) and leave the group."""
-        self.topics, self.pattern = frozenset(), None
-        if self.state in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
-            return
-        self._leave_reason = reason
-        self._leaving = True
+    def _drop_rebalance_for_leave(self) -> bool:
         self._rejoin_requested = False
         self._group_topics = frozenset()
         if self.state in (MemberState.PREPARE_REVOCATION, MemberState.REVOKING_PARTITIONS, MemberState.LOST):
             # A revocation is under way: let it finish (one callback per partition), then leave.
             self._plan.assign, self._plan.rejoin_after = frozenset(), False
-            return
-        self._plan = RebalancePlan(revoke=self.owned)
-        self._to(MemberState.PREPARE_REVOCATION)
-
-    def _drop_all(self, now: float) -> None:
-        super()._drop_all(now)
-        self._plan = RebalancePlan()
-
-    def _rejoin_after_poll(self) -> None:
-        self._start_rebalance(join=True)
+            return False
+        return True
 
     # -- the rebalance state machine ---------------------------------------------------------------
 
@@ -188,52 +171,31 @@ class MembershipManager(GroupMemberBase):
         self.generation = -1
         self._to(MemberState.LOST)
 
-    def _advance(self, now: float) -> None:
-        """Move through the callback states; stops where a callback or a request is awaited."""
-        while True:
-            state = self.state
-            if state in (MemberState.PREPARE_REVOCATION, MemberState.LOST):
-                self._prepare_revocation(now)
-            elif state is MemberState.REVOKING_PARTITIONS:
-                if not self._callback_done(now):
-                    return
-                self._to(MemberState.PARTITIONS_REVOKED)
-            elif state is MemberState.PARTITIONS_REVOKED:
-                self._apply_revocation()
-                if self._leaving and self.owned:
-                    self._plan = RebalancePlan(revoke=self.owned)  # what the interrupted rebalance kept
-                    self._to(MemberState.PREPARE_REVOCATION)
-                elif self._leaving:
-                    self._to(MemberState.LEAVING)
-                elif self._plan.assign:
-                    self._start_assignment(now)
-                elif self._plan.rejoin_after or self._rejoin_requested:
-                    self._rejoin_requested = False
-                    self._to(MemberState.JOINING)
-                else:
-                    self._to(MemberState.STABLE)
-            elif state is MemberState.ASSIGNING_PARTITIONS:
-                if not self._callback_done(now):
-                    return
-                self._plan.assign = frozenset()
-                if self._plan.rejoin_after or self._rejoin_requested:
-                    self._rejoin_requested = False
-                    if self.protocol is RebalanceProtocol.EAGER and self.owned:
-                        self._start_rebalance(join=True)  # eager: revoke everything before joining
-                    else:
-                        self._to(MemberState.JOINING)
-                else:
-                    self._to(MemberState.STABLE)
-                    self._next_heartbeat = now
-            else:
-                return
+    def _rejoin_due(self) -> bool:
+        """A rebalance asked for a rejoin, or one was requested meanwhile (taken now)."""
+        due = self._plan.rejoin_after or self._rejoin_requested
+        self._rejoin_requested = False
+        return due
+
+    def _rejoin_after_revocation(self) -> bool:
+        if not self._rejoin_due():
+            return False
+        self._to(MemberState.JOINING)
+        return True
+
+    def _rejoin_after_assignment(self) -> bool:
+        if not self._rejoin_due():
+            return False
+        if self.protocol is RebalanceProtocol.EAGER and self.owned:
+            self._start_rebalance(join=True)  # eager: revoke everything before joining
+        else:
+            self._to(MemberState.JOINING)
+        return True
 
     # -- the manager protocol ---------------------------------------------------------------------
 
-    def next_deadline(self, now: float) -> float:
-        times = [float("inf")]
-        if self._callback is not None and not self._callback.acked:
-            times.append(self._callback.deadline)
+    def _protocol_deadlines(self, now: float) -> list[float]:
+        times = []
         waiting_for_metadata = (self.state is MemberState.SYNCING and self._leader_pending is not None
                                 and self._metadata.version <= self._leader_pending[1])
         if self.state in (MemberState.JOINING, MemberState.SYNCING, MemberState.LEAVING) and not self._in_flight:
@@ -241,13 +203,7 @@ class MembershipManager(GroupMemberBase):
                 times.append(max(now, self._retry_at))
         if self._heartbeating() and not self._heartbeat_in_flight and self._coordinator.node_id is not None:
             times.append(self._next_heartbeat)
-        return max(now, min(times))
-
-    def _heartbeating(self) -> bool:
-        return self.generation >= 0 and self.state in (
-            MemberState.STABLE, MemberState.ASSIGNING_PARTITIONS, MemberState.REVOKING_PARTITIONS,
-            MemberState.PREPARE_REVOCATION, MemberState.PARTITIONS_REVOKED,
-        )
+        return times
 
     def poll(self, now: float) -> list[UnsentRequest]:
         self._advance(now)
@@ -510,11 +466,8 @@ class MembershipManager(GroupMemberBase):
     # -- LeaveGroup -------------------------------------------------------------------------------
 
     def _leave(self, now: float, node: int) -> list[UnsentRequest]:
-        # Static members do not leave on close (KIP-345): the coordinator keeps their partitions for
-        # session_timeout_ms, so a restart with the same group_instance_id gets them back quietly.
-        static = self.settings.group_instance_id is not None and not self._force_leave
-        if not self.member_id or static:
-            self._left(now)
+        if not self.member_id or self._static_leave:
+            self._left()
             return []
         self._in_flight = True
         settings, member_id, reason = self.settings, self.member_id, self._leave_reason
@@ -526,21 +479,20 @@ class MembershipManager(GroupMemberBase):
             return {"group_id": settings.group_id, "member_id": member_id}
 
         def on_response(now: float, version: int, body: Body) -> None:
-            self._left(now)
+            self._leave_answered()
 
         def on_error(now: float, error: BaseException) -> None:
             log.info("LeaveGroup for %r failed (%s); the session times out instead", settings.group_id, error)
-            self._left(now)
+            self._leave_answered()
 
         return [UnsentRequest("LeaveGroup", build, on_response, on_error, node_id=node)]
 
-    def _left(self, now: float) -> None:
-        self._in_flight = False
-        self._leaving = self._force_leave = False
-        self.member_id, self.generation, self.owned = "", -1, frozenset()
-        self._to(MemberState.UNSUBSCRIBED)
-        if self.subscribed and not self._wait_for_poll:
-            self._start_rebalance(join=True)  # subscribed again meanwhile
+    def _leave_answered(self) -> None:
+        if self.state is MemberState.FENCED:
+            # Fenced while LeaveGroup was in flight (a Heartbeat answered FENCED_INSTANCE_ID): final.
+            self._in_flight = False
+            return
+        self._left()
 
     def _fenced(self, now: float) -> None:
         self._fatal_code(now, FENCED_INSTANCE_ID)
