@@ -27,7 +27,8 @@ PLACES = {
     "managers": "managers", "assignors": "managers",
     "engine": "engine", "config": "engine",
     "app": "app", "consumer": "app", "share": "app", "streams": "app", "": "app",
-    "spark": "integrations", "testing": "integrations", "demo": "integrations",
+    "spark": "integrations", "testing": "integrations", "demo": "integrations", "cli": "integrations",
+    "__main__": "integrations",
 }
 #: The one cycle allowed: errors.py re-exports the generated classes, which subclass its base class.
 ALLOWED_CYCLES = [frozenset({"asyncconsumer.errors", "asyncconsumer._broker_errors"})]
