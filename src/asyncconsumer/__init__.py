@@ -24,11 +24,11 @@ from .errors import (
     RebalanceCallbackError,
 )
 from .listener import RebalanceListener
+from .metrics import ConsumerMetrics, PartitionMetrics
 from .streams import PartitionStream
 from .structs import (
     CREATE_TIME,
     LOG_APPEND_TIME,
-    ConsumerMetrics,
     ConsumerRecord,
     OffsetAndMetadata,
     OffsetAndTimestamp,
@@ -53,6 +53,7 @@ __all__ = [
     "NoOffsetForPartitionError",
     "OffsetAndMetadata",
     "OffsetAndTimestamp",
+    "PartitionMetrics",
     "PartitionStream",
     "PollIntervalExceededError",
     "RebalanceCallbackError",
