@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Generic, NoReturn, ParamSpec, Self, Unpack, cast, overload
@@ -21,7 +22,7 @@ import anyio.abc
 import sniffio
 from typing_extensions import TypeVar
 
-from . import _args
+from . import _args, otel
 from .app.collector import Collector, RecordDeserializationError
 from .app.rebalance import CALLBACK_OWNER, RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
 from .app.streams import PartitionStream, PartitionStreams
@@ -192,6 +193,10 @@ class Consumer(Generic[KT, VT]):
 
     def _new_engine(self) -> Engine:
         self._engine = Engine(self._config)
+        # OpenTelemetry (asyncconsumer.otel): nothing at all without a meter provider to report to.
+        ref = weakref.ref(self)
+        telemetry = otel.telemetry_for(self._config, lambda: (c._engine if (c := ref()) is not None else None))
+        otel.attach(self._engine, self._collector, telemetry)
         return self._engine
 
     async def _bootstrap(self) -> None:
