@@ -137,6 +137,12 @@ async def test_last_poll_age_grows_while_the_application_does_not_poll(
         c.assign(tps(topic, 1))
         await c.getmany(timeout=0)
         assert c.metrics().last_poll_age < 0.5
+        # Waiting inside a poll (nothing to read) is polling: the age stays 0 meanwhile.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.getmany)
+            await anyio.sleep(0.8)
+            assert c.metrics().last_poll_age == 0
+            tg.cancel_scope.cancel()
         await anyio.sleep(0.6)
         assert c.metrics().last_poll_age >= 0.6
         await c.getmany(timeout=0)

@@ -171,8 +171,9 @@ class ConsumerMetrics:
     rebalances: RebalanceMetrics
     commits: CommitMetrics
     connections: ConnectionMetrics
-    #: Seconds since the application last polled (``getmany``, ``getone``, ``batches()``, ``async for``...):
-    #: a consumer whose application is stuck shows a growing age (liveness, ``max_poll_interval_ms``).
+    #: Seconds since the application last polled (``getmany``, ``getone``, ``batches()``, ``async for``...),
+    #: 0 while a poll is waiting for records: an application stuck in its processing shows a growing
+    #: age (liveness; past ``max_poll_interval_ms`` a group member leaves the group).
     last_poll_age: float
 
     @property
@@ -246,7 +247,7 @@ def snapshot(engine: Engine, collector: Any) -> ConsumerMetrics:
         rebalances=rebalances,
         commits=commits,
         connections=connections,
-        last_poll_age=max(0.0, engine.clock() - engine.last_poll),
+        last_poll_age=0.0 if collector.waiting else max(0.0, engine.clock() - engine.last_poll),
     )
 
 

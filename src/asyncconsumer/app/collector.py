@@ -72,6 +72,8 @@ class Collector(Generic[KT, VT]):
         #: and bytes of the completed fetches used up (metrics).
         self.consumed: dict[TopicPartition, int] = {}
         self.bytes_consumed = 0
+        #: Polls waiting for records now.
+        self.waiting = 0
         #: Told of each count too (OpenTelemetry's consumed-messages counter), when set.
         self.on_consumed: Callable[[TopicPartition, int], None] | None = None
 
@@ -130,8 +132,12 @@ class Collector(Generic[KT, VT]):
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 return {}
-            with anyio.move_on_after(remaining):
-                await event.wait()
+            self.waiting += 1  # a poll waiting for records is polling now (metrics: last poll age 0)
+            try:
+                with anyio.move_on_after(remaining):
+                    await event.wait()
+            finally:
+                self.waiting -= 1
 
     def raise_background_error(self) -> None:
         deferred, self.deferred_error = self.deferred_error, None
