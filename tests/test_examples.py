@@ -25,6 +25,20 @@ def test_fastapi_lifespan_worker(bootstrap: str, new_topic: Callable[..., str], 
             assert time.monotonic() < deadline, client.get("/stats").json()
             time.sleep(0.1)
         assert client.get("/stats").json()["last_offset_by_partition"] == {"0": 99, "1": 99}
+        health = client.get("/healthz")
+        assert health.status_code == 200, health.json()
+        assert health.json()["member_state"] == "stable" and health.json()["status"] == "ok"
+        assert health.json()["lag"] == 0 and health.json()["last_poll_age"] < 5
+        scrape = client.get("/metrics")
+        assert scrape.headers["content-type"].startswith("text/plain")
+        lines = set(scrape.text.splitlines())
+        for partition in (0, 1):
+            labels = f'{{partition="{partition}",topic="{topic}"}}'
+            assert f"kafka_consumer_records_consumed_total{labels} 100.0" in lines
+            assert f"kafka_consumer_records_lag{labels} 0.0" in lines
+            assert f"kafka_consumer_position{labels} 100.0" in lines
+        assert "kafka_consumer_rebalances_total 1.0" in lines
+        assert any(line.startswith('kafka_consumer_fetch_latency_seconds_bucket{le="+Inf"}') for line in lines)
     # Shutdown committed what was consumed: a second instance has nothing left to read.
     produce(topic, [(0, None, b"late")])
     with TestClient(create_app(bootstrap, topic, f"g-{topic}", **GROUP_OPTIONS)) as client:
