@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 
+from .._logging import RateLimitedWarnings
 from ..config import ConsumerConfig, parse_host_port
 from ..errors import (
     AuthenticationError,
@@ -107,6 +108,8 @@ class NetworkClient:
         #: Durations of the requests in ``TIMED_APIS`` (metrics), and who else wants them (OpenTelemetry).
         self.latency: dict[str, LatencyRecorder] = {api: LatencyRecorder() for api in TIMED_APIS}
         self.observe_request: RequestObserver | None = None
+        #: A broker that keeps coming back and failing again is named once a minute, not every time.
+        self._warnings = RateLimitedWarnings(log, clock=clock)
 
     # -- broker addresses -----------------------------------------------------------------------
 
@@ -248,8 +251,8 @@ class NetworkClient:
             error = self._tls_streak(health, exc)
             if health.failures == 0:
                 # Not a silent stall: the first failed attempt after a success says which broker.
-                log.warning("%s at %s:%s unreachable (%s); retrying with backoff", describe_node(node_id), *address,
-                            error)
+                self._warnings.warning(node_id, "%s at %s:%s unreachable (%s); retrying with backoff",
+                                       describe_node(node_id), *address, error)
             self._backoff(node_id, health, error)
             if error is exc:
                 raise
