@@ -195,8 +195,12 @@ class Consumer(Generic[KT, VT]):
         self._engine = Engine(self._config)
         # OpenTelemetry (asyncconsumer.otel): nothing at all without a meter provider to report to.
         ref = weakref.ref(self)
-        telemetry = otel.telemetry_for(self._config, lambda: (c._engine if (c := ref()) is not None else None))
-        otel.attach(self._engine, self._collector, telemetry)
+        telemetry = otel.telemetry_for(
+            self._config,
+            lambda: c._engine if (c := ref()) is not None else None,
+            lambda: c._collector.handed_out() if (c := ref()) is not None else {},
+        )
+        otel.attach(self._engine, telemetry)
         return self._engine
 
     async def _bootstrap(self) -> None:

@@ -123,8 +123,8 @@ class RebalanceMetrics:
     #: How long the last completed rebalance took, in seconds (from leaving the stable state, or from
     #: the first join, to the stable state).
     last_duration: float | None = None
-    #: The member's state now: ``"stable"``, ``"joining"``, ``"syncing"``, ``"reconciling"``... (the
-    #: value of ``MemberState``), ``None`` without a group.
+    #: The member's state now: ``"stable"``, ``"joining"``, ``"syncing"``, ``"assigning_partitions"``,
+    #: ``"fenced"``... (the value of ``MemberState``), ``None`` without a group.
     member_state: str | None = None
     #: Classic: the group generation.  ``group_protocol="consumer"``: the member epoch.
     generation: int | None = None
@@ -165,7 +165,8 @@ class ConsumerMetrics:
     partitions: Mapping[TopicPartition, PartitionMetrics]
     #: Records handed to the application (``getmany``, ``batches()``, ``async for``, partition streams).
     records_consumed: int
-    #: Bytes of record batches whose records were all taken for the application.
+    #: Bytes of fetched record batches whose records were all taken for the application (counted
+    #: when a poll finds the completed fetch used up).
     bytes_consumed: int
     fetch: FetchMetrics
     rebalances: RebalanceMetrics

@@ -5,7 +5,8 @@ reports to the ``meter_provider=`` option, else to the global ``MeterProvider``;
 ``opentelemetry-api`` installed and no ``meter_provider`` it reports nothing and costs nothing.
 The instruments follow OpenTelemetry's messaging semantic conventions (docs/metrics.md):
 
-- ``messaging.client.consumed.messages`` (counter): records handed to the application, per partition;
+- ``messaging.client.consumed.messages`` (counter, observed): records handed to the application, per
+  partition;
 - ``messaging.client.operation.duration`` (histogram, seconds): fetch and commit requests,
   ``messaging.operation.name`` ``"fetch"`` or ``"commit"``;
 - ``kafka.consumer.records_lag`` (observable gauge): per assigned partition, as ``Consumer.metrics()``.
@@ -44,11 +45,18 @@ def available() -> bool:
 
 
 class ConsumerTelemetry:
-    """The instruments of one consumer, fed by the engine's hooks (``Collector.on_consumed``,
-    ``NetworkClient.observe_request``) and read by the lag gauge's callback."""
+    """The instruments of one consumer: request durations recorded through the network client's
+    ``observe_request`` hook; consumed records and lag observed at collection time."""
 
-    def __init__(self, meter_provider: Any, config: ConsumerConfig, engine: Callable[[], Engine | None]) -> None:
+    def __init__(
+        self,
+        meter_provider: Any,
+        config: ConsumerConfig,
+        engine: Callable[[], Engine | None],
+        consumed: Callable[[], Mapping[TopicPartition, int]] = dict,
+    ) -> None:
         self._engine = engine
+        self._consumed = consumed
         self._read_committed = config.isolation_level == "read_committed"
         base: Attributes = {"messaging.system": "kafka"}
         if config.group_id is not None:
@@ -57,8 +65,11 @@ class ConsumerTelemetry:
         self._partition_attributes: dict[TopicPartition, Attributes] = {}
         self._operation_attributes: dict[str, Attributes] = {}
         meter = meter_provider.get_meter("asyncconsumer", __version__)
-        self.consumed_messages = meter.create_counter(
+        # Observed at collection from the counts Consumer.metrics() keeps: a counter's data (a monotonic
+        # sum) at no cost per chunk of records (a synchronous add costs microseconds each).
+        self.consumed_messages = meter.create_observable_counter(
             "messaging.client.consumed.messages",
+            callbacks=[self._observe_consumed],
             unit="{message}",
             description="Records handed to the application.",
         )
@@ -93,8 +104,10 @@ class ConsumerTelemetry:
             self._partition_attributes[tp] = attributes
         return attributes
 
-    def consumed(self, tp: TopicPartition, count: int) -> None:
-        self.consumed_messages.add(count, self.partition_attributes(tp))
+    def _observe_consumed(self, options: Any) -> Iterable[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(count, self.partition_attributes(tp)) for tp, count in self._consumed().items()]
 
     def request_done(self, api: str, seconds: float, error: BaseException | None) -> None:
         attributes = self._operation_attributes.get(api)
@@ -122,7 +135,11 @@ class ConsumerTelemetry:
         return observations
 
 
-def telemetry_for(config: ConsumerConfig, engine: Callable[[], Engine | None]) -> ConsumerTelemetry | None:
+def telemetry_for(
+    config: ConsumerConfig,
+    engine: Callable[[], Engine | None],
+    consumed: Callable[[], Mapping[TopicPartition, int]] = dict,
+) -> ConsumerTelemetry | None:
     """The consumer's instruments: on ``config.meter_provider``, else on the global ``MeterProvider``
     when ``opentelemetry-api`` is installed; ``None`` (nothing reported) otherwise."""
     provider = config.meter_provider
@@ -132,15 +149,13 @@ def telemetry_for(config: ConsumerConfig, engine: Callable[[], Engine | None]) -
         from opentelemetry import metrics
 
         provider = metrics.get_meter_provider()
-    return ConsumerTelemetry(provider, config, engine)
+    return ConsumerTelemetry(provider, config, engine, consumed)
 
 
-def attach(engine: Engine, collector: Any, telemetry: ConsumerTelemetry | None) -> None:
-    """Connect the instruments to a new engine and the consumer's collector (no-op for ``None``)."""
-    if telemetry is None:
-        return
-    collector.on_consumed = telemetry.consumed
-    engine.network.observe_request = telemetry.request_done
+def attach(engine: Engine, telemetry: ConsumerTelemetry | None) -> None:
+    """Connect the instruments to a new engine (no-op for ``None``)."""
+    if telemetry is not None:
+        engine.network.observe_request = telemetry.request_done
 
 
 # -- tracing ----------------------------------------------------------------------------------------

@@ -74,15 +74,11 @@ class Collector(Generic[KT, VT]):
         self.bytes_consumed = 0
         #: Polls waiting for records now.
         self.waiting = 0
-        #: Told of each count too (OpenTelemetry's consumed-messages counter), when set.
-        self.on_consumed: Callable[[TopicPartition, int], None] | None = None
 
     def handed(self, tp: TopicPartition, count: int) -> None:
         """``count`` records of ``tp`` were handed to the application (called per chunk or poll)."""
         consumed = self.consumed
         consumed[tp] = consumed.get(tp, 0) + count
-        if self.on_consumed is not None:
-            self.on_consumed(tp, count)
 
     def handed_out(self) -> dict[TopicPartition, int]:
         """Records handed out per partition, the chunks being handed out by ``async for`` included."""
