@@ -50,6 +50,28 @@ def test_fastapi_lifespan_worker(bootstrap: str, new_topic: Callable[..., str], 
         assert client.get("/stats").json()["consumed"] == 1
 
 
+def test_fastapi_healthz_fails_when_the_worker_fails(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from examples.fastapi_worker import create_app
+
+    def refuse(value: bytes) -> bytes:
+        raise ValueError("not JSON")
+
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"bad")])
+    app = create_app(bootstrap, topic, f"g-{topic}", value_deserializer=refuse, **GROUP_OPTIONS)
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 30
+        while (health := client.get("/healthz")).status_code == 200:
+            assert time.monotonic() < deadline, health.json()
+            time.sleep(0.1)
+        assert health.status_code == 503
+        assert health.json()["status"] == "down" and "RecordDeserializationError" in health.json()["error"]
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # aiohttp is asyncio-only
 async def test_aiohttp_background_task(

@@ -149,14 +149,15 @@ async def test_last_poll_age_grows_while_the_application_does_not_poll(
         assert c.metrics().last_poll_age < 0.5
 
 
+@pytest.mark.parametrize("group_protocol", ["classic", "consumer"])  # "consumer": Apache Kafka only (conftest)
 async def test_a_commit_and_a_rebalance_are_counted(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_protocol: str
 ) -> None:
     topic = new_topic(2)
     produce(topic, ((i % 2, None, b"x") for i in range(10)))
     group = f"g-{topic}"
     options = {"group_id": group, "session_timeout_ms": 6000, "heartbeat_interval_ms": 300,
-               "enable_auto_commit": False}
+               "enable_auto_commit": False, "group_protocol": group_protocol}
     async with consumer(bootstrap, **options) as c:
         c.subscribe([topic])
         got = 0
@@ -164,7 +165,9 @@ async def test_a_commit_and_a_rebalance_are_counted(
             while c.metrics().rebalances.member_state != "stable" or len(c.assignment()) != 2:
                 got += sum(map(len, (await c.getmany(timeout=0.1)).values()))
         first = c.metrics().rebalances
-        assert first.count == 1
+        # Classic: one join, one rebalance.  KIP-848: every reconciliation to a new assignment counts,
+        # and the first heartbeat often makes the member stable with no partitions yet.
+        assert first.count == 1 if group_protocol == "classic" else first.count >= 1
         assert first.last_duration is not None and 0 < first.last_duration < 30
         assert first.generation is not None and first.generation >= 0 and first.member_id
 
@@ -188,9 +191,14 @@ async def test_a_commit_and_a_rebalance_are_counted(
                     await c.getmany(timeout=0.05)
                     await other.getmany(timeout=0.05)
             after = c.metrics().rebalances
-            assert after.count == 2
+            transitions = c._engine.membership.transitions  # type: ignore[union-attr]
+            if group_protocol == "classic":
+                assert after.count == 2, transitions
+                assert other.metrics().rebalances.count == 1
+            else:  # giving a partition up is one reconciliation at least (the member epoch moves on)
+                assert after.count > first.count, transitions
+                assert other.metrics().rebalances.count >= 1
             assert after.generation is not None and after.generation > first.generation
-            assert other.metrics().rebalances.count == 1
 
 
 def test_latency_recorder_counts_sums_and_buckets() -> None:
