@@ -137,3 +137,57 @@ async def test_process_span_continues_the_trace_in_the_record_headers(
         TRACE_ID, "0af7651916cd43dd8448eb211c80319c"
     ]
     assert batch.status.status_code is StatusCode.ERROR
+
+
+def test_without_opentelemetry_and_meter_provider_nothing_is_set_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncconsumer import otel
+    from asyncconsumer.config import build_config
+
+    monkeypatch.setattr(otel, "available", lambda: False)  # as without opentelemetry-api installed
+    assert otel.telemetry_for(build_config({}), lambda: None) is None
+    # ... while a meter_provider given is used whatever is installed.
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    assert otel.telemetry_for(build_config({"meter_provider": provider}), lambda: None) is not None
+
+
+GLOBAL_PROVIDER_SCRIPT = """
+import sys, anyio
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from asyncconsumer import Consumer, TopicPartition
+
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+
+async def main():
+    async with Consumer(bootstrap_servers=sys.argv[1], auto_offset_reset="earliest", fetch_max_wait_ms=100) as c:
+        c.assign([TopicPartition(sys.argv[2], 0)])
+        got = 0
+        with anyio.fail_after(30):
+            while got < 25:
+                got += sum(map(len, (await c.getmany(timeout=1)).values()))
+        data = reader.get_metrics_data()
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == "messaging.client.consumed.messages":
+                    print(sm.scope.name, sum(p.value for p in m.data.data_points))
+
+anyio.run(main)
+"""
+
+
+def test_the_global_meter_provider_is_used_without_meter_provider(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    import subprocess
+    import sys
+
+    topic = new_topic(1)
+    produce(topic, ((0, None, b"x") for _ in range(25)))
+    # A process of its own: the global MeterProvider can be set once per process.
+    out = subprocess.run([sys.executable, "-c", GLOBAL_PROVIDER_SCRIPT, bootstrap, topic],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["asyncconsumer", "25"]
