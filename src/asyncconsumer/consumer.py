@@ -24,6 +24,7 @@ from typing_extensions import TypeVar
 
 from . import _args, otel
 from .app.collector import Collector, RecordDeserializationError
+from .app.metrics import snapshot as metrics_snapshot
 from .app.rebalance import CALLBACK_OWNER, RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
 from .app.streams import PartitionStream, PartitionStreams
 from .config import ConsumerConfig, ConsumerOptions, build_config, from_properties
@@ -42,7 +43,6 @@ from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
 from .managers.membership import MemberState
 from .managers.subscription import PartitionState
 from .metrics import ConsumerMetrics
-from .metrics import snapshot as metrics_snapshot
 from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 
 log = logging.getLogger("asyncconsumer.consumer")
