@@ -6,28 +6,102 @@ The consumer lives in the lifespan task (its task group is entered there), the
 worker task iterates it, and request handlers read the worker's state.  On
 shutdown the worker is cancelled and the consumer closes: it commits what was
 processed and leaves the group, so the next instance starts where it stopped.
+
+``/healthz`` answers 200 while the worker polls and the member is not fenced out of
+its group, 503 otherwise (a Kubernetes liveness probe); ``/metrics`` is
+``Consumer.metrics()`` in Prometheus' text format (prometheus_client, read at
+each scrape: nothing is counted twice).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from asyncconsumer import Consumer
+
+#: /healthz fails when the worker has not polled for this long (keep it under max_poll_interval_ms).
+POLL_AGE_LIMIT = 60.0
+
+
+class ConsumerCollector:
+    """A prometheus_client collector: ``Consumer.metrics()`` at scrape time, Kafka-exporter style names."""
+
+    def __init__(self, consumer: Callable[[], Consumer[Any, Any] | None]) -> None:
+        self._consumer = consumer
+
+    def collect(self) -> Iterator[Metric]:
+        consumer = self._consumer()
+        if consumer is None:
+            return
+        m = consumer.metrics()
+        labels = ["topic", "partition"]
+        lag = GaugeMetricFamily("kafka_consumer_records_lag", "Records between position and end", labels=labels)
+        position = GaugeMetricFamily("kafka_consumer_position", "Next offset handed out", labels=labels)
+        consumed = CounterMetricFamily("kafka_consumer_records_consumed", "Records handed out", labels=labels)
+        for p in m.partitions.values():
+            key = [p.topic, str(p.partition)]
+            consumed.add_metric(key, p.records_consumed)
+            if p.lag is not None:
+                lag.add_metric(key, p.lag)
+            if p.position is not None:
+                position.add_metric(key, p.position)
+        yield from (lag, position, consumed)
+        yield CounterMetricFamily("kafka_consumer_bytes_consumed", "Record bytes handed out", value=m.bytes_consumed)
+        yield CounterMetricFamily("kafka_consumer_fetch_requests", "Fetch requests sent", value=m.fetch.requests)
+        latency = m.fetch.latency
+        cumulative, buckets = 0, []
+        for bound, count in latency.buckets:
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
+        yield HistogramMetricFamily("kafka_consumer_fetch_latency_seconds", "Fetch request durations",
+                                    buckets=buckets, sum_value=latency.sum)
+        yield GaugeMetricFamily("kafka_consumer_fetch_buffer_bytes", "Bytes fetched and not handed out",
+                                value=m.fetch.buffer_bytes)
+        yield CounterMetricFamily("kafka_consumer_rebalances", "Rebalances completed", value=m.rebalances.count)
+        yield CounterMetricFamily("kafka_consumer_commits", "Commits completed", value=m.commits.count)
+        yield CounterMetricFamily("kafka_consumer_commit_failures", "Commits failed", value=m.commits.failures)
+        yield GaugeMetricFamily("kafka_consumer_connections", "Open broker connections", value=m.connections.open)
+        yield GaugeMetricFamily("kafka_consumer_last_poll_age_seconds", "Seconds since the last poll",
+                                value=m.last_poll_age)
+
+
+def health(consumer: Consumer[Any, Any] | None, worker_failed: BaseException | None) -> tuple[bool, dict[str, Any]]:
+    """Liveness from ``Consumer.metrics()``: the worker polls, and the member is not fenced."""
+    if consumer is None or worker_failed is not None:
+        return False, {"status": "down", "error": repr(worker_failed) if worker_failed else "not started"}
+    m = consumer.metrics()
+    state = m.rebalances.member_state
+    report = {"last_poll_age": round(m.last_poll_age, 3), "member_state": state, "lag": m.lag,
+              "rebalances": m.rebalances.count}
+    problems = []
+    if m.last_poll_age > POLL_AGE_LIMIT:
+        problems.append(f"no poll for {m.last_poll_age:.0f}s")
+    if state == "fenced":
+        problems.append("fenced out of the group")
+    report["status"] = "; ".join(problems) if problems else "ok"
+    return not problems, report
 
 
 def create_app(bootstrap: str, topic: str, group: str, **consumer_options: Any) -> FastAPI:
     stats: dict[str, Any] = {"consumed": 0, "last_offset_by_partition": {}}
+    running: dict[str, Any] = {"consumer": None, "failed": None}
 
     async def work(consumer: Consumer[bytes, bytes]) -> None:
-        async for record in consumer:
-            stats["consumed"] += 1
-            stats["last_offset_by_partition"][record.partition] = record.offset
+        try:
+            async for record in consumer:
+                stats["consumed"] += 1
+                stats["last_offset_by_partition"][record.partition] = record.offset
+        except Exception as exc:  # /healthz reports it
+            running["failed"] = exc
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -36,15 +110,31 @@ def create_app(bootstrap: str, topic: str, group: str, **consumer_options: Any) 
         )
         async with consumer, anyio.create_task_group() as tg:
             consumer.subscribe([topic])
+            running["consumer"] = consumer
             tg.start_soon(work, consumer)
-            yield
-            tg.cancel_scope.cancel()
+            try:
+                yield
+            finally:
+                running["consumer"] = None
+                tg.cancel_scope.cancel()
 
     app = FastAPI(lifespan=lifespan)
+    registry = CollectorRegistry()
+    registry.register(ConsumerCollector(lambda: running["consumer"]))
 
     @app.get("/stats")
     def read_stats() -> dict[str, Any]:
         return stats
+
+    # async handlers: they run on the consumer's event loop (a plain def would run in a thread).
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        ok, report = health(running["consumer"], running["failed"])
+        return JSONResponse(report, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

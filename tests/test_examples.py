@@ -25,6 +25,20 @@ def test_fastapi_lifespan_worker(bootstrap: str, new_topic: Callable[..., str], 
             assert time.monotonic() < deadline, client.get("/stats").json()
             time.sleep(0.1)
         assert client.get("/stats").json()["last_offset_by_partition"] == {"0": 99, "1": 99}
+        health = client.get("/healthz")
+        assert health.status_code == 200, health.json()
+        assert health.json()["member_state"] == "stable" and health.json()["status"] == "ok"
+        assert health.json()["lag"] == 0 and health.json()["last_poll_age"] < 5
+        scrape = client.get("/metrics")
+        assert scrape.headers["content-type"].startswith("text/plain")
+        lines = set(scrape.text.splitlines())
+        for partition in (0, 1):
+            labels = f'{{partition="{partition}",topic="{topic}"}}'
+            assert f"kafka_consumer_records_consumed_total{labels} 100.0" in lines
+            assert f"kafka_consumer_records_lag{labels} 0.0" in lines
+            assert f"kafka_consumer_position{labels} 100.0" in lines
+        assert "kafka_consumer_rebalances_total 1.0" in lines
+        assert any(line.startswith('kafka_consumer_fetch_latency_seconds_bucket{le="+Inf"}') for line in lines)
     # Shutdown committed what was consumed: a second instance has nothing left to read.
     produce(topic, [(0, None, b"late")])
     with TestClient(create_app(bootstrap, topic, f"g-{topic}", **GROUP_OPTIONS)) as client:
@@ -34,6 +48,28 @@ def test_fastapi_lifespan_worker(bootstrap: str, new_topic: Callable[..., str], 
             time.sleep(0.1)
         time.sleep(0.5)
         assert client.get("/stats").json()["consumed"] == 1
+
+
+def test_fastapi_healthz_fails_when_the_worker_fails(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from examples.fastapi_worker import create_app
+
+    def refuse(value: bytes) -> bytes:
+        raise ValueError("not JSON")
+
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"bad")])
+    app = create_app(bootstrap, topic, f"g-{topic}", value_deserializer=refuse, **GROUP_OPTIONS)
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 30
+        while (health := client.get("/healthz")).status_code == 200:
+            assert time.monotonic() < deadline, health.json()
+            time.sleep(0.1)
+        assert health.status_code == 503
+        assert health.json()["status"] == "down" and "RecordDeserializationError" in health.json()["error"]
 
 
 @pytest.mark.anyio

@@ -26,12 +26,12 @@ from .errors import (
     RebalanceCallbackError,
 )
 from .listener import RebalanceListener
+from .metrics import ConsumerMetrics, PartitionMetrics
 from .share import AcknowledgeType, ShareConsumer, ShareConsumerRecord
 from .streams import PartitionStream
 from .structs import (
     CREATE_TIME,
     LOG_APPEND_TIME,
-    ConsumerMetrics,
     ConsumerRecord,
     OffsetAndMetadata,
     OffsetAndTimestamp,
@@ -61,6 +61,7 @@ __all__ = [
     "NoOffsetForPartitionError",
     "OffsetAndMetadata",
     "OffsetAndTimestamp",
+    "PartitionMetrics",
     "PartitionStream",
     "PollIntervalExceededError",
     "RebalanceCallbackError",

@@ -182,6 +182,10 @@ class ConsumerOptions(TypedDict, total=False):
     #: ``(token, expires_at)`` or an :class:`OAuthBearerToken`; an object with an async ``token()``
     #: method works too.  It must not block: do blocking I/O in a thread.
     sasl_oauth_token_provider: OAuthTokenProvider | None
+    # Observability.
+    #: An OpenTelemetry ``MeterProvider`` the consumer reports its metrics to (docs/metrics.md).
+    #: ``None``: the global one when ``opentelemetry-api`` is installed (the ``otel`` extra), else none.
+    meter_provider: Any
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -231,6 +235,7 @@ class ConsumerConfig:
     sasl_plain_username: str | None = None
     sasl_plain_password: str | None = dataclasses.field(default=None, repr=False)
     sasl_oauth_token_provider: OAuthTokenProvider | None = dataclasses.field(default=None, repr=False)
+    meter_provider: Any = dataclasses.field(default=None, repr=False)
 
     @property
     def uses_tls(self) -> bool:
@@ -403,6 +408,12 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(
                 "sasl_oauth_token_provider must be a callable returning a token (str, (token, expires_at) or "
                 f"OAuthBearerToken), or an object with an async token() method, got {value!r}"
+            )
+        return value
+    if name == "meter_provider":
+        if value is not None and not callable(getattr(value, "get_meter", None)):
+            raise ConfigError(
+                f"meter_provider must be an OpenTelemetry MeterProvider (with get_meter()), got {value!r}"
             )
         return value
     if name.endswith("_deserializer"):

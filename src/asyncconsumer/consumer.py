@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Generic, NoReturn, ParamSpec, Self, Unpack, cast, overload
@@ -21,8 +22,9 @@ import anyio.abc
 import sniffio
 from typing_extensions import TypeVar
 
-from . import _args
+from . import _args, otel
 from .app.collector import Collector, RecordDeserializationError
+from .app.metrics import snapshot as metrics_snapshot
 from .app.rebalance import CALLBACK_OWNER, RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
 from .app.streams import PartitionStream, PartitionStreams
 from .config import ConsumerConfig, ConsumerOptions, build_config, from_properties
@@ -40,7 +42,8 @@ from .listener import RebalanceListener
 from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
 from .managers.membership import MemberState
 from .managers.subscription import PartitionState
-from .structs import ConsumerMetrics, ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from .metrics import ConsumerMetrics
+from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 
 log = logging.getLogger("asyncconsumer.consumer")
 
@@ -190,6 +193,14 @@ class Consumer(Generic[KT, VT]):
 
     def _new_engine(self) -> Engine:
         self._engine = Engine(self._config)
+        # OpenTelemetry (asyncconsumer.otel): nothing at all without a meter provider to report to.
+        ref = weakref.ref(self)
+        telemetry = otel.telemetry_for(
+            self._config,
+            lambda: c._engine if (c := ref()) is not None else None,
+            lambda: c._collector.handed_out() if (c := ref()) is not None else {},
+        )
+        otel.attach(self._engine, telemetry)
         return self._engine
 
     async def _bootstrap(self) -> None:
@@ -409,10 +420,10 @@ class Consumer(Generic[KT, VT]):
         return mark if mark >= 0 else None
 
     def metrics(self) -> ConsumerMetrics:
-        """A snapshot of the consumer's counters (fetch responses, per serving broker; connections)."""
-        engine = self._running()
-        fetcher = engine.fetcher
-        return ConsumerMetrics(fetcher.responses, dict(fetcher.responses_by_node), engine.network.connections_opened)
+        """A snapshot of the consumer's counters: per partition offsets and lag, records and bytes
+        handed out, fetches, rebalances, commits, connections, the age of the last poll
+        (docs/metrics.md).  Assembled on each call; cheap, but not meant for a per-record loop."""
+        return metrics_snapshot(self._running(), self._collector)
 
     def _states(self, partitions: Iterable[TopicPartition], operation: str) -> list[PartitionState]:
         engine = self._running()
@@ -663,6 +674,7 @@ class Consumer(Generic[KT, VT]):
                 if index == len(records):
                     chunks.popleft()
                     state.consumed = chunk.end
+                    self._collector.handed(state.tp, index)
                 else:
                     chunk.index = index
                     state.consumed = record.offset + 1
@@ -684,6 +696,7 @@ class Consumer(Generic[KT, VT]):
                     if chunk.index == len(chunk.records):
                         self._chunks.popleft()
                         chunk.state.consumed = chunk.end
+                        collector.handed(chunk.state.tp, chunk.index)
                     else:
                         chunk.state.consumed = record.offset + 1
                     return collector.deserialize(record)
@@ -705,7 +718,9 @@ class Consumer(Generic[KT, VT]):
                     records = chunk.records[chunk.index:] if chunk.index else chunk.records
                     chunk.state.consumed = chunk.end
                     # Non-empty: a deserializer error on the first record raises, a later one is deferred.
-                    return collector.deserialize_many(engine, {chunk.state.tp: records})[chunk.state.tp]
+                    batch = collector.deserialize_many(engine, {chunk.state.tp: records})[chunk.state.tp]
+                    collector.handed(chunk.state.tp, chunk.index + len(batch))
+                    return batch
                 await collector.refill(engine, limit)
         except ConsumerClosedError as exc:
             self._end_of_iteration(exc)
@@ -758,8 +773,11 @@ class _StreamSource(Generic[KT, VT]):
 
     async def take(self) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         consumer = self._consumer
-        return await consumer._collector.poll(consumer._running(), None, consumer._batch_limit(), 0.2,
-                                              mark_consumed=False)
+        collector = consumer._collector
+        taken = await collector.poll(consumer._running(), None, consumer._batch_limit(), 0.2, mark_consumed=False)
+        for tp, records in taken.items():
+            collector.handed(tp, len(records))
+        return taken
 
 
 class _PollingIterator(Generic[KT, VT]):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Generic, NamedTuple, TypeVar
 
 KT = TypeVar("KT")
@@ -70,15 +70,3 @@ class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
     leader_epoch: int | None = None
-
-
-class ConsumerMetrics(NamedTuple):
-    """A read-only snapshot of a few counters, from :meth:`Consumer.metrics`."""
-
-    #: Fetch responses handled, in all.
-    fetch_responses: int
-    #: The same per broker id that served them: with ``client_rack`` and a rack-aware cluster
-    #: (KIP-392), a follower in the consumer's rack shows up here rather than the leader.
-    fetch_responses_by_node: Mapping[int, int]
-    #: Broker connections opened so far (reconnects after failures included).
-    connections_opened: int

@@ -68,6 +68,26 @@ class Collector(Generic[KT, VT]):
         self.chunks: deque[Chunk] = deque()
         #: A deserializer error held back for the next poll (the records before it were handed out).
         self.deferred_error: KafkaError | None = None
+        #: Records handed out per partition (chunks count when used up or dropped; see ``handed_out``),
+        #: and bytes of the completed fetches used up (metrics).
+        self.consumed: dict[TopicPartition, int] = {}
+        self.bytes_consumed = 0
+        #: Polls waiting for records now.
+        self.waiting = 0
+
+    def handed(self, tp: TopicPartition, count: int) -> None:
+        """``count`` records of ``tp`` were handed to the application (called per chunk or poll)."""
+        consumed = self.consumed
+        consumed[tp] = consumed.get(tp, 0) + count
+
+    def handed_out(self) -> dict[TopicPartition, int]:
+        """Records handed out per partition, the chunks being handed out by ``async for`` included."""
+        result = dict(self.consumed)
+        for chunk in self.chunks:
+            if chunk.index:
+                tp = chunk.state.tp
+                result[tp] = result.get(tp, 0) + chunk.index
+        return result
 
     # -- one poll -----------------------------------------------------------------------------------
 
@@ -80,6 +100,10 @@ class Collector(Generic[KT, VT]):
                 # markers, aborted batches or compaction gaps the fetch ended with (Java does the same).
                 state = engine.subscriptions.partitions[tp]
                 state.consumed = state.position
+            result = self.deserialize_many(engine, records)
+            for tp, recs in result.items():
+                self.handed(tp, len(recs))
+            return result
         return self.deserialize_many(engine, records)
 
     async def take(self, engine: Engine, only: set[TopicPartition] | None, limit: int,
@@ -104,8 +128,12 @@ class Collector(Generic[KT, VT]):
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
                 return {}
-            with anyio.move_on_after(remaining):
-                await event.wait()
+            self.waiting += 1  # a poll waiting for records is polling now (metrics: last poll age 0)
+            try:
+                with anyio.move_on_after(remaining):
+                    await event.wait()
+            finally:
+                self.waiting -= 1
 
     def raise_background_error(self) -> None:
         deferred, self.deferred_error = self.deferred_error, None
@@ -162,6 +190,7 @@ class Collector(Generic[KT, VT]):
                 result.setdefault(tp, []).extend(records)
                 count += len(records)
             if fetch.exhausted:
+                self.bytes_consumed += fetch.size
                 state.position = max(state.position, fetch.next_offset)
                 # Only control records or compaction gaps: nothing to hand out, but commits may move
                 # past them (not while records taken for partition streams still wait there).
@@ -181,6 +210,8 @@ class Collector(Generic[KT, VT]):
             if chunk.live:
                 return chunk
             chunks.popleft()
+            if chunk.index:
+                self.handed(chunk.state.tp, chunk.index)
         return None
 
     async def refill(self, engine: Engine, limit: int) -> None:
@@ -198,6 +229,8 @@ class Collector(Generic[KT, VT]):
             if only is not None and state.tp not in only:
                 kept.append(chunk)
                 continue
+            if chunk.index:
+                self.handed(state.tp, chunk.index)
             if state.epoch == chunk.epoch and chunk.index < len(chunk.records):
                 state.rewind(chunk.records[chunk.index].offset)
             gone.add(state.tp)

@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 
+from .._logging import RateLimitedWarnings
 from ..config import ConsumerConfig, parse_host_port
 from ..errors import (
     AuthenticationError,
@@ -27,6 +28,7 @@ from ..errors import (
     TLSHandshakeError,
 )
 from ..managers.requests import Body, UnsentRequest
+from ..metrics import LatencyRecorder
 from .connection import (
     BrokerConnection,
     RefusedBeforeLogin,
@@ -40,6 +42,10 @@ from .connection import (
 log = logging.getLogger("asyncconsumer.network")
 
 Completion = Callable[[UnsentRequest, int, "Body | None", "BaseException | None"], None]
+#: Called after each timed request: (api, seconds, error or None); OpenTelemetry's operation.duration.
+RequestObserver = Callable[[str, float, "BaseException | None"], None]
+#: The requests whose durations are kept (``Consumer.metrics()``: fetch and commit latency).
+TIMED_APIS = ("Fetch", "OffsetCommit")
 #: TLS handshakes in a row that a server hangs up on before the client takes it for a listener
 #: without TLS (a restarting broker refuses connections rather than accepting and hanging up).
 TLS_CUT_OFFS_FOR_GOOD = 3
@@ -95,6 +101,15 @@ class NetworkClient:
         self._closed = False
         #: Connections opened so far (set-up included), for tests and debugging.
         self.connections_opened = 0
+        #: Failed connection attempts and lost connections; connections opened to a broker again.
+        self.connection_errors = 0
+        self.reconnects = 0
+        self._ever_connected: set[int] = set()
+        #: Durations of the requests in ``TIMED_APIS`` (metrics), and who else wants them (OpenTelemetry).
+        self.latency: dict[str, LatencyRecorder] = {api: LatencyRecorder() for api in TIMED_APIS}
+        self.observe_request: RequestObserver | None = None
+        #: A broker that keeps coming back and failing again is named once a minute, not every time.
+        self._warnings = RateLimitedWarnings(log, clock=clock)
 
     # -- broker addresses -----------------------------------------------------------------------
 
@@ -169,15 +184,33 @@ class NetworkClient:
             connection = await self._connection(node_id)
             version = connection.choose_version(request.api, request.min_version, request.max_version)
             body = request.build(version)
-            response = await connection.request_version(
-                request.api, version, body, extra_timeout=request.extra_timeout_ms / 1000
-            )
+            started = self._clock()
+            try:
+                response = await connection.request_version(
+                    request.api, version, body, extra_timeout=request.extra_timeout_ms / 1000
+                )
+            except KafkaError as exc:
+                self._timed(request.api, started, exc)
+                raise
+            self._timed(request.api, started, None)
         except KafkaError as exc:
             self._on_complete(request, version, None, exc)
         except Exception as exc:  # a bug in a body builder must surface, not kill the loop
             self._on_complete(request, version, None, exc)
         else:
             self._on_complete(request, version, response, None)
+
+    def _timed(self, api: str, started: float, error: BaseException | None) -> None:
+        recorder = self.latency.get(api)
+        if recorder is not None:
+            seconds = self._clock() - started
+            recorder.record(seconds)
+            if self.observe_request is not None:
+                self.observe_request(api, seconds, error)
+
+    @property
+    def connections_open(self) -> int:
+        return sum(1 for c in self._connections.values() if c.connected)
 
     async def _connection(self, node_id: int) -> BrokerConnection:
         while True:
@@ -218,8 +251,8 @@ class NetworkClient:
             error = self._tls_streak(health, exc)
             if health.failures == 0:
                 # Not a silent stall: the first failed attempt after a success says which broker.
-                log.warning("%s at %s:%s unreachable (%s); retrying with backoff", describe_node(node_id), *address,
-                            error)
+                self._warnings.warning(node_id, "%s at %s:%s unreachable (%s); retrying with backoff",
+                                       describe_node(node_id), *address, error)
             self._backoff(node_id, health, error)
             if error is exc:
                 raise
@@ -231,6 +264,9 @@ class NetworkClient:
         health.last_error = None
         health.tls_cut_offs = 0
         self.connections_opened += 1
+        if node_id in self._ever_connected:
+            self.reconnects += 1
+        self._ever_connected.add(node_id)
         self._connections[node_id] = connection
         log.debug("connected to node %s at %s:%s", node_id, *address)
         return connection
@@ -278,6 +314,7 @@ class NetworkClient:
     def _backoff(self, node_id: int, health: _NodeHealth, error: KafkaError) -> None:
         base, cap = self._config.reconnect_backoff_ms / 1000, self._config.reconnect_backoff_max_ms / 1000
         delay = reconnect_delay(health.failures, base, cap)
+        self.connection_errors += 1
         health.failures += 1
         health.next_attempt = self._clock() + delay
         health.last_error = error

@@ -86,6 +86,9 @@ class CommitManager:
         self._position_fetch_in_flight: set[TopicPartition] = set()
         self._next_auto_commit = float("inf")
         self.last_committed: dict[TopicPartition, int] = {}
+        #: Commits completed and failed (metrics).
+        self.commits_done = 0
+        self.commit_failures = 0
 
     # -- public operations ------------------------------------------------------------------------
 
@@ -159,6 +162,7 @@ class CommitManager:
                 self._commits.remove(commit)
             elif now >= commit.deadline and not commit.in_flight:
                 self._commits.remove(commit)
+                self.commit_failures += 1
                 commit.waiter.set_exception(
                     KafkaTimeoutError(
                         f"commit of {_names(commit.offsets)} did not complete in time "
@@ -274,6 +278,7 @@ class CommitManager:
                 first = next(iter(failed.values()))
                 error = CommitFailedError(f"commit failed for {_names(failed)}: {first}")
                 error.__cause__ = first
+                self.commit_failures += 1
                 commit.waiter.set_exception(error)
             elif retry:
                 commit.offsets = {
@@ -282,6 +287,7 @@ class CommitManager:
                 commit.retry_at = now + self._retry_backoff
             else:
                 self._done(commit)
+                self.commits_done += 1
                 commit.waiter.set_result(None)
 
         def on_error(now: float, error: BaseException) -> None:
@@ -291,6 +297,7 @@ class CommitManager:
                 commit.retry_at = now + self._retry_backoff
             else:
                 self._done(commit)
+                self.commit_failures += 1
                 commit.waiter.set_exception(error)
 
         return UnsentRequest("OffsetCommit", build, on_response, on_error, node_id=node, min_version=2)

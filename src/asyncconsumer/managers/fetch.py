@@ -123,6 +123,11 @@ class FetchManager:
         self.responses = 0
         #: The same, per broker that served them (fetching from followers shows here).
         self.responses_by_node: dict[int, int] = defaultdict(int)
+        #: Fetch requests sent, failed, and the record bytes their responses carried (metrics).
+        self.requests = 0
+        self.errors = 0
+        self.response_bytes = 0
+        self.response_bytes_max = 0
         #: KIP-392: partition -> (the replica the leader named, until when it is used).
         self._preferred: dict[TopicPartition, tuple[int, float]] = {}
         self._preferred_ttl = preferred_replica_ttl
@@ -208,6 +213,7 @@ class FetchManager:
         cluster = self._metadata.cluster
         wanted = {s.tp: (s.fetch_offset, s.epoch) for s in states}
         session = self._sessions[node]
+        self.requests += 1
         self._in_flight_nodes.add(node)
         self._in_flight_partitions.update(wanted)
         assignment_id = self._subscriptions.assignment_id
@@ -278,6 +284,7 @@ class FetchManager:
                 session.reset()
                 return
             if code:
+                self.errors += 1
                 session.reset()  # any top-level error ends the session, as in the Java client
                 for tp in wanted:
                     self._from_follower(tp, node)
@@ -288,6 +295,7 @@ class FetchManager:
                 return
             self.responses += 1
             self.responses_by_node[node] += 1
+            before = self.response_bytes
             for topic in body["responses"]:
                 name = topic["topic"] if version < 13 else cluster.topic_name(topic["topic_id"])
                 if name is None:
@@ -297,9 +305,13 @@ class FetchManager:
                     tp = TopicPartition(name, p["partition_index"])
                     if tp in wanted:
                         self._handle_partition(now, tp, wanted[tp], entries[tp].leader_epoch, p, node)
+            size = self.response_bytes - before
+            if size > self.response_bytes_max:
+                self.response_bytes_max = size
 
         def on_error(now: float, error: BaseException) -> None:
             finish()
+            self.errors += 1
             session.reset()
             log.debug("fetch from node %s failed: %s", node, error)
             self._metadata.request_update()
@@ -402,6 +414,7 @@ class FetchManager:
             records = p["records"]
             if records is None or len(records) == 0:
                 return
+            self.response_bytes += len(records)
             view = records if isinstance(records, memoryview) else memoryview(records)
             next_offset, complete, epochs = scan_batches(view)
             if next_offset < 0:

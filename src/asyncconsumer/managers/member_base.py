@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -35,6 +36,8 @@ from .metadata import MetadataManager
 from .subscription import SubscriptionState
 
 log = logging.getLogger("asyncconsumer.membership")
+#: States that are not part of a rebalance: entering any other starts one (metrics).
+_OUTSIDE_REBALANCE = frozenset({MemberState.UNSUBSCRIBED, MemberState.LEAVING, MemberState.FENCED})
 
 GROUP_MAX_SIZE_REACHED = 81
 FENCED_INSTANCE_ID = 82
@@ -74,6 +77,11 @@ class GroupMemberBase:
         self.pattern: re.Pattern[str] | None = None
         self.owned: frozenset[TopicPartition] = frozenset()
         self.transitions: list[tuple[MemberState, MemberState]] = []
+        #: Rebalances completed (the stable state reached), when the current one started, how long
+        #: the last one took (metrics).
+        self.rebalances = 0
+        self.rebalance_started: float | None = None
+        self.last_rebalance_seconds: float | None = None
         self._callback: CallbackRequest | None = None
         self._plan = RebalancePlan()
         self._leaving = self._force_leave = self._wait_for_poll = False
@@ -93,6 +101,15 @@ class GroupMemberBase:
             log.debug("group %r member %r generation %d: %s -> %s", self.settings.group_id,
                       self.member_id or "-", self.generation, self.state.name, state.name)
             self.transitions.append((self.state, state))
+            if state is MemberState.STABLE:
+                if self.rebalance_started is not None:
+                    self.last_rebalance_seconds = time.monotonic() - self.rebalance_started
+                    self.rebalance_started = None
+                self.rebalances += 1
+            elif state in _OUTSIDE_REBALANCE:
+                self.rebalance_started = None
+            elif self.rebalance_started is None:
+                self.rebalance_started = time.monotonic()
             self.state = state
 
     def identity(self) -> GroupIdentity:
