@@ -19,10 +19,12 @@ the partitions' states, a wake-up) and take part in revocations as a
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Generic, Protocol, TypeVar
 
 import anyio
+import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..managers.subscription import PartitionState
@@ -64,6 +66,22 @@ class StreamSource(Protocol[KT, VT]):
         ...
 
 
+def _current_coroutine() -> object | None:
+    """The coroutine of the running task: once it is finished, the task is gone."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return None
+    if library == "asyncio":
+        task = asyncio.current_task()
+        return task.get_coro() if task is not None else None
+    if library == "trio":
+        import trio
+
+        return trio.lowlevel.current_task().coro
+    return None
+
+
 class PartitionStream(Generic[KT, VT]):
     """The records of one partition, in order; ends when the partition is revoked."""
 
@@ -75,6 +93,7 @@ class PartitionStream(Generic[KT, VT]):
         self._receive: MemoryObjectReceiveStream[ConsumerRecord[KT, VT]] = receive
         self.pending: list[ConsumerRecord[KT, VT]] = []
         self._in_hand: ConsumerRecord[KT, VT] | None = None  # handed out, not known to be processed
+        self._reader: object | None = None  # the coroutine of the task that received the last record
 
     def __aiter__(self) -> AsyncIterator[ConsumerRecord[KT, VT]]:
         return self
@@ -88,6 +107,7 @@ class PartitionStream(Generic[KT, VT]):
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
         self._in_hand = record
+        self._reader = _current_coroutine()
         return record
 
     def push(self) -> bool:
@@ -124,6 +144,17 @@ class PartitionStream(Generic[KT, VT]):
         """The reader has processed everything sent and waits for more (or stopped reading)."""
         return self._in_hand is None and self._receive.statistics().current_buffer_used == 0
 
+    @property
+    def reader_gone(self) -> bool:
+        """The task that received the last record has finished (returned, raised or was cancelled)
+        without asking for the next one: the record in its hand will never be processed."""
+        return self._in_hand is not None and getattr(self._reader, "cr_frame", True) is None
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more can be processed: drained, or its reader is gone."""
+        return self.drained or self.reader_gone
+
 
 class PartitionStreams(Generic[KT, VT]):
     def __init__(self, source: StreamSource[KT, VT], capacity: int) -> None:
@@ -133,6 +164,7 @@ class PartitionStreams(Generic[KT, VT]):
         self._new: list[tuple[TopicPartition, PartitionStream[KT, VT]]] = []
         self._held: set[TopicPartition] = set()  # partitions we paused for back-pressure
         self._ending: dict[TopicPartition, PartitionStream[KT, VT]] = {}  # revoked, not committed yet
+        self._finished = False  # the consumer is leaving: no stream opens or gets records any more
         source.revoke_hooks.append(self)
 
     def __aiter__(self) -> AsyncIterator[tuple[TopicPartition, PartitionStream[KT, VT]]]:
@@ -140,6 +172,8 @@ class PartitionStreams(Generic[KT, VT]):
 
     async def __anext__(self) -> tuple[TopicPartition, PartitionStream[KT, VT]]:
         while not self._new:
+            if self._finished:
+                raise StopAsyncIteration
             self._open_assigned()
             if self._new:
                 break
@@ -170,7 +204,7 @@ class PartitionStreams(Generic[KT, VT]):
 
     def _open(self, tp: TopicPartition) -> PartitionStream[KT, VT] | None:
         state = self._source.partitions().get(tp)
-        if state is None:
+        if state is None or self._finished:
             return None
         stream: PartitionStream[KT, VT] = PartitionStream(tp, state, self._capacity)
         self._streams[tp] = stream
@@ -200,10 +234,27 @@ class PartitionStreams(Generic[KT, VT]):
             stream.pending.clear()
             self._held.discard(stream.tp)
             self._ending[stream.tp] = stream
-        # Not when closing (the readers are gone) nor for lost partitions (nothing can be committed).
+        # Not when closing (finish() waited already) nor for lost partitions (nothing can be committed).
         wait = 0.0 if self._source.closing or lost else self._source.revoke_wait
         with anyio.move_on_after(wait):
-            while not all(s.drained for s in ending):  # noqa: ASYNC110 (the application drains them)
+            while not all(s.settled for s in ending):  # noqa: ASYNC110 (the application drains them)
+                await anyio.sleep(0.01)
+
+    async def finish(self, wait: float) -> None:
+        """The consumer is leaving (``close()``): end every stream now — records sent and not
+        received yet are dropped (not processed, so not committed: the next owner reads them) — and
+        wait up to ``wait`` seconds for each reader to finish the record in its hand, so that the
+        final commit covers exactly what the stream tasks processed."""
+        self._finished = True
+        ending = [*self._streams.values(), *self._ending.values()]
+        for stream in self._streams.values():
+            self._ending[stream.tp] = stream  # no longer moved past idle gaps (_advance_idle)
+        self._streams.clear()
+        self._held.clear()
+        for stream in ending:
+            stream.end()
+        with anyio.move_on_after(wait):
+            while not all(s.settled for s in ending):  # noqa: ASYNC110 (the application finishes them)
                 await anyio.sleep(0.01)
 
     def after_revoke(self, partitions: set[TopicPartition]) -> None:
