@@ -761,10 +761,15 @@ class _StreamSource(Generic[KT, VT]):
         if engine is not None:
             engine.wake()
 
+    def notify(self) -> None:
+        engine = self._consumer._engine
+        if engine is not None:
+            engine.notify_app()
+
     async def take(self) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         consumer = self._consumer
         return await consumer._collector.poll(consumer._running(), None, consumer._batch_limit(), 0.2,
-                                              mark_consumed=False)
+                                              mark_consumed=False, return_on_wake=True)
 
 
 class _PollingIterator(Generic[KT, VT]):

@@ -20,7 +20,7 @@ the partitions' states, a wake-up) and take part in revocations as a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Generic, Protocol, TypeVar
 
 import anyio
@@ -61,6 +61,10 @@ class StreamSource(Protocol[KT, VT]):
         """A partition paused for back-pressure may be fetched again."""
         ...
 
+    def notify(self) -> None:
+        """A stream has room again: the task waiting in ``take()`` returns, to refill it."""
+        ...
+
     async def take(self) -> Mapping[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         """A short poll: records taken from the buffer, counted as consumed only once processed."""
         ...
@@ -85,9 +89,14 @@ def _current_coroutine() -> object | None:
 class PartitionStream(Generic[KT, VT]):
     """The records of one partition, in order; ends when the partition is revoked."""
 
-    def __init__(self, tp: TopicPartition, state: PartitionState, capacity: int) -> None:
+    def __init__(self, tp: TopicPartition, state: PartitionState, capacity: int,
+                 on_room: Callable[[], None] | None = None) -> None:
         self.tp = tp
         self._state = state
+        #: Called once the reader has taken half of a full stream while records wait to be put in.
+        self._on_room = on_room
+        self._low_water = capacity // 2
+        self._room_asked = False
         send, receive = anyio.create_memory_object_stream[ConsumerRecord[KT, VT]](capacity)
         self._send: MemoryObjectSendStream[ConsumerRecord[KT, VT]] = send
         self._receive: MemoryObjectReceiveStream[ConsumerRecord[KT, VT]] = receive
@@ -108,10 +117,17 @@ class PartitionStream(Generic[KT, VT]):
             raise StopAsyncIteration from None
         self._in_hand = record
         self._reader = _current_coroutine()
+        if (self.pending and not self._room_asked and self._on_room is not None
+                and self._receive.statistics().current_buffer_used <= self._low_water):
+            # Refill now, not when the polling task's short poll times out: with a small buffer
+            # that wait, once per refill, was most of the time spent (issue 14, item 8).
+            self._room_asked = True
+            self._on_room()
         return record
 
     def push(self) -> bool:
         """Move pending records into the stream; False when it is full (back-pressure)."""
+        self._room_asked = False
         while self.pending:
             try:
                 self._send.send_nowait(self.pending[0])
@@ -206,7 +222,7 @@ class PartitionStreams(Generic[KT, VT]):
         state = self._source.partitions().get(tp)
         if state is None or self._finished:
             return None
-        stream: PartitionStream[KT, VT] = PartitionStream(tp, state, self._capacity)
+        stream: PartitionStream[KT, VT] = PartitionStream(tp, state, self._capacity, self._source.notify)
         self._streams[tp] = stream
         self._new.append((tp, stream))
         return stream
