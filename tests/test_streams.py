@@ -133,3 +133,55 @@ async def test_a_small_stream_is_refilled_as_soon_as_its_reader_makes_room() -> 
     assert got == list(range(200))
     assert source.notifications <= 200 // 5 + 1  # once per half a buffer, not once per record
     assert paused_while_full[0] and not source.state.paused  # back-pressure still pauses, until all is in
+
+
+async def test_finish_waits_for_the_record_in_hand_and_drops_the_rest() -> None:
+    """Issue 14, item 1: ``close()`` ends the streams first and commits only once each reader has
+    finished the record in its hand."""
+    source = ScriptedSource([])
+    streams: PartitionStreams[bytes, bytes] = PartitionStreams(source, 10)
+    stream = streams._open(TP)
+    assert stream is not None
+    stream.pending.extend(record(o) for o in range(20))
+    stream.push()
+    processed: list[int] = []
+    async with anyio.create_task_group() as tg:
+
+        async def reader() -> None:
+            async for r in stream:
+                await anyio.sleep(0.3)  # working on offset 0 when the consumer closes
+                processed.append(r.offset)
+
+        tg.start_soon(reader)
+        await anyio.sleep(0.05)
+        with anyio.fail_after(3):
+            await streams.finish(5.0)
+        assert processed == [0] and source.state.consumed == 1  # done with 0; 1..19 dropped
+    with pytest.raises(StopAsyncIteration):
+        await streams.__anext__()  # no more streams after finish()
+
+
+@pytest.mark.parametrize("how", ["cancelled", "closing itself"])
+async def test_finish_does_not_wait_for_a_reader_that_cannot_finish(how: str) -> None:
+    source = ScriptedSource([])
+    streams: PartitionStreams[bytes, bytes] = PartitionStreams(source, 10)
+    stream = streams._open(TP)
+    assert stream is not None
+    stream.pending.extend(record(o) for o in range(5))
+    stream.push()
+    with anyio.fail_after(1):  # not the 5 s wait
+        async with anyio.create_task_group() as tg:
+
+            async def reader() -> None:
+                async for _ in stream:
+                    if how == "closing itself":
+                        await streams.finish(5.0)
+                        return
+                    await anyio.sleep(10)
+
+            tg.start_soon(reader)
+            await anyio.sleep(0.05)
+            if how == "cancelled":
+                tg.cancel_scope.cancel()
+        await streams.finish(5.0)
+    assert source.state.consumed == 0  # offset 0 was in hand, never processed: not committed

@@ -266,11 +266,15 @@ class PartitionStreams(Generic[KT, VT]):
         for stream in self._streams.values():
             self._ending[stream.tp] = stream  # no longer moved past idle gaps (_advance_idle)
         self._streams.clear()
+        self._new.clear()  # opened, not handed to the application yet: never will be
         self._held.clear()
         for stream in ending:
             stream.end()
+        # A stream task closing the consumer itself does not wait for itself (its record in hand
+        # stays unprocessed: the next owner reads it).
+        me = _current_coroutine()
         with anyio.move_on_after(wait):
-            while not all(s.settled for s in ending):  # noqa: ASYNC110 (the application finishes them)
+            while not all(s.settled or (s._in_hand is not None and s._reader is me) for s in ending):  # noqa: ASYNC110
                 await anyio.sleep(0.01)
 
     def after_revoke(self, partitions: set[TopicPartition]) -> None:
