@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncconsumer import Consumer
+from asyncconsumer import Consumer, TopicPartition
 
 pytestmark = pytest.mark.anyio
 
@@ -95,3 +95,26 @@ async def test_leaving_mid_stream_hands_over_without_duplicates(
     assert not twice, f"{len(twice)} records processed twice across the leave: {twice[:10]}"
     by_streams = {p for p, _, m in processed if m == "streams"}
     assert len(by_streams) == 4, "the streaming member read every partition before the plain one joined"
+
+
+async def test_auto_commit_never_moves_an_explicit_commit_back(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """The background auto-commit commits what the application finished as of its last poll.  A
+    commit made since (``commit()``, the commit in ``close()``, the rebalance-safe commit) covers
+    more: the auto-commit that fires before the next poll must not take it back (a member leaving
+    with ``async for`` once had its partition read again from there by the next owner)."""
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"%d" % i) for i in range(100)])
+    tp = TopicPartition(topic, 0)
+    async with member(bootstrap, f"g-{topic}", auto_commit_interval_ms=100, max_poll_records=100) as c:
+        c.assign([tp])
+        got = 0
+        async for _ in c:  # the first chunk holds all 100: no poll after the first
+            got += 1
+            if got == 10:
+                break
+        await c.commit()
+        assert await c.committed(tp) == 10
+        await anyio.sleep(0.6)  # several auto-commit intervals, no poll
+        assert await c.committed(tp) == 10
