@@ -11,7 +11,6 @@ killed (its uncommitted window); after a graceful leave, never.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -131,4 +130,3 @@ def test_storm_of_members_leaving_and_killed_loses_nothing(
     assert not after_graceful, f"{figures}; read twice after a graceful leave: {sorted(after_graceful.items())[:10]}"
     apis = {m.api for m in members if m.reads()}
     assert apis == set(APIS), f"every read API read records: {apis}"
-    assert os.path.exists(MEMBER)
