@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
+from asyncconsumer.app.streams import PartitionStreams
 from asyncconsumer.managers.subscription import PartitionPhase, PartitionState
 from asyncconsumer.streams import PartitionStream
 from asyncconsumer.structs import ConsumerRecord, TopicPartition
@@ -69,3 +72,116 @@ async def test_end_drops_what_the_reader_has_not_received() -> None:
     with pytest.raises(StopAsyncIteration):
         await stream.__anext__()  # 1 and 2 were sent but never received: dropped, not committed
     assert state.consumed == 1 and stream.pending == []
+
+
+class ScriptedSource:
+    """A ``StreamSource`` whose ``take()`` hands out ``records`` once, then returns only when
+    notified: a stream that needs refilling must say so, not wait for a poll to time out."""
+
+    def __init__(self, records: list[ConsumerRecord[bytes, bytes]]) -> None:
+        self.closing = False
+        self.revoke_wait = 1.0
+        self.revoke_hooks: list[Any] = []
+        self.state = PartitionState(TP, PartitionPhase.FETCHING, position=0, consumed=0)
+        self._records = records
+        self._notified = anyio.Event()
+        self.takes = 0
+        self.notifications = 0
+
+    def partitions(self) -> dict[TopicPartition, PartitionState]:
+        return {TP: self.state}
+
+    def wake(self) -> None:
+        pass
+
+    def notify(self) -> None:
+        self.notifications += 1
+        self._notified.set()
+
+    async def take(self) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        self.takes += 1
+        if self._records:
+            records, self._records = self._records, []
+            return {TP: records}
+        await self._notified.wait()  # no timeout: only a notification ends this poll
+        self._notified = anyio.Event()
+        return {}
+
+
+async def test_a_small_stream_is_refilled_as_soon_as_its_reader_makes_room() -> None:
+    """Issue 14, item 8: with ``buffer_records=10`` the polling task waited for its short poll to
+    time out before each refill (60,000 records took 18 s instead of 1 s)."""
+    source = ScriptedSource([record(o) for o in range(200)])
+    streams: PartitionStreams[bytes, bytes] = PartitionStreams(source, 10)
+    got: list[int] = []
+    paused_while_full: list[bool] = []
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+
+            async def read(stream: PartitionStream[bytes, bytes]) -> None:
+                async for r in stream:
+                    got.append(r.offset)
+                    paused_while_full.append(source.state.paused)
+                    if len(got) == 200:
+                        tg.cancel_scope.cancel()
+
+            async def drive() -> None:
+                async for _, stream in streams:
+                    tg.start_soon(read, stream)
+
+            tg.start_soon(drive)
+    assert got == list(range(200))
+    assert source.notifications <= 200 // 5 + 1  # once per half a buffer, not once per record
+    assert paused_while_full[0] and not source.state.paused  # back-pressure still pauses, until all is in
+
+
+async def test_finish_waits_for_the_record_in_hand_and_drops_the_rest() -> None:
+    """Issue 14, item 1: ``close()`` ends the streams first and commits only once each reader has
+    finished the record in its hand."""
+    source = ScriptedSource([])
+    streams: PartitionStreams[bytes, bytes] = PartitionStreams(source, 10)
+    stream = streams._open(TP)
+    assert stream is not None
+    stream.pending.extend(record(o) for o in range(20))
+    stream.push()
+    processed: list[int] = []
+    async with anyio.create_task_group() as tg:
+
+        async def reader() -> None:
+            async for r in stream:
+                await anyio.sleep(0.3)  # working on offset 0 when the consumer closes
+                processed.append(r.offset)
+
+        tg.start_soon(reader)
+        await anyio.sleep(0.05)
+        with anyio.fail_after(3):
+            await streams.finish(5.0)
+        assert processed == [0] and source.state.consumed == 1  # done with 0; 1..19 dropped
+    with pytest.raises(StopAsyncIteration):
+        await streams.__anext__()  # no more streams after finish()
+
+
+@pytest.mark.parametrize("how", ["cancelled", "closing itself"])
+async def test_finish_does_not_wait_for_a_reader_that_cannot_finish(how: str) -> None:
+    source = ScriptedSource([])
+    streams: PartitionStreams[bytes, bytes] = PartitionStreams(source, 10)
+    stream = streams._open(TP)
+    assert stream is not None
+    stream.pending.extend(record(o) for o in range(5))
+    stream.push()
+    with anyio.fail_after(1):  # not the 5 s wait
+        async with anyio.create_task_group() as tg:
+
+            async def reader() -> None:
+                async for _ in stream:
+                    if how == "closing itself":
+                        await streams.finish(5.0)
+                        return
+                    await anyio.sleep(10)
+
+            tg.start_soon(reader)
+            await anyio.sleep(0.05)
+            if how == "cancelled":
+                tg.cancel_scope.cancel()
+        await streams.finish(5.0)
+    assert source.state.consumed == 0  # offset 0 was in hand, never processed: not committed

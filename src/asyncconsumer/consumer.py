@@ -223,6 +223,11 @@ class Consumer(Generic[KT, VT]):
         teardown = min(1.0, timeout / 4)
         try:
             with anyio.move_on_after(timeout - teardown, shield=True):
+                # Partition streams stop and their tasks finish the records in hand (bounded), so
+                # that the commit below covers what they processed and nothing they still hold.
+                for hook in list(self._rebalance.revoke_hooks):
+                    if isinstance(hook, PartitionStreams):
+                        await hook.finish(self._config.rebalance_commit_wait_ms / 1000)
                 # Commit what was handed out, then leave (the revoke callback commits nothing more).
                 if engine.commits is not None and self._config.enable_auto_commit and not engine.closed:
                     offsets = consumed_offsets(engine)
@@ -771,10 +776,16 @@ class _StreamSource(Generic[KT, VT]):
         if engine is not None:
             engine.wake()
 
+    def notify(self) -> None:
+        engine = self._consumer._engine
+        if engine is not None:
+            engine.notify_app()
+
     async def take(self) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         consumer = self._consumer
         collector = consumer._collector
-        taken = await collector.poll(consumer._running(), None, consumer._batch_limit(), 0.2, mark_consumed=False)
+        taken = await collector.poll(consumer._running(), None, consumer._batch_limit(), 0.2, mark_consumed=False,
+                                     return_on_wake=True)
         for tp, records in taken.items():
             collector.handed(tp, len(records))
         return taken

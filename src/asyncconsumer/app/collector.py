@@ -92,8 +92,9 @@ class Collector(Generic[KT, VT]):
     # -- one poll -----------------------------------------------------------------------------------
 
     async def poll(self, engine: Engine, only: set[TopicPartition] | None, limit: int, timeout: float | None, *,
-                   mark_consumed: bool) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
-        records = await self.take(engine, only, limit, timeout, hand_out=mark_consumed)
+                   mark_consumed: bool, return_on_wake: bool = False
+                   ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
+        records = await self.take(engine, only, limit, timeout, hand_out=mark_consumed, return_on_wake=return_on_wake)
         if mark_consumed:
             for tp in records:
                 # Everything taken is handed out: the position is past it, and past the transaction
@@ -107,9 +108,12 @@ class Collector(Generic[KT, VT]):
         return self.deserialize_many(engine, records)
 
     async def take(self, engine: Engine, only: set[TopicPartition] | None, limit: int,
-                   timeout: float | None, *, hand_out: bool = True) -> dict[TopicPartition, list[Record]]:
+                   timeout: float | None, *, hand_out: bool = True,
+                   return_on_wake: bool = False) -> dict[TopicPartition, list[Record]]:
         """One poll: run rebalance callbacks, raise background errors, and take up to ``limit``
-        buffered records, waiting up to ``timeout`` seconds for some (None: until there are)."""
+        buffered records, waiting up to ``timeout`` seconds for some (None: until there are).
+        ``return_on_wake``: return (perhaps with nothing) as soon as the application is notified
+        (``Engine.notify_app``), e.g. because a partition stream has room again."""
         self._mark_processed(engine)
         # Let the background loop run before taking buffered records: it sends the next fetch
         # (read-ahead) and reads the sockets while the application works through this batch.
@@ -117,13 +121,14 @@ class Collector(Generic[KT, VT]):
         # The timeout bounds the wait for records only: a rebalance callback that runs inside this
         # call has its own deadline (rebalance_timeout_ms) and is not cut short by a short poll.
         deadline = anyio.current_time() + (float("inf") if timeout is None else timeout)
+        woken = False
         while True:
             engine.app_polled()  # waiting inside a poll is polling (max_poll_interval_ms)
             event = engine.app_event()
             await self._rebalance.run_callbacks(engine)
             self.raise_background_error()
             records = self._collect(engine, only, limit, hand_out=hand_out)
-            if records:
+            if records or woken:
                 return records
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
@@ -134,6 +139,7 @@ class Collector(Generic[KT, VT]):
                     await event.wait()
             finally:
                 self.waiting -= 1
+            woken = return_on_wake and event.is_set()
 
     def raise_background_error(self) -> None:
         deferred, self.deferred_error = self.deferred_error, None

@@ -161,6 +161,12 @@ async def commit_now(engine: Engine, offsets: dict[TopicPartition, OffsetAndMeta
     """Commit ``offsets`` through the background loop and wait for the answer."""
     commits = engine.commits
     assert commits is not None
+    # What is committed counts as finished: the background auto-commit, which commits what was
+    # finished as of the last poll, must not take this commit back before the next poll.
+    for tp, om in offsets.items():
+        state = engine.subscriptions.partitions.get(tp)
+        if state is not None and state.processed < om.offset <= state.consumed:
+            state.processed = om.offset
     waiter = await engine.call(lambda now: commits.commit(now, offsets, timeout))
     await waiter.wait()
 

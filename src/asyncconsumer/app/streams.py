@@ -19,10 +19,12 @@ the partitions' states, a wake-up) and take part in revocations as a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Generic, Protocol, TypeVar
 
 import anyio
+import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from ..managers.subscription import PartitionState
@@ -59,22 +61,48 @@ class StreamSource(Protocol[KT, VT]):
         """A partition paused for back-pressure may be fetched again."""
         ...
 
+    def notify(self) -> None:
+        """A stream has room again: the task waiting in ``take()`` returns, to refill it."""
+        ...
+
     async def take(self) -> Mapping[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         """A short poll: records taken from the buffer, counted as consumed only once processed."""
         ...
 
 
+def _current_coroutine() -> object | None:
+    """The coroutine of the running task: once it is finished, the task is gone."""
+    try:
+        library = sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return None
+    if library == "asyncio":
+        task = asyncio.current_task()
+        return task.get_coro() if task is not None else None
+    if library == "trio":
+        import trio
+
+        return trio.lowlevel.current_task().coro
+    return None
+
+
 class PartitionStream(Generic[KT, VT]):
     """The records of one partition, in order; ends when the partition is revoked."""
 
-    def __init__(self, tp: TopicPartition, state: PartitionState, capacity: int) -> None:
+    def __init__(self, tp: TopicPartition, state: PartitionState, capacity: int,
+                 on_room: Callable[[], None] | None = None) -> None:
         self.tp = tp
         self._state = state
+        #: Called once the reader has taken half of a full stream while records wait to be put in.
+        self._on_room = on_room
+        self._low_water = capacity // 2
+        self._room_asked = False
         send, receive = anyio.create_memory_object_stream[ConsumerRecord[KT, VT]](capacity)
         self._send: MemoryObjectSendStream[ConsumerRecord[KT, VT]] = send
         self._receive: MemoryObjectReceiveStream[ConsumerRecord[KT, VT]] = receive
         self.pending: list[ConsumerRecord[KT, VT]] = []
         self._in_hand: ConsumerRecord[KT, VT] | None = None  # handed out, not known to be processed
+        self._reader: object | None = None  # the coroutine of the task that received the last record
 
     def __aiter__(self) -> AsyncIterator[ConsumerRecord[KT, VT]]:
         return self
@@ -88,10 +116,18 @@ class PartitionStream(Generic[KT, VT]):
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
         self._in_hand = record
+        self._reader = _current_coroutine()
+        if (self.pending and not self._room_asked and self._on_room is not None
+                and self._receive.statistics().current_buffer_used <= self._low_water):
+            # Refill now, not when the polling task's short poll times out: with a small buffer
+            # that wait, once per refill, was most of the time spent (issue 14, item 8).
+            self._room_asked = True
+            self._on_room()
         return record
 
     def push(self) -> bool:
         """Move pending records into the stream; False when it is full (back-pressure)."""
+        self._room_asked = False
         while self.pending:
             try:
                 self._send.send_nowait(self.pending[0])
@@ -124,6 +160,17 @@ class PartitionStream(Generic[KT, VT]):
         """The reader has processed everything sent and waits for more (or stopped reading)."""
         return self._in_hand is None and self._receive.statistics().current_buffer_used == 0
 
+    @property
+    def reader_gone(self) -> bool:
+        """The task that received the last record has finished (returned, raised or was cancelled)
+        without asking for the next one: the record in its hand will never be processed."""
+        return self._in_hand is not None and getattr(self._reader, "cr_frame", True) is None
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more can be processed: drained, or its reader is gone."""
+        return self.drained or self.reader_gone
+
 
 class PartitionStreams(Generic[KT, VT]):
     def __init__(self, source: StreamSource[KT, VT], capacity: int) -> None:
@@ -133,6 +180,7 @@ class PartitionStreams(Generic[KT, VT]):
         self._new: list[tuple[TopicPartition, PartitionStream[KT, VT]]] = []
         self._held: set[TopicPartition] = set()  # partitions we paused for back-pressure
         self._ending: dict[TopicPartition, PartitionStream[KT, VT]] = {}  # revoked, not committed yet
+        self._finished = False  # the consumer is leaving: no stream opens or gets records any more
         source.revoke_hooks.append(self)
 
     def __aiter__(self) -> AsyncIterator[tuple[TopicPartition, PartitionStream[KT, VT]]]:
@@ -140,6 +188,8 @@ class PartitionStreams(Generic[KT, VT]):
 
     async def __anext__(self) -> tuple[TopicPartition, PartitionStream[KT, VT]]:
         while not self._new:
+            if self._finished:
+                raise StopAsyncIteration
             self._open_assigned()
             if self._new:
                 break
@@ -170,9 +220,9 @@ class PartitionStreams(Generic[KT, VT]):
 
     def _open(self, tp: TopicPartition) -> PartitionStream[KT, VT] | None:
         state = self._source.partitions().get(tp)
-        if state is None:
+        if state is None or self._finished:
             return None
-        stream: PartitionStream[KT, VT] = PartitionStream(tp, state, self._capacity)
+        stream: PartitionStream[KT, VT] = PartitionStream(tp, state, self._capacity, self._source.notify)
         self._streams[tp] = stream
         self._new.append((tp, stream))
         return stream
@@ -200,10 +250,31 @@ class PartitionStreams(Generic[KT, VT]):
             stream.pending.clear()
             self._held.discard(stream.tp)
             self._ending[stream.tp] = stream
-        # Not when closing (the readers are gone) nor for lost partitions (nothing can be committed).
+        # Not when closing (finish() waited already) nor for lost partitions (nothing can be committed).
         wait = 0.0 if self._source.closing or lost else self._source.revoke_wait
         with anyio.move_on_after(wait):
-            while not all(s.drained for s in ending):  # noqa: ASYNC110 (the application drains them)
+            while not all(s.settled for s in ending):  # noqa: ASYNC110 (the application drains them)
+                await anyio.sleep(0.01)
+
+    async def finish(self, wait: float) -> None:
+        """The consumer is leaving (``close()``): end every stream now — records sent and not
+        received yet are dropped (not processed, so not committed: the next owner reads them) — and
+        wait up to ``wait`` seconds for each reader to finish the record in its hand, so that the
+        final commit covers exactly what the stream tasks processed."""
+        self._finished = True
+        ending = [*self._streams.values(), *self._ending.values()]
+        for stream in self._streams.values():
+            self._ending[stream.tp] = stream  # no longer moved past idle gaps (_advance_idle)
+        self._streams.clear()
+        self._new.clear()  # opened, not handed to the application yet: never will be
+        self._held.clear()
+        for stream in ending:
+            stream.end()
+        # A stream task closing the consumer itself does not wait for itself (its record in hand
+        # stays unprocessed: the next owner reads it).
+        me = _current_coroutine()
+        with anyio.move_on_after(wait):
+            while not all(s.settled or (s._in_hand is not None and s._reader is me) for s in ending):  # noqa: ASYNC110
                 await anyio.sleep(0.01)
 
     def after_revoke(self, partitions: set[TopicPartition]) -> None:
