@@ -11,6 +11,7 @@ not applied: the columns hold the raw bytes.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
@@ -111,13 +112,16 @@ def _collect(engine: Engine, only: set[TopicPartition] | None, limit: int, inclu
             batch = to_arrow(columns, tp.topic, tp.partition)
         except RecordError:
             state.rewind(columns_first_offset(columns))
-            gone = tp
-            engine.buffer.drop(lambda f: f.tp != gone)
+            engine.buffer.drop(functools.partial(_other_partition, tp))
             engine.wake()
             raise
         state.consumed = state.position  # handed out (getmany()'s semantics)
         return batch
     return None
+
+
+def _other_partition(tp: TopicPartition, fetch: Any) -> bool:
+    return bool(fetch.tp != tp)
 
 
 def columns_first_offset(columns: Any) -> int:
