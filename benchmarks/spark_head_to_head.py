@@ -83,6 +83,8 @@ def session(master: str, package: str, work: str) -> Any:
         .config("spark.local.dir", os.path.join(work, "local"))
         .config("spark.sql.warehouse.dir", os.path.join(work, "warehouse"))
         .config("spark.python.worker.reuse", "true")
+        # A loaded machine starts Python workers slowly: give them time to connect back.
+        .config("spark.python.authenticate.socketTimeout", "300s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -113,6 +115,37 @@ def rows_hash(df: Any) -> tuple[int, str]:
         .first()
     )
     return int(row["n"]), str(row["d"])
+
+
+def executor_read(bootstrap: str, topic: str, partitions: int, records: int, columnar: bool) -> float:
+    """Rows/s of the source's executor read (``read_range`` over every partition, one after the
+    other, in this process: no Spark), through the columnar path or the old row path."""
+    from asyncconsumer.spark import source as src
+    from asyncconsumer.spark.arrow import records_to_batch
+    from asyncconsumer.spark.options import parse_options
+    from asyncconsumer.structs import TopicPartition
+
+    options = parse_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true"},
+                            streaming=False)
+    n = 0
+    started = time.perf_counter()
+    for p in range(partitions):
+        offset_range = src.OffsetRange(TopicPartition(topic, p), 0, len(range(p, records, partitions)))
+        if columnar:
+            n += sum(b.num_rows for b in src.read_range(options, offset_range))
+            continue
+        import anyio
+
+        async def rows(offset_range: Any = offset_range) -> int:
+            async with src._executor_consumer(options) as consumer:
+                reader = src.RangeReader(consumer, offset_range, fail_on_data_loss=True, poll_timeout=60)
+                got = 0
+                while chunk := await reader.next_chunk():
+                    got += records_to_batch(chunk, True).num_rows
+                return got
+
+        n += anyio.run(rows)
+    return n / (time.perf_counter() - started)
 
 
 def run_step(spark: Any, step: str, source: str, bootstrap: str, topic: str, work: str) -> float:
@@ -179,6 +212,11 @@ def main() -> None:
                 sys.exit(f"the sources disagree on {d.topic}: {hashes}")
         results: dict[tuple[str, str, str], list[float]] = {}
         for r in range(args.rounds):
+            for d in sets:  # where the time goes: the executor read alone, columnar and rows
+                for label, columnar in (("executor read, columnar", True), ("executor read, rows", False)):
+                    rate = executor_read(bootstrap, d.topic, d.partitions, d.records, columnar)
+                    results.setdefault((d.name, label, "asyncconsumer"), []).append(rate)
+                    log(f"round {r + 1} {d.name} {label} (no Spark): {rate:,.0f} rows/s")
             order = SOURCES if r % 2 == 0 else SOURCES[::-1]
             for d in sets:
                 for step in steps:
@@ -199,6 +237,14 @@ def main() -> None:
                     f"{statistics.median(theirs):,.0f} ({min(theirs):,.0f}-{max(theirs):,.0f}) | "
                     f"{statistics.median(ours) / statistics.median(theirs):.2f}x |"
                 )
+        print("\nThe source's executor read alone (read_range in one process, partition after partition, no Spark):\n")
+        print("| topic | path | rows/s |")
+        print("|---|---|---:|")
+        for d in sets:
+            for label in ("executor read, columnar", "executor read, rows"):
+                rates = results[(d.name, label, "asyncconsumer")]
+                spread = f"{min(rates):,.0f}-{max(rates):,.0f}"
+                print(f"| {d.describe()} | {label} | {statistics.median(rates):,.0f} ({spread}) |")
     finally:
         if spark is not None:
             spark.stop()
