@@ -53,7 +53,7 @@ VT = TypeVar("VT", default=bytes)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches", "partitions"})
+_POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches", "partitions", "arrow_batches"})
 
 
 def _bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
@@ -653,6 +653,34 @@ class Consumer(Generic[KT, VT]):
             _args.check_positive_int(max_records, "batches", "max_records")
         return _BatchIterator(self, max_records or self._batch_limit())
 
+    def arrow_batches(self, *, max_records: int | None = None, include_headers: bool = True) -> AsyncIterator[Any]:
+        """Records a partition at a time as ``pyarrow.RecordBatch`` (docs/arrow.md); needs pyarrow.
+
+        ``batches()`` without a Python object per record: the fetched batches are decoded straight
+        into Arrow buffers, in Spark's Kafka source schema.  At most ``max_records`` records per
+        batch (default ``max_poll_records``); ``commit()`` covers every batch handed out.  Keys and
+        values are the raw bytes (deserializers are not applied).  Raises ``PyArrowMissingError``
+        when pyarrow is not installed.
+        """
+        from .app.arrow import require_pyarrow
+
+        if max_records is not None:
+            _args.check_positive_int(max_records, "arrow_batches", "max_records")
+        require_pyarrow()
+        return _ArrowIterator(self, max_records or self._batch_limit(), include_headers)
+
+    @_bracketed("arrow_batches")
+    async def _next_arrow_batch(
+        self, limit: int, timeout: float | None, only: set[TopicPartition] | None = None, include_headers: bool = True
+    ) -> Any:
+        """One ``arrow_batches()`` step (None: ``timeout`` passed with nothing); app/arrow.py does the work."""
+        from .app.arrow import take_arrow_batch
+
+        self._collector.drop_chunks()  # records taken for async for/batches() go back first
+        return await take_arrow_batch(
+            self._collector, self._running(), limit, timeout, only=only, include_headers=include_headers
+        )
+
     @_bracketed("getone")
     async def getone(self, *partitions: TopicPartition) -> ConsumerRecord[KT, VT]:
         """The next record (from the given partitions, or any)."""
@@ -827,6 +855,24 @@ class _BatchIterator(Generic[KT, VT]):
 
     async def __anext__(self) -> list[ConsumerRecord[KT, VT]]:
         return await self._consumer._next_batch(self._limit)
+
+
+class _ArrowIterator:
+    """``consumer.arrow_batches()``: each step is a poll, bracketed by acquire/release."""
+
+    def __init__(self, consumer: Consumer[Any, Any], limit: int, include_headers: bool) -> None:
+        self._consumer = consumer
+        self._limit = limit
+        self._headers = include_headers
+
+    def __aiter__(self) -> _ArrowIterator:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._consumer._next_arrow_batch(self._limit, None, include_headers=self._headers)
+        except ConsumerClosedError as exc:
+            self._consumer._end_of_iteration(exc)
 
 
 __all__ = ["Consumer", "RecordDeserializationError"]

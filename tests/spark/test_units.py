@@ -355,6 +355,12 @@ class FakeConsumer:
         self.pos = batch[-1] + 1
         return {TP0: [rec(o) for o in batch]}
 
+    async def _next_arrow_batch(
+        self, limit: int, timeout: float, only: set[TopicPartition], include_headers: bool
+    ) -> Any:
+        got = await self.getmany(TP0, timeout=timeout, max_records=limit)
+        return records_to_batch(got[TP0], include_headers) if got else None
+
     async def position(self, tp: TopicPartition) -> int:
         return self.pos
 
@@ -376,7 +382,25 @@ def read_all(consumer: FakeConsumer, start: int, end: int, *, fail_on_data_loss:
             got.extend(r.offset for r in chunk)
         return got
 
-    return anyio.run(main)
+    rows = anyio.run(main)
+    consumer.pos = -1  # the columnar path (next_batch) reads the same range alike
+    consumer.seeks.clear()
+    reader = RangeReader(
+        consumer,
+        OffsetRange(TP0, start, end),  # type: ignore[arg-type]
+        fail_on_data_loss=fail_on_data_loss,
+        poll_timeout=1.0,
+    )
+
+    async def columnar() -> list[int]:
+        got: list[int] = []
+        while (batch := await reader.next_batch()) is not None:
+            assert batch.num_rows > 0
+            got.extend(batch.column("offset").to_pylist())
+        return got
+
+    assert anyio.run(columnar) == rows
+    return rows
 
 
 def test_range_reader_reads_exactly_the_range() -> None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import RecordError
+from ..protocol.columnar import ColumnReader, Columns
 from ..protocol.compression import DEFAULT_MAX_SIZE
 from ..protocol.records import (
     AbortedTransactionFilter,
@@ -35,10 +36,13 @@ class CompletedFetch:
 
     __slots__ = (
         "_aborted",
+        "_aborted_list",
         "_batches",
         "_check_crcs",
+        "_columns",
         "_data",
         "_index",
+        "_max_decompressed",
         "_pending",
         "epoch",
         "error",
@@ -78,8 +82,12 @@ class CompletedFetch:
             max_decompressed=max_decompressed,
         )
         self._aborted = AbortedTransactionFilter(aborted) if aborted is not None else None
+        self._aborted_list = aborted
+        self._max_decompressed = max_decompressed
         self._pending: list[Record] = []
         self._index = 0
+        #: The columnar walk (``take_columns``), made on first use.
+        self._columns: ColumnReader | None = None
 
     def take(self, max_records: int, position: int) -> list[Record]:
         """Up to ``max_records`` records at or after ``position``, decoding batches as needed.
@@ -88,6 +96,9 @@ class CompletedFetch:
         the following call — and the fetch is then done with (the caller refetches from the bad
         batch, so the error repeats until the application seeks past it, as in the Java client).
         """
+        if self._columns is not None:  # switching from the columnar walk: restart at the position
+            self._columns = None
+            self._restart_rows()
         out: list[Record] = []
         while len(out) < max_records:
             pending = self._pending
@@ -111,6 +122,51 @@ class CompletedFetch:
             self._index += len(chunk)
             out.extend(chunk)
         return out
+
+    def take_columns(self, max_records: int, position: int, *, include_headers: bool = True) -> Columns:
+        """``take`` as Arrow-ready column buffers (``protocol.columnar``): up to ``max_records``
+        records at or after ``position``, the same walk (aborted transactions, control batches,
+        records before the position dropped, a corrupt batch raising after the records before it).
+
+        The columns may hold fewer than ``max_records`` records while the fetch has more: a
+        call hands out the rest of one decoded block before decoding the next.  A fetch may be
+        read by ``take`` and ``take_columns`` in turn; each switch restarts the walk from the
+        position (which the caller moves past whatever it was handed).
+        """
+        reader = self._columns
+        if reader is None:
+            if self.error is not None:  # the row walk met a corrupt batch
+                self.exhausted = True
+                raise self.error
+            tp = self.tp
+            self._pending = []
+            self._index = 0
+            reader = self._columns = ColumnReader(
+                self._data,
+                topic=tp.topic,
+                partition=tp.partition,
+                check_crcs=self._check_crcs,
+                aborted=self._aborted_list,
+                include_headers=include_headers,
+                max_decompressed=self._max_decompressed,
+            )
+        try:
+            return reader.take(max_records, position)
+        finally:
+            self.exhausted = reader.exhausted
+
+    def _restart_rows(self) -> None:
+        tp = self.tp
+        self._batches = iter_batches(
+            self._data,
+            topic=tp.topic,
+            partition=tp.partition,
+            check_crcs=self._check_crcs,
+            max_decompressed=self._max_decompressed,
+        )
+        self._aborted = AbortedTransactionFilter(self._aborted_list) if self._aborted_list is not None else None
+        self._pending = []
+        self._index = 0
 
     def offset_after_batch(self, base_offset: int) -> int:
         """The offset after the batch starting at ``base_offset`` (headers only), -1 if not found."""

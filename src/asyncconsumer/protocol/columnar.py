@@ -604,14 +604,20 @@ _constants: dict[tuple[str, int], tuple[Any, Any]] = {}
 
 
 def _constant_columns(topic: str, partition: int, n: int) -> tuple[Any, Any]:
-    """The topic and partition columns: slices of arrays kept per partition (``pa.repeat`` once)."""
+    """The topic and partition columns: slices of arrays kept per partition, built from buffers
+    (``pa.repeat`` would import pandas, a second or more on the first call)."""
     kept = _constants.get((topic, partition))
     if kept is None or len(kept[0]) < n:
         if len(_constants) >= _CONSTANTS_KEPT:
             _constants.clear()
         pa = _pyarrow()
-        size = max(n, 2 * len(kept[0]) if kept else 0)
-        kept = pa.repeat(pa.scalar(topic, pa.string()), size), pa.repeat(pa.scalar(partition, pa.int32()), size)
+        size = max(n, 2 * len(kept[0]) if kept else 0, 1024)
+        name = topic.encode()
+        width = len(name)
+        offsets = array(_INT32, range(0, (size + 1) * width, width)) if width else array(_INT32, [0]) * (size + 1)
+        topics = pa.Array.from_buffers(pa.string(), size, [None, pa.py_buffer(offsets), pa.py_buffer(name * size)])
+        partitions = pa.Array.from_buffers(pa.int32(), size, [None, pa.py_buffer(array(_INT32, [partition]) * size)])
+        kept = topics, partitions
         _constants[(topic, partition)] = kept
     return kept[0].slice(0, n), kept[1].slice(0, n)
 

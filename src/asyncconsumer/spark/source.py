@@ -19,10 +19,11 @@ No consumer group is joined: offsets live in Spark's checkpoint.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -41,7 +42,7 @@ from pyspark.sql.types import StructType
 from ..consumer import Consumer
 from ..errors import KafkaError, OffsetOutOfRangeError
 from ..structs import ConsumerRecord, TopicPartition
-from .arrow import records_to_batch, spark_schema
+from .arrow import spark_schema
 from .options import EARLIEST, LATEST, OffsetSpec, SourceOptionError, SourceOptions, Subscription, parse_options
 
 if TYPE_CHECKING:
@@ -60,6 +61,10 @@ __all__ = [
 log = logging.getLogger("asyncconsumer.spark")
 
 T = TypeVar("T")
+S = TypeVar("S", bound=Sized)
+
+#: The offset column of the Arrow batches (arrow.py's schema).
+_OFFSET_COLUMN = 4
 
 #: Rows per Arrow record batch handed to Spark.
 ARROW_BATCH_ROWS = 8192
@@ -378,8 +383,10 @@ class RangeReader:
         fail_on_data_loss: bool,
         poll_timeout: float,
         max_records: int = ARROW_BATCH_ROWS,
+        include_headers: bool = True,
     ) -> None:
         self._consumer = consumer
+        self._include_headers = include_headers
         self._range = offset_range
         self._fail_on_data_loss = fail_on_data_loss
         self._poll_timeout = poll_timeout
@@ -393,6 +400,46 @@ class RangeReader:
 
     async def next_chunk(self) -> list[ConsumerRecord[Any, Any]]:
         """The next records of the range (an empty list once the range is finished)."""
+        tp = self._range.tp
+
+        async def poll(timeout: float) -> list[ConsumerRecord[Any, Any]] | None:
+            got = await self._consumer.getmany(tp, timeout=timeout, max_records=self._max_records)
+            return got.get(tp) or None
+
+        def cut(records: list[ConsumerRecord[Any, Any]], end: int) -> list[ConsumerRecord[Any, Any]]:
+            return [r for r in records if r.offset < end]
+
+        return await self._next(poll, lambda records: records[-1].offset, cut) or []
+
+    async def next_batch(self) -> pa.RecordBatch | None:
+        """The next records of the range as one Arrow record batch, through the columnar decoder
+        (``Consumer.arrow_batches()``'s path); None once the range is finished."""
+        tp = self._range.tp
+        only = {tp}
+
+        async def poll(timeout: float) -> pa.RecordBatch | None:
+            batch: pa.RecordBatch | None = await self._consumer._next_arrow_batch(
+                self._max_records, timeout, only, self._include_headers
+            )
+            return batch
+
+        def last(batch: pa.RecordBatch) -> int:
+            return int(batch.column(_OFFSET_COLUMN)[-1].as_py())
+
+        def cut(batch: pa.RecordBatch, end: int) -> pa.RecordBatch:
+            offsets = batch.column(_OFFSET_COLUMN)
+            return batch.slice(0, bisect.bisect_left(range(len(offsets)), end, key=lambda i: offsets[i].as_py()))
+
+        return await self._next(poll, last, cut)
+
+    async def _next(
+        self,
+        poll: Callable[[float], Awaitable[S | None]],
+        last: Callable[[S], int],
+        cut: Callable[[S, int], S],
+    ) -> S | None:
+        """The poll loop of :meth:`next_chunk` and :meth:`next_batch`: ``poll`` for records,
+        ``last`` their last offset, ``cut`` those before an offset (never none of them)."""
         tp, end = self._range.tp, self._range.end
         if not self._started:
             self._started = True
@@ -402,23 +449,21 @@ class RangeReader:
         last_progress = time.monotonic()
         while not self.done:
             try:
-                got = await self._consumer.getmany(
-                    tp, timeout=min(0.5, self._poll_timeout), max_records=self._max_records
-                )
+                got = await poll(min(0.5, self._poll_timeout))
             except OffsetOutOfRangeError:
                 await self._out_of_range()
                 last_progress = time.monotonic()
                 continue
-            records = got.get(tp, [])
-            if records:
-                if records[-1].offset >= end:
-                    records = [r for r in records if r.offset < end]
+            if got is not None:
+                last_offset = last(got)
+                if last_offset >= end:
                     self.position = end
+                    got = cut(got, end)
+                    if not len(got):
+                        continue
                 else:
-                    self.position = records[-1].offset + 1
-                if records:
-                    return records
-                continue
+                    self.position = last_offset + 1
+                return got
             position = await self._consumer.position(tp)
             if position > self.position:  # only control records or a compaction gap
                 self.position = min(position, end)
@@ -428,7 +473,7 @@ class RangeReader:
                     f"asyncconsumer source: no records from {tp} at offset {self.position} within "
                     f"{self._poll_timeout:.0f}s (kafkaConsumer.pollTimeoutMs) while reading up to offset {end}"
                 )
-        return []
+        return None
 
     async def _out_of_range(self) -> None:
         tp, end = self._range.tp, self._range.end
@@ -473,18 +518,12 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
             offset_range,
             fail_on_data_loss=options.fail_on_data_loss,
             poll_timeout=options.poll_timeout_ms / 1000,
+            include_headers=options.include_headers,
         )
-        pending: list[ConsumerRecord[Any, Any]] = []
-        while True:
-            chunk = portal.call(reader.next_chunk)
-            if not chunk:
-                break
-            pending.extend(chunk)
-            if len(pending) >= ARROW_BATCH_ROWS:
-                yield records_to_batch(pending, options.include_headers)
-                pending = []
-        if pending:
-            yield records_to_batch(pending, options.include_headers)
+        # Columnar all the way (Consumer.arrow_batches()'s path): the fetched batches are decoded
+        # straight into Arrow buffers, no Python object per record.
+        while (batch := portal.call(reader.next_batch)) is not None:
+            yield batch
 
 
 # ----------------------------------------------------------------------------- the source

@@ -1,0 +1,150 @@
+"""Kafka to Arrow: ``arrow_batches()`` against ``batches()`` and aiokafka ``getmany()`` + Arrow.
+
+    python -m benchmarks.arrow_read [--quick] [--broker kafka|tansu] [--rounds 3]
+
+Starts the broker (as ``benchmarks.run`` does), produces the 100 B and 1 KiB data sets once
+(confluent-kafka, 4 partitions), then reads each topic from the beginning with every reader in a
+fresh subprocess, interleaved for ``--rounds`` rounds (the order rotates each round).  Readers:
+
+- ``arrow``: asyncconsumer ``arrow_batches()``, pyarrow record batches (Spark's Kafka schema);
+- ``batches``: asyncconsumer ``batches()``, one ``ConsumerRecord`` per record (no Arrow);
+- ``batches+arrow``: ``batches()`` then ``spark.arrow.records_to_batch`` per batch (the Spark
+  source's old route);
+- ``aiokafka+arrow``: aiokafka ``getmany()`` then the same conversion to Arrow per partition.
+
+Each reader assigns all partitions (no group) and stops at the topic's record count.  Prints
+records/s per round, the median and spread, and the ratios to ``batches()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+READERS = ["arrow", "batches", "batches+arrow", "aiokafka+arrow"]
+
+
+def log(message: str) -> None:
+    print(f"[arrow-bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ the readers (one per subprocess)
+
+
+def _read(reader: str, bootstrap: str, topic: str, partitions: int, count: int) -> dict[str, Any]:
+    import anyio
+    import pyarrow.compute  # noqa: F401  (imported up front by every reader: a one-off second, not reading)
+
+    from asyncconsumer import Consumer, TopicPartition
+    from asyncconsumer.spark.arrow import records_to_batch
+
+    out: dict[str, Any] = {}
+
+    async def ours() -> None:
+        consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+        async with consumer:
+            consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+            n = 0
+            started = time.perf_counter()
+            if reader == "arrow":
+                async for batch in consumer.arrow_batches(max_records=10_000):
+                    n += batch.num_rows
+                    if n >= count:
+                        break
+            else:
+                async for records in consumer.batches(max_records=10_000):
+                    if reader == "batches+arrow":
+                        records_to_batch(records, True)
+                    n += len(records)
+                    if n >= count:
+                        break
+            out.update(records=n, seconds=time.perf_counter() - started)
+
+    async def theirs() -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka import TopicPartition as AioTP
+
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        try:
+            consumer.assign([AioTP(topic, p) for p in range(partitions)])
+            n = 0
+            started = time.perf_counter()
+            while n < count:
+                got = await consumer.getmany(timeout_ms=30_000, max_records=10_000)
+                for records in got.values():
+                    records_to_batch(records, True)
+                    n += len(records)
+            out.update(records=n, seconds=time.perf_counter() - started)
+        finally:
+            await consumer.stop()
+
+    if reader == "aiokafka+arrow":
+        import asyncio
+
+        asyncio.run(theirs())
+    else:
+        anyio.run(ours)
+    return out
+
+
+# ------------------------------------------------------------------ the driver
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small topics (development)")
+    parser.add_argument("--broker", choices=["kafka", "tansu"], default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--read", nargs=5, metavar=("READER", "BOOTSTRAP", "TOPIC", "PARTITIONS", "COUNT"))
+    args = parser.parse_args()
+    if args.read:
+        reader, bootstrap, topic, partitions, count = args.read
+        print(json.dumps(_read(reader, bootstrap, topic, int(partitions), int(count))))
+        return
+
+    from . import brokers
+    from . import datasets as ds
+
+    sets = [
+        ds.Dataset("100B", "arrow-100b", 40_000 if args.quick else 1_000_000, 100),
+        ds.Dataset("1KiB", "arrow-1kib", 8_000 if args.quick else 200_000, 1024),
+    ]
+    broker = brokers.start(args.broker, log)
+    try:
+        log(broker.description)
+        ds.create_topics(broker.bootstrap, sets)
+        for d in sets:
+            log(f"producing {d.describe()}: {ds.produce(broker.bootstrap, d):.1f}s")
+        results: dict[tuple[str, str], list[float]] = {}
+        for r in range(args.rounds):
+            order = READERS[r % len(READERS) :] + READERS[: r % len(READERS)]
+            for d in sets:
+                for reader in order:
+                    cmd = [sys.executable, "-m", "benchmarks.arrow_read", "--read", reader, broker.bootstrap,
+                           d.topic, str(d.partitions), str(d.records)]
+                    got = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+                    rate = got["records"] / got["seconds"]
+                    results.setdefault((d.name, reader), []).append(rate)
+                    log(f"round {r + 1} {d.name} {reader}: {rate:,.0f} records/s")
+        print(f"\n{broker.description}; {args.rounds} interleaved rounds, records/s (median, min-max)\n")
+        print("| data set | reader | records/s | spread | vs batches() |")
+        print("|---|---|---:|---:|---:|")
+        for d in sets:
+            base = statistics.median(results[(d.name, "batches")])
+            for reader in READERS:
+                rates = results[(d.name, reader)]
+                med = statistics.median(rates)
+                print(f"| {d.describe()} | {reader} | {med:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | "
+                      f"{med / base:.2f}x |")
+    finally:
+        broker.stop()
+
+
+if __name__ == "__main__":
+    main()

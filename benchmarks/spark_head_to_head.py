@@ -1,0 +1,256 @@
+"""The PySpark source against Spark's own Kafka source: same broker, same topics, same session.
+
+    python -m benchmarks.spark_head_to_head [--quick] [--records-100b N] [--records-1kib N] [--rounds 3]
+
+One Apache Kafka broker (``asyncconsumer.testing.KafkaBroker``), two topics of 4 partitions
+(1,000,000 x 100 B and 200,000 x 1 KiB values; ``--quick``: 50,000 and 10,000), produced once with
+confluent-kafka.  One local SparkSession (``local[2]`` unless ``--master``) with Spark's Kafka
+source on the classpath (``org.apache.spark:spark-sql-kafka-0-10_2.13`` of the *installed*
+PySpark's version, from Maven Central through ``spark.jars.packages``) and the asyncconsumer
+source registered.  For each topic, interleaved rounds (the source order alternates) of:
+
+- **batch**: ``spark.read...load()`` written to the ``noop`` sink;
+- **aggregate**: ``groupBy("partition").count()`` collected;
+- **stream**: ``readStream`` with ``trigger(availableNow=True)`` to Parquet (a fresh directory and
+  checkpoint each time).
+
+Before timing, both sources' rows are checked to be identical: the SHA-256 of the sorted per-row
+``xxhash64`` of every column (headers included), and the row count.  Prints rows/s (median and
+spread over the rounds) per source and step, and the ratio asyncconsumer / Spark.
+
+Spark's Kafka source must match the PySpark version.  When the installed PySpark's
+spark-sql-kafka is not on Maven Central (PySpark 4.3.0, November 2026), the command stops and
+says so; run it from a virtualenv with a PySpark whose Kafka source is published, e.g.
+``pip install 'pyspark[sql]==4.2.0' -e '.[arrow]'`` - both sources then run in that one Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+MAVEN = "https://repo1.maven.org/maven2/org/apache/spark/spark-sql-kafka-0-10_2.13"
+SOURCES = ["asyncconsumer", "kafka"]
+STEPS = ["batch", "aggregate", "stream"]
+
+
+def log(message: str) -> None:
+    print(f"[spark-h2h {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def kafka_package(version: str) -> str:
+    """The Maven coordinate of Spark's Kafka source for PySpark ``version``; exits if not published."""
+    url = f"{MAVEN}/{version}/spark-sql-kafka-0-10_2.13-{version}.pom"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=30):
+            pass
+    except OSError as exc:
+        sys.exit(
+            f"spark-sql-kafka-0-10_2.13 {version} (the installed PySpark's version) is not on Maven Central "
+            f"({url}: {exc}). Run this from a virtualenv with a PySpark whose Kafka source is published, "
+            "e.g. pip install 'pyspark[sql]==4.2.0'."
+        )
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+
+
+def session(master: str, package: str, work: str) -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from asyncconsumer.spark import register
+
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("asyncconsumer-head-to-head")
+        .config("spark.jars.packages", package)
+        .config("spark.jars.ivy", os.path.join(os.path.expanduser("~"), ".ivy2.5.2"))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", "2g")
+        .config("spark.local.dir", os.path.join(work, "local"))
+        .config("spark.sql.warehouse.dir", os.path.join(work, "warehouse"))
+        .config("spark.python.worker.reuse", "true")
+        # A loaded machine starts Python workers slowly: give them time to connect back.
+        .config("spark.python.authenticate.socketTimeout", "300s")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def reader(spark: Any, source: str, bootstrap: str, topic: str, *, stream: bool = False) -> Any:
+    builder = spark.readStream if stream else spark.read
+    return (
+        builder.format(source)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .load()
+    )
+
+
+def rows_hash(df: Any) -> tuple[int, str]:
+    """(row count, SHA-256 of the sorted per-row xxhash64 of every column)."""
+    from pyspark.sql import functions as F
+
+    h = F.xxhash64(*[F.col(c) for c in df.columns]).alias("h")
+    row = (
+        df.select(h)
+        .agg(F.count("*").alias("n"), F.sha2(F.concat_ws(",", F.sort_array(F.collect_list("h"))), 256).alias("d"))
+        .first()
+    )
+    return int(row["n"]), str(row["d"])
+
+
+def executor_read(bootstrap: str, topic: str, partitions: int, records: int, columnar: bool) -> float:
+    """Rows/s of the source's executor read (``read_range`` over every partition, one after the
+    other, in this process: no Spark), through the columnar path or the old row path."""
+    from asyncconsumer.spark import source as src
+    from asyncconsumer.spark.arrow import records_to_batch
+    from asyncconsumer.spark.options import parse_options
+    from asyncconsumer.structs import TopicPartition
+
+    options = parse_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true"},
+                            streaming=False)
+    n = 0
+    started = time.perf_counter()
+    for p in range(partitions):
+        offset_range = src.OffsetRange(TopicPartition(topic, p), 0, len(range(p, records, partitions)))
+        if columnar:
+            n += sum(b.num_rows for b in src.read_range(options, offset_range))
+            continue
+        import anyio
+
+        async def rows(offset_range: Any = offset_range) -> int:
+            async with src._executor_consumer(options) as consumer:
+                reader = src.RangeReader(consumer, offset_range, fail_on_data_loss=True, poll_timeout=60)
+                got = 0
+                while chunk := await reader.next_chunk():
+                    got += records_to_batch(chunk, True).num_rows
+                return got
+
+        n += anyio.run(rows)
+    return n / (time.perf_counter() - started)
+
+
+def run_step(spark: Any, step: str, source: str, bootstrap: str, topic: str, work: str) -> float:
+    """Seconds for one step."""
+    started = time.perf_counter()
+    if step == "batch":
+        reader(spark, source, bootstrap, topic).write.format("noop").mode("overwrite").save()
+    elif step == "aggregate":
+        reader(spark, source, bootstrap, topic).groupBy("partition").count().collect()
+    else:
+        out = tempfile.mkdtemp(dir=work, prefix=f"{source}-out-")
+        query = (
+            reader(spark, source, bootstrap, topic, stream=True)
+            .writeStream.format("parquet")
+            .option("path", os.path.join(out, "data"))
+            .option("checkpointLocation", os.path.join(out, "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        elapsed = time.perf_counter() - started
+        shutil.rmtree(out, ignore_errors=True)
+        return elapsed
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="50,000 x 100 B and 10,000 x 1 KiB")
+    parser.add_argument("--records-100b", type=int, default=None)
+    parser.add_argument("--records-1kib", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of batch,aggregate,stream")
+    args = parser.parse_args()
+    steps = [s for s in args.steps.split(",") if s]
+
+    import pyspark
+
+    package = kafka_package(pyspark.__version__)
+    from . import datasets as ds
+    from .brokers import KAFKA_HEAP_MB
+
+    sets = [
+        ds.Dataset("100B", "h2h-100b", args.records_100b or (50_000 if args.quick else 1_000_000), 100),
+        ds.Dataset("1KiB", "h2h-1kib", args.records_1kib or (10_000 if args.quick else 200_000), 1024),
+    ]
+    from asyncconsumer.testing import KafkaBroker
+
+    work = tempfile.mkdtemp(prefix="spark-h2h-")
+    broker = KafkaBroker(listeners=("PLAINTEXT",), heap_mb=KAFKA_HEAP_MB).start()
+    spark = None
+    try:
+        bootstrap = broker.bootstrap
+        log(f"Apache Kafka {broker.version} at {bootstrap}; PySpark {pyspark.__version__}; {package}")
+        ds.create_topics(bootstrap, sets)
+        for d in sets:
+            log(f"producing {d.describe()}: {ds.produce(bootstrap, d):.1f}s")
+        spark = session(args.master, package, work)
+        for d in sets:
+            hashes = {source: rows_hash(reader(spark, source, bootstrap, d.topic)) for source in SOURCES}
+            log(f"{d.name}: rows and hash {hashes}")
+            if len(set(hashes.values())) != 1 or hashes["kafka"][0] != d.records:
+                sys.exit(f"the sources disagree on {d.topic}: {hashes}")
+        results: dict[tuple[str, str, str], list[float]] = {}
+        for r in range(args.rounds):
+            for d in sets:  # where the time goes: the executor read alone, columnar and rows
+                for label, columnar in (("executor read, columnar", True), ("executor read, rows", False)):
+                    rate = executor_read(bootstrap, d.topic, d.partitions, d.records, columnar)
+                    results.setdefault((d.name, label, "asyncconsumer"), []).append(rate)
+                    log(f"round {r + 1} {d.name} {label} (no Spark): {rate:,.0f} rows/s")
+            order = SOURCES if r % 2 == 0 else SOURCES[::-1]
+            for d in sets:
+                for step in steps:
+                    for source in order:
+                        seconds = run_step(spark, step, source, bootstrap, d.topic, work)
+                        results.setdefault((d.name, step, source), []).append(d.records / seconds)
+                        rate = d.records / seconds
+                        log(f"round {r + 1} {d.name} {step} {source}: {rate:,.0f} rows/s ({seconds:.2f}s)")
+        print(f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({args.master}), {package}; "
+              f"{args.rounds} interleaved rounds; rows/s median (min-max); identical rows checked by hash\n")
+        print("| topic | step | asyncconsumer rows/s | Spark Kafka source rows/s | ratio |")
+        print("|---|---|---:|---:|---:|")
+        for d in sets:
+            for step in steps:
+                ours, theirs = results[(d.name, step, "asyncconsumer")], results[(d.name, step, "kafka")]
+                print(
+                    f"| {d.describe()} | {step} | {statistics.median(ours):,.0f} ({min(ours):,.0f}-{max(ours):,.0f}) | "
+                    f"{statistics.median(theirs):,.0f} ({min(theirs):,.0f}-{max(theirs):,.0f}) | "
+                    f"{statistics.median(ours) / statistics.median(theirs):.2f}x |"
+                )
+        print("\nThe source's executor read alone (read_range in one process, partition after partition, no Spark):\n")
+        print("| topic | path | rows/s |")
+        print("|---|---|---:|")
+        for d in sets:
+            for label in ("executor read, columnar", "executor read, rows"):
+                rates = results[(d.name, label, "asyncconsumer")]
+                spread = f"{min(rates):,.0f}-{max(rates):,.0f}"
+                print(f"| {d.describe()} | {label} | {statistics.median(rates):,.0f} ({spread}) |")
+    finally:
+        if spark is not None:
+            spark.stop()
+        broker.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""``Consumer.arrow_batches()``: a partition's fetched records as ``pyarrow.RecordBatch``, no rows.
+
+The columnar twin of ``batches()``: a poll (rebalance callbacks, background errors, the wait for
+data) as ``Collector.take`` runs it, then one partition's completed fetch is read with
+``CompletedFetch.take_columns`` (protocol/columnar.py: decoded batch by batch straight into
+Arrow-ready buffers) and wrapped by ``to_arrow``.  Positions move as with ``getmany()``: past
+the records handed out, and past the transaction markers, aborted batches and compaction gaps a
+fetch ends with; everything handed out is consumed (``commit()`` covers it).  Deserializers are
+not applied: the columns hold the raw bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ..errors import KafkaError, RecordError
+from ..protocol.columnar import to_arrow
+
+if TYPE_CHECKING:
+    from ..engine.loop import Engine
+    from ..structs import TopicPartition
+    from .collector import Collector
+
+__all__ = ["PyArrowMissingError", "require_pyarrow", "take_arrow_batch"]
+
+
+class PyArrowMissingError(KafkaError, ImportError):
+    """Arrow output (``arrow_batches()``) needs pyarrow: ``pip install 'asyncconsumer[arrow]'``."""
+
+
+def require_pyarrow() -> Any:
+    """The ``pyarrow`` module, or :class:`PyArrowMissingError` naming the extra to install."""
+    try:
+        return importlib.import_module("pyarrow")
+    except ImportError as exc:
+        raise PyArrowMissingError(
+            f"Consumer.arrow_batches() needs pyarrow, which is not installed ({exc}); "
+            "install it with: pip install 'asyncconsumer[arrow]'"
+        ) from exc
+
+
+async def take_arrow_batch(
+    collector: Collector[Any, Any],
+    engine: Engine,
+    limit: int,
+    timeout: float | None,
+    *,
+    only: set[TopicPartition] | None = None,
+    include_headers: bool = True,
+) -> Any:
+    """One poll: up to ``limit`` records of one partition as a ``pyarrow.RecordBatch``; None when
+    ``timeout`` seconds (None: no limit) pass with nothing to hand out."""
+    collector._mark_processed(engine)  # a new poll: what was handed out before is processed
+    await anyio.lowlevel.checkpoint()  # let the background loop send the next fetch (read-ahead)
+    deadline = anyio.current_time() + (float("inf") if timeout is None else timeout)
+    while True:
+        engine.app_polled()
+        event = engine.app_event()
+        await collector._rebalance.run_callbacks(engine)
+        collector.raise_background_error()
+        batch = _collect(engine, only, limit, include_headers)
+        if batch is not None:
+            return batch
+        remaining = deadline - anyio.current_time()
+        if remaining <= 0:
+            return None
+        with anyio.move_on_after(remaining):
+            await event.wait()
+
+
+def _collect(engine: Engine, only: set[TopicPartition] | None, limit: int, include_headers: bool) -> Any:
+    """``Collector._collect`` for one partition, as columns: the first partition with records."""
+    subscriptions = engine.subscriptions
+    buffer = engine.buffer
+    seen: set[TopicPartition] = set()
+    for fetch in buffer.fetches():
+        tp = fetch.tp
+        state = subscriptions.partitions.get(tp)
+        if state is None or state.epoch != fetch.epoch:
+            buffer.remove(fetch)
+            continue
+        if tp in seen or state.paused or state.revoking or (only is not None and tp not in only):
+            continue  # one completed fetch per partition at a time keeps offsets in order
+        seen.add(tp)
+        try:
+            columns = fetch.take_columns(limit, state.position, include_headers=include_headers)
+        except RecordError as exc:
+            exc.skip_to = fetch.offset_after_batch(exc.offset)
+            if exc.skip_to > exc.offset:
+                exc.args = (f"{exc.args[0]}; seek({tp.topic!r}, {tp.partition}) to {exc.skip_to} to skip it",)
+            buffer.remove(fetch)
+            state.rewind(max(state.position, exc.offset))  # refetch from the bad batch
+            engine.wake()
+            raise
+        last = columns.last_offset
+        if last is not None:
+            state.position = last + 1
+        if fetch.exhausted:
+            # Past the transaction markers, aborted batches or compaction gaps the fetch ended with.
+            state.position = max(state.position, fetch.next_offset)
+            buffer.remove(fetch)
+            seen.discard(tp)
+        if last is None:
+            if fetch.exhausted and state.consumed < state.position:
+                state.consumed = state.position  # nothing to hand out, but commits may move past it
+            continue
+        try:
+            batch = to_arrow(columns, tp.topic, tp.partition)
+        except RecordError:
+            state.rewind(columns_first_offset(columns))
+            engine.buffer.drop(functools.partial(_other_partition, tp))
+            engine.wake()
+            raise
+        state.consumed = state.position  # handed out (getmany()'s semantics)
+        return batch
+    return None
+
+
+def _other_partition(tp: TopicPartition, fetch: Any) -> bool:
+    return bool(fetch.tp != tp)
+
+
+def columns_first_offset(columns: Any) -> int:
+    """The offset of the first record of ``columns`` (a ``protocol.columnar.Columns``)."""
+    view = memoryview(columns.buffers.offsets).cast("B").cast("q")
+    return int(view[columns.first])

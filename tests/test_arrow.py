@@ -1,0 +1,178 @@
+"""``Consumer.arrow_batches()`` against real brokers: the same rows as ``batches()``, every codec.
+
+Each test reads a topic twice, once with ``batches()`` (rows, turned into Arrow by the Spark
+source's row converter) and once with ``arrow_batches()`` (the columnar decoder), and compares
+the tables; then positions and commits.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pyarrow as pa
+import pytest
+from support.consumers import FAST, tps
+from support.producer import create_topic
+
+from asyncconsumer import ConfigError, Consumer, ConsumerRecord, TopicPartition
+from asyncconsumer.app.arrow import PyArrowMissingError
+from asyncconsumer.protocol.columnar import arrow_schema
+from asyncconsumer.spark.arrow import records_to_batch
+
+pytestmark = pytest.mark.anyio
+
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+
+
+def consumer(bootstrap: str, **options: Any) -> Consumer[Any, Any]:
+    return Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", **{**FAST, **options})
+
+
+def mixed_records(n: int, partitions: int) -> list[tuple[Any, ...]]:
+    """Null keys and values, empty ones, headers (with null values) on some records."""
+    out: list[tuple[Any, ...]] = []
+    for i in range(n):
+        key = None if i % 7 == 0 else b"" if i % 11 == 0 else b"k%d" % i
+        value = None if i % 5 == 0 else b"v" * (i % 300)
+        headers = [("h", b"x"), (f"é-{i}", None)] if i % 3 == 0 else None
+        out.append((i % partitions, key, value, headers))
+    return out
+
+
+async def rows(c: Consumer[Any, Any], n: int) -> list[ConsumerRecord[Any, Any]]:
+    got: list[ConsumerRecord[Any, Any]] = []
+    with anyio.fail_after(60):
+        async for batch in c.batches():
+            got += batch
+            if len(got) >= n:
+                break
+    return got
+
+
+async def arrow(c: Consumer[Any, Any], n: int, **kwargs: Any) -> list[pa.RecordBatch]:
+    got: list[pa.RecordBatch] = []
+    with anyio.fail_after(60):
+        async for batch in c.arrow_batches(**kwargs):
+            got.append(batch)
+            if sum(b.num_rows for b in got) >= n:
+                break
+    return got
+
+
+def table_of_rows(records: list[ConsumerRecord[Any, Any]], include_headers: bool = True) -> pa.Table:
+    return pa.Table.from_batches([records_to_batch(records, include_headers)]).sort_by(
+        [("partition", "ascending"), ("offset", "ascending")]
+    )
+
+
+def table_of_batches(batches: list[pa.RecordBatch], include_headers: bool = True) -> pa.Table:
+    return pa.Table.from_batches(batches, schema=arrow_schema(include_headers)).sort_by(
+        [("partition", "ascending"), ("offset", "ascending")]
+    )
+
+
+@pytest.mark.parametrize("codec", CODECS)
+async def test_arrow_batches_give_the_rows_of_batches(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], codec: str
+) -> None:
+    topic = new_topic(3)
+    total = 3000
+    produce(topic, mixed_records(total, 3), compression=codec)
+    async with consumer(bootstrap) as c:
+        c.assign(tps(topic, 3))
+        expected = await rows(c, total)
+    async with consumer(bootstrap) as c:
+        c.assign(tps(topic, 3))
+        batches = await arrow(c, total)
+        assert await c.getmany(timeout=0.3) == {}  # nothing left over
+    assert len(expected) == total
+    for batch in batches:
+        assert batch.schema == arrow_schema(True)
+        assert batch.num_rows > 0
+        assert len(set(batch.column("partition").to_pylist())) == 1  # one partition per batch
+        offsets = batch.column("offset").to_pylist()
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+    got = table_of_batches(batches)
+    want = table_of_rows(expected)
+    assert got.num_rows == total
+    assert got.equals(want), (got.slice(0, 3).to_pylist(), want.slice(0, 3).to_pylist())
+    assert got.column("key").null_count == sum(1 for i in range(total) if i % 7 == 0)
+    assert got.column("value").null_count == sum(1 for i in range(total) if i % 5 == 0)
+
+
+async def test_arrow_batches_without_headers_honour_max_records_and_commit(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"x%d" % i, [("h", b"1")]) for i in range(500)])
+    tp = TopicPartition(topic, 0)
+    group = f"arrow-{topic}"
+    async with consumer(bootstrap, group_id=group, enable_auto_commit=False) as c:
+        c.assign([tp])
+        got = await arrow(c, 300, max_records=64, include_headers=False)
+        assert max(b.num_rows for b in got) <= 64
+        assert all(b.schema == arrow_schema(False) for b in got)
+        handed = sum(b.num_rows for b in got)
+        assert await c.position(tp) == handed
+        await c.commit()
+        assert await c.committed(tp) == handed
+        with pytest.raises(ConfigError, match="max_records"):
+            c.arrow_batches(max_records=0)
+    async with consumer(bootstrap, group_id=group, enable_auto_commit=False) as c:
+        c.assign([tp])
+        rest = await arrow(c, 500 - handed)
+        assert rest[0].column("offset")[0].as_py() == handed
+        assert [v.as_py() for b in rest for v in b.column("value")] == [b"x%d" % i for i in range(handed, 500)]
+
+
+async def test_arrow_batches_and_batches_take_turns_without_loss(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"%d" % i) for i in range(2000)], compression="lz4")
+    seen: list[int] = []
+    async with consumer(bootstrap) as c:
+        c.assign(tps(topic, 1))
+        with anyio.fail_after(60):
+            while len(seen) < 2000:
+                async for batch in c.batches(max_records=100):
+                    seen += [int(r.value) for r in batch]
+                    break
+                async for abatch in c.arrow_batches(max_records=150):
+                    seen += [int(v) for v in abatch.column("value").to_pylist()]
+                    break
+    assert seen[:2000] == list(range(2000))
+
+
+async def test_arrow_batches_name_the_missing_pyarrow(bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow raises ImportError
+    c = consumer(bootstrap)
+    with pytest.raises(PyArrowMissingError, match=r"asyncconsumer\[arrow\]"):
+        c.arrow_batches()
+
+
+@pytest.mark.broker
+async def test_arrow_batches_read_committed_skip_aborted_transactions(apache_kafka: Any) -> None:
+    from test_transactions import write_transactions
+
+    bootstrap = str(apache_kafka.bootstrap)
+
+    def new_topic(partitions: int = 1) -> str:
+        return create_topic(bootstrap, f"arrow-tx-{uuid.uuid4().hex[:12]}", partitions, None)
+
+    log = write_transactions(bootstrap, new_topic)
+    async with consumer(bootstrap, isolation_level="read_committed") as c:
+        c.assign(log.tps)
+        batches = await arrow(c, len(log.committed))
+        table = table_of_batches(batches)
+        seen = sorted(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
+                          table.column("value").to_pylist(), strict=True))
+        assert seen == log.committed
+        ends = await c.end_offsets(log.tps)
+        with anyio.fail_after(10):
+            while {tp: await c.position(tp) for tp in log.tps} != ends:
+                assert await c._next_arrow_batch(100, 0.1) is None  # markers only: positions move past them
