@@ -168,6 +168,22 @@ async def test_release_redelivers_with_delivery_count_2(
         assert await nothing_more(consumer, 2.0) == []
 
 
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+async def test_a_share_consumer_logs_in_with_sasl(
+    apache_kafka: Any, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], mechanism: str
+) -> None:
+    """The share loop logs its connections in as the consumer's does (engine/core.py)."""
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(3)))
+    options = apache_kafka.broker.consumer_options("SASL_PLAINTEXT", mechanism=mechanism)
+    async with ShareConsumer(group_id=group, **options) as consumer:
+        consumer.subscribe([topic])
+        got = await poll_until(consumer, 3)
+        assert sorted(r.value for r in got) == values(3)
+        assert all(e is None for e in (await consumer.commit()).values())
+
+
 async def test_reject_is_never_redelivered(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:

@@ -107,8 +107,6 @@ class ShareConsumer(Generic[KT, VT]):
         self._config: ConsumerConfig = build_config(options)
         if self._config.group_id is None:
             raise ConfigError("a share consumer needs a group_id (the share group's name)")
-        if self._config.uses_sasl:
-            raise ConfigError("ShareConsumer does not support SASL yet (security_protocol SASL_PLAINTEXT/SASL_SSL)")
         self.acknowledgement_mode: ShareAcknowledgementMode = share_acknowledgement_mode
         self._engine: ShareEngine | None = None
         self._task_group: anyio.abc.TaskGroup | None = None

@@ -1,11 +1,11 @@
-"""The background loop: the one task that owns sockets and consumer state.
+"""The consumer's background loop: the one task that owns sockets and consumer state.
 
-Each turn it runs queued application events (closures from the public API),
-hands completed responses to their managers, polls every request manager for
-unsent requests, gives those to the network client, and sleeps until the
-earliest manager deadline or until something wakes it.  It never raises into
-the consumer's task group: failures become background events (errors the
-application side raises on its next call).
+The turn itself (application events, completed responses, polling the request managers, sleeping
+until the earliest deadline) and the SASL logins are ``LoopCore``'s (``engine/core.py``), shared
+with the share consumer's loop. Here are the consumer's managers and what the turn adds for them:
+the auto-commit timer, the poll-interval check, the fallback from KIP-848 to the classic protocol,
+metadata and the fetch buffer. It never raises into the consumer's task group: failures become
+background events (errors the application side raises on its next call).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -22,7 +22,6 @@ import anyio.abc
 from ..assignors import get_assignor
 from ..config import ConsumerConfig
 from ..errors import (
-    ConsumerClosedError,
     KafkaError,
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
@@ -36,49 +35,32 @@ from ..managers.fetch_buffer import FetchBuffer
 from ..managers.list_offsets import ListOffsetsManager
 from ..managers.membership import CallbackRequest, GroupSettings, MembershipManager
 from ..managers.metadata import Cluster, MetadataManager
-from ..managers.requests import Body, HoldsWaiters, RequestManager, UnsentRequest
+from ..managers.requests import HoldsWaiters, RequestManager
 from ..managers.subscription import SubscriptionState
 from ..managers.validation import PositionValidator
-from ..managers.waiter import Waiter
 from ..structs import TopicPartition, by_topic
-from . import sasl as sasl_module
-from .connection import BrokerConnection
-from .network import NetworkClient
+from .core import LoopCore
 
 log = logging.getLogger("asyncconsumer.engine")
 
 T = TypeVar("T")
-_MIN_SLEEP = 0.002  # a floor so a wrong deadline can never spin the CPU
 
 
-class Engine:
+class Engine(LoopCore):
+    """The consumer's loop (``LoopCore`` has the turn, the events and the SASL logins): metadata,
+    the group coordinator and membership (classic or KIP-848), commits, offset lookups, position
+    validation and fetching."""
+
+    OWNER = "consumer"
+    log = log
+
     def __init__(self, config: ConsumerConfig, clock: Callable[[], float] = time.monotonic) -> None:
-        self.config = config
-        self.clock = clock
+        super().__init__(config, clock)
         self.subscriptions = SubscriptionState(config.auto_offset_reset, has_group=config.group_id is not None)
         self.buffer = FetchBuffer(config.fetch_buffer_bytes, on_space=self.wake, on_data=self.notify_app)
-        self._events: deque[tuple[Callable[[float], Any], Waiter[Any]]] = deque()
-        self._completions: deque[tuple[UnsentRequest, int, Body | None, BaseException | None]] = deque()
-        self._errors: deque[KafkaError] = deque()
-        self._wake_event = anyio.Event()
-        self._woken = False
-        self._app_event = anyio.Event()
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._stopped = anyio.Event()
-        self.fatal_error: BaseException | None = None
-        self.closed = False
-        self._close_within = 2.0  # how long closing the connections may take (see stop())
         self._reported_unknown: set[str] = set()
         retry = config.retry_backoff_ms / 1000
 
-        self._tokens = (
-            sasl_module.TokenCache(config.sasl_oauth_token_provider, timeout=config.request_timeout_ms / 1000)
-            if config.sasl_oauth_token_provider is not None
-            else None
-        )
-        self.network = NetworkClient(
-            config, self._spawn, self._on_complete, sasl=self._authenticate if config.uses_sasl else None, clock=clock
-        )
         self.metadata = MetadataManager(
             max_age=config.metadata_max_age_ms / 1000,
             retry_backoff=retry,
@@ -158,153 +140,22 @@ class Engine:
         holders: tuple[HoldsWaiters | None, ...] = (self.metadata, self.commits, self.offsets)
         self._waiter_holders: list[HoldsWaiters] = [m for m in holders if m is not None]
 
-    # -- lifecycle --------------------------------------------------------------------------------
+    # -- the loop's hooks (LoopCore) ---------------------------------------------------------------
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """The background loop; returns when ``stop()`` is called."""
-        try:
-            async with anyio.create_task_group() as tg:
-                self._task_group = tg
-                task_status.started()
-                try:
-                    await self._loop()
-                finally:
-                    tg.cancel_scope.cancel()
-        except Exception as exc:  # never let a bug escape into the user's task group
-            log.exception("asyncconsumer background loop failed")
-            self.fatal_error = exc
-        finally:
-            self._task_group = None
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self._close_within):
-                await self.network.aclose()
-            self.closed = True
-            self._fail_waiters(self.fatal_error or ConsumerClosedError("the consumer is closed"))
-            self._stopped.set()
-            self._app_event.set()
-
-    def stop(self, within: float = 2.0) -> None:
-        """Stop the loop; closing the connections may take up to ``within`` seconds."""
-        self._close_within = within
-        self.closed = True
-        self.wake()
-
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
-    def _fail_waiters(self, error: BaseException) -> None:
-        events, self._events = self._events, deque()
-        for _, waiter in events:
-            waiter.set_exception(error)
-        for holder in self._waiter_holders:
-            holder.fail_all(error)
-
-    async def _loop(self) -> None:
+    def _on_start(self) -> None:
         if self.commits is not None:
             self.commits.start_auto_commit(self.clock())
-        while not self.closed:
-            now = self.clock()
-            self._run_events(now)
-            self._run_completions(now)
-            self.network.drop_dead_connections()
-            if self.membership is not None:
-                expired = self.membership.check_poll_interval(
-                    now, self.last_poll, self.config.max_poll_interval_ms / 1000)
-                if expired is not None:
-                    self.report_error(expired)
-            self._fall_back_to_classic()
-            deadline = float("inf")
-            for manager in self.managers:
-                for request in manager.poll(now):
-                    self.network.send(request)
-                deadline = min(deadline, manager.next_deadline(now))
-            if self._woken or self._events or self._completions:
-                self._woken = False
-                await anyio.lowlevel.checkpoint()
-                continue
-            timeout = max(_MIN_SLEEP, deadline - self.clock())
-            with anyio.move_on_after(min(timeout, 1.0)):
-                await self._wake_event.wait()
-            self._wake_event = anyio.Event()
-            self._woken = False
 
-    def wake(self) -> None:
-        self._woken = True
-        self._wake_event.set()
+    def _before_poll(self, now: float) -> None:
+        if self.membership is not None:
+            expired = self.membership.check_poll_interval(now, self.last_poll, self.config.max_poll_interval_ms / 1000)
+            if expired is not None:
+                self.report_error(expired)
+        self._fall_back_to_classic()
 
-    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
-        if self._task_group is None:
-            raise ConsumerClosedError("the consumer is not running")
-        self._task_group.start_soon(fn, *args)
-
-    # -- application events -----------------------------------------------------------------------
-
-    def post(self, fn: Callable[[float], Any]) -> None:
-        """Queue an application event whose result nobody waits for."""
-        self._events.append((fn, Waiter()))
-        self.wake()
-
-    async def call(self, fn: Callable[[float], T]) -> T:
-        """Run ``fn(now)`` on the background loop (an application event) and return its result."""
-        self.check_running()
-        waiter: Waiter[T] = Waiter()
-        self._events.append((fn, waiter))
-        self.wake()
-        return await waiter.wait()
-
-    def check_running(self) -> None:
-        if self.fatal_error is not None:
-            raise ConsumerClosedError(f"the consumer's background loop failed: {self.fatal_error!r}")
-        if self.closed or self._task_group is None:
-            raise ConsumerClosedError("the consumer is not running: use 'async with' or 'await start()'")
-
-    def _run_events(self, now: float) -> None:
-        while self._events:
-            fn, waiter = self._events.popleft()
-            if waiter.done():
-                continue
-            try:
-                waiter.set_result(fn(now))
-            except Exception as exc:
-                waiter.set_exception(exc)
-
-    # -- completions from the network -------------------------------------------------------------
-
-    def _on_complete(
-        self, request: UnsentRequest, version: int, body: Body | None, error: BaseException | None
-    ) -> None:
-        self._completions.append((request, version, body, error))
-        self.wake()
-
-    def _run_completions(self, now: float) -> None:
-        if self._completions:
-            self.notify_app()  # positions, offsets or errors may have changed: let waiters re-check
-        while self._completions:
-            request, version, body, error = self._completions.popleft()
-            try:
-                if error is None and body is not None:
-                    request.on_response(now, version, body)
-                else:
-                    request.on_error(now, error or KafkaError("no response"))
-            except Exception as exc:
-                log.exception("handling a %s response failed", request.api)
-                self.report_error(KafkaError(f"internal error handling {request.api}: {exc!r}"))
-
-    # -- background events (to the application side) ----------------------------------------------
-
-    def report_error(self, error: KafkaError) -> None:
-        self._errors.append(error)
-        self.notify_app()
-
-    def notify_app(self) -> None:
-        self._app_event.set()
-
-    def app_event(self) -> anyio.Event:
-        if self._app_event.is_set():
-            self._app_event = anyio.Event()
-        return self._app_event
-
-    def pop_error(self) -> KafkaError | None:
-        return self._errors.popleft() if self._errors else None
+    def _fail_pending(self, error: BaseException) -> None:
+        for holder in self._waiter_holders:
+            holder.fail_all(error)
 
     # -- metadata ---------------------------------------------------------------------------------
 
@@ -422,28 +273,5 @@ class Engine:
         last = self.metadata.last_error
         suffix = f" (last error: {last})" if last else ""
         return KafkaTimeoutError(f"{what} did not complete within {timeout:.1f}s{suffix}")
-
-    # -- SASL -------------------------------------------------------------------------------------
-
-    async def _authenticate(self, connection: BrokerConnection) -> int:
-        """Log ``connection`` in (also to re-authenticate it); returns the session lifetime in ms."""
-        config = self.config
-        token = await self._tokens.token(connection.session_lifetime) if self._tokens is not None else None
-        mechanism = sasl_module.create_mechanism(
-            config.sasl_mechanism, config.sasl_plain_username, config.sasl_plain_password, token
-        )
-
-        async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
-            return await connection.request_version(api, version, body)
-
-        handshake_version = connection.choose_version("SaslHandshake")
-        try:
-            authenticate_version: int | None = connection.choose_version("SaslAuthenticate")
-        except KafkaError:
-            authenticate_version = None
-        return await sasl_module.authenticate(
-            request, mechanism, handshake_version=handshake_version, authenticate_version=authenticate_version
-        )
-
 
 __all__ = ["Engine", "error_for_code"]
