@@ -24,6 +24,7 @@ from typing_extensions import TypeVar
 
 from . import _args, otel
 from .app.collector import Collector, RecordDeserializationError
+from .app.iterators import Steps
 from .app.metrics import snapshot as metrics_snapshot
 from .app.rebalance import CALLBACK_OWNER, RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
 from .app.streams import PartitionStream, PartitionStreams
@@ -639,7 +640,19 @@ class Consumer(Generic[KT, VT]):
         A revoked partition's stream ends after its records are processed and committed.
         """
         _args.check_positive_int(buffer_records, "partitions", "buffer_records")
-        return _PollingIterator(self, PartitionStreams(_StreamSource(self), buffer_records))
+        streams = PartitionStreams(_StreamSource(self), buffer_records)
+        return Steps(functools.partial(self._next_stream, streams), on_close=streams.close)
+
+    async def _next_stream(self, streams: PartitionStreams[KT, VT]) -> tuple[TopicPartition, PartitionStream[KT, VT]]:
+        """One ``partitions()`` step, bracketed by acquire/release as a poll."""
+        self.acquire("partitions")
+        try:
+            return await streams.__anext__()
+        except ConsumerClosedError as exc:
+            streams.close()
+            self._end_of_iteration(exc)
+        finally:
+            self.release("partitions")
 
     def batches(self, *, max_records: int | None = None) -> AsyncIterator[list[ConsumerRecord[KT, VT]]]:
         """Records a partition at a time: ``async for batch in consumer.batches():``.
@@ -651,7 +664,7 @@ class Consumer(Generic[KT, VT]):
         """
         if max_records is not None:
             _args.check_positive_int(max_records, "batches", "max_records")
-        return _BatchIterator(self, max_records or self._batch_limit())
+        return Steps(functools.partial(self._next_batch, max_records or self._batch_limit()))
 
     def arrow_batches(self, *, max_records: int | None = None, include_headers: bool = True) -> AsyncIterator[Any]:
         """Records a partition at a time as ``pyarrow.RecordBatch`` (docs/arrow.md); needs pyarrow.
@@ -667,7 +680,15 @@ class Consumer(Generic[KT, VT]):
         if max_records is not None:
             _args.check_positive_int(max_records, "arrow_batches", "max_records")
         require_pyarrow()
-        return _ArrowIterator(self, max_records or self._batch_limit(), include_headers)
+        limit = max_records or self._batch_limit()
+
+        async def step() -> Any:
+            try:
+                return await self._next_arrow_batch(limit, None, include_headers=include_headers)
+            except ConsumerClosedError as exc:
+                self._end_of_iteration(exc)
+
+        return Steps(step)
 
     @_bracketed("arrow_batches")
     async def _next_arrow_batch(
@@ -817,62 +838,6 @@ class _StreamSource(Generic[KT, VT]):
         for tp, records in taken.items():
             collector.handed(tp, len(records))
         return taken
-
-
-class _PollingIterator(Generic[KT, VT]):
-    """Brackets each step of ``partitions()`` with acquire/release, as a poll."""
-
-    def __init__(self, consumer: Consumer[KT, VT], streams: PartitionStreams[KT, VT]) -> None:
-        self._consumer = consumer
-        self._streams = streams
-
-    def __aiter__(self) -> _PollingIterator[KT, VT]:
-        return self
-
-    async def __anext__(self) -> tuple[TopicPartition, PartitionStream[KT, VT]]:
-        self._consumer.acquire("partitions")
-        try:
-            return await self._streams.__anext__()
-        except ConsumerClosedError as exc:
-            self._streams.close()
-            self._consumer._end_of_iteration(exc)
-        finally:
-            self._consumer.release("partitions")
-
-    async def aclose(self) -> None:
-        self._streams.close()
-
-
-class _BatchIterator(Generic[KT, VT]):
-    """``consumer.batches()``: each step is a poll, bracketed by acquire/release."""
-
-    def __init__(self, consumer: Consumer[KT, VT], limit: int) -> None:
-        self._consumer = consumer
-        self._limit = limit
-
-    def __aiter__(self) -> _BatchIterator[KT, VT]:
-        return self
-
-    async def __anext__(self) -> list[ConsumerRecord[KT, VT]]:
-        return await self._consumer._next_batch(self._limit)
-
-
-class _ArrowIterator:
-    """``consumer.arrow_batches()``: each step is a poll, bracketed by acquire/release."""
-
-    def __init__(self, consumer: Consumer[Any, Any], limit: int, include_headers: bool) -> None:
-        self._consumer = consumer
-        self._limit = limit
-        self._headers = include_headers
-
-    def __aiter__(self) -> _ArrowIterator:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self._consumer._next_arrow_batch(self._limit, None, include_headers=self._headers)
-        except ConsumerClosedError as exc:
-            self._consumer._end_of_iteration(exc)
 
 
 __all__ = ["Consumer", "RecordDeserializationError"]
