@@ -35,8 +35,10 @@ class Member:
         self.backend = BACKENDS[(index // len(APIS)) % len(BACKENDS)]
         self.out = tmp / f"{self.name}.out"
         self.stop = tmp / f"{self.name}.stop"
+        self.leader_mark = tmp / f"{self.name}.leader"  # present while the member leads the group
         self.killed = False
-        cfg = {**base, "api": self.api, "backend": self.backend, "out": str(self.out), "stop": str(self.stop)}
+        cfg = {**base, "api": self.api, "backend": self.backend, "out": str(self.out), "stop": str(self.stop),
+               "leader": str(self.leader_mark)}
         self.proc = subprocess.Popen([sys.executable, str(MEMBER), json.dumps(cfg)],
                                      stdout=subprocess.DEVNULL, stderr=(tmp / f"{self.name}.err").open("w"))
 
@@ -60,8 +62,11 @@ class Member:
 
 @pytest.mark.timeout(150)
 def test_storm_of_members_leaving_and_killed_loses_nothing(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], tmp_path: Path
+    kafka_backend: Any, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], tmp_path: Path
 ) -> None:
+    # Tansu can go on naming a departed group leader (leader_handover): seen in CI, the members then
+    # rejoined for two minutes with nobody computing the assignment. There the leader is never removed.
+    spare_leader = not kafka_backend.supports("leader_handover")
     partitions, total = 6, 16_000
     topic = new_topic(partitions)
     produce(topic, ((i % partitions, None, b"%d" % i) for i in range(total)))
@@ -87,7 +92,8 @@ def test_storm_of_members_leaving_and_killed_loses_nothing(
             time.sleep(0.2)
         for event in range(6):  # the storm: one member goes every 2.5 s, a new one comes
             time.sleep(2.5)
-            reading = [m for m in live if m.reads()] or live  # one that holds partitions, if any
+            candidates = [m for m in live if not (spare_leader and m.leader_mark.exists())] or live
+            reading = [m for m in candidates if m.reads()] or candidates  # one that holds partitions, if any
             victim = reading[rng.randrange(len(reading))]
             live.remove(victim)
             if event % 2 == 0:

@@ -62,7 +62,13 @@ async def main(cfg: dict[str, Any], out: TextIO) -> None:
                         streams.start_soon(work, stream)
 
         async def watch() -> None:
-            while not await anyio.Path(cfg["stop"]).exists():  # noqa: ASYNC110 (another process)
+            leader_mark = anyio.Path(cfg["leader"])
+            while not await anyio.Path(cfg["stop"]).exists():
+                membership = c._engine.membership if c._engine is not None else None
+                leads = membership is not None and bool(membership.member_id) and getattr(
+                    membership, "leader_id", "") == membership.member_id
+                if leads != await leader_mark.exists():
+                    await (leader_mark.touch() if leads else leader_mark.unlink(missing_ok=True))
                 await anyio.sleep(0.05)
             await c.close()  # a graceful leave while the reader is busy
 
