@@ -15,8 +15,6 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
 from ..errors import KafkaError, RecordError
 from ..protocol.columnar import to_arrow
 
@@ -54,22 +52,7 @@ async def take_arrow_batch(
 ) -> Any:
     """One poll: up to ``limit`` records of one partition as a ``pyarrow.RecordBatch``; None when
     ``timeout`` seconds (None: no limit) pass with nothing to hand out."""
-    collector._mark_processed(engine)  # a new poll: what was handed out before is processed
-    await anyio.lowlevel.checkpoint()  # let the background loop send the next fetch (read-ahead)
-    deadline = anyio.current_time() + (float("inf") if timeout is None else timeout)
-    while True:
-        engine.app_polled()
-        event = engine.app_event()
-        await collector._rebalance.run_callbacks(engine)
-        collector.raise_background_error()
-        batch = _collect(engine, only, limit, include_headers)
-        if batch is not None:
-            return batch
-        remaining = deadline - anyio.current_time()
-        if remaining <= 0:
-            return None
-        with anyio.move_on_after(remaining):
-            await event.wait()
+    return await collector.poll_for(engine, timeout, lambda: _collect(engine, only, limit, include_headers))
 
 
 def _collect(engine: Engine, only: set[TopicPartition] | None, limit: int, include_headers: bool) -> Any:

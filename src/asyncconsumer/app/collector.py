@@ -29,6 +29,7 @@ from .rebalance import RebalanceRunner
 
 KT = TypeVar("KT", default=bytes)
 VT = TypeVar("VT", default=bytes)
+T = TypeVar("T")
 
 
 class RecordDeserializationError(RecordError):
@@ -114,6 +115,17 @@ class Collector(Generic[KT, VT]):
         buffered records, waiting up to ``timeout`` seconds for some (None: until there are).
         ``return_on_wake``: return (perhaps with nothing) as soon as the application is notified
         (``Engine.notify_app``), e.g. because a partition stream has room again."""
+        records = await self.poll_for(
+            engine, timeout, lambda: self._collect(engine, only, limit, hand_out=hand_out),
+            return_on_wake=return_on_wake)
+        return records or {}
+
+    async def poll_for(self, engine: Engine, timeout: float | None, collect: Callable[[], T | None], *,
+                       return_on_wake: bool = False) -> T | None:
+        """The poll every read API shares: mark what was handed out before as processed, then run
+        rebalance callbacks, raise background errors and call ``collect()`` until it returns
+        something (falsy: nothing yet), waiting up to ``timeout`` seconds (None: no limit) for the
+        background loop's news; None when the time is up (or, with ``return_on_wake``, on news)."""
         self._mark_processed(engine)
         # Let the background loop run before taking buffered records: it sends the next fetch
         # (read-ahead) and reads the sockets while the application works through this batch.
@@ -127,12 +139,12 @@ class Collector(Generic[KT, VT]):
             event = engine.app_event()
             await self._rebalance.run_callbacks(engine)
             self.raise_background_error()
-            records = self._collect(engine, only, limit, hand_out=hand_out)
-            if records or woken:
-                return records
+            got = collect()
+            if got or woken:
+                return got
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
-                return {}
+                return None
             self.waiting += 1  # a poll waiting for records is polling now (metrics: last poll age 0)
             try:
                 with anyio.move_on_after(remaining):
