@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import KafkaError, RecordError
 from ..protocol.columnar import to_arrow
+from .collector import refetch_bad_batch
 
 if TYPE_CHECKING:
     from ..engine.loop import Engine
@@ -72,11 +73,7 @@ def _collect(engine: Engine, only: set[TopicPartition] | None, limit: int, inclu
         try:
             columns = fetch.take_columns(limit, state.position, include_headers=include_headers)
         except RecordError as exc:
-            exc.skip_to = fetch.offset_after_batch(exc.offset)
-            if exc.skip_to > exc.offset:
-                exc.args = (f"{exc.args[0]}; seek({tp.topic!r}, {tp.partition}) to {exc.skip_to} to skip it",)
-            buffer.remove(fetch)
-            state.rewind(max(state.position, exc.offset))  # refetch from the bad batch
+            refetch_bad_batch(engine, fetch, state, exc)
             engine.wake()
             raise
         last = columns.last_offset

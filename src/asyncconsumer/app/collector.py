@@ -22,7 +22,7 @@ from typing_extensions import TypeVar
 from ..config import ConsumerConfig
 from ..engine.loop import Engine
 from ..errors import KafkaError, RecordError
-from ..managers.fetch_buffer import Record
+from ..managers.fetch_buffer import CompletedFetch, Record
 from ..managers.subscription import PartitionState
 from ..structs import ConsumerRecord, TopicPartition
 from .rebalance import RebalanceRunner
@@ -194,12 +194,7 @@ class Collector(Generic[KT, VT]):
             try:
                 records = fetch.take(limit - count, state.position)
             except RecordError as exc:
-                exc.skip_to = fetch.offset_after_batch(exc.offset)
-                if exc.skip_to > exc.offset:
-                    exc.args = (f"{exc.args[0]}; seek({tp.topic!r}, {tp.partition}) to {exc.skip_to} to skip it",)
-                buffer.remove(fetch)
-                # Refetch from the bad batch: the error repeats until the application seeks past it.
-                state.rewind(max(state.position, exc.offset))
+                refetch_bad_batch(engine, fetch, state, exc)
                 self.rewind(engine, result)
                 engine.wake()
                 raise
@@ -325,3 +320,14 @@ class Collector(Generic[KT, VT]):
 
 
 __all__ = ["Chunk", "Collector", "RecordDeserializationError"]
+
+
+def refetch_bad_batch(engine: Engine, fetch: CompletedFetch, state: PartitionState, exc: RecordError) -> None:
+    """A batch of ``fetch`` could not be read: name the offset to seek to in the error, drop the
+    fetch, and refetch from the bad batch, so the error repeats until the application seeks past it."""
+    tp = fetch.tp
+    exc.skip_to = fetch.offset_after_batch(exc.offset)
+    if exc.skip_to > exc.offset:
+        exc.args = (f"{exc.args[0]}; seek({tp.topic!r}, {tp.partition}) to {exc.skip_to} to skip it",)
+    engine.buffer.remove(fetch)
+    state.rewind(max(state.position, exc.offset))
