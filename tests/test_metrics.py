@@ -34,6 +34,11 @@ async def read(c: Consumer[Any, Any], n: int, api: str) -> int:
                 got += len(batch)
                 if got >= n:
                     break
+        elif api == "arrow_batches":
+            async for record_batch in c.arrow_batches():
+                got += record_batch.num_rows
+                if got >= n:
+                    break
         elif api == "async for":
             async for _ in c:
                 got += 1
@@ -45,7 +50,7 @@ async def read(c: Consumer[Any, Any], n: int, api: str) -> int:
     return got
 
 
-@pytest.mark.parametrize("api", ["batches", "async for", "getmany"])
+@pytest.mark.parametrize("api", ["batches", "async for", "getmany", "arrow_batches"])
 async def test_records_and_bytes_consumed_equal_what_was_read(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], api: str
 ) -> None:

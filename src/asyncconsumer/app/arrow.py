@@ -53,10 +53,12 @@ async def take_arrow_batch(
 ) -> Any:
     """One poll: up to ``limit`` records of one partition as a ``pyarrow.RecordBatch``; None when
     ``timeout`` seconds (None: no limit) pass with nothing to hand out."""
-    return await collector.poll_for(engine, timeout, lambda: _collect(engine, only, limit, include_headers))
+    return await collector.poll_for(engine, timeout, lambda: _collect(collector, engine, only, limit, include_headers))
 
 
-def _collect(engine: Engine, only: set[TopicPartition] | None, limit: int, include_headers: bool) -> Any:
+def _collect(
+    collector: Collector[Any, Any], engine: Engine, only: set[TopicPartition] | None, limit: int, include_headers: bool
+) -> Any:
     """``Collector._collect`` for one partition, as columns: the first partition with records."""
     subscriptions = engine.subscriptions
     buffer = engine.buffer
@@ -80,6 +82,7 @@ def _collect(engine: Engine, only: set[TopicPartition] | None, limit: int, inclu
         if last is not None:
             state.position = last + 1
         if fetch.exhausted:
+            collector.bytes_consumed += fetch.size  # used up (metrics), as on the row paths
             # Past the transaction markers, aborted batches or compaction gaps the fetch ended with.
             state.position = max(state.position, fetch.next_offset)
             buffer.remove(fetch)
@@ -96,6 +99,7 @@ def _collect(engine: Engine, only: set[TopicPartition] | None, limit: int, inclu
             engine.wake()
             raise
         state.consumed = state.position  # handed out (getmany()'s semantics)
+        collector.handed(tp, batch.num_rows)
         return batch
     return None
 
