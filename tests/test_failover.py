@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +126,8 @@ class Background:
     topic: str
     rate: float = 400.0  # records per second
     delivered: list[tuple[int, int, bytes]] = field(default_factory=list)
+    #: When each delivery report came (``time.monotonic()``), in the order of ``delivered``.
+    delivered_at: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -146,6 +148,7 @@ class Background:
                 self.failures.append(str(err))
             else:
                 self.delivered.append((msg.partition(), msg.offset(), msg.value()))
+                self.delivered_at.append(time.monotonic())
 
         sent = 0
         begin = time.monotonic()
@@ -157,6 +160,10 @@ class Background:
             producer.poll(0.01)
         if producer.flush(120):
             self.failures.append("undelivered after 120 s")
+
+    def delivered_after(self, moment: float) -> list[tuple[int, int, bytes]]:
+        """The records whose delivery was reported after ``moment``."""
+        return [r for r, t in zip(self.delivered, self.delivered_at, strict=False) if t > moment]
 
     def stop(self) -> None:
         self._stop.set()
@@ -212,10 +219,14 @@ def exactly_once(produced: list[tuple[int, int, bytes]], *reads: list[tuple[int,
     assert not foreign, f"read records nobody produced: {sorted(foreign)[:5]}"
 
 
-async def until(predicate: Any, timeout: float, what: str) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():  # noqa: ASYNC110
-            await anyio.sleep(0.05)
+async def until(predicate: Any, timeout: float, what: str | Callable[[], str]) -> None:
+    """Wait for ``predicate()``; after ``timeout`` s fail naming ``what`` (or what it returns)."""
+    try:
+        with anyio.fail_after(timeout):
+            while not predicate():  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"no {what if isinstance(what, str) else what()} within {timeout}s") from None
 
 
 async def drain(producer: Background, *readers: Reader, timeout: float = 60.0) -> None:
@@ -530,6 +541,12 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
         c.subscribe([topic])
         reader = Reader(c, commit_every=100, tolerate_timeouts=True)
         named = (f"broker {victim.node_id} at", f"(broker {victim.node_id}) at")
+        stopped_at = time.monotonic()
+
+        def timeline() -> str:
+            return (f"{time.monotonic() - stopped_at:.1f}s after the hang: producer delivered "
+                    f"{len(producer.delivered_after(stopped_at))} since, reader read "
+                    f"{reader.arrived_after(stopped_at)} since, commit timeouts {len(reader.timed_out)}")
         async with anyio.create_task_group() as tg:
             tg.start_soon(reader.run)
             await until(lambda: len(reader.seen) > 300, 30, "records before the hang")
@@ -540,11 +557,23 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
                     limit = (c.config.request_timeout_ms + c.config.fetch_max_wait_ms) / 1000 + 2
                     await until(lambda: any(r.levelno == logging.WARNING and r.getMessage().startswith(named)
                                             for r in caplog.records), limit, "a warning naming the hung broker")
-                    # A new connection to the hung broker is accepted by its kernel and then hangs
-                    # until the set-up timeout: the fetch waits that out before going to the new leader.
-                    await until(lambda: reader.arrived_after(stopped_at + 1) > 100, 60, "records from the new leader")
+                    # How soon the cluster and the (independent) producer get going again is not the
+                    # consumer's doing: librdkafka may hold its in-flight ProduceRequest for up to
+                    # socket.timeout.ms.  Wait for the first 100 records delivered after the hang,
+                    # then the consumer must read them within the budget below.
+                    await until(lambda: len(producer.delivered_after(stopped_at)) >= 100, 150,
+                                lambda: f"records delivered by the producer after the hang ({timeline()})")
+                    fresh = set(producer.delivered_after(stopped_at)[:100])
+                    delivered = time.monotonic()
+                    # A new connection to the hung broker is accepted by its kernel and then hangs until
+                    # the set-up timeout; a fetch in flight waits out the request timeout.  Either may
+                    # be met once more before the metadata names the new leader.
+                    budget = 2 * (c.config.request_timeout_ms + c.config.socket_connection_setup_timeout_ms) / 1000 + 10
+                    await until(lambda: fresh <= set(reader.seen), budget,
+                                lambda: f"read of the records the new leader has ({timeline()})")
                     recovered = next(t for t in reader.arrivals if t > stopped_at + 1) - stopped_at
-                    print(f"records again {recovered:.1f}s after the hang")
+                    print(f"records again {recovered:.1f}s after the hang; "
+                          f"the producer's came {delivered - stopped_at:.1f}s after it")
                 finally:
                     os.kill(victim.pid, signal.SIGCONT)
             await on_thread(wait_in_sync, cluster)
