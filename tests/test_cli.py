@@ -165,15 +165,19 @@ def test_subscribed_group_continues_where_it_committed(
     ]
 
 
+@pytest.mark.parametrize("how", ["assigned", "subscribed"])
 def test_ctrl_c_stops_cleanly_and_commits(
-    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], how: str
 ) -> None:
+    """Ctrl+C commits what was printed, whether the partition was assigned or came from the group."""
     topic = new_topic()
     produce_one_per_batch(produce, topic, [f"r{i}".encode() for i in range(3)])
-    group = f"cli-int-{topic}"
+    group = f"cli-int-{how}-{topic}"
+    where = ["--partition", "0", "--offset", "earliest"] if how == "assigned" else [
+        "--from-beginning", "--consumer-property", "session.timeout.ms=6000"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "asyncconsumer", "consume", "--bootstrap-server", bootstrap, "--topic", topic,
-         "--group", group, "--partition", "0", "--offset", "earliest"],
+         "--group", group, *where],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
     )
     try:

@@ -125,6 +125,8 @@ class Background:
     cluster: KafkaCluster
     topic: str
     rate: float = 400.0  # records per second
+    #: More librdkafka settings, over the defaults below.
+    config: dict[str, Any] = field(default_factory=dict)
     delivered: list[tuple[int, int, bytes]] = field(default_factory=list)
     #: When each delivery report came (``time.monotonic()``), in the order of ``delivered``.
     delivered_at: list[float] = field(default_factory=list)
@@ -140,7 +142,7 @@ class Background:
     def _run(self) -> None:
         producer = Producer({
             "bootstrap.servers": self.cluster.bootstrap, "acks": "all", "enable.idempotence": True,
-            "linger.ms": 5, "message.timeout.ms": 120000, "log_level": 0,
+            "linger.ms": 5, "message.timeout.ms": 120000, "log_level": 0, **self.config,
         })
 
         def report(err: Any, msg: Any) -> None:
@@ -535,7 +537,8 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
     topic = new_topic(cluster, 1)
     victim = cluster.node(leaders(cluster, topic)[0])
     assert victim.pid is not None
-    producer = Background(cluster, topic).start()
+    # librdkafka holds a ProduceRequest to a hung broker for socket.timeout.ms (60 s by default).
+    producer = Background(cluster, topic, config={"socket.timeout.ms": 10000}).start()
     async with group_consumer(cluster.bootstrap, f"g-{topic}", request_timeout_ms=5000,
                               socket_connection_setup_timeout_ms=5000) as c:
         c.subscribe([topic])
@@ -558,9 +561,10 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
                     await until(lambda: any(r.levelno == logging.WARNING and r.getMessage().startswith(named)
                                             for r in caplog.records), limit, "a warning naming the hung broker")
                     # How soon the cluster and the (independent) producer get going again is not the
-                    # consumer's doing: librdkafka may hold its in-flight ProduceRequest for up to
-                    # socket.timeout.ms.  Wait for the first 100 records delivered after the hang,
-                    # then the consumer must read them within the budget below.
+                    # consumer's doing: librdkafka holds its in-flight ProduceRequest for up to
+                    # socket.timeout.ms, and the cluster must elect a new leader.  Wait for the first
+                    # 100 records delivered after the hang; the consumer must read them within the
+                    # budget below.
                     await until(lambda: len(producer.delivered_after(stopped_at)) >= 100, 150,
                                 lambda: f"records delivered by the producer after the hang ({timeline()})")
                     fresh = set(producer.delivered_after(stopped_at)[:100])
