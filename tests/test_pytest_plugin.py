@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.broker import BrokerBackend
+from support.broker import BrokerBackend, backend_names_from_env
 
 PROJECT = Path(__file__).parent / "plugin_project"
 
@@ -38,9 +38,22 @@ def test_entry_point_is_registered() -> None:
 
 
 def test_user_project_on_embedded_tansu() -> None:
-    result = run_project()
+    result = run_project("-s")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "7 passed" in result.stdout, result.stdout
+    assert "kafka_broker: EmbeddedBroker" in result.stdout, result.stdout
+
+
+@pytest.mark.broker
+def test_user_project_on_its_own_apache_kafka() -> None:
+    """``--kafka-broker=kafka``: the plugin starts a private Apache Kafka (KRaft, from the Maven jars)
+    for the user's session, and stops it after."""
+    if "kafka" not in backend_names_from_env():
+        pytest.skip("ASYNCCONSUMER_TEST_BROKER leaves Apache Kafka out")
+    result = run_project("--kafka-broker=kafka", "-s")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "7 passed" in result.stdout, result.stdout
+    assert "kafka_broker: KafkaBroker" in result.stdout, result.stdout
 
 
 @pytest.mark.broker

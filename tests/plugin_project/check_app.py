@@ -31,6 +31,7 @@ async def read_all(bootstrap: str, topic: str, count: int) -> list[tuple[int, in
 @pytest.mark.anyio
 async def test_sync_produce_then_consume(kafka_broker: Any, kafka_topic: str, kafka_produce: Any) -> None:
     SEEN_TOPICS.append(kafka_topic)
+    print(f"kafka_broker: {type(kafka_broker).__name__}")  # the plugin's tests check which (with -s)
     assert kafka_produce(kafka_topic, [b"a", (0, b"k", b"b")]) == [(0, 0), (0, 1)]
     assert await read_all(kafka_broker.bootstrap, kafka_topic, 2) == [(0, 0, None, b"a"), (0, 1, b"k", b"b")]
 
