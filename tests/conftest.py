@@ -250,8 +250,8 @@ def _group_by_broker(items: list[pytest.Item]) -> None:
             group = "kafka"
         if item.nodeid.startswith("tests/spark/"):
             group = "spark"
-        if item.nodeid.startswith("tests/test_failover.py"):
-            group = "kafka"  # three Kafka JVMs: not beside the other worker's Kafka tests
+        if item.get_closest_marker("kafka_jvm") is not None:
+            group = "kafka"  # Kafka JVMs of its own (a three-node cluster): not beside the other worker's
         if group is None:
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(str(group)))

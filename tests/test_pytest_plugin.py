@@ -45,6 +45,7 @@ def test_user_project_on_embedded_tansu() -> None:
 
 
 @pytest.mark.broker
+@pytest.mark.kafka_jvm
 def test_user_project_on_its_own_apache_kafka() -> None:
     """``--kafka-broker=kafka``: the plugin starts a private Apache Kafka (KRaft, from the Maven jars)
     for the user's session, and stops it after."""
