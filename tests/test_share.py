@@ -436,6 +436,40 @@ async def test_a_second_task_polling_at_the_same_time_is_refused(bootstrap: str,
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: consumer.getmany(timeout=1.0))
             await anyio.sleep(0.1)
-            with pytest.raises(ConcurrentAccessError, match="already polling"):
+            with pytest.raises(ConcurrentAccessError, match=r"getmany\(\) called from task .* share consumer"):
                 await consumer.getmany(timeout=0.1)
         assert await consumer.getmany(timeout=0.1) == {}  # free again once the first poll returned
+
+
+async def test_fetch_buffer_bytes_bounds_the_share_batches_and_fetching_resumes_as_records_are_taken(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """The consumer's ``fetch_buffer_bytes``: records not handed out yet never hold more than the
+    bound plus one response (one leader here), and the loop fetches again as the application takes
+    them (bytes freed: every record arrives)."""
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    total = 3000
+    payload = [b"%05d-" % i + b"x" * 100 for i in range(total)]
+    await anyio.to_thread.run_sync(lambda: produce(topic, payload))
+    bound = 16384
+    seen: list[bytes] = []
+    peak = largest = 0
+    full_seen = 0
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, fetch_buffer_bytes=bound,
+                             max_partition_fetch_bytes=bound, max_poll_records=100) as consumer:
+        consumer.subscribe([topic])
+        engine = consumer._engine
+        assert engine is not None and engine.fetcher.max_buffer_bytes == bound
+        with anyio.fail_after(60):
+            while len(seen) < total:
+                largest = max([largest, *(b.size for b in engine.batches)])
+                peak = max(peak, engine.fetcher.buffered_bytes)
+                full_seen += engine.fetcher.buffer_full
+                for records in (await consumer.getmany(timeout=0.5)).values():
+                    seen.extend(r.value for r in records if r.value is not None)
+                await anyio.sleep(0.001)
+        assert all(e is None for e in (await consumer.commit()).values())
+    assert sorted(seen) == payload
+    assert largest > 0 and full_seen > 0  # responses are bigger than the bound: it was reached
+    assert peak <= bound + largest, (peak, bound, largest)

@@ -19,20 +19,19 @@ import functools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
-from types import TracebackType
-from typing import Any, Generic, Literal, NamedTuple, Self, Unpack, cast
+from typing import Any, Generic, Literal, NamedTuple, Unpack, cast
 
 import anyio
 import anyio.abc
 from typing_extensions import TypeVar
 
+from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.collector import RecordDeserializationError
 from .config import ConsumerConfig, ConsumerOptions, build_config
 from .engine.share_loop import ShareEngine
 from .errors import (
     AcknowledgementRequiredError,
     AcquisitionLockExpiredError,
-    ConcurrentAccessError,
     ConfigError,
     ConsumerClosedError,
     IllegalStateError,
@@ -89,10 +88,14 @@ class ShareConsumerRecord(NamedTuple, Generic[KT, VT]):
 _Key = tuple[str, int, int]
 
 
-class ShareConsumer(Generic[KT, VT]):
+class ShareConsumer(ClientBase, Generic[KT, VT]):
     """An asyncio/trio share-group consumer; options as for ``Consumer`` (``group_id`` required),
     plus ``share_acknowledgement_mode`` ("implicit": every record handed out is accepted at the
     next poll; "explicit": each must be acknowledged before the next poll)."""
+
+    KIND = "share consumer"
+    #: The operations the default ``acquire`` rule treats as polls.
+    POLL_OPERATIONS = frozenset({"getmany", "__anext__"})
 
     def __init__(
         self,
@@ -104,18 +107,17 @@ class ShareConsumer(Generic[KT, VT]):
             raise ConfigError(
                 f"share_acknowledgement_mode must be 'implicit' or 'explicit', not {share_acknowledgement_mode!r}"
             )
+        super().__init__()
         self._config: ConsumerConfig = build_config(options)
         if self._config.group_id is None:
             raise ConfigError("a share consumer needs a group_id (the share group's name)")
         self.acknowledgement_mode: ShareAcknowledgementMode = share_acknowledgement_mode
         self._engine: ShareEngine | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
         self._topics: frozenset[str] = frozenset()
         self._pending: deque[ShareConsumerRecord[KT, VT]] = deque()
         self._unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
         self._renewed: dict[_Key, float] = {}
         self._closed = False
-        self._polling = False
 
     @property
     def config(self) -> ConsumerConfig:
@@ -123,29 +125,16 @@ class ShareConsumer(Generic[KT, VT]):
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        if self._engine is not None:
-            raise IllegalStateError("the share consumer was already started")
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        self._task_group = task_group
-        engine = ShareEngine(self._config, max_records=self._config.max_poll_records)
-        self._engine = engine
-        await task_group.start(engine.run)
-        if self._topics:
-            engine.post(lambda now: engine.membership.subscribe(self._topics))
-        return self
+    def _new_engine(self) -> ShareEngine:
+        self._engine = ShareEngine(self._config, max_records=self._config.max_poll_records)
+        return self._engine
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            await self.close()
-        finally:
-            task_group, self._task_group = self._task_group, None
-            if task_group is not None:
-                task_group.cancel_scope.cancel()
-                await task_group.__aexit__(None, None, None)
+    async def _bootstrap(self) -> None:
+        engine = self._running()
+        await engine.wait_for_metadata(self._config.request_timeout_ms / 1000)
+        if self._topics:
+            topics = self._topics
+            engine.post(lambda now: engine.membership.subscribe(topics))
 
     async def close(self, timeout: float = 30.0) -> None:
         """Send the pending acknowledgements (implicit mode: accept what was handed out), release the
@@ -182,9 +171,7 @@ class ShareConsumer(Generic[KT, VT]):
                 await self._until(engine, lambda: engine.membership.left)
             except ConsumerClosedError:
                 pass
-        engine.stop()
-        with anyio.move_on_after(5.0, shield=True):
-            await engine.wait_stopped()
+        await self._shutdown(5.0)
 
     @staticmethod
     async def _until(engine: ShareEngine, condition: Callable[[], bool]) -> None:
@@ -205,6 +192,7 @@ class ShareConsumer(Generic[KT, VT]):
 
     # -- subscription ---------------------------------------------------------------------------------
 
+    @bracketed_sync("subscribe")
     def subscribe(self, topics: Iterable[str]) -> None:
         """Join the share group for ``topics`` (names; a share group has no patterns)."""
         if isinstance(topics, str):
@@ -217,9 +205,11 @@ class ShareConsumer(Generic[KT, VT]):
         if engine is not None and not engine.closed:
             engine.post(lambda now: engine.membership.subscribe(names))
 
+    @bracketed_sync("subscription")
     def subscription(self) -> set[str]:
         return set(self._topics)
 
+    @bracketed_sync("assignment")
     def assignment(self) -> set[TopicPartition]:
         """The partitions the broker currently lets this member fetch from."""
         engine = self._engine
@@ -231,6 +221,7 @@ class ShareConsumer(Generic[KT, VT]):
 
     # -- acknowledgements -------------------------------------------------------------------------------
 
+    @bracketed_sync("acknowledge")
     def acknowledge(self, record: ShareConsumerRecord[KT, VT], type: AcknowledgeType = AcknowledgeType.ACCEPT) -> None:
         """Acknowledge a record handed out by the last poll; sent with the next fetch or ``commit()``.
 
@@ -266,6 +257,7 @@ class ShareConsumer(Generic[KT, VT]):
         """When ``record``'s acquisition lock runs out (``time.monotonic()`` clock), renewals included."""
         return self._renewed.get((record.topic, record.partition, record.offset), record.lock_deadline)
 
+    @bracketed("commit")
     async def commit(self, timeout: float | None = None) -> dict[TopicPartition, KafkaError | None]:
         """Send the queued acknowledgements now and wait for the broker: each partition's outcome,
         ``None`` for success or the typed error (``InvalidRecordStateError`` for a lock that ran out,
@@ -301,6 +293,7 @@ class ShareConsumer(Generic[KT, VT]):
 
     # -- polling ----------------------------------------------------------------------------------------
 
+    @bracketed("getmany")
     async def getmany(
         self, *, timeout: float | None = None, max_records: int | None = None
     ) -> dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]]:
@@ -311,7 +304,7 @@ class ShareConsumer(Generic[KT, VT]):
         engine = self._running()
         self._begin_poll(engine)
         limit = max_records or self._config.max_poll_records
-        records = await self._poll(engine, limit, timeout)
+        records = await self._poll_records(engine, limit, timeout)
         out: dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]] = {}
         for r in records:
             self._unacked[(r.topic, r.partition, r.offset)] = r
@@ -323,29 +316,29 @@ class ShareConsumer(Generic[KT, VT]):
 
     async def __anext__(self) -> ShareConsumerRecord[KT, VT]:
         """The next record; when the current batch runs out, the next batch is a poll (see getmany)."""
+        if self._pending and self._default_hooks and self._poller is None:
+            # Handed out without acquire()/release() (the default ones): no await, so no other
+            # task can see the consumer in between.
+            record = self._pending.popleft()
+        else:
+            record = await self._next_record()
+        self._unacked[(record.topic, record.partition, record.offset)] = record
+        return record
+
+    async def _next_record(self) -> ShareConsumerRecord[KT, VT]:
+        self.acquire("__anext__")
         try:
             if not self._pending:
                 engine = self._running()
                 self._begin_poll(engine)
-                self._pending.extend(await self._poll(engine, self._config.max_poll_records, None))
-            record = self._pending.popleft()
+                self._pending.extend(await self._poll_records(engine, self._config.max_poll_records, None))
+            return self._pending.popleft()
         except ConsumerClosedError as exc:
             if self._closed:
                 raise StopAsyncIteration from None
             raise exc
-        self._unacked[(record.topic, record.partition, record.offset)] = record
-        return record
-
-    async def _poll(self, engine: ShareEngine, limit: int, timeout: float | None) -> list[ShareConsumerRecord[KT, VT]]:
-        if self._polling:
-            raise ConcurrentAccessError(
-                "another task is already polling this share consumer (getmany/async for): one poller at a time"
-            )
-        self._polling = True
-        try:
-            return await self._poll_records(engine, limit, timeout)
         finally:
-            self._polling = False
+            self.release("__anext__")
 
     async def _poll_records(
         self, engine: ShareEngine, limit: int, timeout: float | None
@@ -373,6 +366,7 @@ class ShareConsumer(Generic[KT, VT]):
     def _take(self, engine: ShareEngine, limit: int) -> list[ShareConsumerRecord[KT, VT]]:
         out: list[ShareConsumerRecord[KT, VT]] = []
         counts: dict[int, int] = {}
+        freed: dict[int, int] = {}
         key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
         bad: RecordDeserializationError | None = None
         while engine.batches and len(out) < limit:
@@ -381,6 +375,7 @@ class ShareConsumer(Generic[KT, VT]):
             del batch.records[: len(take)]
             if not batch.records:
                 engine.batches.popleft()
+                freed[batch.node_id] = freed.get(batch.node_id, 0) + batch.size
             counts[batch.node_id] = counts.get(batch.node_id, 0) + len(take)
             for a in take:
                 r = a.record
@@ -424,11 +419,11 @@ class ShareConsumer(Generic[KT, VT]):
                         ),
                     )
                 )
-        if counts:
+        if counts or freed:
 
             def handed(now: float) -> None:
-                for node, n in counts.items():
-                    engine.fetcher.records_handed_out(node, n)
+                for node in counts.keys() | freed.keys():
+                    engine.fetcher.records_handed_out(node, counts.get(node, 0), freed.get(node, 0))
 
             engine.post(handed)
         if bad is not None and not out:
@@ -437,6 +432,7 @@ class ShareConsumer(Generic[KT, VT]):
             engine.report_error(bad)
         return out
 
+    @bracketed("wait_for_assignment")
     async def wait_for_assignment(self, timeout: float = 30.0) -> set[TopicPartition]:
         """Wait until the broker has assigned this member at least one partition."""
         engine = self._running()

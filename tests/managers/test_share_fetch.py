@@ -26,7 +26,7 @@ P1 = TopicPartition("jobs", 1)
 
 
 class Setup:
-    def __init__(self, assigned: set[TopicPartition] | None = None) -> None:
+    def __init__(self, assigned: set[TopicPartition] | None = None, **options: Any) -> None:
         self.clock = FakeClock()
         self.metadata = new_metadata(self.clock, {P0: (1, 0), P1: (2, 0)})
         self.assigned = {P0, P1} if assigned is None else assigned
@@ -35,7 +35,7 @@ class Setup:
         self.fetcher = ShareFetchManager(
             "workers", self.metadata, member_id=lambda: "m1", assignment=lambda: frozenset(self.assigned),
             can_fetch=lambda: True, on_batch=self.batches.append, report_error=self.errors.append,
-            max_wait_ms=500, max_records=100,
+            max_wait_ms=500, max_records=100, **options,
         )
         self.h = Scripted(self.fetcher, clock=self.clock)
 
@@ -241,3 +241,38 @@ def test_records_arriving_while_closing_are_released() -> None:
     final = s.h.take("ShareAcknowledge")
     assert final.body()["topics"][0]["partitions"][0]["acknowledgement_batches"] == [
         {"first_offset": 0, "last_offset": 1, "acknowledge_types": [RELEASE]}]
+
+
+def test_no_share_fetch_while_the_buffer_is_at_fetch_buffer_bytes_and_again_once_records_are_taken() -> None:
+    """The consumer's fetch_buffer_bytes bound: node 1's records fill it, so node 2 (whose last
+    fetch brought nothing) is not fetched from until the application takes node 1's batch; the
+    acknowledgements still go out (ShareAcknowledge) while it is full."""
+    data = records(0, 3)
+    s = Setup(buffer_bytes=len(data))
+    sent = by_node(s.h.sent("ShareFetch"))
+    sent[1].respond(fetch_answer(partition(0, data=data, acquired=[(0, 2, 1)])))
+    assert s.batches[0].size == len(data) and s.fetcher.buffered_bytes == len(data) and s.fetcher.buffer_full
+    sent[2].respond(fetch_answer())  # nothing for node 2: it would fetch again at once
+    s.h.assert_idle("ShareFetch")
+    s.fetcher.records_handed_out(1, 2)  # part of the batch taken: still buffered
+    s.h.assert_idle("ShareFetch")
+    s.fetcher.acknowledge(P0, 0, ACCEPT)
+    waiter = s.fetcher.commit()
+    s.h.take("ShareAcknowledge").respond(ack_answer((0, 0)))
+    assert waiter.result() == {P0: None}
+    s.fetcher.records_handed_out(1, 1, freed_bytes=len(data))  # the batch is used up
+    assert s.fetcher.buffered_bytes == 0 and not s.fetcher.buffer_full
+    assert set(by_node(s.h.sent("ShareFetch"))) == {1, 2}
+
+
+def test_the_bound_is_checked_before_each_fetch_so_it_is_passed_by_one_response_at_most() -> None:
+    small = records(0, 1)
+    s = Setup({P0}, buffer_bytes=len(small) + 1)
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=small, acquired=[(0, 0, 1)])))
+    s.fetcher.records_handed_out(1, 1)  # taken, batch kept (bytes not freed): under the bound still
+    assert not s.fetcher.buffer_full
+    big = records(1, 50)
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=big, acquired=[(1, 50, 1)])))
+    assert s.fetcher.buffered_bytes == len(small) + len(big) <= s.fetcher.max_buffer_bytes + len(big)
+    s.fetcher.records_handed_out(1, 50)
+    s.h.assert_idle("ShareFetch")  # all handed out, but the bytes are not freed: full

@@ -63,6 +63,7 @@ class ShareEngine(LoopCore):
             max_records=max_records,
             retry_backoff=retry,
             check_crcs=config.check_crcs,
+            buffer_bytes=config.fetch_buffer_bytes,
         )
         self.managers = [self.metadata, self.coordinator, self.membership, self.fetcher]
 

@@ -13,7 +13,10 @@ Acknowledgements queued by the application ride on the node's next ShareFetch; a
 node has nothing in flight.  Only one request per node is in flight, so the
 session epoch stays in order.  A node is fetched from only when the records it
 sent last are all handed to the application (the buffer stays bounded and the
-broker does not lock more than the application can work through).
+broker does not lock more than the application can work through), and no node
+is fetched from while the records not handed out hold ``fetch_buffer_bytes``
+(the consumer's bound, with its meaning: the responses in flight, at most one
+per leader, may go past it).
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class ShareBatch:
     node_id: int
     tp: TopicPartition
     records: list[AcquiredRecord]
+    #: The bytes of this partition's records in the response (what it holds of the fetch buffer).
+    size: int = 0
 
 
 @dataclass(slots=True)
@@ -114,6 +119,7 @@ class ShareFetchManager:
         max_records: int = 500,
         retry_backoff: float = 0.1,
         check_crcs: bool = True,
+        buffer_bytes: int = 2**63 - 1,
     ) -> None:
         self.group_id = group_id
         self._metadata = metadata
@@ -128,6 +134,9 @@ class ShareFetchManager:
         self.max_records = max_records
         self._retry_backoff = retry_backoff
         self._check_crcs = check_crcs
+        #: ``fetch_buffer_bytes``: no ShareFetch while the records not handed out hold this much.
+        self.max_buffer_bytes = buffer_bytes
+        self.buffered_bytes = 0
         self._sessions: dict[int, _Session] = {}
         self._retry_at: dict[int, float] = {}
         #: Acknowledgements not sent yet: partition -> {offset: type}.
@@ -164,10 +173,18 @@ class ShareFetchManager:
         self._urgent |= queued
         return waiter
 
-    def records_handed_out(self, node_id: int, count: int) -> None:
+    def records_handed_out(self, node_id: int, count: int, freed_bytes: int = 0) -> None:
+        """The application took ``count`` records of ``node_id`` and used up batches of
+        ``freed_bytes`` (``ShareBatch.size``)."""
         session = self._sessions.get(node_id)
         if session is not None:
             session.buffered = max(0, session.buffered - count)
+        self.buffered_bytes = max(0, self.buffered_bytes - freed_bytes)
+
+    @property
+    def buffer_full(self) -> bool:
+        """The fetch buffer is at its bound: no ShareFetch (acknowledgements still go out)."""
+        return self.buffered_bytes >= self.max_buffer_bytes
 
     def pending_acknowledgements(self) -> int:
         return sum(len(a) for a in self._acks.values())
@@ -235,7 +252,7 @@ class ShareFetchManager:
             wanted = set(by_node.get(node, ()))
             renew = any(RENEW in self._acks[tp].values() for tp in acked)
             urgent = [tp for tp in acked if tp in self._urgent]
-            fetchable = wanted and session.buffered == 0 and self._can_fetch()
+            fetchable = wanted and session.buffered == 0 and not self.buffer_full and self._can_fetch()
             if urgent and session.epoch != 0 and (renew or not fetchable):
                 requests.append(self._acknowledge(now, node, session, acked, final=False, renew=renew))
             elif fetchable or (session.partitions - wanted) or (urgent and session.epoch == 0):
@@ -388,8 +405,10 @@ class ShareFetchManager:
             for a in out:
                 self._acks.setdefault(tp, {})[a.record.offset] = RELEASE
         elif out:
+            size = len(records) if records else 0
             session.buffered += len(out)
-            self._on_batch(ShareBatch(node, tp, out))
+            self.buffered_bytes += size
+            self._on_batch(ShareBatch(node, tp, out, size))
 
     # -- ShareAcknowledge -----------------------------------------------------------------------------
 
