@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import pytest
 from support.share import share_group
 
@@ -473,3 +474,52 @@ async def test_fetch_buffer_bytes_bounds_the_share_batches_and_fetching_resumes_
     assert sorted(seen) == payload
     assert largest > 0 and full_seen > 0  # responses are bigger than the bound: it was reached
     assert peak <= bound + largest, (peak, bound, largest)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_the_acknowledgement_commit_callback_sees_every_acknowledgement_once(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], kind: str
+) -> None:
+    """Acknowledgements sent by commit() (accept 0-4 and 7-9, reject 5 and 6), riding on a
+    ShareFetch (accept 10 and 11, reported at a later poll) and sent by close() (12 and 13, released):
+    each offset reaches the callback once, with no error."""
+    from asyncconsumer import AcknowledgementResult, TopicPartition
+
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(12)))
+    calls: list[dict[TopicPartition, AcknowledgementResult]] = []
+
+    def sync_callback(results: dict[TopicPartition, AcknowledgementResult]) -> None:
+        calls.append(results)
+
+    async def async_callback(results: dict[TopicPartition, AcknowledgementResult]) -> None:
+        await anyio.lowlevel.checkpoint()
+        calls.append(results)
+
+    callback = sync_callback if kind == "sync" else async_callback
+    tp = TopicPartition(topic, 0)
+
+    def offsets() -> list[int]:
+        assert all(set(c) == {tp} and c[tp].error is None for c in calls), calls
+        return sorted(o for c in calls for o in c[tp].offsets)
+
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, share_acknowledgement_mode="explicit",
+                             max_poll_records=5, on_acknowledgement_commit=callback) as consumer:
+        consumer.subscribe([topic])
+        assert [r.offset for r in await poll_until(consumer, 5)] == [0, 1, 2, 3, 4]
+        more = await poll_until(consumer, 5, ack=None)  # the accepts rode on this poll's ShareFetch
+        assert calls == []  # answered, but the callback runs in a poll, commit() or close()
+        consumer.acknowledge(more[0], AcknowledgeType.REJECT)
+        consumer.acknowledge(more[1], AcknowledgeType.REJECT)
+        for r in more[2:]:
+            consumer.acknowledge(r, AcknowledgeType.ACCEPT)
+        assert await consumer.commit() == {tp: None}
+        assert offsets() == list(range(10))  # commit() ran the callback before returning
+        assert [r.offset for r in await poll_until(consumer, 2)] == [10, 11]  # accepted
+        with anyio.fail_after(10):
+            while offsets() != list(range(12)):
+                assert await consumer.getmany(timeout=0.2) == {}  # the callback runs as a poll starts
+        await anyio.to_thread.run_sync(lambda: produce(topic, values(2, "late")))
+        assert [r.offset for r in await poll_until(consumer, 2, ack=None)] == [12, 13]
+    assert offsets() == list(range(14))  # close() released 12 and 13 and reported them

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
+import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Generic, Literal, NamedTuple, Unpack, cast
 
 import anyio
@@ -40,6 +42,8 @@ from .errors import (
 )
 from .managers.share_fetch import AckResults, ShareBatch
 from .structs import TopicPartition
+
+log = logging.getLogger("asyncconsumer.share")
 
 KT = TypeVar("KT", default=bytes)
 VT = TypeVar("VT", default=bytes)
@@ -85,13 +89,28 @@ class ShareConsumerRecord(NamedTuple, Generic[KT, VT]):
         return TopicPartition(self.topic, self.partition)
 
 
+class AcknowledgementResult(NamedTuple):
+    """What the broker did with one partition's acknowledgements (``on_acknowledgement_commit``)."""
+
+    #: The acknowledged offsets (ACCEPT, RELEASE, REJECT and RENEW alike), ascending.
+    offsets: tuple[int, ...]
+    #: ``None``: committed; else the typed error (``InvalidRecordStateError`` for a lock that ran out,
+    #: say): none of ``offsets`` took effect.
+    error: KafkaError | None
+
+
+#: ``on_acknowledgement_commit``: a plain function or a coroutine function; it gets the outcome of
+#: each partition whose acknowledgements the broker answered, whichever request carried them.
+AcknowledgementCommitCallback = Callable[[dict[TopicPartition, AcknowledgementResult]], Awaitable[None] | None]
+
 _Key = tuple[str, int, int]
 
 
 class ShareConsumer(ClientBase, Generic[KT, VT]):
     """An asyncio/trio share-group consumer; options as for ``Consumer`` (``group_id`` required),
     plus ``share_acknowledgement_mode`` ("implicit": every record handed out is accepted at the
-    next poll; "explicit": each must be acknowledged before the next poll)."""
+    next poll; "explicit": each must be acknowledged before the next poll) and
+    ``on_acknowledgement_commit`` (see ``set_acknowledgement_commit_callback``)."""
 
     KIND = "share consumer"
     #: The operations the default ``acquire`` rule treats as polls.
@@ -101,6 +120,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         self,
         *,
         share_acknowledgement_mode: ShareAcknowledgementMode = "implicit",
+        on_acknowledgement_commit: AcknowledgementCommitCallback | None = None,
         **options: Unpack[ConsumerOptions],
     ) -> None:
         if share_acknowledgement_mode not in ("implicit", "explicit"):
@@ -112,6 +132,8 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         if self._config.group_id is None:
             raise ConfigError("a share consumer needs a group_id (the share group's name)")
         self.acknowledgement_mode: ShareAcknowledgementMode = share_acknowledgement_mode
+        self._on_ack_commit: AcknowledgementCommitCallback | None = None
+        self.set_acknowledgement_commit_callback(on_acknowledgement_commit)
         self._engine: ShareEngine | None = None
         self._topics: frozenset[str] = frozenset()
         self._pending: deque[ShareConsumerRecord[KT, VT]] = deque()
@@ -167,6 +189,10 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
             try:
                 await engine.call(release)
                 await self._until(engine, lambda: engine.fetcher.done_closing)
+                try:
+                    await self._report_acknowledgements(engine)
+                except Exception:
+                    log.exception("the acknowledgement-commit callback raised while the share consumer closed")
                 await engine.call(lambda now: engine.membership.leave())
                 await self._until(engine, lambda: engine.membership.left)
             except ConsumerClosedError:
@@ -221,6 +247,35 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
 
     # -- acknowledgements -------------------------------------------------------------------------------
 
+    def set_acknowledgement_commit_callback(self, callback: AcknowledgementCommitCallback | None) -> None:
+        """Call ``callback({partition: AcknowledgementResult(offsets, error)})`` when the broker has
+        answered acknowledgements (Java's ``setAcknowledgementCommitCallback``); ``None`` stops it.
+
+        It runs in the application's task, at the start of the next poll (``getmany``, or
+        ``async for`` fetching its next batch), at the end of ``commit()`` and in ``close()``, for
+        every acknowledgement answered since, whether it rode on a ShareFetch, a ShareAcknowledge,
+        ``commit()`` or ``close()``.  A partition answered twice in that time comes in two calls.
+        What it raises comes out of that poll or ``commit()`` (``close()`` logs it)."""
+        if callback is not None and not callable(callback):
+            raise ConfigError(f"on_acknowledgement_commit must be callable, not {callback!r}")
+        self._on_ack_commit = callback
+
+    async def _report_acknowledgements(self, engine: ShareEngine) -> None:
+        """Hand the acknowledgement outcomes collected by the loop to the callback (then forget them)."""
+        outcomes, engine.fetcher.outcomes = engine.fetcher.outcomes, []
+        callback = self._on_ack_commit
+        if not outcomes or callback is None:
+            return
+        calls: list[dict[TopicPartition, AcknowledgementResult]] = [{}]
+        for tp, offsets, error in outcomes:
+            if tp in calls[-1]:
+                calls.append({})
+            calls[-1][tp] = AcknowledgementResult(offsets, error)
+        for results in calls:
+            result = callback(results)
+            if inspect.isawaitable(result):
+                await result
+
     @bracketed_sync("acknowledge")
     def acknowledge(self, record: ShareConsumerRecord[KT, VT], type: AcknowledgeType = AcknowledgeType.ACCEPT) -> None:
         """Acknowledge a record handed out by the last poll; sent with the next fetch or ``commit()``.
@@ -268,6 +323,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         waiter = await engine.call(lambda now: engine.fetcher.commit())
         with anyio.fail_after(timeout if timeout is not None else self._config.request_timeout_ms / 1000):
             results: AckResults = await waiter.wait()
+        await self._report_acknowledgements(engine)
         return results
 
     def _accept_delivered(self, engine: ShareEngine) -> None:
@@ -302,6 +358,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         A poll: implicit mode accepts the records handed out before; explicit mode raises
         ``AcknowledgementRequiredError`` if any of them is not acknowledged."""
         engine = self._running()
+        await self._report_acknowledgements(engine)
         self._begin_poll(engine)
         limit = max_records or self._config.max_poll_records
         records = await self._poll_records(engine, limit, timeout)
@@ -330,6 +387,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         try:
             if not self._pending:
                 engine = self._running()
+                await self._report_acknowledgements(engine)
                 self._begin_poll(engine)
                 self._pending.extend(await self._poll_records(engine, self._config.max_poll_records, None))
             return self._pending.popleft()
@@ -446,4 +504,11 @@ def _release(engine: ShareEngine, tp: TopicPartition, offset: int, now: float) -
     engine.fetcher.acknowledge(tp, offset, AcknowledgeType.RELEASE)
 
 
-__all__ = ["AcknowledgeType", "ShareAcknowledgementMode", "ShareConsumer", "ShareConsumerRecord"]
+__all__ = [
+    "AcknowledgementCommitCallback",
+    "AcknowledgementResult",
+    "AcknowledgeType",
+    "ShareAcknowledgementMode",
+    "ShareConsumer",
+    "ShareConsumerRecord",
+]

@@ -276,3 +276,30 @@ def test_the_bound_is_checked_before_each_fetch_so_it_is_passed_by_one_response_
     assert s.fetcher.buffered_bytes == len(small) + len(big) <= s.fetcher.max_buffer_bytes + len(big)
     s.fetcher.records_handed_out(1, 50)
     s.h.assert_idle("ShareFetch")  # all handed out, but the bytes are not freed: full
+
+
+def test_outcomes_of_every_acknowledgement_are_kept_for_the_callback_without_gaps() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 3), acquired=[(0, 4, 1)])))
+    s.fetcher.records_handed_out(1, 3)
+    for offset, kind in [(0, ACCEPT), (1, RELEASE), (2, REJECT)]:
+        s.fetcher.acknowledge(P0, offset, kind)
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0)))  # rode on the fetch, with GAPs 3 and 4
+    assert s.fetcher.outcomes == [(P0, (0, 1, 2), None)]
+    s.fetcher.outcomes.clear()
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(5, 1), acquired=[(5, 5, 1)])))
+    s.fetcher.acknowledge(P0, 5, ACCEPT)
+    s.fetcher.commit()
+    s.h.take("ShareAcknowledge").respond(ack_answer((0, 121)))  # INVALID_RECORD_STATE
+    ((tp, offsets, error),) = s.fetcher.outcomes
+    assert (tp, offsets) == (P0, (5,)) and isinstance(error, InvalidRecordStateError)
+
+
+def test_outcomes_of_acknowledgements_lost_with_the_session_carry_its_error() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 1), acquired=[(0, 0, 1)])))
+    s.fetcher.records_handed_out(1, 1)
+    s.fetcher.acknowledge(P0, 0, ACCEPT)
+    s.h.take("ShareFetch").respond(fetch_answer(code=122))  # SHARE_SESSION_NOT_FOUND
+    ((tp, offsets, error),) = s.fetcher.outcomes
+    assert (tp, offsets) == (P0, (0,)) and isinstance(error, ShareSessionNotFoundError)

@@ -150,6 +150,9 @@ class ShareFetchManager:
         #: The acquisition lock duration the broker last announced (seconds).
         self.lock_timeout = 0.0
         self.responses = 0
+        #: Acknowledgements the broker answered (or that failed), for the application's
+        #: acknowledgement-commit callback: (partition, offsets (no GAPs), error or None).
+        self.outcomes: list[tuple[TopicPartition, tuple[int, ...], KafkaError | None]] = []
 
     # -- application side (through engine events) -------------------------------------------------
 
@@ -369,7 +372,7 @@ class ShareFetchManager:
                 if tp in taken:
                     ack_code = p["acknowledge_error_code"]
                     self._settle(
-                        taken[tp][1],
+                        taken[tp],
                         tp,
                         error_for_code(ack_code, p.get("acknowledge_error_message")) if ack_code else None,
                     )
@@ -379,9 +382,9 @@ class ShareFetchManager:
                     self._report_error(error_for_code(p["error_code"], p.get("error_message")))
                     continue
                 self._acquired(node, tp, session, p, deadline)
-        for tp, (_, commits) in taken.items():
+        for tp, entry in taken.items():
             if tp not in answered:
-                self._settle(commits, tp, None)
+                self._settle(entry, tp, None)
 
     def _acquired(self, node: int, tp: TopicPartition, session: _Session, p: Body, deadline: float) -> None:
         ranges = p.get("acquired_records") or []
@@ -453,10 +456,10 @@ class ShareFetchManager:
                     answered.add(tp)
                     if tp in taken:
                         c = p["error_code"]
-                        self._settle(taken[tp][1], tp, error_for_code(c, p.get("error_message")) if c else None)
-            for tp, (_, commits) in taken.items():
+                        self._settle(taken[tp], tp, error_for_code(c, p.get("error_message")) if c else None)
+            for tp, entry in taken.items():
                 if tp not in answered:
-                    self._settle(commits, tp, None)
+                    self._settle(entry, tp, None)
 
         def on_error(now: float, error: BaseException) -> None:
             session.in_flight = False
@@ -470,16 +473,22 @@ class ShareFetchManager:
 
     # -- outcomes -----------------------------------------------------------------------------------
 
-    def _settle(self, commits: list[_Commit], tp: TopicPartition, error: KafkaError | None) -> None:
+    def _settle(
+        self, taken: tuple[dict[int, int], list[_Commit]], tp: TopicPartition, error: KafkaError | None
+    ) -> None:
+        acks, commits = taken
+        offsets = tuple(sorted(o for o, kind in acks.items() if kind != GAP))
+        if offsets:
+            self.outcomes.append((tp, offsets, error))
         if self._sending.get(tp) is commits:
             del self._sending[tp]
         for commit in commits:
             commit.settle(tp, error)
 
     def _fail_acks(self, tp: TopicPartition, error: KafkaError) -> None:
-        self._acks.pop(tp, None)
+        acks = self._acks.pop(tp, None) or {}
         self._urgent.discard(tp)
-        self._settle(self._commits.pop(tp, []), tp, error)
+        self._settle((acks, self._commits.pop(tp, [])), tp, error)
 
     def _session_failed(
         self,
@@ -490,8 +499,8 @@ class ShareFetchManager:
         error: BaseException,
     ) -> None:
         kafka_error = error if isinstance(error, KafkaError) else KafkaError(repr(error))
-        for tp, (_, commits) in taken.items():
-            self._settle(commits, tp, kafka_error)
+        for tp, entry in taken.items():
+            self._settle(entry, tp, kafka_error)
         # Start a new session: the broker forgets ours on most errors; records acquired in it are
         # released when their locks run out.
         session.epoch = 0
