@@ -23,7 +23,7 @@ from asyncconsumer import (
     ShareConsumer,
     ShareConsumerRecord,
 )
-from asyncconsumer.errors import IllegalStateError
+from asyncconsumer.errors import ConfigError, IllegalStateError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -156,3 +156,34 @@ async def test_every_public_call_is_bracketed_and_a_custom_rule_lets_two_tasks_p
             assert operation in stack
             stack.remove(operation)
     assert stack == []
+
+
+def test_from_properties_takes_java_names_and_the_share_ones() -> None:
+    consumer = ShareConsumer.from_properties({
+        "bootstrap.servers": "broker:9092", "group.id": "workers", "max.poll.records": "7",
+        "fetch.buffer.bytes": "2097152", "share.acknowledgement.mode": "explicit",
+    })
+    assert consumer.acknowledgement_mode == "explicit"
+    assert (consumer.config.group_id, consumer.config.max_poll_records) == ("workers", 7)
+    assert consumer.config.fetch_buffer_bytes == 2097152
+    assert ShareConsumer.from_properties({"group.id": "g"}).acknowledgement_mode == "implicit"
+    overridden = ShareConsumer.from_properties(
+        {"group.id": "g", "share.acknowledgement.mode": "explicit", "max.poll.records": "7"},
+        share_acknowledgement_mode="implicit", max_poll_records=9)
+    assert (overridden.acknowledgement_mode, overridden.config.max_poll_records) == ("implicit", 9)
+    seen: list[object] = []
+    with_callback = ShareConsumer.from_properties({"group.id": "g"}, on_acknowledgement_commit=seen.append)
+    assert with_callback._on_ack_commit is not None
+
+
+@pytest.mark.parametrize(("properties", "message"), [
+    ({"group.id": "g", "share.acknowledgement.mode": "sometimes"}, "share_acknowledgement_mode must be"),
+    ({"bootstrap.servers": "b:1"}, "needs a group_id"),
+    ({"group.id": "g", "no.such.thing": "1"}, "unknown consumer property 'no.such.thing'"),
+    ({"group.id": "g", "max.poll.records": "many"}, "max_poll_records must be an integer"),
+])
+def test_from_properties_rejects_what_a_share_consumer_cannot_use(properties: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ShareConsumer.from_properties(properties)
+    with pytest.raises(ConfigError, match="mapping"):
+        ShareConsumer.from_properties([("group.id", "g")])  # type: ignore[arg-type]

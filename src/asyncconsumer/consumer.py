@@ -28,7 +28,7 @@ from .app.iterators import Steps
 from .app.metrics import snapshot as metrics_snapshot
 from .app.rebalance import RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
 from .app.streams import PartitionStream, PartitionStreams
-from .config import ConsumerConfig, ConsumerOptions, build_config, from_properties
+from .config import ConsumerConfig, ConsumerOptions, build_config, options_from_properties
 from .engine.loop import Engine
 from .errors import (
     CommitFailedError,
@@ -84,8 +84,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any], **options: Unpack[ConsumerOptions]) -> Consumer[Any, Any]:
         """Build from Java/librdkafka dotted names (``{"bootstrap.servers": ...}``); ``options`` override."""
-        config = from_properties(properties, options)
-        return cls(**{name: getattr(config, name) for name in config.__dataclass_fields__})
+        return cls(**options_from_properties(properties, options))
 
     @property
     def config(self) -> ConsumerConfig:

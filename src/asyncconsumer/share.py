@@ -20,7 +20,7 @@ import inspect
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Generic, Literal, NamedTuple, Unpack, cast
 
 import anyio
@@ -29,12 +29,13 @@ from typing_extensions import TypeVar
 
 from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.collector import RecordDeserializationError
-from .config import ConsumerConfig, ConsumerOptions, build_config
+from .config import ConsumerConfig, ConsumerOptions, build_config, options_from_properties
 from .engine.share_loop import ShareEngine
 from .errors import (
     AcknowledgementRequiredError,
     AcquisitionLockExpiredError,
     ConfigError,
+    ConfigTypeError,
     ConsumerClosedError,
     IllegalStateError,
     KafkaError,
@@ -104,6 +105,8 @@ class AcknowledgementResult(NamedTuple):
 AcknowledgementCommitCallback = Callable[[dict[TopicPartition, AcknowledgementResult]], Awaitable[None] | None]
 
 _Key = tuple[str, int, int]
+#: The share consumer's own properties (Java's names) -> its constructor options.
+_SHARE_PROPERTIES = {"share.acknowledgement.mode": "share_acknowledgement_mode"}
 
 
 class ShareConsumer(ClientBase, Generic[KT, VT]):
@@ -140,6 +143,28 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         self._unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
         self._renewed: dict[_Key, float] = {}
         self._closed = False
+
+    @classmethod
+    def from_properties(
+        cls,
+        properties: Mapping[str, Any],
+        *,
+        on_acknowledgement_commit: AcknowledgementCommitCallback | None = None,
+        **options: Any,
+    ) -> ShareConsumer[Any, Any]:
+        """Build from the Java client's dotted names (``{"bootstrap.servers": ..., "group.id": ...,
+        "share.acknowledgement.mode": "explicit"}``), as ``Consumer.from_properties``; keyword
+        ``options`` (snake_case, ``share_acknowledgement_mode`` too) override them."""
+        if not isinstance(properties, Mapping):
+            raise ConfigTypeError(f"properties must be a mapping of dotted names to values, got {properties!r:.80}")
+        consumer_properties = dict(properties)
+        share = {name: consumer_properties.pop(key) for key, name in _SHARE_PROPERTIES.items() if key in properties}
+        share.update({name: options.pop(name) for name in _SHARE_PROPERTIES.values() if name in options})
+        return cls(
+            on_acknowledgement_commit=on_acknowledgement_commit,
+            **share,
+            **options_from_properties(consumer_properties, options),
+        )
 
     @property
     def config(self) -> ConsumerConfig:
