@@ -31,6 +31,7 @@ from asyncconsumer import (
     ShareConsumer,
     ShareConsumerRecord,
 )
+from asyncconsumer.share import ShareAcquireMode
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -523,3 +524,37 @@ async def test_the_acknowledgement_commit_callback_sees_every_acknowledgement_on
         await anyio.to_thread.run_sync(lambda: produce(topic, values(2, "late")))
         assert [r.offset for r in await poll_until(consumer, 2, ack=None)] == [12, 13]
     assert offsets() == list(range(14))  # close() released 12 and 13 and reported them
+
+
+@pytest.mark.parametrize("mode", ["record_limit", "batch_optimized"])
+async def test_record_limit_acquires_at_most_max_poll_records_per_fetch(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], mode: ShareAcquireMode
+) -> None:
+    """KIP-1206 on Apache Kafka: with "record_limit" no ShareFetch acquires more than max_records
+    (``max_poll_records``), although the records were written in large batches; "batch_optimized"
+    (the default) acquires whole batches, more than that, from the same data."""
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    total, limit = 200, 7
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(total)))
+    acquisitions: list[int] = []
+    seen: list[int] = []
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, max_poll_records=limit,
+                             share_acquire_mode=mode) as consumer:
+        consumer.subscribe([topic])
+        engine = consumer._engine
+        assert engine is not None
+        hand_over = engine.fetcher._on_batch
+
+        def count(batch: Any) -> None:
+            acquisitions.append(len(batch.records))
+            hand_over(batch)
+
+        engine.fetcher._on_batch = count
+        seen += [r.offset for r in await poll_until(consumer, total)]
+        assert all(e is None for e in (await consumer.commit()).values())
+    assert sorted(seen) == list(range(total))
+    if mode == "record_limit":
+        assert max(acquisitions) <= limit, acquisitions
+    else:
+        assert max(acquisitions) > limit, acquisitions

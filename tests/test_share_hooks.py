@@ -162,11 +162,13 @@ def test_from_properties_takes_java_names_and_the_share_ones() -> None:
     consumer = ShareConsumer.from_properties({
         "bootstrap.servers": "broker:9092", "group.id": "workers", "max.poll.records": "7",
         "fetch.buffer.bytes": "2097152", "share.acknowledgement.mode": "explicit",
+        "share.acquire.mode": "record_limit",
     })
-    assert consumer.acknowledgement_mode == "explicit"
+    assert (consumer.acknowledgement_mode, consumer.acquire_mode) == ("explicit", "record_limit")
     assert (consumer.config.group_id, consumer.config.max_poll_records) == ("workers", 7)
     assert consumer.config.fetch_buffer_bytes == 2097152
-    assert ShareConsumer.from_properties({"group.id": "g"}).acknowledgement_mode == "implicit"
+    default = ShareConsumer.from_properties({"group.id": "g"})
+    assert (default.acknowledgement_mode, default.acquire_mode) == ("implicit", "batch_optimized")
     overridden = ShareConsumer.from_properties(
         {"group.id": "g", "share.acknowledgement.mode": "explicit", "max.poll.records": "7"},
         share_acknowledgement_mode="implicit", max_poll_records=9)
@@ -178,6 +180,7 @@ def test_from_properties_takes_java_names_and_the_share_ones() -> None:
 
 @pytest.mark.parametrize(("properties", "message"), [
     ({"group.id": "g", "share.acknowledgement.mode": "sometimes"}, "share_acknowledgement_mode must be"),
+    ({"group.id": "g", "share.acquire.mode": "record-limit"}, "share_acquire_mode must be"),
     ({"bootstrap.servers": "b:1"}, "needs a group_id"),
     ({"group.id": "g", "no.such.thing": "1"}, "unknown consumer property 'no.such.thing'"),
     ({"group.id": "g", "max.poll.records": "many"}, "max_poll_records must be an integer"),

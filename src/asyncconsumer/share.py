@@ -49,6 +49,10 @@ log = logging.getLogger("asyncconsumer.share")
 KT = TypeVar("KT", default=bytes)
 VT = TypeVar("VT", default=bytes)
 ShareAcknowledgementMode = Literal["implicit", "explicit"]
+#: KIP-1206 (ShareFetch v2): "batch_optimized" acquires whole record batches (a poll's acquisition
+#: may pass ``max_poll_records``); "record_limit" acquires at most ``max_poll_records`` records.
+ShareAcquireMode = Literal["batch_optimized", "record_limit"]
+_ACQUIRE_MODES: dict[str, int] = {"batch_optimized": 0, "record_limit": 1}
 
 
 class AcknowledgeType(enum.IntEnum):
@@ -106,14 +110,18 @@ AcknowledgementCommitCallback = Callable[[dict[TopicPartition, AcknowledgementRe
 
 _Key = tuple[str, int, int]
 #: The share consumer's own properties (Java's names) -> its constructor options.
-_SHARE_PROPERTIES = {"share.acknowledgement.mode": "share_acknowledgement_mode"}
+_SHARE_PROPERTIES = {
+    "share.acknowledgement.mode": "share_acknowledgement_mode",
+    "share.acquire.mode": "share_acquire_mode",
+}
 
 
 class ShareConsumer(ClientBase, Generic[KT, VT]):
     """An asyncio/trio share-group consumer; options as for ``Consumer`` (``group_id`` required),
     plus ``share_acknowledgement_mode`` ("implicit": every record handed out is accepted at the
-    next poll; "explicit": each must be acknowledged before the next poll) and
-    ``on_acknowledgement_commit`` (see ``set_acknowledgement_commit_callback``)."""
+    next poll; "explicit": each must be acknowledged before the next poll),
+    ``on_acknowledgement_commit`` (see ``set_acknowledgement_commit_callback``) and
+    ``share_acquire_mode`` (``ShareAcquireMode``; "record_limit" needs Apache Kafka 4.2 or later)."""
 
     KIND = "share consumer"
     #: The operations the default ``acquire`` rule treats as polls.
@@ -124,6 +132,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         *,
         share_acknowledgement_mode: ShareAcknowledgementMode = "implicit",
         on_acknowledgement_commit: AcknowledgementCommitCallback | None = None,
+        share_acquire_mode: ShareAcquireMode = "batch_optimized",
         **options: Unpack[ConsumerOptions],
     ) -> None:
         if share_acknowledgement_mode not in ("implicit", "explicit"):
@@ -131,6 +140,11 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
                 f"share_acknowledgement_mode must be 'implicit' or 'explicit', not {share_acknowledgement_mode!r}"
             )
         super().__init__()
+        if share_acquire_mode not in _ACQUIRE_MODES:
+            raise ConfigError(
+                f"share_acquire_mode must be 'batch_optimized' or 'record_limit', not {share_acquire_mode!r}"
+            )
+        self.acquire_mode: ShareAcquireMode = share_acquire_mode
         self._config: ConsumerConfig = build_config(options)
         if self._config.group_id is None:
             raise ConfigError("a share consumer needs a group_id (the share group's name)")
@@ -173,7 +187,9 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def _new_engine(self) -> ShareEngine:
-        self._engine = ShareEngine(self._config, max_records=self._config.max_poll_records)
+        self._engine = ShareEngine(
+            self._config, max_records=self._config.max_poll_records, acquire_mode=_ACQUIRE_MODES[self.acquire_mode]
+        )
         return self._engine
 
     async def _bootstrap(self) -> None:
@@ -530,6 +546,7 @@ def _release(engine: ShareEngine, tp: TopicPartition, offset: int, now: float) -
 
 
 __all__ = [
+    "ShareAcquireMode",
     "AcknowledgementCommitCallback",
     "AcknowledgementResult",
     "AcknowledgeType",

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncconsumer.errors import InvalidRecordStateError, KafkaError, ShareSessionNotFoundError
+from asyncconsumer.errors import (
+    InvalidRecordStateError,
+    KafkaError,
+    ShareSessionNotFoundError,
+    UnsupportedVersionError,
+)
 from asyncconsumer.managers.share_fetch import (
     ACCEPT,
+    BATCH_OPTIMIZED,
     GAP,
+    RECORD_LIMIT,
     REJECT,
     RELEASE,
     RENEW,
@@ -19,7 +26,7 @@ from asyncconsumer.managers.share_fetch import (
 from asyncconsumer.protocol.record_writer import build_batch
 from asyncconsumer.structs import TopicPartition
 
-from .scripted import FakeClock, Scripted, new_metadata, topic_id
+from .scripted import FakeClock, Scripted, new_metadata, topic_id, version_range
 
 P0 = TopicPartition("jobs", 0)
 P1 = TopicPartition("jobs", 1)
@@ -303,3 +310,31 @@ def test_outcomes_of_acknowledgements_lost_with_the_session_carry_its_error() ->
     s.h.take("ShareFetch").respond(fetch_answer(code=122))  # SHARE_SESSION_NOT_FOUND
     ((tp, offsets, error),) = s.fetcher.outcomes
     assert (tp, offsets) == (P0, (0,)) and isinstance(error, ShareSessionNotFoundError)
+
+
+def test_batch_optimized_is_the_default_and_fits_share_fetch_v1() -> None:
+    s = Setup({P0})
+    sent = s.h.take("ShareFetch")
+    assert sent.request.min_version == 0
+    assert "share_acquire_mode" not in sent.request.build(1)  # (the codec would drop it at v1 anyway)
+    s2 = Setup({P0})
+    assert s2.h.take("ShareFetch").at(2).body()["share_acquire_mode"] == BATCH_OPTIMIZED
+
+
+def test_record_limit_is_sent_in_share_fetch_v2_only() -> None:
+    s = Setup({P0}, acquire_mode=RECORD_LIMIT)
+    sent = s.h.take("ShareFetch")
+    assert version_range(sent.request)[0] == 2  # a broker without v2 fails the request, see below
+    body = sent.body()
+    assert body["share_acquire_mode"] == RECORD_LIMIT and body["max_records"] == 100
+
+
+def test_record_limit_on_a_broker_without_share_fetch_v2_is_a_typed_error_naming_the_option() -> None:
+    s = Setup({P0}, acquire_mode=RECORD_LIMIT)
+    s.h.take("ShareFetch").fail(UnsupportedVersionError("no common ShareFetch version: broker b:1 supports 1-1"))
+    (error,) = s.errors
+    assert isinstance(error, UnsupportedVersionError)
+    assert "share_acquire_mode='record_limit'" in str(error) and "batch_optimized" in str(error)
+    s.h.advance(0.2)
+    s.h.take("ShareFetch").fail(UnsupportedVersionError("again"))
+    assert len(s.errors) == 2  # every attempt says so: each poll raises it until the option changes

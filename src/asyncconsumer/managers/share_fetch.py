@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import KafkaError, error_for_code
+from ..errors import KafkaError, UnsupportedVersionError, error_for_code
 from ..protocol.records import decode_batch, iter_batches
 from ..structs import ConsumerRecord, TopicPartition
 from .metadata import MetadataManager
@@ -36,6 +36,8 @@ from .waiter import Waiter
 log = logging.getLogger("asyncconsumer.share")
 
 GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
+#: ShareFetch v2's ShareAcquireMode (KIP-1206): whole batches, or at most MaxRecords records.
+BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1
 SESSION_CODES = frozenset({122, 123})  # SHARE_SESSION_NOT_FOUND, INVALID_SHARE_SESSION_EPOCH
 METADATA_CODES = frozenset({3, 5, 6, 9, 56, 74, 75, 100})
 _MAX_EPOCH = 2**31 - 1
@@ -120,6 +122,7 @@ class ShareFetchManager:
         retry_backoff: float = 0.1,
         check_crcs: bool = True,
         buffer_bytes: int = 2**63 - 1,
+        acquire_mode: int = BATCH_OPTIMIZED,
     ) -> None:
         self.group_id = group_id
         self._metadata = metadata
@@ -137,6 +140,7 @@ class ShareFetchManager:
         #: ``fetch_buffer_bytes``: no ShareFetch while the records not handed out hold this much.
         self.max_buffer_bytes = buffer_bytes
         self.buffered_bytes = 0
+        self.acquire_mode = acquire_mode
         self._sessions: dict[int, _Session] = {}
         self._retry_at: dict[int, float] = {}
         #: Acknowledgements not sent yet: partition -> {offset: type}.
@@ -300,6 +304,7 @@ class ShareFetchManager:
                 "batch_size": self.max_records,
                 "topics": self._topics(send, taken, fetch=True),
                 "forgotten_topics_data": self._topics(forget, {}, fetch=False, forgotten=True),
+                **({"share_acquire_mode": self.acquire_mode} if version >= 2 else {}),
             }
 
         def on_response(now: float, version: int, body: Body) -> None:
@@ -308,10 +313,23 @@ class ShareFetchManager:
 
         def on_error(now: float, error: BaseException) -> None:
             session.in_flight = False
+            if isinstance(error, UnsupportedVersionError) and self.acquire_mode == RECORD_LIMIT:
+                self._report_error(
+                    UnsupportedVersionError(
+                        f"share_acquire_mode='record_limit' (KIP-1206) needs ShareFetch v2 (Apache Kafka 4.2 or "
+                        f"later); node {node} cannot do it ({error}): use 'batch_optimized' with this cluster"
+                    )
+                )
             self._session_failed(now, node, session, taken, error)
 
         return UnsentRequest(
-            "ShareFetch", build, on_response, on_error, node_id=node, extra_timeout_ms=self._max_wait_ms
+            "ShareFetch",
+            build,
+            on_response,
+            on_error,
+            node_id=node,
+            extra_timeout_ms=self._max_wait_ms,
+            min_version=2 if self.acquire_mode == RECORD_LIMIT else 0,
         )
 
     def _topics(
