@@ -252,6 +252,26 @@ def markdown(result: dict[str, Any]) -> str:
                 "fetch_max_bytes by whole record batches) plus the records the application holds.",
                 "",
             ]
+    share = result.get("share")
+    if share:
+        lines += ["## Share consumer (KIP-932), implicit acknowledgement", ""]
+        if share.get("error"):
+            lines.append(f"failed: {share['error']}")
+        else:
+            ours, theirs = share["ours"], share["java"]
+            lines += [
+                f"{share['records']:,} records of {share['size']} B on {share['partitions']} partitions; each client "
+                "reads them in a share group of its own (one member), from subscribe() to the last record.",
+                "",
+                "| client | records/s | seconds | ratio to Java |",
+                "|---|---:|---:|---:|",
+                f"| {ours['client']} | {ours['records_per_s']:,} | {ours['seconds']} | "
+                f"**{_fmt(share.get('ratio_ours_to_java'), '.2f')}** |",
+                f"| {theirs['client']} | {theirs['records_per_s']:,} | {theirs['seconds']} | 1.00 |",
+                "",
+                "The machine is shared and noisy: one run, compare the ratio only.",
+                "",
+            ]
     decoder = result.get("decoder")
     if decoder:
         from .decoder import markdown as decoder_markdown
