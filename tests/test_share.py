@@ -558,3 +558,40 @@ async def test_record_limit_acquires_at_most_max_poll_records_per_fetch(
         assert max(acquisitions) <= limit, acquisitions
     else:
         assert max(acquisitions) > limit, acquisitions
+
+
+async def test_what_the_acknowledgement_commit_callback_raises_comes_out_of_commit_and_the_next_poll(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(4)))
+
+    class Boom(Exception):
+        pass
+
+    raised = 0
+
+    def callback(results: object) -> None:
+        nonlocal raised
+        raised += 1
+        raise Boom(f"callback call {raised}")
+
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, share_acknowledgement_mode="explicit",
+                             max_poll_records=2) as consumer:
+        consumer.subscribe([topic])
+        first = await poll_until(consumer, 2)
+        consumer.set_acknowledgement_commit_callback(callback)
+        with pytest.raises(Boom, match="call 1"):
+            await consumer.commit()
+        consumer.set_acknowledgement_commit_callback(None)
+        assert [r.offset for r in first] == [0, 1]
+        second = await poll_until(consumer, 2)  # the callback is gone: polls go on
+        assert [r.offset for r in second] == [2, 3]
+        consumer.set_acknowledgement_commit_callback(callback)
+        # The accepts of 2 and 3 ride on the next ShareFetch; a poll after its answer raises.
+        with anyio.fail_after(10), pytest.raises(Boom, match="call 2"):
+            while True:
+                assert await consumer.getmany(timeout=0.2) == {}
+        consumer.set_acknowledgement_commit_callback(None)
+    assert raised == 2
