@@ -120,6 +120,49 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _section(title: str, data: dict[str, Any] | None, body: Callable[[dict[str, Any]], list[str]]) -> list[str]:
+    """A report section for one extra benchmark: nothing if it did not run, its error if it failed."""
+    if not data:
+        return []
+    if data.get("error"):
+        return [f"## {title}", "", f"failed: {data['error']}"]
+    return [f"## {title}", "", *body(data)]
+
+
+def _memory_lines(memory: dict[str, Any]) -> list[str]:
+    return [
+        f"Backlog {memory['backlog']}; the application sleeps {memory['pause_ms']:.0f} ms per "
+        f"{memory['batch']} records, so the fetch buffer stays full.",
+        "",
+        "| fetch_buffer_bytes | fetch_max_bytes | records read | RSS at start | peak RSS during the read | growth |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {memory['fetch_buffer_mb']:.0f} MiB | {memory['fetch_max_mb']:.0f} MiB | {memory['records']:,} | "
+        f"{memory['baseline_rss_mb']:.0f} MB | {memory['peak_rss_mb']:.0f} MB | "
+        f"**{memory['growth_mb']:.0f} MB** |",
+        "",
+        "Growth is bounded by fetch_buffer_bytes plus the response being read (a broker may exceed "
+        "fetch_max_bytes by whole record batches) plus the records the application holds.",
+        "",
+    ]
+
+
+def _share_lines(share: dict[str, Any]) -> list[str]:
+    ours, theirs = share["ours"], share["java"]
+    return [
+        f"{share['records']:,} records of {share['size']} B on {share['partitions']} partitions; each client "
+        "reads them in a share group of its own (one member), from subscribe() to the last record.",
+        "",
+        "| client | records/s | seconds | ratio to Java |",
+        "|---|---:|---:|---:|",
+        f"| {ours['client']} | {ours['records_per_s']:,} | {ours['seconds']} | "
+        f"**{_fmt(share.get('ratio_ours_to_java'), '.2f')}** |",
+        f"| {theirs['client']} | {theirs['records_per_s']:,} | {theirs['seconds']} | 1.00 |",
+        "",
+        "The machine is shared and noisy: one run, compare the ratio only.",
+        "",
+    ]
+
+
 def _java_section(runs: list[dict[str, Any]], datasets: dict[str, Any]) -> list[str]:
     """Where the Java consumer's time went, per data set (medians over its good runs)."""
     by_set: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -231,27 +274,8 @@ def markdown(result: dict[str, Any]) -> str:
             ],
         )
         lines.append("")
-    memory = result.get("memory")
-    if memory:
-        lines += ["## Memory: slow consumer on a backlog", ""]
-        if memory.get("error"):
-            lines.append(f"failed: {memory['error']}")
-        else:
-            lines += [
-                f"Backlog {memory['backlog']}; the application sleeps {memory['pause_ms']:.0f} ms per "
-                f"{memory['batch']} records, so the fetch buffer stays full.",
-                "",
-                "| fetch_buffer_bytes | fetch_max_bytes | records read | RSS at start | peak RSS during the read | "
-                "growth |",
-                "|---:|---:|---:|---:|---:|---:|",
-                f"| {memory['fetch_buffer_mb']:.0f} MiB | {memory['fetch_max_mb']:.0f} MiB | {memory['records']:,} | "
-                f"{memory['baseline_rss_mb']:.0f} MB | {memory['peak_rss_mb']:.0f} MB | "
-                f"**{memory['growth_mb']:.0f} MB** |",
-                "",
-                "Growth is bounded by fetch_buffer_bytes plus the response being read (a broker may exceed "
-                "fetch_max_bytes by whole record batches) plus the records the application holds.",
-                "",
-            ]
+    lines += _section("Memory: slow consumer on a backlog", result.get("memory"), _memory_lines)
+    lines += _section("Share consumer (KIP-932), implicit acknowledgement", result.get("share"), _share_lines)
     decoder = result.get("decoder")
     if decoder:
         from .decoder import markdown as decoder_markdown

@@ -4,8 +4,8 @@ One command: starts the broker (Apache Kafka where Java 17+ is present, else the
 ``--broker`` chooses), creates the topics and produces the data sets once (with confluent-kafka),
 then runs every client in a process of its own (Python readers, and on Apache Kafka the Java
 consumer), interleaved, for several rounds (the order rotates each round), then the group-join and
-memory benchmarks and the in-process decoder comparison.  Prints the Markdown report;
-``--json``/``--markdown`` also write it to files.
+memory benchmarks, the share-consumer row (Apache Kafka) and the in-process decoder comparison.
+Prints the Markdown report; ``--json``/``--markdown`` also write it to files.
 
 The machine is shared and noisy: compare clients by the ratios from one run, not across runs.
 """
@@ -140,6 +140,18 @@ def run_memory(bootstrap: str, dataset: ds.Dataset, quick: bool, timeout: float)
     return result
 
 
+def run_share(bootstrap: str, quick: bool, timeout: float) -> dict[str, Any]:
+    """benchmarks/share.py: ShareConsumer (implicit acknowledgement) and Java's
+    ShareConsumerPerformance on one topic, each in a share group of its own."""
+    records = 20_000 if quick else 200_000
+    command = module_command("benchmarks.share", bootstrap=bootstrap, records=records, partitions=4, size=100)
+    result = run_json(command, timeout, _env({}))
+    ours = result.get("ours") or {}
+    if not result.get("error") and ours.get("records") != records:
+        result["error"] = f"the share consumer read {ours.get('records')} of {records} records"
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small data sets, one round (development, CI)")
@@ -153,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory benchmark")
     parser.add_argument("--no-join", action="store_true", help="skip the group-join benchmark")
     parser.add_argument("--no-decoder", action="store_true", help="skip the in-process decoder comparison")
+    parser.add_argument("--no-share", action="store_true",
+                        help="skip the share-consumer row (Apache Kafka only: ShareConsumer next to Java's)")
     args = parser.parse_args(argv)
     wanted = args.clients.split(",") if args.clients else None
     unknown = set(wanted or ()) - set(CLIENT_ORDER + JOIN_CLIENTS)
@@ -171,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     joins: list[dict[str, Any]] = []
     memory: dict[str, Any] | None = None
+    share: dict[str, Any] | None = None
     produced: dict[str, float] = {}
     java_meta: dict[str, Any] | None = None
     started = time.perf_counter()
@@ -221,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         if memory_set is not None:
             memory = run_memory(broker.bootstrap, memory_set, args.quick, timeout)
             log(f"memory: {memory}")
+        if broker.name == "kafka" and not args.no_share:
+            share = run_share(broker.bootstrap, args.quick, timeout)
+            log(f"share consumer: {share}")
     finally:
         broker.stop()
     decoder = None
@@ -256,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratios": ratios(runs, summary),
         "group_join": {"runs": joins, "summary": summarize(joins).get(sets[0].name, {}) if joins else {}},
         "memory": memory,
+        "share": share,
         "decoder": decoder,
         "notes": notes,
     }
@@ -266,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         args.markdown.write_text(text + "\n")
     print(text)
     failed = [r for r in runs + joins if not r["ok"]]
-    return 1 if failed or (memory and memory.get("error")) else 0
+    return 1 if failed or (memory and memory.get("error")) or (share and share.get("error")) else 0
 
 
 def _version(dist: str) -> str:

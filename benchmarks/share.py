@@ -9,7 +9,8 @@ its own that starts at the earliest offset (``share.auto.offset.reset``, set wit
 IncrementalAlterConfigs), one member per client.  records/s is measured from ``subscribe()`` to the
 last record for both clients (the Java tool's ``fetch.time.ms`` starts after building the
 consumer, before it joins: the JVM start is left out, the group join and first fetch are in);
-ours is also given from the first record to the last.  Prints one JSON line per client and the ratio.
+ours is also given from the first record to the last.  Prints one JSON line per client, then one
+with both and the ratio (``benchmarks.run`` reads that last line for its share-consumer row).
 """
 
 from __future__ import annotations
@@ -144,11 +145,14 @@ def main(argv: list[str] | None = None) -> int:
         produce(bootstrap, topic, args.records, args.size)
         java = run_java(bootstrap, topic, args.records)
         ours = anyio.run(run_ours, bootstrap, topic, args.records)
-    for row in (ours, java):
-        print(json.dumps({k: v for k, v in row.items() if k != "tool_row"}))
-    if ours["records_per_s"] and java["records_per_s"]:
-        print(json.dumps({"ratio_ours_to_java": round(ours["records_per_s"] / java["records_per_s"], 2)}))
     print(json.dumps({"java_tool_row": java["tool_row"]}), file=sys.stderr)
+    java = {k: v for k, v in java.items() if k != "tool_row"}
+    for row in (ours, java):
+        print(json.dumps(row))
+    rates = ours["records_per_s"], java["records_per_s"]
+    ratio = round(rates[0] / rates[1], 2) if all(rates) else None
+    print(json.dumps({"records": args.records, "partitions": args.partitions, "size": args.size,
+                      "ours": ours, "java": java, "ratio_ours_to_java": ratio}))
     return 0
 
 

@@ -143,6 +143,14 @@ def test_quick_benchmark(broker: str, full: bool, tmp_path: Path) -> None:
     # Peak RSS stays near the buffer bound: buffer + one response + a small constant.
     assert 0 <= memory["growth_mb"] < memory["fetch_buffer_mb"] + memory["fetch_max_mb"] + 32, memory
 
+    share = result["share"]
+    if broker == "kafka":  # ShareConsumer next to Java's ShareConsumerPerformance, same data
+        assert "error" not in share, share
+        assert share["ours"]["records"] == share["java"]["records"] == share["records"], share
+        assert share["ratio_ours_to_java"] > 0 and "## Share consumer" in report
+    else:
+        assert share is None and "## Share consumer" not in report
+
     decoder = result["decoder"]
     assert decoder["rows"] and all(row["python_records_per_s"] > 0 for row in decoder["rows"])
     if decoder["decoder_in_use"] == "c":

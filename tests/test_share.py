@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import pytest
 from support.share import share_group
 
@@ -30,6 +31,7 @@ from asyncconsumer import (
     ShareConsumer,
     ShareConsumerRecord,
 )
+from asyncconsumer.share import ShareAcquireMode
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -436,6 +438,160 @@ async def test_a_second_task_polling_at_the_same_time_is_refused(bootstrap: str,
         async with anyio.create_task_group() as tg:
             tg.start_soon(lambda: consumer.getmany(timeout=1.0))
             await anyio.sleep(0.1)
-            with pytest.raises(ConcurrentAccessError, match="already polling"):
+            with pytest.raises(ConcurrentAccessError, match=r"getmany\(\) called from task .* share consumer"):
                 await consumer.getmany(timeout=0.1)
         assert await consumer.getmany(timeout=0.1) == {}  # free again once the first poll returned
+
+
+async def test_fetch_buffer_bytes_bounds_the_share_batches_and_fetching_resumes_as_records_are_taken(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """The consumer's ``fetch_buffer_bytes``: records not handed out yet never hold more than the
+    bound plus one response (one leader here), and the loop fetches again as the application takes
+    them (bytes freed: every record arrives)."""
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    total = 3000
+    payload = [b"%05d-" % i + b"x" * 100 for i in range(total)]
+    await anyio.to_thread.run_sync(lambda: produce(topic, payload))
+    bound = 16384
+    seen: list[bytes] = []
+    peak = largest = 0
+    full_seen = 0
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, fetch_buffer_bytes=bound,
+                             max_partition_fetch_bytes=bound, max_poll_records=100) as consumer:
+        consumer.subscribe([topic])
+        engine = consumer._engine
+        assert engine is not None and engine.fetcher.max_buffer_bytes == bound
+        with anyio.fail_after(60):
+            while len(seen) < total:
+                largest = max([largest, *(b.size for b in engine.batches)])
+                peak = max(peak, engine.fetcher.buffered_bytes)
+                full_seen += engine.fetcher.buffer_full
+                for records in (await consumer.getmany(timeout=0.5)).values():
+                    seen.extend(r.value for r in records if r.value is not None)
+                await anyio.sleep(0.001)
+        assert all(e is None for e in (await consumer.commit()).values())
+    assert sorted(seen) == payload
+    assert largest > 0 and full_seen > 0  # responses are bigger than the bound: it was reached
+    assert peak <= bound + largest, (peak, bound, largest)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_the_acknowledgement_commit_callback_sees_every_acknowledgement_once(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], kind: str
+) -> None:
+    """Acknowledgements sent by commit() (accept 0-4 and 7-9, reject 5 and 6), riding on a
+    ShareFetch (accept 10 and 11, reported at a later poll) and sent by close() (12 and 13, released):
+    each offset reaches the callback once, with no error."""
+    from asyncconsumer import AcknowledgementResult, TopicPartition
+
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(12)))
+    calls: list[dict[TopicPartition, AcknowledgementResult]] = []
+
+    def sync_callback(results: dict[TopicPartition, AcknowledgementResult]) -> None:
+        calls.append(results)
+
+    async def async_callback(results: dict[TopicPartition, AcknowledgementResult]) -> None:
+        await anyio.lowlevel.checkpoint()
+        calls.append(results)
+
+    callback = sync_callback if kind == "sync" else async_callback
+    tp = TopicPartition(topic, 0)
+
+    def offsets() -> list[int]:
+        assert all(set(c) == {tp} and c[tp].error is None for c in calls), calls
+        return sorted(o for c in calls for o in c[tp].offsets)
+
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, share_acknowledgement_mode="explicit",
+                             max_poll_records=5, on_acknowledgement_commit=callback) as consumer:
+        consumer.subscribe([topic])
+        assert [r.offset for r in await poll_until(consumer, 5)] == [0, 1, 2, 3, 4]
+        more = await poll_until(consumer, 5, ack=None)  # the accepts rode on this poll's ShareFetch
+        assert calls == []  # answered, but the callback runs in a poll, commit() or close()
+        consumer.acknowledge(more[0], AcknowledgeType.REJECT)
+        consumer.acknowledge(more[1], AcknowledgeType.REJECT)
+        for r in more[2:]:
+            consumer.acknowledge(r, AcknowledgeType.ACCEPT)
+        assert await consumer.commit() == {tp: None}
+        assert offsets() == list(range(10))  # commit() ran the callback before returning
+        assert [r.offset for r in await poll_until(consumer, 2)] == [10, 11]  # accepted
+        with anyio.fail_after(10):
+            while offsets() != list(range(12)):
+                assert await consumer.getmany(timeout=0.2) == {}  # the callback runs as a poll starts
+        await anyio.to_thread.run_sync(lambda: produce(topic, values(2, "late")))
+        assert [r.offset for r in await poll_until(consumer, 2, ack=None)] == [12, 13]
+    assert offsets() == list(range(14))  # close() released 12 and 13 and reported them
+
+
+@pytest.mark.parametrize("mode", ["record_limit", "batch_optimized"])
+async def test_record_limit_acquires_at_most_max_poll_records_per_fetch(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], mode: ShareAcquireMode
+) -> None:
+    """KIP-1206 on Apache Kafka: with "record_limit" no ShareFetch acquires more than max_records
+    (``max_poll_records``), although the records were written in large batches; "batch_optimized"
+    (the default) acquires whole batches, more than that, from the same data."""
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    total, limit = 200, 7
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(total)))
+    acquisitions: list[int] = []
+    seen: list[int] = []
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, max_poll_records=limit,
+                             share_acquire_mode=mode) as consumer:
+        consumer.subscribe([topic])
+        engine = consumer._engine
+        assert engine is not None
+        hand_over = engine.fetcher._on_batch
+
+        def count(batch: Any) -> None:
+            acquisitions.append(len(batch.records))
+            hand_over(batch)
+
+        engine.fetcher._on_batch = count
+        seen += [r.offset for r in await poll_until(consumer, total)]
+        assert all(e is None for e in (await consumer.commit()).values())
+    assert sorted(seen) == list(range(total))
+    if mode == "record_limit":
+        assert max(acquisitions) <= limit, acquisitions
+    else:
+        assert max(acquisitions) > limit, acquisitions
+
+
+async def test_what_the_acknowledgement_commit_callback_raises_comes_out_of_commit_and_the_next_poll(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(4)))
+
+    class Boom(Exception):
+        pass
+
+    raised = 0
+
+    def callback(results: object) -> None:
+        nonlocal raised
+        raised += 1
+        raise Boom(f"callback call {raised}")
+
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, share_acknowledgement_mode="explicit",
+                             max_poll_records=2) as consumer:
+        consumer.subscribe([topic])
+        first = await poll_until(consumer, 2)
+        consumer.set_acknowledgement_commit_callback(callback)
+        with pytest.raises(Boom, match="call 1"):
+            await consumer.commit()
+        consumer.set_acknowledgement_commit_callback(None)
+        assert [r.offset for r in first] == [0, 1]
+        second = await poll_until(consumer, 2)  # the callback is gone: polls go on
+        assert [r.offset for r in second] == [2, 3]
+        consumer.set_acknowledgement_commit_callback(callback)
+        # The accepts of 2 and 3 ride on the next ShareFetch; a poll after its answer raises.
+        with anyio.fail_after(10), pytest.raises(Boom, match="call 2"):
+            while True:
+                assert await consumer.getmany(timeout=0.2) == {}
+        consumer.set_acknowledgement_commit_callback(None)
+    assert raised == 2

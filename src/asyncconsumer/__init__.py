@@ -27,7 +27,7 @@ from .errors import (
 )
 from .listener import RebalanceListener
 from .metrics import ConsumerMetrics, PartitionMetrics
-from .share import AcknowledgeType, ShareConsumer, ShareConsumerRecord
+from .share import AcknowledgementResult, AcknowledgeType, ShareConsumer, ShareConsumerRecord
 from .streams import PartitionStream
 from .structs import (
     CREATE_TIME,
@@ -40,6 +40,7 @@ from .structs import (
 
 __all__ = [
     "AcknowledgeType",
+    "AcknowledgementResult",
     "ShareConsumer",
     "ShareConsumerRecord",
     "AcknowledgementRequiredError",

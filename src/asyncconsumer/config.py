@@ -534,6 +534,14 @@ def from_properties(properties: Mapping[str, Any], overrides: Mapping[str, Any] 
     return build_config(options)
 
 
+def options_from_properties(
+    properties: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``from_properties``'s validated config as keyword options (for a client's constructor)."""
+    config = from_properties(properties, overrides)
+    return {name: getattr(config, name) for name in _FIELDS}
+
+
 def _from_text(name: str, raw: Any) -> Any:
     if not isinstance(raw, str):
         return raw

@@ -13,9 +13,8 @@ import functools
 import logging
 import re
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from types import TracebackType
-from typing import Any, Generic, NoReturn, ParamSpec, Self, Unpack, cast, overload
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any, Generic, NoReturn, ParamSpec, Unpack, cast, overload
 
 import anyio
 import anyio.abc
@@ -23,16 +22,16 @@ import sniffio
 from typing_extensions import TypeVar
 
 from . import _args, otel
+from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.collector import Collector, RecordDeserializationError
 from .app.iterators import Steps
 from .app.metrics import snapshot as metrics_snapshot
-from .app.rebalance import CALLBACK_OWNER, RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
+from .app.rebalance import RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
 from .app.streams import PartitionStream, PartitionStreams
-from .config import ConsumerConfig, ConsumerOptions, build_config, from_properties
+from .config import ConsumerConfig, ConsumerOptions, build_config, options_from_properties
 from .engine.loop import Engine
 from .errors import (
     CommitFailedError,
-    ConcurrentAccessError,
     ConfigError,
     ConsumerClosedError,
     IllegalStateError,
@@ -57,44 +56,7 @@ R = TypeVar("R")
 _POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches", "partitions", "arrow_batches"})
 
 
-def _bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
-    """Run an async public method between ``acquire(operation)`` and ``release(operation)``."""
-
-    def decorate(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-        @functools.wraps(method)
-        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            self = cast("Consumer[Any, Any]", args[0])
-            _args.check_timeout(kwargs.get("timeout"), operation)
-            self.acquire(operation)
-            try:
-                return await method(*args, **kwargs)
-            finally:
-                self.release(operation)
-
-        return wrapper
-
-    return decorate
-
-
-def _bracketed_sync(operation: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Run a plain public method between ``acquire(operation)`` and ``release(operation)``."""
-
-    def decorate(method: Callable[P, R]) -> Callable[P, R]:
-        @functools.wraps(method)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            self = cast("Consumer[Any, Any]", args[0])
-            self.acquire(operation)
-            try:
-                return method(*args, **kwargs)
-            finally:
-                self.release(operation)
-
-        return wrapper
-
-    return decorate
-
-
-class Consumer(Generic[KT, VT]):
+class Consumer(ClientBase, Generic[KT, VT]):
     """An Apache Kafka consumer for asyncio and trio.
 
     Options are keyword arguments with Kafka's names in snake_case (``ConsumerOptions``
@@ -104,20 +66,17 @@ class Consumer(Generic[KT, VT]):
     ``await consumer.start()`` / ``await consumer.close()`` on asyncio.
     """
 
+    KIND = "consumer"
+    POLL_OPERATIONS = _POLL_OPERATIONS
+
     def __init__(self, **options: Unpack[ConsumerOptions]) -> None:
+        super().__init__()
         self._config = build_config(options)
         self._engine: Engine | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
-        self._runner: Any = None
-        self._poller: int | None = None
-        self._poll_depth = 0
         self._rebalance = RebalanceRunner(self._config)
         self._collector: Collector[KT, VT] = Collector(self._config, self._rebalance, lambda: self._engine)
         #: Records taken for ``async for``/``batches()`` and not handed out yet (the collector's).
         self._chunks = self._collector.chunks
-        # ``async for`` hands out buffered records without acquire()/release() when they are the
-        # default ones: it does not await, so no other task can see the consumer in between.
-        self._default_hooks = type(self).acquire is Consumer.acquire and type(self).release is Consumer.release
         self._plain_records = self._config.key_deserializer is None and self._config.value_deserializer is None
         self._closed = False
         self._closing = False
@@ -125,45 +84,13 @@ class Consumer(Generic[KT, VT]):
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any], **options: Unpack[ConsumerOptions]) -> Consumer[Any, Any]:
         """Build from Java/librdkafka dotted names (``{"bootstrap.servers": ...}``); ``options`` override."""
-        config = from_properties(properties, options)
-        return cls(**{name: getattr(config, name) for name in config.__dataclass_fields__})
+        return cls(**options_from_properties(properties, options))
 
     @property
     def config(self) -> ConsumerConfig:
         return self._config
 
     # -- lifecycle --------------------------------------------------------------------------------
-
-    async def __aenter__(self) -> Self:
-        if self._engine is not None:
-            raise IllegalStateError("the consumer was already started")
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        self._task_group = task_group
-        try:
-            engine = self._new_engine()
-            await task_group.start(engine.run)
-            await self._bootstrap()
-        except BaseException:
-            await self._shutdown(1.0)
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(None, None, None)
-            self._task_group = None
-            raise
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            await self.close()
-        finally:
-            task_group, self._task_group = self._task_group, None
-            if task_group is not None:
-                # The loop has stopped; exiting with no exception keeps the caller's own
-                # exception (if any) unwrapped instead of inside an ExceptionGroup.
-                task_group.cancel_scope.cancel()
-                await task_group.__aexit__(None, None, None)
 
     async def start(self) -> None:
         """Start without ``async with`` (asyncio only: trio needs a nursery, so use ``async with``)."""
@@ -243,17 +170,6 @@ class Consumer(Generic[KT, VT]):
             self._closed = True
             await self._shutdown(max(0.0, deadline - anyio.current_time()))
 
-    async def _shutdown(self, timeout: float) -> None:
-        engine = self._engine
-        if engine is None:
-            return
-        engine.stop(within=timeout)
-        with anyio.move_on_after(timeout, shield=True):
-            await engine.wait_stopped()
-        runner, self._runner = self._runner, None
-        if runner is not None and not runner.done():
-            runner.cancel()
-
     def _running(self) -> Engine:
         if self._engine is None:
             raise IllegalStateError("the consumer is not started: use 'async with' or 'await start()'")
@@ -262,43 +178,14 @@ class Consumer(Generic[KT, VT]):
         self._engine.check_running()
         return self._engine
 
-    # -- KIP-957: acquire / release ---------------------------------------------------------------
+    # -- KIP-957: acquire / release (the default rule is ClientBase's) -----------------------------
 
-    def acquire(self, operation: str) -> None:
-        """Called before every public call; override to change the concurrency rules.
-
-        Default: any task may call the consumer, but only one task at a time may
-        poll it (``async for``, ``getmany``, ``getone``).  While a consumer callback
-        runs, the callback and tasks it started may poll and commit too.  Another
-        task polling at the same time gets ``ConcurrentAccessError``.
-        """
-        if operation not in _POLL_OPERATIONS:
-            return
-        me = anyio.get_current_task().id
-        if self._poller is None or self._poller == me:
-            self._poller = me
-            self._poll_depth += 1
-            return
-        token = self._rebalance.callback_token
-        if token is not None and CALLBACK_OWNER.get() is token:
-            self._poll_depth += 1
-            return
-        raise ConcurrentAccessError(
-            f"{operation}() called from task {me} while task {self._poller} is polling this consumer; "
-            "poll from one task, or override Consumer.acquire()/release() (docs/concurrency.md)"
-        )
-
-    def release(self, operation: str) -> None:
-        """Called after every public call (also on error or cancellation)."""
-        if operation not in _POLL_OPERATIONS or self._poll_depth == 0:
-            return
-        self._poll_depth -= 1
-        if self._poll_depth == 0:
-            self._poller = None
+    def _callback_token(self) -> object | None:
+        return self._rebalance.callback_token
 
     # -- consumer groups --------------------------------------------------------------------------
 
-    @_bracketed_sync("subscribe")
+    @bracketed_sync("subscribe")
     def subscribe(
         self,
         topics: Iterable[str] = (),
@@ -337,7 +224,7 @@ class Consumer(Generic[KT, VT]):
         membership.subscribe(names, compiled)
         engine.wake()
 
-    @_bracketed_sync("subscription")
+    @bracketed_sync("subscription")
     def subscription(self) -> set[str]:
         """The topics currently subscribed (for a pattern: the topics it matches now)."""
         engine = self._engine
@@ -345,7 +232,7 @@ class Consumer(Generic[KT, VT]):
             return set()
         return set(engine.membership.topics)
 
-    @_bracketed("unsubscribe")
+    @bracketed("unsubscribe")
     async def unsubscribe(self, *, timeout: float | None = None) -> None:
         """Give up every partition (the revoke callback runs and offsets are committed) and leave the group."""
         await self._leave_group("unsubscribe", self._timeout(timeout))
@@ -368,7 +255,7 @@ class Consumer(Generic[KT, VT]):
 
     # -- assignment (plain methods) ---------------------------------------------------------------
 
-    @_bracketed_sync("assign")
+    @bracketed_sync("assign")
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Read exactly these partitions (manual assignment, no group membership)."""
         tps = _check_partitions(partitions, "assign")
@@ -388,11 +275,11 @@ class Consumer(Generic[KT, VT]):
         engine.buffer.drop(lambda f: f.tp in assigned)
         engine.wake()
 
-    @_bracketed_sync("assignment")
+    @bracketed_sync("assignment")
     def assignment(self) -> set[TopicPartition]:
         return set(self._engine.subscriptions.partitions) if self._engine is not None else set()
 
-    @_bracketed_sync("pause")
+    @bracketed_sync("pause")
     def pause(self, *partitions: TopicPartition) -> None:
         """Stop returning (and fetching) records for these partitions until ``resume``."""
         states = self._states(partitions, "pause")
@@ -400,26 +287,26 @@ class Consumer(Generic[KT, VT]):
             state.paused = True
         self._collector.drop_chunks({state.tp for state in states})
 
-    @_bracketed_sync("resume")
+    @bracketed_sync("resume")
     def resume(self, *partitions: TopicPartition) -> None:
         for state in self._states(partitions, "resume"):
             state.paused = False
         self._running().wake()
 
-    @_bracketed_sync("paused")
+    @bracketed_sync("paused")
     def paused(self) -> set[TopicPartition]:
         if self._engine is None:
             return set()
         return {tp for tp, s in self._engine.subscriptions.partitions.items() if s.paused}
 
-    @_bracketed_sync("highwater")
+    @bracketed_sync("highwater")
     def highwater(self, partition: TopicPartition) -> int | None:
         """The high watermark of an assigned partition as of its last fetch response (None before
         one arrived): the offset the next produced record gets.  Lag is ``highwater - position``."""
         mark = self._states([partition], "highwater")[0].high_watermark
         return mark if mark >= 0 else None
 
-    @_bracketed_sync("last_stable_offset")
+    @bracketed_sync("last_stable_offset")
     def last_stable_offset(self, partition: TopicPartition) -> int | None:
         """Like ``highwater()``, for the last stable offset (what ``read_committed`` can read up to)."""
         mark = self._states([partition], "last_stable_offset")[0].last_stable_offset
@@ -443,7 +330,7 @@ class Consumer(Generic[KT, VT]):
 
     # -- positions --------------------------------------------------------------------------------
 
-    @_bracketed("seek")
+    @bracketed("seek")
     async def seek(self, partition: TopicPartition, offset: int) -> None:
         """Make ``offset`` the next record returned for ``partition``."""
         _args.check_offset(offset, "seek")
@@ -453,12 +340,12 @@ class Consumer(Generic[KT, VT]):
         state.retry_at = 0.0
         self._collector.forget_buffered(engine, [partition])
 
-    @_bracketed("seek_to_beginning")
+    @bracketed("seek_to_beginning")
     async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         """Move to the earliest offset (all assigned partitions when none are given)."""
         self._seek_to(partitions, "earliest", "seek_to_beginning")
 
-    @_bracketed("seek_to_end")
+    @bracketed("seek_to_end")
     async def seek_to_end(self, *partitions: TopicPartition) -> None:
         """Move to the end: only records produced from now on are returned."""
         self._seek_to(partitions, "latest", "seek_to_end")
@@ -471,7 +358,7 @@ class Consumer(Generic[KT, VT]):
             engine.subscriptions.request_reset(tp, where)
         self._collector.forget_buffered(engine, tps)
 
-    @_bracketed("position")
+    @bracketed("position")
     async def position(self, partition: TopicPartition, *, timeout: float | None = None) -> int:
         """The offset of the next record returned for ``partition`` (waits for it to be known)."""
         state = self._states([partition], "position")[0]
@@ -487,7 +374,7 @@ class Consumer(Generic[KT, VT]):
 
     # -- offsets lookups --------------------------------------------------------------------------
 
-    @_bracketed("beginning_offsets")
+    @bracketed("beginning_offsets")
     async def beginning_offsets(
         self, partitions: Iterable[TopicPartition], *, timeout: float | None = None
     ) -> dict[TopicPartition, int]:
@@ -496,7 +383,7 @@ class Consumer(Generic[KT, VT]):
         )
         return {tp: r[0] if r is not None else -1 for tp, r in results.items()}
 
-    @_bracketed("end_offsets")
+    @bracketed("end_offsets")
     async def end_offsets(
         self, partitions: Iterable[TopicPartition], *, timeout: float | None = None
     ) -> dict[TopicPartition, int]:
@@ -505,7 +392,7 @@ class Consumer(Generic[KT, VT]):
         results = await self._list_offsets({tp: LATEST for tp in _check_partitions(partitions, "end_offsets")}, timeout)
         return {tp: r[0] if r is not None else -1 for tp, r in results.items()}
 
-    @_bracketed("offsets_for_times")
+    @bracketed("offsets_for_times")
     async def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int], *, timeout: float | None = None
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
@@ -527,7 +414,7 @@ class Consumer(Generic[KT, VT]):
 
     # -- commits ----------------------------------------------------------------------------------
 
-    @_bracketed("commit")
+    @bracketed("commit")
     async def commit(
         self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None, *, timeout: float | None = None
     ) -> None:
@@ -597,7 +484,7 @@ class Consumer(Generic[KT, VT]):
 
     # -- metadata ---------------------------------------------------------------------------------
 
-    @_bracketed("topics")
+    @bracketed("topics")
     async def topics(self, *, timeout: float | None = None) -> set[str]:
         """Every topic this client may see (internal topics left out unless configured)."""
         cluster = await self._running().wait_for_metadata(self._timeout(timeout))
@@ -605,7 +492,7 @@ class Consumer(Generic[KT, VT]):
             name for name, t in cluster.topics.items() if not (t.is_internal and self._config.exclude_internal_topics)
         }
 
-    @_bracketed("partitions_for_topic")
+    @bracketed("partitions_for_topic")
     async def partitions_for_topic(self, topic: str, *, timeout: float | None = None) -> set[int] | None:
         """Partition numbers of ``topic``, or None if it does not exist."""
         _args.check_topic(topic, "partitions_for_topic")
@@ -615,7 +502,7 @@ class Consumer(Generic[KT, VT]):
 
     # -- records ----------------------------------------------------------------------------------
 
-    @_bracketed("getmany")
+    @bracketed("getmany")
     async def getmany(
         self, *partitions: TopicPartition, timeout: float | None = None, max_records: int | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
@@ -690,7 +577,7 @@ class Consumer(Generic[KT, VT]):
 
         return Steps(step)
 
-    @_bracketed("arrow_batches")
+    @bracketed("arrow_batches")
     async def _next_arrow_batch(
         self, limit: int, timeout: float | None, only: set[TopicPartition] | None = None, include_headers: bool = True
     ) -> Any:
@@ -702,7 +589,7 @@ class Consumer(Generic[KT, VT]):
             self._collector, self._running(), limit, timeout, only=only, include_headers=include_headers
         )
 
-    @_bracketed("getone")
+    @bracketed("getone")
     async def getone(self, *partitions: TopicPartition) -> ConsumerRecord[KT, VT]:
         """The next record (from the given partitions, or any)."""
         result = await self.getmany(*partitions, timeout=None, max_records=1)

@@ -16,24 +16,26 @@ from __future__ import annotations
 
 import enum
 import functools
+import inspect
+import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
-from types import TracebackType
-from typing import Any, Generic, Literal, NamedTuple, Self, Unpack, cast
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any, Generic, Literal, NamedTuple, Unpack, cast
 
 import anyio
 import anyio.abc
 from typing_extensions import TypeVar
 
+from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.collector import RecordDeserializationError
-from .config import ConsumerConfig, ConsumerOptions, build_config
+from .config import ConsumerConfig, ConsumerOptions, build_config, options_from_properties
 from .engine.share_loop import ShareEngine
 from .errors import (
     AcknowledgementRequiredError,
     AcquisitionLockExpiredError,
-    ConcurrentAccessError,
     ConfigError,
+    ConfigTypeError,
     ConsumerClosedError,
     IllegalStateError,
     KafkaError,
@@ -42,9 +44,15 @@ from .errors import (
 from .managers.share_fetch import AckResults, ShareBatch
 from .structs import TopicPartition
 
+log = logging.getLogger("asyncconsumer.share")
+
 KT = TypeVar("KT", default=bytes)
 VT = TypeVar("VT", default=bytes)
 ShareAcknowledgementMode = Literal["implicit", "explicit"]
+#: KIP-1206 (ShareFetch v2): "batch_optimized" acquires whole record batches (a poll's acquisition
+#: may pass ``max_poll_records``); "record_limit" acquires at most ``max_poll_records`` records.
+ShareAcquireMode = Literal["batch_optimized", "record_limit"]
+_ACQUIRE_MODES: dict[str, int] = {"batch_optimized": 0, "record_limit": 1}
 
 
 class AcknowledgeType(enum.IntEnum):
@@ -86,36 +94,91 @@ class ShareConsumerRecord(NamedTuple, Generic[KT, VT]):
         return TopicPartition(self.topic, self.partition)
 
 
+class AcknowledgementResult(NamedTuple):
+    """What the broker did with one partition's acknowledgements (``on_acknowledgement_commit``)."""
+
+    #: The acknowledged offsets (ACCEPT, RELEASE, REJECT and RENEW alike), ascending.
+    offsets: tuple[int, ...]
+    #: ``None``: committed; else the typed error (``InvalidRecordStateError`` for a lock that ran out,
+    #: say): none of ``offsets`` took effect.
+    error: KafkaError | None
+
+
+#: ``on_acknowledgement_commit``: a plain function or a coroutine function; it gets the outcome of
+#: each partition whose acknowledgements the broker answered, whichever request carried them.
+AcknowledgementCommitCallback = Callable[[dict[TopicPartition, AcknowledgementResult]], Awaitable[None] | None]
+
 _Key = tuple[str, int, int]
+#: The share consumer's own properties (Java's names) -> its constructor options.
+_SHARE_PROPERTIES = {
+    "share.acknowledgement.mode": "share_acknowledgement_mode",
+    "share.acquire.mode": "share_acquire_mode",
+}
 
 
-class ShareConsumer(Generic[KT, VT]):
+class ShareConsumer(ClientBase, Generic[KT, VT]):
     """An asyncio/trio share-group consumer; options as for ``Consumer`` (``group_id`` required),
     plus ``share_acknowledgement_mode`` ("implicit": every record handed out is accepted at the
-    next poll; "explicit": each must be acknowledged before the next poll)."""
+    next poll; "explicit": each must be acknowledged before the next poll),
+    ``on_acknowledgement_commit`` (see ``set_acknowledgement_commit_callback``) and
+    ``share_acquire_mode`` (``ShareAcquireMode``; "record_limit" needs Apache Kafka 4.2 or later)."""
+
+    KIND = "share consumer"
+    #: The operations the default ``acquire`` rule treats as polls.
+    POLL_OPERATIONS = frozenset({"getmany", "__anext__"})
 
     def __init__(
         self,
         *,
         share_acknowledgement_mode: ShareAcknowledgementMode = "implicit",
+        on_acknowledgement_commit: AcknowledgementCommitCallback | None = None,
+        share_acquire_mode: ShareAcquireMode = "batch_optimized",
         **options: Unpack[ConsumerOptions],
     ) -> None:
         if share_acknowledgement_mode not in ("implicit", "explicit"):
             raise ConfigError(
                 f"share_acknowledgement_mode must be 'implicit' or 'explicit', not {share_acknowledgement_mode!r}"
             )
+        super().__init__()
+        if share_acquire_mode not in _ACQUIRE_MODES:
+            raise ConfigError(
+                f"share_acquire_mode must be 'batch_optimized' or 'record_limit', not {share_acquire_mode!r}"
+            )
+        self.acquire_mode: ShareAcquireMode = share_acquire_mode
         self._config: ConsumerConfig = build_config(options)
         if self._config.group_id is None:
             raise ConfigError("a share consumer needs a group_id (the share group's name)")
         self.acknowledgement_mode: ShareAcknowledgementMode = share_acknowledgement_mode
+        self._on_ack_commit: AcknowledgementCommitCallback | None = None
+        self.set_acknowledgement_commit_callback(on_acknowledgement_commit)
         self._engine: ShareEngine | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
         self._topics: frozenset[str] = frozenset()
         self._pending: deque[ShareConsumerRecord[KT, VT]] = deque()
         self._unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
         self._renewed: dict[_Key, float] = {}
         self._closed = False
-        self._polling = False
+
+    @classmethod
+    def from_properties(
+        cls,
+        properties: Mapping[str, Any],
+        *,
+        on_acknowledgement_commit: AcknowledgementCommitCallback | None = None,
+        **options: Any,
+    ) -> ShareConsumer[Any, Any]:
+        """Build from the Java client's dotted names (``{"bootstrap.servers": ..., "group.id": ...,
+        "share.acknowledgement.mode": "explicit"}``), as ``Consumer.from_properties``; keyword
+        ``options`` (snake_case, ``share_acknowledgement_mode`` too) override them."""
+        if not isinstance(properties, Mapping):
+            raise ConfigTypeError(f"properties must be a mapping of dotted names to values, got {properties!r:.80}")
+        consumer_properties = dict(properties)
+        share = {name: consumer_properties.pop(key) for key, name in _SHARE_PROPERTIES.items() if key in properties}
+        share.update({name: options.pop(name) for name in _SHARE_PROPERTIES.values() if name in options})
+        return cls(
+            on_acknowledgement_commit=on_acknowledgement_commit,
+            **share,
+            **options_from_properties(consumer_properties, options),
+        )
 
     @property
     def config(self) -> ConsumerConfig:
@@ -123,29 +186,18 @@ class ShareConsumer(Generic[KT, VT]):
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
-        if self._engine is not None:
-            raise IllegalStateError("the share consumer was already started")
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        self._task_group = task_group
-        engine = ShareEngine(self._config, max_records=self._config.max_poll_records)
-        self._engine = engine
-        await task_group.start(engine.run)
-        if self._topics:
-            engine.post(lambda now: engine.membership.subscribe(self._topics))
-        return self
+    def _new_engine(self) -> ShareEngine:
+        self._engine = ShareEngine(
+            self._config, max_records=self._config.max_poll_records, acquire_mode=_ACQUIRE_MODES[self.acquire_mode]
+        )
+        return self._engine
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            await self.close()
-        finally:
-            task_group, self._task_group = self._task_group, None
-            if task_group is not None:
-                task_group.cancel_scope.cancel()
-                await task_group.__aexit__(None, None, None)
+    async def _bootstrap(self) -> None:
+        engine = self._running()
+        await engine.wait_for_metadata(self._config.request_timeout_ms / 1000)
+        if self._topics:
+            topics = self._topics
+            engine.post(lambda now: engine.membership.subscribe(topics))
 
     async def close(self, timeout: float = 30.0) -> None:
         """Send the pending acknowledgements (implicit mode: accept what was handed out), release the
@@ -178,13 +230,15 @@ class ShareConsumer(Generic[KT, VT]):
             try:
                 await engine.call(release)
                 await self._until(engine, lambda: engine.fetcher.done_closing)
+                try:
+                    await self._report_acknowledgements(engine)
+                except Exception:
+                    log.exception("the acknowledgement-commit callback raised while the share consumer closed")
                 await engine.call(lambda now: engine.membership.leave())
                 await self._until(engine, lambda: engine.membership.left)
             except ConsumerClosedError:
                 pass
-        engine.stop()
-        with anyio.move_on_after(5.0, shield=True):
-            await engine.wait_stopped()
+        await self._shutdown(5.0)
 
     @staticmethod
     async def _until(engine: ShareEngine, condition: Callable[[], bool]) -> None:
@@ -205,6 +259,7 @@ class ShareConsumer(Generic[KT, VT]):
 
     # -- subscription ---------------------------------------------------------------------------------
 
+    @bracketed_sync("subscribe")
     def subscribe(self, topics: Iterable[str]) -> None:
         """Join the share group for ``topics`` (names; a share group has no patterns)."""
         if isinstance(topics, str):
@@ -217,9 +272,11 @@ class ShareConsumer(Generic[KT, VT]):
         if engine is not None and not engine.closed:
             engine.post(lambda now: engine.membership.subscribe(names))
 
+    @bracketed_sync("subscription")
     def subscription(self) -> set[str]:
         return set(self._topics)
 
+    @bracketed_sync("assignment")
     def assignment(self) -> set[TopicPartition]:
         """The partitions the broker currently lets this member fetch from."""
         engine = self._engine
@@ -231,6 +288,36 @@ class ShareConsumer(Generic[KT, VT]):
 
     # -- acknowledgements -------------------------------------------------------------------------------
 
+    def set_acknowledgement_commit_callback(self, callback: AcknowledgementCommitCallback | None) -> None:
+        """Call ``callback({partition: AcknowledgementResult(offsets, error)})`` when the broker has
+        answered acknowledgements (Java's ``setAcknowledgementCommitCallback``); ``None`` stops it.
+
+        It runs in the application's task, at the start of the next poll (``getmany``, or
+        ``async for`` fetching its next batch), at the end of ``commit()`` and in ``close()``, for
+        every acknowledgement answered since, whether it rode on a ShareFetch, a ShareAcknowledge,
+        ``commit()`` or ``close()``.  A partition answered twice in that time comes in two calls.
+        What it raises comes out of that poll or ``commit()`` (``close()`` logs it)."""
+        if callback is not None and not callable(callback):
+            raise ConfigError(f"on_acknowledgement_commit must be callable, not {callback!r}")
+        self._on_ack_commit = callback
+
+    async def _report_acknowledgements(self, engine: ShareEngine) -> None:
+        """Hand the acknowledgement outcomes collected by the loop to the callback (then forget them)."""
+        outcomes, engine.fetcher.outcomes = engine.fetcher.outcomes, []
+        callback = self._on_ack_commit
+        if not outcomes or callback is None:
+            return
+        calls: list[dict[TopicPartition, AcknowledgementResult]] = [{}]
+        for tp, offsets, error in outcomes:
+            if tp in calls[-1]:
+                calls.append({})
+            calls[-1][tp] = AcknowledgementResult(offsets, error)
+        for results in calls:
+            result = callback(results)
+            if inspect.isawaitable(result):
+                await result
+
+    @bracketed_sync("acknowledge")
     def acknowledge(self, record: ShareConsumerRecord[KT, VT], type: AcknowledgeType = AcknowledgeType.ACCEPT) -> None:
         """Acknowledge a record handed out by the last poll; sent with the next fetch or ``commit()``.
 
@@ -266,6 +353,7 @@ class ShareConsumer(Generic[KT, VT]):
         """When ``record``'s acquisition lock runs out (``time.monotonic()`` clock), renewals included."""
         return self._renewed.get((record.topic, record.partition, record.offset), record.lock_deadline)
 
+    @bracketed("commit")
     async def commit(self, timeout: float | None = None) -> dict[TopicPartition, KafkaError | None]:
         """Send the queued acknowledgements now and wait for the broker: each partition's outcome,
         ``None`` for success or the typed error (``InvalidRecordStateError`` for a lock that ran out,
@@ -276,6 +364,7 @@ class ShareConsumer(Generic[KT, VT]):
         waiter = await engine.call(lambda now: engine.fetcher.commit())
         with anyio.fail_after(timeout if timeout is not None else self._config.request_timeout_ms / 1000):
             results: AckResults = await waiter.wait()
+        await self._report_acknowledgements(engine)
         return results
 
     def _accept_delivered(self, engine: ShareEngine) -> None:
@@ -301,6 +390,7 @@ class ShareConsumer(Generic[KT, VT]):
 
     # -- polling ----------------------------------------------------------------------------------------
 
+    @bracketed("getmany")
     async def getmany(
         self, *, timeout: float | None = None, max_records: int | None = None
     ) -> dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]]:
@@ -309,9 +399,10 @@ class ShareConsumer(Generic[KT, VT]):
         A poll: implicit mode accepts the records handed out before; explicit mode raises
         ``AcknowledgementRequiredError`` if any of them is not acknowledged."""
         engine = self._running()
+        await self._report_acknowledgements(engine)
         self._begin_poll(engine)
         limit = max_records or self._config.max_poll_records
-        records = await self._poll(engine, limit, timeout)
+        records = await self._poll_records(engine, limit, timeout)
         out: dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]] = {}
         for r in records:
             self._unacked[(r.topic, r.partition, r.offset)] = r
@@ -323,29 +414,30 @@ class ShareConsumer(Generic[KT, VT]):
 
     async def __anext__(self) -> ShareConsumerRecord[KT, VT]:
         """The next record; when the current batch runs out, the next batch is a poll (see getmany)."""
+        if self._pending and self._default_hooks and self._poller is None:
+            # Handed out without acquire()/release() (the default ones): no await, so no other
+            # task can see the consumer in between.
+            record = self._pending.popleft()
+        else:
+            record = await self._next_record()
+        self._unacked[(record.topic, record.partition, record.offset)] = record
+        return record
+
+    async def _next_record(self) -> ShareConsumerRecord[KT, VT]:
+        self.acquire("__anext__")
         try:
             if not self._pending:
                 engine = self._running()
+                await self._report_acknowledgements(engine)
                 self._begin_poll(engine)
-                self._pending.extend(await self._poll(engine, self._config.max_poll_records, None))
-            record = self._pending.popleft()
+                self._pending.extend(await self._poll_records(engine, self._config.max_poll_records, None))
+            return self._pending.popleft()
         except ConsumerClosedError as exc:
             if self._closed:
                 raise StopAsyncIteration from None
             raise exc
-        self._unacked[(record.topic, record.partition, record.offset)] = record
-        return record
-
-    async def _poll(self, engine: ShareEngine, limit: int, timeout: float | None) -> list[ShareConsumerRecord[KT, VT]]:
-        if self._polling:
-            raise ConcurrentAccessError(
-                "another task is already polling this share consumer (getmany/async for): one poller at a time"
-            )
-        self._polling = True
-        try:
-            return await self._poll_records(engine, limit, timeout)
         finally:
-            self._polling = False
+            self.release("__anext__")
 
     async def _poll_records(
         self, engine: ShareEngine, limit: int, timeout: float | None
@@ -373,6 +465,7 @@ class ShareConsumer(Generic[KT, VT]):
     def _take(self, engine: ShareEngine, limit: int) -> list[ShareConsumerRecord[KT, VT]]:
         out: list[ShareConsumerRecord[KT, VT]] = []
         counts: dict[int, int] = {}
+        freed: dict[int, int] = {}
         key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
         bad: RecordDeserializationError | None = None
         while engine.batches and len(out) < limit:
@@ -381,6 +474,7 @@ class ShareConsumer(Generic[KT, VT]):
             del batch.records[: len(take)]
             if not batch.records:
                 engine.batches.popleft()
+                freed[batch.node_id] = freed.get(batch.node_id, 0) + batch.size
             counts[batch.node_id] = counts.get(batch.node_id, 0) + len(take)
             for a in take:
                 r = a.record
@@ -424,11 +518,11 @@ class ShareConsumer(Generic[KT, VT]):
                         ),
                     )
                 )
-        if counts:
+        if counts or freed:
 
             def handed(now: float) -> None:
-                for node, n in counts.items():
-                    engine.fetcher.records_handed_out(node, n)
+                for node in counts.keys() | freed.keys():
+                    engine.fetcher.records_handed_out(node, counts.get(node, 0), freed.get(node, 0))
 
             engine.post(handed)
         if bad is not None and not out:
@@ -437,6 +531,7 @@ class ShareConsumer(Generic[KT, VT]):
             engine.report_error(bad)
         return out
 
+    @bracketed("wait_for_assignment")
     async def wait_for_assignment(self, timeout: float = 30.0) -> set[TopicPartition]:
         """Wait until the broker has assigned this member at least one partition."""
         engine = self._running()
@@ -450,4 +545,12 @@ def _release(engine: ShareEngine, tp: TopicPartition, offset: int, now: float) -
     engine.fetcher.acknowledge(tp, offset, AcknowledgeType.RELEASE)
 
 
-__all__ = ["AcknowledgeType", "ShareAcknowledgementMode", "ShareConsumer", "ShareConsumerRecord"]
+__all__ = [
+    "ShareAcquireMode",
+    "AcknowledgementCommitCallback",
+    "AcknowledgementResult",
+    "AcknowledgeType",
+    "ShareAcknowledgementMode",
+    "ShareConsumer",
+    "ShareConsumerRecord",
+]

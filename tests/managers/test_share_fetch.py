@@ -5,10 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncconsumer.errors import InvalidRecordStateError, KafkaError, ShareSessionNotFoundError
+from asyncconsumer.errors import (
+    InvalidRecordStateError,
+    KafkaError,
+    ShareSessionNotFoundError,
+    UnsupportedVersionError,
+)
 from asyncconsumer.managers.share_fetch import (
     ACCEPT,
+    BATCH_OPTIMIZED,
     GAP,
+    RECORD_LIMIT,
     REJECT,
     RELEASE,
     RENEW,
@@ -19,14 +26,14 @@ from asyncconsumer.managers.share_fetch import (
 from asyncconsumer.protocol.record_writer import build_batch
 from asyncconsumer.structs import TopicPartition
 
-from .scripted import FakeClock, Scripted, new_metadata, topic_id
+from .scripted import FakeClock, Scripted, new_metadata, topic_id, version_range
 
 P0 = TopicPartition("jobs", 0)
 P1 = TopicPartition("jobs", 1)
 
 
 class Setup:
-    def __init__(self, assigned: set[TopicPartition] | None = None) -> None:
+    def __init__(self, assigned: set[TopicPartition] | None = None, **options: Any) -> None:
         self.clock = FakeClock()
         self.metadata = new_metadata(self.clock, {P0: (1, 0), P1: (2, 0)})
         self.assigned = {P0, P1} if assigned is None else assigned
@@ -35,7 +42,7 @@ class Setup:
         self.fetcher = ShareFetchManager(
             "workers", self.metadata, member_id=lambda: "m1", assignment=lambda: frozenset(self.assigned),
             can_fetch=lambda: True, on_batch=self.batches.append, report_error=self.errors.append,
-            max_wait_ms=500, max_records=100,
+            max_wait_ms=500, max_records=100, **options,
         )
         self.h = Scripted(self.fetcher, clock=self.clock)
 
@@ -241,3 +248,93 @@ def test_records_arriving_while_closing_are_released() -> None:
     final = s.h.take("ShareAcknowledge")
     assert final.body()["topics"][0]["partitions"][0]["acknowledgement_batches"] == [
         {"first_offset": 0, "last_offset": 1, "acknowledge_types": [RELEASE]}]
+
+
+def test_no_share_fetch_while_the_buffer_is_at_fetch_buffer_bytes_and_again_once_records_are_taken() -> None:
+    """The consumer's fetch_buffer_bytes bound: node 1's records fill it, so node 2 (whose last
+    fetch brought nothing) is not fetched from until the application takes node 1's batch; the
+    acknowledgements still go out (ShareAcknowledge) while it is full."""
+    data = records(0, 3)
+    s = Setup(buffer_bytes=len(data))
+    sent = by_node(s.h.sent("ShareFetch"))
+    sent[1].respond(fetch_answer(partition(0, data=data, acquired=[(0, 2, 1)])))
+    assert s.batches[0].size == len(data) and s.fetcher.buffered_bytes == len(data) and s.fetcher.buffer_full
+    sent[2].respond(fetch_answer())  # nothing for node 2: it would fetch again at once
+    s.h.assert_idle("ShareFetch")
+    s.fetcher.records_handed_out(1, 2)  # part of the batch taken: still buffered
+    s.h.assert_idle("ShareFetch")
+    s.fetcher.acknowledge(P0, 0, ACCEPT)
+    waiter = s.fetcher.commit()
+    s.h.take("ShareAcknowledge").respond(ack_answer((0, 0)))
+    assert waiter.result() == {P0: None}
+    s.fetcher.records_handed_out(1, 1, freed_bytes=len(data))  # the batch is used up
+    assert s.fetcher.buffered_bytes == 0 and not s.fetcher.buffer_full
+    assert set(by_node(s.h.sent("ShareFetch"))) == {1, 2}
+
+
+def test_the_bound_is_checked_before_each_fetch_so_it_is_passed_by_one_response_at_most() -> None:
+    small = records(0, 1)
+    s = Setup({P0}, buffer_bytes=len(small) + 1)
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=small, acquired=[(0, 0, 1)])))
+    s.fetcher.records_handed_out(1, 1)  # taken, batch kept (bytes not freed): under the bound still
+    assert not s.fetcher.buffer_full
+    big = records(1, 50)
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=big, acquired=[(1, 50, 1)])))
+    assert s.fetcher.buffered_bytes == len(small) + len(big) <= s.fetcher.max_buffer_bytes + len(big)
+    s.fetcher.records_handed_out(1, 50)
+    s.h.assert_idle("ShareFetch")  # all handed out, but the bytes are not freed: full
+
+
+def test_outcomes_of_every_acknowledgement_are_kept_for_the_callback_without_gaps() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 3), acquired=[(0, 4, 1)])))
+    s.fetcher.records_handed_out(1, 3)
+    for offset, kind in [(0, ACCEPT), (1, RELEASE), (2, REJECT)]:
+        s.fetcher.acknowledge(P0, offset, kind)
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0)))  # rode on the fetch, with GAPs 3 and 4
+    assert s.fetcher.outcomes == [(P0, (0, 1, 2), None)]
+    s.fetcher.outcomes.clear()
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(5, 1), acquired=[(5, 5, 1)])))
+    s.fetcher.acknowledge(P0, 5, ACCEPT)
+    s.fetcher.commit()
+    s.h.take("ShareAcknowledge").respond(ack_answer((0, 121)))  # INVALID_RECORD_STATE
+    ((tp, offsets, error),) = s.fetcher.outcomes
+    assert (tp, offsets) == (P0, (5,)) and isinstance(error, InvalidRecordStateError)
+
+
+def test_outcomes_of_acknowledgements_lost_with_the_session_carry_its_error() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 1), acquired=[(0, 0, 1)])))
+    s.fetcher.records_handed_out(1, 1)
+    s.fetcher.acknowledge(P0, 0, ACCEPT)
+    s.h.take("ShareFetch").respond(fetch_answer(code=122))  # SHARE_SESSION_NOT_FOUND
+    ((tp, offsets, error),) = s.fetcher.outcomes
+    assert (tp, offsets) == (P0, (0,)) and isinstance(error, ShareSessionNotFoundError)
+
+
+def test_batch_optimized_is_the_default_and_fits_share_fetch_v1() -> None:
+    s = Setup({P0})
+    sent = s.h.take("ShareFetch")
+    assert sent.request.min_version == 0
+    assert "share_acquire_mode" not in sent.request.build(1)  # (the codec would drop it at v1 anyway)
+    s2 = Setup({P0})
+    assert s2.h.take("ShareFetch").at(2).body()["share_acquire_mode"] == BATCH_OPTIMIZED
+
+
+def test_record_limit_is_sent_in_share_fetch_v2_only() -> None:
+    s = Setup({P0}, acquire_mode=RECORD_LIMIT)
+    sent = s.h.take("ShareFetch")
+    assert version_range(sent.request)[0] == 2  # a broker without v2 fails the request, see below
+    body = sent.body()
+    assert body["share_acquire_mode"] == RECORD_LIMIT and body["max_records"] == 100
+
+
+def test_record_limit_on_a_broker_without_share_fetch_v2_is_a_typed_error_naming_the_option() -> None:
+    s = Setup({P0}, acquire_mode=RECORD_LIMIT)
+    s.h.take("ShareFetch").fail(UnsupportedVersionError("no common ShareFetch version: broker b:1 supports 1-1"))
+    (error,) = s.errors
+    assert isinstance(error, UnsupportedVersionError)
+    assert "share_acquire_mode='record_limit'" in str(error) and "batch_optimized" in str(error)
+    s.h.advance(0.2)
+    s.h.take("ShareFetch").fail(UnsupportedVersionError("again"))
+    assert len(s.errors) == 2  # every attempt says so: each poll raises it until the option changes

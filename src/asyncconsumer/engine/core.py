@@ -26,7 +26,8 @@ import anyio
 import anyio.abc
 
 from ..config import ConsumerConfig
-from ..errors import ConsumerClosedError, KafkaError
+from ..errors import ConsumerClosedError, KafkaError, KafkaTimeoutError
+from ..managers.metadata import Cluster, MetadataManager
 from ..managers.requests import Body, RequestManager, UnsentRequest
 from ..managers.waiter import Waiter
 from . import sasl as sasl_module
@@ -41,6 +42,8 @@ class LoopCore:
     #: What the errors call this loop's owner ("consumer", "share consumer").
     OWNER: ClassVar[str] = "consumer"
     log: ClassVar[logging.Logger] = logging.getLogger("asyncconsumer.engine")
+    #: Built by the subclass (both loops keep cluster metadata).
+    metadata: MetadataManager
 
     def __init__(self, config: ConsumerConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
@@ -145,6 +148,28 @@ class LoopCore:
         if self._task_group is None:
             raise ConsumerClosedError(f"the {self.OWNER} is not running")
         self._task_group.start_soon(fn, *args)
+
+    # -- metadata ----------------------------------------------------------------------------------
+
+    async def wait_for_metadata(self, timeout: float) -> Cluster:
+        """A fresh all-topics metadata snapshot (for ``topics()``)."""
+        waiter = await self.call(lambda now: self.metadata.fetch_all_topics())
+        with anyio.move_on_after(timeout):
+            while True:
+                with anyio.move_on_after(0.05):
+                    return await waiter.wait()
+                failed = self.network.bootstrap_failed_for_good()
+                if failed is not None:
+                    raise failed
+        raise self.unreachable_or_timeout("metadata request", timeout)
+
+    def unreachable_or_timeout(self, what: str, timeout: float) -> KafkaError:
+        unreachable = self.network.all_unreachable_error()
+        if unreachable is not None:
+            return unreachable
+        last = self.metadata.last_error
+        suffix = f" (last error: {last})" if last else ""
+        return KafkaTimeoutError(f"{what} did not complete within {timeout:.1f}s{suffix}")
 
     # -- application events -----------------------------------------------------------------------
 

@@ -16,13 +16,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
-import anyio
-import anyio.abc
-
 from ..assignors import get_assignor
 from ..config import ConsumerConfig
 from ..errors import (
-    KafkaError,
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
     error_for_code,
@@ -252,26 +248,5 @@ class Engine(LoopCore):
         # A topic that is fine again (re-created, say) is reported again if it goes again.
         self._reported_unknown &= set(unreadable)
 
-    async def wait_for_metadata(self, timeout: float) -> Cluster:
-        """A fresh all-topics metadata snapshot (for ``topics()``)."""
-        waiter = await self.call(lambda now: self.metadata.fetch_all_topics())
-        with anyio.move_on_after(timeout):
-            while True:
-                with anyio.move_on_after(0.05):
-                    return await waiter.wait()
-                failed = self.network.bootstrap_failed_for_good()
-                if failed is not None:
-                    raise failed
-        raise self.unreachable_or_timeout("metadata request", timeout)
-
-    def unreachable_or_timeout(self, what: str, timeout: float) -> KafkaError:
-        from ..errors import KafkaTimeoutError
-
-        unreachable = self.network.all_unreachable_error()
-        if unreachable is not None:
-            return unreachable
-        last = self.metadata.last_error
-        suffix = f" (last error: {last})" if last else ""
-        return KafkaTimeoutError(f"{what} did not complete within {timeout:.1f}s{suffix}")
 
 __all__ = ["Engine", "error_for_code"]

@@ -25,7 +25,12 @@ class ShareEngine(LoopCore):
     log = log
 
     def __init__(
-        self, config: ConsumerConfig, *, max_records: int, clock: Callable[[], float] = time.monotonic
+        self,
+        config: ConsumerConfig,
+        *,
+        max_records: int,
+        acquire_mode: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if config.group_id is None:
             raise ValueError("a share consumer needs a group_id")
@@ -63,6 +68,8 @@ class ShareEngine(LoopCore):
             max_records=max_records,
             retry_backoff=retry,
             check_crcs=config.check_crcs,
+            buffer_bytes=config.fetch_buffer_bytes,
+            acquire_mode=acquire_mode,
         )
         self.managers = [self.metadata, self.coordinator, self.membership, self.fetcher]
 

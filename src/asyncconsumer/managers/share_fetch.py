@@ -13,7 +13,10 @@ Acknowledgements queued by the application ride on the node's next ShareFetch; a
 node has nothing in flight.  Only one request per node is in flight, so the
 session epoch stays in order.  A node is fetched from only when the records it
 sent last are all handed to the application (the buffer stays bounded and the
-broker does not lock more than the application can work through).
+broker does not lock more than the application can work through), and no node
+is fetched from while the records not handed out hold ``fetch_buffer_bytes``
+(the consumer's bound, with its meaning: the responses in flight, at most one
+per leader, may go past it).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import KafkaError, error_for_code
+from ..errors import KafkaError, UnsupportedVersionError, error_for_code
 from ..protocol.records import decode_batch, iter_batches
 from ..structs import ConsumerRecord, TopicPartition
 from .metadata import MetadataManager
@@ -33,6 +36,8 @@ from .waiter import Waiter
 log = logging.getLogger("asyncconsumer.share")
 
 GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
+#: ShareFetch v2's ShareAcquireMode (KIP-1206): whole batches, or at most MaxRecords records.
+BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1
 SESSION_CODES = frozenset({122, 123})  # SHARE_SESSION_NOT_FOUND, INVALID_SHARE_SESSION_EPOCH
 METADATA_CODES = frozenset({3, 5, 6, 9, 56, 74, 75, 100})
 _MAX_EPOCH = 2**31 - 1
@@ -54,6 +59,8 @@ class ShareBatch:
     node_id: int
     tp: TopicPartition
     records: list[AcquiredRecord]
+    #: The bytes of this partition's records in the response (what it holds of the fetch buffer).
+    size: int = 0
 
 
 @dataclass(slots=True)
@@ -114,6 +121,8 @@ class ShareFetchManager:
         max_records: int = 500,
         retry_backoff: float = 0.1,
         check_crcs: bool = True,
+        buffer_bytes: int = 2**63 - 1,
+        acquire_mode: int = BATCH_OPTIMIZED,
     ) -> None:
         self.group_id = group_id
         self._metadata = metadata
@@ -128,6 +137,10 @@ class ShareFetchManager:
         self.max_records = max_records
         self._retry_backoff = retry_backoff
         self._check_crcs = check_crcs
+        #: ``fetch_buffer_bytes``: no ShareFetch while the records not handed out hold this much.
+        self.max_buffer_bytes = buffer_bytes
+        self.buffered_bytes = 0
+        self.acquire_mode = acquire_mode
         self._sessions: dict[int, _Session] = {}
         self._retry_at: dict[int, float] = {}
         #: Acknowledgements not sent yet: partition -> {offset: type}.
@@ -141,6 +154,9 @@ class ShareFetchManager:
         #: The acquisition lock duration the broker last announced (seconds).
         self.lock_timeout = 0.0
         self.responses = 0
+        #: Acknowledgements the broker answered (or that failed), for the application's
+        #: acknowledgement-commit callback: (partition, offsets (no GAPs), error or None).
+        self.outcomes: list[tuple[TopicPartition, tuple[int, ...], KafkaError | None]] = []
 
     # -- application side (through engine events) -------------------------------------------------
 
@@ -164,10 +180,18 @@ class ShareFetchManager:
         self._urgent |= queued
         return waiter
 
-    def records_handed_out(self, node_id: int, count: int) -> None:
+    def records_handed_out(self, node_id: int, count: int, freed_bytes: int = 0) -> None:
+        """The application took ``count`` records of ``node_id`` and used up batches of
+        ``freed_bytes`` (``ShareBatch.size``)."""
         session = self._sessions.get(node_id)
         if session is not None:
             session.buffered = max(0, session.buffered - count)
+        self.buffered_bytes = max(0, self.buffered_bytes - freed_bytes)
+
+    @property
+    def buffer_full(self) -> bool:
+        """The fetch buffer is at its bound: no ShareFetch (acknowledgements still go out)."""
+        return self.buffered_bytes >= self.max_buffer_bytes
 
     def pending_acknowledgements(self) -> int:
         return sum(len(a) for a in self._acks.values())
@@ -235,7 +259,7 @@ class ShareFetchManager:
             wanted = set(by_node.get(node, ()))
             renew = any(RENEW in self._acks[tp].values() for tp in acked)
             urgent = [tp for tp in acked if tp in self._urgent]
-            fetchable = wanted and session.buffered == 0 and self._can_fetch()
+            fetchable = wanted and session.buffered == 0 and not self.buffer_full and self._can_fetch()
             if urgent and session.epoch != 0 and (renew or not fetchable):
                 requests.append(self._acknowledge(now, node, session, acked, final=False, renew=renew))
             elif fetchable or (session.partitions - wanted) or (urgent and session.epoch == 0):
@@ -280,6 +304,7 @@ class ShareFetchManager:
                 "batch_size": self.max_records,
                 "topics": self._topics(send, taken, fetch=True),
                 "forgotten_topics_data": self._topics(forget, {}, fetch=False, forgotten=True),
+                **({"share_acquire_mode": self.acquire_mode} if version >= 2 else {}),
             }
 
         def on_response(now: float, version: int, body: Body) -> None:
@@ -288,10 +313,23 @@ class ShareFetchManager:
 
         def on_error(now: float, error: BaseException) -> None:
             session.in_flight = False
+            if isinstance(error, UnsupportedVersionError) and self.acquire_mode == RECORD_LIMIT:
+                self._report_error(
+                    UnsupportedVersionError(
+                        f"share_acquire_mode='record_limit' (KIP-1206) needs ShareFetch v2 (Apache Kafka 4.2 or "
+                        f"later); node {node} cannot do it ({error}): use 'batch_optimized' with this cluster"
+                    )
+                )
             self._session_failed(now, node, session, taken, error)
 
         return UnsentRequest(
-            "ShareFetch", build, on_response, on_error, node_id=node, extra_timeout_ms=self._max_wait_ms
+            "ShareFetch",
+            build,
+            on_response,
+            on_error,
+            node_id=node,
+            extra_timeout_ms=self._max_wait_ms,
+            min_version=2 if self.acquire_mode == RECORD_LIMIT else 0,
         )
 
     def _topics(
@@ -352,7 +390,7 @@ class ShareFetchManager:
                 if tp in taken:
                     ack_code = p["acknowledge_error_code"]
                     self._settle(
-                        taken[tp][1],
+                        taken[tp],
                         tp,
                         error_for_code(ack_code, p.get("acknowledge_error_message")) if ack_code else None,
                     )
@@ -362,9 +400,9 @@ class ShareFetchManager:
                     self._report_error(error_for_code(p["error_code"], p.get("error_message")))
                     continue
                 self._acquired(node, tp, session, p, deadline)
-        for tp, (_, commits) in taken.items():
+        for tp, entry in taken.items():
             if tp not in answered:
-                self._settle(commits, tp, None)
+                self._settle(entry, tp, None)
 
     def _acquired(self, node: int, tp: TopicPartition, session: _Session, p: Body, deadline: float) -> None:
         ranges = p.get("acquired_records") or []
@@ -388,8 +426,10 @@ class ShareFetchManager:
             for a in out:
                 self._acks.setdefault(tp, {})[a.record.offset] = RELEASE
         elif out:
+            size = len(records) if records else 0
             session.buffered += len(out)
-            self._on_batch(ShareBatch(node, tp, out))
+            self.buffered_bytes += size
+            self._on_batch(ShareBatch(node, tp, out, size))
 
     # -- ShareAcknowledge -----------------------------------------------------------------------------
 
@@ -434,10 +474,10 @@ class ShareFetchManager:
                     answered.add(tp)
                     if tp in taken:
                         c = p["error_code"]
-                        self._settle(taken[tp][1], tp, error_for_code(c, p.get("error_message")) if c else None)
-            for tp, (_, commits) in taken.items():
+                        self._settle(taken[tp], tp, error_for_code(c, p.get("error_message")) if c else None)
+            for tp, entry in taken.items():
                 if tp not in answered:
-                    self._settle(commits, tp, None)
+                    self._settle(entry, tp, None)
 
         def on_error(now: float, error: BaseException) -> None:
             session.in_flight = False
@@ -451,16 +491,22 @@ class ShareFetchManager:
 
     # -- outcomes -----------------------------------------------------------------------------------
 
-    def _settle(self, commits: list[_Commit], tp: TopicPartition, error: KafkaError | None) -> None:
+    def _settle(
+        self, taken: tuple[dict[int, int], list[_Commit]], tp: TopicPartition, error: KafkaError | None
+    ) -> None:
+        acks, commits = taken
+        offsets = tuple(sorted(o for o, kind in acks.items() if kind != GAP))
+        if offsets:
+            self.outcomes.append((tp, offsets, error))
         if self._sending.get(tp) is commits:
             del self._sending[tp]
         for commit in commits:
             commit.settle(tp, error)
 
     def _fail_acks(self, tp: TopicPartition, error: KafkaError) -> None:
-        self._acks.pop(tp, None)
+        acks = self._acks.pop(tp, None) or {}
         self._urgent.discard(tp)
-        self._settle(self._commits.pop(tp, []), tp, error)
+        self._settle((acks, self._commits.pop(tp, [])), tp, error)
 
     def _session_failed(
         self,
@@ -471,8 +517,8 @@ class ShareFetchManager:
         error: BaseException,
     ) -> None:
         kafka_error = error if isinstance(error, KafkaError) else KafkaError(repr(error))
-        for tp, (_, commits) in taken.items():
-            self._settle(commits, tp, kafka_error)
+        for tp, entry in taken.items():
+            self._settle(entry, tp, kafka_error)
         # Start a new session: the broker forgets ours on most errors; records acquired in it are
         # released when their locks run out.
         session.epoch = 0

@@ -1,0 +1,182 @@
+"""What ``Consumer`` and ``ShareConsumer`` share on the application side: the ``async with``
+lifecycle around their background loop, and the KIP-957 ``acquire``/``release`` hooks with
+their default rule (one polling task at a time).
+
+``ClientBase`` is the common base class; each client says which of its operations are polls
+(``POLL_OPERATIONS``) and builds its own loop (``_new_engine``) and first step (``_bootstrap``).
+``bracketed``/``bracketed_sync`` wrap a public method between ``acquire(operation)`` and
+``release(operation)``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, ClassVar, ParamSpec, Self, TypeVar, cast
+
+import anyio
+import anyio.abc
+
+from .. import _args
+from ..engine.core import LoopCore
+from ..errors import ConcurrentAccessError, IllegalStateError
+from .rebalance import CALLBACK_OWNER
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Run an async public method between ``acquire(operation)`` and ``release(operation)``."""
+
+    def decorate(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        @functools.wraps(method)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            self = cast("ClientBase", args[0])
+            _args.check_timeout(kwargs.get("timeout"), operation)
+            self.acquire(operation)
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                self.release(operation)
+
+        return wrapper
+
+    return decorate
+
+
+def bracketed_sync(operation: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Run a plain public method between ``acquire(operation)`` and ``release(operation)``."""
+
+    def decorate(method: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(method)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            self = cast("ClientBase", args[0])
+            self.acquire(operation)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.release(operation)
+
+        return wrapper
+
+    return decorate
+
+
+class ClientBase:
+    """The application-side base of ``Consumer`` and ``ShareConsumer``."""
+
+    #: How errors name the client ("consumer", "share consumer").
+    KIND: ClassVar[str] = "consumer"
+    #: The operations the default ``acquire`` rule treats as polls (one polling task at a time).
+    POLL_OPERATIONS: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self) -> None:
+        self._engine: LoopCore | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        #: asyncio only: the loop's task when started with ``start()`` instead of ``async with``.
+        self._runner: Any = None
+        self._poller: int | None = None
+        self._poll_depth = 0
+        # ``async for`` may hand out records already taken without acquire()/release() when they
+        # are the default ones: it does not await, so no other task sees the client in between.
+        self._default_hooks = type(self).acquire is ClientBase.acquire and type(self).release is ClientBase.release
+
+    # -- hooks for the subclass -------------------------------------------------------------------
+
+    def _new_engine(self) -> LoopCore:
+        """Build the background loop and keep it as ``self._engine``."""
+        raise NotImplementedError
+
+    async def _bootstrap(self) -> None:
+        """The first step once the loop runs (reach the cluster); raising aborts the start."""
+
+    def _callback_token(self) -> object | None:
+        """Set while a callback runs that may poll although another task is the poller (KIP-957)."""
+        return None
+
+    async def close(self, timeout: float = 30.0) -> None:
+        raise NotImplementedError
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._engine is not None:
+            raise IllegalStateError(f"the {self.KIND} was already started")
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        try:
+            engine = self._new_engine()
+            await task_group.start(engine.run)
+            await self._bootstrap()
+        except BaseException:
+            # Nothing may outlive a failed start: the loop stops and the task group is left.
+            await self._shutdown(1.0)
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
+            self._task_group = None
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self.close()
+        finally:
+            task_group, self._task_group = self._task_group, None
+            if task_group is not None:
+                # The loop has stopped; exiting with no exception keeps the caller's own
+                # exception (if any) unwrapped instead of inside an ExceptionGroup.
+                task_group.cancel_scope.cancel()
+                await task_group.__aexit__(None, None, None)
+
+    async def _shutdown(self, timeout: float) -> None:
+        """Stop the loop and wait (at most ``timeout`` seconds) until its connections are closed."""
+        engine = self._engine
+        if engine is None:
+            return
+        engine.stop(within=timeout)
+        with anyio.move_on_after(timeout, shield=True):
+            await engine.wait_stopped()
+        runner, self._runner = self._runner, None
+        if runner is not None and not runner.done():
+            runner.cancel()
+
+    # -- KIP-957: acquire / release ---------------------------------------------------------------
+
+    def acquire(self, operation: str) -> None:
+        """Called before every public call; override to change the concurrency rules.
+
+        Default: any task may call the client, but only one task at a time may
+        poll it (``POLL_OPERATIONS``: ``async for``, ``getmany``, ...).  While a
+        consumer callback runs, the callback and tasks it started may poll and
+        commit too.  Another task polling at the same time gets
+        ``ConcurrentAccessError``.
+        """
+        if operation not in self.POLL_OPERATIONS:
+            return
+        me = anyio.get_current_task().id
+        if self._poller is None or self._poller == me:
+            self._poller = me
+            self._poll_depth += 1
+            return
+        token = self._callback_token()
+        if token is not None and CALLBACK_OWNER.get() is token:
+            self._poll_depth += 1
+            return
+        name = type(self).__name__
+        raise ConcurrentAccessError(
+            f"{operation}() called from task {me} while task {self._poller} is polling this {self.KIND}; "
+            f"poll from one task, or override {name}.acquire()/release() (docs/concurrency.md)"
+        )
+
+    def release(self, operation: str) -> None:
+        """Called after every public call (also on error or cancellation)."""
+        if operation not in self.POLL_OPERATIONS or self._poll_depth == 0:
+            return
+        self._poll_depth -= 1
+        if self._poll_depth == 0:
+            self._poller = None
