@@ -17,7 +17,7 @@ from support.share import share_group
 from asyncconsumer import ShareConsumer
 from asyncconsumer.testing import KafkaCluster
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.kafka_jvm, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
