@@ -238,6 +238,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _group_by_broker(items)
 
 
+#: Modules starting their own three-node ``KafkaCluster``: they run on the Kafka tests' worker.
+THREE_NODE_MODULES = ("tests/test_failover.py", "tests/test_cluster_chaos.py")
+
+
 def _group_by_broker(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``./dev test`` runs two workers), every test of one broker goes to one
     worker, in collection order, so each broker still sees its tests one at a time, as in a serial
@@ -250,7 +254,7 @@ def _group_by_broker(items: list[pytest.Item]) -> None:
             group = "kafka"
         if item.nodeid.startswith("tests/spark/"):
             group = "spark"
-        if item.nodeid.startswith("tests/test_failover.py"):
+        if item.nodeid.startswith(THREE_NODE_MODULES):
             group = "kafka"  # three Kafka JVMs: not beside the other worker's Kafka tests
         if group is None:
             group = item.nodeid.split("::", 1)[0]

@@ -56,7 +56,7 @@ import urllib.error
 import urllib.request
 import uuid
 from base64 import urlsafe_b64encode
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_USERS",
+    "INTERNAL_LISTENER",
     "KAFKA_VERSION",
     "LISTENERS",
     "JavaNotFoundError",
@@ -80,6 +81,7 @@ __all__ = [
     "KafkaDownloadError",
     "KafkaNode",
     "KafkaStartError",
+    "PlaintextAddress",
     "find_java",
     "kafka_libs",
 ]
@@ -88,6 +90,9 @@ LOOPBACK = "127.0.0.1"
 Listener = SecurityProtocol
 #: Every client listener a node can have; PLAINTEXT is always on (the brokers talk over it).
 LISTENERS: tuple[Listener, ...] = SECURITY_PROTOCOLS
+#: The listener the nodes replicate over when :class:`KafkaCluster`'s ``advertise_plaintext`` sends
+#: clients elsewhere (a PLAINTEXT listener of its own, advertised as its real port).
+INTERNAL_LISTENER = "INTERNAL"
 #: Users of the SASL listeners (PLAIN and SCRAM) when none are given.
 DEFAULT_USERS: Mapping[str, str] = {"alice": "alice-secret", "admin": "admin-secret"}
 MIN_JAVA = 17
@@ -333,6 +338,18 @@ def _error_lines(log: Path, limit: int = 8) -> str:
     return "\n".join(keep[-limit:]) or "(empty log)"
 
 
+def _check_address(address: object, node: KafkaNode) -> str:
+    """``advertise_plaintext``'s answer for ``node``, checked: a ``host:port`` string."""
+    if isinstance(address, str):
+        host, _, port = address.rpartition(":")
+        if host and port.isdigit() and 0 < int(port) < 65536:
+            return address
+    raise ValueError(
+        f"advertise_plaintext returned {address!r} for node {node.node_id}; expected 'host:port' (a proxy's "
+        "address, say '127.0.0.1:40123')"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class _Ports:
     plaintext: int
@@ -340,9 +357,15 @@ class _Ports:
     sasl_plaintext: int
     sasl_ssl: int
     controller: int
+    internal: int
 
     def for_listener(self, listener: str) -> int:
         return int(getattr(self, listener.lower()))
+
+
+#: ``advertise_plaintext``: given a node (its ports allocated, nothing started yet), the
+#: ``host:port`` its PLAINTEXT listener is to advertise to clients.
+PlaintextAddress = Callable[["KafkaNode"], str]
 
 
 class KafkaNode:
@@ -359,6 +382,9 @@ class KafkaNode:
         self.log_file = directory / "broker.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.rack: str | None = None
+        #: The ``host:port`` the PLAINTEXT listener advertises (``advertise_plaintext``'s answer),
+        #: or None when it advertises its own port.
+        self.advertised_plaintext: str | None = None
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.alive else "stopped"
@@ -378,7 +404,16 @@ class KafkaNode:
         return f"{LOOPBACK}:{self.ports.plaintext}"
 
     def address(self, listener: Listener = "PLAINTEXT") -> str:
+        """Where this node listens on ``listener`` (its own port, whatever it advertises)."""
         return f"{LOOPBACK}:{self.ports.for_listener(listener)}"
+
+    @property
+    def direct_address(self) -> str:
+        """A PLAINTEXT address whose Metadata answers name the nodes' own ports: the node's
+        :data:`INTERNAL_LISTENER` when its PLAINTEXT listener advertises another address, else
+        the PLAINTEXT listener itself."""
+        port = self.ports.plaintext if self.advertised_plaintext is None else self.ports.internal
+        return f"{LOOPBACK}:{port}"
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -468,6 +503,7 @@ class _KafkaProcesses:
         racks: Sequence[str] | None,
         startup_timeout: float,
         heap_mb: int,
+        advertise_plaintext: PlaintextAddress | None = None,
     ) -> None:
         listeners = tuple(dict.fromkeys(("PLAINTEXT", *listeners)))
         unknown = [name for name in listeners if name not in LISTENERS]
@@ -482,6 +518,9 @@ class _KafkaProcesses:
         self.heap_mb = heap_mb
         self.startup_seconds: float | None = None
         self._racks = list(racks) if racks is not None else None
+        if advertise_plaintext is not None and "advertised.listeners" in self.config:
+            raise ValueError("advertise_plaintext and config['advertised.listeners'] both set: give one of them")
+        self._advertise_plaintext = advertise_plaintext
         self._count = nodes
         self._java: str | None = None
         self._libs: Path | None = None
@@ -499,6 +538,13 @@ class _KafkaProcesses:
     def bootstrap(self) -> str:
         """Every node's PLAINTEXT listener, comma-separated."""
         return self.bootstrap_for("PLAINTEXT")
+
+    @property
+    def direct_bootstrap(self) -> str:
+        """Every node's :attr:`KafkaNode.direct_address`: a bootstrap whose clients talk to the
+        nodes' own ports, never through what ``advertise_plaintext`` put in front of them (the same
+        as :attr:`bootstrap` without it)."""
+        return ",".join(node.direct_address for node in self.nodes)
 
     def bootstrap_for(self, listener: Listener) -> str:
         """Every node's address on ``listener`` ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")."""
@@ -575,13 +621,19 @@ class _KafkaProcesses:
             (self._directory / "log4j2.properties").write_text(_LOG4J2)
             if any(name in ("SSL", "SASL_SSL") for name in self.listeners):
                 self._tls_material()
-            ports = _free_ports(5 * self._count)
+            width = len(dataclasses.fields(_Ports))
+            ports = _free_ports(width * self._count)
             for index in range(self._count):
                 directory = self._directory / f"node-{index + 1}"
                 directory.mkdir()
-                node = KafkaNode(self, index + 1, _Ports(*ports[5 * index: 5 * index + 5]), directory)
+                node = KafkaNode(self, index + 1, _Ports(*ports[width * index: width * (index + 1)]), directory)
                 node.rack = self._racks[index] if self._racks is not None else None
                 self.nodes.append(node)
+            if self._advertise_plaintext is not None:
+                # Every port is known now and nothing listens yet: the caller can point a proxy at
+                # each node before the node tells anyone to go through it.
+                for node in self.nodes:
+                    node.advertised_plaintext = _check_address(self._advertise_plaintext(node), node)
             cluster_id = _cluster_id()
             for node in self.nodes:
                 (node.directory / "server.properties").write_text(self._properties(node))
@@ -654,16 +706,29 @@ class _KafkaProcesses:
         replication = min(3, count)
         voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.ports.controller}" for n in self.nodes)
         listeners = [f"{name}://{node.address(name)}" for name in self.listeners]
-        protocol_map = ",".join(["CONTROLLER:PLAINTEXT", *(f"{name}:{name}" for name in self.listeners)])
+        advertised = list(listeners)
+        protocol_map = ["CONTROLLER:PLAINTEXT", *(f"{name}:{name}" for name in self.listeners)]
+        inter_broker = "PLAINTEXT"
+        if node.advertised_plaintext is not None:
+            # Clients are sent to another address (a proxy); replication gets a listener of its own
+            # on the node's real port, so only client traffic takes the detour.  Kafka requires the
+            # inter-broker listener among the advertised ones: the brokers find each other there.
+            internal = f"{INTERNAL_LISTENER}://{LOOPBACK}:{node.ports.internal}"
+            advertised = [f"PLAINTEXT://{node.advertised_plaintext}" if name == "PLAINTEXT" else entry
+                          for name, entry in zip(self.listeners, listeners, strict=True)]
+            listeners.append(internal)
+            advertised.append(internal)
+            protocol_map.append(f"{INTERNAL_LISTENER}:PLAINTEXT")
+            inter_broker = INTERNAL_LISTENER
         props: dict[str, str] = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": inter_broker,
             "listeners": ",".join([*listeners, f"CONTROLLER://{LOOPBACK}:{node.ports.controller}"]),
-            "advertised.listeners": ",".join(listeners),
-            "listener.security.protocol.map": protocol_map,
+            "advertised.listeners": ",".join(advertised),
+            "listener.security.protocol.map": ",".join(protocol_map),
             "log.dirs": str(node.directory / "data"),
             "num.network.threads": "2",
             "num.io.threads": "4",
@@ -796,6 +861,17 @@ class KafkaCluster(_KafkaProcesses):
     ``min(3, brokers)`` and ``min.insync.replicas=2`` from three brokers on.  ``racks`` gives
     each node a ``broker.rack`` and turns on the rack-aware replica selector (fetching from
     followers, KIP-392).  Each of :attr:`nodes` can be killed, stopped and restarted.
+
+    ``advertise_plaintext`` puts something between the clients and each node (a chaos proxy, in
+    the project's own tests): it is called once per node during :meth:`start`, after the node's
+    ports are allocated (``node.ports.plaintext`` is where to forward to) and before any node
+    starts, and returns the ``host:port`` that node's PLAINTEXT listener advertises.  Clients
+    then reach the node only there, after their bootstrap.  The nodes replicate over a listener
+    of their own, :data:`INTERNAL_LISTENER` (PLAINTEXT, ``inter.broker.listener.name``, advertised
+    as its real port ``node.ports.internal``), and the controllers keep their CONTROLLER
+    listener, so broker-to-broker and controller traffic never takes the detour.
+    :attr:`direct_bootstrap` reaches the nodes without it too (for admin tools and producers
+    that are not under test).  It cannot be combined with ``config["advertised.listeners"]``.
     """
 
     def __init__(
@@ -806,6 +882,7 @@ class KafkaCluster(_KafkaProcesses):
         users: Mapping[str, str] | None = None,
         config: Mapping[str, object] | None = None,
         racks: Sequence[str] | None = None,
+        advertise_plaintext: PlaintextAddress | None = None,
         startup_timeout: float = 120.0,
         heap_mb: int = 512,
     ) -> None:
@@ -813,7 +890,7 @@ class KafkaCluster(_KafkaProcesses):
             raise ValueError("a cluster needs at least one broker")
         super().__init__(
             nodes=brokers, listeners=listeners, users=users, config=config, racks=racks,
-            startup_timeout=startup_timeout, heap_mb=heap_mb,
+            startup_timeout=startup_timeout, heap_mb=heap_mb, advertise_plaintext=advertise_plaintext,
         )
 
     def __repr__(self) -> str:
