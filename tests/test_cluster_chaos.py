@@ -23,7 +23,8 @@ included.  Checked:
   stall.  A longer delay fails with the WARNINGs the consumers logged meanwhile, which must name
   anything stuck.
 
-``ASYNCCONSUMER_CHAOS_SEED`` picks another seed (printed with the figures).
+``ASYNCCONSUMER_CHAOS_SEED`` picks another seed (printed with the figures); ``ASYNCCONSUMER_CHAOS_LOG``
+names a file for the consumers' DEBUG log.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from support.proxy import ChaosProxy
 
 from asyncconsumer import TopicPartition
 from asyncconsumer.testing import KafkaCluster, KafkaNode
+from asyncconsumer.testing._probe import metadata_brokers
 
 pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.timeout(300)]
 
@@ -145,6 +147,13 @@ async def test_cuts_and_stalls_of_every_nodes_client_connections_lose_nothing_an
         await on_thread(cluster.start)
         stack.push_async_callback(on_thread, cluster.stop)
         assert all(p.target_port == cluster.node(n).ports.plaintext for n, p in proxies.items())
+        # Clients are told the proxies; the INTERNAL listener (replication, direct_bootstrap) names itself.
+        first = cluster.nodes[0]
+        assert await on_thread(metadata_brokers, "127.0.0.1", first.ports.plaintext) == {
+            (n, "127.0.0.1", p.port) for n, p in proxies.items()}
+        assert await on_thread(metadata_brokers, "127.0.0.1", first.ports.internal) == {
+            (n.node_id, "127.0.0.1", n.ports.internal) for n in cluster.nodes}
+        assert cluster.direct_bootstrap == ",".join(f"127.0.0.1:{n.ports.internal}" for n in cluster.nodes)
 
         topic = await on_thread(new_topic, cluster, PARTITIONS)
         assert set((await on_thread(leaders, cluster, topic)).values()) == {1, 2, 3}
@@ -165,7 +174,7 @@ async def test_cuts_and_stalls_of_every_nodes_client_connections_lose_nothing_an
         debug_log = os.environ.get("ASYNCCONSUMER_CHAOS_LOG")  # a file for the consumers' DEBUG log
         if debug_log:
             handler = logging.FileHandler(debug_log, mode="w")
-            handler.setFormatter(logging.Formatter("%(relativeCreated)d %(name)s %(levelname)s %(message)s"))
+            handler.setFormatter(logging.Formatter("%(created).3f %(name)s %(levelname)s %(message)s"))
             logging.getLogger("asyncconsumer").addHandler(handler)
             logging.getLogger("asyncconsumer").setLevel(logging.DEBUG)
         with caplog.at_level(logging.DEBUG if debug_log else logging.WARNING, logger="asyncconsumer"):
@@ -212,6 +221,9 @@ async def test_cuts_and_stalls_of_every_nodes_client_connections_lose_nothing_an
         f"{cluster.startup_seconds:.0f} s, the last records {drained - ended:.1f} s after the chaos"
     )
     print(figures)
+    print("worst wait per partition:", {p: f"{w:.1f} s at {at:.1f} s" for p, (w, at) in waits.items()},
+          f"chaos began at {time.time() - (time.monotonic() - began):.3f} (wall clock)")
+    print("strikes:", ", ".join(f"{t - began:.1f} {what}" for t, what in chaos.timeline))
 
     assert not set(producer.delivered) - set(counts), figures
     assert not set(counts) - set(producer.delivered), f"read records nobody produced; {figures}"

@@ -814,7 +814,9 @@ class KafkaBroker(_KafkaProcesses):
     ``users``: SASL users (PLAIN and SCRAM-SHA-256/512), name → password; default
     :data:`DEFAULT_USERS`.  ``config``: extra or overriding ``server.properties`` entries, e.g.
     ``{"connections.max.reauth.ms": 5000}``.  ``startup_timeout``: seconds for the whole start,
-    a first download excepted.  ``heap_mb``: the broker's Java heap.
+    a first download excepted.  ``heap_mb``: the broker's Java heap.  ``advertise_plaintext``:
+    the address clients are sent to for the PLAINTEXT listener (a proxy in front of it), as for
+    :class:`KafkaCluster`.
 
     :attr:`startup_seconds` is how long :meth:`start` took.  The broker is a real process: stop
     it (``with`` does) or it is stopped when the Python process exits.
@@ -827,12 +829,13 @@ class KafkaBroker(_KafkaProcesses):
         users: Mapping[str, str] | None = None,
         config: Mapping[str, object] | None = None,
         rack: str | None = None,
+        advertise_plaintext: PlaintextAddress | None = None,
         startup_timeout: float = 90.0,
         heap_mb: int = 768,
     ) -> None:
         super().__init__(
             nodes=1, listeners=listeners, users=users, config=config, racks=None if rack is None else [rack],
-            startup_timeout=startup_timeout, heap_mb=heap_mb,
+            startup_timeout=startup_timeout, heap_mb=heap_mb, advertise_plaintext=advertise_plaintext,
         )
 
     def __repr__(self) -> str:
