@@ -23,8 +23,11 @@ The story of one start:
 3. **Format.** Every node gets a temporary directory, free loopback ports and a
    ``server.properties``: combined broker+controller nodes (KRaft) with a static voter set,
    internal topics sized for the cluster, short group timers (classic, KIP-848 and share groups)
-   and, per node, PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL listeners.  ``kafka.tools.StorageTool
-   format`` writes the storage, with the SCRAM credentials of :attr:`KafkaBroker.users`.
+   and, per node, PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL listeners.  With
+   ``advertise_plaintext`` (a proxy in front of each node), the function is asked for each node's
+   advertised PLAINTEXT address once its ports are known, and the nodes replicate over an
+   ``INTERNAL`` listener of their own.  ``kafka.tools.StorageTool format`` writes the storage,
+   with the SCRAM credentials of :attr:`KafkaBroker.users`.
 4. **Start.** ``kafka.Kafka`` runs as a child process (its log in the node's directory) and the
    start waits until the PLAINTEXT listener answers Metadata listing every node, through the
    package's own protocol codec.  A node that exits or does not answer in time is a
