@@ -238,10 +238,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _group_by_broker(items)
 
 
-#: Modules starting their own three-node ``KafkaCluster``: they run on the Kafka tests' worker.
-THREE_NODE_MODULES = ("tests/test_failover.py", "tests/test_cluster_chaos.py")
-
-
 def _group_by_broker(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``./dev test`` runs two workers), every test of one broker goes to one
     worker, in collection order, so each broker still sees its tests one at a time, as in a serial
@@ -254,8 +250,8 @@ def _group_by_broker(items: list[pytest.Item]) -> None:
             group = "kafka"
         if item.nodeid.startswith("tests/spark/"):
             group = "spark"
-        if item.nodeid.startswith(THREE_NODE_MODULES):
-            group = "kafka"  # three Kafka JVMs: not beside the other worker's Kafka tests
+        if item.get_closest_marker("kafka_jvm") is not None:
+            group = "kafka"  # Kafka JVMs of its own (a three-node cluster): not beside the other worker's
         if group is None:
             group = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(str(group)))

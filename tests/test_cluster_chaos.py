@@ -49,7 +49,7 @@ from asyncconsumer import TopicPartition
 from asyncconsumer.testing import KafkaCluster, KafkaNode
 from asyncconsumer.testing._probe import metadata_brokers
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.kafka_jvm, pytest.mark.timeout(300)]
 
 SEED = int(os.environ.get("ASYNCCONSUMER_CHAOS_SEED", "14"))
 CHAOS_SECONDS = 30.0

@@ -42,7 +42,7 @@ from asyncconsumer import Consumer, TopicPartition
 from asyncconsumer.errors import LogTruncationError
 from asyncconsumer.testing import KafkaCluster
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.kafka_jvm, pytest.mark.timeout(300)]
 
 RACKS = ("a", "b", "c")
 
