@@ -15,22 +15,31 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator
 
 import anyio
 import pytest
-from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from support.cluster import (
+    Background,
+    Reader,
+    coordinator,
+    drain,
+    exactly_once,
+    group_consumer,
+    heal,
+    leaders,
+    new_topic,
+    on_thread,
+    until,
+    wait_in_sync,
+)
 from support.consumers import FAST
 from support.producer import produce
 
 from asyncconsumer import Consumer, TopicPartition
-from asyncconsumer.errors import KafkaTimeoutError, LogTruncationError
+from asyncconsumer.errors import LogTruncationError
 from asyncconsumer.testing import KafkaCluster
 
 pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.kafka_jvm, pytest.mark.timeout(300)]
@@ -54,192 +63,6 @@ def whole(cluster: KafkaCluster) -> Iterator[KafkaCluster]:
     """The cluster, made whole again after the test (every node up, every replica in sync)."""
     yield cluster
     heal(cluster)
-
-
-def admin(cluster: KafkaCluster) -> AdminClient:
-    return AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 3})
-
-
-def heal(cluster: KafkaCluster, timeout: float = 90.0) -> None:
-    down = [n for n in cluster.nodes if not n.alive]
-    for node in down:
-        node.launch()
-    if down:
-        cluster.wait_ready(timeout)
-    wait_in_sync(cluster, timeout)
-
-
-def wait_in_sync(cluster: KafkaCluster, timeout: float = 90.0) -> None:
-    """Until every partition of every topic has a leader and all its replicas in sync."""
-    client = admin(cluster)
-    deadline = time.monotonic() + timeout
-    problem = ""
-    while time.monotonic() < deadline:
-        try:
-            md = client.list_topics(timeout=5)
-        except Exception as exc:
-            problem = repr(exc)
-        else:
-            lagging = [
-                f"{t.topic}-{p.id} isr={p.isrs} leader={p.leader}"
-                for t in md.topics.values()
-                for p in t.partitions.values()
-                if len(p.isrs) < len(p.replicas) or p.leader < 0
-            ]
-            if len(md.brokers) == 3 and not lagging:
-                return
-            problem = f"{len(md.brokers)} brokers; " + ", ".join(lagging[:5])
-        time.sleep(0.2)
-    raise TimeoutError(f"cluster not whole after {timeout}s: {problem}")
-
-
-def new_topic(cluster: KafkaCluster, partitions: int = 3, *, config: dict[str, str] | None = None) -> str:
-    name = f"failover-{uuid.uuid4().hex[:8]}"
-    topic = NewTopic(name, num_partitions=partitions, replication_factor=3, config=config or {})
-    client = admin(cluster)
-    client.create_topics([topic], operation_timeout=30)[name].result(30)
-    wait_in_sync(cluster)
-    return name
-
-
-def leaders(cluster: KafkaCluster, topic: str) -> dict[int, int]:
-    md = admin(cluster).list_topics(topic, timeout=10)
-    return {p.id: p.leader for p in md.topics[topic].partitions.values()}
-
-
-def coordinator(cluster: KafkaCluster, group: str) -> int:
-    client = admin(cluster)
-    for _ in range(50):
-        (future,) = client.describe_consumer_groups([group], request_timeout=10).values()
-        try:
-            return int(future.result(10).coordinator.id)
-        except KafkaException:  # NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS: a moment later
-            time.sleep(0.2)
-    raise TimeoutError(f"no coordinator for group {group!r}")
-
-
-@dataclass
-class Background:
-    """Records produced from a thread, ``acks=all`` and idempotent, until stopped."""
-
-    cluster: KafkaCluster
-    topic: str
-    rate: float = 400.0  # records per second
-    #: More librdkafka settings, over the defaults below.
-    config: dict[str, Any] = field(default_factory=dict)
-    delivered: list[tuple[int, int, bytes]] = field(default_factory=list)
-    #: When each delivery report came (``time.monotonic()``), in the order of ``delivered``.
-    delivered_at: list[float] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> Background:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        producer = Producer({
-            "bootstrap.servers": self.cluster.bootstrap, "acks": "all", "enable.idempotence": True,
-            "linger.ms": 5, "message.timeout.ms": 120000, "log_level": 0, **self.config,
-        })
-
-        def report(err: Any, msg: Any) -> None:
-            if err is not None:
-                self.failures.append(str(err))
-            else:
-                self.delivered.append((msg.partition(), msg.offset(), msg.value()))
-                self.delivered_at.append(time.monotonic())
-
-        sent = 0
-        begin = time.monotonic()
-        while not self._stop.is_set():
-            due = int((time.monotonic() - begin) * self.rate)
-            while sent < due:
-                producer.produce(self.topic, value=b"%d" % sent, on_delivery=report)
-                sent += 1
-            producer.poll(0.01)
-        if producer.flush(120):
-            self.failures.append("undelivered after 120 s")
-
-    def delivered_after(self, moment: float) -> list[tuple[int, int, bytes]]:
-        """The records whose delivery was reported after ``moment``."""
-        return [r for r, t in zip(self.delivered, self.delivered_at, strict=False) if t > moment]
-
-    def stop(self) -> None:
-        self._stop.set()
-        assert self._thread is not None
-        self._thread.join(150)
-        assert not self.failures, self.failures[:5]
-
-    async def stop_async(self) -> None:
-        await anyio.to_thread.run_sync(self.stop)
-
-
-@dataclass
-class Reader:
-    """A group member reading into ``seen`` (and committing every ``commit_every`` records)."""
-
-    consumer: Consumer[Any, Any]
-    commit_every: int = 0
-    #: Commits that timed out (only allowed where the whole cluster is down for longer).
-    timed_out: list[KafkaTimeoutError] = field(default_factory=list)
-    tolerate_timeouts: bool = False
-    seen: list[tuple[int, int, bytes]] = field(default_factory=list)
-    arrivals: list[float] = field(default_factory=list)
-
-    async def run(self) -> None:
-        async for record in self.consumer:
-            self.seen.append((record.partition, record.offset, record.value))
-            self.arrivals.append(time.monotonic())
-            if self.commit_every and len(self.seen) % self.commit_every == 0:
-                try:
-                    await self.consumer.commit()
-                except KafkaTimeoutError as exc:
-                    if not self.tolerate_timeouts:
-                        raise
-                    self.timed_out.append(exc)  # the next commit covers these offsets too
-
-    def arrived_after(self, moment: float) -> int:
-        return sum(1 for t in self.arrivals if t > moment)
-
-
-def group_consumer(bootstrap: str, group: str, **options: Any) -> Consumer[Any, Any]:
-    return Consumer(bootstrap_servers=bootstrap, group_id=group, **{
-        **FAST, "auto_offset_reset": "earliest", "session_timeout_ms": 30000, "heartbeat_interval_ms": 1000,
-        "reconnect_backoff_max_ms": 1000, "auto_commit_interval_ms": 500, **options})
-
-
-def exactly_once(produced: list[tuple[int, int, bytes]], *reads: list[tuple[int, int, bytes]]) -> None:
-    seen = [r for read in reads for r in read]
-    duplicates = len(seen) - len(set(seen))
-    missing = set(produced) - set(seen)
-    foreign = set(seen) - set(produced)
-    assert not duplicates, f"{duplicates} records read twice"
-    assert not missing, f"{len(missing)} of {len(produced)} records never read, e.g. {sorted(missing)[:5]}"
-    assert not foreign, f"read records nobody produced: {sorted(foreign)[:5]}"
-
-
-async def until(predicate: Any, timeout: float, what: str | Callable[[], str]) -> None:
-    """Wait for ``predicate()``; after ``timeout`` s fail naming ``what`` (or what it returns)."""
-    try:
-        with anyio.fail_after(timeout):
-            while not predicate():  # noqa: ASYNC110
-                await anyio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"no {what if isinstance(what, str) else what()} within {timeout}s") from None
-
-
-async def drain(producer: Background, *readers: Reader, timeout: float = 60.0) -> None:
-    await producer.stop_async()
-    want = set(producer.delivered)
-    await until(lambda: want <= {r for reader in readers for r in reader.seen}, timeout, "the last records")
-    await anyio.sleep(0.5)  # anything read twice would show up now
-
-
-async def on_thread(fn: Any, *args: Any) -> Any:
-    return await anyio.to_thread.run_sync(fn, *args)
 
 
 # -- 1. the leader killed mid-fetch --------------------------------------------------------------

@@ -24,6 +24,7 @@ from asyncconsumer.testing import (
     KAFKA_VERSION,
     JavaNotFoundError,
     KafkaBroker,
+    KafkaCluster,
     KafkaDownloadError,
     KafkaStartError,
 )
@@ -107,6 +108,24 @@ def test_a_bad_setting_ends_the_start_with_the_brokers_own_words() -> None:
     assert "num.io.threads" in message and "many" in message
     assert "\tat " not in message  # the broker's words, not a Java stack trace
     assert broker.nodes == []
+
+
+def test_advertise_plaintext_is_checked_before_any_node_starts() -> None:
+    """``KafkaCluster(advertise_plaintext=...)`` (used and shown working by test_cluster_chaos.py)."""
+    with pytest.raises(ValueError, match=r"advertise_plaintext and config\['advertised.listeners'\] both set"):
+        KafkaCluster(3, advertise_plaintext=lambda node: "127.0.0.1:1", config={"advertised.listeners": "x"})
+    _java_or_skip()
+    asked: list[int] = []
+
+    def nowhere(node: kafka_module.KafkaNode) -> str:
+        asked.append(node.node_id)
+        return "127.0.0.1" if node.node_id == 2 else f"127.0.0.1:{node.ports.plaintext}"
+
+    cluster = KafkaCluster(3, advertise_plaintext=nowhere)
+    with pytest.raises(ValueError, match=r"returned '127.0.0.1' for node 2; expected 'host:port'"):
+        cluster.start()
+    assert asked == [1, 2]
+    assert cluster.nodes == []  # stopped and cleaned up; no process was started
 
 
 def test_a_cluster_id_is_never_drawn_with_a_leading_dash(monkeypatch: pytest.MonkeyPatch) -> None:

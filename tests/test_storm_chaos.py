@@ -2,9 +2,9 @@
 
 Everything between the consumer and the broker goes through the proxy: the broker advertises the
 proxy's address.  Tansu through the ``proxied_broker`` fixture; Apache Kafka through a private
-single-node broker whose ``advertised.listeners`` names the proxy (the proxy is pointed at the
-real port once the broker is up: the readiness probe talks to the broker directly).  Counted:
-records lost (must be none) and read twice, cuts and stalls.
+single-node broker whose PLAINTEXT listener advertises the proxy (``advertise_plaintext``: the
+proxy learns the broker's port before the broker starts).  Counted: records lost (must be none)
+and read twice, cuts and stalls.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from support.producer import produce as _produce
 from support.proxy import ChaosProxy
 
 from asyncconsumer import Consumer
-from asyncconsumer.testing import KafkaBroker
+from asyncconsumer.testing import KafkaBroker, KafkaNode
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -46,13 +46,16 @@ class Proxied:
 
 @contextlib.asynccontextmanager
 async def kafka_behind_proxy() -> AsyncIterator[Proxied]:
-    async with ChaosProxy("127.0.0.1", 9) as proxy:  # pointed at the broker once it listens
-        broker = KafkaBroker(listeners=("PLAINTEXT",),
-                             config={"advertised.listeners": f"PLAINTEXT://127.0.0.1:{proxy.port}"})
+    async with ChaosProxy("127.0.0.1", 9) as proxy:  # pointed at the broker before it starts
+
+        def advertise(node: KafkaNode) -> str:
+            proxy.retarget("127.0.0.1", node.ports.plaintext)
+            return proxy.address
+
+        broker = KafkaBroker(listeners=("PLAINTEXT",), advertise_plaintext=advertise)
         await anyio.to_thread.run_sync(broker.start)
         try:
-            proxy.retarget("127.0.0.1", broker.node.ports.plaintext)
-            yield Proxied(proxy, broker.bootstrap)
+            yield Proxied(proxy, broker.direct_bootstrap)
         finally:
             await anyio.to_thread.run_sync(broker.stop)
 

@@ -23,8 +23,11 @@ The story of one start:
 3. **Format.** Every node gets a temporary directory, free loopback ports and a
    ``server.properties``: combined broker+controller nodes (KRaft) with a static voter set,
    internal topics sized for the cluster, short group timers (classic, KIP-848 and share groups)
-   and, per node, PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL listeners.  ``kafka.tools.StorageTool
-   format`` writes the storage, with the SCRAM credentials of :attr:`KafkaBroker.users`.
+   and, per node, PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL listeners.  With
+   ``advertise_plaintext`` (a proxy in front of each node), the function is asked for each node's
+   advertised PLAINTEXT address once its ports are known, and the nodes replicate over an
+   ``INTERNAL`` listener of their own.  ``kafka.tools.StorageTool format`` writes the storage,
+   with the SCRAM credentials of :attr:`KafkaBroker.users`.
 4. **Start.** ``kafka.Kafka`` runs as a child process (its log in the node's directory) and the
    start waits until the PLAINTEXT listener answers Metadata listing every node, through the
    package's own protocol codec.  A node that exits or does not answer in time is a
@@ -56,7 +59,7 @@ import urllib.error
 import urllib.request
 import uuid
 from base64 import urlsafe_b64encode
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
@@ -71,6 +74,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_USERS",
+    "INTERNAL_LISTENER",
     "KAFKA_VERSION",
     "LISTENERS",
     "JavaNotFoundError",
@@ -80,6 +84,7 @@ __all__ = [
     "KafkaDownloadError",
     "KafkaNode",
     "KafkaStartError",
+    "PlaintextAddress",
     "find_java",
     "kafka_libs",
 ]
@@ -88,6 +93,9 @@ LOOPBACK = "127.0.0.1"
 Listener = SecurityProtocol
 #: Every client listener a node can have; PLAINTEXT is always on (the brokers talk over it).
 LISTENERS: tuple[Listener, ...] = SECURITY_PROTOCOLS
+#: The listener the nodes replicate over when :class:`KafkaCluster`'s ``advertise_plaintext`` sends
+#: clients elsewhere (a PLAINTEXT listener of its own, advertised as its real port).
+INTERNAL_LISTENER = "INTERNAL"
 #: Users of the SASL listeners (PLAIN and SCRAM) when none are given.
 DEFAULT_USERS: Mapping[str, str] = {"alice": "alice-secret", "admin": "admin-secret"}
 MIN_JAVA = 17
@@ -333,6 +341,18 @@ def _error_lines(log: Path, limit: int = 8) -> str:
     return "\n".join(keep[-limit:]) or "(empty log)"
 
 
+def _check_address(address: object, node: KafkaNode) -> str:
+    """``advertise_plaintext``'s answer for ``node``, checked: a ``host:port`` string."""
+    if isinstance(address, str):
+        host, _, port = address.rpartition(":")
+        if host and port.isdigit() and 0 < int(port) < 65536:
+            return address
+    raise ValueError(
+        f"advertise_plaintext returned {address!r} for node {node.node_id}; expected 'host:port' (a proxy's "
+        "address, say '127.0.0.1:40123')"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class _Ports:
     plaintext: int
@@ -340,9 +360,15 @@ class _Ports:
     sasl_plaintext: int
     sasl_ssl: int
     controller: int
+    internal: int
 
     def for_listener(self, listener: str) -> int:
         return int(getattr(self, listener.lower()))
+
+
+#: ``advertise_plaintext``: given a node (its ports allocated, nothing started yet), the
+#: ``host:port`` its PLAINTEXT listener is to advertise to clients.
+PlaintextAddress = Callable[["KafkaNode"], str]
 
 
 class KafkaNode:
@@ -359,6 +385,9 @@ class KafkaNode:
         self.log_file = directory / "broker.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.rack: str | None = None
+        #: The ``host:port`` the PLAINTEXT listener advertises (``advertise_plaintext``'s answer),
+        #: or None when it advertises its own port.
+        self.advertised_plaintext: str | None = None
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.alive else "stopped"
@@ -378,7 +407,16 @@ class KafkaNode:
         return f"{LOOPBACK}:{self.ports.plaintext}"
 
     def address(self, listener: Listener = "PLAINTEXT") -> str:
+        """Where this node listens on ``listener`` (its own port, whatever it advertises)."""
         return f"{LOOPBACK}:{self.ports.for_listener(listener)}"
+
+    @property
+    def direct_address(self) -> str:
+        """A PLAINTEXT address whose Metadata answers name the nodes' own ports: the node's
+        :data:`INTERNAL_LISTENER` when its PLAINTEXT listener advertises another address, else
+        the PLAINTEXT listener itself."""
+        port = self.ports.plaintext if self.advertised_plaintext is None else self.ports.internal
+        return f"{LOOPBACK}:{port}"
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -468,6 +506,7 @@ class _KafkaProcesses:
         racks: Sequence[str] | None,
         startup_timeout: float,
         heap_mb: int,
+        advertise_plaintext: PlaintextAddress | None = None,
     ) -> None:
         listeners = tuple(dict.fromkeys(("PLAINTEXT", *listeners)))
         unknown = [name for name in listeners if name not in LISTENERS]
@@ -482,6 +521,9 @@ class _KafkaProcesses:
         self.heap_mb = heap_mb
         self.startup_seconds: float | None = None
         self._racks = list(racks) if racks is not None else None
+        if advertise_plaintext is not None and "advertised.listeners" in self.config:
+            raise ValueError("advertise_plaintext and config['advertised.listeners'] both set: give one of them")
+        self._advertise_plaintext = advertise_plaintext
         self._count = nodes
         self._java: str | None = None
         self._libs: Path | None = None
@@ -499,6 +541,13 @@ class _KafkaProcesses:
     def bootstrap(self) -> str:
         """Every node's PLAINTEXT listener, comma-separated."""
         return self.bootstrap_for("PLAINTEXT")
+
+    @property
+    def direct_bootstrap(self) -> str:
+        """Every node's :attr:`KafkaNode.direct_address`: a bootstrap whose clients talk to the
+        nodes' own ports, never through what ``advertise_plaintext`` put in front of them (the same
+        as :attr:`bootstrap` without it)."""
+        return ",".join(node.direct_address for node in self.nodes)
 
     def bootstrap_for(self, listener: Listener) -> str:
         """Every node's address on ``listener`` ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")."""
@@ -575,13 +624,19 @@ class _KafkaProcesses:
             (self._directory / "log4j2.properties").write_text(_LOG4J2)
             if any(name in ("SSL", "SASL_SSL") for name in self.listeners):
                 self._tls_material()
-            ports = _free_ports(5 * self._count)
+            width = len(dataclasses.fields(_Ports))
+            ports = _free_ports(width * self._count)
             for index in range(self._count):
                 directory = self._directory / f"node-{index + 1}"
                 directory.mkdir()
-                node = KafkaNode(self, index + 1, _Ports(*ports[5 * index: 5 * index + 5]), directory)
+                node = KafkaNode(self, index + 1, _Ports(*ports[width * index: width * (index + 1)]), directory)
                 node.rack = self._racks[index] if self._racks is not None else None
                 self.nodes.append(node)
+            if self._advertise_plaintext is not None:
+                # Every port is known now and nothing listens yet: the caller can point a proxy at
+                # each node before the node tells anyone to go through it.
+                for node in self.nodes:
+                    node.advertised_plaintext = _check_address(self._advertise_plaintext(node), node)
             cluster_id = _cluster_id()
             for node in self.nodes:
                 (node.directory / "server.properties").write_text(self._properties(node))
@@ -654,16 +709,29 @@ class _KafkaProcesses:
         replication = min(3, count)
         voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.ports.controller}" for n in self.nodes)
         listeners = [f"{name}://{node.address(name)}" for name in self.listeners]
-        protocol_map = ",".join(["CONTROLLER:PLAINTEXT", *(f"{name}:{name}" for name in self.listeners)])
+        advertised = list(listeners)
+        protocol_map = ["CONTROLLER:PLAINTEXT", *(f"{name}:{name}" for name in self.listeners)]
+        inter_broker = "PLAINTEXT"
+        if node.advertised_plaintext is not None:
+            # Clients are sent to another address (a proxy); replication gets a listener of its own
+            # on the node's real port, so only client traffic takes the detour.  Kafka requires the
+            # inter-broker listener among the advertised ones: the brokers find each other there.
+            internal = f"{INTERNAL_LISTENER}://{LOOPBACK}:{node.ports.internal}"
+            advertised = [f"PLAINTEXT://{node.advertised_plaintext}" if name == "PLAINTEXT" else entry
+                          for name, entry in zip(self.listeners, listeners, strict=True)]
+            listeners.append(internal)
+            advertised.append(internal)
+            protocol_map.append(f"{INTERNAL_LISTENER}:PLAINTEXT")
+            inter_broker = INTERNAL_LISTENER
         props: dict[str, str] = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": inter_broker,
             "listeners": ",".join([*listeners, f"CONTROLLER://{LOOPBACK}:{node.ports.controller}"]),
-            "advertised.listeners": ",".join(listeners),
-            "listener.security.protocol.map": protocol_map,
+            "advertised.listeners": ",".join(advertised),
+            "listener.security.protocol.map": ",".join(protocol_map),
             "log.dirs": str(node.directory / "data"),
             "num.network.threads": "2",
             "num.io.threads": "4",
@@ -749,7 +817,9 @@ class KafkaBroker(_KafkaProcesses):
     ``users``: SASL users (PLAIN and SCRAM-SHA-256/512), name → password; default
     :data:`DEFAULT_USERS`.  ``config``: extra or overriding ``server.properties`` entries, e.g.
     ``{"connections.max.reauth.ms": 5000}``.  ``startup_timeout``: seconds for the whole start,
-    a first download excepted.  ``heap_mb``: the broker's Java heap.
+    a first download excepted.  ``heap_mb``: the broker's Java heap.  ``advertise_plaintext``:
+    the address clients are sent to for the PLAINTEXT listener (a proxy in front of it), as for
+    :class:`KafkaCluster`.
 
     :attr:`startup_seconds` is how long :meth:`start` took.  The broker is a real process: stop
     it (``with`` does) or it is stopped when the Python process exits.
@@ -762,12 +832,13 @@ class KafkaBroker(_KafkaProcesses):
         users: Mapping[str, str] | None = None,
         config: Mapping[str, object] | None = None,
         rack: str | None = None,
+        advertise_plaintext: PlaintextAddress | None = None,
         startup_timeout: float = 90.0,
         heap_mb: int = 768,
     ) -> None:
         super().__init__(
             nodes=1, listeners=listeners, users=users, config=config, racks=None if rack is None else [rack],
-            startup_timeout=startup_timeout, heap_mb=heap_mb,
+            startup_timeout=startup_timeout, heap_mb=heap_mb, advertise_plaintext=advertise_plaintext,
         )
 
     def __repr__(self) -> str:
@@ -796,6 +867,17 @@ class KafkaCluster(_KafkaProcesses):
     ``min(3, brokers)`` and ``min.insync.replicas=2`` from three brokers on.  ``racks`` gives
     each node a ``broker.rack`` and turns on the rack-aware replica selector (fetching from
     followers, KIP-392).  Each of :attr:`nodes` can be killed, stopped and restarted.
+
+    ``advertise_plaintext`` puts something between the clients and each node (a chaos proxy, in
+    the project's own tests): it is called once per node during :meth:`start`, after the node's
+    ports are allocated (``node.ports.plaintext`` is where to forward to) and before any node
+    starts, and returns the ``host:port`` that node's PLAINTEXT listener advertises.  Clients
+    then reach the node only there, after their bootstrap.  The nodes replicate over a listener
+    of their own, :data:`INTERNAL_LISTENER` (PLAINTEXT, ``inter.broker.listener.name``, advertised
+    as its real port ``node.ports.internal``), and the controllers keep their CONTROLLER
+    listener, so broker-to-broker and controller traffic never takes the detour.
+    :attr:`direct_bootstrap` reaches the nodes without it too (for admin tools and producers
+    that are not under test).  It cannot be combined with ``config["advertised.listeners"]``.
     """
 
     def __init__(
@@ -806,6 +888,7 @@ class KafkaCluster(_KafkaProcesses):
         users: Mapping[str, str] | None = None,
         config: Mapping[str, object] | None = None,
         racks: Sequence[str] | None = None,
+        advertise_plaintext: PlaintextAddress | None = None,
         startup_timeout: float = 120.0,
         heap_mb: int = 512,
     ) -> None:
@@ -813,7 +896,7 @@ class KafkaCluster(_KafkaProcesses):
             raise ValueError("a cluster needs at least one broker")
         super().__init__(
             nodes=brokers, listeners=listeners, users=users, config=config, racks=racks,
-            startup_timeout=startup_timeout, heap_mb=heap_mb,
+            startup_timeout=startup_timeout, heap_mb=heap_mb, advertise_plaintext=advertise_plaintext,
         )
 
     def __repr__(self) -> str:
