@@ -14,7 +14,9 @@ fresh subprocess, interleaved for ``--rounds`` rounds (the order rotates each ro
 - ``aiokafka+arrow``: aiokafka ``getmany()`` then the same conversion to Arrow per partition.
 
 Each reader assigns all partitions (no group) and stops at the topic's record count.  Prints
-records/s per round, the median and spread, and the ratios to ``batches()``.  ``--readers`` picks
+records/s per round, the median and spread, and the ratios to ``batches()``; and the same per CPU
+second of the reader's process (``time.process_time``: steadier than wall time on a shared
+machine, and blind to waiting for the broker).  ``--readers`` picks
 some of them; ``--baseline SRC`` (another checkout's ``src`` directory, its extension built) adds
 each picked reader again, run from that code (``PYTHONPATH=SRC``), marked ``@base``: a
 before/after comparison in the same interleaved rounds.
@@ -55,7 +57,7 @@ def _read(reader: str, bootstrap: str, topic: str, partitions: int, count: int) 
         async with consumer:
             consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
             n = 0
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             if reader == "arrow":
                 async for batch in consumer.arrow_batches(max_records=10_000):
                     n += batch.num_rows
@@ -68,7 +70,7 @@ def _read(reader: str, bootstrap: str, topic: str, partitions: int, count: int) 
                     n += len(records)
                     if n >= count:
                         break
-            out.update(records=n, seconds=time.perf_counter() - started)
+            out.update(records=n, seconds=time.perf_counter() - started, cpu=time.process_time() - cpu)
 
     async def theirs() -> None:
         from aiokafka import AIOKafkaConsumer
@@ -79,13 +81,13 @@ def _read(reader: str, bootstrap: str, topic: str, partitions: int, count: int) 
         try:
             consumer.assign([AioTP(topic, p) for p in range(partitions)])
             n = 0
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             while n < count:
                 got = await consumer.getmany(timeout_ms=30_000, max_records=10_000)
                 for records in got.values():
                     records_to_batch(records, True)
                     n += len(records)
-            out.update(records=n, seconds=time.perf_counter() - started)
+            out.update(records=n, seconds=time.perf_counter() - started, cpu=time.process_time() - cpu)
         finally:
             await consumer.stop()
 
@@ -135,6 +137,7 @@ def main() -> None:
         readers = picked + ([f"{r}@base" for r in picked] if args.baseline else [])
         base_env = {**os.environ, "PYTHONPATH": args.baseline} if args.baseline else None
         results: dict[tuple[str, str], list[float]] = {}
+        per_cpu: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
             order = readers[r % len(readers) :] + readers[: r % len(readers)]
             for d in sets:
@@ -155,18 +158,21 @@ def main() -> None:
                     got = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
                     rate = got["records"] / got["seconds"]
                     results.setdefault((d.name, reader), []).append(rate)
-                    log(f"round {r + 1} {d.name} {reader}: {rate:,.0f} records/s")
+                    per_cpu.setdefault((d.name, reader), []).append(cpu_rate := got["records"] / got["cpu"])
+                    log(f"round {r + 1} {d.name} {reader}: {rate:,.0f} records/s, {cpu_rate:,.0f} per CPU s")
         print(f"\n{broker.description}; {args.rounds} interleaved rounds, records/s (median, min-max)\n")
-        print("| data set | reader | records/s | spread | vs batches() |")
-        print("|---|---|---:|---:|---:|")
+        print("| data set | reader | records/s | spread | vs batches() | records per CPU s | vs batches() |")
+        print("|---|---|---:|---:|---:|---:|---:|")
         for d in sets:
             base = statistics.median(results.get((d.name, "batches"), [float("nan")]))
+            base_cpu = statistics.median(per_cpu.get((d.name, "batches"), [float("nan")]))
             for reader in readers:
                 rates = results[(d.name, reader)]
                 med = statistics.median(rates)
+                cpu = statistics.median(per_cpu[(d.name, reader)])
                 print(
                     f"| {d.describe()} | {reader} | {med:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | "
-                    f"{med / base:.2f}x |"
+                    f"{med / base:.2f}x | {cpu:,.0f} | {cpu / base_cpu:.2f}x |"
                 )
     finally:
         broker.stop()
