@@ -1360,15 +1360,25 @@ append_via_rows(ColumnBuilder *cb, PyObject *batch, store_plan *plan, int64_t ba
     return append_result(cb, plan, &before);
 }
 
-static PyObject *
-builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
+/* A two-argument method call (``nargs`` given) on a builder not finished yet. */
+static int
+builder_usable(ColumnBuilder *cb, Py_ssize_t nargs, const char *signature)
 {
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "append(batch, start) takes exactly 2 arguments");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s takes exactly 2 arguments", signature);
+        return -1;
     }
     if (cb->finished) {
         PyErr_SetString(PyExc_RuntimeError, "ColumnBuilder.finish() was called already");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (builder_usable(cb, nargs, "append(batch, start)") < 0) {
         return NULL;
     }
     PyObject *batch = args[0];
@@ -1431,12 +1441,7 @@ builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 builder_reserve(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "reserve(records, data) takes exactly 2 arguments");
-        return NULL;
-    }
-    if (cb->finished) {
-        PyErr_SetString(PyExc_RuntimeError, "ColumnBuilder.finish() was called already");
+    if (builder_usable(cb, nargs, "reserve(records, data)") < 0) {
         return NULL;
     }
     Py_ssize_t records = PyLong_AsSsize_t(args[0]), data;
