@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -150,7 +151,9 @@ def test_driver_consumer_kept_across_micro_batches_and_closed_on_stop(
     start = reader.initialOffset()
     planned = []
     for _ in range(3):  # micro-batches: the offsets, the plan, and new records before the next
+        began = time.monotonic()
         end = reader.latestOffset(start, ReadAllAvailable())
+        assert time.monotonic() - began < 5  # under the high-watermark probe's 10 s: it got its answer
         planned.append([(p.partition, p.start, p.end) for p in reader.partitions(start, end)])  # type: ignore[attr-defined]
         produce(topic, [(0, None, b"y")] * 5)  # seen by the next call: each lookup asks Kafka afresh
         start = end
