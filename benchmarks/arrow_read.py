@@ -1,6 +1,7 @@
 """Kafka to Arrow: ``arrow_batches()`` against ``batches()`` and aiokafka ``getmany()`` + Arrow.
 
     python -m benchmarks.arrow_read [--quick] [--broker kafka|tansu] [--rounds 3]
+                                    [--readers arrow,batches] [--baseline SRC]
 
 Starts the broker (as ``benchmarks.run`` does), produces the 100 B and 1 KiB data sets once
 (confluent-kafka, 4 partitions), then reads each topic from the beginning with every reader in a
@@ -13,13 +14,19 @@ fresh subprocess, interleaved for ``--rounds`` rounds (the order rotates each ro
 - ``aiokafka+arrow``: aiokafka ``getmany()`` then the same conversion to Arrow per partition.
 
 Each reader assigns all partitions (no group) and stops at the topic's record count.  Prints
-records/s per round, the median and spread, and the ratios to ``batches()``.
+records/s per round, the median and spread, and the ratios to ``batches()``; and the same per CPU
+second of the reader's process (``time.process_time``: steadier than wall time on a shared
+machine, and blind to waiting for the broker).  ``--readers`` picks
+some of them; ``--baseline SRC`` (another checkout's ``src`` directory, its extension built) adds
+each picked reader again, run from that code (``PYTHONPATH=SRC``), marked ``@base``: a
+before/after comparison in the same interleaved rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -50,7 +57,7 @@ def _read(reader: str, bootstrap: str, topic: str, partitions: int, count: int) 
         async with consumer:
             consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
             n = 0
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             if reader == "arrow":
                 async for batch in consumer.arrow_batches(max_records=10_000):
                     n += batch.num_rows
@@ -63,7 +70,7 @@ def _read(reader: str, bootstrap: str, topic: str, partitions: int, count: int) 
                     n += len(records)
                     if n >= count:
                         break
-            out.update(records=n, seconds=time.perf_counter() - started)
+            out.update(records=n, seconds=time.perf_counter() - started, cpu=time.process_time() - cpu)
 
     async def theirs() -> None:
         from aiokafka import AIOKafkaConsumer
@@ -74,13 +81,13 @@ def _read(reader: str, bootstrap: str, topic: str, partitions: int, count: int) 
         try:
             consumer.assign([AioTP(topic, p) for p in range(partitions)])
             n = 0
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             while n < count:
                 got = await consumer.getmany(timeout_ms=30_000, max_records=10_000)
                 for records in got.values():
                     records_to_batch(records, True)
                     n += len(records)
-            out.update(records=n, seconds=time.perf_counter() - started)
+            out.update(records=n, seconds=time.perf_counter() - started, cpu=time.process_time() - cpu)
         finally:
             await consumer.stop()
 
@@ -101,6 +108,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small topics (development)")
     parser.add_argument("--broker", choices=["kafka", "tansu"], default=None)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--readers", default=",".join(READERS), help="comma-separated, of " + ", ".join(READERS))
+    parser.add_argument("--baseline", metavar="SRC", help="also run each reader from this src directory")
     parser.add_argument("--read", nargs=5, metavar=("READER", "BOOTSTRAP", "TOPIC", "PARTITIONS", "COUNT"))
     args = parser.parse_args()
     if args.read:
@@ -121,27 +130,50 @@ def main() -> None:
         ds.create_topics(broker.bootstrap, sets)
         for d in sets:
             log(f"producing {d.describe()}: {ds.produce(broker.bootstrap, d):.1f}s")
+        picked = [r for r in args.readers.split(",") if r]
+        unknown = sorted(set(picked) - set(READERS))
+        if unknown:
+            parser.error(f"unknown readers {unknown}; choose from {READERS}")
+        readers = picked + ([f"{r}@base" for r in picked] if args.baseline else [])
+        base_env = {**os.environ, "PYTHONPATH": args.baseline} if args.baseline else None
         results: dict[tuple[str, str], list[float]] = {}
+        per_cpu: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
-            order = READERS[r % len(READERS) :] + READERS[: r % len(READERS)]
+            order = readers[r % len(readers) :] + readers[: r % len(readers)]
             for d in sets:
                 for reader in order:
-                    cmd = [sys.executable, "-m", "benchmarks.arrow_read", "--read", reader, broker.bootstrap,
-                           d.topic, str(d.partitions), str(d.records)]
-                    got = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+                    name, _, at = reader.partition("@")
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.arrow_read",
+                        "--read",
+                        name,
+                        broker.bootstrap,
+                        d.topic,
+                        str(d.partitions),
+                        str(d.records),
+                    ]
+                    env = base_env if at else None
+                    got = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
                     rate = got["records"] / got["seconds"]
                     results.setdefault((d.name, reader), []).append(rate)
-                    log(f"round {r + 1} {d.name} {reader}: {rate:,.0f} records/s")
+                    per_cpu.setdefault((d.name, reader), []).append(cpu_rate := got["records"] / got["cpu"])
+                    log(f"round {r + 1} {d.name} {reader}: {rate:,.0f} records/s, {cpu_rate:,.0f} per CPU s")
         print(f"\n{broker.description}; {args.rounds} interleaved rounds, records/s (median, min-max)\n")
-        print("| data set | reader | records/s | spread | vs batches() |")
-        print("|---|---|---:|---:|---:|")
+        print("| data set | reader | records/s | spread | vs batches() | records per CPU s | vs batches() |")
+        print("|---|---|---:|---:|---:|---:|---:|")
         for d in sets:
-            base = statistics.median(results[(d.name, "batches")])
-            for reader in READERS:
+            base = statistics.median(results.get((d.name, "batches"), [float("nan")]))
+            base_cpu = statistics.median(per_cpu.get((d.name, "batches"), [float("nan")]))
+            for reader in readers:
                 rates = results[(d.name, reader)]
                 med = statistics.median(rates)
-                print(f"| {d.describe()} | {reader} | {med:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | "
-                      f"{med / base:.2f}x |")
+                cpu = statistics.median(per_cpu[(d.name, reader)])
+                print(
+                    f"| {d.describe()} | {reader} | {med:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | "
+                    f"{med / base:.2f}x | {cpu:,.0f} | {cpu / base_cpu:.2f}x |"
+                )
     finally:
         broker.stop()
 

@@ -320,6 +320,25 @@ async def test_highwater_and_last_stable_offset_follow_fetch_responses(
             c.highwater(TopicPartition(topic, 5))
 
 
+async def test_highwater_known_again_after_the_partition_is_assigned_again(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    # Caught up, unassigned, assigned again: the broker's fetch session (KIP-227) still held the
+    # partition, unchanged, and its incremental responses left it out, so highwater() stayed None.
+    topic = new_topic(1)
+    produce(topic, ((0, None, b"x") for _ in range(5)))
+    tp = TopicPartition(topic, 0)
+    async with consumer(bootstrap) as c:
+        for _ in range(3):
+            c.assign([tp])
+            await c.seek(tp, 5)
+            with anyio.fail_after(5):
+                while c.highwater(tp) is None:
+                    await c.getmany(timeout=0.05)
+            assert c.highwater(tp) == 5
+            c.assign([])
+
+
 async def test_pausing_one_partition_keeps_what_was_taken_for_the_others(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:

@@ -430,19 +430,26 @@ def test_offset_limit_starts_new_blocks(case: tuple[bytes, list[tuple[int, int]]
     skips=st.lists(st.integers(-2, 20), min_size=4, max_size=4),
     headers=st.booleans(),
     max_offset=st.integers(0, 6000) | st.just(columnar.MAX_OFFSET),
+    reserves=st.lists(st.none() | st.tuples(st.integers(0, 50), st.integers(0, 9000)), min_size=4, max_size=4),
 )
-def test_append_identical(batches: list[bytes], skips: list[int], headers: bool, max_offset: int) -> None:
+def test_append_identical(
+    batches: list[bytes], skips: list[int], headers: bool, max_offset: int, reserves: list[tuple[int, int] | None]
+) -> None:
     # append(batch, start) stores and reports the same (a count, or None when the batch does not
-    # fit under max_offset), and leaves the same buffers.
+    # fit under max_offset), and leaves the same buffers; with or without reserve(records, data)
+    # (a size hint, too small, too big or past max_offset) before the appends.
     results = []
     for builder in BUILDERS:
-        b = builder(TOPIC, PART, headers, max_offset)
-        said = []
-        for data, skip in zip(batches, skips, strict=False):
-            [batch] = iter_batches(data, topic=TOPIC, partition=PART)
-            said.append(b.append(batch, batch.base_offset + skip))
-            assert b.count == sum(s or 0 for s in said)
-        results.append((said, raw(finish_columns(b))))
+        for hints in (reserves, [None] * len(reserves)):
+            b = builder(TOPIC, PART, headers, max_offset)
+            said = []
+            for data, skip, hint in zip(batches, skips, hints, strict=False):
+                [batch] = iter_batches(data, topic=TOPIC, partition=PART)
+                if hint is not None:
+                    b.reserve(*hint)
+                said.append(b.append(batch, batch.base_offset + skip))
+                assert b.count == sum(s or 0 for s in said)
+            results.append((said, raw(finish_columns(b))))
     assert all(r == results[0] for r in results)
     for stored, data, skip in zip(results[0][0], batches, skips, strict=False):
         [batch] = iter_batches(data, topic=TOPIC, partition=PART)
@@ -450,6 +457,19 @@ def test_append_identical(batches: list[bytes], skips: list[int], headers: bool,
         assert stored is None or stored == len(wanted)
         if max_offset == columnar.MAX_OFFSET:
             assert stored == len(wanted)
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_reserve_checks_its_arguments(builder: Any) -> None:
+    b = builder(TOPIC, PART)
+    with pytest.raises(ValueError, match=">= 0"):
+        b.reserve(-1, 0)
+    with pytest.raises(ValueError, match=">= 0"):
+        b.reserve(0, -1)
+    b.reserve(10, 10)
+    finish_columns(b)
+    with pytest.raises(RuntimeError, match="finish"):
+        b.reserve(1, 1)
 
 
 @pytest.mark.parametrize("builder", BUILDERS)

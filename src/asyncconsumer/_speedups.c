@@ -803,6 +803,9 @@ done:
  * Legacy message sets, values beyond 64 bits and non-buffer data go through the Python row
  * decoder (``fallback``), whose records are then stored the same way.  finish() hands the
  * buffers out as a tuple (see protocol/columnar.py ``ColumnBuffers``); the builder is spent then.
+ * reserve(records, data) sizes the buffers up front: ColumnReader passes the bytes of the
+ * uncompressed batches a block may take, which bound its key and value bytes, so that copying
+ * the records does not reallocate (a reallocation copies the whole old capacity).
  *
  * Each buffer is a bytearray, or with ``allocate`` whatever ``allocate(size)`` returns: an object
  * exporting a writable buffer, with a ``resize(size)`` method that keeps the bytes and leaves the
@@ -919,6 +922,13 @@ colbuf_grow(colbuf *b, Py_ssize_t need)
     return colbuf_resize(b, cap < need ? need : cap);
 }
 
+/* Capacity for exactly ``need`` bytes when there is less (a size known up front: no doubling). */
+static inline int
+colbuf_reserve_exact(colbuf *b, Py_ssize_t need)
+{
+    return need <= b->cap ? 0 : colbuf_resize(b, need);
+}
+
 static inline int
 colbuf_reserve(colbuf *b, Py_ssize_t need)
 {
@@ -967,6 +977,23 @@ reserve_records(ColumnBuilder *cb, Py_ssize_t count)
     }
     if (cb->headers && colbuf_reserve(&cb->b[B_HDR_OFFSETS], (n + 1) * 4) < 0) {
         return -1;
+    }
+    return 0;
+}
+
+/* Room for ``more`` bytes of keys and of values beyond what is stored, each capped at
+ * max_offset (what a block can hold), allocated exactly: a size known up front. */
+static int
+reserve_data(ColumnBuilder *cb, Py_ssize_t more)
+{
+    int which[2] = {B_KEY_DATA, B_VALUE_DATA};
+    Py_ssize_t used[2] = {cb->s.key_len, cb->s.value_len};
+    for (int i = 0; i < 2; i++) {
+        Py_ssize_t need = more > cb->max_offset - used[i] ? cb->max_offset : used[i] + more;
+        colbuf *b = &cb->b[which[i]];
+        if (colbuf_reserve_exact(b, need) < 0) {
+            return -1;
+        }
     }
     return 0;
 }
@@ -1333,15 +1360,25 @@ append_via_rows(ColumnBuilder *cb, PyObject *batch, store_plan *plan, int64_t ba
     return append_result(cb, plan, &before);
 }
 
-static PyObject *
-builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
+/* A two-argument method call (``nargs`` given) on a builder not finished yet. */
+static int
+builder_usable(ColumnBuilder *cb, Py_ssize_t nargs, const char *signature)
 {
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "append(batch, start) takes exactly 2 arguments");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s takes exactly 2 arguments", signature);
+        return -1;
     }
     if (cb->finished) {
         PyErr_SetString(PyExc_RuntimeError, "ColumnBuilder.finish() was called already");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (builder_usable(cb, nargs, "append(batch, start)") < 0) {
         return NULL;
     }
     PyObject *batch = args[0];
@@ -1399,6 +1436,30 @@ builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
         return append_via_rows(cb, batch, &initial, bi.base_offset);
     }
     return NULL;
+}
+
+static PyObject *
+builder_reserve(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (builder_usable(cb, nargs, "reserve(records, data)") < 0) {
+        return NULL;
+    }
+    Py_ssize_t records = PyLong_AsSsize_t(args[0]), data;
+    if ((records == -1 && PyErr_Occurred()) || ((data = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred())) {
+        return NULL;
+    }
+    if (records < 0 || data < 0) {
+        PyErr_SetString(PyExc_ValueError, "reserve(records, data): both must be >= 0");
+        return NULL;
+    }
+    /* Records take at least 7 bytes each in a batch: no more than max_offset of them fit anywhere. */
+    if (records > cb->max_offset) {
+        records = cb->max_offset;
+    }
+    if (reserve_records(cb, records) < 0 || reserve_data(cb, data) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 /* A buffer cut to ``len`` bytes, handed over (a new reference). */
@@ -1554,10 +1615,15 @@ PyDoc_STRVAR(append_doc,
              "append(batch, start) -> int | None\n\n"
              "Store the batch's records at offset >= start; how many, or None (nothing stored) when\n"
              "they do not fit under max_offset.  All or nothing: on error the builder is unchanged.");
+PyDoc_STRVAR(reserve_doc,
+             "reserve(records, data) -> None\n\n"
+             "Capacity for ``records`` more records and ``data`` more bytes of keys and of values\n"
+             "(each capped at max_offset), allocated now, exactly: a size hint, stores nothing.");
 PyDoc_STRVAR(finish_doc, "finish() -> tuple\n\nThe column buffers (protocol/columnar.py Columns order).");
 
 static PyMethodDef builder_methods[] = {
     {"append", (PyCFunction)(void (*)(void))builder_append, METH_FASTCALL, append_doc},
+    {"reserve", (PyCFunction)(void (*)(void))builder_reserve, METH_FASTCALL, reserve_doc},
     {"finish", (PyCFunction)builder_finish, METH_NOARGS, finish_doc},
     {NULL, NULL, 0, NULL},
 };

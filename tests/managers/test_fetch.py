@@ -546,6 +546,24 @@ def test_incremental_request_lists_forgotten_partitions() -> None:
     assert forgotten(request) == set()
 
 
+def test_partition_assigned_again_gets_a_full_fetch() -> None:
+    # Unassigned and assigned again with no request in between: the broker's session still holds
+    # the partition, unchanged, and an incremental response would leave it out (no news), so the new
+    # state would never learn its high watermark.  The request is a full one.
+    s = Setup()
+    s.start({T0: 10})
+    respond(s.fetch(), {T0: data(T0, high_watermark=10)}, session_id=5)
+    assert s.subs.partitions[T0].high_watermark == 10
+    s.subs.assign([])
+    s.start({T0: 10})
+    request = s.fetch()
+    assert session(request) == (0, 0)  # full: a new session
+    assert fetched(request) == {T0: 10}
+    respond(request, {T0: data(T0, high_watermark=10)}, session_id=6)
+    assert s.subs.partitions[T0].high_watermark == 10
+    assert session(s.fetch()) == (6, 1)  # then incremental again
+
+
 def test_incremental_request_resends_a_seeked_partition() -> None:
     s = Setup()
     s.start({T0: 10, T2: 30})

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from asyncconsumer import Consumer, TopicPartition
-from asyncconsumer.spark import DataLossError, KafkaStreamReader, parse_options
+from asyncconsumer.spark import DataLossError, KafkaStreamReader, SourceOptionError, parse_options
 
 pytestmark = pytest.mark.spark
 
@@ -101,8 +102,21 @@ def test_available_now_with_checkpoint_reads_exactly_the_new_records(
     assert anyio.run(committed) == dict(ends)
 
 
+_readers: list[KafkaStreamReader] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_readers() -> Iterator[None]:
+    """Spark stops a stream reader when its query ends; a test's readers are stopped after it."""
+    yield
+    while _readers:
+        _readers.pop().stop()
+
+
 def stream_reader(bootstrap: str, **options: str) -> KafkaStreamReader:
-    return KafkaStreamReader(parse_options({"kafka.bootstrap.servers": bootstrap, **options}, streaming=True))
+    reader = KafkaStreamReader(parse_options({"kafka.bootstrap.servers": bootstrap, **options}, streaming=True))
+    _readers.append(reader)
+    return reader
 
 
 def test_latest_offset_rate_limit_and_available_now_target(
@@ -124,6 +138,45 @@ def test_latest_offset_rate_limit_and_available_now_target(
     assert reader.latestOffset(end, ReadAllAvailable()) == end  # "no new data": the query ends
     parts = reader.partitions({topic: {"0": 150, "1": 200}}, end)
     assert [(p.partition, p.start, p.end) for p in parts] == [(0, 150, 200)]  # type: ignore[attr-defined]
+
+
+def test_driver_consumer_kept_across_micro_batches_and_closed_on_stop(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(2)
+    produce(topic, [(i % 2, None, b"x") for i in range(40)])
+    reader = stream_reader(bootstrap, subscribe=topic, startingOffsets="earliest")
+    planner = reader._planner
+    assert not planner.started  # nothing before Spark asks
+    start = reader.initialOffset()
+    planned = []
+    for _ in range(3):  # micro-batches: the offsets, the plan, and new records before the next
+        began = time.monotonic()
+        end = reader.latestOffset(start, ReadAllAvailable())
+        assert time.monotonic() - began < 5  # under the high-watermark probe's 10 s: it got its answer
+        planned.append([(p.partition, p.start, p.end) for p in reader.partitions(start, end)])  # type: ignore[attr-defined]
+        produce(topic, [(0, None, b"y")] * 5)  # seen by the next call: each lookup asks Kafka afresh
+        start = end
+    assert planned == [[(0, 0, 20), (1, 0, 20)], [(0, 20, 25)], [(0, 25, 30)]]
+    assert reader.latestOffset(start, ReadAllAvailable()) == {topic: {"0": 35, "1": 20}}
+    assert planner.started and planner.starts == 1  # one consumer for every call
+    reader.stop()
+    assert not planner.started
+    reader.stop()  # twice is harmless
+    assert reader.latestOffset(start, ReadAllAvailable()) == {topic: {"0": 35, "1": 20}}
+    assert planner.starts == 2  # used after stop(): a new consumer
+    reader.stop()
+
+
+def test_failed_driver_call_starts_a_fresh_consumer(bootstrap: str, new_topic: Callable[..., str]) -> None:
+    topic = new_topic(1)
+    reader = stream_reader(bootstrap, assign=f'{{"{topic}":[0,3]}}', startingOffsets="earliest")
+    with pytest.raises(SourceOptionError, match=f"names partitions that do not exist: {topic}-3"):
+        reader.initialOffset()
+    assert not reader._planner.started  # closed with the failure: nothing half-done is kept
+    fine = stream_reader(bootstrap, assign=f'{{"{topic}":[0]}}', startingOffsets="earliest")
+    assert fine.initialOffset() == {topic: {"0": 0}}
+    fine.stop()
 
 
 def test_data_loss_on_the_driver(bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]) -> None:

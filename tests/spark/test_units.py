@@ -288,7 +288,7 @@ def test_available_now_start_ignores_what_came_after_the_target(
     partitions.  Partitions and records that appear in between belong to a later query; they must
     not look like data loss (a partition gone, or an offset gone back)."""
     lookup = GrowingLookup({TP0: 0, TP1: 0}, {TP0: 10, TP1: 20})
-    monkeypatch.setattr("asyncconsumer.spark.source.run_on_driver", lambda options, work: anyio.run(work, lookup))
+    monkeypatch.setattr(KafkaStreamReader, "_plan", lambda self, work: anyio.run(work, lookup))
     reader = KafkaStreamReader(parse_options(opts(subscribePattern="t", startingOffsets=starting), streaming=True))
     reader.prepareForTriggerAvailableNow()
     lookup.grow()  # a partition added and records produced before Spark asks for the start
@@ -307,7 +307,7 @@ def test_streaming_picks_up_partitions_added_to_a_topic(
 ) -> None:
     """Tansu cannot add partitions (no CreatePartitions), so this path is shown here."""
     lookup = GrowingLookup({TP0: 0, TP1: 0}, {TP0: 10, TP1: 20})
-    monkeypatch.setattr("asyncconsumer.spark.source.run_on_driver", lambda options, work: anyio.run(work, lookup))
+    monkeypatch.setattr(KafkaStreamReader, "_plan", lambda self, work: anyio.run(work, lookup))
     reader = KafkaStreamReader(parse_options(opts(subscribe="t", startingOffsets="earliest"), streaming=True))
     start = reader.initialOffset()
     end = reader.latestOffset(start, reader.getDefaultReadLimit())

@@ -21,6 +21,8 @@ from .collector import refetch_bad_batch
 
 if TYPE_CHECKING:
     from ..engine.loop import Engine
+    from ..managers.subscription import PartitionState
+    from ..protocol.columnar import Columns
     from ..structs import TopicPartition
     from .collector import Collector
 
@@ -59,19 +61,11 @@ async def take_arrow_batch(
 def _collect(
     collector: Collector[Any, Any], engine: Engine, only: set[TopicPartition] | None, limit: int, include_headers: bool
 ) -> Any:
-    """``Collector._collect`` for one partition, as columns: the first partition with records."""
-    subscriptions = engine.subscriptions
-    buffer = engine.buffer
-    seen: set[TopicPartition] = set()
-    for fetch in buffer.fetches():
-        tp = fetch.tp
-        state = subscriptions.partitions.get(tp)
-        if state is None or state.epoch != fetch.epoch:
-            buffer.remove(fetch)
-            continue
-        if tp in seen or state.paused or state.revoking or (only is not None and tp not in only):
-            continue  # one completed fetch per partition at a time keeps offsets in order
-        seen.add(tp)
+    """The collector's fetch walk read as columns: the first partition with records, as one batch."""
+    taken: tuple[TopicPartition, PartitionState, Columns] | None = None
+    for fetch, state in collector.fetch_walk(engine, only):
+        if taken is not None:
+            break  # after the walk's bookkeeping for the fetch read: one partition per batch
         try:
             columns = fetch.take_columns(limit, state.position, include_headers=include_headers)
         except RecordError as exc:
@@ -81,27 +75,20 @@ def _collect(
         last = columns.last_offset
         if last is not None:
             state.position = last + 1
-        if fetch.exhausted:
-            collector.bytes_consumed += fetch.size  # used up (metrics), as on the row paths
-            # Past the transaction markers, aborted batches or compaction gaps the fetch ended with.
-            state.position = max(state.position, fetch.next_offset)
-            buffer.remove(fetch)
-            seen.discard(tp)
-        if last is None:
-            if fetch.exhausted and state.consumed < state.position:
-                state.consumed = state.position  # nothing to hand out, but commits may move past it
-            continue
-        try:
-            batch = to_arrow(columns, tp.topic, tp.partition)
-        except RecordError:
-            state.rewind(columns_first_offset(columns))
-            engine.buffer.drop(functools.partial(_other_partition, tp))
-            engine.wake()
-            raise
-        state.consumed = state.position  # handed out (getmany()'s semantics)
-        collector.handed(tp, batch.num_rows)
-        return batch
-    return None
+            taken = fetch.tp, state, columns
+    if taken is None:
+        return None
+    tp, state, columns = taken
+    try:
+        batch = to_arrow(columns, tp.topic, tp.partition)
+    except RecordError:
+        state.rewind(columns_first_offset(columns))
+        engine.buffer.drop(functools.partial(_other_partition, tp))
+        engine.wake()
+        raise
+    state.consumed = state.position  # handed out (getmany()'s semantics)
+    collector.handed(tp, batch.num_rows)
+    return batch
 
 
 def _other_partition(tp: TopicPartition, fetch: Any) -> bool:

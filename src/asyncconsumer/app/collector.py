@@ -13,7 +13,7 @@ wake-ups), never to ``Consumer`` internals.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Generic, cast
 
 import anyio
@@ -172,14 +172,26 @@ class Collector(Generic[KT, VT]):
             if state.consumed >= 0:
                 state.processed = state.consumed
 
-    def _collect(
-        self, engine: Engine, only: set[TopicPartition] | None, limit: int, *, hand_out: bool = True
-    ) -> dict[TopicPartition, list[Record]]:
+    def fetch_walk(
+        self, engine: Engine, only: set[TopicPartition] | None, *, hand_out: bool = True
+    ) -> Iterator[tuple[CompletedFetch, PartitionState]]:
+        """The walk over the fetch buffer every read API shares: ``(fetch, state)`` for each
+        completed fetch that may be read now, in buffer order, one per partition at a time (which
+        keeps offsets in order), ``only`` these partitions (None: all); stale fetches (a seek,
+        reset or revocation since) are dropped, paused and revoking partitions skipped.
+
+        The caller reads the fetch at ``state.position`` and moves the position past what it
+        took.  When the caller comes back for the next fetch and this one is used up, the walk
+        counts its bytes (metrics), moves the position past the transaction markers, aborted
+        batches or compaction gaps it ended with and drops it, so the partition's next fetch may
+        follow in the same walk; a used-up fetch that gave nothing to hand out this walk
+        (``hand_out``) lets commits move past it too.  Leaving the walk early (break, return,
+        an exception) leaves the last fetch as it is.
+        """
         subscriptions = engine.subscriptions
         buffer = engine.buffer
-        result: dict[TopicPartition, list[Record]] = {}
         seen: set[TopicPartition] = set()
-        count = 0
+        took: set[TopicPartition] = set()
         for fetch in buffer.fetches():
             tp = fetch.tp
             state = subscriptions.partitions.get(tp)
@@ -187,8 +199,28 @@ class Collector(Generic[KT, VT]):
                 buffer.remove(fetch)
                 continue
             if tp in seen or state.paused or state.revoking or (only is not None and tp not in only):
-                continue  # one completed fetch per partition at a time keeps offsets in order
+                continue
             seen.add(tp)
+            before = state.position
+            yield fetch, state
+            if state.position != before:
+                took.add(tp)
+            if fetch.exhausted:
+                self.bytes_consumed += fetch.size
+                state.position = max(state.position, fetch.next_offset)
+                # Only control records or compaction gaps: nothing to hand out, but commits may move
+                # past them (not while records taken for partition streams still wait there).
+                if hand_out and tp not in took and state.consumed < state.position:
+                    state.consumed = state.position
+                buffer.remove(fetch)
+                seen.discard(tp)
+
+    def _collect(
+        self, engine: Engine, only: set[TopicPartition] | None, limit: int, *, hand_out: bool = True
+    ) -> dict[TopicPartition, list[Record]]:
+        result: dict[TopicPartition, list[Record]] = {}
+        count = 0
+        for fetch, state in self.fetch_walk(engine, only, hand_out=hand_out):
             if count >= limit:
                 break
             try:
@@ -200,17 +232,8 @@ class Collector(Generic[KT, VT]):
                 raise
             if records:
                 state.position = records[-1].offset + 1
-                result.setdefault(tp, []).extend(records)
+                result.setdefault(fetch.tp, []).extend(records)
                 count += len(records)
-            if fetch.exhausted:
-                self.bytes_consumed += fetch.size
-                state.position = max(state.position, fetch.next_offset)
-                # Only control records or compaction gaps: nothing to hand out, but commits may move
-                # past them (not while records taken for partition streams still wait there).
-                if hand_out and not records and state.consumed < state.position and tp not in result:
-                    state.consumed = state.position
-                buffer.remove(fetch)
-                seen.discard(tp)
         return result
 
     # -- chunks (async for, batches()) ----------------------------------------------------------------

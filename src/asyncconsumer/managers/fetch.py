@@ -72,6 +72,8 @@ class FetchSession:
     epoch: int = 0
     #: What the broker remembers per partition: what we last sent for it.
     partitions: dict[TopicPartition, SessionPartition] = field(default_factory=dict)
+    #: The partition states the last request was built for (a partition assigned again has a new one).
+    states: dict[TopicPartition, object] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.session_id, self.epoch = 0, 0
@@ -217,6 +219,15 @@ class FetchManager:
         self._in_flight_nodes.add(node)
         self._in_flight_partitions.update(wanted)
         assignment_id = self._subscriptions.assignment_id
+        # A partition unassigned and assigned again with no request in between (a new state, no high
+        # watermark yet) is still in the broker's session, unchanged; an incremental response leaves
+        # out a partition with no news, so the new state would never learn its high watermark.  A
+        # full fetch answers for every partition.
+        if session.session_id and any(
+            s.tp in session.partitions and session.states.get(s.tp) is not s and s.high_watermark < 0 for s in states
+        ):
+            session.reset()
+        session.states = {s.tp: s for s in states}
         entries = {tp: self._session_entry(tp, offset) for tp, (offset, _) in wanted.items()}
         have_ids = all(e.topic_id != ZERO_UUID for e in entries.values()) and all(
             e.topic_id != ZERO_UUID for tp, e in session.partitions.items() if tp not in wanted

@@ -6,9 +6,10 @@ Where things run:
   subscription and resolving offsets (``earliest``/``latest``/JSON/timestamps), planning one input
   partition per Kafka offset range (split per ``minPartitions``/``maxRecordsPerPartition``), the
   streaming offsets (``initialOffset``/``latestOffset``/``prepareForTriggerAvailableNow``) and the
-  optional commit of processed offsets to a consumer group.  Each of these calls opens a short-lived
-  :class:`~asyncconsumer.Consumer` inside ``anyio.run``: fresh metadata every time, so new topics
-  and partitions are seen.
+  optional commit of processed offsets to a consumer group.  The batch reader's planning opens a
+  short-lived :class:`~asyncconsumer.Consumer` inside ``anyio.run``; a streaming query keeps its
+  driver consumers across micro-batches (:class:`DriverSession`, closed when the query stops).
+  Every lookup fetches fresh metadata, so new topics and partitions are seen.
 - **Executors**: :meth:`read` reads exactly one offset range ``[start, end)`` with a Consumer using
   manual ``assign`` + ``seek`` on its own event loop (a blocking portal thread, so that record batches
   can be yielded to Spark while the consumer keeps its connections), and hands Arrow record batches
@@ -20,8 +21,11 @@ No consumer group is joined: offsets live in Spark's checkpoint.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import math
+import queue
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import anyio
 import anyio.lowlevel
 import pyarrow as pa
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -354,6 +359,13 @@ def _driver_consumer(options: SourceOptions, **overrides: Any) -> Consumer[Any, 
     return Consumer.from_properties(props, **settings)
 
 
+def _group_consumer(options: SourceOptions) -> Consumer[Any, Any]:
+    """The consumer that commits processed offsets to the monitoring group (never joins it)."""
+    return Consumer.from_properties(
+        options.consumer_properties, group_id=options.group_id, enable_auto_commit=False, auto_offset_reset="none"
+    )
+
+
 def run_on_driver(options: SourceOptions, work: Callable[[OffsetLookup], Awaitable[T]]) -> T:
     """Run ``work`` with a fresh consumer on a fresh event loop (Spark calls the readers synchronously)."""
 
@@ -362,6 +374,108 @@ def run_on_driver(options: SourceOptions, work: Callable[[OffsetLookup], Awaitab
             return await work(ConsumerOffsetLookup(consumer, read_committed=options.read_committed))
 
     return anyio.run(main)
+
+
+class DriverSession:
+    """A consumer kept across a streaming query's micro-batches for the driver's offset planning.
+
+    Spark calls a stream reader's driver methods (``initialOffset``, ``latestOffset``,
+    ``partitions``, ``commit``) one after another in one long-lived Python worker, each one
+    synchronously.  Rather than a consumer per call (connections, ApiVersions and metadata every
+    micro-batch), the session starts ``make()``'s consumer on an event loop of its own (a blocking
+    portal thread) on first use and runs each call's work there.  Each lookup still asks Kafka
+    afresh: ``partitions``/``topics`` fetch new metadata every time, so new topics and partitions
+    are seen.  A call that fails closes the session (the next one starts a new consumer: nothing
+    half-done is kept); :meth:`close` ends it, and the stream reader's ``stop()`` calls that when
+    the query stops.
+    """
+
+    def __init__(self, make: Callable[[], Consumer[Any, Any]]) -> None:
+        self._make = make
+        self._stack: contextlib.ExitStack | None = None
+        self._portal: BlockingPortal | None = None
+        self._consumer: Consumer[Any, Any] | None = None
+        #: Consumers started so far (one for a whole query unless a call failed).
+        self.starts = 0
+
+    @property
+    def started(self) -> bool:
+        """Whether the session's consumer is running now."""
+        return self._consumer is not None
+
+    def run(self, work: Callable[[Consumer[Any, Any]], Awaitable[T]]) -> T:
+        """``work(consumer)`` on the session's event loop; its result, or its error (the session is closed then)."""
+        if self._portal is None or self._consumer is None:
+            self._start()
+        assert self._portal is not None and self._consumer is not None
+        try:
+            return self._portal.call(work, self._consumer)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        stack = contextlib.ExitStack()
+        try:
+            portal = stack.enter_context(_daemon_portal())
+            consumer = stack.enter_context(portal.wrap_async_context_manager(self._make()))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack, self._portal, self._consumer = stack, portal, consumer
+        self.starts += 1
+
+    def close(self) -> None:
+        """Close the consumer and stop its event loop; harmless when not started or closed already."""
+        stack, self._stack, self._portal, self._consumer = self._stack, None, None, None
+        if stack is None:
+            return
+        try:
+            stack.close()
+        except Exception as exc:  # closing must not fail the query's shutdown
+            log.warning("asyncconsumer source: closing the driver's consumer failed: %s", exc)
+
+
+@contextlib.contextmanager
+def _daemon_portal() -> Iterator[BlockingPortal]:
+    """A blocking portal whose event loop runs in a daemon thread: a session the query never stopped
+    (Spark's worker exiting, a test dropping a reader) must not keep the interpreter from exiting,
+    as ``start_blocking_portal``'s pool thread would."""
+    handed: queue.Queue[BlockingPortal | BaseException] = queue.Queue(1)
+
+    async def serve() -> None:
+        async with BlockingPortal() as portal:
+            handed.put(portal)
+            await portal.sleep_until_stopped()
+
+    def run() -> None:
+        try:
+            anyio.run(serve)
+        except BaseException as exc:  # handed over when it failed before the portal existed
+            if handed.empty():
+                handed.put(exc)
+
+    thread = threading.Thread(target=run, name="asyncconsumer-spark-driver", daemon=True)
+    thread.start()
+    got = handed.get()
+    if isinstance(got, BaseException):
+        raise got
+    try:
+        yield got
+    finally:
+        got.call(got.stop)
+        thread.join()
+
+
+def lookup_with(
+    options: SourceOptions, work: Callable[[OffsetLookup], Awaitable[T]]
+) -> Callable[[Consumer[Any, Any]], Awaitable[T]]:
+    """``work`` for :meth:`DriverSession.run`: given the session's consumer as an :class:`OffsetLookup`."""
+
+    async def run(consumer: Consumer[Any, Any]) -> T:
+        return await work(ConsumerOffsetLookup(consumer, read_committed=options.read_committed))
+
+    return run
 
 
 # ----------------------------------------------------------------------- executors: reading
@@ -510,8 +624,6 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
     """Arrow record batches with exactly the records of ``offset_range`` (runs on an executor)."""
     if offset_range.size <= 0:
         return
-    from anyio.from_thread import start_blocking_portal
-
     with start_blocking_portal() as portal, portal.wrap_async_context_manager(_executor_consumer(options)) as consumer:
         reader = RangeReader(
             consumer,
@@ -620,6 +732,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_target: dict[TopicPartition, int] | None = None
         self._last_latest: dict[TopicPartition, int] | None = None
         self._last_committed: dict[TopicPartition, int] | None = None
+        #: The driver's consumers, kept across micro-batches: offset planning, and the commits to
+        #: the monitoring group (started when first used; closed by stop()).
+        self._planner = DriverSession(lambda: _driver_consumer(options))
+        self._committer = DriverSession(lambda: _group_consumer(options))
+
+    def _plan(self, work: Callable[[OffsetLookup], Awaitable[T]]) -> T:
+        return self._planner.run(lookup_with(self.options, work))
 
     # -- offsets (driver) -------------------------------------------------------------------------
 
@@ -636,7 +755,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             offsets = await resolve_offsets(lookup, self.options.starting, sorted(target), starting=True)
             return {tp: min(offset, target[tp]) for tp, offset in offsets.items()}
 
-        return _offsets_json(run_on_driver(self.options, work))
+        return _offsets_json(self._plan(work))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is not None:
@@ -647,7 +766,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         async def work(lookup: OffsetLookup) -> dict[TopicPartition, int]:
             return await lookup.latest(await lookup.partitions(self.options.subscription))
 
-        self._available_now_target = run_on_driver(self.options, work)
+        self._available_now_target = self._plan(work)
         log.info("asyncconsumer source: availableNow reads up to %s", self._available_now_target)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
@@ -668,7 +787,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._available_now_target is not None and all(tp in begin for tp in self._available_now_target):
             latest = dict(self._available_now_target)  # nothing to ask Kafka
         else:
-            latest, new_earliest = run_on_driver(self.options, work)
+            latest, new_earliest = self._plan(work)
         self._last_latest = latest
         known = {**begin, **new_earliest}
         end = dict(latest)
@@ -690,7 +809,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             report_data_loss(o, "partitions " + ", ".join(map(str, gone)) + " are gone (topic deleted?)")
         new = [tp for tp in until if tp not in begin]
         if new:
-            earliest = run_on_driver(o, lambda lookup: lookup.earliest(new))
+            earliest = self._plan(lambda lookup: lookup.earliest(new))
             for tp in new:
                 if earliest[tp] != 0:
                     report_data_loss(o, f"added partition {tp} starts at offset {earliest[tp]} instead of 0")
@@ -727,28 +846,29 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if group_id is None or not offsets or offsets == self._last_committed:
             return
 
-        async def main() -> None:
-            consumer = Consumer.from_properties(
-                self.options.consumer_properties,
-                group_id=group_id,
-                enable_auto_commit=False,
-                auto_offset_reset="none",
-            )
-            async with consumer:
-                await consumer.commit(offsets)
+        async def commit(consumer: Consumer[Any, Any]) -> None:
+            await consumer.commit(offsets)
 
         try:
-            anyio.run(main)
+            self._committer.run(commit)
             self._last_committed = dict(offsets)
         except Exception as exc:
             log.warning("asyncconsumer source: committing offsets to group %r failed: %s", group_id, exc)
 
+    def stop(self) -> None:
+        """The query stopped: close the driver's consumers (Spark calls this in the reader's worker)."""
+        self._planner.close()
+        self._committer.close()
+
     def __getstate__(self) -> dict[str, Any]:
-        # Only the options travel to the executors.
+        # Only the options travel to the executors (the driver's consumers stay where they are).
         return {"options": self.options, "_available_now_target": None, "_last_latest": None, "_last_committed": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        options = self.options
+        self._planner = DriverSession(lambda: _driver_consumer(options))
+        self._committer = DriverSession(lambda: _group_consumer(options))
 
 
 def register(spark: SparkSession) -> None:
