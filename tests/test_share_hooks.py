@@ -33,6 +33,12 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+@pytest.fixture(scope="module")
+def bootstrap(apache_kafka: Any) -> str:
+    """This module's broker: Apache Kafka (``new_topic``/``produce`` use it too)."""
+    return str(apache_kafka.bootstrap)
+
+
 class RecordingShareConsumer(ShareConsumer[bytes, bytes]):
     """Logs every acquire/release; lets any number of tasks poll at once (implicit mode)."""
 
@@ -111,9 +117,8 @@ async def test_a_failed_start_leaves_no_task_running(client: type[Any]) -> None:
 
 
 async def test_every_public_call_is_bracketed_and_a_custom_rule_lets_two_tasks_poll(
-    apache_kafka: Any, new_topic: Callable[..., str], produce: Callable[..., Any]
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
-    bootstrap = str(apache_kafka.bootstrap)
     topic = new_topic(2)
     group = await anyio.to_thread.run_sync(lambda: share_group(bootstrap))
     total = 400

@@ -507,14 +507,23 @@ class ColumnReader:
         """Size a new block's buffers up front from its first batch.  The uncompressed batches
         left in the record set bound the key and value bytes the block can take; ``max_records``
         records at this batch's bytes per record (header included) bound them more tightly when
-        the records are alike.  Compressed batches give no bound: their buffers grow as needed."""
-        count = batch.record_count
+        the records are alike.  Compressed batches give no bound: their buffers grow as needed.
+
+        The header's record count is only a claim (a corrupt batch may say 2**31); a v2 record
+        takes at least ``_MIN_RECORD_BYTES``, so the batch's real size bounds the count reserved
+        for, and a lie costs no more memory than the bytes fetched (its error comes from append)."""
+        size = batch.size_in_bytes
+        count = min(batch.record_count, size // _MIN_RECORD_BYTES)
         if batch.compression or batch.magic != 2 or count <= 0:
             return
-        size = batch.size_in_bytes
         builder.reserve(
             min(max_records, -(-self._left * count // size)), min(self._left, -(-max_records * size // count))
         )
+
+
+#: The fewest bytes a v2 record takes: its length, attributes, timestamp delta, offset delta, key
+#: length, value length and header count, one byte each.
+_MIN_RECORD_BYTES = 7
 
 
 def decode_columns(
