@@ -235,7 +235,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    _refuse_two_brokers(items)
     _group_by_broker(items)
+
+
+def _refuse_two_brokers(items: list[pytest.Item]) -> None:
+    """A test that asks for ``apache_kafka`` and also for a fixture run on each backend (``new_topic``,
+    ``produce``, ``bootstrap``...) would, in its Tansu run, write to one broker and read from the
+    other.  A module about Apache Kafka overrides ``bootstrap`` with ``apache_kafka``'s instead."""
+    mixed = [
+        item.nodeid
+        for item in items
+        if "apache_kafka" in getattr(item, "fixturenames", ())
+        and getattr(getattr(item, "callspec", None), "params", {}).get("kafka_backend") == "tansu"
+    ]
+    if mixed:
+        raise pytest.UsageError(
+            "these tests use apache_kafka beside fixtures run on each backend (override `bootstrap` with "
+            "apache_kafka's in the module): " + ", ".join(mixed[:5])
+        )
 
 
 def _group_by_broker(items: list[pytest.Item]) -> None:
