@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import pytest
-from support.share import share_group
+from support.share import apache_kafka_bootstrap, share_group  # noqa: F401 (a fixture: bootstrap)
 
 from asyncconsumer import (
     AcknowledgementRequiredError,
@@ -41,12 +41,6 @@ Records = list[ShareConsumerRecord[bytes, bytes]]
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def bootstrap(apache_kafka: Any) -> str:
-    """This module's broker: Apache Kafka (``new_topic``/``produce`` use it too)."""
-    return str(apache_kafka.bootstrap)
 
 
 async def group_for(bootstrap: str, **configs: object) -> str:

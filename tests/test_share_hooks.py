@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
-from support.share import share_group
+from support.share import apache_kafka_bootstrap, share_group  # noqa: F401 (a fixture: bootstrap)
 
 from asyncconsumer import (
     AcknowledgeType,
@@ -31,12 +31,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def bootstrap(apache_kafka: Any) -> str:
-    """This module's broker: Apache Kafka (``new_topic``/``produce`` use it too)."""
-    return str(apache_kafka.bootstrap)
 
 
 class RecordingShareConsumer(ShareConsumer[bytes, bytes]):

@@ -7,6 +7,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support.share import apache_kafka_bootstrap  # noqa: F401 (a fixture: bootstrap)
 from test_share import group_for, nothing_more, poll_until, values
 
 from asyncconsumer import AcknowledgeType, ShareConsumer
@@ -17,11 +18,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "trio"
-
-
-@pytest.fixture(scope="module")
-def bootstrap(apache_kafka: Any) -> str:
-    return str(apache_kafka.bootstrap)
 
 
 async def test_a_trio_member_reads_releases_and_accepts(

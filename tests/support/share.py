@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
+import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 
@@ -23,3 +25,10 @@ def set_share_group_config(bootstrap: str, group: str, **configs: object) -> Non
     ]
     resource = ConfigResource("GROUP", group, incremental_configs=entries)
     admin.incremental_alter_configs([resource])[resource].result(timeout=30)
+
+
+@pytest.fixture(scope="module", name="bootstrap")
+def apache_kafka_bootstrap(apache_kafka: Any) -> str:
+    """``bootstrap`` for a share-group module: Apache Kafka (Tansu has no share groups), so that
+    ``new_topic``/``produce`` use it too.  Import it into the module to override the suite's."""
+    return str(apache_kafka.bootstrap)
