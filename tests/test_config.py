@@ -35,6 +35,8 @@ def test_defaults_follow_kafka() -> None:
         ({"fetch_max_wait_ms": -1}, "fetch_max_wait_ms must be >= 0"),
         ({"request_timeout_ms": 0}, "request_timeout_ms must be > 0"),
         ({"request_timeout_ms": "30"}, "request_timeout_ms must be an integer"),
+        ({"default_api_timeout_ms": 0}, "default_api_timeout_ms must be > 0"),
+        ({"default_api_timeout_ms": 2**31}, "default_api_timeout_ms must be at most 2147483647"),
         ({"enable_auto_commit": "yes"}, "enable_auto_commit must be True or False"),
         ({"fetch_buffer_bytes": 1000}, "fetch_buffer_bytes (1000) must be >= max_partition_fetch_bytes"),
         ({"security_protocol": "SASL_SSL"}, "needs sasl_plain_username and sasl_plain_password"),

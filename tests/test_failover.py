@@ -207,9 +207,10 @@ async def test_a_bootstrap_server_down_at_start_then_every_broker_down_for_20_s_
     await on_thread(first.kill)
     bootstrap = ",".join(n.bootstrap for n in cluster.nodes)  # the dead one first
     producer = Background(cluster, topic).start()
-    async with group_consumer(bootstrap, f"g-{topic}") as c:
+    # A commit gets one request timeout (not default_api_timeout_ms' minute), so commits in flight
+    # while every broker is down time out: a typed error, and the next one covers them.
+    async with group_consumer(bootstrap, f"g-{topic}", default_api_timeout_ms=FAST["request_timeout_ms"]) as c:
         c.subscribe([topic])
-        # Commits in flight while every broker is down time out (a typed error; the next one covers them).
         reader = Reader(c, commit_every=100, tolerate_timeouts=True)
         async with anyio.create_task_group() as tg:
             tg.start_soon(reader.run)
@@ -363,7 +364,9 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
     assert victim.pid is not None
     # librdkafka holds a ProduceRequest to a hung broker for socket.timeout.ms (60 s by default).
     producer = Background(cluster, topic, config={"socket.timeout.ms": 10000}).start()
-    async with group_consumer(cluster.bootstrap, f"g-{topic}", request_timeout_ms=5000,
+    # A commit to a hung coordinator times out after one request (it would otherwise retry until the
+    # coordinator moves, holding the reader): the test measures reading.
+    async with group_consumer(cluster.bootstrap, f"g-{topic}", request_timeout_ms=5000, default_api_timeout_ms=5000,
                               socket_connection_setup_timeout_ms=5000) as c:
         c.subscribe([topic])
         reader = Reader(c, commit_every=100, tolerate_timeouts=True)

@@ -151,8 +151,11 @@ class ConsumerOptions(TypedDict, total=False):
     #: Value bytes to your value type (not called for None values).
     value_deserializer: Deserializer | None
     # Network.
-    #: The time limit of one request; also the default ``timeout`` of the one-shot methods.
+    #: The time limit of one request (a request that times out closes its connection).
     request_timeout_ms: int
+    #: The default ``timeout`` of the one-shot methods (``commit()``, ``committed()``, ``position()``,
+    #: offset lookups, metadata): each retries through timed-out requests and reconnects until then.
+    default_api_timeout_ms: int
     #: The time limit for opening a connection (TCP plus TLS).
     socket_connection_setup_timeout_ms: int
     #: Accepted and checked; idle connections are not closed yet.
@@ -223,6 +226,7 @@ class ConsumerConfig:
     key_deserializer: Deserializer | None = None
     value_deserializer: Deserializer | None = None
     request_timeout_ms: int = 30000
+    default_api_timeout_ms: int = 60000
     socket_connection_setup_timeout_ms: int = 10000
     connections_max_idle_ms: int = 540000
     reconnect_backoff_ms: int = 50
@@ -271,6 +275,7 @@ _POSITIVE = {
     "max_partition_fetch_bytes",
     "fetch_buffer_bytes",
     "request_timeout_ms",
+    "default_api_timeout_ms",
     "socket_connection_setup_timeout_ms",
     "connections_max_idle_ms",
     "metadata_max_age_ms",
@@ -300,6 +305,7 @@ LOCAL_INT_LIMITS: dict[str, int] = {
     "heartbeat_interval_ms": INT32_MAX,
     "max_poll_records": INT32_MAX,
     "request_timeout_ms": INT32_MAX,
+    "default_api_timeout_ms": INT32_MAX,
     "rebalance_commit_wait_ms": INT32_MAX,
     "fetch_buffer_bytes": INT64_MAX,
     "max_batch_decompressed_bytes": INT64_MAX,

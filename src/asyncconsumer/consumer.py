@@ -677,7 +677,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _timeout(self, timeout: float | None) -> float:
-        return self._config.request_timeout_ms / 1000 if timeout is None else timeout
+        return self._config.default_api_timeout_ms / 1000 if timeout is None else timeout
 
 
 

@@ -362,7 +362,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         if self.acknowledgement_mode == "implicit":
             self._accept_delivered(engine)
         waiter = await engine.call(lambda now: engine.fetcher.commit())
-        with anyio.fail_after(timeout if timeout is not None else self._config.request_timeout_ms / 1000):
+        with anyio.fail_after(timeout if timeout is not None else self._config.default_api_timeout_ms / 1000):
             results: AckResults = await waiter.wait()
         await self._report_acknowledgements(engine)
         return results

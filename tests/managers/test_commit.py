@@ -296,6 +296,25 @@ def test_transport_error_retries_after_rediscovery() -> None:
     assert waiter.result() is None
 
 
+def test_a_commit_timing_out_after_a_timed_out_request_names_that_request() -> None:
+    # The coordinator's connection hung: the request timed out, the coordinator was found again, and
+    # the deadline came before the retry was answered.  The timeout names the hung request, not
+    # the (by now healthy) coordinator lookup.
+    s = Setup()
+    s.find_coordinator()
+    waiter = s.commits.commit(s.h.now, {T0: OffsetAndMetadata(10)}, timeout=2.0)
+    s.h.advance(1.0)
+    s.h.take("OffsetCommit").fail(KafkaTimeoutError("OffsetCommit request to c:1 timed out after 1.0s"))
+    assert not waiter.done() and s.coordinator.node_id is None
+    s.find_coordinator()
+    assert s.coordinator.last_error is None
+    s.h.advance(1.0)
+    s.h.poll()
+    with pytest.raises(KafkaTimeoutError, match="t-0") as info:
+        waiter.result()
+    assert "OffsetCommit request to c:1 timed out" in str(info.value)
+
+
 def test_non_retriable_transport_error_fails_the_commit() -> None:
     s = Setup()
     s.find_coordinator()

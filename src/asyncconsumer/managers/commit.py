@@ -48,6 +48,9 @@ class _Commit:
     deadline: float
     in_flight: bool = False
     retry_at: float = 0.0
+    #: Why the last attempt did not commit (a retriable error code, a timed-out request, a lost
+    #: connection), for the timeout's message.
+    last_error: BaseException | None = None
 
 
 @dataclass(eq=False)
@@ -166,7 +169,7 @@ class CommitManager:
                 commit.waiter.set_exception(
                     KafkaTimeoutError(
                         f"commit of {_names(commit.offsets)} did not complete in time "
-                        f"(last error: {self._coordinator.last_error})"
+                        f"(last error: {commit.last_error or self._coordinator.last_error})"
                     )
                 )
         self._queue_position_fetches(now)
@@ -267,9 +270,11 @@ class CommitManager:
                         self.last_committed[tp] = commit.offsets[tp].offset
                         continue
                     if code in COORDINATOR_CODES:
-                        self._coordinator.mark_unknown(now, error_for_code(code))
+                        commit.last_error = error_for_code(code)
+                        self._coordinator.mark_unknown(now, commit.last_error)
                         retry = True
                     elif code in RETRY_LATER_CODES or (code == STALE_MEMBER_EPOCH and self._moved_on(identity)):
+                        commit.last_error = error_for_code(code)
                         retry = True
                     else:
                         failed[tp] = error_for_code(code)
@@ -292,6 +297,7 @@ class CommitManager:
 
         def on_error(now: float, error: BaseException) -> None:
             commit.in_flight = False
+            commit.last_error = error
             self._coordinator.mark_unknown(now, error)
             if isinstance(error, KafkaError) and error.retriable:
                 commit.retry_at = now + self._retry_backoff
