@@ -30,6 +30,7 @@ from asyncconsumer import (
     ConcurrentAccessError,
     ShareConsumer,
     ShareConsumerRecord,
+    TopicPartition,
 )
 from asyncconsumer.share import ShareAcquireMode
 
@@ -158,10 +159,22 @@ async def test_release_redelivers_with_delivery_count_2(
             consumer, 5, ack=lambda r: AcknowledgeType.RELEASE if r.offset == 2 else AcknowledgeType.ACCEPT)
         assert [r.delivery_count for r in first] == [1] * 5
         assert all(e is None for e in (await consumer.commit()).values())
+        first_round = consumer.metrics()
         again = await poll_until(consumer, 1)
         assert [(r.offset, r.value, r.delivery_count) for r in again] == [(2, b"job-2", 2)]
         await consumer.commit()
         assert await nothing_more(consumer, 2.0) == []
+        m = consumer.metrics()
+    # The released record was delivered, acquired and acknowledged twice.
+    assert first_round.records_delivered == 5 and first_round.fetch.records_acquired in (5, 6)  # 6: re-acquired
+    assert (first_round.acknowledgements.acknowledged, first_round.acknowledgements.failed) == (5, 0)
+    assert (m.records_delivered, m.fetch.records_acquired, m.acknowledgements.acknowledged) == (6, 6, 6)
+    assert (m.acknowledgements.failed, m.acknowledgements.pending, m.fetch.errors) == (0, 0, 0)
+    assert m.fetch.requests >= m.fetch.responses >= 2 and m.fetch.latency.count >= 2
+    assert m.fetch.response_bytes > 0 and m.fetch.buffer_bytes == 0
+    assert m.membership.state == "stable" and m.membership.assignment == {TopicPartition(topic, 0)}
+    assert m.membership.member_epoch > 0 and m.membership.assignment_changes >= 1 and m.membership.member_id
+    assert m.connections.open >= 1 and m.connections.errors == 0
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
@@ -478,7 +491,7 @@ async def test_the_acknowledgement_commit_callback_sees_every_acknowledgement_on
     """Acknowledgements sent by commit() (accept 0-4 and 7-9, reject 5 and 6), riding on a
     ShareFetch (accept 10 and 11, reported at a later poll) and sent by close() (12 and 13, released):
     each offset reaches the callback once, with no error."""
-    from asyncconsumer import AcknowledgementResult, TopicPartition
+    from asyncconsumer import AcknowledgementResult
 
     topic = new_topic(1)
     group = await group_for(bootstrap)

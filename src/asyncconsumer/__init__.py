@@ -26,7 +26,7 @@ from .errors import (
     RebalanceCallbackError,
 )
 from .listener import RebalanceListener
-from .metrics import ConsumerMetrics, PartitionMetrics
+from .metrics import ConsumerMetrics, PartitionMetrics, ShareConsumerMetrics
 from .share import AcknowledgementResult, AcknowledgeType, ShareConsumer, ShareConsumerRecord
 from .streams import PartitionStream
 from .structs import (
@@ -43,6 +43,7 @@ __all__ = [
     "AcknowledgementResult",
     "ShareConsumer",
     "ShareConsumerRecord",
+    "ShareConsumerMetrics",
     "AcknowledgementRequiredError",
     "AcquisitionLockExpiredError",
     "CREATE_TIME",

@@ -192,8 +192,73 @@ class ConsumerMetrics:
         return self.connections.opened
 
 
+@dataclass(frozen=True, slots=True)
+class ShareFetchMetrics:
+    """ShareFetch requests, the records they acquired, and the fetch buffer."""
+
+    #: ShareFetch requests sent.
+    requests: int
+    #: ShareFetch responses handled.
+    responses: int
+    #: Failed ShareFetch requests (lost connection, timeout, a top-level error code).
+    errors: int
+    #: Time from sending a ShareFetch to its response (the broker's ``fetch_max_wait_ms`` included).
+    latency: Latency
+    #: Records acquired for this member (each delivery counts: a record released and acquired again
+    #: counts twice).
+    records_acquired: int
+    #: Record bytes received in ShareFetch responses, in all.
+    response_bytes: int
+    #: Bytes in the fetch buffer now (acquired, not handed out yet); at most about ``fetch_buffer_bytes``.
+    buffer_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class AcknowledgementMetrics:
+    """Acknowledgements (accept, release, reject, renew), by record offset."""
+
+    #: Offsets whose acknowledgement the broker confirmed.
+    acknowledged: int
+    #: Offsets whose acknowledgement failed (the lock ran out, the session was lost...): the broker
+    #: delivers those records again, or archives them past the group's delivery limit.
+    failed: int
+    #: Offsets acknowledged by the application and not sent yet.
+    pending: int
+    #: ShareAcknowledge request durations (acknowledgements that ride on a ShareFetch are not timed
+    #: separately).
+    latency: Latency
+
+
+@dataclass(frozen=True, slots=True)
+class ShareMembershipMetrics:
+    """The member of the share group."""
+
+    #: ``"joining"`` (no assignment epoch yet), ``"stable"``, ``"leaving"`` or ``"left"``.
+    state: str
+    member_id: str
+    #: The member epoch the coordinator gave (0 before joining).
+    member_epoch: int
+    #: Partitions assigned now.
+    assignment: frozenset[TopicPartition]
+    #: Times the assignment changed (the first assignment included).
+    assignment_changes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShareConsumerMetrics:
+    """A read-only snapshot of the share consumer's counters, from :meth:`ShareConsumer.metrics`."""
+
+    #: Records handed to the application (``getmany``, ``getone``, ``async for``).
+    records_delivered: int
+    fetch: ShareFetchMetrics
+    acknowledgements: AcknowledgementMetrics
+    membership: ShareMembershipMetrics
+    connections: ConnectionMetrics
+
+
 __all__ = [
     "LATENCY_BUCKETS",
+    "AcknowledgementMetrics",
     "CommitMetrics",
     "ConnectionMetrics",
     "ConsumerMetrics",
@@ -202,4 +267,7 @@ __all__ = [
     "LatencyRecorder",
     "PartitionMetrics",
     "RebalanceMetrics",
+    "ShareConsumerMetrics",
+    "ShareFetchMetrics",
+    "ShareMembershipMetrics",
 ]

@@ -29,6 +29,7 @@ from typing_extensions import TypeVar
 
 from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.collector import RecordDeserializationError
+from .app.metrics import share_snapshot
 from .config import ConsumerConfig, ConsumerOptions, build_config, options_from_properties
 from .engine.share_loop import ShareEngine
 from .errors import (
@@ -42,6 +43,7 @@ from .errors import (
     KafkaTimeoutError,
 )
 from .managers.share_fetch import AckResults, ShareBatch
+from .metrics import ShareConsumerMetrics
 from .structs import TopicPartition
 
 log = logging.getLogger("asyncconsumer.share")
@@ -157,6 +159,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         self._unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
         self._renewed: dict[_Key, float] = {}
         self._closed = False
+        self._records_delivered = 0
 
     @classmethod
     def from_properties(
@@ -286,6 +289,14 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
     def member_id(self) -> str | None:
         return self._engine.membership.member_id if self._engine is not None else None
 
+    def metrics(self) -> ShareConsumerMetrics:
+        """A snapshot of the share consumer's counters: records handed out, ShareFetch requests and
+        the records they acquired, acknowledgements confirmed and failed, the member, connections
+        (docs/metrics.md).  Assembled on each call; cheap, but not meant for a per-record loop.  Like
+        ``Consumer.metrics()``, not bracketed by ``acquire``/``release``: a reporting task may call it
+        while another task polls."""
+        return share_snapshot(self._running(), self._records_delivered)
+
     # -- acknowledgements -------------------------------------------------------------------------------
 
     def set_acknowledgement_commit_callback(self, callback: AcknowledgementCommitCallback | None) -> None:
@@ -407,6 +418,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         for r in records:
             self._unacked[(r.topic, r.partition, r.offset)] = r
             out.setdefault(r.topic_partition, []).append(r)
+        self._records_delivered += len(records)
         return out
 
     def __aiter__(self) -> AsyncIterator[ShareConsumerRecord[KT, VT]]:
@@ -421,6 +433,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         else:
             record = await self._next_record()
         self._unacked[(record.topic, record.partition, record.offset)] = record
+        self._records_delivered += 1
         return record
 
     async def _next_record(self) -> ShareConsumerRecord[KT, VT]:

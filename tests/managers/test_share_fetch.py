@@ -312,6 +312,30 @@ def test_outcomes_of_acknowledgements_lost_with_the_session_carry_its_error() ->
     assert (tp, offsets) == (P0, (0,)) and isinstance(error, ShareSessionNotFoundError)
 
 
+def test_the_counters_for_metrics_count_requests_records_and_acknowledgements_by_outcome() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 3), acquired=[(0, 4, 1)])))
+    assert (s.fetcher.requests, s.fetcher.responses, s.fetcher.errors) == (1, 1, 0)
+    assert s.fetcher.records_acquired == 3  # offsets 3 and 4 hold no record: gaps, not records
+    assert s.fetcher.response_bytes == len(records(0, 3))
+    s.fetcher.records_handed_out(1, 3)
+    for offset, kind in [(0, ACCEPT), (1, RELEASE), (2, REJECT)]:
+        s.fetcher.acknowledge(P0, offset, kind)
+    assert s.fetcher.pending_acknowledgements() == 3 + 2  # and the two gaps
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(5, 2), acquired=[(5, 6, 1)])))
+    assert (s.fetcher.acknowledged, s.fetcher.acknowledgement_failures) == (3, 0)  # gaps are not counted
+    assert s.fetcher.pending_acknowledgements() == 0
+    s.fetcher.acknowledge(P0, 5, ACCEPT)
+    s.fetcher.acknowledge(P0, 6, ACCEPT)
+    s.fetcher.commit()
+    s.h.take("ShareAcknowledge").respond(ack_answer((0, 121)))  # INVALID_RECORD_STATE
+    assert (s.fetcher.acknowledged, s.fetcher.acknowledgement_failures) == (3, 2)
+    assert s.fetcher.records_acquired == 5
+    s.fetcher.records_handed_out(1, 2)
+    s.h.take("ShareFetch").respond(fetch_answer(code=122))  # SHARE_SESSION_NOT_FOUND
+    assert (s.fetcher.requests, s.fetcher.responses, s.fetcher.errors) == (3, 3, 1)
+
+
 def test_batch_optimized_is_the_default_and_fits_share_fetch_v1() -> None:
     s = Setup({P0})
     sent = s.h.take("ShareFetch")

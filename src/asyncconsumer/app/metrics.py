@@ -1,18 +1,24 @@
-"""Assembling ``Consumer.metrics()``: the engine's counters and partition states into the frozen
-dataclasses of ``asyncconsumer.metrics``, on each call."""
+"""Assembling ``Consumer.metrics()`` and ``ShareConsumer.metrics()``: the engine's counters and
+partition states into the frozen dataclasses of ``asyncconsumer.metrics``, on each call."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..engine.loop import Engine
+from ..engine.network import NetworkClient
+from ..engine.share_loop import ShareEngine
 from ..metrics import (
+    AcknowledgementMetrics,
     CommitMetrics,
     ConnectionMetrics,
     ConsumerMetrics,
     FetchMetrics,
     PartitionMetrics,
     RebalanceMetrics,
+    ShareConsumerMetrics,
+    ShareFetchMetrics,
+    ShareMembershipMetrics,
 )
 from ..structs import TopicPartition
 from .collector import Collector
@@ -59,9 +65,6 @@ def snapshot(engine: Engine, collector: Collector[Any, Any]) -> ConsumerMetrics:
         commit_manager.commit_failures if commit_manager is not None else 0,
         network.latency["OffsetCommit"].snapshot(),
     )
-    connections = ConnectionMetrics(
-        network.connections_open, network.connections_opened, network.connection_errors, network.reconnects
-    )
     return ConsumerMetrics(
         partitions=partitions,
         records_consumed=sum(consumed.values()),
@@ -69,6 +72,49 @@ def snapshot(engine: Engine, collector: Collector[Any, Any]) -> ConsumerMetrics:
         fetch=fetch,
         rebalances=rebalances,
         commits=commits,
-        connections=connections,
+        connections=_connections(network),
         last_poll_age=0.0 if collector.waiting else max(0.0, engine.clock() - engine.last_poll),
+    )
+
+
+def share_snapshot(engine: ShareEngine, records_delivered: int) -> ShareConsumerMetrics:
+    """The share consumer's snapshot (``records_delivered``: counted by the application side)."""
+    fetcher, member, network = engine.fetcher, engine.membership, engine.network
+    if member.left:
+        state = "left"
+    elif not member.is_member and member.epoch > 0:
+        state = "leaving"
+    else:
+        state = "stable" if member.is_member else "joining"
+    return ShareConsumerMetrics(
+        records_delivered=records_delivered,
+        fetch=ShareFetchMetrics(
+            requests=fetcher.requests,
+            responses=fetcher.responses,
+            errors=fetcher.errors,
+            latency=network.latency["ShareFetch"].snapshot(),
+            records_acquired=fetcher.records_acquired,
+            response_bytes=fetcher.response_bytes,
+            buffer_bytes=fetcher.buffered_bytes,
+        ),
+        acknowledgements=AcknowledgementMetrics(
+            acknowledged=fetcher.acknowledged,
+            failed=fetcher.acknowledgement_failures,
+            pending=fetcher.pending_acknowledgements(),
+            latency=network.latency["ShareAcknowledge"].snapshot(),
+        ),
+        membership=ShareMembershipMetrics(
+            state=state,
+            member_id=member.member_id,
+            member_epoch=member.epoch,
+            assignment=member.assignment(),
+            assignment_changes=member.assignment_version,
+        ),
+        connections=_connections(network),
+    )
+
+
+def _connections(network: NetworkClient) -> ConnectionMetrics:
+    return ConnectionMetrics(
+        network.connections_open, network.connections_opened, network.connection_errors, network.reconnects
     )

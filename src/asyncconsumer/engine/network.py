@@ -44,8 +44,9 @@ log = logging.getLogger("asyncconsumer.network")
 Completion = Callable[[UnsentRequest, int, "Body | None", "BaseException | None"], None]
 #: Called after each timed request: (api, seconds, error or None); OpenTelemetry's operation.duration.
 RequestObserver = Callable[[str, float, "BaseException | None"], None]
-#: The requests whose durations are kept (``Consumer.metrics()``: fetch and commit latency).
-TIMED_APIS = ("Fetch", "OffsetCommit")
+#: The requests whose durations are kept (``Consumer.metrics()``: fetch and commit latency;
+#: ``ShareConsumer.metrics()``: share fetch and acknowledgement latency).
+TIMED_APIS = ("Fetch", "OffsetCommit", "ShareFetch", "ShareAcknowledge")
 #: TLS handshakes in a row that a server hangs up on before the client takes it for a listener
 #: without TLS (a restarting broker refuses connections rather than accepting and hanging up).
 TLS_CUT_OFFS_FOR_GOOD = 3

@@ -153,7 +153,18 @@ class ShareFetchManager:
         self.closed_nodes: set[int] = set()
         #: The acquisition lock duration the broker last announced (seconds).
         self.lock_timeout = 0.0
+        # Counters for ShareConsumer.metrics() (an addition per request or per partition, never per record).
+        #: ShareFetch requests sent, answered, and failed (a transport error or a top-level error code).
+        self.requests = 0
         self.responses = 0
+        self.errors = 0
+        #: The bytes of records the ShareFetch responses carried.
+        self.response_bytes = 0
+        #: Records acquired (and handed to the application's buffer).
+        self.records_acquired = 0
+        #: Acknowledged offsets the broker confirmed, and those whose acknowledgement failed.
+        self.acknowledged = 0
+        self.acknowledgement_failures = 0
         #: Acknowledgements the broker answered (or that failed), for the application's
         #: acknowledgement-commit callback: (partition, offsets (no GAPs), error or None).
         self.outcomes: list[tuple[TopicPartition, tuple[int, ...], KafkaError | None]] = []
@@ -290,6 +301,7 @@ class ShareFetchManager:
         epoch = session.epoch
         taken = self._take_acks(acked)
         session.in_flight = True
+        self.requests += 1
         member_id = self._member_id()
 
         def build(version: int) -> Body:
@@ -313,6 +325,7 @@ class ShareFetchManager:
 
         def on_error(now: float, error: BaseException) -> None:
             session.in_flight = False
+            self.errors += 1
             if isinstance(error, UnsupportedVersionError) and self.acquire_mode == RECORD_LIMIT:
                 self._report_error(
                     UnsupportedVersionError(
@@ -372,6 +385,7 @@ class ShareFetchManager:
         self.responses += 1
         code = body["error_code"]
         if code != 0:
+            self.errors += 1
             self._session_failed(now, node, session, taken, error_for_code(code, body.get("error_message")))
             return
         session.epoch = self._next_epoch(epoch)
@@ -427,6 +441,8 @@ class ShareFetchManager:
                 self._acks.setdefault(tp, {})[a.record.offset] = RELEASE
         elif out:
             size = len(records) if records else 0
+            self.records_acquired += len(out)
+            self.response_bytes += size
             session.buffered += len(out)
             self.buffered_bytes += size
             self._on_batch(ShareBatch(node, tp, out, size))
@@ -498,6 +514,10 @@ class ShareFetchManager:
         offsets = tuple(sorted(o for o, kind in acks.items() if kind != GAP))
         if offsets:
             self.outcomes.append((tp, offsets, error))
+            if error is None:
+                self.acknowledged += len(offsets)
+            else:
+                self.acknowledgement_failures += len(offsets)
         if self._sending.get(tp) is commits:
             del self._sending[tp]
         for commit in commits:

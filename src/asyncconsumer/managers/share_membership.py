@@ -14,12 +14,11 @@ id); coordinator errors look the coordinator up again; anything else is reported
 
 from __future__ import annotations
 
-import base64
-import uuid
 from collections.abc import Callable
 
 from ..errors import KafkaError, error_for_code
 from ..structs import TopicPartition
+from .consumer_membership import new_member_id
 from .coordinator import CoordinatorManager
 from .requests import Body, UnsentRequest
 
@@ -27,11 +26,6 @@ UNKNOWN_MEMBER_ID = 25
 FENCED_MEMBER_EPOCH = 110
 COORDINATOR_CODES = frozenset({14, 15, 16})  # load in progress, not available, not coordinator
 LEAVE_EPOCH = -1
-
-
-def new_member_id() -> str:
-    """A random member id as Java spells a Uuid: 22 URL-safe base64 characters."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
 class ShareMembershipManager:
