@@ -177,6 +177,35 @@ async def test_release_redelivers_with_delivery_count_2(
     assert m.connections.open >= 1 and m.connections.errors == 0
 
 
+async def test_the_meter_provider_sees_delivered_records_and_share_request_durations(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from test_otel import points
+
+    topic = new_topic(2)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, [(i % 2, None, b"%d" % i) for i in range(40)]))
+    reader = InMemoryMetricReader()
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, share_acknowledgement_mode="explicit",
+                             meter_provider=MeterProvider(metric_readers=[reader])) as consumer:
+        consumer.subscribe([topic])
+        await poll_until(consumer, 40)
+        assert all(e is None for e in (await consumer.commit()).values())
+        ours = consumer.metrics()
+        consumed = points(reader, "messaging.client.consumed.messages")
+        durations = points(reader, "messaging.client.operation.duration")
+        lag = points(reader, "kafka.consumer.records_lag")
+    assert {int(p.attributes["messaging.destination.partition.id"]): p.value for p in consumed} == {0: 20, 1: 20}
+    assert ours.records_delivered == 40
+    assert all(p.attributes["messaging.consumer.group.name"] == group for p in consumed)
+    ops = {p.attributes["messaging.operation.name"]: p for p in durations}
+    assert ops["fetch"].count == ours.fetch.latency.count > 0
+    assert ops.get("ack") is None or ops["ack"].count == ours.acknowledgements.latency.count
+    assert lag == []  # a share group has no position per member
+
+
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
 async def test_a_share_consumer_logs_in_with_sasl(
     apache_kafka: Any, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], mechanism: str

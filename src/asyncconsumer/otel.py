@@ -8,8 +8,10 @@ The instruments follow OpenTelemetry's messaging semantic conventions (docs/metr
 - ``messaging.client.consumed.messages`` (counter, observed): records handed to the application, per
   partition;
 - ``messaging.client.operation.duration`` (histogram, seconds): fetch and commit requests,
-  ``messaging.operation.name`` ``"fetch"`` or ``"commit"``;
-- ``kafka.consumer.records_lag`` (observable gauge): per assigned partition, as ``Consumer.metrics()``.
+  ``messaging.operation.name`` ``"fetch"`` or ``"commit"``; for a ``ShareConsumer``, ShareFetch
+  (``"fetch"``) and ShareAcknowledge (``"ack"``, type ``"settle"``) requests;
+- ``kafka.consumer.records_lag`` (observable gauge): per assigned partition, as ``Consumer.metrics()``
+  (not for a ``ShareConsumer``: a share group has no position per member).
 
 Attributes: ``messaging.system="kafka"``, ``messaging.destination.name``,
 ``messaging.destination.partition.id`` and ``messaging.consumer.group.name`` (with a ``group_id``).
@@ -27,12 +29,18 @@ from .structs import ConsumerRecord, TopicPartition
 
 if TYPE_CHECKING:
     from .config import ConsumerConfig
+    from .engine.core import LoopCore
     from .engine.loop import Engine
 
 #: Bucket bounds (seconds) the semantic conventions advise for ``messaging.client.operation.duration``.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 #: The request APIs timed, by their operation name and type.
-OPERATIONS = {"Fetch": ("fetch", "receive"), "OffsetCommit": ("commit", "settle")}
+OPERATIONS = {
+    "Fetch": ("fetch", "receive"),
+    "OffsetCommit": ("commit", "settle"),
+    "ShareFetch": ("fetch", "receive"),
+    "ShareAcknowledge": ("ack", "settle"),
+}
 
 Attributes = dict[str, str | int]
 
@@ -152,7 +160,7 @@ def telemetry_for(
     return ConsumerTelemetry(provider, config, engine, consumed)
 
 
-def attach(engine: Engine, telemetry: ConsumerTelemetry | None) -> None:
+def attach(engine: LoopCore, telemetry: ConsumerTelemetry | None) -> None:
     """Connect the instruments to a new engine (no-op for ``None``)."""
     if telemetry is not None:
         engine.network.observe_request = telemetry.request_done

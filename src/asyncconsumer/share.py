@@ -19,7 +19,8 @@ import functools
 import inspect
 import logging
 import time
-from collections import deque
+import weakref
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Generic, Literal, NamedTuple, Unpack, cast
 
@@ -27,6 +28,7 @@ import anyio
 import anyio.abc
 from typing_extensions import TypeVar
 
+from . import otel
 from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.collector import RecordDeserializationError
 from .app.metrics import share_snapshot
@@ -159,7 +161,8 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         self._unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
         self._renewed: dict[_Key, float] = {}
         self._closed = False
-        self._records_delivered = 0
+        #: Records handed to the application, per partition (metrics() and OpenTelemetry).
+        self._delivered: Counter[TopicPartition] = Counter()
 
     @classmethod
     def from_properties(
@@ -193,6 +196,12 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         self._engine = ShareEngine(
             self._config, max_records=self._config.max_poll_records, acquire_mode=_ACQUIRE_MODES[self.acquire_mode]
         )
+        # OpenTelemetry (asyncconsumer.otel): records handed out and request durations; no lag.
+        ref = weakref.ref(self)
+        telemetry = otel.telemetry_for(
+            self._config, lambda: None, lambda: dict(c._delivered) if (c := ref()) is not None else {}
+        )
+        otel.attach(self._engine, telemetry)
         return self._engine
 
     async def _bootstrap(self) -> None:
@@ -295,7 +304,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         (docs/metrics.md).  Assembled on each call; cheap, but not meant for a per-record loop.  Like
         ``Consumer.metrics()``, not bracketed by ``acquire``/``release``: a reporting task may call it
         while another task polls."""
-        return share_snapshot(self._running(), self._records_delivered)
+        return share_snapshot(self._running(), sum(self._delivered.values()))
 
     # -- acknowledgements -------------------------------------------------------------------------------
 
@@ -418,7 +427,8 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         for r in records:
             self._unacked[(r.topic, r.partition, r.offset)] = r
             out.setdefault(r.topic_partition, []).append(r)
-        self._records_delivered += len(records)
+        for tp, handed in out.items():
+            self._delivered[tp] += len(handed)
         return out
 
     def __aiter__(self) -> AsyncIterator[ShareConsumerRecord[KT, VT]]:
@@ -433,7 +443,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         else:
             record = await self._next_record()
         self._unacked[(record.topic, record.partition, record.offset)] = record
-        self._records_delivered += 1
+        self._delivered[record.topic_partition] += 1
         return record
 
     async def _next_record(self) -> ShareConsumerRecord[KT, VT]:
