@@ -4,6 +4,7 @@ a node once its last records are handed out" already does).  Runs on Apache Kafk
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -35,7 +36,15 @@ def two_leader_topic(bootstrap: str, per_partition: int) -> str:
     name = f"share-buffer-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
     admin.create_topics([NewTopic(name, 2, 1)])[name].result(30)
-    leaders = {p.id: p.leader for p in admin.list_topics(name, timeout=10).topics[name].partitions.values()}
+    # The node answering may not know the new topic's partitions yet (red once in a clean-clone CI
+    # run: an empty partition list right after the creation): ask until both have a leader.
+    deadline = time.monotonic() + 30
+    while True:
+        partitions = admin.list_topics(name, timeout=10).topics[name].partitions.values()
+        leaders = {p.id: p.leader for p in partitions if p.leader >= 0}
+        if len(leaders) == 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert len(set(leaders.values())) == 2, leaders
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 3})
     for i in range(per_partition):
