@@ -197,6 +197,9 @@ async def test_the_meter_provider_sees_delivered_records_and_share_request_durat
         consumed = points(reader, "messaging.client.consumed.messages")
         durations = points(reader, "messaging.client.operation.duration")
         lag = points(reader, "kafka.consumer.records_lag")
+        data = reader.get_metrics_data()
+        names = {m.name for r in data.resource_metrics for sc in r.scope_metrics for m in sc.metrics} if data else set()
+    assert "messaging.client.consumed.messages" in names and "kafka.consumer.records_lag" not in names
     assert {int(p.attributes["messaging.destination.partition.id"]): p.value for p in consumed} == {0: 20, 1: 20}
     assert ours.records_delivered == 40
     assert all(p.attributes["messaging.consumer.group.name"] == group for p in consumed)

@@ -54,13 +54,14 @@ def available() -> bool:
 
 class ConsumerTelemetry:
     """The instruments of one consumer: request durations recorded through the network client's
-    ``observe_request`` hook; consumed records and lag observed at collection time."""
+    ``observe_request`` hook; consumed records and lag observed at collection time.  ``engine``
+    None (a share consumer: no position per member) registers no lag gauge."""
 
     def __init__(
         self,
         meter_provider: Any,
         config: ConsumerConfig,
-        engine: Callable[[], Engine | None],
+        engine: Callable[[], Engine | None] | None,
         consumed: Callable[[], Mapping[TopicPartition, int]] = dict,
     ) -> None:
         self._engine = engine
@@ -92,7 +93,7 @@ class ConsumerTelemetry:
             self.operation_duration = meter.create_histogram(
                 "messaging.client.operation.duration", unit="s", description="Duration of fetch and commit requests."
             )
-        self.records_lag = meter.create_observable_gauge(
+        self.records_lag = None if engine is None else meter.create_observable_gauge(
             "kafka.consumer.records_lag",
             callbacks=[self._observe_lag],
             unit="{message}",
@@ -130,7 +131,7 @@ class ConsumerTelemetry:
     def _observe_lag(self, options: Any) -> Iterable[Any]:
         from opentelemetry.metrics import Observation
 
-        engine = self._engine()
+        engine = self._engine() if self._engine is not None else None
         if engine is None or engine.closed:
             return []
         observations = []
@@ -145,7 +146,7 @@ class ConsumerTelemetry:
 
 def telemetry_for(
     config: ConsumerConfig,
-    engine: Callable[[], Engine | None],
+    engine: Callable[[], Engine | None] | None,
     consumed: Callable[[], Mapping[TopicPartition, int]] = dict,
 ) -> ConsumerTelemetry | None:
     """The consumer's instruments: on ``config.meter_provider``, else on the global ``MeterProvider``

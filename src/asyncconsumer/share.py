@@ -199,7 +199,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         # OpenTelemetry (asyncconsumer.otel): records handed out and request durations; no lag.
         ref = weakref.ref(self)
         telemetry = otel.telemetry_for(
-            self._config, lambda: None, lambda: dict(c._delivered) if (c := ref()) is not None else {}
+            self._config, None, lambda: dict(c._delivered) if (c := ref()) is not None else {}
         )
         otel.attach(self._engine, telemetry)
         return self._engine

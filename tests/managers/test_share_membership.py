@@ -123,13 +123,15 @@ def test_other_errors_are_reported_typed_and_retried() -> None:
 def test_leave_sends_epoch_minus_1_and_clears_the_assignment() -> None:
     manager, h, _ = make()
     manager.subscribe(frozenset({"jobs"}))
+    assert manager.state == "joining"
     h.take("ShareGroupHeartbeat").respond(answer(2, [0]))
+    assert manager.state == "stable"
     manager.leave()
-    assert not manager.is_member
+    assert not manager.is_member and manager.state == "leaving"
     sent = h.take("ShareGroupHeartbeat")
     assert sent.body()["member_epoch"] == -1
     sent.respond(answer(-1))
-    assert manager.left and manager.assignment() == frozenset()
+    assert manager.left and manager.assignment() == frozenset() and manager.state == "left"
     h.assert_idle()
 
 

@@ -80,12 +80,6 @@ def snapshot(engine: Engine, collector: Collector[Any, Any]) -> ConsumerMetrics:
 def share_snapshot(engine: ShareEngine, records_delivered: int) -> ShareConsumerMetrics:
     """The share consumer's snapshot (``records_delivered``: counted by the application side)."""
     fetcher, member, network = engine.fetcher, engine.membership, engine.network
-    if member.left:
-        state = "left"
-    elif not member.is_member and member.epoch > 0:
-        state = "leaving"
-    else:
-        state = "stable" if member.is_member else "joining"
     return ShareConsumerMetrics(
         records_delivered=records_delivered,
         fetch=ShareFetchMetrics(
@@ -104,7 +98,7 @@ def share_snapshot(engine: ShareEngine, records_delivered: int) -> ShareConsumer
             latency=network.latency["ShareAcknowledge"].snapshot(),
         ),
         membership=ShareMembershipMetrics(
-            state=state,
+            state=member.state,
             member_id=member.member_id,
             member_epoch=member.epoch,
             assignment=member.assignment(),

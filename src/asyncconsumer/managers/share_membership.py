@@ -91,6 +91,15 @@ class ShareMembershipManager:
     def is_member(self) -> bool:
         return self.epoch > 0 and not self._leaving and not self.left
 
+    @property
+    def state(self) -> str:
+        """``"joining"`` (no member epoch yet), ``"stable"``, ``"leaving"`` or ``"left"`` (metrics)."""
+        if self.left:
+            return "left"
+        if self._leaving:
+            return "leaving"
+        return "stable" if self.epoch > 0 else "joining"
+
     # -- RequestManager -----------------------------------------------------------------------------
 
     def next_deadline(self, now: float) -> float:
