@@ -4,7 +4,6 @@ a node once its last records are handed out" already does).  Runs on Apache Kafk
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +12,7 @@ import anyio
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from support.cluster import leaders as leaders_of
 from support.share import share_group
 
 from asyncconsumer import ShareConsumer
@@ -32,19 +32,12 @@ def cluster(apache_kafka: Any) -> Iterator[KafkaCluster]:  # apache_kafka: skipp
         yield kafka
 
 
-def two_leader_topic(bootstrap: str, per_partition: int) -> str:
+def two_leader_topic(cluster: KafkaCluster, per_partition: int) -> str:
+    bootstrap = cluster.bootstrap
     name = f"share-buffer-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
     admin.create_topics([NewTopic(name, 2, 1)])[name].result(30)
-    # The node answering may not know the new topic's partitions yet (red once in a clean-clone CI
-    # run: an empty partition list right after the creation): ask until both have a leader.
-    deadline = time.monotonic() + 30
-    while True:
-        partitions = admin.list_topics(name, timeout=10).topics[name].partitions.values()
-        leaders = {p.id: p.leader for p in partitions if p.leader >= 0}
-        if len(leaders) == 2 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    leaders = leaders_of(cluster, name, partitions=2)
     assert len(set(leaders.values())) == 2, leaders
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 3})
     for i in range(per_partition):
@@ -58,7 +51,7 @@ def two_leader_topic(bootstrap: str, per_partition: int) -> str:
 async def test_no_share_fetch_while_the_buffer_is_at_its_bound_with_two_leaders(cluster: KafkaCluster) -> None:
     bootstrap = cluster.bootstrap
     per_partition = 3000
-    topic = await anyio.to_thread.run_sync(two_leader_topic, bootstrap, per_partition)
+    topic = await anyio.to_thread.run_sync(two_leader_topic, cluster, per_partition)
     group = await anyio.to_thread.run_sync(lambda: share_group(bootstrap))
     bound = 8192
     sent_while_full = held_back = 0

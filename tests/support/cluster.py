@@ -69,12 +69,31 @@ def new_topic(cluster: KafkaCluster, partitions: int = 3, *, config: dict[str, s
     client = admin(cluster)
     client.create_topics([topic], operation_timeout=30)[name].result(30)
     wait_in_sync(cluster)
+    leaders(cluster, name, partitions=partitions)
     return name
 
 
-def leaders(cluster: KafkaCluster, topic: str) -> dict[int, int]:
-    md = admin(cluster).list_topics(topic, timeout=10)
-    return {p.id: p.leader for p in md.topics[topic].partitions.values()}
+def leaders(cluster: KafkaCluster, topic: str, *, partitions: int | None = None,
+            timeout: float = 30.0) -> dict[int, int]:
+    """Partition → leader's node id, as the metadata tells it.
+
+    Right after a topic's creation the node answering may not know it yet (red in clean-clone CI
+    runs twice: an empty partition list), so this asks again until the topic is listed with its
+    partitions (all ``partitions`` of them, each with a leader, when given).
+    """
+    client = admin(cluster)
+    deadline = time.monotonic() + timeout
+    while True:
+        md = client.list_topics(topic, timeout=10).topics[topic]
+        found = {p.id: p.leader for p in md.partitions.values()}
+        if partitions is None:
+            if found and md.error is None:
+                return found
+        elif len(found) == partitions and all(leader >= 0 for leader in found.values()):
+            return found
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{topic}: metadata lists {found} (error {md.error}) after {timeout}s")
+        time.sleep(0.2)
 
 
 def coordinator(cluster: KafkaCluster, group: str) -> int:
