@@ -519,6 +519,30 @@ async def test_small_frames_are_copied_large_ones_are_views_of_their_chunk() -> 
     assert bytes(spanning) == b"x" * 100_000 + b"y" * 50_000  # across two reads: assembled once
 
 
+async def test_large_frames_spanning_reads_reuse_a_pooled_buffer_once_released() -> None:
+    from asyncconsumer.engine.frames import FramePool
+
+    pool = FramePool(8 << 20)
+    conn = BrokerConnection(1, HOST, 1, client_id="t", request_timeout=1, setup_timeout=1, ssl_context=None,
+                            frames=pool)
+    size = 600_000
+    reads = [bytes([65 + i]) * 300_000 for i in range(6)]  # three frames, each across two reads
+    stream = _Chunks(*reads)
+    first = await conn._read_exactly(stream, size)  # type: ignore[arg-type]
+    assert isinstance(first, memoryview) and bytes(first) == b"A" * 300_000 + b"B" * 300_000
+    backing = id(first.obj)  # not the object: a reference would keep the buffer busy
+    kept = first[10:20]  # a fetch still being read points into the first frame
+    second = await conn._read_exactly(stream, size)  # type: ignore[arg-type]
+    assert isinstance(second, memoryview) and id(second.obj) != backing
+    assert bytes(second) == b"C" * 300_000 + b"D" * 300_000
+    backings = {backing, id(second.obj)}
+    del first, kept, second
+    third = await conn._read_exactly(stream, size)  # type: ignore[arg-type]
+    assert isinstance(third, memoryview) and id(third.obj) in backings
+    assert bytes(third) == b"E" * 300_000 + b"F" * 300_000  # the old contents overwritten
+    assert (pool.allocated, pool.reused) == (2, 1)
+
+
 async def test_a_tls_handshake_cut_off_is_worth_retrying_a_bad_certificate_is_not(tls_broker: Any) -> None:
     """A peer hanging up mid-handshake (a broker restarting) is a retriable connection error; a
     certificate the client does not trust is an AuthenticationError, which retrying cannot fix."""

@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..managers.waiter import Waiter
 from ..protocol import api as protocol
+from .frames import FramePool
 from .sasl import reauthentication_delay
 
 log = logging.getLogger("asyncconsumer.connection")
@@ -130,6 +131,7 @@ class BrokerConnection:
         ssl_context: ssl.SSLContext | None,
         sasl: SaslHook | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        frames: FramePool | None = None,
     ) -> None:
         self.node_id = node_id
         self.host = host
@@ -140,6 +142,7 @@ class BrokerConnection:
         self._ssl_context = ssl_context
         self._sasl = sasl
         self._max_frame_bytes = max_frame_bytes
+        self._frames = frames if frames is not None else FramePool(0)
         self._stream: anyio.abc.ByteStream | None = None
         self._send_lock = anyio.Lock()
         self._pending: dict[int, tuple[str, int, Waiter[Body]]] = {}
@@ -304,7 +307,8 @@ class BrokerConnection:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _read_exactly(self, stream: anyio.abc.ByteStream, size: int) -> memoryview | bytearray:
-        """The next ``size`` bytes: a view of the current chunk if it holds them, else a new buffer.
+        """The next ``size`` bytes: a view of the current chunk if it holds them, else a buffer from the
+        frame pool (engine/frames.py: large frames' buffers are used again).
 
         The view is not a copy; it keeps its chunk (at most ``_READ_CHUNK``) alive while the
         response's records point into it.  Only frames spanning chunks are copied, once, and
@@ -316,7 +320,7 @@ class BrokerConnection:
         if end <= len(chunk):
             self._pos = end
             return chunk[start:end] if size * 4 >= len(chunk) else bytearray(chunk[start:end])
-        buffer = bytearray(size)
+        buffer = self._frames.take(size)
         filled = len(chunk) - start
         buffer[:filled] = chunk[start:]
         self._chunk, self._pos = _EMPTY, 0

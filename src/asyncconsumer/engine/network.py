@@ -38,6 +38,7 @@ from .connection import (
     describe_node,
     frame_limit,
 )
+from .frames import FramePool
 
 log = logging.getLogger("asyncconsumer.network")
 
@@ -100,6 +101,8 @@ class NetworkClient:
         self._connecting: dict[int, anyio.Event] = {}
         self._health: dict[int, _NodeHealth] = {}
         self._closed = False
+        #: Buffers of large response frames, shared by the connections (see engine/frames.py).
+        self.frames = FramePool(config.fetch_buffer_bytes)
         #: Connections opened so far (set-up included), for tests and debugging.
         self.connections_opened = 0
         #: Failed connection attempts and lost connections; connections opened to a broker again.
@@ -285,6 +288,7 @@ class NetworkClient:
             ssl_context=self._ssl_context(),
             sasl=sasl,
             max_frame_bytes=frame_limit(config.fetch_max_bytes),
+            frames=self.frames,
         )
 
     def _ssl_context(self) -> Any:
