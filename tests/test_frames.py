@@ -1,15 +1,27 @@
-"""The pool of large response frames' buffers (engine/frames.py), driven directly."""
+"""The pool of large response frames' buffers (engine/frames.py), driven directly and through a
+connection's read path."""
 
 from __future__ import annotations
 
+import gc
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
-from asyncconsumer.engine.frames import MIN_POOLED_BYTES, FramePool, size_class
+from asyncconsumer.engine.connection import BrokerConnection
+from asyncconsumer.engine.frames import MIN_POOLED_BYTES, STALE_AFTER, FramePool, size_class
+from asyncconsumer.managers.fetch_buffer import CompletedFetch
+from asyncconsumer.protocol import records
+from asyncconsumer.protocol.api import decode_response, encode_response
+from asyncconsumer.protocol.compression import CODEC_GZIP, CODEC_NONE
+from asyncconsumer.protocol.record_writer import Record, build_batch
+from asyncconsumer.structs import TopicPartition
 
 MiB = 1 << 20
 
@@ -28,20 +40,34 @@ def test_a_buffer_is_used_again_once_no_view_of_it_is_alive() -> None:
     pool = FramePool(64 * MiB)
     first = pool.take(4 * MiB + 10)
     assert isinstance(first, memoryview) and len(first) == 4 * MiB + 10 and not first.readonly
-    first[:5] = b"stale"
     backing = id(first.obj)  # not the object: a reference would keep the buffer busy
-    records = first[100:200]  # what a decoded fetch keeps of its response
+    records_view = first[100:200]  # what a decoded fetch keeps of its response
     del first
     second = pool.take(4 * MiB + 20)
-    assert id(second.obj) != backing  # ``records`` still points into the first buffer
+    assert id(second.obj) != backing  # ``records_view`` still points into the first buffer
     assert (pool.allocated, pool.reused) == (2, 0)
     backings = {backing, id(second.obj)}
-    del records, second
+    del records_view, second
     third = pool.take(4 * MiB + 30)
     assert isinstance(third, memoryview) and len(third) == 4 * MiB + 30
     assert id(third.obj) in backings
     assert (pool.allocated, pool.reused) == (2, 1)
-    assert pool.held_bytes == 2 * size_class(4 * MiB + 10)
+    assert pool.held_bytes == 2 * size_class(4 * MiB + 10) and pool.kept == 2
+
+
+def test_the_smallest_idle_buffer_that_fits_is_used_and_none_with_more_than_a_quarter_to_spare() -> None:
+    pool = FramePool(64 * MiB)
+    sizes = [2 * MiB, 3 * MiB, 5 * MiB]
+    ids = {}
+    for size in sizes:
+        view = pool.take(size)
+        ids[size] = id(view.obj)
+        del view
+    got = pool.take(int(2.9 * MiB))  # fits 3 and 5 MiB; 5 MiB has more than 1/4 to spare
+    assert id(got.obj) == ids[3 * MiB] and len(got) == int(2.9 * MiB)
+    other = pool.take(int(1.5 * MiB))  # 2 MiB is a third more: a new buffer, not the 2 MiB one
+    assert id(other.obj) not in ids.values()
+    assert (pool.allocated, pool.reused) == (4, 1)
 
 
 def test_small_frames_get_plain_bytearrays_that_the_pool_does_not_keep() -> None:
@@ -51,28 +77,151 @@ def test_small_frames_get_plain_bytearrays_that_the_pool_does_not_keep() -> None
     assert pool.held_bytes == 0 and (pool.allocated, pool.reused) == (0, 0)
 
 
-def test_the_pool_keeps_at_most_max_bytes_and_lets_idle_buffers_go_for_new_sizes() -> None:
+def test_the_pool_keeps_at_most_max_bytes_letting_idle_buffers_go_least_recently_used_first() -> None:
     pool = FramePool(10 * MiB)
     busy = [pool.take(4 * MiB) for _ in range(3)]  # the third does not fit beside two in use
-    assert pool.held_bytes == 8 * MiB
-    assert all(len(b) == 4 * MiB for b in busy)
+    assert pool.held_bytes == 8 * MiB and pool.kept == 2
+    assert isinstance(busy[2], bytearray) and len(busy[2]) == 4 * MiB  # its own, exactly the size
+    first, second = id(busy[0].obj), id(busy[1].obj)
     del busy
-    other = pool.take(6 * MiB)  # a new size: idle 4 MiB buffers make room for it
-    assert pool.held_bytes <= 10 * MiB
-    assert pool.held_bytes == 4 * MiB + 6 * MiB
-    again = pool.take(6 * MiB)  # ``other`` is in use: a buffer of its own, not kept
-    assert again.obj is not other.obj and pool.held_bytes == 10 * MiB
+    again = pool.take(4 * MiB)  # the least recently used of the two idle ones is the first
+    assert id(again.obj) in (first, second) and pool.reused == 1
+    # A new size needs 6 MiB: the idle 4 MiB buffer goes, the one in use stays.
+    other = pool.take(6 * MiB)
+    assert pool.held_bytes == 4 * MiB + 6 * MiB and pool.kept == 2
+    assert len(again) == 4 * MiB and again[0:1] is not None  # still valid, still kept
+    # Nothing idle: a buffer of its own, nothing let go.
+    extra = pool.take(6 * MiB)
+    assert isinstance(extra, bytearray) and pool.held_bytes == 10 * MiB and pool.kept == 2
+    del other
+    # Not enough idle room for 7 MiB (6 idle, 4 in use, bound 10): nothing is let go for nothing.
+    seven = pool.take(7 * MiB)
+    assert isinstance(seven, bytearray) and pool.held_bytes == 10 * MiB and pool.kept == 2
 
 
-def test_a_pool_of_no_bytes_keeps_nothing_and_still_hands_out_buffers() -> None:
+def test_idle_buffers_of_sizes_that_stopped_coming_are_let_go() -> None:
+    pool = FramePool(64 * MiB)
+    view = pool.take(8 * MiB)
+    del view
+    for _ in range(STALE_AFTER + 1):
+        frame = pool.take(MiB)
+        del frame
+    assert pool.kept == 1 and pool.held_bytes == MiB  # the 8 MiB buffer is gone
+
+
+def test_a_pool_of_no_bytes_keeps_nothing_and_gives_exact_sizes() -> None:
     pool = FramePool(0)
-    assert len(pool.take(MiB)) == MiB
-    assert pool.held_bytes == 0
+    frame = pool.take(MiB + 1)
+    assert isinstance(frame, bytearray) and len(frame) == MiB + 1
+    assert pool.held_bytes == 0 and pool.kept == 0
 
 
 def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError, match="max_bytes"):
         FramePool(-1)
+
+
+# -- through a connection's read path ------------------------------------------------------------
+
+
+class _Chunks:
+    """A byte stream over ``data`` in reads of ``step`` bytes; then it blocks on ``gate`` (if any)
+    and raises ``error``."""
+
+    def __init__(self, data: bytes, step: int, gate: anyio.Event | None = None,
+                 error: Exception | None = None) -> None:
+        self.data, self.pos, self.step, self.gate, self.error = data, 0, step, gate, error
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self.pos >= len(self.data):
+            if self.gate is not None:
+                await self.gate.wait()
+            raise self.error or anyio.EndOfStream()
+        out = self.data[self.pos : self.pos + min(self.step, max_bytes)]
+        self.pos += len(out)
+        return out
+
+
+def _connection(pool: FramePool) -> BrokerConnection:
+    return BrokerConnection(1, "127.0.0.1", 1, client_id="t", request_timeout=1, setup_timeout=1,
+                            ssl_context=None, frames=pool)
+
+
+def _fetch_response(letter: bytes, codec: int, count: int = 3000) -> bytes:
+    # Random values: compressed, the response is still larger than MIN_POOLED_BYTES.
+    batch = build_batch([Record(b"k%d" % i, letter * 4 + os.urandom(96), (("h", letter * 5),)) for i in range(count)],
+                        base_offset=0, compression=codec)
+    partitions = [
+        {"partition_index": p, "error_code": 0, "high_watermark": count, "last_stable_offset": count,
+         "log_start_offset": 0, "aborted_transactions": [], "preferred_read_replica": -1, "records": batch}
+        for p in range(2)
+    ]
+    body = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "node_endpoints": [],
+            "responses": [{"topic": "t", "topic_id": bytes(16), "partitions": partitions}]}
+    return encode_response("Fetch", 12, body, correlation_id=1)
+
+
+async def _read_fetch(conn: BrokerConnection, stream: Any) -> list[CompletedFetch]:
+    size = int.from_bytes(await conn._read_exactly(stream, 4), "big")
+    body = decode_response("Fetch", 12, memoryview(await conn._read_exactly(stream, size)))
+    fetches = []
+    for p in body["responses"][0]["partitions"]:
+        view = p["records"]
+        count, complete, _ = records.scan_batches(view)
+        fetches.append(CompletedFetch(TopicPartition("t", p["partition_index"]), 0, 0, view[:complete], count,
+                                      check_crcs=True, aborted=None))
+    return fetches
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("codec", [CODEC_NONE, CODEC_GZIP])
+async def test_a_fetch_left_unread_in_the_buffer_keeps_its_frame_from_being_used_again(codec: int) -> None:
+    """Fetch responses read into pooled buffers and decoded as the consumer does: while a fetch is
+    unread its frame is not handed out again, and every record read from it is its own."""
+    pool = FramePool(64 * MiB)
+    conn = _connection(pool)
+    stream = _Chunks(b"".join(_fetch_response(c, codec) for c in (b"A", b"B", b"C")), 64 << 10)
+    first = await _read_fetch(conn, stream)
+    partly = first[0].take(10, 0)
+    second = await _read_fetch(conn, stream)  # ``first`` is still in the "fetch buffer"
+    assert (pool.allocated, pool.reused) == (2, 0)
+    rows = partly + first[0].take(10**6, 10) + first[1].take(10**6, 0)
+    assert len(rows) == 6000
+    assert all(r.value[:4] == b"AAAA" and len(r.value) == 100 and r.headers[0][1] == b"A" * 5 for r in rows)
+    del first, partly
+    gc.collect()
+    third = await _read_fetch(conn, stream)  # into the first frame's buffer
+    assert (pool.allocated, pool.reused) == (2, 1)
+    assert all(r.value[:4] == b"BBBB" for f in second for r in f.take(10**6, 0))
+    assert all(r.value[:4] == b"CCCC" for f in third for r in f.take(10**6, 0))
+    assert all(r.value[:4] == b"AAAA" for r in rows)  # the rows handed out are copies
+
+
+@pytest.mark.anyio
+async def test_a_frame_cut_off_half_read_leaves_its_buffer_idle_and_untouched_by_others() -> None:
+    pool = FramePool(8 * MiB)
+    cut, other = _connection(pool), _connection(pool)
+    gate = anyio.Event()
+    failed: list[BaseException] = []
+
+    async def read_cut() -> None:
+        try:
+            await cut._read_exactly(_Chunks(b"A" * 300_000, 300_000, gate, anyio.BrokenResourceError()), 600_000)
+        except anyio.BrokenResourceError as exc:
+            failed.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read_cut)
+        await anyio.sleep(0.01)  # ``cut`` holds a half-filled buffer
+        b = await other._read_exactly(_Chunks(b"B" * 600_000, 300_000), 600_000)  # type: ignore[arg-type]
+        assert bytes(b) == b"B" * 600_000 and (pool.allocated, pool.reused) == (2, 0)
+        gate.set()
+    assert failed
+    failed.clear()  # the exception's traceback holds the reading frame, and so the buffer
+    gc.collect()
+    c = await other._read_exactly(_Chunks(b"C" * 600_000, 300_000), 600_000)  # type: ignore[arg-type]
+    assert (pool.allocated, pool.reused) == (2, 1)  # the cut-off frame's buffer, idle again
+    assert bytes(c) == b"C" * 600_000 and bytes(b) == b"B" * 600_000
 
 
 def test_the_frames_benchmark_reads_every_frame_and_uses_pooled_buffers_again() -> None:
@@ -86,5 +235,5 @@ def test_the_frames_benchmark_reads_every_frame_and_uses_pooled_buffers_again() 
     reuse = re.search(r"pooled buffers: (\d+) allocated, (\d+) used again", proc.stdout)
     assert reuse is not None, proc.stdout
     allocated, reused = map(int, reuse.groups())
-    assert allocated + reused == 12 and reused >= 12 - 5  # at most hold + 1 buffers in use at once
+    assert reused >= 6 and allocated <= 6  # at most hold + 1 buffers in use at once
     assert "| pooled |" in proc.stdout and "| new buffer per frame |" in proc.stdout

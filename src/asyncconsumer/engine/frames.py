@@ -11,35 +11,56 @@ pages was 14-17% of the samples, for ``batches()`` and ``arrow_batches()`` alike
 
 :class:`FramePool` keeps the buffers of large frames and hands one out again when nothing refers
 to it any more: no ``memoryview`` of it is alive, so no fetch in the fetch buffer and no record
-batch being decoded points into it.  That is read from the buffer's reference count (CPython's;
-the pool's own references are the only ones left).  A buffer is handed out as a ``memoryview``
-of exactly the frame's size; its capacity is the size rounded up to a size class (at most 1/8
-more), so frames of about the same size share buffers.
+batch being decoded points into it (decoded keys, values and Arrow columns are copies).  That is
+read from the buffer's reference count (CPython's ``sys.getrefcount``; the pool's own reference
+is the only one left).  The count an idle buffer has is measured at import, the same way the
+pool reads it, and checked against a buffer with a live view; where that check fails (another
+interpreter), the pool keeps nothing and every frame gets a buffer of its own, as before.
 
-The pool keeps at most ``max_bytes`` of buffers; a frame that does not fit beside the buffers in
-use gets a buffer of its own, freed as before.  ``max_bytes`` is the consumer's
-``fetch_buffer_bytes``: the fetch buffer may hold that much in responses at once anyway, so the
-pool adds no memory at the peak; it only keeps it between fetches.  Frames under
-``min_bytes`` (256 KiB) are not pooled: the allocator keeps small blocks itself.
+The rules, all in :meth:`FramePool.take`:
+
+* Frames under ``min_bytes`` (256 KiB) get a plain ``bytearray``: the allocator keeps small
+  blocks itself.
+* A frame gets the smallest idle buffer that holds it with at most 1/4 to spare, handed out as a
+  ``memoryview`` of exactly the frame's size.  New buffers are the frame's size rounded up to a
+  size class (at most 1/8 more), so frames of about the same size share buffers.
+* The pool keeps at most ``max_bytes`` (the consumer's ``fetch_buffer_bytes``) of buffers, in use
+  or idle.  A new buffer that does not fit makes room by letting go of idle buffers, least
+  recently used first; if it still does not fit, it is not kept (a buffer of its own, freed as
+  before).  An idle buffer that was not used for the last :data:`STALE_AFTER` large frames is let
+  go too: buffers of sizes that stopped coming do not stay.
 """
 
 from __future__ import annotations
 
 import sys
 
-__all__ = ["FramePool"]
+__all__ = ["MIN_POOLED_BYTES", "STALE_AFTER", "FramePool", "size_class"]
 
 #: Frames smaller than this get a plain ``bytearray``: malloc serves them from memory it keeps.
 MIN_POOLED_BYTES = 256 << 10
+#: An idle buffer not used for this many large frames is let go.
+STALE_AFTER = 64
 
 
 def _references(kept: list[bytearray], i: int) -> int:
     return sys.getrefcount(kept[i])
 
 
-# What _references says of a buffer only its list refers to, measured the same way (the count
-# getrefcount reports for its own argument differs between Python versions).
-_IDLE = _references([bytearray(1)], 0)
+def _idle_count() -> int | None:
+    """What :func:`_references` says of a buffer only its list refers to; None if a live view does
+    not add exactly one (then the count cannot tell an idle buffer, and nothing is pooled)."""
+    if not hasattr(sys, "getrefcount"):
+        return None
+    probe = [bytearray(1)]
+    idle = _references(probe, 0)
+    view = memoryview(probe[0])
+    busy = _references(probe, 0)
+    view.release()
+    return idle if busy == idle + 1 and _references(probe, 0) == idle else None
+
+
+_IDLE = _idle_count()
 
 
 def size_class(size: int) -> int:
@@ -51,16 +72,18 @@ def size_class(size: int) -> int:
 class FramePool:
     """Buffers for frames of ``min_bytes`` or more, kept up to ``max_bytes`` and used again."""
 
-    __slots__ = ("_buffers", "_held", "allocated", "max_bytes", "min_bytes", "reused")
+    __slots__ = ("_buffers", "_held", "_tick", "_used", "allocated", "max_bytes", "min_bytes", "reused")
 
     def __init__(self, max_bytes: int, min_bytes: int = MIN_POOLED_BYTES) -> None:
         if max_bytes < 0 or min_bytes < 1:
             raise ValueError("FramePool(max_bytes >= 0, min_bytes >= 1)")
-        self.max_bytes = max_bytes
+        self.max_bytes = max_bytes if _IDLE is not None else 0
         self.min_bytes = min_bytes
-        self._buffers: dict[int, list[bytearray]] = {}  # size class -> buffers of that capacity
-        self._held = 0  # the capacity of all the pooled buffers, in use or idle
-        #: Frame buffers handed out again / newly allocated for frames of ``min_bytes`` or more.
+        self._buffers: list[bytearray] = []  # in use or idle
+        self._used: list[int] = []  # when each was last handed out, in large frames (``_tick``)
+        self._held = 0  # the capacity of the kept buffers
+        self._tick = 0
+        #: Frames of ``min_bytes`` or more served by a kept buffer / by a new one.
         self.reused = 0
         self.allocated = 0
 
@@ -69,41 +92,51 @@ class FramePool:
         """The capacity of the buffers the pool keeps, in use or idle."""
         return self._held
 
+    @property
+    def kept(self) -> int:
+        """How many buffers the pool keeps, in use or idle."""
+        return len(self._buffers)
+
     def take(self, size: int) -> memoryview | bytearray:
         """A writable buffer of exactly ``size`` bytes, its contents undefined."""
         if size < self.min_bytes:
             return bytearray(size)
-        capacity = size_class(size)
-        kept = self._buffers.get(capacity, [])
-        for i in range(len(kept)):
-            if _references(kept, i) == _IDLE:
-                self.reused += 1
-                return memoryview(kept[i])[:size]
+        self._tick += 1
+        idle = self._idle()
+        fits = [i for i in idle if size <= len(self._buffers[i]) <= size + size // 4]
+        if fits:
+            best = min(fits, key=lambda i: len(self._buffers[i]))
+            self._used[best] = self._tick
+            self.reused += 1
+            view = memoryview(self._buffers[best])[:size]
+            self._let_go([i for i in idle if self._tick - self._used[i] > STALE_AFTER])
+            return view
         self.allocated += 1
-        buffer = bytearray(capacity)
+        capacity = size_class(size)
+        stale = [i for i in idle if self._tick - self._used[i] > STALE_AFTER]
+        room = self._held + capacity - self.max_bytes  # to be made by letting idle buffers go
+        if room > 0:
+            rest = sorted((i for i in idle if i not in stale), key=lambda i: self._used[i])  # LRU first
+            freed = [len(self._buffers[i]) for i in stale]
+            if sum(freed) + sum(len(self._buffers[i]) for i in rest) >= room:
+                while sum(freed) < room:
+                    stale.append(rest.pop(0))
+                    freed.append(len(self._buffers[stale[-1]]))
+        self._let_go(stale)
         if self._held + capacity > self.max_bytes:
-            self._evict_idle(self._held + capacity - self.max_bytes)
-        if self._held + capacity <= self.max_bytes:
-            self._buffers.setdefault(capacity, []).append(buffer)
-            self._held += capacity
+            return bytearray(size)  # not kept: no room beside the buffers in use
+        buffer = bytearray(capacity)
+        self._buffers.append(buffer)
+        self._used.append(self._tick)
+        self._held += capacity
         return memoryview(buffer)[:size]
 
-    def _evict_idle(self, need: int) -> None:
-        """Let go of idle buffers to free ``need`` bytes; of none if the idle ones are not enough."""
-        idle = [
-            (capacity, i)
-            for capacity, kept in self._buffers.items()
-            for i in range(len(kept))
-            if _references(kept, i) == _IDLE
-        ]
-        if sum(capacity for capacity, _ in idle) < need:
-            return
-        for capacity, i in reversed(idle):  # from the back: the indices before stay valid
-            if need <= 0:
-                break
-            kept = self._buffers[capacity]
-            del kept[i]
-            if not kept:
-                del self._buffers[capacity]
-            self._held -= capacity
-            need -= capacity
+    def _idle(self) -> list[int]:
+        """The indices of the kept buffers nothing else refers to."""
+        kept = self._buffers
+        return [i for i in range(len(kept)) if _references(kept, i) == _IDLE]
+
+    def _let_go(self, indices: list[int]) -> None:
+        for i in sorted(set(indices), reverse=True):  # from the back: the indices before stay valid
+            self._held -= len(self._buffers[i])
+            del self._buffers[i], self._used[i]
