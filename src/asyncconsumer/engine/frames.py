@@ -24,8 +24,9 @@ The rules, all in :meth:`FramePool.take`:
 * A frame gets the smallest idle buffer that holds it with at most 1/4 to spare, handed out as a
   ``memoryview`` of exactly the frame's size.  New buffers are the frame's size rounded up to a
   size class (at most 1/8 more), so frames of about the same size share buffers.
-* The pool keeps at most ``max_bytes`` (the consumer's ``fetch_buffer_bytes``) of buffers, in use
-  or idle.  A new buffer that does not fit makes room by letting go of idle buffers, least
+* The pool keeps at most ``max_bytes`` of buffers, in use or idle: the consumer's
+  ``fetch_buffer_bytes`` (what the fetch buffer may hold anyway), and at most four responses of
+  ``fetch_max_bytes``.  A new buffer that does not fit makes room by letting go of idle buffers, least
   recently used first; if it still does not fit, it is not kept (a buffer of its own, freed as
   before).  An idle buffer that was not used for the last :data:`STALE_AFTER` large frames is let
   go too: buffers of sizes that stopped coming do not stay.
@@ -40,7 +41,7 @@ __all__ = ["MIN_POOLED_BYTES", "STALE_AFTER", "FramePool", "size_class"]
 #: Frames smaller than this get a plain ``bytearray``: malloc serves them from memory it keeps.
 MIN_POOLED_BYTES = 256 << 10
 #: An idle buffer not used for this many large frames is let go.
-STALE_AFTER = 64
+STALE_AFTER = 16
 
 
 def _references(kept: list[bytearray], i: int) -> int:

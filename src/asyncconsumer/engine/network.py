@@ -101,8 +101,9 @@ class NetworkClient:
         self._connecting: dict[int, anyio.Event] = {}
         self._health: dict[int, _NodeHealth] = {}
         self._closed = False
-        #: Buffers of large response frames, shared by the connections (see engine/frames.py).
-        self.frames = FramePool(config.fetch_buffer_bytes)
+        #: Buffers of large response frames, shared by the connections (see engine/frames.py): at
+        #: most what the fetch buffer may hold, and at most four responses of the largest size.
+        self.frames = FramePool(min(config.fetch_buffer_bytes, 4 * config.fetch_max_bytes))
         #: Connections opened so far (set-up included), for tests and debugging.
         self.connections_opened = 0
         #: Failed connection attempts and lost connections; connections opened to a broker again.
