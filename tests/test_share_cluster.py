@@ -11,7 +11,8 @@ from typing import Any
 import anyio
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
+from support.cluster import admin
 from support.cluster import leaders as leaders_of
 from support.share import share_group
 
@@ -35,8 +36,8 @@ def cluster(apache_kafka: Any) -> Iterator[KafkaCluster]:  # apache_kafka: skipp
 def two_leader_topic(cluster: KafkaCluster, per_partition: int) -> str:
     bootstrap = cluster.bootstrap
     name = f"share-buffer-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
-    admin.create_topics([NewTopic(name, 2, 1)])[name].result(30)
+    client = admin(cluster)  # kept while the creation runs: a dropped client cancels it
+    client.create_topics([NewTopic(name, 2, 1)])[name].result(30)
     leaders = leaders_of(cluster, name, partitions=2)
     assert len(set(leaders.values())) == 2, leaders
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "log_level": 3})

@@ -110,19 +110,19 @@ class FramePool:
             self._used[best] = self._tick
             self.reused += 1
             view = memoryview(self._buffers[best])[:size]
-            self._let_go([i for i in idle if self._tick - self._used[i] > STALE_AFTER])
+            self._let_go(self._stale(idle))
             return view
         self.allocated += 1
         capacity = size_class(size)
-        stale = [i for i in idle if self._tick - self._used[i] > STALE_AFTER]
+        stale = self._stale(idle)
         room = self._held + capacity - self.max_bytes  # to be made by letting idle buffers go
         if room > 0:
             rest = sorted((i for i in idle if i not in stale), key=lambda i: self._used[i])  # LRU first
-            freed = [len(self._buffers[i]) for i in stale]
-            if sum(freed) + sum(len(self._buffers[i]) for i in rest) >= room:
-                while sum(freed) < room:
+            freed = sum(len(self._buffers[i]) for i in stale)
+            if freed + sum(len(self._buffers[i]) for i in rest) >= room:
+                while freed < room:
                     stale.append(rest.pop(0))
-                    freed.append(len(self._buffers[stale[-1]]))
+                    freed += len(self._buffers[stale[-1]])
         self._let_go(stale)
         if self._held + capacity > self.max_bytes:
             return bytearray(size)  # not kept: no room beside the buffers in use
@@ -136,6 +136,10 @@ class FramePool:
         """The indices of the kept buffers nothing else refers to."""
         kept = self._buffers
         return [i for i in range(len(kept)) if _references(kept, i) == _IDLE]
+
+    def _stale(self, idle: list[int]) -> list[int]:
+        """Those of the ``idle`` buffers not handed out for the last :data:`STALE_AFTER` large frames."""
+        return [i for i in idle if self._tick - self._used[i] > STALE_AFTER]
 
     def _let_go(self, indices: list[int]) -> None:
         for i in sorted(set(indices), reverse=True):  # from the back: the indices before stay valid
