@@ -1,4 +1,4 @@
-"""Reading large response frames: pooled frame buffers (engine/frames.py) against a new one per frame.
+"""Reading large response frames: pooled frame buffers (engine/buffers.py) against a new one per frame.
 
 In process, on loopback: a task sends ``--frames`` Kafka-framed responses of ``--frame-mib`` MiB
 (random bytes) over TCP, and a ``BrokerConnection`` reads them with its own read path, keeping a
@@ -22,11 +22,11 @@ import time
 import anyio
 import anyio.abc
 
+from asyncconsumer.engine.buffers import BufferPool
 from asyncconsumer.engine.connection import BrokerConnection
-from asyncconsumer.engine.frames import FramePool
 
 
-async def read_once(frame: bytes, frames: int, hold: int, pool_bytes: int) -> tuple[float, int, FramePool]:
+async def read_once(frame: bytes, frames: int, hold: int, pool_bytes: int) -> tuple[float, int, BufferPool]:
     """CPU seconds and page faults of reading ``frames`` copies of ``frame``, and the pool used."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
@@ -36,7 +36,7 @@ async def read_once(frame: bytes, frames: int, hold: int, pool_bytes: int) -> tu
             await stream.send(frame)
         await stream.aclose()
 
-    pool = FramePool(pool_bytes)
+    pool = BufferPool(pool_bytes)
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, send)
         stream = await anyio.connect_tcp("127.0.0.1", port)

@@ -20,6 +20,7 @@ from support.producer import create_topic
 
 from asyncconsumer import ConfigError, Consumer, ConsumerRecord, TopicPartition
 from asyncconsumer.app.arrow import PyArrowMissingError
+from asyncconsumer.metrics import PoolMetrics
 from asyncconsumer.protocol.columnar import arrow_schema
 from asyncconsumer.spark.arrow import records_to_batch
 
@@ -146,6 +147,49 @@ async def test_arrow_batches_and_batches_take_turns_without_loss(
                     seen += [int(v) for v in abatch.column("value").to_pylist()]
                     break
     assert seen[:2000] == list(range(2000))
+
+
+async def test_column_buffers_are_used_again_only_once_no_batch_holds_them(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    # Blocks of 250 records of 1 KiB: the value columns (250 KiB) come from the consumer's pool
+    # of column buffers.  Every fourth batch is kept; the others are dropped after their check, so
+    # their buffers are used again.  A buffer handed out again while a kept batch still wrapped it
+    # would overwrite that batch's values, which are checked again at the end.
+    topic = new_topic(1)
+    total = 4000
+
+    def value(i: int) -> bytes:
+        return b"%08d" % i * 128
+
+    # Producer batches of about 48 records: a block is 250 records and at most one batch more.
+    produce(topic, [(0, b"%d" % i, value(i)) for i in range(total)], batch_size=50_000)
+    kept: list[pa.RecordBatch] = []
+    seen = 0
+    async with consumer(bootstrap) as c:
+        c.assign(tps(topic, 1))
+        assert c.metrics().buffers.columns == PoolMetrics()
+        with anyio.fail_after(60):
+            async for batch in c.arrow_batches(max_records=250):
+                offsets = batch.column("offset").to_pylist()
+                assert batch.column("value").to_pylist() == [value(i) for i in offsets]
+                if len(kept) * 4 <= seen // 250:
+                    kept.append(batch)
+                seen += batch.num_rows
+                del batch
+                if seen >= total:
+                    break
+        columns = c.metrics().buffers.columns
+        assert columns.reused > 0 and columns.in_use >= len(kept)
+        assert 0 < columns.held_bytes <= 64 << 20
+        for batch in kept:
+            offsets = batch.column("offset").to_pylist()
+            assert batch.column("value").to_pylist() == [value(i) for i in offsets]
+        held = len(kept)
+        del kept[:], batch
+        # Each kept batch held a buffer of its own (its values): those are idle now.
+        assert c.metrics().buffers.columns.in_use <= columns.in_use - held
+        assert c.metrics().buffers.frames.allocated >= 1  # a response of 256 KiB or more
 
 
 async def test_arrow_batches_name_the_missing_pyarrow(bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,6 +28,7 @@ from support.strategies import nullable_bytes, records_with_deltas
 from test_speedups import CORRUPT, FIXTURES, FUZZ, V, _rec, damaged
 from test_speedups import batches as single_batches
 
+from asyncconsumer.engine.buffers import BufferPool
 from asyncconsumer.errors import CorruptRecordError, RecordError
 from asyncconsumer.managers.fetch_buffer import CompletedFetch
 from asyncconsumer.protocol import columnar
@@ -73,8 +74,21 @@ def c_arrow_pool(topic: str, partition: int, headers: bool = True, max_offset: i
     return C_BUILDER(topic, partition, headers, max_offset, columnar.default_allocator())
 
 
+#: What the consumer decodes column blocks into (``Collector.column_buffers``), here keeping
+#: buffers from 64 bytes up, so that every test's blocks share and reuse its buffers.
+SMALL_POOL = BufferPool(64 << 20, 64)
+
+
+def c_buffer_pool(topic: str, partition: int, headers: bool = True, max_offset: int = columnar.MAX_OFFSET,
+                  allocate: Any = None) -> Any:
+    """The compiled builder writing into a buffer pool's buffers (memoryviews, used again)."""
+    return C_BUILDER(topic, partition, headers, max_offset, SMALL_POOL.take)
+
+
 #: The Python builder first (the reference), then the compiled one with each kind of buffer.
-BUILDERS: list[Any] = [PyColumnBuilder] + ([c_bytearrays, c_arrow_pool] if C_BUILDER is not None else [])
+BUILDERS: list[Any] = [PyColumnBuilder] + (
+    [c_bytearrays, c_arrow_pool, c_buffer_pool] if C_BUILDER is not None else []
+)
 
 Rows = list[ConsumerRecord[bytes, bytes]]
 Error = tuple[type, str, int, int, str]
@@ -650,21 +664,79 @@ def test_finish_spends_the_builder(builder: Any) -> None:
 
 
 @needs_c
+def test_allocators_that_misbehave_get_clear_errors() -> None:
+    [batch] = iter_batches(FIXTURES["codec-0"], topic=TOPIC, partition=PART)
+    with pytest.raises(TypeError, match="allocate must be callable"):
+        C_BUILDER(TOPIC, PART, True, columnar.MAX_OFFSET, b"not callable")
+    # The first buffers are the builder's own; ``allocate`` serves the buffers that grow.
+    for allocate, error, match in [
+        (lambda size: bytearray(size - 1), ValueError, "smaller than asked for"),
+        (lambda size: "x" * size, TypeError, "bytes-like object is required"),  # not a buffer
+        (bytes, BufferError, "writable"),  # not writable
+    ]:
+        b = C_BUILDER(TOPIC, PART, True, columnar.MAX_OFFSET, allocate)
+        with pytest.raises(error, match=match):
+            b.reserve(10_000, 100_000)
+        assert b.count == 0
+    # An allocator that fails while the buffers grow: the append raises, storing nothing.
+    sizes: list[int] = []
+
+    def refuse_large(size: int) -> bytearray:
+        sizes.append(size)
+        if size > 1024:
+            raise MemoryError(f"no {size} bytes today")
+        return bytearray(size)
+
+    b = C_BUILDER(TOPIC, PART, True, columnar.MAX_OFFSET, refuse_large)
+    with pytest.raises(MemoryError, match="today"):
+        b.reserve(10_000, 0)
+    assert b.count == 0 and max(sizes) > 1024
+
+
+@needs_c
+def test_pooled_blocks_stay_intact_while_arrow_holds_them() -> None:
+    # Blocks decoded into a pool's buffers, every Arrow batch kept while more blocks are decoded:
+    # no kept batch changes.  Dropped, their buffers are used again.
+    pool = BufferPool(64 << 20, 64)
+    data = FIXTURES["many-batches"] + FIXTURES["codec-0"]
+    kept = []
+    for _ in range(6):
+        reader = columnar.ColumnReader(data, topic=TOPIC, partition=PART, allocate=pool.take)
+        columns = reader.take(1 << 30, 0)
+        kept.append((to_arrow(columns, TOPIC, PART), raw(columns)))
+    allocated, reused = pool.allocated, pool.reused
+    assert pool.in_use > 0
+    first = kept[0][0].to_pylist()
+    assert all(batch.to_pylist() == first for batch, _ in kept)
+    assert all(r == kept[0][1] for _, r in kept)
+    del kept, columns, reader
+    gc.collect()
+    assert pool.in_use == 0
+    reader = columnar.ColumnReader(data, topic=TOPIC, partition=PART, allocate=pool.take)
+    assert to_arrow(reader.take(1 << 30, 0), TOPIC, PART).to_pylist() == first
+    # Mostly the kept buffers again (the idle ones a block outgrew long ago were let go as stale).
+    assert pool.reused - reused > 2 * (pool.allocated - allocated)
+
+
+@needs_c
 def test_no_reference_leaks() -> None:
     topic, partition = "leak-" + "check", 10**6  # objects only this test holds
     batches = list(iter_batches(FIXTURES["many-batches"] + FIXTURES["legacy-1-gzip"] + FIXTURES["codec-0"],
                                 topic=topic, partition=partition))
     bad = list(iter_batches(build_batch([(b"k", b"v")], raw_records=V(50) + b"\x00" * 10), topic=topic,
                             partition=partition))
-    allocate = functools.partial(pa.allocate_buffer, resizable=True)
-    before = sys.getrefcount(topic), sys.getrefcount(partition), sys.getrefcount(allocate)
+    pool = BufferPool(64 << 20, 64)
+    allocators: list[Any] = [functools.partial(pa.allocate_buffer), pool.take]
+    before = [sys.getrefcount(x) for x in (topic, partition, *allocators)]
     for i in range(100):
         if i % 2:
+            allocate = allocators[i // 2 % 2]
             pooled = C_BUILDER(topic, partition, True, columnar.MAX_OFFSET, allocate)
             for batch in batches:
                 pooled.append(batch, 0)
-            assert {type(x) for x in pooled.finish() if not isinstance(x, int)} == {pa.ResizableBuffer}
-            del pooled
+            kinds = {pa.Buffer if allocate is allocators[0] else memoryview, bytearray}  # (small: the builder's)
+            assert {type(x) for x in pooled.finish() if not isinstance(x, int)} <= kinds
+            del pooled, allocate
         b = C_BUILDER(topic, partition)
         for batch in batches:
             b.append(batch, 0)
@@ -676,7 +748,8 @@ def test_no_reference_leaks() -> None:
         assert [sys.getrefcount(x) for x in columns if isinstance(x, bytearray)] == [3] * 15
         del b, columns
     gc.collect()
-    assert (sys.getrefcount(topic), sys.getrefcount(partition), sys.getrefcount(allocate)) == before
+    assert [sys.getrefcount(x) for x in (topic, partition, *allocators)] == before
+    assert pool.reused > 0 and pool.kept > 0 and pool.in_use == 0  # used again, and all idle now
 
 
 def test_environment_switch_forces_python_builder() -> None:

@@ -228,7 +228,7 @@ async def test_pipelined_requests_are_answered_in_order_on_one_connection() -> N
         await conn.aclose()
 
 
-async def test_frames_dribbled_a_few_bytes_at_a_time_are_reassembled() -> None:
+async def test_buffers_dribbled_a_few_bytes_at_a_time_are_reassembled() -> None:
     held: list[Received] = []
 
     def answer(server: Server, request: Received) -> bytes | None:
@@ -520,9 +520,9 @@ async def test_small_frames_are_copied_large_ones_are_views_of_their_chunk() -> 
 
 
 async def test_large_frames_spanning_reads_reuse_a_pooled_buffer_once_released() -> None:
-    from asyncconsumer.engine.frames import FramePool
+    from asyncconsumer.engine.buffers import BufferPool
 
-    pool = FramePool(8 << 20)
+    pool = BufferPool(8 << 20)
     conn = BrokerConnection(1, HOST, 1, client_id="t", request_timeout=1, setup_timeout=1, ssl_context=None,
                             frames=pool)
     size = 600_000

@@ -808,9 +808,11 @@ done:
  * the records does not reallocate (a reallocation copies the whole old capacity).
  *
  * Each buffer is a bytearray, or with ``allocate`` whatever ``allocate(size)`` returns: an object
- * exporting a writable buffer, with a ``resize(size)`` method that keeps the bytes and leaves the
- * memory in place until the next resize (pyarrow's ``allocate_buffer(size, resizable=True)``:
- * Arrow's memory pool reuses memory, where large bytearrays come from fresh pages each time).
+ * exporting a writable buffer of at least ``size`` bytes whose memory stays where it is while the
+ * object lives (a memoryview from a buffer pool, engine/buffers.py; pyarrow's ``allocate_buffer``).
+ * Growing such a buffer asks for a new one and copies the bytes; finish() hands out ``obj[:len]``
+ * when the buffer is longer than the column.  An allocator that keeps its memory between blocks
+ * (the pool) spares the page faults of fresh memory, which cost more than copying the records.
  */
 
 enum {
@@ -838,7 +840,8 @@ typedef struct {
     PyObject *obj; /* a bytearray or an ``allocate``d buffer; its size is the capacity while building */
     char *p;
     Py_ssize_t cap;
-    int external; /* made by ``allocate`` */
+    PyObject *allocate; /* borrowed from the builder (which holds it); NULL: bytearrays only */
+    int external;       /* obj came from ``allocate`` (else it is the first, small bytearray) */
 } colbuf;
 
 /* What append() rolls back to.  Everything else is a function of these. */
@@ -852,6 +855,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *topic;
     PyObject *partition;
+    PyObject *allocate; /* NULL: bytearrays */
     int headers;
     int finished;
     Py_ssize_t max_offset;
@@ -859,57 +863,64 @@ typedef struct {
     colbuf b[NBUFS];
 } ColumnBuilder;
 
-/* Where an ``allocate``d buffer's memory is now (after creation or a resize). */
-static int
-colbuf_locate(colbuf *b, Py_ssize_t size)
+/* A new ``allocate``d buffer of ``size`` bytes and where its memory is. */
+static PyObject *
+colbuf_allocate(PyObject *allocate, Py_ssize_t size, char **p)
 {
+    PyObject *obj = PyObject_CallFunction(allocate, "n", size);
+    if (obj == NULL) {
+        return NULL;
+    }
     Py_buffer view;
-    if (PyObject_GetBuffer(b->obj, &view, PyBUF_WRITABLE) < 0) {
-        return -1;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(obj);
+        return NULL;
     }
-    char *p = (char *)view.buf;
+    *p = (char *)view.buf;
     Py_ssize_t len = view.len;
-    PyBuffer_Release(&view); /* the object keeps the memory where it is until resized */
+    PyBuffer_Release(&view); /* the object keeps its memory where it is while it lives */
     if (len < size) {
+        Py_DECREF(obj);
         PyErr_SetString(PyExc_ValueError, "allocate() gave a buffer smaller than asked for");
-        return -1;
+        return NULL;
     }
-    b->p = p;
-    return 0;
+    return obj;
 }
 
+/* The first, small buffer is a bytearray even with ``allocate``: most columns of a block never
+ * outgrow it, and a call into Python per column would cost more than it saves. */
 static int
 colbuf_init(colbuf *b, PyObject *allocate, Py_ssize_t cap)
 {
-    b->external = allocate != NULL;
+    b->allocate = allocate;
+    b->external = 0;
     b->cap = cap;
-    if (allocate == NULL) {
-        b->obj = PyByteArray_FromStringAndSize(NULL, cap);
-        b->p = b->obj == NULL ? NULL : PyByteArray_AS_STRING(b->obj);
-        return b->obj == NULL ? -1 : 0;
-    }
-    b->obj = PyObject_CallFunction(allocate, "n", cap);
-    return b->obj == NULL ? -1 : colbuf_locate(b, cap);
+    b->obj = PyByteArray_FromStringAndSize(NULL, cap);
+    b->p = b->obj == NULL ? NULL : PyByteArray_AS_STRING(b->obj);
+    return b->obj == NULL ? -1 : 0;
 }
 
+/* Capacity ``size`` (more than now): a bytearray is resized, an ``allocate``d buffer replaced by
+ * a new one holding the same bytes. */
 static int
 colbuf_resize(colbuf *b, Py_ssize_t size)
 {
-    if (!b->external) {
+    if (b->allocate == NULL) {
         if (PyByteArray_Resize(b->obj, size) < 0) {
             return -1;
         }
         b->p = PyByteArray_AS_STRING(b->obj);
     }
     else {
-        PyObject *r = PyObject_CallMethod(b->obj, "resize", "n", size);
-        if (r == NULL) {
+        char *p;
+        PyObject *obj = colbuf_allocate(b->allocate, size, &p);
+        if (obj == NULL) {
             return -1;
         }
-        Py_DECREF(r);
-        if (colbuf_locate(b, size) < 0) {
-            return -1;
-        }
+        memcpy(p, b->p, (size_t)(b->cap < size ? b->cap : size));
+        Py_SETREF(b->obj, obj);
+        b->p = p;
+        b->external = 1;
     }
     b->cap = size;
     return 0;
@@ -1466,10 +1477,23 @@ builder_reserve(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 take_buffer(colbuf *b, Py_ssize_t len)
 {
-    if (colbuf_resize(b, len) < 0) {
-        return NULL;
+    PyObject *obj;
+    if (!b->external) {
+        if (PyByteArray_Resize(b->obj, len) < 0) {
+            return NULL;
+        }
+        obj = b->obj;
     }
-    PyObject *obj = b->obj;
+    else if (len < b->cap) {
+        obj = PySequence_GetSlice(b->obj, 0, len);
+        if (obj == NULL) {
+            return NULL;
+        }
+        Py_DECREF(b->obj);
+    }
+    else {
+        obj = b->obj;
+    }
     b->obj = NULL;
     b->p = NULL;
     b->cap = 0;
@@ -1555,6 +1579,7 @@ builder_dealloc(ColumnBuilder *cb)
     }
     Py_XDECREF(cb->topic);
     Py_XDECREF(cb->partition);
+    Py_XDECREF(cb->allocate);
     Py_TYPE(cb)->tp_free((PyObject *)cb);
 }
 
@@ -1589,11 +1614,15 @@ builder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     cb->topic = topic;
     Py_INCREF(partition);
     cb->partition = partition;
+    if (allocate != Py_None) {
+        Py_INCREF(allocate);
+        cb->allocate = allocate;
+    }
     cb->headers = headers;
     cb->max_offset = max_offset;
     int nbufs = headers ? NBUFS : FIRST_HEADER_BUF;
     for (int i = 0; i < nbufs; i++) {
-        if (colbuf_init(&cb->b[i], allocate == Py_None ? NULL : allocate, 64) < 0) {
+        if (colbuf_init(&cb->b[i], cb->allocate, 64) < 0) {
             Py_DECREF(cb);
             return NULL;
         }

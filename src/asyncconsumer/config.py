@@ -133,7 +133,8 @@ class ConsumerOptions(TypedDict, total=False):
     #: Upper bound per partition in one Fetch; also a partition's least read-ahead.
     max_partition_fetch_bytes: int
     #: The byte budget for fetched records the application has not read yet (shared by partitions);
-    #: also the most the buffers of large response frames kept for reuse may take (engine/frames.py).
+    #: also the most each of the consumer's buffer pools (large response frames, Arrow column
+    #: blocks) may keep for reuse (engine/buffers.py).
     fetch_buffer_bytes: int
     #: Records per poll: getmany()'s default max_records, a batches() item, an async-for chunk.
     max_poll_records: int

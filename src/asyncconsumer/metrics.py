@@ -154,6 +154,30 @@ class ConnectionMetrics:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolMetrics:
+    """One pool of large buffers used again (``engine/buffers.py``): what it keeps and how often
+    a buffer it kept was used again instead of a new one."""
+
+    #: Bytes of the buffers the pool keeps, in use or idle (at most ``fetch_buffer_bytes``).
+    held_bytes: int = 0
+    #: Buffers the pool keeps, in use or idle.
+    kept: int = 0
+    #: Of those, the buffers in use now (something still points into them).
+    in_use: int = 0
+    #: Large buffers asked for that a kept buffer served / that got a new buffer.
+    reused: int = 0
+    allocated: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BufferMetrics:
+    """The consumer's pools of large buffers: response frames, and ``arrow_batches()``' columns."""
+
+    frames: PoolMetrics = field(default_factory=PoolMetrics)
+    columns: PoolMetrics = field(default_factory=PoolMetrics)
+
+
+@dataclass(frozen=True, slots=True)
 class ConsumerMetrics:
     """A read-only snapshot of the consumer's counters, from :meth:`Consumer.metrics`."""
 
@@ -172,6 +196,8 @@ class ConsumerMetrics:
     #: 0 while a poll is waiting for records: an application stuck in its processing shows a growing
     #: age (liveness; past ``max_poll_interval_ms`` a group member leaves the group).
     last_poll_age: float
+    #: The memory kept for large buffers (response frames, Arrow columns) and how well it is used again.
+    buffers: BufferMetrics = field(default_factory=BufferMetrics)
 
     @property
     def lag(self) -> int:
@@ -259,6 +285,7 @@ class ShareConsumerMetrics:
 __all__ = [
     "LATENCY_BUCKETS",
     "AcknowledgementMetrics",
+    "BufferMetrics",
     "CommitMetrics",
     "ConnectionMetrics",
     "ConsumerMetrics",
@@ -266,6 +293,7 @@ __all__ = [
     "Latency",
     "LatencyRecorder",
     "PartitionMetrics",
+    "PoolMetrics",
     "RebalanceMetrics",
     "ShareConsumerMetrics",
     "ShareFetchMetrics",

@@ -67,7 +67,9 @@ def _collect(
         if taken is not None:
             break  # after the walk's bookkeeping for the fetch read: one partition per batch
         try:
-            columns = fetch.take_columns(limit, state.position, include_headers=include_headers)
+            columns = fetch.take_columns(
+                limit, state.position, include_headers=include_headers, allocate=collector.column_buffers.take
+            )
         except RecordError as exc:
             refetch_bad_batch(engine, fetch, state, exc)
             engine.wake()

@@ -20,6 +20,7 @@ import anyio
 from typing_extensions import TypeVar
 
 from ..config import ConsumerConfig
+from ..engine.buffers import MIN_COLUMN_BYTES, BufferPool
 from ..engine.loop import Engine
 from ..errors import KafkaError, RecordError
 from ..managers.fetch_buffer import CompletedFetch, Record
@@ -75,6 +76,9 @@ class Collector(Generic[KT, VT]):
         self.bytes_consumed = 0
         #: Polls waiting for records now.
         self.waiting = 0
+        #: The buffers ``arrow_batches()`` decodes column blocks into, used again once no Arrow
+        #: array wraps them (engine/buffers.py), up to ``fetch_buffer_bytes``.
+        self.column_buffers = BufferPool(config.fetch_buffer_bytes, MIN_COLUMN_BYTES)
 
     def handed(self, tp: TopicPartition, count: int) -> None:
         """``count`` records of ``tp`` were handed to the application (called per chunk or poll)."""

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine.buffers import BufferPool
 from ..engine.loop import Engine
 from ..engine.network import NetworkClient
 from ..engine.share_loop import ShareEngine
 from ..metrics import (
     AcknowledgementMetrics,
+    BufferMetrics,
     CommitMetrics,
     ConnectionMetrics,
     ConsumerMetrics,
     FetchMetrics,
     PartitionMetrics,
+    PoolMetrics,
     RebalanceMetrics,
     ShareConsumerMetrics,
     ShareFetchMetrics,
@@ -74,7 +77,12 @@ def snapshot(engine: Engine, collector: Collector[Any, Any]) -> ConsumerMetrics:
         commits=commits,
         connections=_connections(network),
         last_poll_age=0.0 if collector.waiting else max(0.0, engine.clock() - engine.last_poll),
+        buffers=BufferMetrics(_pool(network.frames), _pool(collector.column_buffers)),
     )
+
+
+def _pool(pool: BufferPool) -> PoolMetrics:
+    return PoolMetrics(pool.held_bytes, pool.kept, pool.in_use, pool.reused, pool.allocated)
 
 
 def share_snapshot(engine: ShareEngine, records_delivered: int) -> ShareConsumerMetrics:

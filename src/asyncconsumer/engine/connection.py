@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ..managers.waiter import Waiter
 from ..protocol import api as protocol
-from .frames import FramePool
+from .buffers import BufferPool
 from .sasl import reauthentication_delay
 
 log = logging.getLogger("asyncconsumer.connection")
@@ -131,7 +131,7 @@ class BrokerConnection:
         ssl_context: ssl.SSLContext | None,
         sasl: SaslHook | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
-        frames: FramePool | None = None,
+        frames: BufferPool | None = None,
     ) -> None:
         self.node_id = node_id
         self.host = host
@@ -142,7 +142,7 @@ class BrokerConnection:
         self._ssl_context = ssl_context
         self._sasl = sasl
         self._max_frame_bytes = max_frame_bytes
-        self._frames = frames if frames is not None else FramePool(0)
+        self._frames = frames if frames is not None else BufferPool(0)
         self._stream: anyio.abc.ByteStream | None = None
         self._send_lock = anyio.Lock()
         self._pending: dict[int, tuple[str, int, Waiter[Body]]] = {}
@@ -308,7 +308,7 @@ class BrokerConnection:
 
     async def _read_exactly(self, stream: anyio.abc.ByteStream, size: int) -> memoryview | bytearray:
         """The next ``size`` bytes: a view of the current chunk if it holds them, else a buffer from the
-        frame pool (engine/frames.py: large frames' buffers are used again).
+        frame pool (engine/buffers.py: large frames' buffers are used again).
 
         The view is not a copy; it keeps its chunk (at most ``_READ_CHUNK``) alive while the
         response's records point into it.  Only frames spanning chunks are copied, once, and

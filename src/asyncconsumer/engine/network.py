@@ -29,6 +29,7 @@ from ..errors import (
 )
 from ..managers.requests import Body, UnsentRequest
 from ..metrics import LatencyRecorder
+from .buffers import BufferPool
 from .connection import (
     BrokerConnection,
     RefusedBeforeLogin,
@@ -38,7 +39,6 @@ from .connection import (
     describe_node,
     frame_limit,
 )
-from .frames import FramePool
 
 log = logging.getLogger("asyncconsumer.network")
 
@@ -101,9 +101,9 @@ class NetworkClient:
         self._connecting: dict[int, anyio.Event] = {}
         self._health: dict[int, _NodeHealth] = {}
         self._closed = False
-        #: Buffers of large response frames, shared by the connections (see engine/frames.py): at
+        #: Buffers of large response frames, shared by the connections (see engine/buffers.py): at
         #: most what the fetch buffer may hold, and at most four responses of the largest size.
-        self.frames = FramePool(min(config.fetch_buffer_bytes, 4 * config.fetch_max_bytes))
+        self.frames = BufferPool(min(config.fetch_buffer_bytes, 4 * config.fetch_max_bytes))
         #: Connections opened so far (set-up included), for tests and debugging.
         self.connections_opened = 0
         #: Failed connection attempts and lost connections; connections opened to a broker again.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import RecordError
 from ..protocol.columnar import ColumnReader, Columns
@@ -123,7 +123,14 @@ class CompletedFetch:
             out.extend(chunk)
         return out
 
-    def take_columns(self, max_records: int, position: int, *, include_headers: bool = True) -> Columns:
+    def take_columns(
+        self,
+        max_records: int,
+        position: int,
+        *,
+        include_headers: bool = True,
+        allocate: Callable[[int], Any] | Literal["arrow"] | None = "arrow",
+    ) -> Columns:
         """``take`` as Arrow-ready column buffers (``protocol.columnar``): up to ``max_records``
         records at or after ``position``, the same walk (aborted transactions, control batches,
         records before the position dropped, a corrupt batch raising after the records before it).
@@ -131,7 +138,8 @@ class CompletedFetch:
         The columns may hold fewer than ``max_records`` records while the fetch has more: a
         call hands out the rest of one decoded block before decoding the next.  A fetch may be
         read by ``take`` and ``take_columns`` in turn; each switch restarts the walk from the
-        position (which the caller moves past whatever it was handed).
+        position (which the caller moves past whatever it was handed).  ``allocate`` is the column
+        buffers' allocator (``ColumnReader``'s; the consumer passes its buffer pool's ``take``).
         """
         reader = self._columns
         if reader is None:
@@ -149,6 +157,7 @@ class CompletedFetch:
                 aborted=self._aborted_list,
                 include_headers=include_headers,
                 max_decompressed=self._max_decompressed,
+                allocate=allocate,
             )
         try:
             return reader.take(max_records, position)

@@ -31,11 +31,14 @@ Design
   or timestamps that do not fit in 64 bits (only corrupt batches have them; the row decoders
   hand out Python ints) raise ``CorruptRecordError``.
 * **Memory**: the compiled builder writes into bytearrays, or into the buffers ``allocate(size)``
-  returns (resizable, writable); :func:`default_allocator` is pyarrow's ``allocate_buffer`` when
-  pyarrow is installed.  That matters: large bytearrays come from fresh pages on every block
-  (glibc maps them, and unmaps them when Arrow lets go), so writing 10 MB of values costs more in
-  page faults than in copying; Arrow's pool hands the same memory out again (and 64-byte aligned).
-  The Python builder always uses bytearrays.
+  returns (writable, at least ``size`` bytes; growing one asks for a new one and copies, and a
+  block's column is handed out as ``buffer[:length]``).  :func:`default_allocator` is pyarrow's
+  ``allocate_buffer`` when pyarrow is installed; the consumer passes its pool's ``take``
+  (engine/buffers.py ``BufferPool``), which hands out memory it keeps, once no Arrow array wraps
+  it any more.  That matters: fresh memory for every block, from glibc or from Arrow's mimalloc,
+  is faulted in page by page (huge pages with THP) and the kernel clears each page first, which
+  cost more than copying the records (25-30% of a profiled read).  The Python builder always uses
+  bytearrays.
 * **The walk** (:class:`ColumnReader`) is the row path's, ``CompletedFetch.take`` in
   managers/fetch_buffer.py: batches split and CRC-checked by ``iter_batches``; batches ending
   before the position skipped; read_committed filtering by ``AbortedTransactionFilter``; control
@@ -379,12 +382,13 @@ ColumnBuilder, COLUMN_DECODER = _select_builder()
 
 @functools.cache
 def default_allocator() -> Callable[[int], Any] | None:
-    """pyarrow's ``allocate_buffer(size, resizable=True)`` (Arrow's memory pool), None without pyarrow."""
+    """pyarrow's ``allocate_buffer(size)`` (Arrow's memory pool), None without pyarrow."""
     try:
         pa = importlib.import_module("pyarrow")
     except ImportError:
         return None
-    return functools.partial(pa.allocate_buffer, resizable=True)
+    allocate: Callable[[int], Any] = pa.allocate_buffer
+    return allocate
 
 
 # ------------------------------------------------------------ the walk over a partition's record set
@@ -460,6 +464,7 @@ class ColumnReader:
             first = self._next
             count = min(max_records, block.count - first)
             self._next = first + count
+            self._let_go_if_done(block)
             return Columns(block, first, count)
         builder: _Builder = self._builder(self.topic, self.partition, self._headers, self._max_offset, self._allocate)
         while builder.count < max_records:
@@ -501,13 +506,22 @@ class ColumnReader:
                 )
         self._block = block = ColumnBuffers(*builder.finish())
         self._next = min(max_records, block.count)
+        self._let_go_if_done(block)
         return Columns(block, 0, self._next)
+
+    def _let_go_if_done(self, block: ColumnBuffers) -> None:
+        """Hold a block no longer once all of it is handed out: its buffers are then the
+        application's alone, and a buffer pool (``allocate``) may use them again once it drops them."""
+        if self._next >= block.count:
+            self._block = None
 
     def _reserve(self, builder: _Builder, batch: RecordBatch, max_records: int) -> None:
         """Size a new block's buffers up front from its first batch.  The uncompressed batches
         left in the record set bound the key and value bytes the block can take; ``max_records``
         records at this batch's bytes per record (header included) bound them more tightly when
-        the records are alike.  Compressed batches give no bound: their buffers grow as needed.
+        the records are alike.  A block stores whole batches until it holds ``max_records``, so it
+        may take one batch more than that.  Compressed batches give no bound: their buffers grow
+        as needed.
 
         The header's record count is only a claim (a corrupt batch may say 2**31); a v2 record
         takes at least ``_MIN_RECORD_BYTES``, so the batch's real size bounds the count reserved
@@ -516,8 +530,10 @@ class ColumnReader:
         count = min(batch.record_count, size // _MIN_RECORD_BYTES)
         if batch.compression or batch.magic != 2 or count <= 0:
             return
+        # A block takes whole batches until it holds max_records: up to a batch's records more.
         builder.reserve(
-            min(max_records, -(-self._left * count // size)), min(self._left, -(-max_records * size // count))
+            min(max_records + count, -(-self._left * count // size)),
+            min(self._left, -(-max_records * size // count) + size),
         )
 
 

@@ -1,5 +1,5 @@
-"""The pool of large response frames' buffers (engine/frames.py), driven directly and through a
-connection's read path."""
+"""The pool of large buffers (engine/buffers.py), driven directly and through a connection's read path
+(response frames; the Arrow column blocks it also serves are tested in test_columnar.py and test_arrow.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 import anyio
 import pytest
 
+from asyncconsumer.engine.buffers import MIN_POOLED_BYTES, STALE_AFTER, BufferPool, size_class
 from asyncconsumer.engine.connection import BrokerConnection
-from asyncconsumer.engine.frames import MIN_POOLED_BYTES, STALE_AFTER, FramePool, size_class
 from asyncconsumer.managers.fetch_buffer import CompletedFetch
 from asyncconsumer.protocol import records
 from asyncconsumer.protocol.api import decode_response, encode_response
@@ -37,7 +37,7 @@ def test_size_classes_round_up_by_at_most_an_eighth() -> None:
 
 
 def test_a_buffer_is_used_again_once_no_view_of_it_is_alive() -> None:
-    pool = FramePool(64 * MiB)
+    pool = BufferPool(64 * MiB)
     first = pool.take(4 * MiB + 10)
     assert isinstance(first, memoryview) and len(first) == 4 * MiB + 10 and not first.readonly
     backing = id(first.obj)  # not the object: a reference would keep the buffer busy
@@ -56,7 +56,7 @@ def test_a_buffer_is_used_again_once_no_view_of_it_is_alive() -> None:
 
 
 def test_the_smallest_idle_buffer_that_fits_is_used_and_none_with_more_than_a_quarter_to_spare() -> None:
-    pool = FramePool(64 * MiB)
+    pool = BufferPool(64 * MiB)
     sizes = [2 * MiB, 3 * MiB, 5 * MiB]
     ids = {}
     for size in sizes:
@@ -71,14 +71,14 @@ def test_the_smallest_idle_buffer_that_fits_is_used_and_none_with_more_than_a_qu
 
 
 def test_small_frames_get_plain_bytearrays_that_the_pool_does_not_keep() -> None:
-    pool = FramePool(64 * MiB)
+    pool = BufferPool(64 * MiB)
     small = pool.take(MIN_POOLED_BYTES - 1)
     assert isinstance(small, bytearray) and len(small) == MIN_POOLED_BYTES - 1
     assert pool.held_bytes == 0 and (pool.allocated, pool.reused) == (0, 0)
 
 
 def test_the_pool_keeps_at_most_max_bytes_letting_idle_buffers_go_least_recently_used_first() -> None:
-    pool = FramePool(10 * MiB)
+    pool = BufferPool(10 * MiB)
     busy = [pool.take(4 * MiB) for _ in range(3)]  # the third does not fit beside two in use
     assert pool.held_bytes == 8 * MiB and pool.kept == 2
     assert isinstance(busy[2], bytearray) and len(busy[2]) == 4 * MiB  # its own, exactly the size
@@ -100,7 +100,7 @@ def test_the_pool_keeps_at_most_max_bytes_letting_idle_buffers_go_least_recently
 
 
 def test_idle_buffers_of_sizes_that_stopped_coming_are_let_go() -> None:
-    pool = FramePool(64 * MiB)
+    pool = BufferPool(64 * MiB)
     view = pool.take(8 * MiB)
     del view
     for _ in range(STALE_AFTER + 1):
@@ -109,8 +109,29 @@ def test_idle_buffers_of_sizes_that_stopped_coming_are_let_go() -> None:
     assert pool.kept == 1 and pool.held_bytes == MiB  # the 8 MiB buffer is gone
 
 
+def test_a_buffer_held_for_long_is_not_stale_when_it_comes_back() -> None:
+    # An application holding an Arrow batch for many blocks: its buffer counts as used while it
+    # is seen in use, so it is used again (not let go) once the batch is dropped.
+    pool = BufferPool(64 * MiB)
+    held = pool.take(8 * MiB)
+    for _ in range(3 * STALE_AFTER):
+        frame = pool.take(MiB)
+        del frame
+    assert pool.in_use == 1
+    del held
+    assert pool.in_use == 0
+    again = pool.take(8 * MiB)
+    assert pool.reused == 3 * STALE_AFTER and pool.allocated == 2 and len(again) == 8 * MiB
+    # Idle from now on, it goes after STALE_AFTER large requests.
+    del again
+    for _ in range(STALE_AFTER + 1):
+        frame = pool.take(MiB)
+        del frame
+    assert pool.kept == 1 and pool.held_bytes == MiB
+
+
 def test_a_pool_of_no_bytes_keeps_nothing_and_gives_exact_sizes() -> None:
-    pool = FramePool(0)
+    pool = BufferPool(0)
     frame = pool.take(MiB + 1)
     assert isinstance(frame, bytearray) and len(frame) == MiB + 1
     assert pool.held_bytes == 0 and pool.kept == 0
@@ -118,7 +139,7 @@ def test_a_pool_of_no_bytes_keeps_nothing_and_gives_exact_sizes() -> None:
 
 def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError, match="max_bytes"):
-        FramePool(-1)
+        BufferPool(-1)
 
 
 # -- through a connection's read path ------------------------------------------------------------
@@ -142,7 +163,7 @@ class _Chunks:
         return out
 
 
-def _connection(pool: FramePool) -> BrokerConnection:
+def _connection(pool: BufferPool) -> BrokerConnection:
     return BrokerConnection(1, "127.0.0.1", 1, client_id="t", request_timeout=1, setup_timeout=1,
                             ssl_context=None, frames=pool)
 
@@ -178,7 +199,7 @@ async def _read_fetch(conn: BrokerConnection, stream: Any) -> list[CompletedFetc
 async def test_a_fetch_left_unread_in_the_buffer_keeps_its_frame_from_being_used_again(codec: int) -> None:
     """Fetch responses read into pooled buffers and decoded as the consumer does: while a fetch is
     unread its frame is not handed out again, and every record read from it is its own."""
-    pool = FramePool(64 * MiB)
+    pool = BufferPool(64 * MiB)
     conn = _connection(pool)
     stream = _Chunks(b"".join(_fetch_response(c, codec) for c in (b"A", b"B", b"C")), 64 << 10)
     first = await _read_fetch(conn, stream)
@@ -199,7 +220,7 @@ async def test_a_fetch_left_unread_in_the_buffer_keeps_its_frame_from_being_used
 
 @pytest.mark.anyio
 async def test_a_frame_cut_off_half_read_leaves_its_buffer_idle_and_untouched_by_others() -> None:
-    pool = FramePool(8 * MiB)
+    pool = BufferPool(8 * MiB)
     cut, other = _connection(pool), _connection(pool)
     gate = anyio.Event()
     failed: list[BaseException] = []

@@ -1,0 +1,179 @@
+"""Large buffers used again once nothing points into them: response frames and Arrow columns.
+
+Two things a consumer fills are large and short-lived:
+
+* **Response frames.** A fetch response is read from the socket in chunks and put together in
+  one buffer; the records are decoded straight from it, without another copy.  With default
+  settings that buffer is a few MiB, one per fetch response.
+* **Arrow column blocks.** ``arrow_batches()`` decodes up to ``max_records`` records into column
+  buffers (protocol/columnar.py) that pyarrow wraps without copying; the values of 10,000
+  records of 100 B are 1 MB, of 1 KiB 10 MB.
+
+A fresh buffer of that size costs more than the data copied into it: the allocator (glibc's
+``malloc`` for a ``bytearray``, mimalloc in Arrow's memory pool) takes large blocks from the
+operating system and gives them back when they are freed, so every new buffer faults in pages the
+kernel must first clear (with transparent huge pages, 2 MiB at a time).  In a profile of a
+1,000,000 x 100 B read from Apache Kafka, clearing those pages was 14-17% of the samples for the
+frames, and another 25-30% of an ``arrow_batches()`` read for the column buffers
+(docs/performance.md; ``python -m benchmarks.frames`` measures the frame read path alone).
+
+:class:`BufferPool` keeps large buffers and hands one out again when nothing refers to it any
+more: no ``memoryview`` of it is alive.  For a frame, that means no fetch in the fetch buffer and no
+record batch being decoded points into it (decoded keys and values are copies).  For a column
+block, no ``pyarrow`` array wraps it: Arrow holds the ``memoryview`` it wraps until the last array
+over the memory is gone, whoever holds it (a ``RecordBatch``, a table, a pandas or Polars frame
+made without a copy).  That is read from the buffer's reference count (CPython's
+``sys.getrefcount``; the pool's own reference is the only one left).  The count an idle buffer
+has is measured at import, the same way the pool reads it, and checked against a buffer with a
+live view; where that check fails (another interpreter), the pool keeps nothing and every request
+gets a buffer of its own.  A consumer has one pool for its frames (``NetworkClient.frames``) and
+one for its Arrow columns (``Collector.column_buffers``).
+
+The rules, all in :meth:`BufferPool.take`:
+
+* Buffers under ``min_bytes`` (256 KiB for frames, 64 KiB for columns) are plain bytearrays:
+  the allocator keeps small blocks itself.
+* A request gets the smallest idle buffer that holds it with at most 1/4 to spare, handed out as
+  a ``memoryview`` of exactly the size asked for.  New buffers are the size rounded up to a size
+  class (at most 1/8 more), so requests of about the same size share buffers.
+* The pool keeps at most ``max_bytes`` of buffers, in use or idle.  For frames that is the
+  consumer's ``fetch_buffer_bytes`` (what the fetch buffer may hold anyway) and at most four
+  responses of ``fetch_max_bytes``; for columns, ``fetch_buffer_bytes``.  A new buffer that
+  does not fit makes room by letting go of idle buffers, least recently used first; if it still
+  does not fit, it is not kept (a buffer of its own, freed as before).  An idle buffer that was
+  idle for the last :data:`STALE_AFTER` large requests is let go too: buffers of sizes that
+  stopped coming do not stay.  (A buffer counts as used at every request that finds it in use,
+  so an application that holds Arrow batches for a while finds their buffers kept.)
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["MIN_COLUMN_BYTES", "MIN_POOLED_BYTES", "STALE_AFTER", "BufferPool", "size_class"]
+
+#: Frames smaller than this get a plain ``bytearray``: malloc serves them from memory it keeps.
+MIN_POOLED_BYTES = 256 << 10
+#: The same for Arrow column buffers: a block's offsets and timestamps (8 bytes a record) are
+#: worth keeping from 10,000 records up.
+MIN_COLUMN_BYTES = 64 << 10
+#: An idle buffer not used for this many large requests is let go.
+STALE_AFTER = 16
+
+
+def _references(kept: list[bytearray]) -> list[int]:
+    """The reference count of each buffer, as this scan sees it (its own references included)."""
+    count = sys.getrefcount
+    return [count(buffer) for buffer in kept]
+
+
+def _idle_count() -> int | None:
+    """What :func:`_references` says of a buffer only its list refers to; None if a live view does
+    not add exactly one (then the count cannot tell an idle buffer, and nothing is pooled)."""
+    if not hasattr(sys, "getrefcount"):
+        return None
+    probe = [bytearray(1)]
+    [idle] = _references(probe)
+    view = memoryview(probe[0])
+    [busy] = _references(probe)
+    view.release()
+    return idle if busy == idle + 1 and _references(probe) == [idle] else None
+
+
+_IDLE = _idle_count()
+
+
+def size_class(size: int) -> int:
+    """``size`` rounded up to a multiple of 1/8 of its highest power of two (at most 12.5% more)."""
+    step = max(1, (1 << (size.bit_length() - 1)) >> 3)
+    return -(-size // step) * step
+
+
+class BufferPool:
+    """Buffers of ``min_bytes`` or more, kept up to ``max_bytes`` and used again."""
+
+    __slots__ = ("_buffers", "_held", "_tick", "_used", "allocated", "max_bytes", "min_bytes", "reused")
+
+    def __init__(self, max_bytes: int, min_bytes: int = MIN_POOLED_BYTES) -> None:
+        if max_bytes < 0 or min_bytes < 1:
+            raise ValueError("BufferPool(max_bytes >= 0, min_bytes >= 1)")
+        self.max_bytes = max_bytes if _IDLE is not None else 0
+        self.min_bytes = min_bytes
+        self._buffers: list[bytearray] = []  # in use or idle
+        self._used: list[int] = []  # when each was last handed out or seen in use, in large requests (``_tick``)
+        self._held = 0  # the capacity of the kept buffers
+        self._tick = 0
+        #: Requests of ``min_bytes`` or more served by a kept buffer / by a new one.
+        self.reused = 0
+        self.allocated = 0
+
+    @property
+    def held_bytes(self) -> int:
+        """The capacity of the buffers the pool keeps, in use or idle."""
+        return self._held
+
+    @property
+    def kept(self) -> int:
+        """How many buffers the pool keeps, in use or idle."""
+        return len(self._buffers)
+
+    @property
+    def in_use(self) -> int:
+        """How many of the kept buffers something else refers to (a view of it is alive)."""
+        return len(self._buffers) - len(self._idle())
+
+    def take(self, size: int) -> memoryview | bytearray:
+        """A writable buffer of exactly ``size`` bytes, its contents undefined."""
+        if size < self.min_bytes:
+            return bytearray(size)
+        self._tick += 1
+        idle = self._idle()
+        fits = [i for i in idle if size <= len(self._buffers[i]) <= size + size // 4]
+        if fits:
+            best = min(fits, key=lambda i: len(self._buffers[i]))
+            self._used[best] = self._tick
+            self.reused += 1
+            view = memoryview(self._buffers[best])[:size]
+            self._let_go(self._stale(idle))
+            return view
+        self.allocated += 1
+        capacity = size_class(size)
+        stale = self._stale(idle)
+        room = self._held + capacity - self.max_bytes  # to be made by letting idle buffers go
+        if room > 0:
+            rest = sorted((i for i in idle if i not in stale), key=lambda i: self._used[i])  # LRU first
+            freed = sum(len(self._buffers[i]) for i in stale)
+            if freed + sum(len(self._buffers[i]) for i in rest) >= room:
+                while freed < room:
+                    stale.append(rest.pop(0))
+                    freed += len(self._buffers[stale[-1]])
+        self._let_go(stale)
+        if self._held + capacity > self.max_bytes:
+            return bytearray(size)  # not kept: no room beside the buffers in use
+        buffer = bytearray(capacity)
+        self._buffers.append(buffer)
+        self._used.append(self._tick)
+        self._held += capacity
+        return memoryview(buffer)[:size]
+
+    def _idle(self) -> list[int]:
+        """The indices of the kept buffers nothing else refers to.  The others count as used now:
+        a buffer's age (staleness, least recently used) runs from when it was last seen in use."""
+        used, tick = self._used, self._tick
+        idle = []
+        for i, count in enumerate(_references(self._buffers)):
+            if count == _IDLE:
+                idle.append(i)
+            else:
+                used[i] = tick
+        return idle
+
+    def _stale(self, idle: list[int]) -> list[int]:
+        """Those of the ``idle`` buffers neither handed out nor seen in use for the last :data:`STALE_AFTER`
+        large requests."""
+        return [i for i in idle if self._tick - self._used[i] > STALE_AFTER]
+
+    def _let_go(self, indices: list[int]) -> None:
+        for i in sorted(set(indices), reverse=True):  # from the back: the indices before stay valid
+            self._held -= len(self._buffers[i])
+            del self._buffers[i], self._used[i]
