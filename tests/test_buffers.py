@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,11 @@ import pytest
 from asyncconsumer.engine.buffers import MIN_POOLED_BYTES, STALE_AFTER, BufferPool, size_class
 from asyncconsumer.engine.connection import BrokerConnection
 from asyncconsumer.managers.fetch_buffer import CompletedFetch
+from asyncconsumer.managers.waiter import Waiter
 from asyncconsumer.protocol import records
 from asyncconsumer.protocol.api import decode_response, encode_response
 from asyncconsumer.protocol.compression import CODEC_GZIP, CODEC_NONE
+from asyncconsumer.protocol.primitives import ProtocolDecodeError
 from asyncconsumer.protocol.record_writer import Record, build_batch
 from asyncconsumer.structs import TopicPartition
 
@@ -162,6 +165,9 @@ class _Chunks:
         self.pos += len(out)
         return out
 
+    async def aclose(self) -> None:
+        self.pos = len(self.data)
+
 
 def _connection(pool: BufferPool) -> BrokerConnection:
     return BrokerConnection(1, "127.0.0.1", 1, client_id="t", request_timeout=1, setup_timeout=1,
@@ -258,3 +264,22 @@ def test_the_frames_benchmark_reads_every_frame_and_uses_pooled_buffers_again() 
     allocated, reused = map(int, reuse.groups())
     assert reused >= 6 and allocated <= 6  # at most hold + 1 buffers in use at once
     assert "| pooled |" in proc.stdout and "| new buffer per frame |" in proc.stdout
+
+
+@pytest.mark.anyio
+async def test_a_response_that_fails_to_decode_leaves_its_frame_buffer_idle() -> None:
+    """The decoding error stays on the connection and with the request's waiter; its traceback
+    does not keep the frame (a pooled buffer) alive."""
+    pool = BufferPool(8 * MiB)
+    conn = _connection(pool)
+    waiter: Waiter[Any] = Waiter()
+    conn._pending[1] = ("Fetch", 12, waiter)
+    body = (1).to_bytes(4, "big") + b"\xff" * 400_000  # correlation id 1, then no Fetch response
+    conn._stream = _Chunks(len(body).to_bytes(4, "big") + body, 64 << 10)  # type: ignore[assignment]
+    await conn._read_loop()
+    assert isinstance(conn._closed_error, ProtocolDecodeError)
+    with pytest.raises(ProtocolDecodeError):
+        waiter.result()
+    assert pool.allocated == 1 and pool.kept == 1
+    assert pool.in_use == 0  # no reference left in the error's traceback
+    assert "_deliver" in "".join(traceback.format_exception(conn._closed_error))  # the lines stay

@@ -665,7 +665,6 @@ def test_finish_spends_the_builder(builder: Any) -> None:
 
 @needs_c
 def test_allocators_that_misbehave_get_clear_errors() -> None:
-    [batch] = iter_batches(FIXTURES["codec-0"], topic=TOPIC, partition=PART)
     with pytest.raises(TypeError, match="allocate must be callable"):
         C_BUILDER(TOPIC, PART, True, columnar.MAX_OFFSET, b"not callable")
     # The first buffers are the builder's own; ``allocate`` serves the buffers that grow.

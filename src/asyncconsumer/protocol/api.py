@@ -132,8 +132,11 @@ def _encode(parts: list[tuple[MessageStruct, Mapping[str, Any]]], what: str) -> 
 def _decode(structs: list[MessageStruct], frame: Frame, what: str) -> list[dict[str, Any]]:
     reader = FrameReader(frame)
     context = Container()
+    bodies = []
     try:
-        return [s._parsereport(reader, context, None) for s in structs]
+        for s in structs:  # not a comprehension: its closure would keep ``reader`` (the frame) in a traceback
+            bodies.append(s._parsereport(reader, context, None))
+        return bodies
     except DECODE_ERRORS as exc:
         raise ProtocolDecodeError(f"cannot decode {what}: {exc}") from None
 
