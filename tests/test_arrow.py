@@ -20,6 +20,7 @@ from support.producer import create_topic
 
 from asyncconsumer import ConfigError, Consumer, ConsumerRecord, TopicPartition
 from asyncconsumer.app.arrow import PyArrowMissingError
+from asyncconsumer.errors import RecordError
 from asyncconsumer.metrics import PoolMetrics
 from asyncconsumer.protocol.columnar import arrow_schema
 from asyncconsumer.spark.arrow import records_to_batch
@@ -190,6 +191,30 @@ async def test_column_buffers_are_used_again_only_once_no_batch_holds_them(
         # Each kept batch held a buffer of its own (its values): those are idle now.
         assert c.metrics().buffers.columns.in_use <= columns.in_use - held
         assert c.metrics().buffers.frames.allocated >= 1  # a response of 256 KiB or more
+
+
+async def test_a_timestamp_arrow_cannot_hold_raises_named_and_keeps_no_block_alive(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    # A record's CreateTime beyond Arrow's microsecond range: the batch cannot be made.  The error
+    # names the record; the position stays before the block, so nothing is lost; and the error the
+    # application keeps does not keep the block's pooled buffers (100 values of 1 KiB) in use.
+    topic = new_topic(1, config={"message.timestamp.after.max.ms": str(2**63 - 1)})
+    huge = 2**63 // 1000 + 1  # ms: times 1000 is past int64
+    produce(topic, [(0, None, b"x" * 1024, None, 1_700_000_000_000 + i) for i in range(100)] +
+            [(0, None, b"late", None, huge)])
+    tp = TopicPartition(topic, 0)
+    async with consumer(bootstrap) as c:
+        c.assign([tp])
+        with anyio.fail_after(30), pytest.raises(RecordError, match="beyond the range") as caught:
+            async for _ in c.arrow_batches(max_records=1000):
+                pass
+        assert caught.value.offset == 100 and caught.value.topic == topic
+        assert await c.position(tp) == 0
+        columns = c.metrics().buffers.columns
+        assert columns.kept >= 1 and columns.in_use == 0
+        got = await rows(c, 101)
+        assert [r.offset for r in got] == list(range(101)) and got[100].timestamp == huge
 
 
 async def test_arrow_batches_name_the_missing_pyarrow(bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -693,6 +693,65 @@ def test_allocators_that_misbehave_get_clear_errors() -> None:
 
 
 @needs_c
+def test_allocate_cannot_call_back_into_its_builder() -> None:
+    # allocate() is Python code run while the builder stores: calling the builder again from
+    # there (or from another thread meanwhile) raises instead of writing through stale pointers.
+    batches = list(iter_batches(FIXTURES["many-batches"], topic=TOPIC, partition=PART))
+
+    class CallingBack:
+        def __init__(self, method: str) -> None:
+            self.method, self.builder, self.seen = method, None, []  # type: tuple[str, Any, list[Exception]]
+
+        def __call__(self, size: int) -> bytearray:
+            args = {"finish": (), "append": (batches[0], 0), "reserve": (1, 1)}[self.method]
+            try:
+                getattr(self.builder, self.method)(*args)
+            except RuntimeError as exc:
+                self.seen.append(exc)
+            return bytearray(size)
+
+    for method in ("finish", "append", "reserve"):
+        allocate = CallingBack(method)
+        b = allocate.builder = C_BUILDER(TOPIC, PART, True, columnar.MAX_OFFSET, allocate)
+        for batch in batches:
+            b.append(batch, 0)
+        assert allocate.seen and all("busy" in str(e) for e in allocate.seen)
+        allocate.builder = None
+        columns = finish_columns(b)
+        reference = PyColumnBuilder(TOPIC, PART)
+        for batch in batches:
+            reference.append(batch, 0)
+        assert raw(columns) == raw(finish_columns(reference))
+
+
+@needs_c
+def test_an_allocator_giving_more_than_asked_for_gets_exact_columns() -> None:
+    batches = list(iter_batches(FIXTURES["many-batches"], topic=TOPIC, partition=PART))
+    generous = C_BUILDER(TOPIC, PART, True, columnar.MAX_OFFSET, lambda size: bytearray(size + 1000))
+    reference = PyColumnBuilder(TOPIC, PART)
+    for batch in batches:
+        generous.append(batch, 0)
+        reference.append(batch, 0)
+    assert raw(finish_columns(generous)) == raw(finish_columns(reference))
+
+
+@needs_c
+def test_a_short_column_does_not_keep_a_large_pooled_buffer() -> None:
+    # Keys get as much room reserved as values; a key column of a few bytes per record is copied
+    # out of its buffer, which goes back to the pool at once.
+    pool = BufferPool(64 << 20, 64 << 10)
+    batch_bytes = build_batch([Record(b"k%d" % i, b"v" * 1024) for i in range(500)], base_offset=0)
+    [batch] = iter_batches(batch_bytes, topic=TOPIC, partition=PART)
+    b = C_BUILDER(TOPIC, PART, True, columnar.MAX_OFFSET, pool.take)
+    b.reserve(500, len(batch_bytes))
+    b.append(batch, 0)
+    columns = finish_columns(b)
+    assert isinstance(columns.buffers.key_data, bytearray) and len(columns.buffers.key_data) < 2000
+    assert isinstance(columns.buffers.value_data, memoryview) and len(columns.buffers.value_data) == 500 * 1024
+    assert pool.kept == 2 and pool.in_use == 1  # the values' buffer only
+
+
+@needs_c
 def test_pooled_blocks_stay_intact_while_arrow_holds_them() -> None:
     # Blocks decoded into a pool's buffers, every Arrow batch kept while more blocks are decoded:
     # no kept batch changes.  Dropped, their buffers are used again.

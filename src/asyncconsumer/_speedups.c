@@ -811,7 +811,10 @@ done:
  * exporting a writable buffer of at least ``size`` bytes whose memory stays where it is while the
  * object lives (a memoryview from a buffer pool, engine/buffers.py; pyarrow's ``allocate_buffer``).
  * Growing such a buffer asks for a new one and copies the bytes; finish() hands out ``obj[:len]``
- * when the buffer is longer than the column.  An allocator that keeps its memory between blocks
+ * when the buffer is longer than the column, or a bytearray copy when the column takes at most a
+ * quarter of it (so that a short column does not keep a large buffer from being used again).
+ * append, reserve and finish raise RuntimeError when called again while one of them runs (from
+ * ``allocate`` or another thread).  An allocator that keeps its memory between blocks
  * (the pool) spares the page faults of fresh memory, which cost more than copying the records.
  */
 
@@ -858,14 +861,15 @@ typedef struct {
     PyObject *allocate; /* NULL: bytearrays */
     int headers;
     int finished;
+    int busy; /* in append/reserve/finish: ``allocate`` runs Python code, which must not call back in */
     Py_ssize_t max_offset;
     colstate s;
     colbuf b[NBUFS];
 } ColumnBuilder;
 
-/* A new ``allocate``d buffer of ``size`` bytes and where its memory is. */
+/* A new ``allocate``d buffer of at least ``size`` bytes: where its memory is and how long it is. */
 static PyObject *
-colbuf_allocate(PyObject *allocate, Py_ssize_t size, char **p)
+colbuf_allocate(PyObject *allocate, Py_ssize_t size, char **p, Py_ssize_t *len)
 {
     PyObject *obj = PyObject_CallFunction(allocate, "n", size);
     if (obj == NULL) {
@@ -877,9 +881,9 @@ colbuf_allocate(PyObject *allocate, Py_ssize_t size, char **p)
         return NULL;
     }
     *p = (char *)view.buf;
-    Py_ssize_t len = view.len;
+    *len = view.len;
     PyBuffer_Release(&view); /* the object keeps its memory where it is while it lives */
-    if (len < size) {
+    if (*len < size) {
         Py_DECREF(obj);
         PyErr_SetString(PyExc_ValueError, "allocate() gave a buffer smaller than asked for");
         return NULL;
@@ -913,7 +917,8 @@ colbuf_resize(colbuf *b, Py_ssize_t size)
     }
     else {
         char *p;
-        PyObject *obj = colbuf_allocate(b->allocate, size, &p);
+        Py_ssize_t len;
+        PyObject *obj = colbuf_allocate(b->allocate, size, &p, &len);
         if (obj == NULL) {
             return -1;
         }
@@ -921,6 +926,8 @@ colbuf_resize(colbuf *b, Py_ssize_t size)
         Py_SETREF(b->obj, obj);
         b->p = p;
         b->external = 1;
+        b->cap = len; /* all of it: an allocator may give more than asked for */
+        return 0;
     }
     b->cap = size;
     return 0;
@@ -1387,7 +1394,7 @@ builder_usable(ColumnBuilder *cb, Py_ssize_t nargs, const char *signature)
 }
 
 static PyObject *
-builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
+builder_append_locked(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
 {
     if (builder_usable(cb, nargs, "append(batch, start)") < 0) {
         return NULL;
@@ -1450,7 +1457,7 @@ builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
-builder_reserve(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
+builder_reserve_locked(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
 {
     if (builder_usable(cb, nargs, "reserve(records, data)") < 0) {
         return NULL;
@@ -1484,6 +1491,15 @@ take_buffer(colbuf *b, Py_ssize_t len)
         }
         obj = b->obj;
     }
+    else if (len <= b->cap / 4) {
+        /* A column far shorter than its buffer (keys are reserved as much room as values): a copy
+         * of its own, so that it does not keep the large buffer from being used again. */
+        obj = PyByteArray_FromStringAndSize(b->p, len);
+        if (obj == NULL) {
+            return NULL;
+        }
+        Py_DECREF(b->obj);
+    }
     else if (len < b->cap) {
         obj = PySequence_GetSlice(b->obj, 0, len);
         if (obj == NULL) {
@@ -1510,7 +1526,7 @@ mask_tail(colbuf *b, Py_ssize_t n)
 }
 
 static PyObject *
-builder_finish(ColumnBuilder *cb, PyObject *unused)
+builder_finish_locked(ColumnBuilder *cb, PyObject *unused)
 {
     if (cb->finished) {
         PyErr_SetString(PyExc_RuntimeError, "ColumnBuilder.finish() was called already");
@@ -1562,6 +1578,53 @@ done:
     for (int i = 0; i < NBUFS; i++) {
         Py_XDECREF(bufs[i]);
     }
+    return result;
+}
+
+/* append/reserve/finish hold the builder: ``allocate`` (Python code) calling back into it, or
+ * another thread while the GIL is let go there, would find its buffers half-replaced. */
+static int
+builder_enter(ColumnBuilder *cb)
+{
+    if (cb->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "ColumnBuilder is busy: called again (from allocate() or another thread) while storing");
+        return -1;
+    }
+    cb->busy = 1;
+    return 0;
+}
+
+static PyObject *
+builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (builder_enter(cb) < 0) {
+        return NULL;
+    }
+    PyObject *result = builder_append_locked(cb, args, nargs);
+    cb->busy = 0;
+    return result;
+}
+
+static PyObject *
+builder_reserve(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (builder_enter(cb) < 0) {
+        return NULL;
+    }
+    PyObject *result = builder_reserve_locked(cb, args, nargs);
+    cb->busy = 0;
+    return result;
+}
+
+static PyObject *
+builder_finish(ColumnBuilder *cb, PyObject *unused)
+{
+    if (builder_enter(cb) < 0) {
+        return NULL;
+    }
+    PyObject *result = builder_finish_locked(cb, unused);
+    cb->busy = 0;
     return result;
 }
 

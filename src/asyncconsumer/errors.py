@@ -7,6 +7,7 @@ again may succeed.  Broker error codes map to one named class each
 
 from __future__ import annotations
 
+import traceback
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -195,6 +196,25 @@ def error_for_code(code: int, message: str | None = None) -> BrokerResponseError
 
 def error_class(code: int) -> type[BrokerResponseError]:
     return _BY_CODE.get(code, BrokerResponseError)
+
+
+def clear_frame_locals(error: BaseException) -> None:
+    """Drop the locals of the finished frames ``error`` and the exceptions it chains passed through.
+
+    For an error that stays on (a connection's ``_closed_error``, a request's waiter, the
+    application's hands): its traceback would keep those frames alive with their locals, a
+    response frame or an Arrow column block among them, buffers a pool (engine/buffers.py) could
+    not use again.  The traceback's lines stay; frames still running are left as they are.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [error]
+    while stack:
+        exc = stack.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        stack += [exc.__cause__, exc.__context__]
 
 
 from ._broker_errors import *  # noqa: E402,F403

@@ -15,7 +15,7 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ..errors import KafkaError, RecordError
+from ..errors import KafkaError, RecordError, clear_frame_locals
 from ..protocol.columnar import to_arrow
 from .collector import refetch_bad_batch
 
@@ -83,8 +83,11 @@ def _collect(
     tp, state, columns = taken
     try:
         batch = to_arrow(columns, tp.topic, tp.partition)
-    except RecordError:
-        state.rewind(columns_first_offset(columns))
+    except RecordError as exc:
+        first = columns_first_offset(columns)
+        del taken, columns  # the application may keep the error, and this frame with it: not the block
+        clear_frame_locals(exc)
+        state.rewind(first)
         engine.buffer.drop(functools.partial(_other_partition, tp))
         engine.wake()
         raise

@@ -120,7 +120,7 @@ class BufferPool:
     @property
     def in_use(self) -> int:
         """How many of the kept buffers something else refers to (a view of it is alive)."""
-        return len(self._buffers) - len(self._idle())
+        return sum(count != _IDLE for count in _references(self._buffers))  # (marks nothing used)
 
     def take(self, size: int) -> memoryview | bytearray:
         """A writable buffer of exactly ``size`` bytes, its contents undefined."""

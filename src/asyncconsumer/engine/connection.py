@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import ssl
-import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -35,6 +34,7 @@ from ..errors import (
     ProtocolError,
     TLSHandshakeError,
     UnsupportedVersionError,
+    clear_frame_locals,
 )
 from ..managers.waiter import Waiter
 from ..protocol import api as protocol
@@ -115,25 +115,6 @@ def describe_node(node_id: int) -> str:
 
 #: Connection ids above this are group coordinators' own (managers/coordinator.py, ``2**31 - 1 - id``).
 _COORDINATOR_IDS = 2**30
-
-
-def _clear_frames(error: BaseException) -> None:
-    """Drop the locals of the finished frames ``error`` and the exceptions it chains passed through.
-
-    A connection's error stays on (``_closed_error``, the request's waiter), and its traceback would
-    keep those frames alive with their locals, the response frame among them: a pooled buffer
-    (engine/buffers.py) that could not be used again.  The traceback's lines stay; frames still
-    running are left as they are.
-    """
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [error]
-    while stack:
-        exc = stack.pop()
-        if exc is None or id(exc) in seen:
-            continue
-        seen.add(id(exc))
-        traceback.clear_frames(exc.__traceback__)
-        stack += [exc.__cause__, exc.__context__]
 
 
 class BrokerConnection:
@@ -363,7 +344,7 @@ class BrokerConnection:
             self._fail(self._refused_without_login() or KafkaConnectionError(
                 f"connection to {self.host}:{self.port} closed: {str(exc) or 'EOF'}"))
         except KafkaError as exc:
-            _clear_frames(exc)
+            clear_frame_locals(exc)  # it stays on: its traceback must not pin the frame's buffer
             self._fail(exc)
         except Exception as exc:  # a decoding bug must not kill the consumer's task group
             self._fail(ProtocolError(f"unexpected error reading from {self.host}:{self.port}: {exc!r}"))
