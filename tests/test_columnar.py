@@ -17,6 +17,7 @@ import gc
 import os
 import subprocess
 import sys
+from array import array
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
@@ -591,6 +592,52 @@ def test_timestamp_beyond_arrow_microseconds() -> None:
     with pytest.raises(RecordError, match=f"timestamp {2**62} ms is beyond") as info:
         to_arrow(columns, TOPIC, PART)
     assert info.value.offset == 70
+
+
+LIMIT_MS = (2**63 - 1) // 1000  # the largest millisecond count whose microseconds fit in int64
+
+
+@pytest.mark.parametrize("compiled", [True, False] if columnar._ms_to_us is not None else [False])
+def test_timestamps_beyond_microseconds_are_named_by_both_routes(compiled: bool, monkeypatch: Any) -> None:
+    # The compiled ms_to_us and Arrow's cast agree on where the range ends, in a window too.
+    if not compiled:
+        monkeypatch.setattr(columnar, "_ms_to_us", None)
+    stamps = [0, -1, LIMIT_MS, -LIMIT_MS, LIMIT_MS + 1, -LIMIT_MS - 1]
+    data = b"".join(build_batch([(b"k", b"v")], base_offset=i, base_timestamp=t) for i, t in enumerate(stamps))
+    columns = columnar.decode_columns(data, topic=TOPIC, partition=PART)
+    good = to_arrow(Columns(columns.buffers, 0, 4), TOPIC, PART, allocate=bytearray)
+    assert good.column("timestamp").cast(pa.int64()).to_pylist() == [t * 1000 for t in stamps[:4]]
+    for first, offset in [(0, 4), (5, 5)]:
+        with pytest.raises(RecordError, match=f"timestamp {stamps[offset]} ms is beyond") as info:
+            to_arrow(Columns(columns.buffers, first, 6 - first), TOPIC, PART)
+        assert info.value.offset == offset
+
+
+@needs_c
+@SETTINGS
+@given(st.lists(st.integers(-LIMIT_MS, LIMIT_MS), min_size=1, max_size=50), st.integers(0, 49))
+def test_ms_to_us_matches_arrows_cast(stamps: list[int], first: int) -> None:
+    first = min(first, len(stamps) - 1)
+    src = array("q", stamps)
+    dst = bytearray(8 * (len(stamps) - first))
+    assert columnar._ms_to_us(src, dst, first, len(stamps) - first) == -1
+    cast = pa.array(stamps[first:], pa.timestamp("ms")).cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
+    assert list(array("q", bytes(dst))) == cast
+
+
+@needs_c
+def test_ms_to_us_checks_its_window() -> None:
+    src = array("q", [1, 2, 3])
+    ms_to_us = columnar._ms_to_us
+    for args in [(src, bytearray(24), 1, 3), (src, bytearray(16), 0, 3), (src, bytearray(24), -1, 1),
+                 (src, bytearray(24), 0, -1)]:
+        with pytest.raises(ValueError, match="outside src or does not fit"):
+            ms_to_us(*args)
+    with pytest.raises(BufferError):
+        ms_to_us(src, bytes(24), 0, 3)
+    with pytest.raises(TypeError, match="exactly 4"):
+        ms_to_us(src, bytearray(24), 0)
+    assert ms_to_us(src, bytearray(0), 3, 0) == -1
 
 
 @pytest.mark.parametrize("builder", BUILDERS)

@@ -1772,6 +1772,59 @@ bind(PyObject *module, PyObject *args)
 
 /* ------------------------------------------------------------------ module */
 
+/* ms_to_us(src, dst, first, count) -> int: Kafka's millisecond timestamps src[first:first+count]
+ * (native int64) as Arrow's microseconds into dst[0:count]; -1, or the index in src of the first
+ * one whose microseconds do not fit in 64 bits (nothing is promised of dst then).  to_arrow uses it
+ * instead of Arrow's cast, whose output comes from fresh memory of Arrow's pool on every block. */
+static PyObject *
+ms_to_us(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "ms_to_us(src, dst, first, count) takes exactly 4 arguments");
+        return NULL;
+    }
+    Py_ssize_t first = PyLong_AsSsize_t(args[2]), count;
+    if ((first == -1 && PyErr_Occurred()) || ((count = PyLong_AsSsize_t(args[3])) == -1 && PyErr_Occurred())) {
+        return NULL;
+    }
+    Py_buffer src, dst;
+    if (PyObject_GetBuffer(args[0], &src, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[1], &dst, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    Py_ssize_t bad = -1;
+    if (first < 0 || count < 0 || first > src.len / 8 || count > src.len / 8 - first || count > dst.len / 8) {
+        PyErr_SetString(PyExc_ValueError, "ms_to_us: the window lies outside src or does not fit in dst");
+        bad = -2;
+    }
+    else {
+        const int64_t limit = INT64_MAX / 1000;
+        const char *in = (const char *)src.buf + first * 8;
+        char *out = (char *)dst.buf;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            int64_t ms;
+            memcpy(&ms, in + i * 8, 8);
+            if (ms > limit || ms < -limit) {
+                bad = first + i;
+                break;
+            }
+            int64_t us = ms * 1000;
+            memcpy(out + i * 8, &us, 8);
+        }
+    }
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    return bad == -2 ? NULL : PyLong_FromSsize_t(bad);
+}
+
+PyDoc_STRVAR(ms_to_us_doc,
+             "ms_to_us(src, dst, first, count) -> int\n\n"
+             "Millisecond timestamps src[first:first + count] (native int64) as microseconds into dst;\n"
+             "-1, or the index in src of the first one beyond 64-bit microseconds.");
+
 PyDoc_STRVAR(decode_batch_doc,
              "decode_batch(batch, topic, partition) -> list[ConsumerRecord]\n\n"
              "Decode every record of a RecordBatch; the compiled twin of records.decode_batch_py.");
@@ -1783,6 +1836,7 @@ PyDoc_STRVAR(bind_doc,
 static PyMethodDef methods[] = {
     {"decode_batch", (PyCFunction)(void (*)(void))decode_batch, METH_FASTCALL, decode_batch_doc},
     {"bind", (PyCFunction)bind, METH_VARARGS, bind_doc},
+    {"ms_to_us", (PyCFunction)(void (*)(void))ms_to_us, METH_FASTCALL, ms_to_us_doc},
     {NULL, NULL, 0, NULL},
 };
 

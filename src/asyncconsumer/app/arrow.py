@@ -82,7 +82,7 @@ def _collect(
         return None
     tp, state, columns = taken
     try:
-        batch = to_arrow(columns, tp.topic, tp.partition)
+        batch = to_arrow(columns, tp.topic, tp.partition, allocate=collector.column_buffers.take)
     except RecordError as exc:
         first = columns_first_offset(columns)
         del taken, columns  # the application may keep the error, and this frame with it: not the block

@@ -56,7 +56,8 @@ Design
 * **Arrow** (:func:`to_arrow`, needs ``pyarrow``): ``pa.Array.from_buffers`` over the buffers,
   in Spark's Kafka source schema (:func:`arrow_schema`, the one spark/arrow.py emits): key and
   value binary, topic string and partition int32 (repeated constants), offset int64, timestamp
-  ``timestamp[us, tz=UTC]`` (pyarrow multiplies the milliseconds: the one copy), timestampType
+  ``timestamp[us, tz=UTC]`` (the milliseconds times 1000, the one copy: the compiled ``ms_to_us``
+  into a buffer of ``allocate``, or Arrow's cast without the compiled decoder), timestampType
   int32, headers list<element: struct<key: string, value: binary>>.
 """
 
@@ -379,6 +380,10 @@ def _select_builder() -> tuple[Any, str]:
 #: column builder in use; :data:`COLUMN_DECODER` says which (``"c"`` or ``"python"``).
 ColumnBuilder: Any
 ColumnBuilder, COLUMN_DECODER = _select_builder()
+#: The compiled ``ms_to_us(src, dst, first, count)`` beside the compiled builder, else None.
+_ms_to_us: Any = (
+    getattr(importlib.import_module("asyncconsumer._speedups"), "ms_to_us", None) if COLUMN_DECODER == "c" else None
+)
 
 
 @functools.cache
@@ -615,11 +620,15 @@ def arrow_schema(include_headers: bool = True) -> Any:
     return _arrow_types()["schema_with_headers" if include_headers else "schema"]
 
 
-def to_arrow(columns: Columns, topic: str, partition: int) -> Any:
+def to_arrow(
+    columns: Columns, topic: str, partition: int, *, allocate: Callable[[int], Any] | None = None
+) -> Any:
     """A ``pyarrow.RecordBatch`` over the buffers of ``columns`` (zero-copy but for the timestamps).
 
     The schema is :func:`arrow_schema`, with headers when the columns have them.  Raises
     ``RecordError`` for a timestamp beyond Arrow's microsecond range (about ±292,000 years).
+    ``allocate(size)`` gives the buffer of the microsecond timestamps (the consumer's buffer pool);
+    without it they get a bytearray (or, without the compiled decoder, Arrow's cast).
     """
     pa = _pyarrow()
     types = _arrow_types()
@@ -646,7 +655,7 @@ def to_arrow(columns: Columns, topic: str, partition: int) -> Any:
         topic_column,
         partition_column,
         column(pa.int64(), [None, buf(b.offsets)]),
-        _microseconds(pa, column(types["timestamp_ms"], [None, buf(b.timestamps)]), columns, topic, partition),
+        _microseconds(pa, column, columns, topic, partition, allocate),
         column(pa.int32(), [None, buf(b.timestamp_types)]),
     ]
     header_offsets = b.header_offsets
@@ -693,17 +702,35 @@ def _constant_columns(topic: str, partition: int, n: int) -> tuple[Any, Any]:
     return kept[0].slice(0, n), kept[1].slice(0, n)
 
 
-def _microseconds(pa: Any, millis: Any, columns: Columns, topic: str, partition: int) -> Any:
+def _microseconds(
+    pa: Any, column: Callable[..., Any], columns: Columns, topic: str, partition: int,
+    allocate: Callable[[int], Any] | None,
+) -> Any:
+    """The window's timestamps as Arrow's microseconds: the compiled ``ms_to_us`` into a buffer of
+    ``allocate`` (the consumer's pool: Arrow's cast writes into fresh memory of its own pool on
+    every block, whose pages the kernel clears first), else Arrow's cast of the milliseconds."""
+    types = _arrow_types()
+    n, b = columns.count, columns.buffers
+    if _ms_to_us is not None:
+        micros = allocate(n * 8) if allocate is not None else bytearray(n * 8)
+        bad = _ms_to_us(b.timestamps, micros, columns.first, n)
+        if bad < 0:
+            return pa.Array.from_buffers(types["timestamp"], n, [None, pa.py_buffer(micros)], null_count=0)
+        raise _timestamp_error(columns, bad, topic, partition)
     try:
-        return millis.cast(_arrow_types()["timestamp"])
+        return column(types["timestamp_ms"], [None, pa.py_buffer(b.timestamps)]).cast(types["timestamp"])
     except pa.ArrowInvalid:
         pass
     limit = _INT64_MAX // 1000
+    ms = memoryview(b.timestamps).cast("B").cast("q")
+    window = range(columns.first, columns.first + n)
+    raise _timestamp_error(columns, next(i for i in window if not -limit <= ms[i] <= limit), topic, partition)
+
+
+def _timestamp_error(columns: Columns, i: int, topic: str, partition: int) -> RecordError:
     ms = memoryview(columns.buffers.timestamps).cast("B").cast("q")
     offsets = memoryview(columns.buffers.offsets).cast("B").cast("q")
-    window = range(columns.first, columns.first + columns.count)
-    i = next(i for i in window if not -limit <= ms[i] <= limit)
-    raise RecordError(
+    return RecordError(
         f"record timestamp {ms[i]} ms is beyond the range of Arrow's microsecond timestamps",
         topic=topic,
         partition=partition,
