@@ -72,6 +72,11 @@ class ConsumerCollector:
         yield GaugeMetricFamily("kafka_consumer_connections", "Open broker connections", value=m.connections.open)
         yield GaugeMetricFamily("kafka_consumer_last_poll_age_seconds", "Seconds since the last poll",
                                 value=m.last_poll_age)
+        held = GaugeMetricFamily("kafka_consumer_buffer_bytes_held", "Memory kept for large buffers",
+                                 labels=["pool"])
+        held.add_metric(["frames"], m.buffers.frames.held_bytes)
+        held.add_metric(["columns"], m.buffers.columns.held_bytes)
+        yield held
 
 
 def health(consumer: Consumer[Any, Any] | None, worker_failed: BaseException | None) -> tuple[bool, dict[str, Any]]:

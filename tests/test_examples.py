@@ -38,6 +38,8 @@ def test_fastapi_lifespan_worker(bootstrap: str, new_topic: Callable[..., str], 
             assert f"kafka_consumer_records_lag{labels} 0.0" in lines
             assert f"kafka_consumer_position{labels} 100.0" in lines
         assert "kafka_consumer_rebalances_total 1.0" in lines
+        assert 'kafka_consumer_buffer_bytes_held{pool="columns"} 0.0' in lines  # no arrow_batches() here
+        assert any(line.startswith('kafka_consumer_buffer_bytes_held{pool="frames"}') for line in lines)
         assert any(line.startswith('kafka_consumer_fetch_latency_seconds_bucket{le="+Inf"}') for line in lines)
     # Shutdown committed what was consumed: a second instance has nothing left to read.
     produce(topic, [(0, None, b"late")])
