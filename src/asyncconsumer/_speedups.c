@@ -917,17 +917,14 @@ colbuf_resize(colbuf *b, Py_ssize_t size)
     }
     else {
         char *p;
-        Py_ssize_t len;
-        PyObject *obj = colbuf_allocate(b->allocate, size, &p, &len);
+        PyObject *obj = colbuf_allocate(b->allocate, size, &p, &size); /* all of it: it may be more */
         if (obj == NULL) {
             return -1;
         }
-        memcpy(p, b->p, (size_t)(b->cap < size ? b->cap : size));
+        memcpy(p, b->p, (size_t)b->cap);
         Py_SETREF(b->obj, obj);
         b->p = p;
         b->external = 1;
-        b->cap = len; /* all of it: an allocator may give more than asked for */
-        return 0;
     }
     b->cap = size;
     return 0;
@@ -1595,37 +1592,30 @@ builder_enter(ColumnBuilder *cb)
     return 0;
 }
 
+/* The builder again, after a call builder_enter let in: ``result`` passed through. */
+static PyObject *
+builder_leave(ColumnBuilder *cb, PyObject *result)
+{
+    cb->busy = 0;
+    return result;
+}
+
 static PyObject *
 builder_append(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (builder_enter(cb) < 0) {
-        return NULL;
-    }
-    PyObject *result = builder_append_locked(cb, args, nargs);
-    cb->busy = 0;
-    return result;
+    return builder_enter(cb) < 0 ? NULL : builder_leave(cb, builder_append_locked(cb, args, nargs));
 }
 
 static PyObject *
 builder_reserve(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (builder_enter(cb) < 0) {
-        return NULL;
-    }
-    PyObject *result = builder_reserve_locked(cb, args, nargs);
-    cb->busy = 0;
-    return result;
+    return builder_enter(cb) < 0 ? NULL : builder_leave(cb, builder_reserve_locked(cb, args, nargs));
 }
 
 static PyObject *
 builder_finish(ColumnBuilder *cb, PyObject *unused)
 {
-    if (builder_enter(cb) < 0) {
-        return NULL;
-    }
-    PyObject *result = builder_finish_locked(cb, unused);
-    cb->busy = 0;
-    return result;
+    return builder_enter(cb) < 0 ? NULL : builder_leave(cb, builder_finish_locked(cb, unused));
 }
 
 static PyObject *
