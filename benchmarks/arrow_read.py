@@ -1,7 +1,7 @@
 """Kafka to Arrow: ``arrow_batches()`` against ``batches()`` and aiokafka ``getmany()`` + Arrow.
 
     python -m benchmarks.arrow_read [--quick] [--broker kafka|tansu] [--rounds 3]
-                                    [--readers arrow,batches] [--baseline SRC]
+                                    [--readers arrow,batches] [--baseline SRC] [--uvloop]
 
 Starts the broker (as ``benchmarks.run`` does), produces the 100 B and 1 KiB data sets once
 (confluent-kafka, 4 partitions), then reads each topic from the beginning with every reader in a
@@ -19,7 +19,9 @@ second of the reader's process (``time.process_time``: steadier than wall time o
 machine, and blind to waiting for the broker).  ``--readers`` picks
 some of them; ``--baseline SRC`` (another checkout's ``src`` directory, its extension built) adds
 each picked reader again, run from that code (``PYTHONPATH=SRC``), marked ``@base``: a
-before/after comparison in the same interleaved rounds.
+before/after comparison in the same interleaved rounds.  ``--uvloop`` adds each picked asyncconsumer
+reader again on uvloop's event loop (anyio's ``use_uvloop``; uvicorn runs FastAPI apps on it when it
+is installed), marked ``@uvloop``; its ratios are to ``batches@uvloop``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ def log(message: str) -> None:
 # ------------------------------------------------------------------ the readers (one per subprocess)
 
 
-def _read(reader: str, bootstrap: str, topic: str, partitions: int, count: int) -> dict[str, Any]:
+def _read(
+    reader: str, bootstrap: str, topic: str, partitions: int, count: int, loop: str = "asyncio"
+) -> dict[str, Any]:
+    import asyncio
+
     import anyio
     import pyarrow.compute  # noqa: F401  (imported up front by every reader: a one-off second, not reading)
 
@@ -71,6 +77,7 @@ def _read(reader: str, bootstrap: str, topic: str, partitions: int, count: int) 
                     if n >= count:
                         break
             out.update(records=n, seconds=time.perf_counter() - started, cpu=time.process_time() - cpu)
+        out["loop"] = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
 
     async def theirs() -> None:
         from aiokafka import AIOKafkaConsumer
@@ -92,11 +99,10 @@ def _read(reader: str, bootstrap: str, topic: str, partitions: int, count: int) 
             await consumer.stop()
 
     if reader == "aiokafka+arrow":
-        import asyncio
-
         asyncio.run(theirs())
+        out["loop"] = "asyncio"
     else:
-        anyio.run(ours)
+        anyio.run(ours, backend_options={"use_uvloop": loop == "uvloop"})
     return out
 
 
@@ -110,11 +116,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--readers", default=",".join(READERS), help="comma-separated, of " + ", ".join(READERS))
     parser.add_argument("--baseline", metavar="SRC", help="also run each reader from this src directory")
+    parser.add_argument("--uvloop", action="store_true", help="also run asyncconsumer's readers on uvloop")
     parser.add_argument("--read", nargs=5, metavar=("READER", "BOOTSTRAP", "TOPIC", "PARTITIONS", "COUNT"))
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="with --read: the event loop")
     args = parser.parse_args()
     if args.read:
         reader, bootstrap, topic, partitions, count = args.read
-        print(json.dumps(_read(reader, bootstrap, topic, int(partitions), int(count))))
+        print(json.dumps(_read(reader, bootstrap, topic, int(partitions), int(count), args.loop)))
         return
 
     from . import brokers
@@ -135,6 +143,7 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown readers {unknown}; choose from {READERS}")
         readers = picked + ([f"{r}@base" for r in picked] if args.baseline else [])
+        readers += [f"{r}@uvloop" for r in picked if r != "aiokafka+arrow"] if args.uvloop else []
         base_env = {**os.environ, "PYTHONPATH": args.baseline} if args.baseline else None
         results: dict[tuple[str, str], list[float]] = {}
         per_cpu: dict[tuple[str, str], list[float]] = {}
@@ -153,8 +162,10 @@ def main() -> None:
                         d.topic,
                         str(d.partitions),
                         str(d.records),
+                        "--loop",
+                        "uvloop" if at == "uvloop" else "asyncio",
                     ]
-                    env = base_env if at else None
+                    env = base_env if at == "base" else None
                     got = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
                     rate = got["records"] / got["seconds"]
                     results.setdefault((d.name, reader), []).append(rate)
@@ -164,9 +175,11 @@ def main() -> None:
         print("| data set | reader | records/s | spread | vs batches() | records per CPU s | vs batches() |")
         print("|---|---|---:|---:|---:|---:|---:|")
         for d in sets:
-            base = statistics.median(results.get((d.name, "batches"), [float("nan")]))
-            base_cpu = statistics.median(per_cpu.get((d.name, "batches"), [float("nan")]))
             for reader in readers:
+                # uvloop's readers against batches() on uvloop; the others against batches() on asyncio
+                against = "batches@uvloop" if reader.endswith("@uvloop") else "batches"
+                base = statistics.median(results.get((d.name, against), [float("nan")]))
+                base_cpu = statistics.median(per_cpu.get((d.name, against), [float("nan")]))
                 rates = results[(d.name, reader)]
                 med = statistics.median(rates)
                 cpu = statistics.median(per_cpu[(d.name, reader)])

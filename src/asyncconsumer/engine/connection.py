@@ -40,6 +40,7 @@ from ..managers.waiter import Waiter
 from ..protocol import api as protocol
 from .buffers import BufferPool
 from .sasl import reauthentication_delay
+from .sockets import SocketStream, connect
 
 log = logging.getLogger("asyncconsumer.connection")
 
@@ -50,7 +51,11 @@ Spawn = Callable[..., None]
 SaslHook = Callable[["BrokerConnection"], Awaitable[int]]
 #: The requests of a login: they pass while other requests wait for a re-authentication.
 _SASL_APIS = frozenset({"SaslHandshake", "SaslAuthenticate"})
+#: The most ``_read_exactly`` reads at once from a TLS stream (anyio's).
 _READ_CHUNK = 1 << 20
+#: What it reads ahead from a plaintext socket (engine/sockets.py) for frame headers and small frames;
+#: the rest of a larger frame is read straight into the frame's buffer.
+_SOCKET_CHUNK = 64 << 10
 _EMPTY = memoryview(b"")
 
 #: Response frames larger than this are refused before anything is allocated.  It stays
@@ -200,7 +205,7 @@ class BrokerConnection:
                         self.host, self.port, ssl_context=self._ssl_context, tls_standard_compatible=False
                     )
                 else:
-                    self._stream = await anyio.connect_tcp(self.host, self.port)
+                    self._stream = await connect(self.host, self.port)
         except TimeoutError:
             what = "the TLS handshake with" if self._ssl_context is not None else "connecting to"
             raise KafkaConnectionError(f"{what} {where} timed out after {self._setup_timeout:.1f}s") from None
@@ -315,6 +320,9 @@ class BrokerConnection:
         response's records point into it.  Only frames spanning chunks are copied, once, and
         frames under a quarter of their chunk: the fetch buffer counts a response's own bytes, so a
         view must not pin much more than that (a small fetch could otherwise hold a whole chunk).
+        On a plaintext socket the rest of a frame of ``_SOCKET_CHUNK`` or more is not read in
+        chunks: the socket fills the frame's buffer itself, waking the reader once when all of it
+        is there (``SocketStream.receive_exactly_into``).
         """
         chunk, start = self._chunk, self._pos
         end = start + size
@@ -325,8 +333,12 @@ class BrokerConnection:
         filled = len(chunk) - start
         buffer[:filled] = chunk[start:]
         self._chunk, self._pos = _EMPTY, 0
+        plain = isinstance(stream, SocketStream)
+        if isinstance(stream, SocketStream) and size - filled >= _SOCKET_CHUNK:
+            await stream.receive_exactly_into(memoryview(buffer)[filled:])
+            return buffer
         while filled < size:
-            data = memoryview(await stream.receive(_READ_CHUNK))
+            data = memoryview(await stream.receive(_SOCKET_CHUNK if plain else _READ_CHUNK))
             take = min(len(data), size - filled)
             buffer[filled : filled + take] = data[:take]
             filled += take

@@ -1,0 +1,243 @@
+"""Plaintext TCP to a broker on the socket itself: a fetch response is read in one piece, into its buffer.
+
+anyio's TCP streams hand out what they receive as new ``bytes`` objects, a piece at a time.  On
+asyncio each ``receive`` also resumes and pauses the transport (two ``epoll_ctl`` calls) and takes
+turns of the event loop to read the socket and to wake the reader.  A fetch response of a few MiB
+from a broker still sending it arrived in hundreds of such pieces, each then copied into the
+response's frame buffer (engine/buffers.py): work that both ``batches()`` and ``arrow_batches()``
+pay, in proportion to the bytes fetched.
+
+:class:`SocketStream` is the socket, non-blocking, driven by ``anyio.wait_readable`` and
+``anyio.wait_writable`` (the same on asyncio and trio).  :meth:`SocketStream.receive_exactly_into`
+fills a frame's buffer: it takes what the kernel already holds, then sets the socket's receive
+low-water mark (``SO_RCVLOWAT``) to the bytes still missing, so the event loop wakes the reader once,
+when the rest of the frame is there (or the connection ends), and one ``recv_into`` copies it
+straight into the buffer.  The kernel caps the mark at half its largest receive buffer and grows
+the socket's buffer to hold it; a frame larger than that arrives in a few reads.  Where the
+platform refuses the option the reader wakes for every piece, as before.  Small frames and frame
+headers are read ahead in chunks of up to 64 KiB (:meth:`SocketStream.receive`), with the mark at
+one byte.
+
+Checkpoints follow anyio's streams: a call is a cancellation point *before* it takes or sends
+anything, and lets other tasks run.  Two calls can lose bytes when cancelled part way, and both
+then leave a stream the caller must close: :meth:`receive_exactly_into` (the bytes already read)
+and :meth:`send` (half a frame sent: :meth:`send` closes the socket itself, since nothing after
+it could be framed).  The connection closes its stream whenever its reader stops anyway.
+
+TLS connections keep anyio's TLS stream, whose TLS layer owns the socket's bytes.
+
+:func:`connect` resolves the host and tries its addresses in the resolver's order, starting the
+next attempt when one fails or after :data:`NEXT_ADDRESS_AFTER` seconds without an answer, and
+keeps the first to connect (as anyio's ``connect_tcp`` does, RFC 6555).  The caller's set-up
+timeout bounds the whole attempt.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+from anyio import notify_closing, wait_readable, wait_writable
+
+__all__ = ["NEXT_ADDRESS_AFTER", "SocketStream", "connect"]
+
+#: Seconds :func:`connect` waits for an address to answer before it also tries the next one.
+NEXT_ADDRESS_AFTER = 0.25
+_SO_RCVLOWAT: int | None = getattr(socket, "SO_RCVLOWAT", None)
+
+
+class SocketStream(anyio.abc.ByteStream):
+    """A connected TCP socket as an anyio byte stream, plus :meth:`receive_exactly_into`.
+
+    One task may receive and one may send at a time (the connection's reader, and senders under its
+    send lock).  Errors are anyio's: ``EndOfStream`` when the broker closed its side,
+    ``BrokenResourceError`` (from the ``OSError``) when the connection broke, ``ClosedResourceError``
+    once :meth:`aclose` was called, also in a task waiting to read or write then.
+    """
+
+    __slots__ = ("_closed", "_low_water", "_sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self._sock = sock
+        self._closed = False
+        #: The socket's receive low-water mark as last set; 0 where the platform has none.
+        self._low_water = 1 if _SO_RCVLOWAT is not None else 0
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        """Up to ``max_bytes`` bytes, at least one, as soon as the kernel holds any."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        waited = False
+        while True:
+            self._check_open()
+            try:
+                data = self._sock.recv(max_bytes)
+            except BlockingIOError:
+                self._wake_at(1)
+                await wait_readable(self._sock)
+                waited = True
+                continue
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            if not data:
+                raise anyio.EndOfStream
+            if not waited:
+                await anyio.lowlevel.cancel_shielded_checkpoint()
+            return data
+
+    async def receive_exactly_into(self, buffer: memoryview) -> None:
+        """Fill all of ``buffer``: what the kernel holds now, then the rest in one read once the
+        kernel holds all of it (see the module's docstring).  ``EndOfStream`` if the connection
+        ends first.  Cancelled part way, the bytes already read are gone: close the stream."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        filled, size, waited = 0, len(buffer), False
+        while filled < size:
+            self._check_open()
+            try:
+                received = self._sock.recv_into(buffer[filled:])
+            except BlockingIOError:
+                received = -1
+            except OSError as exc:
+                raise anyio.BrokenResourceError from exc
+            if received == 0:
+                raise anyio.EndOfStream
+            if received > 0:
+                filled += received
+                if filled == size:
+                    break
+            self._wake_at(size - filled)
+            await wait_readable(self._sock)
+            waited = True
+        if not waited:
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+
+    async def send(self, item: bytes | bytearray | memoryview) -> None:
+        """Send all of ``item``, waiting while the kernel's send buffer is full."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        view = memoryview(item).cast("B")
+        total = len(view)
+        try:
+            while view:
+                self._check_open()
+                try:
+                    view = view[self._sock.send(view) :]
+                except BlockingIOError:
+                    await wait_writable(self._sock)
+                except OSError as exc:
+                    raise anyio.BrokenResourceError from exc
+        except BaseException:
+            if 0 < len(view) < total:  # half a frame went out: nothing after it could be framed
+                self._close()
+            raise
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+
+    async def send_eof(self) -> None:
+        self._check_open()
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+
+    async def aclose(self) -> None:
+        self._close()
+        await anyio.lowlevel.checkpoint()
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        sock = self._sock
+        return {
+            anyio.abc.SocketAttribute.family: lambda: sock.family,
+            anyio.abc.SocketAttribute.local_address: sock.getsockname,
+            anyio.abc.SocketAttribute.remote_address: sock.getpeername,
+            anyio.abc.SocketAttribute.raw_socket: lambda: sock,
+        }
+
+    def _wake_at(self, size: int) -> None:
+        """Have the event loop report the socket readable once it holds ``size`` bytes (or ends)."""
+        if self._low_water and size != self._low_water:
+            try:
+                self._sock.setsockopt(socket.SOL_SOCKET, _SO_RCVLOWAT, size)  # type: ignore[arg-type]
+            except OSError:  # not on this platform: wake for every piece, as anyio's streams do
+                self._low_water = 0
+            else:
+                self._low_water = size
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            notify_closing(self._sock)  # a task waiting to read or write gets ClosedResourceError
+            self._sock.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+
+
+async def connect(host: str, port: int) -> SocketStream:
+    """A :class:`SocketStream` to ``host:port`` (see the module's docstring for the order of attempts).
+
+    Raises the ``OSError`` of the only address, or one naming every address's failure.
+    """
+    addresses = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return await connect_any([(family, kind, proto, address) for family, kind, proto, _, address in addresses])
+
+
+async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStream:
+    """Connect to the first of ``addresses`` (``(family, type, proto, sockaddr)``) that answers, trying
+    the next one when one fails or has not answered within :data:`NEXT_ADDRESS_AFTER` seconds."""
+    if not addresses:
+        raise OSError(errno.EADDRNOTAVAIL, "the host name resolved to no address")
+    connected: list[socket.socket] = []
+    failures: list[tuple[Any, OSError]] = []
+
+    async def attempt(family: int, kind: int, proto: int, address: Any, failed: anyio.Event) -> None:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                sock.connect(address)
+            except BlockingIOError:
+                await wait_writable(sock)
+                error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if error:
+                    raise OSError(error, os.strerror(error)) from None
+        except OSError as exc:
+            sock.close()
+            failures.append((address, exc))
+            failed.set()
+            return
+        except BaseException:  # cancelled: another address answered first
+            sock.close()
+            raise
+        if connected:  # answered in the same turn as the winner
+            sock.close()
+            return
+        connected.append(sock)
+        group.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        for family, kind, proto, address in addresses:
+            failed = anyio.Event()
+            group.start_soon(attempt, family, kind, proto, address, failed)
+            with anyio.move_on_after(NEXT_ADDRESS_AFTER):
+                await failed.wait()
+    if connected:
+        return SocketStream(connected[0])
+    if len(failures) == 1:
+        raise failures[0][1]
+    raise OSError(
+        failures[-1][1].errno,
+        "; ".join(f"{_describe(address)}: {exc.strerror or exc}" for address, exc in failures),
+    )
+
+
+def _describe(address: Any) -> str:
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,66 @@
+"""``python -m benchmarks.arrow_read --read``: each reader, on asyncio and on uvloop, reads every record.
+
+Not a performance test (no threshold on speed): the reader subprocess the benchmark runs for each
+round must read exactly the topic's records through the API it names and report positive times,
+on both event loops, so the benchmark's table compares readers that did the same work.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTITIONS = 2
+RECORDS = 3_000
+
+
+@pytest.fixture(scope="module")
+def topic(bootstrap: str) -> str:
+    from support.producer import create_topic
+
+    from asyncconsumer.testing.producer import produce
+
+    name = create_topic(bootstrap, f"arrow-read-{uuid.uuid4().hex[:12]}", PARTITIONS)
+    produce(bootstrap, name, [(i % PARTITIONS, b"k%d" % i, b"v" * 100, None) for i in range(RECORDS)])
+    return name
+
+
+def read(bootstrap: str, topic: str, reader: str, loop: str, count: int = RECORDS) -> dict[str, Any]:
+    command = [sys.executable, "-m", "benchmarks.arrow_read", "--read", reader, bootstrap, topic, str(PARTITIONS),
+               str(count), "--loop", loop]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("reader", ["arrow", "batches"])
+def test_reader_reads_every_record_on_its_loop(bootstrap: str, topic: str, reader: str, loop: str) -> None:
+    got = read(bootstrap, topic, reader, loop)
+    assert got["records"] == RECORDS
+    assert got["seconds"] > 0 and got["cpu"] > 0
+    assert got["loop"] == loop
+
+
+def test_reader_stops_at_the_count_it_is_given(bootstrap: str, topic: str) -> None:
+    # max_records=10_000 hands out whole batches, so a smaller count still reads at least that many
+    got = read(bootstrap, topic, "arrow", "asyncio", count=10)
+    assert 10 <= got["records"] <= RECORDS
+
+
+def test_unknown_loop_is_refused(bootstrap: str, topic: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.arrow_read", "--read", "arrow", bootstrap, topic, "1", "1", "--loop", "x"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2
+    assert "invalid choice: 'x'" in done.stderr
+

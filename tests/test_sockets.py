@@ -1,0 +1,257 @@
+"""engine/sockets.py: the plaintext socket stream and its connect, over real loopback TCP, on asyncio and trio.
+
+The peer is a plain anyio listener in the test, so each test can send a frame in pieces, stall,
+close half way or not read at all; the consumer's own use of the stream runs in every broker test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+
+from asyncconsumer.engine import sockets
+from asyncconsumer.engine.sockets import SocketStream, connect, connect_any
+
+pytestmark = pytest.mark.anyio
+
+Peer = Callable[[anyio.abc.SocketStream], Awaitable[None]]
+
+
+@asynccontextmanager
+async def peer(serve: Peer) -> AsyncIterator[tuple[str, int]]:
+    """A listener on loopback that hands each connection to ``serve``; yields its address."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def handle(conn: anyio.abc.SocketStream) -> None:
+        async with conn:
+            await serve(conn)
+
+    async with listener, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, handle)
+        yield "127.0.0.1", port
+        group.cancel_scope.cancel()
+
+
+def payload(size: int) -> bytes:
+    return bytes(i * 7 % 251 for i in range(size))
+
+
+@pytest.fixture
+def wakes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the stream's waits for the socket to be readable."""
+    counted: list[int] = []
+    wait = sockets.wait_readable
+
+    async def counting(obj: Any) -> None:
+        counted.append(1)
+        await wait(obj)
+
+    monkeypatch.setattr(sockets, "wait_readable", counting)
+    return counted
+
+
+async def test_a_frame_sent_in_pieces_is_read_whole_with_one_wake(wakes: list[int]) -> None:
+    data = payload(2 << 20)
+
+    async def send_in_pieces(conn: anyio.abc.SocketStream) -> None:
+        for i in range(0, len(data), len(data) // 16):
+            await conn.send(data[i : i + len(data) // 16])
+            await anyio.sleep(0.01)
+        await anyio.sleep(5)
+
+    async with peer(send_in_pieces) as (host, port):
+        stream = await connect(host, port)
+        async with stream:
+            buffer = bytearray(len(data))
+            with anyio.fail_after(10):
+                await stream.receive_exactly_into(memoryview(buffer))
+    assert buffer == data
+    if sys.platform == "linux":  # SO_RCVLOWAT: woken once the whole rest is there, not for each piece
+        assert len(wakes) <= 2, f"woken {len(wakes)} times for a frame sent in 16 pieces"
+
+
+async def test_the_connection_ending_half_way_through_a_frame_is_end_of_stream() -> None:
+    async def send_some_and_close(conn: anyio.abc.SocketStream) -> None:
+        await conn.send(b"x" * 1000)
+
+    async with peer(send_some_and_close) as (host, port):
+        async with await connect(host, port) as stream:
+            with anyio.fail_after(10), pytest.raises(anyio.EndOfStream):
+                # the low-water mark asks for 4 KiB more than ever comes: the close must still wake it
+                await stream.receive_exactly_into(memoryview(bytearray(5000)))
+
+
+async def test_receive_reads_ahead_what_arrived_and_ends_at_the_close() -> None:
+    async def send_and_close(conn: anyio.abc.SocketStream) -> None:
+        await conn.send(b"abc")
+        await anyio.sleep(0.05)
+        await conn.send(b"defg")
+
+    async with peer(send_and_close) as (host, port):
+        async with await connect(host, port) as stream:
+            got = b""
+            with anyio.fail_after(10), pytest.raises(anyio.EndOfStream):
+                while True:
+                    got += await stream.receive(2)
+    assert got == b"abcdefg"
+
+
+async def test_closing_wakes_a_reader_waiting_for_the_rest_of_a_frame() -> None:
+    async def stall(conn: anyio.abc.SocketStream) -> None:
+        await conn.send(b"x" * 10)
+        await anyio.sleep(30)
+
+    async with peer(stall) as (host, port):
+        stream = await connect(host, port)
+        outcome: list[BaseException] = []
+
+        async def read() -> None:
+            try:
+                await stream.receive_exactly_into(memoryview(bytearray(100)))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(read)
+                await anyio.sleep(0.1)
+                await stream.aclose()
+    assert len(outcome) == 1 and isinstance(outcome[0], anyio.ClosedResourceError)
+    with pytest.raises(anyio.ClosedResourceError):
+        await stream.receive()
+
+
+async def test_a_receive_cancelled_while_waiting_loses_no_bytes() -> None:
+    go = anyio.Event()
+
+    async def send_later(conn: anyio.abc.SocketStream) -> None:
+        await go.wait()
+        await conn.send(b"0123456789")
+        await anyio.sleep(5)
+
+    async with peer(send_later) as (host, port):
+        async with await connect(host, port) as stream:
+            with anyio.move_on_after(0.1) as scope:
+                await stream.receive_exactly_into(memoryview(bytearray(10)))
+            assert scope.cancelled_caught
+            go.set()
+            buffer = bytearray(10)
+            with anyio.fail_after(10):
+                await stream.receive_exactly_into(memoryview(buffer))
+    assert buffer == b"0123456789"
+
+
+async def test_send_waits_for_room_and_sends_everything() -> None:
+    data = payload(8 << 20)
+    received = hashlib.sha256()
+    done = anyio.Event()
+
+    async def read_slowly(conn: anyio.abc.SocketStream) -> None:
+        count = 0
+        while count < len(data):
+            chunk = await conn.receive(256 << 10)
+            received.update(chunk)
+            count += len(chunk)
+            await anyio.sleep(0.001)
+        done.set()
+
+    async with peer(read_slowly) as (host, port):
+        async with await connect(host, port) as stream:
+            with anyio.fail_after(30):
+                await stream.send(data)
+                await done.wait()
+    assert received.digest() == hashlib.sha256(data).digest()
+
+
+async def test_a_send_cancelled_half_way_closes_the_stream() -> None:
+    async def never_read(conn: anyio.abc.SocketStream) -> None:
+        await anyio.sleep(30)
+
+    async with peer(never_read) as (host, port):
+        async with await connect(host, port) as stream:
+            with anyio.move_on_after(0.3) as scope:
+                await stream.send(b"x" * (256 << 20))  # more than the kernel's buffers take
+            assert scope.cancelled_caught
+            with pytest.raises(anyio.ClosedResourceError):  # what follows could not be framed
+                await stream.send(b"next request")
+
+
+async def test_connect_refused_raises_the_os_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, not listening: refused
+        with pytest.raises(ConnectionRefusedError):
+            await connect("127.0.0.1", port)
+
+
+async def test_connect_tries_the_next_address_when_one_does_not_answer() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    silent = listener.getsockname()
+    fillers = []
+    for _ in range(3):  # fill the accept queue: further connection attempts get no answer
+        filler = socket.socket()
+        filler.setblocking(False)
+        try:
+            filler.connect(silent)
+        except BlockingIOError:
+            pass
+        fillers.append(filler)
+    try:
+        async def hold(conn: anyio.abc.SocketStream) -> None:
+            await anyio.sleep(5)
+
+        async with peer(hold) as (host, port):
+            inet = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+            with anyio.fail_after(5):
+                stream = await connect_any([(*inet, silent), (*inet, (host, port))])
+            async with stream:
+                assert stream.extra(anyio.abc.SocketAttribute.remote_address) == (host, port)
+    finally:
+        for s in (*fillers, listener):
+            s.close()
+
+
+async def test_connect_names_every_address_that_failed() -> None:
+    closed = []
+    for _ in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            closed.append(sock.getsockname())
+    inet = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    with pytest.raises(OSError) as caught:
+        await connect_any([(*inet, closed[0]), (*inet, closed[1])])
+    for host, port in closed:
+        assert f"{host}:{port}" in str(caught.value)
+
+
+async def test_connect_with_no_address_says_so() -> None:
+    with pytest.raises(OSError, match="no address"):
+        await connect_any([])
+
+
+async def test_connect_to_an_unknown_host_raises_the_resolver_error() -> None:
+    with pytest.raises(socket.gaierror):
+        await connect("no-such-host.invalid", 9092)
+
+
+async def test_stream_reports_its_socket() -> None:
+    async def hold(conn: anyio.abc.SocketStream) -> None:
+        await anyio.sleep(5)
+
+    async with peer(hold) as (host, port):
+        async with await connect(host, port) as stream:
+            assert isinstance(stream, SocketStream)
+            raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+            assert raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            assert stream.extra(anyio.abc.SocketAttribute.remote_address) == (host, port)
