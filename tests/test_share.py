@@ -7,6 +7,7 @@ IncrementalAlterConfigs on the GROUP resource); lock durations and delivery limi
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from asyncconsumer import (
     AcknowledgeType,
     AcquisitionLockExpiredError,
     ConcurrentAccessError,
+    RecordDeserializationError,
     ShareConsumer,
     ShareConsumerRecord,
     TopicPartition,
@@ -237,6 +239,36 @@ async def test_reject_is_never_redelivered(
         await poll_until(consumer, 3, ack=lambda r: AcknowledgeType.REJECT if r.offset == 0 else AcknowledgeType.ACCEPT)
         assert all(e is None for e in (await consumer.commit()).values())
         assert await nothing_more(consumer, 4.0) == []  # longer than the lock: not just still locked
+
+
+async def test_an_undecodable_record_is_released_and_the_records_after_it_come_decoded_after_the_error(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    topic = new_topic(1)
+    group = await group_for(bootstrap, share_record_lock_duration_ms=5000, share_delivery_count_limit=2)
+    jobs = [b'{"n": 0}', b'{"n": 1}', b"not json", b'{"n": 3}', b'{"n": 4}']
+    await anyio.to_thread.run_sync(lambda: produce(topic, jobs))  # one partition, one batch
+    seen: list[int] = []
+    errors: list[tuple[int, RecordDeserializationError]] = []  # (records seen before it, the error)
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, share_acknowledgement_mode="explicit",
+                             value_deserializer=json.loads) as consumer:
+        consumer.subscribe([topic])
+        with anyio.fail_after(30):
+            while len(seen) < 4:
+                try:
+                    polled = await consumer.getmany(timeout=0.5)
+                except RecordDeserializationError as exc:
+                    errors.append((len(seen), exc))
+                    continue
+                for records in polled.values():
+                    for r in records:
+                        assert isinstance(r.value, dict), f"handed out undecoded: {r}"
+                        seen.append(r.value["n"])
+                        consumer.acknowledge(r, AcknowledgeType.ACCEPT)
+    assert seen == [0, 1, 3, 4]
+    # The error comes between the records before the bad one and those after it, naming it.
+    assert errors and errors[0][0] == 2 and errors[0][1].offset == 2
+    assert "it was released" in str(errors[0][1])
 
 
 async def test_implicit_mode_accepts_what_was_handed_out_at_the_next_poll(

@@ -491,36 +491,30 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         freed: dict[int, int] = {}
         key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
         bad: RecordDeserializationError | None = None
-        while engine.batches and len(out) < limit:
+        while engine.batches and len(out) < limit and bad is None:
             batch: ShareBatch = engine.batches[0]
-            take = batch.records[: limit - len(out)]
-            del batch.records[: len(take)]
-            if not batch.records:
-                engine.batches.popleft()
-                freed[batch.node_id] = freed.get(batch.node_id, 0) + batch.size
-            counts[batch.node_id] = counts.get(batch.node_id, 0) + len(take)
-            for a in take:
+            taken = 0  # of the batch's records: handed out, or released as undecodable
+            for a in batch.records[: limit - len(out)]:
+                taken += 1
                 r = a.record
                 key: Any = r.key
                 value: Any = r.value
-                if bad is None:
-                    try:
-                        if key_fn is not None and key is not None:
-                            key = key_fn(key)
-                        if value_fn is not None and value is not None:
-                            value = value_fn(value)
-                    except Exception as exc:
-                        # Released: it comes back (delivery_count + 1) until the group's delivery
-                        # limit archives it.
-                        bad = RecordDeserializationError(
-                            f"deserializing the record failed: {exc!r}; it was released",
-                            topic=r.topic,
-                            partition=r.partition,
-                            offset=r.offset,
-                        )
-                        tp = batch.tp
-                        engine.post(functools.partial(_release, engine, tp, r.offset))
-                        continue
+                try:
+                    if key_fn is not None and key is not None:
+                        key = key_fn(key)
+                    if value_fn is not None and value is not None:
+                        value = value_fn(value)
+                except Exception as exc:
+                    # Released: it comes back (delivery_count + 1) until the group's delivery
+                    # limit archives it.  The records after it stay for the poll after the error.
+                    bad = RecordDeserializationError(
+                        f"deserializing the record failed: {exc!r}; it was released",
+                        topic=r.topic,
+                        partition=r.partition,
+                        offset=r.offset,
+                    )
+                    engine.post(functools.partial(_release, engine, batch.tp, r.offset))
+                    break
                 out.append(
                     cast(
                         "ShareConsumerRecord[KT, VT]",
@@ -541,6 +535,11 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
                         ),
                     )
                 )
+            del batch.records[:taken]
+            if not batch.records:
+                engine.batches.popleft()
+                freed[batch.node_id] = freed.get(batch.node_id, 0) + batch.size
+            counts[batch.node_id] = counts.get(batch.node_id, 0) + taken
         if counts or freed:
 
             def handed(now: float) -> None:
