@@ -73,6 +73,37 @@ def test_the_smallest_idle_buffer_that_fits_is_used_and_none_with_more_than_a_qu
     assert (pool.allocated, pool.reused) == (4, 1)
 
 
+def test_a_pool_with_more_spare_uses_larger_idle_buffers() -> None:
+    # The column pool (max_spare=1.0): blocks' columns vary in size from block to block; an idle
+    # buffer up to twice the request serves it instead of a new one.
+    pool = BufferPool(64 * MiB, max_spare=1.0)
+    view = pool.take(4 * MiB)
+    backing = id(view.obj)
+    del view
+    got = pool.take(int(2.1 * MiB))
+    assert id(got.obj) == backing and len(got) == int(2.1 * MiB)
+    del got
+    smaller = pool.take(int(1.9 * MiB))  # the 4 MiB buffer is more than twice that: a new one
+    assert id(smaller.obj) != backing
+    assert (pool.allocated, pool.reused) == (2, 1)
+
+
+def test_a_pool_lets_idle_buffers_go_after_its_own_count_of_requests() -> None:
+    # The column pool takes several buffers a block, so it counts more requests before a buffer
+    # of a size that stopped coming goes.
+    pool = BufferPool(64 * MiB, stale_after=40)
+    view = pool.take(8 * MiB)
+    del view
+    for _ in range(STALE_AFTER + 1):
+        frame = pool.take(MiB)
+        del frame
+    assert pool.kept == 2  # not yet: 17 requests of the 40
+    for _ in range(40 - STALE_AFTER):
+        frame = pool.take(MiB)
+        del frame
+    assert pool.kept == 1 and pool.held_bytes == MiB
+
+
 def test_small_frames_get_plain_bytearrays_that_the_pool_does_not_keep() -> None:
     pool = BufferPool(64 * MiB)
     small = pool.take(MIN_POOLED_BYTES - 1)
@@ -143,6 +174,10 @@ def test_a_pool_of_no_bytes_keeps_nothing_and_gives_exact_sizes() -> None:
 def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError, match="max_bytes"):
         BufferPool(-1)
+    with pytest.raises(ValueError, match="max_spare"):
+        BufferPool(MiB, max_spare=-0.5)
+    with pytest.raises(ValueError, match="stale_after"):
+        BufferPool(MiB, stale_after=0)
 
 
 # -- through a connection's read path ------------------------------------------------------------

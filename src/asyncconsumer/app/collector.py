@@ -20,7 +20,7 @@ import anyio
 from typing_extensions import TypeVar
 
 from ..config import ConsumerConfig
-from ..engine.buffers import MIN_COLUMN_BYTES, BufferPool
+from ..engine.buffers import column_pool
 from ..engine.loop import Engine
 from ..errors import KafkaError, RecordError
 from ..managers.fetch_buffer import CompletedFetch, Record
@@ -78,7 +78,7 @@ class Collector(Generic[KT, VT]):
         self.waiting = 0
         #: The buffers ``arrow_batches()`` decodes column blocks into, used again once no Arrow
         #: array wraps them (engine/buffers.py), up to ``fetch_buffer_bytes``.
-        self.column_buffers = BufferPool(config.fetch_buffer_bytes, MIN_COLUMN_BYTES)
+        self.column_buffers = column_pool(config.fetch_buffer_bytes)
 
     def handed(self, tp: TopicPartition, count: int) -> None:
         """``count`` records of ``tp`` were handed to the application (called per chunk or poll)."""

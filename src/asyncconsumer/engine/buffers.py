@@ -33,32 +33,46 @@ The rules, all in :meth:`BufferPool.take`:
 
 * Buffers under ``min_bytes`` (256 KiB for frames, 64 KiB for columns) are plain bytearrays:
   the allocator keeps small blocks itself.
-* A request gets the smallest idle buffer that holds it with at most 1/4 to spare, handed out as
-  a ``memoryview`` of exactly the size asked for.  New buffers are the size rounded up to a size
-  class (at most 1/8 more), so requests of about the same size share buffers.
+* A request gets the smallest idle buffer that holds it with at most ``max_spare`` to spare (1/4
+  for frames; for columns as much again as asked, since a block's columns vary in size from block
+  to block), handed out as a ``memoryview`` of exactly the size asked for.  New buffers are the
+  size rounded up to a size class (at most 1/8 more), so requests of about the same size share
+  buffers.
 * The pool keeps at most ``max_bytes`` of buffers, in use or idle.  For frames that is the
   consumer's ``fetch_buffer_bytes`` (what the fetch buffer may hold anyway) and at most four
   responses of ``fetch_max_bytes``; for columns, ``fetch_buffer_bytes``.  A new buffer that
   does not fit makes room by letting go of idle buffers, least recently used first; if it still
   does not fit, it is not kept (a buffer of its own, freed as before).  An idle buffer that was
-  idle for the last :data:`STALE_AFTER` large requests is let go too: buffers of sizes that
-  stopped coming do not stay.  (A buffer counts as used at every request that finds it in use,
-  so an application that holds Arrow batches for a while finds their buffers kept.)
+  idle for the last ``stale_after`` large requests is let go too (:data:`STALE_AFTER` responses
+  for frames; :data:`COLUMN_STALE_AFTER` requests for columns, about 16 blocks of several
+  columns each): buffers of sizes that stopped coming do not stay.  (A buffer counts as used at
+  every request that finds it in use, so an application that holds Arrow batches for a while
+  finds their buffers kept.)
 """
 
 from __future__ import annotations
 
 import sys
 
-__all__ = ["MIN_COLUMN_BYTES", "MIN_POOLED_BYTES", "STALE_AFTER", "BufferPool", "size_class"]
+__all__ = [
+    "COLUMN_STALE_AFTER",
+    "MIN_COLUMN_BYTES",
+    "MIN_POOLED_BYTES",
+    "STALE_AFTER",
+    "BufferPool",
+    "column_pool",
+    "size_class",
+]
 
 #: Frames smaller than this get a plain ``bytearray``: malloc serves them from memory it keeps.
 MIN_POOLED_BYTES = 256 << 10
 #: The same for Arrow column buffers: a block's offsets and timestamps (8 bytes a record) are
 #: worth keeping from 10,000 records up.
 MIN_COLUMN_BYTES = 64 << 10
-#: An idle buffer not used for this many large requests is let go.
+#: An idle buffer not used for this many large requests is let go (frames: one request a response).
 STALE_AFTER = 16
+#: The same for column buffers: a block takes several (keys, values, offsets, timestamps, headers).
+COLUMN_STALE_AFTER = 128
 
 
 def _references(kept: list[bytearray]) -> list[int]:
@@ -89,16 +103,35 @@ def size_class(size: int) -> int:
     return -(-size // step) * step
 
 
+def column_pool(max_bytes: int) -> BufferPool:
+    """The pool for ``arrow_batches()``' column blocks (``Collector.column_buffers``)."""
+    return BufferPool(max_bytes, MIN_COLUMN_BYTES, max_spare=1.0, stale_after=COLUMN_STALE_AFTER)
+
+
 class BufferPool:
     """Buffers of ``min_bytes`` or more, kept up to ``max_bytes`` and used again."""
 
-    __slots__ = ("_buffers", "_held", "_tick", "_used", "allocated", "max_bytes", "min_bytes", "reused")
+    __slots__ = (
+        "_buffers", "_held", "_tick", "_used", "allocated", "max_bytes", "max_spare", "min_bytes", "reused",
+        "stale_after",
+    )
 
-    def __init__(self, max_bytes: int, min_bytes: int = MIN_POOLED_BYTES) -> None:
-        if max_bytes < 0 or min_bytes < 1:
-            raise ValueError("BufferPool(max_bytes >= 0, min_bytes >= 1)")
+    def __init__(
+        self,
+        max_bytes: int,
+        min_bytes: int = MIN_POOLED_BYTES,
+        *,
+        max_spare: float = 0.25,
+        stale_after: int = STALE_AFTER,
+    ) -> None:
+        if max_bytes < 0 or min_bytes < 1 or max_spare < 0 or stale_after < 1:
+            raise ValueError("BufferPool(max_bytes >= 0, min_bytes >= 1, max_spare >= 0, stale_after >= 1)")
         self.max_bytes = max_bytes if _IDLE is not None else 0
         self.min_bytes = min_bytes
+        #: How much larger than a request a kept buffer handed out for it may be, as a fraction.
+        self.max_spare = max_spare
+        #: An idle buffer not used for this many requests of ``min_bytes`` or more is let go.
+        self.stale_after = stale_after
         self._buffers: list[bytearray] = []  # in use or idle
         self._used: list[int] = []  # when each was last handed out or seen in use, in large requests (``_tick``)
         self._held = 0  # the capacity of the kept buffers
@@ -128,7 +161,8 @@ class BufferPool:
             return bytearray(size)
         self._tick += 1
         idle = self._idle()
-        fits = [i for i in idle if size <= len(self._buffers[i]) <= size + size // 4]
+        most = size + int(size * self.max_spare)
+        fits = [i for i in idle if size <= len(self._buffers[i]) <= most]
         if fits:
             best = min(fits, key=lambda i: len(self._buffers[i]))
             self._used[best] = self._tick
@@ -171,7 +205,7 @@ class BufferPool:
     def _stale(self, idle: list[int]) -> list[int]:
         """Those of the ``idle`` buffers neither handed out nor seen in use for the last :data:`STALE_AFTER`
         large requests."""
-        return [i for i in idle if self._tick - self._used[i] > STALE_AFTER]
+        return [i for i in idle if self._tick - self._used[i] > self.stale_after]
 
     def _let_go(self, indices: list[int]) -> None:
         for i in sorted(set(indices), reverse=True):  # from the back: the indices before stay valid
