@@ -222,6 +222,24 @@ async def test_connect_tries_the_next_address_when_one_does_not_answer() -> None
             s.close()
 
 
+async def test_an_address_whose_socket_cannot_be_made_fails_like_a_refusal() -> None:
+    # As on a host without IPv6 whose name resolves to ::1 first: socket() itself raises.
+    unmakeable = (socket.AF_UNIX, socket.SOCK_STREAM, socket.IPPROTO_TCP, "/nowhere")
+    inet = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+
+    async def hold(conn: anyio.abc.SocketStream) -> None:
+        await anyio.sleep(5)
+
+    async with peer(hold) as (host, port):
+        with anyio.fail_after(5):
+            stream = await connect_any([unmakeable, (*inet, (host, port))])
+        async with stream:
+            assert stream.extra(anyio.abc.SocketAttribute.remote_port) == port
+    with pytest.raises(OSError) as caught:  # alone: its own OSError, not an exception group
+        await connect_any([unmakeable])
+    assert not isinstance(caught.value, BaseExceptionGroup)
+
+
 async def test_connect_names_every_address_that_failed() -> None:
     closed = []
     for _ in range(2):
@@ -255,3 +273,7 @@ async def test_stream_reports_its_socket() -> None:
             raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
             assert raw.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
             assert stream.extra(anyio.abc.SocketAttribute.remote_address) == (host, port)
+            assert stream.extra(anyio.abc.SocketAttribute.remote_port) == port
+            assert stream.extra(anyio.abc.SocketAttribute.local_port) == raw.getsockname()[1]
+            assert not stream.closed
+        assert stream.closed

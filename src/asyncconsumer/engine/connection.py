@@ -294,7 +294,15 @@ class BrokerConnection:
                         if self._closed_error is not None:
                             raise self._closed_error
                         self._pending[correlation_id] = (api, version, waiter)
-                        await stream.send(frame)
+                        try:
+                            await stream.send(frame)
+                        except BaseException:
+                            if isinstance(stream, SocketStream) and stream.closed:
+                                self._fail(KafkaConnectionError(
+                                    f"sending {api} to {self.host}:{self.port} was cancelled half way through the "
+                                    "request; the connection is closed (nothing after it could be framed)"
+                                ))
+                            raise
                         break
                 await self._wait_for_session(extra_timeout)
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:

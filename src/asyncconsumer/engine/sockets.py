@@ -13,8 +13,9 @@ fills a frame's buffer: it takes what the kernel already holds, then sets the so
 low-water mark (``SO_RCVLOWAT``) to the bytes still missing, so the event loop wakes the reader once,
 when the rest of the frame is there (or the connection ends), and one ``recv_into`` copies it
 straight into the buffer.  The kernel caps the mark at half its largest receive buffer and grows
-the socket's buffer to hold it; a frame larger than that arrives in a few reads.  Where the
-platform refuses the option the reader wakes for every piece, as before.  Small frames and frame
+the socket's buffer to hold it; a frame larger than that arrives in a few reads.  The mark is used
+on Linux only; elsewhere, or where the kernel refuses it, the reader wakes for every piece, as
+before.  Small frames and frame
 headers are read ahead in chunks of up to 64 KiB (:meth:`SocketStream.receive`), with the mark at
 one byte.
 
@@ -27,7 +28,8 @@ it could be framed).  The connection closes its stream whenever its reader stops
 TLS connections keep anyio's TLS stream, whose TLS layer owns the socket's bytes.
 
 :func:`connect` resolves the host and tries its addresses in the resolver's order, starting the
-next attempt when one fails or after :data:`NEXT_ADDRESS_AFTER` seconds without an answer, and
+next attempt when the one before it fails or after :data:`NEXT_ADDRESS_AFTER` seconds without an
+answer, and
 keeps the first to connect (as anyio's ``connect_tcp`` does, RFC 6555).  The caller's set-up
 timeout bounds the whole attempt.
 """
@@ -37,6 +39,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -49,7 +52,10 @@ __all__ = ["NEXT_ADDRESS_AFTER", "SocketStream", "connect"]
 
 #: Seconds :func:`connect` waits for an address to answer before it also tries the next one.
 NEXT_ADDRESS_AFTER = 0.25
-_SO_RCVLOWAT: int | None = getattr(socket, "SO_RCVLOWAT", None)
+#: The receive low-water mark, where it is known to wake a poller as used here: on Linux, ``recv``
+#: returns what the kernel holds even below the mark, and a FIN, an error or memory pressure still
+#: wake it.  (The BSDs make a non-blocking read below the mark fail instead.)
+_SO_RCVLOWAT: int | None = getattr(socket, "SO_RCVLOWAT", None) if sys.platform.startswith("linux") else None
 
 
 class SocketStream(anyio.abc.ByteStream):
@@ -150,13 +156,20 @@ class SocketStream(anyio.abc.ByteStream):
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        sock = self._sock
+        sock = self._sock  # addresses as anyio gives them: (host, port), for IPv6 too
         return {
             anyio.abc.SocketAttribute.family: lambda: sock.family,
-            anyio.abc.SocketAttribute.local_address: sock.getsockname,
-            anyio.abc.SocketAttribute.remote_address: sock.getpeername,
+            anyio.abc.SocketAttribute.local_address: lambda: sock.getsockname()[:2],
+            anyio.abc.SocketAttribute.local_port: lambda: sock.getsockname()[1],
+            anyio.abc.SocketAttribute.remote_address: lambda: sock.getpeername()[:2],
+            anyio.abc.SocketAttribute.remote_port: lambda: sock.getpeername()[1],
             anyio.abc.SocketAttribute.raw_socket: lambda: sock,
         }
+
+    @property
+    def closed(self) -> bool:
+        """Closed: by :meth:`aclose`, or by a :meth:`send` cancelled half way through a frame."""
+        return self._closed
 
     def _wake_at(self, size: int) -> None:
         """Have the event loop report the socket readable once it holds ``size`` bytes (or ends)."""
@@ -190,15 +203,18 @@ async def connect(host: str, port: int) -> SocketStream:
 
 async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStream:
     """Connect to the first of ``addresses`` (``(family, type, proto, sockaddr)``) that answers, trying
-    the next one when one fails or has not answered within :data:`NEXT_ADDRESS_AFTER` seconds."""
+    the next one when the one before it fails or has not answered within :data:`NEXT_ADDRESS_AFTER`
+    seconds.  An address whose socket cannot even be made (a family the host does not have) fails
+    like one that refuses."""
     if not addresses:
         raise OSError(errno.EADDRNOTAVAIL, "the host name resolved to no address")
     connected: list[socket.socket] = []
     failures: list[tuple[Any, OSError]] = []
 
     async def attempt(family: int, kind: int, proto: int, address: Any, failed: anyio.Event) -> None:
-        sock = socket.socket(family, kind, proto)
+        sock: socket.socket | None = None
         try:
+            sock = socket.socket(family, kind, proto)
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
@@ -209,12 +225,14 @@ async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStrea
                 if error:
                     raise OSError(error, os.strerror(error)) from None
         except OSError as exc:
-            sock.close()
+            if sock is not None:
+                sock.close()
             failures.append((address, exc))
             failed.set()
             return
         except BaseException:  # cancelled: another address answered first
-            sock.close()
+            if sock is not None:
+                sock.close()
             raise
         if connected:  # answered in the same turn as the winner
             sock.close()
@@ -222,12 +240,17 @@ async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStrea
         connected.append(sock)
         group.cancel_scope.cancel()
 
-    async with anyio.create_task_group() as group:
-        for family, kind, proto, address in addresses:
-            failed = anyio.Event()
-            group.start_soon(attempt, family, kind, proto, address, failed)
-            with anyio.move_on_after(NEXT_ADDRESS_AFTER):
-                await failed.wait()
+    try:
+        async with anyio.create_task_group() as group:
+            for family, kind, proto, address in addresses:
+                failed = anyio.Event()
+                group.start_soon(attempt, family, kind, proto, address, failed)
+                with anyio.move_on_after(NEXT_ADDRESS_AFTER):
+                    await failed.wait()
+    except BaseException:  # the caller's timeout or cancellation as an address answered: not kept
+        for sock in connected:
+            sock.close()
+        raise
     if connected:
         return SocketStream(connected[0])
     if len(failures) == 1:
