@@ -24,6 +24,7 @@ import anyio.abc
 
 from asyncconsumer.engine.buffers import BufferPool
 from asyncconsumer.engine.connection import BrokerConnection
+from asyncconsumer.engine.sockets import connect
 
 
 async def read_once(frame: bytes, frames: int, hold: int, pool_bytes: int) -> tuple[float, int, BufferPool]:
@@ -39,7 +40,7 @@ async def read_once(frame: bytes, frames: int, hold: int, pool_bytes: int) -> tu
     pool = BufferPool(pool_bytes)
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, send)
-        stream = await anyio.connect_tcp("127.0.0.1", port)
+        stream = await connect("127.0.0.1", port)  # as a plaintext BrokerConnection opens it
         conn = BrokerConnection(1, "127.0.0.1", port, client_id="bench", request_timeout=10, setup_timeout=10,
                                 ssl_context=None, frames=pool)
         held: collections.deque[memoryview] = collections.deque(maxlen=hold)

@@ -203,7 +203,7 @@ class BufferPool:
         return idle
 
     def _stale(self, idle: list[int]) -> list[int]:
-        """Those of the ``idle`` buffers neither handed out nor seen in use for the last :data:`STALE_AFTER`
+        """Those of the ``idle`` buffers neither handed out nor seen in use for the last ``stale_after``
         large requests."""
         return [i for i in idle if self._tick - self._used[i] > self.stale_after]
 

@@ -341,12 +341,14 @@ class BrokerConnection:
         filled = len(chunk) - start
         buffer[:filled] = chunk[start:]
         self._chunk, self._pos = _EMPTY, 0
-        plain = isinstance(stream, SocketStream)
-        if isinstance(stream, SocketStream) and size - filled >= _SOCKET_CHUNK:
-            await stream.receive_exactly_into(memoryview(buffer)[filled:])
-            return buffer
+        read_ahead = _READ_CHUNK
+        if isinstance(stream, SocketStream):
+            if size - filled >= _SOCKET_CHUNK:
+                await stream.receive_exactly_into(memoryview(buffer)[filled:])
+                return buffer
+            read_ahead = _SOCKET_CHUNK
         while filled < size:
-            data = memoryview(await stream.receive(_SOCKET_CHUNK if plain else _READ_CHUNK))
+            data = memoryview(await stream.receive(read_ahead))
             take = min(len(data), size - filled)
             buffer[filled : filled + take] = data[:take]
             filled += take

@@ -15,9 +15,8 @@ when the rest of the frame is there (or the connection ends), and one ``recv_int
 straight into the buffer.  The kernel caps the mark at half its largest receive buffer and grows
 the socket's buffer to hold it; a frame larger than that arrives in a few reads.  The mark is used
 on Linux only; elsewhere, or where the kernel refuses it, the reader wakes for every piece, as
-before.  Small frames and frame
-headers are read ahead in chunks of up to 64 KiB (:meth:`SocketStream.receive`), with the mark at
-one byte.
+before.  Small frames and frame headers are read ahead in chunks of up to 64 KiB
+(:meth:`SocketStream.receive`), with the mark at one byte.
 
 Checkpoints follow anyio's streams: a call is a cancellation point *before* it takes or sends
 anything, and lets other tasks run.  Two calls can lose bytes when cancelled part way, and both
@@ -29,9 +28,8 @@ TLS connections keep anyio's TLS stream, whose TLS layer owns the socket's bytes
 
 :func:`connect` resolves the host and tries its addresses in the resolver's order, starting the
 next attempt when the one before it fails or after :data:`NEXT_ADDRESS_AFTER` seconds without an
-answer, and
-keeps the first to connect (as anyio's ``connect_tcp`` does, RFC 6555).  The caller's set-up
-timeout bounds the whole attempt.
+answer, and keeps the first to connect (as anyio's ``connect_tcp`` does, RFC 6555).  The caller's
+set-up timeout bounds the whole attempt.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -49,6 +47,9 @@ import anyio.lowlevel
 from anyio import notify_closing, wait_readable, wait_writable
 
 __all__ = ["NEXT_ADDRESS_AFTER", "SocketStream", "connect"]
+
+_In = TypeVar("_In")
+_Got = TypeVar("_Got", bytes, int)
 
 #: Seconds :func:`connect` waits for an address to answer before it also tries the next one.
 NEXT_ADDRESS_AFTER = 0.25
@@ -79,23 +80,15 @@ class SocketStream(anyio.abc.ByteStream):
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` bytes, at least one, as soon as the kernel holds any."""
         await anyio.lowlevel.checkpoint_if_cancelled()
-        waited = False
-        while True:
-            self._check_open()
-            try:
-                data = self._sock.recv(max_bytes)
-            except BlockingIOError:
-                self._wake_at(1)
-                await wait_readable(self._sock)
-                waited = True
-                continue
-            except OSError as exc:
-                raise anyio.BrokenResourceError from exc
-            if not data:
-                raise anyio.EndOfStream
-            if not waited:
-                await anyio.lowlevel.cancel_shielded_checkpoint()
+        data = self._read_now(self._sock.recv, max_bytes)
+        if data is not None:
+            await anyio.lowlevel.cancel_shielded_checkpoint()
             return data
+        while data is None:
+            self._wake_at(1)
+            await wait_readable(self._sock)
+            data = self._read_now(self._sock.recv, max_bytes)
+        return data
 
     async def receive_exactly_into(self, buffer: memoryview) -> None:
         """Fill all of ``buffer``: what the kernel holds now, then the rest in one read once the
@@ -104,24 +97,27 @@ class SocketStream(anyio.abc.ByteStream):
         await anyio.lowlevel.checkpoint_if_cancelled()
         filled, size, waited = 0, len(buffer), False
         while filled < size:
-            self._check_open()
-            try:
-                received = self._sock.recv_into(buffer[filled:])
-            except BlockingIOError:
-                received = -1
-            except OSError as exc:
-                raise anyio.BrokenResourceError from exc
-            if received == 0:
-                raise anyio.EndOfStream
-            if received > 0:
-                filled += received
-                if filled == size:
-                    break
-            self._wake_at(size - filled)
-            await wait_readable(self._sock)
-            waited = True
+            filled += self._read_now(self._sock.recv_into, buffer[filled:]) or 0
+            if filled < size:
+                self._wake_at(size - filled)
+                await wait_readable(self._sock)
+                waited = True
         if not waited:
             await anyio.lowlevel.cancel_shielded_checkpoint()
+
+    def _read_now(self, read: Callable[[_In], _Got], arg: _In) -> _Got | None:
+        """What one read of the socket gives without waiting (``recv`` or ``recv_into`` of a
+        non-empty buffer); None when the kernel holds nothing yet."""
+        self._check_open()
+        try:
+            got = read(arg)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+        if not got:  # 0 bytes from a read that asked for some: the broker closed its side
+            raise anyio.EndOfStream
+        return got
 
     async def send(self, item: bytes | bytearray | memoryview) -> None:
         """Send all of ``item``, waiting while the kernel's send buffer is full."""
