@@ -246,7 +246,27 @@ def walk_fixtures() -> dict[str, bytes]:
     out["corrupt-crc-after-good"] = FIXTURES["codec-0"] + bytes(
         bytearray(FIXTURES["codec-3"][:-1]) + bytes([FIXTURES["codec-3"][-1] ^ 1])
     )
+    # Uncompressed after uncompressed: the compiled walk meets the bad CRC itself.
+    out["corrupt-crc-plain-after-good"] = FIXTURES["codec-0"] + bad_crc(
+        build_batch([(b"k", b"v%d" % i) for i in range(3)], base_offset=1008)
+    )
+    # Producer 7's aborted transaction spans two batches with a plain one between them: once its
+    # first batch reached the aborted list, the second is skipped for what the filter knows.
+    out["aborted-around-plain"] = b"".join([
+        build_batch([(b"a", b"0")], base_offset=0),
+        build_batch([(b"t", b"1"), (b"t", b"2")], base_offset=1, is_transactional=True, producer_id=7),
+        build_batch([(b"p", b"3")], base_offset=3, producer_id=9),  # idempotent, not transactional
+        build_batch([(b"t", b"4")], base_offset=4, is_transactional=True, producer_id=7),
+        build_batch([(b"p", b"5")], base_offset=5),
+        build_control_batch("abort", 7, base_offset=6),
+        build_batch([(b"p", b"7")], base_offset=7),
+    ])
     return out
+
+
+def bad_crc(batch: bytes) -> bytes:
+    """The v2 batch with its stored CRC changed (its records intact)."""
+    return batch[:20] + bytes([batch[20] ^ 1]) + batch[21:]
 
 
 WALKS = walk_fixtures()
@@ -265,6 +285,22 @@ def test_read_committed_skips_aborted() -> None:
     rows, error = assert_same_walk(WALKS["transactions"], 2, aborted=[(7, 0), (7, 6)])
     assert error is None
     assert [r.offset for r in rows] == [2, 4]
+
+
+@pytest.mark.parametrize("max_records", [1, 2, 1000])
+def test_read_committed_skips_an_aborted_transaction_across_batches(max_records: int) -> None:
+    rows, error = assert_same_walk(WALKS["aborted-around-plain"], max_records, aborted=[(7, 1)])
+    assert error is None
+    assert [r.offset for r in rows] == [0, 3, 5, 7]
+    rows, error = assert_same_walk(WALKS["aborted-around-plain"], max_records)  # read_uncommitted
+    assert [r.offset for r in rows] == [0, 1, 2, 3, 4, 5, 7]
+
+
+def test_a_bad_crc_after_plain_batches_is_named_after_their_records() -> None:
+    rows, error = assert_same_walk(WALKS["corrupt-crc-plain-after-good"], 1000)
+    assert [r.offset for r in rows] == list(range(1000, 1008))
+    assert error is not None and error[0] is CorruptRecordError and "CRC-32C mismatch" in error[4]
+    assert error[3] == 1008
 
 
 def test_headers_with_bad_utf8_keys() -> None:
@@ -308,15 +344,20 @@ def test_buffer_kinds(wrap: str) -> None:
 
 
 @st.composite
-def record_sets(draw: st.DrawFn) -> tuple[bytes, list[tuple[int, int]], int, int]:
+def record_sets(draw: st.DrawFn, bad_crcs: bool = False) -> tuple[bytes, list[tuple[int, int]], int, int]:
     """A partition's record set: v2 batches (every codec, gaps, LogAppendTime), transactional ones
-    with their markers, legacy message sets; with the aborted list a broker could send."""
+    with their markers, legacy message sets, with ``bad_crcs`` uncompressed batches whose CRC is
+    wrong; with the aborted list a broker could send."""
     parts: list[bytes] = []
     aborted: list[tuple[int, int]] = []
     first = offset = draw(st.integers(0, 2**40))
+    kinds = ["data", "data", "txn", "control", "legacy"] + (["bad-crc"] if bad_crcs else [])
     for _ in range(draw(st.integers(1, 6))):
-        kind = draw(st.sampled_from(["data", "data", "txn", "control", "legacy"]))
-        if kind in ("data", "txn"):
+        kind = draw(st.sampled_from(kinds))
+        if kind == "bad-crc":  # an uncompressed batch whose CRC does not match: the walk stops there
+            parts.append(bad_crc(build_batch([(b"k", b"v")], base_offset=offset)))
+            offset += 1
+        elif kind in ("data", "txn"):
             recs, deltas = draw(records_with_deltas())
             last_delta = (deltas[-1] if deltas else 0) + draw(st.integers(0, 3))
             pid = draw(st.integers(1, 3)) if kind == "txn" else -1
@@ -364,7 +405,7 @@ def record_sets(draw: st.DrawFn) -> tuple[bytes, list[tuple[int, int]], int, int
 
 @SETTINGS
 @given(
-    case=record_sets(),
+    case=record_sets(bad_crcs=True),
     max_records=st.integers(1, 30) | st.just(1 << 30),
     start_at=st.floats(0, 1),
     read_committed=st.booleans(),
@@ -915,3 +956,111 @@ def test_blocks_decode_each_batch_once(max_records: int) -> None:
     sizes = [c.count for c in chunks]
     per_block = {1: [1] * 150, 7: [7] * 21 + [3], 100: [100, 50], 150: [150], 1000: []}[max_records]
     assert sizes == (per_block * 2 if max_records != 1000 else [300])
+
+
+# ---------------------------------------------------------------- the compiled walk (ColumnBuilder.walk)
+
+_SPEEDUPS: Any = sys.modules.get("asyncconsumer._speedups")
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=20_000), skip=st.integers(0, 7))
+def test_compiled_crc32c_is_the_crc32c_packages(data: bytes, skip: int) -> None:
+    import crc32c
+
+    view = memoryview(data)[skip:]  # any alignment
+    assert _SPEEDUPS.crc32c(view) == crc32c.crc32c(view)
+
+
+@needs_c
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 3071, 3072, 3073, 3 * 1024 * 5 + 13, 1 << 20])
+def test_compiled_crc32c_across_its_block_sizes(size: int) -> None:
+    import crc32c
+
+    data = bytes((i * 131 + (i >> 8)) & 0xFF for i in range(size))
+    assert _SPEEDUPS.crc32c(data) == crc32c.crc32c(data)
+
+
+PLAIN = build_batch([(b"k", b"v0"), (None, b"v1")], base_offset=100)
+
+#: What follows PLAIN, whether the walk takes it (True) or leaves it to the Python walk (False),
+#: and whether it does so with read_committed.
+WALK_CASES: dict[str, tuple[bytes, bool, bool]] = {
+    "plain": (build_batch([(b"k", b"v2")], base_offset=102), True, True),
+    "idempotent": (build_batch([(b"k", b"v2")], base_offset=102, producer_id=5, producer_epoch=0), True, True),
+    "log-append-time": (build_batch([(b"k", b"v2")], base_offset=102, timestamp_type=1), True, True),
+    "before-start": (build_batch([(b"k", b"v0")], base_offset=10), True, True),
+    "control": (build_control_batch("commit", 5, base_offset=102), True, False),
+    "transactional": (build_batch([(b"k", b"v2")], base_offset=102, is_transactional=True, producer_id=5), True,
+                      False),
+    "compressed": (build_batch([(b"k", b"v2")], base_offset=102, compression=1), False, False),
+    "bad-crc": (bad_crc(build_batch([(b"k", b"v2")], base_offset=102)), False, False),
+    "truncated": (build_batch([(b"k", b"v2")], base_offset=102)[:-1], False, False),
+    "legacy": (build_legacy_message_set([(b"k", b"v2")], magic=1, base_offset=102), False, False),
+    "corrupt-records": (build_batch([(b"k", b"v")], base_offset=102, raw_records=CORRUPT["key-past-end"][0]), False,
+                        False),
+    "header-only": (PLAIN[:61], False, False),
+}
+
+
+@needs_c
+@pytest.mark.parametrize("read_committed", [False, True])
+@pytest.mark.parametrize("name", sorted(WALK_CASES))
+def test_walk_takes_plain_batches_and_leaves_the_rest(name: str, read_committed: bool) -> None:
+    after, taken, taken_committed = WALK_CASES[name]
+    data = PLAIN + after
+    builder = C_BUILDER(TOPIC, PART)
+    assert builder.walk(data, 0, 50, 1000, True, read_committed) == (
+        len(data) if (taken_committed if read_committed else taken) else len(PLAIN)
+    )
+    expected = [100, 101]  # PLAIN's
+    if name in ("plain", "idempotent", "log-append-time") or (name == "transactional" and not read_committed):
+        expected.append(102)
+    columns = finish_columns(builder)
+    assert ints(columns.buffers.offsets, "q") == expected
+
+
+@needs_c
+def test_walk_stops_at_the_limit_and_resumes() -> None:
+    data = b"".join(build_batch([(b"k", b"v%d" % i)] * 3, base_offset=3 * i) for i in range(4))
+    builder = C_BUILDER(TOPIC, PART)
+    size = len(data) // 4
+    assert builder.walk(data, 0, 0, 4, True, False) == 2 * size  # whole batches until it holds 4 or more
+    assert builder.count == 6
+    assert builder.walk(data, 2 * size, 0, 6, True, False) == 2 * size  # holds the limit already
+    assert builder.walk(data, 2 * size, 4, 1000, True, False) == len(data)
+    assert builder.walk(data, len(data), 0, 1000, True, False) == len(data)
+    assert ints(finish_columns(builder).buffers.offsets, "q") == list(range(12))
+
+
+@needs_c
+def test_walk_checks_crcs_only_when_asked() -> None:
+    data = PLAIN + bad_crc(build_batch([(b"k", b"v2")], base_offset=102))
+    assert C_BUILDER(TOPIC, PART).walk(data, 0, 0, 1000, False, False) == len(data)
+
+
+@needs_c
+def test_walk_leaves_a_batch_that_does_not_fit_and_changes_nothing() -> None:
+    big = build_batch([(b"k", b"x" * 100)], base_offset=102)
+    builder = C_BUILDER(TOPIC, PART, True, 50)
+    assert builder.walk(PLAIN + big + PLAIN, 0, 0, 1000, True, False) == len(PLAIN)
+    assert builder.count == 2
+    buffers = finish_columns(builder).buffers
+    assert bytes(buffers.value_data) == b"v0v1"
+
+
+@needs_c
+def test_walk_checks_its_arguments() -> None:
+    builder = C_BUILDER(TOPIC, PART)
+    with pytest.raises(ValueError, match="pos lies outside"):
+        builder.walk(PLAIN, len(PLAIN) + 1, 0, 10, True, False)
+    with pytest.raises(ValueError, match="pos lies outside"):
+        builder.walk(PLAIN, -1, 0, 10, True, False)
+    with pytest.raises(TypeError, match="takes 6 arguments"):
+        builder.walk(PLAIN, 0, 0, 10, True)
+    with pytest.raises(TypeError):
+        builder.walk("not a buffer", 0, 0, 10, True, False)
+    finish_columns(builder)
+    with pytest.raises(RuntimeError, match="finish"):
+        builder.walk(PLAIN, 0, 0, 10, True, False)

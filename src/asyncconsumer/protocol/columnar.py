@@ -44,7 +44,13 @@ Design
   managers/fetch_buffer.py: batches split and CRC-checked by ``iter_batches``; batches ending
   before the position skipped; read_committed filtering by ``AbortedTransactionFilter``; control
   batches skipped; records before the position dropped; a corrupt batch raises after the records
-  before it were handed out, on the following call.  Each batch is parsed (and decompressed)
+  before it were handed out, on the following call.  After each batch it stores, the compiled
+  builder's ``walk`` takes the run of plain batches that follows in one call (split, CRC-checked
+  with the CPU's CRC-32C instruction, skipped or stored as above) and stops at the first batch
+  that needs the Python side: compressed, legacy, transactional or control under read_committed,
+  truncated, corrupt, or too big for the block.  That batch is read as before, so errors and
+  fallbacks come from one place.  Without the CRC instruction (and ``check_crcs``) the walk is not
+  used: the ``crc32c`` package is faster than a table.  Each batch is parsed (and decompressed)
   once: ``take(max_records, position)`` decodes whole batches into a new block until it holds
   ``max_records`` records and hands out the first ``max_records``; the following calls hand out
   the rest of the block before decoding more.  So a call never spans two blocks: where the row
@@ -380,10 +386,11 @@ def _select_builder() -> tuple[Any, str]:
 #: column builder in use; :data:`COLUMN_DECODER` says which (``"c"`` or ``"python"``).
 ColumnBuilder: Any
 ColumnBuilder, COLUMN_DECODER = _select_builder()
+_speedups: Any = importlib.import_module("asyncconsumer._speedups") if COLUMN_DECODER == "c" else None
 #: The compiled ``ms_to_us(src, dst, first, count)`` beside the compiled builder, else None.
-_ms_to_us: Any = (
-    getattr(importlib.import_module("asyncconsumer._speedups"), "ms_to_us", None) if COLUMN_DECODER == "c" else None
-)
+_ms_to_us: Any = getattr(_speedups, "ms_to_us", None)
+#: Whether the compiled builder's ``walk`` checks CRCs with the CPU's CRC-32C instruction.
+_HW_CRC32C = bool(getattr(_speedups, "HW_CRC32C", False))
 
 
 @functools.cache
@@ -413,15 +420,19 @@ class ColumnReader:
     __slots__ = (
         "_aborted",
         "_allocate",
-        "_batches",
         "_block",
         "_builder",
+        "_check_crcs",
         "_error",
         "_headers",
-        "_left",
+        "_max_decompressed",
         "_max_offset",
         "_next",
+        "_pos",
+        "_records",
+        "_size",
         "_unfit",
+        "_walk",
         "exhausted",
         "partition",
         "topic",
@@ -444,19 +455,23 @@ class ColumnReader:
         self.topic = topic
         self.partition = partition
         self.exhausted = False
-        self._batches: Iterator[RecordBatch] = iter_batches(
-            records, topic=topic, partition=partition, check_crcs=check_crcs, max_decompressed=max_decompressed
-        )
+        self._records = records
+        self._size = memoryview(records).nbytes
+        self._pos = 0  # where the batches not read yet start
+        self._check_crcs = check_crcs
+        self._max_decompressed = max_decompressed
         self._aborted = AbortedTransactionFilter(aborted) if aborted is not None else None
         self._headers = include_headers
         self._max_offset = max_offset
         self._builder = ColumnBuilder if builder is None else builder
+        # Whether to let the compiled builder's walk take the plain batches: it checks CRCs itself
+        # only where the CPU has a CRC-32C instruction (elsewhere the crc32c package is faster).
+        self._walk = not check_crcs or _HW_CRC32C
         self._allocate = default_allocator() if allocate == "arrow" else allocate
         self._block: ColumnBuffers | None = None  # the block being handed out
         self._next = 0  # its first record not handed out yet
         self._unfit: RecordBatch | None = None  # a batch that did not fit in the last block
         self._error: RecordError | None = None
-        self._left = memoryview(records).nbytes  # bytes of the batches not stored yet, at most
 
     def take(self, max_records: int, position: int) -> Columns:
         """Up to ``max_records`` records at or after ``position``, decoding batches as needed.
@@ -483,13 +498,15 @@ class ColumnReader:
                     self.exhausted = True
                     raise self._error
                 try:
-                    batch = next_batch_to_read(self._batches, position, self._aborted)
+                    batch = next_batch_to_read(self._batches_from(self._pos), position, self._aborted)
                 except RecordError as exc:
                     self._error = exc
                     continue
                 if batch is None:
+                    self._pos = self._size  # read to the end (the filter has seen the batches)
                     self.exhausted = True
                     break
+                self._pos = batch._start + batch.size_in_bytes
             if not builder.count:
                 self._reserve(builder, batch, max_records)
             try:
@@ -498,7 +515,11 @@ class ColumnReader:
                 self._error = exc
                 continue
             if stored is not None:
-                self._left -= batch.size_in_bytes
+                walk = getattr(builder, "walk", None) if self._walk else None
+                if walk is not None and builder.count < max_records:
+                    self._pos = walk(
+                        self._records, self._pos, position, max_records, self._check_crcs, self._aborted is not None
+                    )
             else:  # too big for the columns beside what they hold: the next block
                 if builder.count:
                     self._unfit = batch
@@ -521,6 +542,16 @@ class ColumnReader:
         if self._next >= block.count:
             self._block = None
 
+    def _batches_from(self, pos: int) -> Iterator[RecordBatch]:
+        return iter_batches(
+            self._records,
+            topic=self.topic,
+            partition=self.partition,
+            check_crcs=self._check_crcs,
+            start=pos,
+            max_decompressed=self._max_decompressed,
+        )
+
     def _reserve(self, builder: _Builder, batch: RecordBatch, max_records: int) -> None:
         """Size a new block's buffers up front from its first batch.  The uncompressed batches
         left in the record set bound the key and value bytes the block can take; ``max_records``
@@ -536,10 +567,11 @@ class ColumnReader:
         count = min(batch.record_count, size // _MIN_RECORD_BYTES)
         if batch.compression or batch.magic != 2 or count <= 0:
             return
+        left = self._size - batch._start  # this batch and those after it
         # A block takes whole batches until it holds max_records: up to a batch's records more.
         builder.reserve(
-            min(max_records + count, -(-self._left * count // size)),
-            min(self._left, -(-max_records * size // count) + size),
+            min(max_records + count, -(-left * count // size)),
+            min(left, -(-max_records * size // count) + size),
         )
 
 
