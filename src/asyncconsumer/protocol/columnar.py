@@ -633,6 +633,12 @@ def _arrow_types() -> dict[str, Any]:
         pa.field("timestampType", pa.int32()),
     ]
     return {
+        "pa": pa,
+        "binary": pa.binary(),
+        "string": pa.string(),
+        "int32": pa.int32(),
+        "int64": pa.int64(),
+        "header_fields": list(header),
         "header": header,
         "headers": headers,
         "timestamp": timestamp,
@@ -662,33 +668,34 @@ def to_arrow(
     ``allocate(size)`` gives the buffer of the microsecond timestamps (the consumer's buffer pool);
     without it they get a bytearray (or, without the compiled decoder, Arrow's cast).
     """
-    pa = _pyarrow()
-    types = _arrow_types()
+    types = _arrow_types()  # pyarrow and its types, made once: a type made per call costs
+    pa = types["pa"]
     b = columns.buffers
     n, first = columns.count, columns.first
     window = (first, n) != (0, b.count)  # then the block's null counts are not this window's
-    arrow_buffer = pa.Buffer
+    arrow_buffer, py_buffer, from_buffers = pa.Buffer, pa.py_buffer, pa.Array.from_buffers
 
     def buf(data: Buffer) -> Any:
-        return data if isinstance(data, arrow_buffer) else pa.py_buffer(data)
+        return data if isinstance(data, arrow_buffer) else py_buffer(data)
 
     def column(type_: Any, buffers: list[Any], nulls: int = 0, **kw: Any) -> Any:
         """A column of the window: Arrow's array offset; Arrow counts nulls (-1) in a window."""
         null_count = -1 if nulls and window else nulls
-        return pa.Array.from_buffers(type_, n, buffers, null_count=null_count, offset=first, **kw)
+        return from_buffers(type_, n, buffers, null_count=null_count, offset=first, **kw)
 
     def binary(offsets: Buffer, data: Buffer, validity: Buffer, nulls: int) -> list[Any]:
         return [buf(validity) if nulls else None, buf(offsets), buf(data)]
 
+    binary_type, int32 = types["binary"], types["int32"]
     topic_column, partition_column = _constant_columns(topic, partition, n)
     arrays = [
-        column(pa.binary(), binary(b.key_offsets, b.key_data, b.key_validity, b.key_nulls), b.key_nulls),
-        column(pa.binary(), binary(b.value_offsets, b.value_data, b.value_validity, b.value_nulls), b.value_nulls),
+        column(binary_type, binary(b.key_offsets, b.key_data, b.key_validity, b.key_nulls), b.key_nulls),
+        column(binary_type, binary(b.value_offsets, b.value_data, b.value_validity, b.value_nulls), b.value_nulls),
         topic_column,
         partition_column,
-        column(pa.int64(), [None, buf(b.offsets)]),
+        column(types["int64"], [None, buf(b.offsets)]),
         _microseconds(pa, column, columns, topic, partition, allocate),
-        column(pa.int32(), [None, buf(b.timestamp_types)]),
+        column(int32, [None, buf(b.timestamp_types)]),
     ]
     header_offsets = b.header_offsets
     if header_offsets is not None:
@@ -697,18 +704,19 @@ def to_arrow(
         assert b.header_value_validity is not None
         # The header arrays are the block's, whole; the window's list offsets point into them.
         nh, nulls = b.header_count, b.header_value_nulls
-        keys = pa.Array.from_buffers(
-            pa.string(), nh, [None, buf(b.header_key_offsets), buf(b.header_key_data)], null_count=0
+        keys = from_buffers(
+            types["string"], nh, [None, buf(b.header_key_offsets), buf(b.header_key_data)], null_count=0
         )
-        values = pa.Array.from_buffers(
-            pa.binary(),
+        values = from_buffers(
+            binary_type,
             nh,
             binary(b.header_value_offsets, b.header_value_data, b.header_value_validity, nulls),
             null_count=nulls,
         )
-        items = pa.StructArray.from_arrays([keys, values], fields=list(types["header"]))
+        items = pa.StructArray.from_arrays([keys, values], fields=types["header_fields"])
         arrays.append(column(types["headers"], [None, buf(header_offsets)], children=[items]))
-    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(header_offsets is not None))
+    schema = types["schema" if header_offsets is None else "schema_with_headers"]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 _CONSTANTS_KEPT = 256
