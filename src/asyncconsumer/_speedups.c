@@ -1668,20 +1668,21 @@ builder_walk_locked(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
             break;
         }
         Py_ssize_t batch_end = pos + LOG_OVERHEAD + length;
-        if (check && crc32c(h + V2_CRC_START, (size_t)(batch_end - pos - V2_CRC_START)) != be_u32(h + 17)) {
-            break;
-        }
         int attrs = (h[21] << 8) | h[22];
         int64_t base_offset = be_i64(h), last;
         if (add_overflows(base_offset, (int32_t)be_u32(h + 23), &last)) {
             break; /* only corrupt batches have it: Python's ints give the reference answer */
         }
-        if (last < start || (!committed && (attrs & ATTR_CONTROL))) {
+        /* Left to the Python walk before its CRC is checked here: iter_batches checks it there. */
+        if ((attrs & ATTR_CODEC) || (committed && (attrs & (ATTR_TRANSACTIONAL | ATTR_CONTROL)))) {
+            break;
+        }
+        if (check && crc32c(h + V2_CRC_START, (size_t)(batch_end - pos - V2_CRC_START)) != be_u32(h + 17)) {
+            break;
+        }
+        if (last < start || (attrs & ATTR_CONTROL)) {
             pos = batch_end;
             continue;
-        }
-        if ((attrs & (ATTR_CODEC | ATTR_CONTROL)) || (committed && (attrs & ATTR_TRANSACTIONAL))) {
-            break;
         }
         col_batch bi;
         bi.count = (int32_t)be_u32(h + 57);

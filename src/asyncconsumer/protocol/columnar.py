@@ -427,12 +427,12 @@ class ColumnReader:
         "_headers",
         "_max_decompressed",
         "_max_offset",
+        "_may_walk",
         "_next",
         "_pos",
         "_records",
         "_size",
         "_unfit",
-        "_walk",
         "exhausted",
         "partition",
         "topic",
@@ -466,7 +466,7 @@ class ColumnReader:
         self._builder = ColumnBuilder if builder is None else builder
         # Whether to let the compiled builder's walk take the plain batches: it checks CRCs itself
         # only where the CPU has a CRC-32C instruction (elsewhere the crc32c package is faster).
-        self._walk = not check_crcs or _HW_CRC32C
+        self._may_walk = not check_crcs or _HW_CRC32C
         self._allocate = default_allocator() if allocate == "arrow" else allocate
         self._block: ColumnBuffers | None = None  # the block being handed out
         self._next = 0  # its first record not handed out yet
@@ -515,7 +515,7 @@ class ColumnReader:
                 self._error = exc
                 continue
             if stored is not None:
-                walk = getattr(builder, "walk", None) if self._walk else None
+                walk = getattr(builder, "walk", None) if self._may_walk else None
                 if walk is not None and builder.count < max_records:
                     self._pos = walk(
                         self._records, self._pos, position, max_records, self._check_crcs, self._aborted is not None
