@@ -37,7 +37,10 @@ The rules, all in :meth:`BufferPool.take`:
   for frames; for columns as much again as asked, since a block's columns vary in size from block
   to block), handed out as a ``memoryview`` of exactly the size asked for.  New buffers are the
   size rounded up to a size class (at most 1/8 more), so requests of about the same size share
-  buffers.
+  buffers.  They are anonymous memory from the operating system (``mmap``; a ``bytearray``
+  without it), whose pages are faulted in and cleared when first written, instead of a
+  ``bytearray`` cleared whole up front (a second pass over memory its user overwrites anyway):
+  8% less CPU time in an ``arrow_batches()`` read.
 * The pool keeps at most ``max_bytes`` of buffers, in use or idle.  For frames that is the
   consumer's ``fetch_buffer_bytes`` (what the fetch buffer may hold anyway) and at most four
   responses of ``fetch_max_bytes``; for columns, ``fetch_buffer_bytes``.  A new buffer that
@@ -52,6 +55,7 @@ The rules, all in :meth:`BufferPool.take`:
 
 from __future__ import annotations
 
+import mmap
 import sys
 
 __all__ = [
@@ -75,7 +79,20 @@ STALE_AFTER = 16
 COLUMN_STALE_AFTER = 128
 
 
-def _references(kept: list[bytearray]) -> list[int]:
+def _fresh(capacity: int) -> bytearray | mmap.mmap:
+    """A new buffer for the pool: anonymous memory from the operating system where there is
+    ``mmap`` (its pages are faulted in, cleared by the kernel, only when first written: a
+    ``bytearray`` is cleared whole up front, a second pass over memory its user overwrites anyway,
+    and a column of keys reserved as much room as the values but left empty costs nothing)."""
+    if _PRIVATE is None:
+        return bytearray(capacity)
+    return mmap.mmap(-1, capacity, flags=_PRIVATE)
+
+
+_PRIVATE: int | None = getattr(mmap, "MAP_PRIVATE", None)  # None: Windows (a bytearray instead)
+
+
+def _references(kept: list[bytearray | mmap.mmap]) -> list[int]:
     """The reference count of each buffer, as this scan sees it (its own references included)."""
     count = sys.getrefcount
     return [count(buffer) for buffer in kept]
@@ -86,7 +103,7 @@ def _idle_count() -> int | None:
     not add exactly one (then the count cannot tell an idle buffer, and nothing is pooled)."""
     if not hasattr(sys, "getrefcount"):
         return None
-    probe = [bytearray(1)]
+    probe = [_fresh(1)]  # the kind of buffer the pools keep
     [idle] = _references(probe)
     view = memoryview(probe[0])
     [busy] = _references(probe)
@@ -132,7 +149,7 @@ class BufferPool:
         self.max_spare = max_spare
         #: An idle buffer not used for this many requests of ``min_bytes`` or more is let go.
         self.stale_after = stale_after
-        self._buffers: list[bytearray] = []  # in use or idle
+        self._buffers: list[bytearray | mmap.mmap] = []  # in use or idle
         self._used: list[int] = []  # when each was last handed out or seen in use, in large requests (``_tick``)
         self._held = 0  # the capacity of the kept buffers
         self._tick = 0
@@ -159,53 +176,50 @@ class BufferPool:
         """A writable buffer of exactly ``size`` bytes, its contents undefined."""
         if size < self.min_bytes:
             return bytearray(size)
-        self._tick += 1
-        idle = self._idle()
+        self._tick = tick = self._tick + 1
+        buffers, used, stale_after = self._buffers, self._used, self.stale_after
         most = size + int(size * self.max_spare)
-        fits = [i for i in idle if size <= len(self._buffers[i]) <= most]
-        if fits:
-            best = min(fits, key=lambda i: len(self._buffers[i]))
-            self._used[best] = self._tick
+        best, best_size = -1, 0
+        idle: list[int] = []
+        stale: list[int] = []
+        # One pass: a buffer in use counts as used now; of the idle ones, the smallest that fits
+        # is the pick, and those idle for more than ``stale_after`` large requests go.
+        for i, count in enumerate(_references(buffers)):
+            if count != _IDLE:
+                used[i] = tick
+                continue
+            capacity = len(buffers[i])
+            if size <= capacity <= most and (best < 0 or capacity < best_size):
+                best, best_size = i, capacity
+            idle.append(i)
+            if tick - used[i] > stale_after:
+                stale.append(i)
+        if best >= 0:
+            used[best] = tick
             self.reused += 1
-            view = memoryview(self._buffers[best])[:size]
-            self._let_go(self._stale(idle))
+            view = memoryview(buffers[best])[:size]
+            if stale:
+                self._let_go([i for i in stale if i != best])
             return view
         self.allocated += 1
         capacity = size_class(size)
-        stale = self._stale(idle)
         room = self._held + capacity - self.max_bytes  # to be made by letting idle buffers go
         if room > 0:
-            rest = sorted((i for i in idle if i not in stale), key=lambda i: self._used[i])  # LRU first
-            freed = sum(len(self._buffers[i]) for i in stale)
-            if freed + sum(len(self._buffers[i]) for i in rest) >= room:
+            rest = sorted((i for i in idle if i not in stale), key=lambda i: used[i])  # LRU first
+            freed = sum(len(buffers[i]) for i in stale)
+            if freed + sum(len(buffers[i]) for i in rest) >= room:
                 while freed < room:
                     stale.append(rest.pop(0))
-                    freed += len(self._buffers[stale[-1]])
-        self._let_go(stale)
+                    freed += len(buffers[stale[-1]])
+        if stale:
+            self._let_go(stale)
         if self._held + capacity > self.max_bytes:
             return bytearray(size)  # not kept: no room beside the buffers in use
-        buffer = bytearray(capacity)
-        self._buffers.append(buffer)
-        self._used.append(self._tick)
+        buffer = _fresh(capacity)
+        buffers.append(buffer)
+        used.append(tick)
         self._held += capacity
         return memoryview(buffer)[:size]
-
-    def _idle(self) -> list[int]:
-        """The indices of the kept buffers nothing else refers to.  The others count as used now:
-        a buffer's age (staleness, least recently used) runs from when it was last seen in use."""
-        used, tick = self._used, self._tick
-        idle = []
-        for i, count in enumerate(_references(self._buffers)):
-            if count == _IDLE:
-                idle.append(i)
-            else:
-                used[i] = tick
-        return idle
-
-    def _stale(self, idle: list[int]) -> list[int]:
-        """Those of the ``idle`` buffers neither handed out nor seen in use for the last ``stale_after``
-        large requests."""
-        return [i for i in idle if self._tick - self._used[i] > self.stale_after]
 
     def _let_go(self, indices: list[int]) -> None:
         for i in sorted(set(indices), reverse=True):  # from the back: the indices before stay valid
