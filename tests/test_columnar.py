@@ -1067,3 +1067,134 @@ def test_walk_checks_its_arguments() -> None:
     finish_columns(builder)
     with pytest.raises(RuntimeError, match="finish"):
         builder.walk(PLAIN, 0, 0, 10, True, False)
+
+
+# ---------------------------------------------------------------- the Arrow C data interface
+
+export_arrow: Any = getattr(columnar, "_export_arrow", None)
+needs_export = pytest.mark.skipif(export_arrow is None or columnar._ms_to_us is None, reason=NO_C)
+
+
+def _from_buffers(columns: Columns, **kw: Any) -> Any:
+    """to_arrow by ``pa.Array.from_buffers``, column by column (the route without the export)."""
+    saved = columnar._export_arrow
+    columnar._export_arrow = None
+    try:
+        return to_arrow(columns, TOPIC, PART, **kw)
+    finally:
+        columnar._export_arrow = saved
+
+
+@needs_export
+@pytest.mark.parametrize("name", ["many-batches", "codec-0", "log-append-time", "compaction-gaps", "3000-records"])
+@pytest.mark.parametrize("headers", [True, False])
+def test_the_exported_batch_is_the_from_buffers_batch(name: str, headers: bool) -> None:
+    # Whole blocks and windows of them (Arrow's offsets, null counts left to Arrow), with and
+    # without headers: the same batch, valid by Arrow's full check, by either route.
+    for step in (1 << 30, 7, 1):
+        reader = columnar.ColumnReader(FIXTURES[name], topic=TOPIC, partition=PART, include_headers=headers)
+        position, windows = 0, 0
+        while not reader.exhausted and windows < 60:
+            columns = reader.take(step, position)
+            if not columns.count:
+                break
+            exported = to_arrow(columns, TOPIC, PART)
+            exported.validate(full=True)
+            assert exported.schema == arrow_schema(headers)
+            assert exported.equals(_from_buffers(columns))
+            assert exported.to_pylist() == _from_buffers(columns).to_pylist()
+            last = columns.last_offset
+            assert last is not None
+            position, windows = last + 1, windows + 1
+        assert windows > 0
+
+
+@needs_export
+def test_an_exported_batch_outlives_everything_that_made_it() -> None:
+    pool = BufferPool(64 << 20, 64)
+    reader = columnar.ColumnReader(FIXTURES["many-batches"], topic=TOPIC, partition=PART, allocate=pool.take)
+    columns = reader.take(25, 0)
+    expected = _from_buffers(columns).to_pylist()
+    batch = to_arrow(columns, TOPIC, PART, allocate=pool.take)
+    del columns, reader
+    gc.collect()
+    assert pool.in_use > 0  # Arrow holds the pooled buffers through the export
+    table = pa.Table.from_batches([batch]).combine_chunks()  # arrays shared further
+    del batch
+    gc.collect()
+    assert pool.in_use > 0
+    table.validate(full=True)
+    assert table.to_pylist() == expected
+    del table
+    gc.collect()
+    assert pool.in_use == 0  # released: every buffer idle again
+
+
+@needs_export
+def test_an_exported_batch_released_in_another_thread_lets_go_of_its_buffers() -> None:
+    import threading
+
+    pool = BufferPool(64 << 20, 64)
+    reader = columnar.ColumnReader(FIXTURES["3000-records"], topic=TOPIC, partition=PART, allocate=pool.take)
+    batches = [to_arrow(reader.take(1000, 77 + 1000 * i), TOPIC, PART, allocate=pool.take) for i in range(3)]
+    del reader
+    gc.collect()
+    assert pool.in_use > 0
+    seen: list[int] = []
+
+    def drop() -> None:
+        seen.append(sum(b.num_rows for b in batches))
+        batches.clear()  # the last references: Arrow releases the arrays in this thread
+
+    thread = threading.Thread(target=drop)
+    thread.start()
+    thread.join()
+    gc.collect()
+    assert seen == [3000] and pool.in_use == 0
+
+
+@needs_export
+def test_export_arrow_refuses_bad_nodes_and_holds_nothing_then() -> None:
+    data = bytearray(64)
+    good = (8, 0, 0, (None, data), ())
+    cases: list[tuple[Any, type[Exception], str | None]] = [
+        ([8, 0, 0, (), ()], TypeError, "a node is a tuple"),
+        ((8, 0, 0, (None, data)), TypeError, "a node is a tuple"),
+        ((8, 0, 0, [None, data], ()), TypeError, "buffers and children tuples"),
+        ((-1, 0, 0, (), ()), ValueError, "length -1 is below 0"),
+        ((8, -2, 0, (), ()), ValueError, "null_count -2 is below -1"),
+        ((8, 0, -1, (), ()), ValueError, "offset -1 is below 0"),
+        (("8", 0, 0, (), ()), TypeError, None),
+        ((8, 0, 0, (data, "not a buffer"), ()), TypeError, None),
+        ((8, 0, 0, (None,), (good, good, "not a node")), TypeError, "a node is a tuple"),
+        ((8, 0, 0, (None,), (good, (8, 0, 0, (data, 1.5), ()))), TypeError, None),
+        ((8, 0, 0, (None,) * 5000, ()), ValueError, "too many buffers"),
+    ]
+    deep: Any = good
+    for _ in range(20):
+        deep = (8, 0, 0, (None, data), (deep,))
+    cases.append((deep, ValueError, "nested too deeply"))
+    for node, error, message in cases:
+        with pytest.raises(error, match=message):
+            export_arrow(node)
+        data.append(0)  # resizing fails with BufferError while any view of it is held
+        del data[-1]
+
+
+@needs_export
+def test_an_export_arrow_capsule_not_imported_lets_go_when_dropped() -> None:
+    data = bytearray(b"\x01\x00\x00\x00" * 4)
+    root = (4, 0, 0, (None,), ((4, 0, 0, (None, data), ()),))
+    capsule = export_arrow(root)
+    with pytest.raises(BufferError):
+        data.append(0)  # held by the capsule
+    del capsule
+    data.append(0)
+    # Imported, the capsule is Arrow's: Arrow lets go when its array goes.
+    schema = pa.schema([pa.field("x", pa.int32())])
+    batch = pa.record_batch(columnar._ArrowExport(schema, export_arrow(root)))
+    assert batch.column(0).to_pylist() == [1, 1, 1, 1]
+    with pytest.raises(BufferError):
+        data.append(0)
+    del batch
+    data.append(0)

@@ -2088,6 +2088,214 @@ PyDoc_STRVAR(ms_to_us_doc,
              "Millisecond timestamps src[first:first + count] (native int64) as microseconds into dst;\n"
              "-1, or the index in src of the first one beyond 64-bit microseconds.");
 
+/* ------------------------------------------------------------------ the Arrow C data interface
+ *
+ * export_arrow(node) hands a tree of column buffers to Arrow in one call: a PyCapsule named
+ * "arrow_array" holding a ``struct ArrowArray`` (the Arrow C data interface, its ABI fixed by
+ * the Arrow project), which ``pyarrow.record_batch`` imports together with a schema's capsule
+ * (the PyCapsule protocol, ``__arrow_c_array__``).  A node is ``(length, null_count, offset,
+ * buffers, children)``: ``buffers`` a tuple of objects with the buffer protocol (or None for an
+ * absent validity bitmap), ``children`` a tuple of nodes.  Each buffer is held (a Py_buffer, as
+ * memoryview holds one) until Arrow releases the array, from whatever thread it is in: the
+ * release callback takes the GIL to let go of them.  Nothing is copied. */
+
+struct ArrowArray {
+    int64_t length;
+    int64_t null_count;
+    int64_t offset;
+    int64_t n_buffers;
+    int64_t n_children;
+    const void **buffers;
+    struct ArrowArray **children;
+    struct ArrowArray *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+#define EXPORT_MAX_DEPTH 16
+#define EXPORT_MAX_WIDTH 4096
+
+/* One node's memory: its Py_buffers, the pointers Arrow reads, and its children's structs. */
+typedef struct {
+    Py_ssize_t held; /* views[0:held] are acquired */
+    Py_buffer *views;
+    const void **pointers;
+    struct ArrowArray **child_pointers;
+    struct ArrowArray *children;
+} export_private;
+
+static void
+export_free(export_private *priv)
+{
+    PyMem_RawFree(priv->views);
+    PyMem_RawFree(priv->pointers);
+    PyMem_RawFree(priv->child_pointers);
+    PyMem_RawFree(priv->children);
+    PyMem_RawFree(priv);
+}
+
+/* Let go of an array's children and buffers; the GIL is held. */
+static void
+export_release_held(struct ArrowArray *array)
+{
+    export_private *priv = array->private_data;
+    for (int64_t i = 0; i < array->n_children; i++) {
+        struct ArrowArray *child = array->children[i];
+        if (child->release != NULL) { /* NULL: Arrow moved the child out (and released it itself) */
+            export_release_held(child);
+        }
+    }
+    for (Py_ssize_t i = 0; i < priv->held; i++) {
+        PyBuffer_Release(&priv->views[i]);
+    }
+    export_free(priv);
+    array->release = NULL;
+}
+
+static void
+export_release(struct ArrowArray *array)
+{
+    if (array->release == NULL) {
+        return;
+    }
+    if (!Py_IsInitialized()) { /* the interpreter is gone: its objects with it */
+        array->release = NULL;
+        return;
+    }
+    PyGILState_STATE gil = PyGILState_Ensure();
+    export_release_held(array);
+    PyGILState_Release(gil);
+}
+
+static int
+export_int(PyObject *obj, const char *what, int64_t lowest, int64_t *out)
+{
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (v < lowest) {
+        PyErr_Format(PyExc_ValueError, "export_arrow: %s %lld is below %lld", what, v, (long long)lowest);
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* Fill ``array`` from ``node``; on failure ``array->release`` stays NULL and nothing is held. */
+static int
+export_node(PyObject *node, struct ArrowArray *array, int depth)
+{
+    memset(array, 0, sizeof(*array));
+    if (depth > EXPORT_MAX_DEPTH) {
+        PyErr_SetString(PyExc_ValueError, "export_arrow: nodes nested too deeply");
+        return -1;
+    }
+    if (!PyTuple_Check(node) || PyTuple_GET_SIZE(node) != 5 || !PyTuple_Check(PyTuple_GET_ITEM(node, 3)) ||
+        !PyTuple_Check(PyTuple_GET_ITEM(node, 4))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "export_arrow: a node is a tuple (length, null_count, offset, buffers, children), "
+                        "buffers and children tuples");
+        return -1;
+    }
+    PyObject *buffers = PyTuple_GET_ITEM(node, 3), *children = PyTuple_GET_ITEM(node, 4);
+    Py_ssize_t nb = PyTuple_GET_SIZE(buffers), nc = PyTuple_GET_SIZE(children);
+    if (nb > EXPORT_MAX_WIDTH || nc > EXPORT_MAX_WIDTH) {
+        PyErr_SetString(PyExc_ValueError, "export_arrow: a node with too many buffers or children");
+        return -1;
+    }
+    if (export_int(PyTuple_GET_ITEM(node, 0), "length", 0, &array->length) < 0 ||
+        export_int(PyTuple_GET_ITEM(node, 1), "null_count", -1, &array->null_count) < 0 ||
+        export_int(PyTuple_GET_ITEM(node, 2), "offset", 0, &array->offset) < 0) {
+        return -1;
+    }
+    export_private *priv = PyMem_RawCalloc(1, sizeof(export_private));
+    if (priv == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    /* calloc(0) may return NULL: ask for at least one of each. */
+    priv->views = PyMem_RawCalloc((size_t)(nb ? nb : 1), sizeof(Py_buffer));
+    priv->pointers = PyMem_RawCalloc((size_t)(nb ? nb : 1), sizeof(void *));
+    priv->child_pointers = PyMem_RawCalloc((size_t)(nc ? nc : 1), sizeof(struct ArrowArray *));
+    priv->children = PyMem_RawCalloc((size_t)(nc ? nc : 1), sizeof(struct ArrowArray));
+    if (priv->views == NULL || priv->pointers == NULL || priv->child_pointers == NULL || priv->children == NULL) {
+        export_free(priv);
+        PyErr_NoMemory();
+        return -1;
+    }
+    array->n_buffers = nb;
+    array->n_children = nc;
+    array->buffers = priv->pointers;
+    array->children = priv->child_pointers;
+    array->private_data = priv;
+    array->release = export_release;
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        PyObject *item = PyTuple_GET_ITEM(buffers, i);
+        if (item == Py_None) {
+            priv->pointers[i] = NULL;
+            continue;
+        }
+        Py_buffer *view = &priv->views[priv->held];
+        if (PyObject_GetBuffer(item, view, PyBUF_SIMPLE) < 0) {
+            goto fail;
+        }
+        priv->held++;
+        priv->pointers[i] = view->buf;
+    }
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        priv->child_pointers[i] = &priv->children[i];
+        if (export_node(PyTuple_GET_ITEM(children, i), &priv->children[i], depth + 1) < 0) {
+            array->n_children = i; /* the ones before are whole, this one holds nothing */
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    export_release_held(array);
+    return -1;
+}
+
+static void
+export_capsule_free(PyObject *capsule)
+{
+    struct ArrowArray *array = PyCapsule_GetPointer(capsule, "arrow_array");
+    if (array == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    if (array->release != NULL) { /* not imported: ours to release (the GIL is held here) */
+        export_release_held(array);
+    }
+    PyMem_RawFree(array);
+}
+
+static PyObject *
+export_arrow(PyObject *module, PyObject *node)
+{
+    struct ArrowArray *array = PyMem_RawMalloc(sizeof(struct ArrowArray));
+    if (array == NULL) {
+        return PyErr_NoMemory();
+    }
+    if (export_node(node, array, 0) < 0) {
+        PyMem_RawFree(array);
+        return NULL;
+    }
+    PyObject *capsule = PyCapsule_New(array, "arrow_array", export_capsule_free);
+    if (capsule == NULL) {
+        export_release_held(array);
+        PyMem_RawFree(array);
+    }
+    return capsule;
+}
+
+PyDoc_STRVAR(export_arrow_doc,
+             "export_arrow(node) -> PyCapsule\n\n"
+             "An Arrow C data interface array (a capsule named \"arrow_array\") over the buffers of a\n"
+             "node (length, null_count, offset, buffers, children), without copying them: buffers is a\n"
+             "tuple of buffer objects or None, children a tuple of nodes.  The buffers are held until\n"
+             "Arrow releases the array.");
+
 PyDoc_STRVAR(decode_batch_doc,
              "decode_batch(batch, topic, partition) -> list[ConsumerRecord]\n\n"
              "Decode every record of a RecordBatch; the compiled twin of records.decode_batch_py.");
@@ -2101,6 +2309,7 @@ static PyMethodDef methods[] = {
     {"bind", (PyCFunction)bind, METH_VARARGS, bind_doc},
     {"ms_to_us", (PyCFunction)(void (*)(void))ms_to_us, METH_FASTCALL, ms_to_us_doc},
     {"crc32c", (PyCFunction)crc32c_py, METH_O, crc32c_doc},
+    {"export_arrow", (PyCFunction)export_arrow, METH_O, export_arrow_doc},
     {NULL, NULL, 0, NULL},
 };
 

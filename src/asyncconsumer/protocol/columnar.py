@@ -59,12 +59,16 @@ Design
   from the bytes of the uncompressed batches left (which bound the key and value bytes) and
   ``max_records``: copying a record then does not reallocate (a reallocation copies the whole
   buffer; a 10,000-record block of 1 KiB values took 5.2 ms with it, 2.8 ms without).
-* **Arrow** (:func:`to_arrow`, needs ``pyarrow``): ``pa.Array.from_buffers`` over the buffers,
-  in Spark's Kafka source schema (:func:`arrow_schema`, the one spark/arrow.py emits): key and
-  value binary, topic string and partition int32 (repeated constants), offset int64, timestamp
-  ``timestamp[us, tz=UTC]`` (the milliseconds times 1000, the one copy: the compiled ``ms_to_us``
-  into a buffer of ``allocate``, or Arrow's cast without the compiled decoder), timestampType
-  int32, headers list<element: struct<key: string, value: binary>>.
+* **Arrow** (:func:`to_arrow`, needs ``pyarrow``): the buffers handed to Arrow without a copy,
+  with the compiled decoder in one call through the Arrow C data interface (``export_arrow``
+  makes the ``ArrowArray`` tree, ``pyarrow.record_batch`` imports it by the PyCapsule protocol;
+  Arrow holds each buffer until it releases the array, from any thread), else column by column
+  with ``pa.Array.from_buffers``.  The schema is Spark's Kafka source's (:func:`arrow_schema`,
+  the one spark/arrow.py emits): key and value binary, topic string and partition int32
+  (repeated constants), offset int64, timestamp ``timestamp[us, tz=UTC]`` (the milliseconds times
+  1000, the one copy: the compiled ``ms_to_us`` into a buffer of ``allocate``, or Arrow's cast
+  without the compiled decoder), timestampType int32, headers
+  list<element: struct<key: string, value: binary>>.
 """
 
 from __future__ import annotations
@@ -391,6 +395,8 @@ _speedups: Any = importlib.import_module("asyncconsumer._speedups") if COLUMN_DE
 _ms_to_us: Any = getattr(_speedups, "ms_to_us", None)
 #: Whether the compiled builder's ``walk`` checks CRCs with the CPU's CRC-32C instruction.
 _HW_CRC32C = bool(getattr(_speedups, "HW_CRC32C", False))
+#: The compiled ``export_arrow(node)`` (the Arrow C data interface) beside the compiled builder, else None.
+_export_arrow: Any = getattr(_speedups, "export_arrow", None)
 
 
 @functools.cache
@@ -667,8 +673,14 @@ def to_arrow(
     ``RecordError`` for a timestamp beyond Arrow's microsecond range (about ±292,000 years).
     ``allocate(size)`` gives the buffer of the microsecond timestamps (the consumer's buffer pool);
     without it they get a bytearray (or, without the compiled decoder, Arrow's cast).
+
+    With the compiled decoder, the batch is handed to Arrow in one call through the Arrow C data
+    interface (``export_arrow``: one tree of the buffers, imported by ``pyarrow.record_batch``);
+    without it, by ``pa.Array.from_buffers`` column by column.  The two give the same batch.
     """
     types = _arrow_types()  # pyarrow and its types, made once: a type made per call costs
+    if _export_arrow is not None and _ms_to_us is not None:
+        return _exported(types, columns, topic, partition, allocate)
     pa = types["pa"]
     b = columns.buffers
     n, first = columns.count, columns.first
@@ -687,12 +699,12 @@ def to_arrow(
         return [buf(validity) if nulls else None, buf(offsets), buf(data)]
 
     binary_type, int32 = types["binary"], types["int32"]
-    topic_column, partition_column = _constant_columns(topic, partition, n)
+    topic_offsets, topic_data, partitions = _constant_buffers(topic, partition, n)
     arrays = [
         column(binary_type, binary(b.key_offsets, b.key_data, b.key_validity, b.key_nulls), b.key_nulls),
         column(binary_type, binary(b.value_offsets, b.value_data, b.value_validity, b.value_nulls), b.value_nulls),
-        topic_column,
-        partition_column,
+        from_buffers(types["string"], n, [None, buf(topic_offsets), buf(topic_data)], null_count=0),
+        from_buffers(int32, n, [None, buf(partitions)], null_count=0),
         column(types["int64"], [None, buf(b.offsets)]),
         _microseconds(pa, column, columns, topic, partition, allocate),
         column(int32, [None, buf(b.timestamp_types)]),
@@ -719,44 +731,100 @@ def to_arrow(
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+class _ArrowExport:
+    """What ``pyarrow.record_batch`` imports through the PyCapsule protocol: a schema and the
+    ``export_arrow`` capsule of a struct array whose children are the columns."""
+
+    __slots__ = ("array", "schema")
+
+    def __init__(self, schema: Any, array: Any) -> None:
+        self.schema, self.array = schema, array
+
+    def __arrow_c_array__(self, requested_schema: Any = None) -> tuple[Any, Any]:
+        return self.schema.__arrow_c_schema__(), self.array
+
+
+def _exported(
+    types: dict[str, Any], columns: Columns, topic: str, partition: int, allocate: Callable[[int], Any] | None
+) -> Any:
+    """:func:`to_arrow` through the Arrow C data interface: one tree of nodes ``(length,
+    null_count, offset, buffers, children)`` in the layout ``pa.Array.from_buffers`` is given."""
+    b = columns.buffers
+    n, first = columns.count, columns.first
+    window = (first, n) != (0, b.count)  # then the block's null counts are not this window's (-1: Arrow counts)
+
+    def binary(offsets: Buffer, data: Buffer, validity: Buffer, nulls: int) -> tuple[Any, ...]:
+        return (n, -1 if nulls and window else nulls, first, (validity if nulls else None, offsets, data), ())
+
+    topic_offsets, topic_data, partitions = _constant_buffers(topic, partition, n)
+    micros = _microsecond_buffer(columns, topic, partition, allocate)
+    children: list[tuple[Any, ...]] = [
+        binary(b.key_offsets, b.key_data, b.key_validity, b.key_nulls),
+        binary(b.value_offsets, b.value_data, b.value_validity, b.value_nulls),
+        (n, 0, 0, (None, topic_offsets, topic_data), ()),
+        (n, 0, 0, (None, partitions), ()),
+        (n, 0, first, (None, b.offsets), ()),
+        (n, 0, 0, (None, micros), ()),
+        (n, 0, first, (None, b.timestamp_types), ()),
+    ]
+    header_offsets = b.header_offsets
+    if header_offsets is not None:
+        nh, nulls = b.header_count, b.header_value_nulls
+        keys = (nh, 0, 0, (None, b.header_key_offsets, b.header_key_data), ())
+        values = (nh, nulls, 0, (b.header_value_validity if nulls else None, b.header_value_offsets,
+                                 b.header_value_data), ())
+        # The header arrays are the block's, whole; the window's list offsets point into them.
+        children.append((n, 0, first, (None, header_offsets), ((nh, 0, 0, (None,), (keys, values)),)))
+    schema = types["schema" if header_offsets is None else "schema_with_headers"]
+    array = _export_arrow((n, 0, 0, (None,), tuple(children)))
+    return types["pa"].record_batch(_ArrowExport(schema, array))
+
+
 _CONSTANTS_KEPT = 256
-_constants: dict[tuple[str, int], tuple[Any, Any]] = {}
+_constants: dict[tuple[str, int], tuple[int, Buffer, Buffer, Buffer]] = {}
 
 
-def _constant_columns(topic: str, partition: int, n: int) -> tuple[Any, Any]:
-    """The topic and partition columns: slices of arrays kept per partition, built from buffers
+def _constant_buffers(topic: str, partition: int, n: int) -> tuple[Buffer, Buffer, Buffer]:
+    """The buffers of the topic column (int32 offsets, UTF-8 data) and of the partition column
+    (int32) for at least ``n`` rows: kept per partition, the same topic and partition in every row
     (``pa.repeat`` would import pandas, a second or more on the first call)."""
     kept = _constants.get((topic, partition))
-    if kept is None or len(kept[0]) < n:
+    if kept is None or kept[0] < n:
         if len(_constants) >= _CONSTANTS_KEPT:
             _constants.clear()
-        pa = _pyarrow()
-        size = max(n, 2 * len(kept[0]) if kept else 0, 1024)
+        size = max(n, 2 * kept[0] if kept else 0, 1024)
         name = topic.encode()
         width = len(name)
         offsets = array(_INT32, range(0, (size + 1) * width, width)) if width else array(_INT32, [0]) * (size + 1)
-        topics = pa.Array.from_buffers(pa.string(), size, [None, pa.py_buffer(offsets), pa.py_buffer(name * size)])
-        partitions = pa.Array.from_buffers(pa.int32(), size, [None, pa.py_buffer(array(_INT32, [partition]) * size)])
-        kept = topics, partitions
+        kept = size, offsets, name * size, array(_INT32, [partition]) * size
         _constants[(topic, partition)] = kept
-    return kept[0].slice(0, n), kept[1].slice(0, n)
+    return kept[1], kept[2], kept[3]
+
+
+def _microsecond_buffer(
+    columns: Columns, topic: str, partition: int, allocate: Callable[[int], Any] | None
+) -> Any:
+    """The window's timestamps as microseconds, by the compiled ``ms_to_us``, in a buffer of
+    ``allocate`` (the consumer's pool: fresh memory for every block costs its page clearing)."""
+    n = columns.count
+    micros = allocate(n * 8) if allocate is not None else bytearray(n * 8)
+    bad = _ms_to_us(columns.buffers.timestamps, micros, columns.first, n)
+    if bad >= 0:
+        raise _timestamp_error(columns, bad, topic, partition)
+    return micros
 
 
 def _microseconds(
     pa: Any, column: Callable[..., Any], columns: Columns, topic: str, partition: int,
     allocate: Callable[[int], Any] | None,
 ) -> Any:
-    """The window's timestamps as Arrow's microseconds: the compiled ``ms_to_us`` into a buffer of
-    ``allocate`` (the consumer's pool: Arrow's cast writes into fresh memory of its own pool on
-    every block, whose pages the kernel clears first), else Arrow's cast of the milliseconds."""
+    """The window's timestamps as an array of Arrow's microseconds: :func:`_microsecond_buffer`,
+    else (no compiled decoder) Arrow's cast of the milliseconds."""
     types = _arrow_types()
     n, b = columns.count, columns.buffers
     if _ms_to_us is not None:
-        micros = allocate(n * 8) if allocate is not None else bytearray(n * 8)
-        bad = _ms_to_us(b.timestamps, micros, columns.first, n)
-        if bad < 0:
-            return pa.Array.from_buffers(types["timestamp"], n, [None, pa.py_buffer(micros)], null_count=0)
-        raise _timestamp_error(columns, bad, topic, partition)
+        micros = _microsecond_buffer(columns, topic, partition, allocate)
+        return pa.Array.from_buffers(types["timestamp"], n, [None, pa.py_buffer(micros)], null_count=0)
     try:
         return column(types["timestamp_ms"], [None, pa.py_buffer(b.timestamps)]).cast(types["timestamp"])
     except pa.ArrowInvalid:
