@@ -1072,6 +1072,7 @@ def test_walk_checks_its_arguments() -> None:
 # ---------------------------------------------------------------- the Arrow C data interface
 
 export_arrow: Any = getattr(columnar, "_export_arrow", None)
+_INT32_CODE = "i" if array("i").itemsize == 4 else "l"
 needs_export = pytest.mark.skipif(export_arrow is None or columnar._ms_to_us is None, reason=NO_C)
 
 
@@ -1156,35 +1157,57 @@ def test_an_exported_batch_released_in_another_thread_lets_go_of_its_buffers() -
 @needs_export
 def test_export_arrow_refuses_bad_nodes_and_holds_nothing_then() -> None:
     data = bytearray(64)
-    good = (8, 0, 0, (None, data), ())
+    good = ("l", 8, 0, 0, (None, data), ())
+    offsets = array(_INT32_CODE, [0, 3, 5, 9]).tobytes()
     cases: list[tuple[Any, type[Exception], str | None]] = [
-        ([8, 0, 0, (), ()], TypeError, "a node is a tuple"),
-        ((8, 0, 0, (None, data)), TypeError, "a node is a tuple"),
-        ((8, 0, 0, [None, data], ()), TypeError, "buffers and children tuples"),
-        ((-1, 0, 0, (), ()), ValueError, "length -1 is below 0"),
-        ((8, -2, 0, (), ()), ValueError, "null_count -2 is below -1"),
-        ((8, 0, -1, (), ()), ValueError, "offset -1 is below 0"),
-        (("8", 0, 0, (), ()), TypeError, None),
-        ((8, 0, 0, (data, "not a buffer"), ()), TypeError, None),
-        ((8, 0, 0, (None,), (good, good, "not a node")), TypeError, "a node is a tuple"),
-        ((8, 0, 0, (None,), (good, (8, 0, 0, (data, 1.5), ()))), TypeError, None),
-        ((8, 0, 0, (None,) * 5000, ()), ValueError, "too many buffers"),
+        (["l", 8, 0, 0, (None, data), ()], TypeError, "a node is a tuple"),
+        (("l", 8, 0, 0, (None, data)), TypeError, "a node is a tuple"),
+        ((b"l", 8, 0, 0, (None, data), ()), TypeError, "format a str"),
+        (("l", 8, 0, 0, [None, data], ()), TypeError, "buffers and children tuples"),
+        (("l", -1, 0, 0, (None, data), ()), ValueError, "length -1 is below 0"),
+        (("l", 8, -2, 0, (None, data), ()), ValueError, "null_count -2 is below -1"),
+        (("l", 8, 0, -1, (None, data), ()), ValueError, "offset -1 is below 0"),
+        (("l", "8", 0, 0, (None, data), ()), TypeError, None),
+        (("l", 8, 0, 0, (data, "not a buffer"), ()), TypeError, None),
+        (("+s", 8, 0, 0, (None,), (good, good, "not a node")), TypeError, "a node is a tuple"),
+        (("+s", 8, 0, 0, (None,), (good, ("l", 8, 0, 0, (data, 1.5), ()))), TypeError, None),
+        (("+l", 8, 0, 0, ("not a buffer", data), (good,)), TypeError, None),  # a node with children: none built yet
+        (("l", 8, 0, 0, (None,) * 5000, ()), ValueError, "too many buffers"),
+        # The layout of each format, held to its buffers (importing checks none of it):
+        (("x", 8, 0, 0, (None, data), ()), ValueError, "unknown format 'x'"),
+        (("l", 8, 0, 0, (None, data, data), ()), ValueError, "a l node has 3 buffers and 0 children"),
+        (("+l", 3, 0, 0, (None, offsets), ()), ValueError, "a \\+l node has 2 buffers and 0 children"),
+        (("l", 9, 0, 0, (None, data), ()), ValueError, "values buffer of a l node of 9 values from 0 is too short"),
+        (("l", 7, 0, 2, (None, data), ()), ValueError, "values buffer .* of 7 values from 2 is too short"),
+        (("i", 17, 0, 0, (None, data), ()), ValueError, "values buffer"),
+        (("l", 8, 1, 0, (None, data), ()), ValueError, "null_count 1 with length 8 and no validity bitmap"),
+        (("l", 8, 9, 0, (data, data), ()), ValueError, "null_count 9 with length 8"),
+        (("l", 8, 0, 0, (bytes(0), data), ()), ValueError, "validity bitmap buffer .* too short"),
+        (("z", 3, 0, 0, (None, offsets, None), ()), ValueError, "buffer 2 of a z node is None"),
+        (("z", 4, 0, 0, (None, offsets, bytes(9)), ()), ValueError, "offsets buffer of a z node"),
+        (("z", 3, 0, 0, (None, offsets, bytes(8)), ()), ValueError, "data buffer of a z node"),
+        (("z", 2, 0, 0, (None, array(_INT32_CODE, [4, 5, 3]).tobytes(), bytes(9)), ()), ValueError, "run from 4 to 3"),
+        (("+l", 3, 0, 0, (None, offsets), (("l", 8, 0, 0, (None, data), ()),)), ValueError,
+         "child 0 of a \\+l node has 8 values, it needs 9"),
+        (("+s", 8, 0, 0, (None,), (good, ("l", 4, 0, 0, (None, data), ()))), ValueError,
+         "child 1 of a \\+s node has 4 values, it needs 8"),
     ]
     deep: Any = good
     for _ in range(20):
-        deep = (8, 0, 0, (None, data), (deep,))
+        deep = ("+s", 8, 0, 0, (None,), (deep,))
     cases.append((deep, ValueError, "nested too deeply"))
     for node, error, message in cases:
         with pytest.raises(error, match=message):
             export_arrow(node)
         data.append(0)  # resizing fails with BufferError while any view of it is held
         del data[-1]
+    export_arrow(("+l", 3, 0, 0, (None, offsets), (("l", 9, 0, 0, (None, bytes(72)), ()),)))  # the same, whole
 
 
 @needs_export
 def test_an_export_arrow_capsule_not_imported_lets_go_when_dropped() -> None:
     data = bytearray(b"\x01\x00\x00\x00" * 4)
-    root = (4, 0, 0, (None,), ((4, 0, 0, (None, data), ()),))
+    root = ("+s", 4, 0, 0, (None,), (("i", 4, 0, 0, (None, data), ()),))
     capsule = export_arrow(root)
     with pytest.raises(BufferError):
         data.append(0)  # held by the capsule
@@ -1198,3 +1221,68 @@ def test_an_export_arrow_capsule_not_imported_lets_go_when_dropped() -> None:
         data.append(0)
     del batch
     data.append(0)
+
+
+@needs_export
+def test_export_arrow_children_moved_out_and_released_without_the_gil() -> None:
+    # What the C data interface allows an importer: move the root out of the capsule, move a child
+    # out of the root, release each on its own, from a thread that does not hold the GIL (a ctypes
+    # call lets go of it), as an Arrow thread would.
+    import ctypes
+    import threading
+
+    class Array(ctypes.Structure):
+        pass
+
+    Array._fields_ = [
+        ("length", ctypes.c_int64), ("null_count", ctypes.c_int64), ("offset", ctypes.c_int64),
+        ("n_buffers", ctypes.c_int64), ("n_children", ctypes.c_int64), ("buffers", ctypes.c_void_p),
+        ("children", ctypes.POINTER(ctypes.POINTER(Array))), ("dictionary", ctypes.c_void_p),
+        ("release", ctypes.c_void_p), ("private_data", ctypes.c_void_p),
+    ]
+    release_type = ctypes.CFUNCTYPE(None, ctypes.POINTER(Array))
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+    def move(source: Any) -> Array:
+        moved = Array()
+        ctypes.memmove(ctypes.byref(moved), source, ctypes.sizeof(Array))
+        source.contents.release = None
+        return moved
+
+    def release(array: Array) -> None:
+        thread = threading.Thread(target=lambda: release_type(array.release)(ctypes.byref(array)))
+        thread.start()
+        thread.join()
+
+    first, second = bytearray(32), bytearray(32)
+    columns = (("l", 4, 0, 0, (None, first), ()), ("l", 4, 0, 0, (None, second), ()))
+    capsule = export_arrow(("+s", 4, 0, 0, (None,), columns))
+    root = move(ctypes.cast(get_pointer(capsule, b"arrow_array"), ctypes.POINTER(Array)))
+    del capsule  # moved out: the capsule lets go of nothing
+    with pytest.raises(BufferError):
+        first.append(0)
+    child = move(root.children[1])
+    release(root)
+    assert root.release is None
+    first.append(0)  # the root let go of its first child's buffer
+    with pytest.raises(BufferError):
+        second.append(0)  # the moved child still holds its own
+    release(child)
+    assert child.release is None
+    second.append(0)
+
+
+@needs_export
+def test_the_exported_batch_is_checked_like_from_buffers() -> None:
+    # Importing through the C data interface checks nothing; export_arrow checks the buffers'
+    # sizes, as from_buffers did: columns shorter than their count are an error, not a read past
+    # their end.
+    import dataclasses
+
+    columns = columnar.decode_columns(FIXTURES["codec-0"], topic=TOPIC, partition=PART)
+    short = dataclasses.replace(columns.buffers, offsets=bytes(memoryview(columns.buffers.offsets)[:8]))
+    with pytest.raises(ValueError, match="values buffer of a l node of 8 values from 0 is too short"):
+        to_arrow(Columns(short, 0, columns.count), TOPIC, PART)
+    with pytest.raises(pa.ArrowInvalid):
+        _from_buffers(Columns(short, 0, columns.count))

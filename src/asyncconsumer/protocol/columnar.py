@@ -733,7 +733,8 @@ def to_arrow(
 
 class _ArrowExport:
     """What ``pyarrow.record_batch`` imports through the PyCapsule protocol: a schema and the
-    ``export_arrow`` capsule of a struct array whose children are the columns."""
+    ``export_arrow`` capsule of a struct array whose children are the columns.  For one import:
+    importing moves the array out of the capsule (a second import finds it released)."""
 
     __slots__ = ("array", "schema")
 
@@ -747,36 +748,39 @@ class _ArrowExport:
 def _exported(
     types: dict[str, Any], columns: Columns, topic: str, partition: int, allocate: Callable[[int], Any] | None
 ) -> Any:
-    """:func:`to_arrow` through the Arrow C data interface: one tree of nodes ``(length,
-    null_count, offset, buffers, children)`` in the layout ``pa.Array.from_buffers`` is given."""
+    """:func:`to_arrow` through the Arrow C data interface: one tree of nodes ``(format, length,
+    null_count, offset, buffers, children)`` in the layout ``pa.Array.from_buffers`` is given
+    (``export_arrow`` holds the buffers to the layout of each node's Arrow format string, as
+    Arrow's ``validate`` did after ``from_buffers``: importing checks nothing)."""
     b = columns.buffers
     n, first = columns.count, columns.first
     window = (first, n) != (0, b.count)  # then the block's null counts are not this window's (-1: Arrow counts)
 
     def binary(offsets: Buffer, data: Buffer, validity: Buffer, nulls: int) -> tuple[Any, ...]:
-        return (n, -1 if nulls and window else nulls, first, (validity if nulls else None, offsets, data), ())
+        return ("z", n, -1 if nulls and window else nulls, first, (validity if nulls else None, offsets, data), ())
 
     topic_offsets, topic_data, partitions = _constant_buffers(topic, partition, n)
     micros = _microsecond_buffer(columns, topic, partition, allocate)
     children: list[tuple[Any, ...]] = [
         binary(b.key_offsets, b.key_data, b.key_validity, b.key_nulls),
         binary(b.value_offsets, b.value_data, b.value_validity, b.value_nulls),
-        (n, 0, 0, (None, topic_offsets, topic_data), ()),
-        (n, 0, 0, (None, partitions), ()),
-        (n, 0, first, (None, b.offsets), ()),
-        (n, 0, 0, (None, micros), ()),
-        (n, 0, first, (None, b.timestamp_types), ()),
+        ("u", n, 0, 0, (None, topic_offsets, topic_data), ()),
+        ("i", n, 0, 0, (None, partitions), ()),
+        ("l", n, 0, first, (None, b.offsets), ()),
+        ("l", n, 0, 0, (None, micros), ()),
+        ("i", n, 0, first, (None, b.timestamp_types), ()),
     ]
     header_offsets = b.header_offsets
     if header_offsets is not None:
         nh, nulls = b.header_count, b.header_value_nulls
-        keys = (nh, 0, 0, (None, b.header_key_offsets, b.header_key_data), ())
-        values = (nh, nulls, 0, (b.header_value_validity if nulls else None, b.header_value_offsets,
-                                 b.header_value_data), ())
+        keys = ("u", nh, 0, 0, (None, b.header_key_offsets, b.header_key_data), ())
+        values = ("z", nh, nulls, 0, (b.header_value_validity if nulls else None, b.header_value_offsets,
+                                      b.header_value_data), ())
         # The header arrays are the block's, whole; the window's list offsets point into them.
-        children.append((n, 0, first, (None, header_offsets), ((nh, 0, 0, (None,), (keys, values)),)))
+        items = ("+s", nh, 0, 0, (None,), (keys, values))
+        children.append(("+l", n, 0, first, (None, header_offsets), (items,)))
     schema = types["schema" if header_offsets is None else "schema_with_headers"]
-    array = _export_arrow((n, 0, 0, (None,), tuple(children)))
+    array = _export_arrow(("+s", n, 0, 0, (None,), tuple(children)))
     return types["pa"].record_batch(_ArrowExport(schema, array))
 
 
