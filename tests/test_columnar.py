@@ -1286,3 +1286,28 @@ def test_the_exported_batch_is_checked_like_from_buffers() -> None:
         to_arrow(Columns(short, 0, columns.count), TOPIC, PART)
     with pytest.raises(pa.ArrowInvalid):
         _from_buffers(Columns(short, 0, columns.count))
+
+
+@needs_c
+def test_columns_under_min_allocate_stay_the_builders_own() -> None:
+    # The consumer's pool hands out a new bytearray for a column under its threshold anyway: the
+    # builder grows its own instead of calling allocate for it.  Same columns, fewer calls.
+    pool = BufferPool(64 << 20, 64 << 10)
+    asked: list[int] = []
+
+    def allocate(size: int) -> Any:
+        asked.append(size)
+        return pool.take(size)
+
+    data = FIXTURES["3000-records"] + FIXTURES["many-batches"]
+    everything = columnar.ColumnReader(data, topic=TOPIC, partition=PART, allocate=allocate).take(1 << 30, 0)
+    small_asks = sum(size < 64 << 10 for size in asked)
+    asked.clear()
+    reader = columnar.ColumnReader(data, topic=TOPIC, partition=PART, allocate=allocate, min_allocate=64 << 10)
+    columns = reader.take(1 << 30, 0)
+    assert raw(columns) == raw(everything)
+    assert small_asks > 0 and asked and min(asked) >= 64 << 10  # the large columns still come from the pool
+    assert isinstance(columns.buffers.value_data, memoryview)  # a pool's buffer
+    assert isinstance(columns.buffers.timestamp_types, bytearray)  # 3,040 x 4 bytes: the builder's own
+    with pytest.raises(ValueError, match="min_allocate must be >= 0"):
+        C_BUILDER(TOPIC, PART, True, columnar.MAX_OFFSET, allocate, -1)

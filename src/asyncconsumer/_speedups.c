@@ -989,6 +989,7 @@ typedef struct {
     char *p;
     Py_ssize_t cap;
     PyObject *allocate; /* borrowed from the builder (which holds it); NULL: bytearrays only */
+    Py_ssize_t min_allocate; /* smaller capacities stay a bytearray, grown in place */
     int external;       /* obj came from ``allocate`` (else it is the first, small bytearray) */
 } colbuf;
 
@@ -1039,9 +1040,10 @@ colbuf_allocate(PyObject *allocate, Py_ssize_t size, char **p, Py_ssize_t *len)
 /* The first, small buffer is a bytearray even with ``allocate``: most columns of a block never
  * outgrow it, and a call into Python per column would cost more than it saves. */
 static int
-colbuf_init(colbuf *b, PyObject *allocate, Py_ssize_t cap)
+colbuf_init(colbuf *b, PyObject *allocate, Py_ssize_t min_allocate, Py_ssize_t cap)
 {
     b->allocate = allocate;
+    b->min_allocate = min_allocate;
     b->external = 0;
     b->cap = cap;
     b->obj = PyByteArray_FromStringAndSize(NULL, cap);
@@ -1049,12 +1051,13 @@ colbuf_init(colbuf *b, PyObject *allocate, Py_ssize_t cap)
     return b->obj == NULL ? -1 : 0;
 }
 
-/* Capacity ``size`` (more than now): a bytearray is resized, an ``allocate``d buffer replaced by
- * a new one holding the same bytes. */
+/* Capacity ``size`` (more than now): a bytearray is resized (also with ``allocate``, below
+ * ``min_allocate``: a call into Python and a cleared buffer per small column cost more than the
+ * column), an ``allocate``d buffer replaced by a new one holding the same bytes. */
 static int
 colbuf_resize(colbuf *b, Py_ssize_t size)
 {
-    if (b->allocate == NULL) {
+    if (b->allocate == NULL || (!b->external && size < b->min_allocate)) {
         if (PyByteArray_Resize(b->obj, size) < 0) {
             return -1;
         }
@@ -1906,12 +1909,16 @@ builder_dealloc(ColumnBuilder *cb)
 static PyObject *
 builder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"topic", "partition", "headers", "max_offset", "allocate", NULL};
+    static char *kwlist[] = {"topic", "partition", "headers", "max_offset", "allocate", "min_allocate", NULL};
     PyObject *topic, *partition, *allocate = Py_None;
     int headers = 1;
-    Py_ssize_t max_offset = INT32_MAX;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO!|pnO:ColumnBuilder", kwlist, &topic, &PyLong_Type,
-                                     &partition, &headers, &max_offset, &allocate)) {
+    Py_ssize_t max_offset = INT32_MAX, min_allocate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "UO!|pnOn:ColumnBuilder", kwlist, &topic, &PyLong_Type,
+                                     &partition, &headers, &max_offset, &allocate, &min_allocate)) {
+        return NULL;
+    }
+    if (min_allocate < 0) {
+        PyErr_SetString(PyExc_ValueError, "min_allocate must be >= 0");
         return NULL;
     }
     if (allocate != Py_None && !PyCallable_Check(allocate)) {
@@ -1942,7 +1949,7 @@ builder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     cb->max_offset = max_offset;
     int nbufs = headers ? NBUFS : FIRST_HEADER_BUF;
     for (int i = 0; i < nbufs; i++) {
-        if (colbuf_init(&cb->b[i], cb->allocate, 64) < 0) {
+        if (colbuf_init(&cb->b[i], cb->allocate, min_allocate, 64) < 0) {
             Py_DECREF(cb);
             return NULL;
         }
@@ -1958,8 +1965,10 @@ builder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 }
 
 PyDoc_STRVAR(builder_doc,
-             "ColumnBuilder(topic, partition, headers=True, max_offset=2**31 - 1, allocate=None)\n\n"
-             "Record batches to Arrow-ready column buffers; see asyncconsumer.protocol.columnar.");
+             "ColumnBuilder(topic, partition, headers=True, max_offset=2**31 - 1, allocate=None,\n"
+             "              min_allocate=0)\n\n"
+             "Record batches to Arrow-ready column buffers; see asyncconsumer.protocol.columnar.\n"
+             "``allocate(size)`` gives the buffers of ``min_allocate`` bytes or more.");
 PyDoc_STRVAR(append_doc,
              "append(batch, start) -> int | None\n\n"
              "Store the batch's records at offset >= start; how many, or None (nothing stored) when\n"

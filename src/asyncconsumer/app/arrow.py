@@ -66,9 +66,10 @@ def _collect(
     for fetch, state in collector.fetch_walk(engine, only):
         if taken is not None:
             break  # after the walk's bookkeeping for the fetch read: one partition per batch
+        pool = collector.column_buffers
         try:
             columns = fetch.take_columns(
-                limit, state.position, include_headers=include_headers, allocate=collector.column_buffers.take
+                limit, state.position, include_headers=include_headers, allocate=pool.take, min_allocate=pool.min_bytes
             )
         except RecordError as exc:
             refetch_bad_batch(engine, fetch, state, exc)

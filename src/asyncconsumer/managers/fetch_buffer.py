@@ -130,6 +130,7 @@ class CompletedFetch:
         *,
         include_headers: bool = True,
         allocate: Callable[[int], Any] | Literal["arrow"] | None = "arrow",
+        min_allocate: int = 0,
     ) -> Columns:
         """``take`` as Arrow-ready column buffers (``protocol.columnar``): up to ``max_records``
         records at or after ``position``, the same walk (aborted transactions, control batches,
@@ -139,7 +140,8 @@ class CompletedFetch:
         call hands out the rest of one decoded block before decoding the next.  A fetch may be
         read by ``take`` and ``take_columns`` in turn; each switch restarts the walk from the
         position (which the caller moves past whatever it was handed).  ``allocate`` is the column
-        buffers' allocator (``ColumnReader``'s; the consumer passes its buffer pool's ``take``).
+        buffers' allocator, asked for buffers of ``min_allocate`` bytes or more (``ColumnReader``'s;
+        the consumer passes its buffer pool's ``take`` and the pool's ``min_bytes``).
         """
         reader = self._columns
         if reader is None:
@@ -158,6 +160,7 @@ class CompletedFetch:
                 include_headers=include_headers,
                 max_decompressed=self._max_decompressed,
                 allocate=allocate,
+                min_allocate=min_allocate,
             )
         try:
             return reader.take(max_records, position)

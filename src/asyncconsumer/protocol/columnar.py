@@ -38,7 +38,10 @@ Design
   (engine/buffers.py ``BufferPool``), which hands out memory it keeps, once no Arrow array wraps
   it any more.  That matters: fresh memory for every block, from glibc or from Arrow's mimalloc,
   is faulted in page by page (huge pages with THP) and the kernel clears each page first, which
-  cost more than copying the records (25-30% of a profiled read).  The Python builder always uses
+  cost more than copying the records (25-30% of a profiled read).  Columns under
+  ``min_allocate`` bytes (the consumer gives its pool's threshold, 64 KiB) stay the builder's own
+  bytearrays, grown in place: the pool would hand out a new, cleared bytearray for them anyway,
+  and a call into Python per small column cost 3% of a read.  The Python builder always uses
   bytearrays.
 * **The walk** (:class:`ColumnReader`) is the row path's, ``CompletedFetch.take`` in
   managers/fetch_buffer.py: batches split and CRC-checked by ``iter_batches``; batches ending
@@ -226,6 +229,7 @@ class PyColumnBuilder:
         headers: bool = True,
         max_offset: int = MAX_OFFSET,
         allocate: Callable[[int], Any] | None = None,  # accepted for the compiled builder's signature; unused
+        min_allocate: int = 0,  # the same
     ) -> None:
         if not 0 <= max_offset <= MAX_OFFSET:
             raise ValueError("max_offset must lie in 0 .. 2**31 - 1 (Arrow's int32 offsets)")
@@ -386,7 +390,7 @@ def _select_builder() -> tuple[Any, str]:
     return compiled, "c"
 
 
-#: ``ColumnBuilder(topic, partition, headers=True, max_offset=MAX_OFFSET, allocate=None)``: the
+#: ``ColumnBuilder(topic, partition, headers=True, max_offset=MAX_OFFSET, allocate=None, min_allocate=0)``: the
 #: column builder in use; :data:`COLUMN_DECODER` says which (``"c"`` or ``"python"``).
 ColumnBuilder: Any
 ColumnBuilder, COLUMN_DECODER = _select_builder()
@@ -420,7 +424,8 @@ class ColumnReader:
     pairs, for read_committed; ``None`` for read_uncommitted.  ``max_offset`` caps the int32
     offset columns (tests make it small); ``builder`` is the builder class (default
     :data:`ColumnBuilder`) and ``allocate`` its buffer allocator (``"arrow"``:
-    :func:`default_allocator`, Arrow's pool when pyarrow is installed; ``None``: bytearrays).
+    :func:`default_allocator`, Arrow's pool when pyarrow is installed; ``None``: bytearrays), asked
+    for buffers of ``min_allocate`` bytes or more.
     """
 
     __slots__ = (
@@ -434,6 +439,7 @@ class ColumnReader:
         "_max_decompressed",
         "_max_offset",
         "_may_walk",
+        "_min_allocate",
         "_next",
         "_pos",
         "_records",
@@ -457,6 +463,7 @@ class ColumnReader:
         builder: Any = None,
         allocate: Callable[[int], Any] | Literal["arrow"] | None = "arrow",
         max_decompressed: int = DEFAULT_MAX_SIZE,
+        min_allocate: int = 0,
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -474,6 +481,8 @@ class ColumnReader:
         # only where the CPU has a CRC-32C instruction (elsewhere the crc32c package is faster).
         self._may_walk = not check_crcs or _HW_CRC32C
         self._allocate = default_allocator() if allocate == "arrow" else allocate
+        # Passed only when set: a builder given as ``builder`` may not take it.
+        self._min_allocate = {"min_allocate": min_allocate} if min_allocate else {}
         self._block: ColumnBuffers | None = None  # the block being handed out
         self._next = 0  # its first record not handed out yet
         self._unfit: RecordBatch | None = None  # a batch that did not fit in the last block
@@ -493,7 +502,9 @@ class ColumnReader:
             self._next = first + count
             self._let_go_if_done(block)
             return Columns(block, first, count)
-        builder: _Builder = self._builder(self.topic, self.partition, self._headers, self._max_offset, self._allocate)
+        builder: _Builder = self._builder(
+            self.topic, self.partition, self._headers, self._max_offset, self._allocate, **self._min_allocate
+        )
         while builder.count < max_records:
             batch = self._unfit
             self._unfit = None
