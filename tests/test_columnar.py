@@ -64,13 +64,13 @@ needs_c = pytest.mark.skipif(C_BUILDER is None, reason=NO_C)
 
 
 def c_bytearrays(topic: str, partition: int, headers: bool = True, max_offset: int = columnar.MAX_OFFSET,
-                 allocate: Any = None) -> Any:
+                 allocate: Any = None, min_allocate: int = 0) -> Any:
     """The compiled builder writing into bytearrays."""
     return C_BUILDER(topic, partition, headers, max_offset)
 
 
 def c_arrow_pool(topic: str, partition: int, headers: bool = True, max_offset: int = columnar.MAX_OFFSET,
-                 allocate: Any = None) -> Any:
+                 allocate: Any = None, min_allocate: int = 0) -> Any:
     """The compiled builder writing into buffers from Arrow's memory pool."""
     return C_BUILDER(topic, partition, headers, max_offset, columnar.default_allocator())
 
@@ -81,7 +81,7 @@ SMALL_POOL = BufferPool(64 << 20, 64)
 
 
 def c_buffer_pool(topic: str, partition: int, headers: bool = True, max_offset: int = columnar.MAX_OFFSET,
-                  allocate: Any = None) -> Any:
+                  allocate: Any = None, min_allocate: int = 0) -> Any:
     """The compiled builder writing into a buffer pool's buffers (memoryviews, used again)."""
     return C_BUILDER(topic, partition, headers, max_offset, SMALL_POOL.take)
 

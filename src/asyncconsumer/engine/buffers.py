@@ -79,6 +79,9 @@ STALE_AFTER = 16
 COLUMN_STALE_AFTER = 128
 
 
+_PRIVATE: int | None = getattr(mmap, "MAP_PRIVATE", None)  # None: Windows (a bytearray instead)
+
+
 def _fresh(capacity: int) -> bytearray | mmap.mmap:
     """A new buffer for the pool: anonymous memory from the operating system where there is
     ``mmap`` (its pages are faulted in, cleared by the kernel, only when first written: a
@@ -87,9 +90,6 @@ def _fresh(capacity: int) -> bytearray | mmap.mmap:
     if _PRIVATE is None:
         return bytearray(capacity)
     return mmap.mmap(-1, capacity, flags=_PRIVATE)
-
-
-_PRIVATE: int | None = getattr(mmap, "MAP_PRIVATE", None)  # None: Windows (a bytearray instead)
 
 
 def _references(kept: list[bytearray | mmap.mmap]) -> list[int]:

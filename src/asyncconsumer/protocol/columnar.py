@@ -481,8 +481,7 @@ class ColumnReader:
         # only where the CPU has a CRC-32C instruction (elsewhere the crc32c package is faster).
         self._may_walk = not check_crcs or _HW_CRC32C
         self._allocate = default_allocator() if allocate == "arrow" else allocate
-        # Passed only when set: a builder given as ``builder`` may not take it.
-        self._min_allocate = {"min_allocate": min_allocate} if min_allocate else {}
+        self._min_allocate = min_allocate
         self._block: ColumnBuffers | None = None  # the block being handed out
         self._next = 0  # its first record not handed out yet
         self._unfit: RecordBatch | None = None  # a batch that did not fit in the last block
@@ -503,7 +502,7 @@ class ColumnReader:
             self._let_go_if_done(block)
             return Columns(block, first, count)
         builder: _Builder = self._builder(
-            self.topic, self.partition, self._headers, self._max_offset, self._allocate, **self._min_allocate
+            self.topic, self.partition, self._headers, self._max_offset, self._allocate, self._min_allocate
         )
         while builder.count < max_records:
             batch = self._unfit
@@ -651,13 +650,6 @@ def _arrow_types() -> dict[str, Any]:
     ]
     return {
         "pa": pa,
-        "binary": pa.binary(),
-        "string": pa.string(),
-        "int32": pa.int32(),
-        "int64": pa.int64(),
-        "header_fields": list(header),
-        "header": header,
-        "headers": headers,
         "timestamp": timestamp,
         "timestamp_ms": pa.timestamp("ms", tz="UTC"),
         "schema": pa.schema(base),
@@ -685,61 +677,19 @@ def to_arrow(
     ``allocate(size)`` gives the buffer of the microsecond timestamps (the consumer's buffer pool);
     without it they get a bytearray (or, without the compiled decoder, Arrow's cast).
 
-    With the compiled decoder, the batch is handed to Arrow in one call through the Arrow C data
-    interface (``export_arrow``: one tree of the buffers, imported by ``pyarrow.record_batch``);
-    without it, by ``pa.Array.from_buffers`` column by column.  The two give the same batch.
+    The columns are described once, as nodes (:func:`_column_nodes`).  With the compiled decoder
+    they are handed to Arrow in one call through the Arrow C data interface (``export_arrow``,
+    imported by ``pyarrow.record_batch``); without it, by ``pa.Array.from_buffers`` node by node.
+    The two give the same batch.
     """
     types = _arrow_types()  # pyarrow and its types, made once: a type made per call costs
-    if _export_arrow is not None and _ms_to_us is not None:
-        return _exported(types, columns, topic, partition, allocate)
-    pa = types["pa"]
-    b = columns.buffers
-    n, first = columns.count, columns.first
-    window = (first, n) != (0, b.count)  # then the block's null counts are not this window's
-    arrow_buffer, py_buffer, from_buffers = pa.Buffer, pa.py_buffer, pa.Array.from_buffers
-
-    def buf(data: Buffer) -> Any:
-        return data if isinstance(data, arrow_buffer) else py_buffer(data)
-
-    def column(type_: Any, buffers: list[Any], nulls: int = 0, **kw: Any) -> Any:
-        """A column of the window: Arrow's array offset; Arrow counts nulls (-1) in a window."""
-        null_count = -1 if nulls and window else nulls
-        return from_buffers(type_, n, buffers, null_count=null_count, offset=first, **kw)
-
-    def binary(offsets: Buffer, data: Buffer, validity: Buffer, nulls: int) -> list[Any]:
-        return [buf(validity) if nulls else None, buf(offsets), buf(data)]
-
-    binary_type, int32 = types["binary"], types["int32"]
-    topic_offsets, topic_data, partitions = _constant_buffers(topic, partition, n)
-    arrays = [
-        column(binary_type, binary(b.key_offsets, b.key_data, b.key_validity, b.key_nulls), b.key_nulls),
-        column(binary_type, binary(b.value_offsets, b.value_data, b.value_validity, b.value_nulls), b.value_nulls),
-        from_buffers(types["string"], n, [None, buf(topic_offsets), buf(topic_data)], null_count=0),
-        from_buffers(int32, n, [None, buf(partitions)], null_count=0),
-        column(types["int64"], [None, buf(b.offsets)]),
-        _microseconds(pa, column, columns, topic, partition, allocate),
-        column(int32, [None, buf(b.timestamp_types)]),
-    ]
-    header_offsets = b.header_offsets
-    if header_offsets is not None:
-        assert b.header_key_offsets is not None and b.header_key_data is not None
-        assert b.header_value_offsets is not None and b.header_value_data is not None
-        assert b.header_value_validity is not None
-        # The header arrays are the block's, whole; the window's list offsets point into them.
-        nh, nulls = b.header_count, b.header_value_nulls
-        keys = from_buffers(
-            types["string"], nh, [None, buf(b.header_key_offsets), buf(b.header_key_data)], null_count=0
-        )
-        values = from_buffers(
-            binary_type,
-            nh,
-            binary(b.header_value_offsets, b.header_value_data, b.header_value_validity, nulls),
-            null_count=nulls,
-        )
-        items = pa.StructArray.from_arrays([keys, values], fields=types["header_fields"])
-        arrays.append(column(types["headers"], [None, buf(header_offsets)], children=[items]))
-    schema = types["schema" if header_offsets is None else "schema_with_headers"]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    micros = _microsecond_buffer(columns, topic, partition, allocate) if _ms_to_us is not None else None
+    nodes = _column_nodes(columns, topic, partition, micros)
+    schema = types["schema" if columns.buffers.header_offsets is None else "schema_with_headers"]
+    if _export_arrow is not None and micros is not None:
+        array = _export_arrow(("+s", columns.count, 0, 0, (None,), nodes))
+        return types["pa"].record_batch(_ArrowExport(schema, array))
+    return _from_buffers(types, nodes, schema, columns, topic, partition)
 
 
 class _ArrowExport:
@@ -756,29 +706,27 @@ class _ArrowExport:
         return self.schema.__arrow_c_schema__(), self.array
 
 
-def _exported(
-    types: dict[str, Any], columns: Columns, topic: str, partition: int, allocate: Callable[[int], Any] | None
-) -> Any:
-    """:func:`to_arrow` through the Arrow C data interface: one tree of nodes ``(format, length,
-    null_count, offset, buffers, children)`` in the layout ``pa.Array.from_buffers`` is given
-    (``export_arrow`` holds the buffers to the layout of each node's Arrow format string, as
-    Arrow's ``validate`` did after ``from_buffers``: importing checks nothing)."""
+def _column_nodes(columns: Columns, topic: str, partition: int, micros: Any) -> tuple[tuple[Any, ...], ...]:
+    """The columns of :func:`arrow_schema` as nodes ``(format, length, null_count, offset, buffers,
+    children)``: each node's Arrow format string (its layout, which ``export_arrow`` holds its
+    buffers to), its window (Arrow's array offset; null_count -1: Arrow counts the nulls of a
+    window) and its buffers as Arrow lays them out.  ``micros``: the window's timestamps in
+    microseconds, or None for the block's milliseconds (then cast by Arrow)."""
     b = columns.buffers
     n, first = columns.count, columns.first
-    window = (first, n) != (0, b.count)  # then the block's null counts are not this window's (-1: Arrow counts)
+    window = (first, n) != (0, b.count)  # then the block's null counts are not this window's
 
     def binary(offsets: Buffer, data: Buffer, validity: Buffer, nulls: int) -> tuple[Any, ...]:
         return ("z", n, -1 if nulls and window else nulls, first, (validity if nulls else None, offsets, data), ())
 
     topic_offsets, topic_data, partitions = _constant_buffers(topic, partition, n)
-    micros = _microsecond_buffer(columns, topic, partition, allocate)
-    children: list[tuple[Any, ...]] = [
+    nodes: list[tuple[Any, ...]] = [
         binary(b.key_offsets, b.key_data, b.key_validity, b.key_nulls),
         binary(b.value_offsets, b.value_data, b.value_validity, b.value_nulls),
         ("u", n, 0, 0, (None, topic_offsets, topic_data), ()),
         ("i", n, 0, 0, (None, partitions), ()),
         ("l", n, 0, first, (None, b.offsets), ()),
-        ("l", n, 0, 0, (None, micros), ()),
+        ("l", n, 0, 0, (None, micros), ()) if micros is not None else ("l", n, 0, first, (None, b.timestamps), ()),
         ("i", n, 0, first, (None, b.timestamp_types), ()),
     ]
     header_offsets = b.header_offsets
@@ -789,10 +737,40 @@ def _exported(
                                       b.header_value_data), ())
         # The header arrays are the block's, whole; the window's list offsets point into them.
         items = ("+s", nh, 0, 0, (None,), (keys, values))
-        children.append(("+l", n, 0, first, (None, header_offsets), (items,)))
-    schema = types["schema" if header_offsets is None else "schema_with_headers"]
-    array = _export_arrow(("+s", n, 0, 0, (None,), tuple(children)))
-    return types["pa"].record_batch(_ArrowExport(schema, array))
+        nodes.append(("+l", n, 0, first, (None, header_offsets), (items,)))
+    return tuple(nodes)
+
+
+def _from_buffers(
+    types: dict[str, Any], nodes: tuple[tuple[Any, ...], ...], schema: Any, columns: Columns, topic: str,
+    partition: int,
+) -> Any:
+    """:func:`to_arrow` without the compiled decoder: ``pa.Array.from_buffers`` for each node
+    (Arrow checks the buffers), the timestamps cast from milliseconds when they are not
+    microseconds already."""
+    pa = types["pa"]
+    arrow_buffer, py_buffer, from_buffers = pa.Buffer, pa.py_buffer, pa.Array.from_buffers
+
+    def array(node: tuple[Any, ...], type_: Any) -> Any:
+        _, length, nulls, offset, buffers, children = node
+        kids = [array(child, type_.field(i).type) for i, child in enumerate(children)]
+        wrapped = [x if x is None or isinstance(x, arrow_buffer) else py_buffer(x) for x in buffers]
+        return from_buffers(type_, length, wrapped, null_count=nulls, offset=offset, children=kids or None)
+
+    arrays = [array(node, field.type) for node, field in zip(nodes, schema, strict=True)]
+    if _ms_to_us is None:  # the milliseconds: Arrow's cast, which refuses what does not fit
+        at = schema.get_field_index("timestamp")
+        try:
+            arrays[at] = array(nodes[at], types["timestamp_ms"]).cast(types["timestamp"])
+        except pa.ArrowInvalid:
+            pass
+        else:
+            return pa.RecordBatch.from_arrays(arrays, schema=schema)
+        limit = _INT64_MAX // 1000
+        ms = memoryview(columns.buffers.timestamps).cast("B").cast("q")
+        window = range(columns.first, columns.first + columns.count)
+        raise _timestamp_error(columns, next(i for i in window if not -limit <= ms[i] <= limit), topic, partition)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 _CONSTANTS_KEPT = 256
@@ -827,27 +805,6 @@ def _microsecond_buffer(
     if bad >= 0:
         raise _timestamp_error(columns, bad, topic, partition)
     return micros
-
-
-def _microseconds(
-    pa: Any, column: Callable[..., Any], columns: Columns, topic: str, partition: int,
-    allocate: Callable[[int], Any] | None,
-) -> Any:
-    """The window's timestamps as an array of Arrow's microseconds: :func:`_microsecond_buffer`,
-    else (no compiled decoder) Arrow's cast of the milliseconds."""
-    types = _arrow_types()
-    n, b = columns.count, columns.buffers
-    if _ms_to_us is not None:
-        micros = _microsecond_buffer(columns, topic, partition, allocate)
-        return pa.Array.from_buffers(types["timestamp"], n, [None, pa.py_buffer(micros)], null_count=0)
-    try:
-        return column(types["timestamp_ms"], [None, pa.py_buffer(b.timestamps)]).cast(types["timestamp"])
-    except pa.ArrowInvalid:
-        pass
-    limit = _INT64_MAX // 1000
-    ms = memoryview(b.timestamps).cast("B").cast("q")
-    window = range(columns.first, columns.first + n)
-    raise _timestamp_error(columns, next(i for i in window if not -limit <= ms[i] <= limit), topic, partition)
 
 
 def _timestamp_error(columns: Columns, i: int, topic: str, partition: int) -> RecordError:
