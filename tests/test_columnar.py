@@ -729,6 +729,32 @@ def test_arrow_wraps_the_buffers_without_copying() -> None:
     assert batch.column("offset").buffers()[1].address == address["offsets"]
 
 
+
+def test_topic_and_partition_columns_are_kept_shared_and_grown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The constant columns: right for every topic, partition and row count; the offsets shared by
+    names of one length; a longer block grows what is kept; the caches stay bounded."""
+    caches = (columnar._topic_offsets, columnar._topic_data, columnar._partition_ids)
+    for cache in caches:
+        cache.clear()
+    monkeypatch.setattr(columnar, "_CONSTANT_ROWS", 4)
+    monkeypatch.setattr(columnar, "_CONSTANTS_KEPT", 3)
+    columns = columnar.decode_columns(FIXTURES["codec-0"], topic="abc", partition=1)
+    n = columns.count
+    for topic, partition in (("abc", 1), ("xyz", 7), ("abc", 2), ("ünï", 0), ("", 3)):
+        batch = to_arrow(columns, topic, partition)
+        assert batch.column("topic").to_pylist() == [topic] * n
+        assert batch.column("partition").to_pylist() == [partition] * n
+        batch.validate(full=True)
+    abc, xyz = columnar._constant_buffers("abc", 1, 1), columnar._constant_buffers("xyz", 7, 1)
+    assert abc[0] is xyz[0] and abc[1] != xyz[1]  # one offsets buffer for names of 3 bytes
+    assert len(columnar._partition_ids) <= 3 and len(columnar._topic_data) <= 3
+    offsets, data, ids = columnar._constant_buffers("abc", 1, 40)  # more rows than kept: grown
+    assert len(offsets) >= 41 and list(offsets[:41]) == list(range(0, 123, 3))
+    assert data[: 40 * 3] == b"abc" * 40 and list(ids[:40]) == [1] * 40
+    assert columnar._constant_buffers("abc", 1, 40)[0] is offsets  # and kept
+    for cache in caches:
+        cache.clear()
+
 def test_empty() -> None:
     for data in (b"", FIXTURES["control"], FIXTURES["emptied-by-compaction"]):
         for builder in BUILDERS:

@@ -82,7 +82,7 @@ import sys
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from typing_extensions import Buffer
 
@@ -773,25 +773,51 @@ def _from_buffers(
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-_CONSTANTS_KEPT = 256
-_constants: dict[tuple[str, int], tuple[int, Buffer, Buffer, Buffer]] = {}
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+_CONSTANTS_KEPT = 256  # entries per cache below, then it starts again
+_CONSTANT_ROWS = 16_384  # rows the first buffers of each cache cover (more on demand, doubling)
+_topic_offsets: dict[int, array[int]] = {}  # the offsets of a topic name this many bytes long
+_topic_data: dict[str, bytes] = {}  # the name, repeated
+_partition_ids: dict[int, array[int]] = {}  # the partition number, repeated
 
 
 def _constant_buffers(topic: str, partition: int, n: int) -> tuple[Buffer, Buffer, Buffer]:
     """The buffers of the topic column (int32 offsets, UTF-8 data) and of the partition column
-    (int32) for at least ``n`` rows: kept per partition, the same topic and partition in every row
-    (``pa.repeat`` would import pandas, a second or more on the first call)."""
-    kept = _constants.get((topic, partition))
-    if kept is None or kept[0] < n:
-        if len(_constants) >= _CONSTANTS_KEPT:
-            _constants.clear()
-        size = max(n, 2 * kept[0] if kept else 0, 1024)
-        name = topic.encode()
-        width = len(name)
+    (int32) for at least ``n`` rows, kept for the next blocks: the same topic and partition in
+    every row (``pa.repeat`` would import pandas, a second or more on the first call).  The
+    offsets depend only on the name's length, so the partitions and topics of one length share
+    them (they are the costly ones to make: ``array`` from a ``range``, 30 ns a row)."""
+    name = topic.encode()
+    width = len(name)
+    offsets = _topic_offsets.get(width)
+    if offsets is None or len(offsets) <= n:
+        size = _grown(0 if offsets is None else len(offsets) - 1, n)
         offsets = array(_INT32, range(0, (size + 1) * width, width)) if width else array(_INT32, [0]) * (size + 1)
-        kept = size, offsets, name * size, array(_INT32, [partition]) * size
-        _constants[(topic, partition)] = kept
-    return kept[1], kept[2], kept[3]
+        _kept(_topic_offsets)[width] = offsets
+    data = _topic_data.get(topic)
+    if data is None or len(data) < n * width:
+        data = name * _grown(len(data) // width if data is not None and width else 0, n)
+        _kept(_topic_data)[topic] = data
+    ids = _partition_ids.get(partition)
+    if ids is None or len(ids) < n:
+        ids = array(_INT32, [partition]) * _grown(0 if ids is None else len(ids), n)
+        _kept(_partition_ids)[partition] = ids
+    return offsets, data, ids
+
+
+def _grown(rows: int, n: int) -> int:
+    """Rows for a constant buffer that holds ``rows`` and must hold ``n``: at least
+    ``_CONSTANT_ROWS``, doubling, so that a growing block size remakes it only a few times."""
+    return max(n, 2 * rows, _CONSTANT_ROWS)
+
+
+def _kept(cache: dict[_K, _V]) -> dict[_K, _V]:
+    """``cache``, emptied first when it holds ``_CONSTANTS_KEPT`` entries (the memory it keeps is
+    bounded: a consumer of many topics or partitions makes some buffers again)."""
+    if len(cache) >= _CONSTANTS_KEPT:
+        cache.clear()
+    return cache
 
 
 def _microsecond_buffer(
