@@ -46,13 +46,19 @@ def test_take_honours_the_limit_and_the_position() -> None:
 
 def test_buffer_accounts_bytes_and_signals_space() -> None:
     events: list[str] = []
-    buffer = FetchBuffer(50, on_space=lambda: events.append("space"), on_data=lambda: events.append("data"))
+    buffer = FetchBuffer(
+        50, on_space=lambda tp, was_full: events.append(f"space {tp} {was_full}"), on_data=lambda: events.append("data")
+    )
     first = completed(batch(0, 3))
     buffer.add(first)
     assert buffer.used_bytes == first.size and buffer.buffered_bytes(TP) == first.size and buffer.full
     assert events == ["data"]
     buffer.remove(first)
-    assert buffer.used_bytes == 0 and not buffer.full and events == ["data", "space"]
+    assert buffer.used_bytes == 0 and not buffer.full and events == ["data", f"space {TP} True"]
+    buffer.max_bytes = 10**6
+    buffer.add(first)
+    buffer.remove(first)
+    assert events[-1] == f"space {TP} False"
 
 
 def test_a_corrupt_batch_says_where_to_seek_to_skip_it() -> None:

@@ -56,7 +56,9 @@ class Setup:
         self.data_events = 0
         self.metadata = new_metadata(self.clock, self.leaders, retry_backoff=BACKOFF,
                                      topics=lambda: {tp.topic for tp in self.leaders}, topic_ids=topic_ids)
-        self.buffer = FetchBuffer(buffer_bytes, on_space=lambda: None, on_data=self._on_data)
+        #: (partition, the fetch manager's answer to may_fetch_after_release) for each fetch released.
+        self.released: list[tuple[TopicPartition, bool]] = []
+        self.buffer = FetchBuffer(buffer_bytes, on_space=self._on_space, on_data=self._on_data)
         self.validator = PositionValidator(self.subs, self.metadata, self.buffer, retry_backoff=BACKOFF,
                                            report_error=self.errors.append)
         self.fetcher = FetchManager(
@@ -70,6 +72,9 @@ class Setup:
 
     def _on_data(self) -> None:
         self.data_events += 1
+
+    def _on_space(self, tp: TopicPartition, was_full: bool) -> None:
+        self.released.append((tp, self.fetcher.may_fetch_after_release(tp, was_full)))
 
     def start(self, offsets: dict[TopicPartition, int]) -> None:
         self.subs.assign(offsets)
@@ -207,6 +212,42 @@ def test_full_buffer_stops_fetching() -> None:
     assert s.fetches() == []  # T1 has nothing buffered, but the buffer is full
     s.buffer.drop(lambda f: False)
     assert len(s.fetches()) == 2
+
+
+def test_a_release_wakes_the_loop_only_when_a_fetch_may_follow() -> None:
+    """The engine wakes its loop for a completed fetch leaving the buffer only when
+    ``may_fetch_after_release`` says so: a no must mean the next poll sends nothing new."""
+    s = Setup()
+    s.start({T0: 0, T2: 0})
+    respond(s.fetch(), {T0: data(T0, records(0, 3), high_watermark=100),
+                        T2: data(T2, records(0, 3), high_watermark=100)})
+    old_t0, old_t2 = buffered(s)
+    again = s.fetch()  # read-ahead: both partitions are in flight again
+    assert set(fetched(again)) == {T0, T2}
+    s.buffer.remove(old_t0)
+    assert s.released == [(T0, False)]
+    s.h.assert_idle("Fetch")  # the wake it did not get would have sent nothing
+    respond(again, {T0: data(T0, records(3, 3), high_watermark=100)})
+    s.buffer.remove(old_t2)  # T2 is no longer in flight: it may be fetched again
+    assert s.released[-1] == (T2, True)
+    assert T2 in fetched(s.fetch())
+
+
+def test_a_release_from_a_full_buffer_wakes_the_loop() -> None:
+    """Even for a partition in flight: the room it leaves lets the others be fetched."""
+    payload = records(0, 1)
+    s = Setup(buffer_bytes=2 * len(payload))
+    s.start({T0: 0, T1: 0})
+    first = {r.node_id: r for r in s.fetches()}
+    respond(first[1], {T0: data(T0, payload, high_watermark=100)})
+    assert not s.buffer.full
+    assert fetched(s.fetch()) == {T0: 1}  # read-ahead: T0 is in flight again
+    respond(first[2], {T1: data(T1, payload, high_watermark=100)})
+    assert s.buffer.full
+    s.h.assert_idle("Fetch")  # T1 waits for room
+    s.buffer.remove(buffered(s)[0])
+    assert s.released == [(T0, True)]
+    assert fetched(s.fetch()) == {T1: 1}
 
 
 def payload_of(size: int) -> bytes:

@@ -53,7 +53,7 @@ class Engine(LoopCore):
     def __init__(self, config: ConsumerConfig, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(config, clock)
         self.subscriptions = SubscriptionState(config.auto_offset_reset, has_group=config.group_id is not None)
-        self.buffer = FetchBuffer(config.fetch_buffer_bytes, on_space=self.wake, on_data=self.notify_app)
+        self.buffer = FetchBuffer(config.fetch_buffer_bytes, on_space=self._on_buffer_space, on_data=self.notify_app)
         self._reported_unknown: set[str] = set()
         retry = config.retry_backoff_ms / 1000
 
@@ -197,6 +197,12 @@ class Engine(LoopCore):
 
     def _drop_buffered(self, tps: frozenset[TopicPartition]) -> None:
         self.buffer.drop(lambda f: f.tp not in tps)
+
+    def _on_buffer_space(self, tp: TopicPartition, was_full: bool) -> None:
+        """A completed fetch left the buffer: wake the loop if the fetch manager may send a fetch
+        it could not before (a turn of the loop for every partition read is otherwise spent)."""
+        if self.fetcher.may_fetch_after_release(tp, was_full):
+            self.wake()
 
     def app_polled(self) -> None:
         """The application polled: liveness for max_poll_interval_ms."""

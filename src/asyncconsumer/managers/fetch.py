@@ -139,6 +139,15 @@ class FetchManager:
         waiting.extend(since + self._max_wait_ms / 1000 for since in self._held_since.values())
         return min(waiting, default=float("inf"))
 
+    def may_fetch_after_release(self, tp: TopicPartition, was_full: bool) -> bool:
+        """Whether a completed fetch of ``tp`` leaving the buffer (``was_full``: the buffer was
+        full before) may let :meth:`poll` send something it would not have sent before: a full
+        buffer has room now, or ``tp`` may be fetched again.  Not while a fetch of ``tp`` is in
+        flight: :meth:`poll` skips ``tp`` until its response, whose arrival wakes the loop anyway,
+        and a partition in flight never holds its node back (``busy``).  Reading a response's
+        partitions one by one then wakes the loop not at all instead of once a partition."""
+        return was_full or tp not in self._in_flight_partitions
+
     def read_ahead_bytes(self) -> int:
         """How much one partition may have buffered and still be fetched."""
         share = self._buffer.max_bytes // max(1, len(self._subscriptions.partitions))

@@ -200,7 +200,16 @@ class CompletedFetch:
 
 
 class FetchBuffer:
-    def __init__(self, max_bytes: int, on_space: Callable[[], None], on_data: Callable[[], None]) -> None:
+    """The completed fetches the application side reads, in arrival order, and their bytes.
+
+    ``on_data()`` is called when a fetch is added; ``on_space(tp, was_full)`` when one leaves
+    (read to its end, dropped), with its partition and whether the buffer was full before: the
+    background loop may then fetch again (``Engine`` wakes it only when a fetch could follow).
+    """
+
+    def __init__(
+        self, max_bytes: int, on_space: Callable[[TopicPartition, bool], None], on_data: Callable[[], None]
+    ) -> None:
         self.max_bytes = max_bytes
         self.used_bytes = 0
         self._fetches: deque[CompletedFetch] = deque()
@@ -240,10 +249,11 @@ class FetchBuffer:
             self.remove(fetch)
 
     def _release(self, fetch: CompletedFetch) -> None:
+        was_full = self.full
         self.used_bytes -= fetch.size
         left = self._bytes_by_tp.get(fetch.tp, 0) - fetch.size
         if left > 0:
             self._bytes_by_tp[fetch.tp] = left
         else:
             self._bytes_by_tp.pop(fetch.tp, None)
-        self._on_space()  # the partition may be under its read-ahead share now: fetch it again
+        self._on_space(fetch.tp, was_full)  # the partition may be under its read-ahead share now
