@@ -1003,8 +1003,14 @@ def test_compiled_crc32c_is_the_crc32c_packages(data: bytes, skip: int) -> None:
 
 
 @needs_c
-@pytest.mark.parametrize("size", [0, 1, 7, 8, 3071, 3072, 3073, 3 * 1024 * 5 + 13, 1 << 20])
+@pytest.mark.parametrize(
+    "size",
+    [0, 1, 7, 8, 3071, 3072, 3073, 3 * 1024 * 5 + 13, 6143, 6144, 6145, 6144 + 3072, 6144 + 3072 + 9, 2 * 6144 - 1,
+     3 * 6144 + 3071, 1 << 20],
+)
 def test_compiled_crc32c_across_its_block_sizes(size: int) -> None:
+    """Every path of the compiled CRC: six streams of 1 KiB blocks, then three, then 8 bytes at a
+    time, then bytes."""
     import crc32c
 
     data = bytes((i * 131 + (i >> 8)) & 0xFF for i in range(size))

@@ -789,10 +789,12 @@ done:
  *
  * The v2 batch checksum (Castagnoli, reflected polynomial 0x82F63B78), for the column walk,
  * which checks every batch without a call into the ``crc32c`` package per batch.  On x86-64 with
- * SSE4.2 it runs three interleaved streams of the CRC32 instruction (whose latency is three times
- * its throughput) over blocks of CRC_BLOCK bytes and joins them: the state after a block of data
- * is linear in the state before it, so the state of stream one after CRC_BLOCK more bytes is
- * ``crc_skip_block(state)`` (four table lookups), XORed with stream two's, which started at 0.
+ * SSE4.2 it runs six interleaved streams of the CRC32 instruction over blocks of CRC_BLOCK bytes
+ * (its latency is three times its throughput, and newer cores, AMD's Zen 5 among them, run two at
+ * once: six streams take 64 GB/s there, three 32), then three for what is left, and joins them:
+ * the state after a block of data is linear in the state before it, so the state of stream one
+ * after CRC_BLOCK more bytes is ``crc_skip_block(state)`` (four table lookups), XORed with stream
+ * two's, which started at 0; and so on down the streams.
  * Elsewhere a byte-at-a-time table does the same work, and the Python side does not use the walk
  * to check CRCs (``HW_CRC32C`` is False).
  */
@@ -859,7 +861,34 @@ crc_init(void)
 __attribute__((target("sse4.2"))) static uint32_t
 crc_hw(uint32_t c, const unsigned char *p, size_t n)
 {
-    while (n >= 3 * CRC_BLOCK) {
+    while (n >= 6 * CRC_BLOCK) {
+        uint64_t c0 = c, c1 = 0, c2 = 0, c3 = 0, c4 = 0, c5 = 0;
+        const unsigned char *block_end = p + CRC_BLOCK;
+        do {
+            uint64_t a, b, d, e, f, g;
+            memcpy(&a, p, 8);
+            memcpy(&b, p + CRC_BLOCK, 8);
+            memcpy(&d, p + 2 * CRC_BLOCK, 8);
+            memcpy(&e, p + 3 * CRC_BLOCK, 8);
+            memcpy(&f, p + 4 * CRC_BLOCK, 8);
+            memcpy(&g, p + 5 * CRC_BLOCK, 8);
+            c0 = _mm_crc32_u64(c0, a);
+            c1 = _mm_crc32_u64(c1, b);
+            c2 = _mm_crc32_u64(c2, d);
+            c3 = _mm_crc32_u64(c3, e);
+            c4 = _mm_crc32_u64(c4, f);
+            c5 = _mm_crc32_u64(c5, g);
+            p += 8;
+        } while (p < block_end);
+        c = crc_skip_block((uint32_t)c0) ^ (uint32_t)c1;
+        c = crc_skip_block(c) ^ (uint32_t)c2;
+        c = crc_skip_block(c) ^ (uint32_t)c3;
+        c = crc_skip_block(c) ^ (uint32_t)c4;
+        c = crc_skip_block(c) ^ (uint32_t)c5;
+        p += 5 * CRC_BLOCK;
+        n -= 6 * CRC_BLOCK;
+    }
+    if (n >= 3 * CRC_BLOCK) {
         uint64_t c0 = c, c1 = 0, c2 = 0;
         const unsigned char *block_end = p + CRC_BLOCK;
         do {

