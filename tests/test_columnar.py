@@ -1256,6 +1256,43 @@ def test_an_export_arrow_capsule_not_imported_lets_go_when_dropped() -> None:
 
 
 @needs_export
+def test_both_imports_of_the_export_give_the_same_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # RecordBatch._import_from_c against the schema object (the route where pyarrow has it) and
+    # pyarrow.record_batch through the PyCapsule protocol: one batch.
+    assert columnar._arrow_types()["import_from_c"] is not None  # this pyarrow has it: the route is tested
+    reader = columnar.ColumnReader(FIXTURES["many-batches"], topic=TOPIC, partition=PART)
+    columns = reader.take(1 << 30, 0)
+    by_address = to_arrow(columns, TOPIC, PART)
+    monkeypatch.setitem(columnar._arrow_types(), "import_from_c", None)
+    by_protocol = to_arrow(columns, TOPIC, PART)
+    by_address.validate(full=True)
+    assert by_address.equals(by_protocol) and by_address.schema == by_protocol.schema
+    assert by_address.to_pylist() == _from_buffers(columns).to_pylist()
+
+
+@needs_export
+def test_arrow_address_takes_only_a_capsule_not_imported_yet() -> None:
+    arrow_address = columnar._arrow_address
+    data = bytearray(b"\x02\x00\x00\x00" * 4)
+    root = ("+s", 4, 0, 0, (None,), (("i", 4, 0, 0, (None, data), ()),))
+    schema = pa.schema([pa.field("x", pa.int32())])
+    capsule = export_arrow(root)
+    batch = pa.RecordBatch._import_from_c(arrow_address(capsule), schema)
+    assert batch.column(0).to_pylist() == [2, 2, 2, 2]
+    with pytest.raises(ValueError, match="imported already"):
+        arrow_address(capsule)
+    del capsule  # moved out: Arrow's now, held until the batch goes
+    with pytest.raises(BufferError):
+        data.append(0)
+    del batch
+    data.append(0)
+    with pytest.raises(TypeError, match="not an export_arrow capsule"):
+        arrow_address(schema.__arrow_c_schema__())
+    with pytest.raises(TypeError, match="not an export_arrow capsule"):
+        arrow_address(b"no capsule")
+
+
+@needs_export
 def test_export_arrow_children_moved_out_and_released_without_the_gil() -> None:
     # What the C data interface allows an importer: move the root out of the capsule, move a child
     # out of the root, release each on its own, from a thread that does not hold the GIL (a ctypes

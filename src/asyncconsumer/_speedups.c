@@ -2440,6 +2440,29 @@ export_arrow(PyObject *module, PyObject *node)
     return capsule;
 }
 
+/* The address of the struct ArrowArray in an export_arrow capsule, for pyarrow's
+ * ``RecordBatch._import_from_c(address, schema)``, which takes a Schema object: importing through
+ * the PyCapsule protocol exports and imports the schema again for every batch. */
+static PyObject *
+arrow_address(PyObject *module, PyObject *capsule)
+{
+    if (!PyCapsule_IsValid(capsule, "arrow_array")) {
+        PyErr_SetString(PyExc_TypeError, "arrow_address: not an export_arrow capsule");
+        return NULL;
+    }
+    struct ArrowArray *array = PyCapsule_GetPointer(capsule, "arrow_array");
+    if (array->release == NULL) {
+        PyErr_SetString(PyExc_ValueError, "arrow_address: the array was imported already");
+        return NULL;
+    }
+    return PyLong_FromVoidPtr(array);
+}
+
+PyDoc_STRVAR(arrow_address_doc,
+             "arrow_address(capsule) -> int\n\n"
+             "The address of the ArrowArray an export_arrow capsule holds (not imported yet), for an\n"
+             "importer that takes an address; the capsule must outlive the import.");
+
 PyDoc_STRVAR(export_arrow_doc,
              "export_arrow(node) -> PyCapsule\n\n"
              "An Arrow C data interface array (a capsule named \"arrow_array\") over the buffers of a\n"
@@ -2462,6 +2485,7 @@ static PyMethodDef methods[] = {
     {"ms_to_us", (PyCFunction)(void (*)(void))ms_to_us, METH_FASTCALL, ms_to_us_doc},
     {"crc32c", (PyCFunction)crc32c_py, METH_O, crc32c_doc},
     {"export_arrow", (PyCFunction)export_arrow, METH_O, export_arrow_doc},
+    {"arrow_address", (PyCFunction)arrow_address, METH_O, arrow_address_doc},
     {NULL, NULL, 0, NULL},
 };
 

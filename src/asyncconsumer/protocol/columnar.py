@@ -64,7 +64,8 @@ Design
   buffer; a 10,000-record block of 1 KiB values took 5.2 ms with it, 2.8 ms without).
 * **Arrow** (:func:`to_arrow`, needs ``pyarrow``): the buffers handed to Arrow without a copy,
   with the compiled decoder in one call through the Arrow C data interface (``export_arrow``
-  makes the ``ArrowArray`` tree, ``pyarrow.record_batch`` imports it by the PyCapsule protocol;
+  makes the ``ArrowArray`` tree; pyarrow's ``RecordBatch._import_from_c`` imports it against the
+  schema object, or where that is missing ``pyarrow.record_batch`` by the PyCapsule protocol;
   Arrow holds each buffer until it releases the array, from any thread), else column by column
   with ``pa.Array.from_buffers``.  The schema is Spark's Kafka source's (:func:`arrow_schema`,
   the one spark/arrow.py emits): key and value binary, topic string and partition int32
@@ -401,6 +402,8 @@ _ms_to_us: Any = getattr(_speedups, "ms_to_us", None)
 _HW_CRC32C = bool(getattr(_speedups, "HW_CRC32C", False))
 #: The compiled ``export_arrow(node)`` (the Arrow C data interface) beside the compiled builder, else None.
 _export_arrow: Any = getattr(_speedups, "export_arrow", None)
+#: The compiled ``arrow_address(capsule)``: where the ArrowArray of an ``export_arrow`` capsule is.
+_arrow_address: Any = getattr(_speedups, "arrow_address", None)
 
 
 @functools.cache
@@ -653,6 +656,9 @@ def _arrow_types() -> dict[str, Any]:
         "timestamp": timestamp,
         "timestamp_ms": pa.timestamp("ms", tz="UTC"),
         "schema": pa.schema(base),
+        # pyarrow's import of an ArrowArray address against a Schema object (no schema capsule
+        # made and imported for every batch, as the PyCapsule protocol does); None: not there.
+        "import_from_c": getattr(pa.RecordBatch, "_import_from_c", None),
         "schema_with_headers": pa.schema([*base, pa.field("headers", headers)]),
     }
 
@@ -679,7 +685,8 @@ def to_arrow(
 
     The columns are described once, as nodes (:func:`_column_nodes`).  With the compiled decoder
     they are handed to Arrow in one call through the Arrow C data interface (``export_arrow``,
-    imported by ``pyarrow.record_batch``); without it, by ``pa.Array.from_buffers`` node by node.
+    imported by ``RecordBatch._import_from_c`` against the schema object, or by
+    ``pyarrow.record_batch``); without it, by ``pa.Array.from_buffers`` node by node.
     The two give the same batch.
     """
     types = _arrow_types()  # pyarrow and its types, made once: a type made per call costs
@@ -688,6 +695,9 @@ def to_arrow(
     schema = types["schema" if columns.buffers.header_offsets is None else "schema_with_headers"]
     if _export_arrow is not None and micros is not None:
         array = _export_arrow(("+s", columns.count, 0, 0, (None,), nodes))
+        import_from_c = types["import_from_c"]
+        if import_from_c is not None and _arrow_address is not None:
+            return import_from_c(_arrow_address(array), schema)  # moves the array out of the capsule
         return types["pa"].record_batch(_ArrowExport(schema, array))
     return _from_buffers(types, nodes, schema, columns, topic, partition)
 
