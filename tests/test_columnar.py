@@ -752,6 +752,11 @@ def test_topic_and_partition_columns_are_kept_shared_and_grown(monkeypatch: pyte
     assert len(offsets) >= 41 and list(offsets[:41]) == list(range(0, 123, 3))
     assert data[: 40 * 3] == b"abc" * 40 and list(ids[:40]) == [1] * 40
     assert columnar._constant_buffers("abc", 1, 40)[0] is offsets  # and kept
+    # Doubling stops where the int32 offsets end (a long name, many rows).
+    monkeypatch.setattr(columnar, "_TOPIC_OFFSET_MAX", 1000)
+    offsets = columnar._constant_buffers("0123456789", 0, 60)[0]
+    offsets = columnar._constant_buffers("0123456789", 0, 61)[0]  # would double to 122 rows: 1,220 bytes
+    assert len(offsets) == 101 and offsets[-1] == 1000
     for cache in caches:
         cache.clear()
 

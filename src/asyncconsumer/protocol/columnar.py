@@ -786,6 +786,7 @@ def _from_buffers(
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 _CONSTANTS_KEPT = 256  # entries per cache below, then it starts again
+_TOPIC_OFFSET_MAX = 2**31 - 1  # the topic column's offsets are int32
 _CONSTANT_ROWS = 16_384  # rows the first buffers of each cache cover (more on demand, doubling)
 _topic_offsets: dict[int, array[int]] = {}  # the offsets of a topic name this many bytes long
 _topic_data: dict[str, bytes] = {}  # the name, repeated
@@ -803,6 +804,8 @@ def _constant_buffers(topic: str, partition: int, n: int) -> tuple[Buffer, Buffe
     offsets = _topic_offsets.get(width)
     if offsets is None or len(offsets) <= n:
         size = _grown(0 if offsets is None else len(offsets) - 1, n)
+        if width:  # no more rows than int32 offsets reach (more than n only when they do)
+            size = max(n, min(size, _TOPIC_OFFSET_MAX // width))
         offsets = array(_INT32, range(0, (size + 1) * width, width)) if width else array(_INT32, [0]) * (size + 1)
         _kept(_topic_offsets)[width] = offsets
     data = _topic_data.get(topic)
