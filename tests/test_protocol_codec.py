@@ -594,3 +594,53 @@ def test_fetch_decode_speed() -> None:
     per_call = (time.perf_counter() - start) / rounds
     print(f"Fetch v16 response, 4 x 1 MB partitions: {per_call * 1e6:.0f} us per decode")
     assert per_call < 0.005  # target is well under 1 ms; generous bound for slow CI machines
+
+
+@pytest.mark.parametrize(
+    ("ours", "fmt", "values"),
+    [
+        ("INT8", "b", [-128, 0, 127]),
+        ("INT16", "h", [-(2**15), 7, 2**15 - 1]),
+        ("UINT16", "H", [0, 2**16 - 1]),
+        ("INT32", "l", [-(2**31), 1, 2**31 - 1]),
+        ("UINT32", "L", [0, 2**32 - 1]),
+        ("INT64", "q", [-(2**63), 5, 2**63 - 1]),
+        ("FLOAT64", "d", [0.0, -1.5, 1e300]),
+    ],
+)
+def test_fixed_width_numbers_are_constructs_own(ours: str, fmt: str, values: list[Any]) -> None:
+    """The codec's fixed-width numbers read from a frame's view and write with a precompiled
+    struct: the same values, bytes and errors as construct's FormatField, on every stream."""
+    import io
+
+    from construct import FormatField
+
+    from asyncconsumer.protocol import primitives
+    from asyncconsumer.protocol.primitives import FrameReader
+
+    field, reference = getattr(primitives, ours), FormatField(">", fmt)
+    for value in values:
+        data = reference.build(value)
+        assert field.build(value) == data
+        for stream in (FrameReader(b"\x00" + data + b"\x01"), io.BytesIO(b"\x00" + data + b"\x01")):
+            stream.read(1)
+            assert field._parse(stream, None, "") == value and stream.tell() == 1 + len(data)
+    for bad in (None, "1", 2**64 if fmt != "d" else "x"):
+        expected = _raised(reference.build, bad)
+        with pytest.raises(type(expected)) as got:
+            field.build(bad)
+        assert str(got.value) == str(expected)
+    short = reference.build(values[0])[:-1]
+    for stream_of in (FrameReader, io.BytesIO):
+        expected = _raised(reference._parse, stream_of(short), None, "(path)")
+        with pytest.raises(type(expected)) as got:
+            field._parse(stream_of(short), None, "(path)")
+        assert str(got.value) == str(expected)
+
+
+def _raised(call: Any, *args: Any) -> BaseException:
+    try:
+        call(*args)
+    except Exception as exc:
+        return exc
+    raise AssertionError("expected an error")

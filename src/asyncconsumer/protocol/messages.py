@@ -153,7 +153,7 @@ class MessageStruct(_Base):
         seen: set[str] | tuple[()] = ()
         try:
             for key, sub, _default in self.positional:
-                result[key] = sub._parsereport(stream, context, path)
+                result[key] = sub._parse(stream, context, path)
             if self.flexible:
                 key = "<tagged fields>"
                 seen = self._parse_tagged(stream, context, path, result)
@@ -177,7 +177,7 @@ class MessageStruct(_Base):
                 continue
             key, sub = known
             start = stream.tell()
-            result[key] = sub._parsereport(stream, context, path)
+            result[key] = sub._parse(stream, context, path)
             used = stream.tell() - start
             if used > size:
                 raise ProtocolDecodeError(f"tagged field {tag} overran its size {size}")

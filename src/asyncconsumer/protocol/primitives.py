@@ -22,13 +22,7 @@ from construct import (
     Construct,
     ConstructError,
     Flag,
-    Float64b,
-    Int8sb,
-    Int16sb,
-    Int16ub,
-    Int32sb,
-    Int32ub,
-    Int64sb,
+    FormatField,
     SizeofError,
 )
 
@@ -164,14 +158,44 @@ class _Base(Construct):  # type: ignore[misc]  # construct is untyped
         raise SizeofError("variable-size Kafka type", path=path)
 
 
+class _Fixed(FormatField):  # type: ignore[misc]  # construct is untyped
+    """A big-endian fixed-width number, read straight from a :class:`FrameReader`'s view
+    (construct reads a copy of the bytes first, through two more calls) and written with a
+    precompiled ``struct``.  Other streams, a frame too short for it and a value that does not
+    pack take construct's own path, which raises its own error.  (Decoding 32 fetch responses:
+    1.25 to 0.89 ms.)"""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__(">", fmt)
+        packer = struct.Struct(">" + fmt)
+        self._unpack_from, self._pack = packer.unpack_from, packer.pack
+
+    def _parse(self, stream: Any, context: Any, path: Any) -> Any:
+        if type(stream) is FrameReader:
+            pos = stream.pos
+            end = pos + self.length
+            if end <= stream.end:
+                stream.pos = end
+                return self._unpack_from(stream.view, pos)[0]
+        return super()._parse(stream, context, path)
+
+    def _build(self, obj: Any, stream: Any, context: Any, path: Any) -> Any:
+        try:
+            data = self._pack(obj)
+        except struct.error:
+            return super()._build(obj, stream, context, path)  # raises construct's error, naming the format
+        stream.write(data)
+        return obj
+
+
 BOOL = Flag  # any non-zero byte reads as true
-INT8 = Int8sb
-INT16 = Int16sb
-INT32 = Int32sb
-INT64 = Int64sb
-UINT16 = Int16ub
-UINT32 = Int32ub
-FLOAT64 = Float64b
+INT8 = _Fixed("b")
+INT16 = _Fixed("h")
+INT32 = _Fixed("l")  # construct spells 4-byte ints l (struct: standard sizes with ">")
+INT64 = _Fixed("q")
+UINT16 = _Fixed("H")
+UINT32 = _Fixed("L")
+FLOAT64 = _Fixed("d")
 
 
 def _read_length(stream: Any, flexible: bool, wide: bool) -> int:
@@ -313,7 +337,8 @@ class Array(_Nullable):
         if isinstance(stream, FrameReader) and n > stream.remaining():
             raise ProtocolDecodeError(f"array count {n} exceeds the {stream.remaining()} bytes left")
         sub = self.subcon
-        return [sub._parsereport(stream, context, path) for _ in range(n)]
+        parse = sub._parse  # (construct's _parsereport adds only a hook none of ours has)
+        return [parse(stream, context, path) for _ in range(n)]
 
     def _build(self, obj: Any, stream: Any, context: Any, path: Any) -> Any:
         if obj is None:
@@ -339,7 +364,7 @@ class NullableStruct(_Base):
         marker = read_exact(stream, 1)[0]
         if marker >= 0x80:  # negative int8: null, as Java reads it
             return None
-        return self.subcon._parsereport(stream, context, path)
+        return self.subcon._parse(stream, context, path)
 
     def _build(self, obj: Any, stream: Any, context: Any, path: Any) -> Any:
         if obj is None:
