@@ -858,52 +858,36 @@ crc_init(void)
 #include <nmmintrin.h>
 #define HAVE_HW_CRC 1
 
+/* The state after ``streams`` consecutive blocks of CRC_BLOCK bytes from ``p``, from state ``c``:
+ * one stream per block, run side by side, joined in order.  Inlined with a constant ``streams``,
+ * the streams stay in registers. */
+__attribute__((target("sse4.2"), always_inline)) static inline uint32_t
+crc_blocks(uint32_t c, const unsigned char *p, int streams)
+{
+    uint64_t s[6] = {c, 0, 0, 0, 0, 0};
+    for (size_t at = 0; at < CRC_BLOCK; at += 8) {
+        for (int i = 0; i < streams; i++) {
+            uint64_t a;
+            memcpy(&a, p + (size_t)i * CRC_BLOCK + at, 8);
+            s[i] = _mm_crc32_u64(s[i], a);
+        }
+    }
+    c = (uint32_t)s[0];
+    for (int i = 1; i < streams; i++) {
+        c = crc_skip_block(c) ^ (uint32_t)s[i];
+    }
+    return c;
+}
+
 __attribute__((target("sse4.2"))) static uint32_t
 crc_hw(uint32_t c, const unsigned char *p, size_t n)
 {
-    while (n >= 6 * CRC_BLOCK) {
-        uint64_t c0 = c, c1 = 0, c2 = 0, c3 = 0, c4 = 0, c5 = 0;
-        const unsigned char *block_end = p + CRC_BLOCK;
-        do {
-            uint64_t a, b, d, e, f, g;
-            memcpy(&a, p, 8);
-            memcpy(&b, p + CRC_BLOCK, 8);
-            memcpy(&d, p + 2 * CRC_BLOCK, 8);
-            memcpy(&e, p + 3 * CRC_BLOCK, 8);
-            memcpy(&f, p + 4 * CRC_BLOCK, 8);
-            memcpy(&g, p + 5 * CRC_BLOCK, 8);
-            c0 = _mm_crc32_u64(c0, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, d);
-            c3 = _mm_crc32_u64(c3, e);
-            c4 = _mm_crc32_u64(c4, f);
-            c5 = _mm_crc32_u64(c5, g);
-            p += 8;
-        } while (p < block_end);
-        c = crc_skip_block((uint32_t)c0) ^ (uint32_t)c1;
-        c = crc_skip_block(c) ^ (uint32_t)c2;
-        c = crc_skip_block(c) ^ (uint32_t)c3;
-        c = crc_skip_block(c) ^ (uint32_t)c4;
-        c = crc_skip_block(c) ^ (uint32_t)c5;
-        p += 5 * CRC_BLOCK;
-        n -= 6 * CRC_BLOCK;
+    for (; n >= 6 * CRC_BLOCK; p += 6 * CRC_BLOCK, n -= 6 * CRC_BLOCK) {
+        c = crc_blocks(c, p, 6);
     }
     if (n >= 3 * CRC_BLOCK) {
-        uint64_t c0 = c, c1 = 0, c2 = 0;
-        const unsigned char *block_end = p + CRC_BLOCK;
-        do {
-            uint64_t a, b, d;
-            memcpy(&a, p, 8);
-            memcpy(&b, p + CRC_BLOCK, 8);
-            memcpy(&d, p + 2 * CRC_BLOCK, 8);
-            c0 = _mm_crc32_u64(c0, a);
-            c1 = _mm_crc32_u64(c1, b);
-            c2 = _mm_crc32_u64(c2, d);
-            p += 8;
-        } while (p < block_end);
-        c = crc_skip_block((uint32_t)c0) ^ (uint32_t)c1;
-        c = crc_skip_block(c) ^ (uint32_t)c2;
-        p += 2 * CRC_BLOCK;
+        c = crc_blocks(c, p, 3);
+        p += 3 * CRC_BLOCK;
         n -= 3 * CRC_BLOCK;
     }
     uint64_t c64 = c;
