@@ -2114,8 +2114,9 @@ PyDoc_STRVAR(ms_to_us_doc,
  *
  * export_arrow(node) hands a tree of column buffers to Arrow in one call: a PyCapsule named
  * "arrow_array" holding a ``struct ArrowArray`` (the Arrow C data interface, its ABI fixed by
- * the Arrow project), which ``pyarrow.record_batch`` imports together with a schema's capsule
- * (the PyCapsule protocol, ``__arrow_c_array__``).  A node is ``(format, length, null_count,
+ * the Arrow project), which pyarrow's ``RecordBatch._import_from_c`` imports from its address
+ * (arrow_address) against a schema object, or ``pyarrow.record_batch`` together with a schema's
+ * capsule (the PyCapsule protocol, ``__arrow_c_array__``).  A node is ``(format, length, null_count,
  * offset, buffers, children)``: ``format`` the Arrow format string of its physical layout (see
  * export_check, which holds the buffers to it), ``buffers`` a tuple of objects with the buffer
  * protocol (or None for an absent validity bitmap), ``children`` a tuple of nodes.  Each buffer is held (a Py_buffer, as
