@@ -190,13 +190,20 @@ class Client:
         self.waiters[request].set_result((version, body, error))
 
     async def metadata(self, node_id: int | None = None) -> tuple[int, Body | None, BaseException | None]:
-        request = UnsentRequest(
-            "Metadata", lambda version: {"topics": []}, lambda *a: None, lambda *a: None, node_id=node_id
-        )
+        return await self.wait(self.send_metadata(node_id=node_id))
+
+    def send_metadata(self, topics: list[str] | None = None, **options: Any) -> Waiter[Any]:
+        """Send a Metadata request for ``topics`` now; the waiter gets (version, body, error)."""
+        body = {"topics": [{"name": t} for t in topics or []]}
+        request = UnsentRequest("Metadata", lambda version: body, lambda *a: None, lambda *a: None, **options)
         waiter = self.waiters[request] = Waiter()
         self.network.send(request)
+        return waiter
+
+    async def wait(self, waiter: Waiter[Any]) -> tuple[int, Body | None, BaseException | None]:
         with anyio.fail_after(10):
-            return await waiter.wait()
+            result: tuple[int, Body | None, BaseException | None] = await waiter.wait()
+            return result
 
 
 # -- pipelining and the read path ----------------------------------------------------------------
@@ -284,6 +291,70 @@ async def test_request_timeout_fails_the_request_and_the_connection_is_replaced(
         assert error is None and body is not None
         assert [r.connection for r in server.seen("Metadata")] == [1, 2]
         assert server.closed_by_client >= 1  # the timed-out connection was closed, not reused
+        await client.network.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_request_sent_without_a_task_times_out_on_a_connection_that_stops_answering() -> None:
+    # The second request finds the connection open and goes out from the caller (send_nowait):
+    # the connection's watchdog ends it at its deadline, as request_version does its own.
+    def answer(server: Server, request: Received) -> bytes | None:
+        return None if request.connection == 1 and len(server.seen("Metadata")) > 1 else metadata(request)
+
+    async with scripted_broker(answer) as server, anyio.create_task_group() as tg:
+        client = Client(tg, bootstrap_servers=server.address, request_timeout_ms=300)
+        assert (await client.metadata())[2] is None
+        started = time.monotonic()
+        _, body, error = await client.metadata()
+        assert isinstance(error, KafkaTimeoutError) and body is None
+        assert f"Metadata request to {server.address} timed out after 0.3s" in str(error)
+        assert 0.25 < time.monotonic() - started < 3
+        _, body, error = await client.metadata()
+        assert error is None and body is not None
+        assert [r.connection for r in server.seen("Metadata")] == [1, 1, 2]
+        await client.network.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_the_watchdog_wakes_for_a_request_due_before_the_ones_it_waits_on() -> None:
+    # A long poll (10 s more) and then a plain request, both unanswered: the plain one times the
+    # connection out at the request timeout, and the long poll with it.
+    def answer(server: Server, request: Received) -> bytes | None:
+        return metadata(request) if len(server.seen("Metadata")) == 1 else None
+
+    async with scripted_broker(answer) as server, anyio.create_task_group() as tg:
+        client = Client(tg, bootstrap_servers=server.address, request_timeout_ms=300)
+        assert (await client.metadata())[2] is None
+        started = time.monotonic()
+        long_poll = client.send_metadata(["long"], extra_timeout_ms=10_000)
+        await anyio.sleep(0.05)  # the watchdog is asleep until the long poll's deadline
+        plain = client.send_metadata(["plain"])
+        _, _, error = await client.wait(plain)
+        assert isinstance(error, KafkaTimeoutError) and "timed out after 0.3s" in str(error)
+        assert (await client.wait(long_poll))[2] is error  # the connection closed with it
+        assert time.monotonic() - started < 3
+        await client.network.aclose()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_request_larger_than_the_socket_buffer_is_finished_before_the_next_one_goes_out() -> None:
+    # The kernel takes part of a 4 MB request at once: a task sends the rest, and the request
+    # made right after it waits for the send lock (interleaved frames would be garbage here).
+    def answer(server: Server, request: Received) -> bytes | None:
+        topics = request.body["topics"] or []
+        return reply(request, {"brokers": [], "cluster_id": f"{len(topics)}", "controller_id": -1, "topics": []})
+
+    big = [f"{i:08d}" + "t" * 92 for i in range(40_000)]
+    async with scripted_broker(answer) as server, anyio.create_task_group() as tg:
+        client = Client(tg, bootstrap_servers=server.address)
+        assert (await client.metadata())[2] is None
+        first, second = client.send_metadata(big), client.send_metadata(["small"])
+        _, body, error = await client.wait(first)
+        assert error is None and body is not None and body["cluster_id"] == "40000"
+        _, body, error = await client.wait(second)
+        assert error is None and body is not None and body["cluster_id"] == "1"
+        assert [len(r.body["topics"] or []) for r in server.seen("Metadata")] == [0, 40_000, 1]
+        assert {r.connection for r in server.received} == {1}
         await client.network.aclose()
         tg.cancel_scope.cancel()
 

@@ -916,6 +916,18 @@ crc32c(const unsigned char *p, size_t n)
     return ~crc_sw(0xFFFFFFFFu, p, n);
 }
 
+/* The CRC-32C state ``c`` (not inverted) carried over ``n`` more bytes. */
+static inline uint32_t
+crc_update(uint32_t c, const unsigned char *p, size_t n)
+{
+#ifdef HAVE_HW_CRC
+    if (hw_crc32c) {
+        return crc_hw(c, p, n);
+    }
+#endif
+    return crc_sw(c, p, n);
+}
+
 static void
 crc_detect(void)
 {
@@ -1140,6 +1152,13 @@ put_bit(colbuf *b, Py_ssize_t i, int valid)
     }
 }
 
+/* Bit i of a validity bitmap cleared, the others left as they are. */
+static inline void
+clear_bit(colbuf *b, Py_ssize_t i)
+{
+    ((unsigned char *)b->p)[i >> 3] &= (unsigned char)~(1u << (i & 7));
+}
+
 /* Room for ``count`` more records in the per-record buffers. */
 static int
 reserve_records(ColumnBuilder *cb, Py_ssize_t count)
@@ -1244,11 +1263,39 @@ put_header_key_value(ColumnBuilder *cb, const unsigned char *key, Py_ssize_t kle
     return put_header(cb, key, klen, value, vlen);
 }
 
-/* The record's key, value and fixed fields (its headers are stored already); reserve_records
- * made room for it. */
-static int
-put_record(ColumnBuilder *cb, int64_t offset, int64_t ts, int32_t ts_type, const unsigned char *key,
-           Py_ssize_t klen, const unsigned char *value, Py_ssize_t vlen)
+/* Marks records ``first`` .. ``first + count - 1`` valid in a bitmap with room for them (the bits
+ * before ``first`` stay): a batch's records are then only cleared when null (put_record_fields). */
+static void
+prefill_valid(colbuf *b, Py_ssize_t first, Py_ssize_t count)
+{
+    if (count <= 0) {
+        return;
+    }
+    unsigned char *p = (unsigned char *)b->p;
+    Py_ssize_t last = (first + count - 1) >> 3;
+    p[first >> 3] |= (unsigned char)(0xFFu << (first & 7));
+    if (last > first >> 3) {
+        memset(p + (first >> 3) + 1, 0xFF, (size_t)(last - (first >> 3)));
+    }
+}
+
+/* ``v`` in int32 slots ``first`` .. ``end - 1``. */
+static void
+fill_i32(colbuf *b, Py_ssize_t first, Py_ssize_t end, int32_t v)
+{
+    int32_t *p = (int32_t *)(void *)b->p;
+    for (Py_ssize_t i = first; i < end; i++) {
+        p[i] = v;
+    }
+}
+
+/* The record's key, value, offset and timestamp (its headers are stored already); reserve_records
+ * made room for it.  Its validity bits are only cleared for a null key or value, and its
+ * timestamp type is not stored: parse_columns fills those for the whole batch, put_record for
+ * one record. */
+HOT int
+put_record_fields(ColumnBuilder *cb, int64_t offset, int64_t ts, const unsigned char *key, Py_ssize_t klen,
+                  const unsigned char *value, Py_ssize_t vlen)
 {
     colstate *s = &cb->s;
     Py_ssize_t i = s->n;
@@ -1264,11 +1311,14 @@ put_record(ColumnBuilder *cb, int64_t offset, int64_t ts, int32_t ts_type, const
     }
     put_i64(&cb->b[B_OFFSETS], i, offset);
     put_i64(&cb->b[B_TIMESTAMPS], i, ts);
-    put_i32(&cb->b[B_TS_TYPES], i, ts_type);
-    put_bit(&cb->b[B_KEY_VALID], i, key != NULL);
-    put_bit(&cb->b[B_VALUE_VALID], i, value != NULL);
-    s->key_nulls += key == NULL;
-    s->value_nulls += value == NULL;
+    if (key == NULL) {
+        clear_bit(&cb->b[B_KEY_VALID], i);
+        s->key_nulls++;
+    }
+    if (value == NULL) {
+        clear_bit(&cb->b[B_VALUE_VALID], i);
+        s->value_nulls++;
+    }
     put_i32(&cb->b[B_KEY_OFFSETS], i + 1, (int32_t)s->key_len);
     put_i32(&cb->b[B_VALUE_OFFSETS], i + 1, (int32_t)s->value_len);
     if (cb->headers) {
@@ -1276,6 +1326,21 @@ put_record(ColumnBuilder *cb, int64_t offset, int64_t ts, int32_t ts_type, const
     }
     s->n = i + 1;
     return OK;
+}
+
+/* One record, all of its fields (put_rows: the rows of the Python decoder). */
+static int
+put_record(ColumnBuilder *cb, int64_t offset, int64_t ts, int32_t ts_type, const unsigned char *key,
+           Py_ssize_t klen, const unsigned char *value, Py_ssize_t vlen)
+{
+    Py_ssize_t i = cb->s.n;
+    put_bit(&cb->b[B_KEY_VALID], i, key != NULL);
+    put_bit(&cb->b[B_VALUE_VALID], i, value != NULL);
+    int r = put_record_fields(cb, offset, ts, key, klen, value, vlen);
+    if (r == OK) {
+        put_i32(&cb->b[B_TS_TYPES], i, ts_type);
+    }
+    return r;
 }
 
 /* Would a record with this much key and value data fit?  (Headers are checked as stored.) */
@@ -1314,9 +1379,20 @@ typedef struct {
     int32_t timestamp_type;
 } col_batch;
 
-/* The records section of a v2 batch into the builder, with parse_records' checks. */
+/* A batch's CRC-32C taken as its records are parsed: the bytes from ``at`` up to the parser's
+ * position are not in ``c`` yet. */
+typedef struct {
+    uint32_t c;
+    Py_ssize_t at;
+} crc_run;
+
+/* Bytes parsed before they are added to a running CRC: they are still in the L1 cache then. */
+#define CRC_CHUNK (16 << 10)
+
+/* The records section of a v2 batch into the builder, with parse_records' checks; with ``crc``,
+ * the batch's CRC is taken along (behind the parser, a chunk at a time). */
 static int
-parse_columns(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *plan)
+parse_columns(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *plan, crc_run *crc)
 {
     int status;
     /* A record takes at least 7 bytes: no more than this many can parse. */
@@ -1325,6 +1401,9 @@ parse_columns(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *pla
     if (reserve_records(cb, n) < 0) {
         return ERR_PYTHON;
     }
+    const Py_ssize_t first = cb->s.n;
+    prefill_valid(&cb->b[B_KEY_VALID], first, n);
+    prefill_valid(&cb->b[B_VALUE_VALID], first, n);
     for (int64_t i = 0; i < bi->count; i++) {
         record_head r;
         int64_t nheaders;
@@ -1362,13 +1441,18 @@ parse_columns(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *pla
                 return ERR_CORRUPT;
             }
             /* record_fits() said the key and value fit: put_record cannot be full. */
-            if (put_record(cb, r.offset, r.ts, bi->timestamp_type, r.key, (Py_ssize_t)r.klen, r.value,
-                           (Py_ssize_t)r.vlen) != OK) {
+            if (put_record_fields(cb, r.offset, r.ts, r.key, (Py_ssize_t)r.klen, r.value, (Py_ssize_t)r.vlen) !=
+                OK) {
                 return ERR_PYTHON;
             }
             plan->stored++;
         }
+        if (crc != NULL && p->pos - crc->at >= CRC_CHUNK) {
+            crc->c = crc_update(crc->c, p->buf + crc->at, (size_t)(p->pos - crc->at));
+            crc->at = p->pos;
+        }
     }
+    fill_i32(&cb->b[B_TS_TYPES], first, cb->s.n, bi->timestamp_type);
     return check_batch_end(p, bi->count);
 }
 
@@ -1599,7 +1683,7 @@ builder_append_locked(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs
     }
     colstate before = cb->s;
     store_plan initial = plan;
-    int status = parse_columns(&p, cb, &bi, &plan);
+    int status = parse_columns(&p, cb, &bi, &plan, NULL);
     close_records(&src);
     if (status == OK) {
         return append_result(cb, &plan, &before);
@@ -1633,13 +1717,40 @@ be_i64(const unsigned char *p)
 #define ATTR_TRANSACTIONAL 0x10
 #define ATTR_CONTROL 0x20
 
+/* Size an empty block's buffers from its first batch, as ColumnReader._reserve does: ``count``
+ * records in ``size`` bytes, ``left`` bytes of batches from it to the end of the record set, up
+ * to ``limit`` records in the block (whole batches: up to ``count`` more). */
+static int
+reserve_block(ColumnBuilder *cb, int64_t count, Py_ssize_t size, Py_ssize_t left, Py_ssize_t limit)
+{
+    if (count > size / 7) { /* the claim is bounded by the batch's real size (7 bytes a record) */
+        count = size / 7;
+    }
+    if (count <= 0) {
+        return 0;
+    }
+    Py_ssize_t records = (Py_ssize_t)(((int64_t)left * count + size - 1) / size), data = left;
+    if (limit < left / 7) { /* else the data bound below is at least ``left``; and no overflow */
+        Py_ssize_t bound = (Py_ssize_t)(((int64_t)limit * size + count - 1) / count) + size;
+        data = bound < left ? bound : left;
+        if (limit + count < records) {
+            records = limit + (Py_ssize_t)count;
+        }
+    }
+    if (records > cb->max_offset) {
+        records = cb->max_offset;
+    }
+    return reserve_records(cb, records) < 0 || reserve_data(cb, data) < 0 ? -1 : 0;
+}
+
 /* walk(records, pos, start, limit, check_crcs, read_committed) -> int
  *
  * ColumnReader's walk over a record set for the common batches, in one call: from byte ``pos`` of
  * ``records``, batch after batch while the builder holds fewer than ``limit`` records, it splits
  * off the next v2 batch, checks its CRC (``check_crcs``), skips it when it ends before offset
  * ``start`` or is a control batch, and stores the records of an uncompressed one at offset >=
- * ``start``, as append() would.  It returns the position of the first batch it left alone, for
+ * ``start``, as append() would (sizing an empty builder's buffers from that batch first, as
+ * ColumnReader._reserve does).  It returns the position of the first batch it left alone, for
  * the Python walk to take with iter_batches and append(): anything short of a whole v2 batch (a
  * truncated tail, another magic, a length or CRC that is wrong: iter_batches raises the error),
  * a compressed batch, one that does not fit beside what the builder holds or whose records fail
@@ -1660,11 +1771,15 @@ builder_walk_locked(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]), limit;
     int64_t start;
-    int check, committed;
-    if ((pos == -1 && PyErr_Occurred()) || ((start = PyLong_AsLongLong(args[2])) == -1 && PyErr_Occurred()) ||
+    int check, committed, overflow = 0;
+    if ((pos == -1 && PyErr_Occurred()) ||
+        ((start = PyLong_AsLongLongAndOverflow(args[2], &overflow)) == -1 && PyErr_Occurred()) ||
         ((limit = PyLong_AsSsize_t(args[3])) == -1 && PyErr_Occurred()) || (check = PyObject_IsTrue(args[4])) < 0 ||
         (committed = PyObject_IsTrue(args[5])) < 0) {
         return NULL;
+    }
+    if (overflow) { /* a start beyond 64 bits (after a corrupt batch's last offset): Python's ints decide */
+        return PyLong_FromSsize_t(pos);
     }
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
@@ -1693,10 +1808,10 @@ builder_walk_locked(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
         if ((attrs & ATTR_CODEC) || (committed && (attrs & (ATTR_TRANSACTIONAL | ATTR_CONTROL)))) {
             break;
         }
-        if (check && crc32c(h + V2_CRC_START, (size_t)(batch_end - pos - V2_CRC_START)) != be_u32(h + 17)) {
-            break;
-        }
         if (last < start || (attrs & ATTR_CONTROL)) {
+            if (check && crc32c(h + V2_CRC_START, (size_t)(batch_end - pos - V2_CRC_START)) != be_u32(h + 17)) {
+                break;
+            }
             pos = batch_end;
             continue;
         }
@@ -1713,8 +1828,16 @@ builder_walk_locked(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
         p.end = batch_end;
         p.nkeys = 0;
         store_plan plan = {start, 0, 0};
+        if (cb->s.n == 0 && reserve_block(cb, bi.count, batch_end - pos, end - pos, limit) < 0) {
+            goto done;
+        }
         colstate before = cb->s;
-        int status = parse_columns(&p, cb, &bi, &plan);
+        crc_run crc = {0xFFFFFFFFu, pos + V2_CRC_START};
+        int status = parse_columns(&p, cb, &bi, &plan, check ? &crc : NULL);
+        if (status == OK && check &&
+            ~crc_update(crc.c, buf + crc.at, (size_t)(batch_end - crc.at)) != be_u32(h + 17)) {
+            status = ERR_CORRUPT; /* rolled back: iter_batches raises the CRC error */
+        }
         if (status != OK || plan.full) {
             cb->s = before;
             if (status == ERR_PYTHON) {

@@ -14,6 +14,16 @@ connection and answers in order, so the SaslHandshake goes out behind the
 requests already in flight; new requests wait until the login is done, because
 the broker fails any other request between SaslHandshake and the last
 SaslAuthenticate.
+
+Most requests need no task of their own: ``send_nowait()`` encodes the request and writes
+it to the socket from the caller's task (the background loop), and the reader hands the
+response to the request's ``Outcome`` (the network client's, which passes it on to the
+loop).  It applies while the connection is plain TCP, no re-authentication is due and no
+other send is under way; otherwise the caller awaits ``request_version()``.  The kernel
+takes a request whole in nearly every case; when it takes only part, a task sends the
+rest while later requests wait for the send lock.  One watchdog task per connection ends
+such requests at their deadlines, as ``request_version()`` does its own: the connection
+closes with a ``KafkaTimeoutError``.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
@@ -81,6 +91,15 @@ def _looks_like(header: bytes) -> str:
     if all(0x20 <= b < 0x7F for b in header):
         return ", which looks like text"
     return ""
+
+
+class Outcome(Protocol):
+    """Where a request's response goes: its decoded body, or the error that ended it (the
+    connection's closing error, or the response's own).  ``Waiter`` is one."""
+
+    def set_result(self, result: Body) -> None: ...
+
+    def set_exception(self, exc: BaseException) -> None: ...
 
 
 class RefusedBeforeLogin(KafkaConnectionError):
@@ -150,8 +169,16 @@ class BrokerConnection:
         self._max_frame_bytes = max_frame_bytes
         self._frames = frames if frames is not None else BufferPool(0)
         self._stream: anyio.abc.ByteStream | None = None
-        self._send_lock = anyio.Lock()
-        self._pending: dict[int, tuple[str, int, Waiter[Body]]] = {}
+        # Held while a frame goes out over awaits (a semaphore: the rest of a frame ``send_nowait``
+        # began is sent by a task of its own, which releases it).
+        self._send_lock = anyio.Semaphore(1)
+        self._pending: dict[int, tuple[str, int, Outcome]] = {}
+        # The requests of ``send_nowait``: correlation id -> (deadline on the anyio clock, timeout),
+        # and their watchdog (it sleeps until ``_watch_until``, or until ``_watch_event`` is set).
+        self._deadlines: dict[int, tuple[float, float]] = {}
+        self._watch_event: anyio.Event | None = None
+        self._watch_until = float("inf")
+        self._watch_scope = anyio.CancelScope()
         self._next_correlation_id = 1
         # Bytes received but not yet consumed: ``_chunk[_pos:]`` (an offset, so taking a
         # frame never copies the rest of the chunk).
@@ -312,13 +339,93 @@ class BrokerConnection:
         with anyio.move_on_after(timeout) as scope:
             return await waiter.wait()
         if scope.cancelled_caught:
-            error = KafkaTimeoutError(f"{api} request to {self.host}:{self.port} timed out after {timeout:.1f}s")
-            if self._closed_error is None:  # not a silent stall: say which broker does not answer
-                log.warning("%s at %s:%s did not answer a %s request within %.1fs; closing the connection",
-                            describe_node(self.node_id), self.host, self.port, api, timeout)
-            self._fail(error)
-            raise error
+            raise self._timed_out(api, timeout)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _timed_out(self, api: str, timeout: float) -> KafkaTimeoutError:
+        """A request went unanswered for ``timeout`` seconds: the connection closes with this error."""
+        error = KafkaTimeoutError(f"{api} request to {self.host}:{self.port} timed out after {timeout:.1f}s")
+        if self._closed_error is None:  # not a silent stall: say which broker does not answer
+            log.warning("%s at %s:%s did not answer a %s request within %.1fs; closing the connection",
+                        describe_node(self.node_id), self.host, self.port, api, timeout)
+        self._fail(error)
+        return error
+
+    @property
+    def can_send_now(self) -> bool:
+        """Whether ``send_nowait`` applies: the connection is open on plain TCP, set up, no
+        re-authentication is due and no send is under way."""
+        return (
+            self._closed_error is None
+            and self._set_up
+            and self._reauth_at is None
+            and self._send_lock.value > 0
+            and type(self._stream) is SocketStream
+        )
+
+    def send_nowait(self, api: str, version: int, body: Body, extra_timeout: float, outcome: Outcome) -> None:
+        """Send a request from the caller's task, without waiting; only when ``can_send_now``.
+
+        The response, or the error that ends the request, goes to ``outcome`` (from the reader's
+        task, or from this call when the socket fails).  The request times out after the request
+        timeout plus ``extra_timeout``, as with ``request_version``.  Raises only what encoding
+        the request raises (then nothing was sent).
+        """
+        stream = self._stream
+        assert self.can_send_now and isinstance(stream, SocketStream) and self._spawn is not None
+        correlation_id = self._next_correlation_id
+        frame = protocol.encode_request(api, version, body, correlation_id=correlation_id, client_id=self._client_id)
+        self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
+        timeout = self._request_timeout + extra_timeout
+        deadline = anyio.current_time() + timeout
+        self._pending[correlation_id] = (api, version, outcome)
+        self._deadlines[correlation_id] = (deadline, timeout)
+        try:
+            rest = stream.send_nowait(frame)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc!r}"))
+            return
+        if rest:  # the kernel took part of it: the rest before anything else
+            self._send_lock.acquire_nowait()
+            self._spawn(self._send_rest, api, stream, rest)
+        if self._watch_event is None:
+            self._watch_event = anyio.Event()
+            self._spawn(self._watchdog)
+        elif deadline < self._watch_until:
+            self._watch_event.set()
+
+    async def _send_rest(self, api: str, stream: SocketStream, rest: memoryview) -> None:
+        """The rest of a frame ``send_nowait`` began; the send lock is held for it."""
+        try:
+            await stream.send(rest)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc!r}"))
+        except BaseException:
+            self._fail(KafkaConnectionError(
+                f"sending {api} to {self.host}:{self.port} was cancelled half way through the request; "
+                "the connection is closed (nothing after it could be framed)"
+            ))
+            raise
+        finally:
+            self._send_lock.release()
+
+    async def _watchdog(self) -> None:
+        """Ends the requests of ``send_nowait`` at their deadlines (one task per connection)."""
+        with self._watch_scope:
+            while self._closed_error is None:
+                event = self._watch_event = anyio.Event()
+                if not self._deadlines:
+                    self._watch_until = float("inf")
+                    await event.wait()
+                    continue
+                correlation_id = min(self._deadlines, key=self._deadlines.__getitem__)
+                deadline, timeout = self._deadlines[correlation_id]
+                if anyio.current_time() >= deadline:
+                    self._timed_out(self._pending[correlation_id][0], timeout)
+                    return
+                self._watch_until = deadline
+                with anyio.move_on_after(deadline - anyio.current_time()):
+                    await event.wait()
 
     async def _read_exactly(self, stream: anyio.abc.ByteStream, size: int) -> memoryview | bytearray:
         """The next ``size`` bytes: a view of the current chunk if it holds them, else a buffer from the
@@ -481,15 +588,16 @@ class BrokerConnection:
     def _deliver(self, frame: memoryview | bytearray) -> None:
         correlation_id = protocol.peek_correlation_id(frame)
         entry = self._pending.pop(correlation_id, None)
+        self._deadlines.pop(correlation_id, None)
         if entry is None:
             raise ProtocolError(f"unexpected correlation id {correlation_id} from {self.host}:{self.port}")
         if self._set_up:
             self._answered += 1
-        api, version, waiter = entry
+        api, version, outcome = entry
         try:
-            waiter.set_result(protocol.decode_response(api, version, memoryview(frame)))
+            outcome.set_result(protocol.decode_response(api, version, memoryview(frame)))
         except KafkaError as exc:
-            waiter.set_exception(exc)
+            outcome.set_exception(exc)
             raise
 
     # -- teardown -------------------------------------------------------------------------------
@@ -499,11 +607,13 @@ class BrokerConnection:
             self._closed_error = error
             log.debug("%r failed: %s", self, error)
         pending, self._pending = self._pending, {}
-        for _, _, waiter in pending.values():
-            waiter.set_exception(error)
+        self._deadlines.clear()
+        for _, _, outcome in pending.values():
+            outcome.set_exception(error)
         # Cancelling the reader makes it close the stream on its way out.
         self._reader_scope.cancel()
         self._reauth_scope.cancel()
+        self._watch_scope.cancel()
 
     async def _close_stream(self) -> None:
         stream, self._stream = self._stream, None

@@ -1,10 +1,12 @@
 """The network client delegate: turns unsent requests into responses.
 
-It owns every connection.  ``send()`` starts a task that gets (or opens) the
-connection to the request's broker, picks the version, builds and sends the
-body, and hands the outcome to ``on_complete`` — the background loop, which
-runs the manager's handler on its next turn.  Brokers that fail are retried
-with exponential backoff and jitter.
+It owns every connection.  ``send()`` picks the version, builds the body and
+sends it on the broker's connection when that is open and free
+(``BrokerConnection.send_nowait``: no task, no wait); otherwise it starts a task
+that gets (or opens) the connection and sends the request there.  Either way the
+outcome goes to ``on_complete`` — the background loop, which runs the manager's
+handler on its next turn.  Brokers that fail are retried with exponential
+backoff and jitter.
 """
 
 from __future__ import annotations
@@ -77,6 +79,27 @@ class _NodeHealth:
     tls_cut_offs: int = 0
     refusals: int = 0
     refusal: KafkaError | None = None
+
+
+class _Outcome:
+    """Where the connection puts the response to a request ``NetworkClient.send`` sent without a
+    task (``BrokerConnection.send_nowait``): it goes to the loop once."""
+
+    __slots__ = ("_done", "_network", "_request", "_started", "_version")
+
+    def __init__(self, network: NetworkClient, request: UnsentRequest, version: int, started: float) -> None:
+        self._network, self._request, self._version, self._started = network, request, version, started
+        self._done = False
+
+    def set_result(self, result: Body) -> None:
+        if not self._done:
+            self._done = True
+            self._network._answered(self._request, self._version, self._started, result, None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self._done:
+            self._done = True
+            self._network._answered(self._request, self._version, self._started, None, exc)
 
 
 class NetworkClient:
@@ -180,10 +203,21 @@ class NetworkClient:
     # -- sending ----------------------------------------------------------------------------------
 
     def send(self, request: UnsentRequest) -> None:
-        self._spawn(self._run, request)
-
-    async def _run(self, request: UnsentRequest) -> None:
         node_id = request.node_id if request.node_id is not None else self.least_loaded_node()
+        connection = self._connections.get(node_id)
+        if connection is None or not connection.can_send_now:
+            self._spawn(self._run, request, node_id)
+            return
+        version = -1
+        try:
+            version = connection.choose_version(request.api, request.min_version, request.max_version)
+            body = request.build(version)
+            outcome = _Outcome(self, request, version, self._clock())
+            connection.send_nowait(request.api, version, body, request.extra_timeout_ms / 1000, outcome)
+        except Exception as exc:  # as in _run: no version in common, a bug in a body builder
+            self._on_complete(request, version, None, exc)
+
+    async def _run(self, request: UnsentRequest, node_id: int) -> None:
         version = -1
         try:
             connection = await self._connection(node_id)
@@ -204,6 +238,13 @@ class NetworkClient:
             self._on_complete(request, version, None, exc)
         else:
             self._on_complete(request, version, response, None)
+
+    def _answered(
+        self, request: UnsentRequest, version: int, started: float, body: Body | None, error: BaseException | None
+    ) -> None:
+        """A request of ``send`` ended (``_Outcome``): timed as in ``_run``, then to the loop."""
+        self._timed(request.api, started, error)
+        self._on_complete(request, version, body, error)
 
     def _timed(self, api: str, started: float, error: BaseException | None) -> None:
         recorder = self.latency.get(api)

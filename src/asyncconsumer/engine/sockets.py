@@ -139,6 +139,20 @@ class SocketStream(anyio.abc.ByteStream):
             raise
         await anyio.lowlevel.cancel_shielded_checkpoint()
 
+    def send_nowait(self, item: bytes | bytearray | memoryview) -> memoryview:
+        """Send what the kernel's send buffer takes of ``item`` now, without waiting; returns the
+        rest (empty when all of it went out), which the caller must :meth:`send` before anything
+        else, or close the stream.  Not a checkpoint: a request goes out from the task that makes
+        it (the background loop), without a task of its own (engine/connection.py)."""
+        self._check_open()
+        view = memoryview(item).cast("B")
+        try:
+            return view[self._sock.send(view) :]
+        except BlockingIOError:
+            return view
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+
     async def send_eof(self) -> None:
         self._check_open()
         try:

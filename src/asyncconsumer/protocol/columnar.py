@@ -47,13 +47,16 @@ Design
   managers/fetch_buffer.py: batches split and CRC-checked by ``iter_batches``; batches ending
   before the position skipped; read_committed filtering by ``AbortedTransactionFilter``; control
   batches skipped; records before the position dropped; a corrupt batch raises after the records
-  before it were handed out, on the following call.  After each batch it stores, the compiled
-  builder's ``walk`` takes the run of plain batches that follows in one call (split, CRC-checked
-  with the CPU's CRC-32C instruction, skipped or stored as above) and stops at the first batch
-  that needs the Python side: compressed, legacy, transactional or control under read_committed,
-  truncated, corrupt, or too big for the block.  That batch is read as before, so errors and
-  fallbacks come from one place.  Without the CRC instruction (and ``check_crcs``) the walk is not
-  used: the ``crc32c`` package is faster than a table.  Each batch is parsed (and decompressed)
+  before it were handed out, on the following call.  A block starts with the compiled builder's
+  ``walk``, and each batch the Python side stores is followed by it: it takes the run of plain
+  batches from there in one call (split, skipped or stored as above, an empty block's buffers
+  sized from its first batch as ``_reserve`` does, the CRC-32C taken with the CPU's instruction
+  16 KiB behind the parser, while those bytes are in the L1 cache, and a batch whose CRC then
+  fails rolled back) and stops at the first batch that needs the Python side: compressed,
+  legacy, transactional or control under read_committed, truncated, corrupt, or too big for the
+  block.  That batch is read as before, so errors and fallbacks come from one place.  Without
+  the CRC instruction (and ``check_crcs``) the walk is not used: the ``crc32c`` package is
+  faster than a table.  Each batch is parsed (and decompressed)
   once: ``take(max_records, position)`` decodes whole batches into a new block until it holds
   ``max_records`` records and hands out the first ``max_records``; the following calls hand out
   the rest of the block before decoding more.  So a call never spans two blocks: where the row
@@ -482,7 +485,7 @@ class ColumnReader:
         self._builder = ColumnBuilder if builder is None else builder
         # Whether to let the compiled builder's walk take the plain batches: it checks CRCs itself
         # only where the CPU has a CRC-32C instruction (elsewhere the crc32c package is faster).
-        self._may_walk = not check_crcs or _HW_CRC32C
+        self._may_walk = (not check_crcs or _HW_CRC32C) and hasattr(self._builder, "walk")
         self._allocate = default_allocator() if allocate == "arrow" else allocate
         self._min_allocate = min_allocate
         self._block: ColumnBuffers | None = None  # the block being handed out
@@ -507,6 +510,12 @@ class ColumnReader:
         builder: _Builder = self._builder(
             self.topic, self.partition, self._headers, self._max_offset, self._allocate, self._min_allocate
         )
+        if self._may_walk and self._unfit is None and self._error is None:
+            # The plain batches from here in one call (it sizes the block's buffers itself); the
+            # loop takes the batch it stops at, if any.
+            self._pos = builder.walk(  # type: ignore[attr-defined]
+                self._records, self._pos, position, max_records, self._check_crcs, self._aborted is not None
+            )
         while builder.count < max_records:
             batch = self._unfit
             self._unfit = None
@@ -534,9 +543,8 @@ class ColumnReader:
                 self._error = exc
                 continue
             if stored is not None:
-                walk = getattr(builder, "walk", None) if self._may_walk else None
-                if walk is not None and builder.count < max_records:
-                    self._pos = walk(
+                if self._may_walk and builder.count < max_records:
+                    self._pos = builder.walk(  # type: ignore[attr-defined]
                         self._records, self._pos, position, max_records, self._check_crcs, self._aborted is not None
                     )
             else:  # too big for the columns beside what they hold: the next block
