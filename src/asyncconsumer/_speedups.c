@@ -1034,6 +1034,7 @@ typedef struct {
     int finished;
     int busy; /* in append/reserve/finish: ``allocate`` runs Python code, which must not call back in */
     Py_ssize_t max_offset;
+    Py_ssize_t key_reserve; /* the capacity reserve() set aside for keys, taken at the first key byte */
     colstate s;
     colbuf b[NBUFS];
 } ColumnBuilder;
@@ -1177,20 +1178,18 @@ reserve_records(ColumnBuilder *cb, Py_ssize_t count)
 }
 
 /* Room for ``more`` bytes of keys and of values beyond what is stored, each capped at
- * max_offset (what a block can hold), allocated exactly: a size known up front. */
+ * max_offset (what a block can hold), allocated exactly: a size known up front.  The keys' room
+ * is only noted, and allocated when a key needs it (put_data): most records have no key, or a
+ * short one, and a buffer of the values' size for them was one more pool request a block. */
 static int
 reserve_data(ColumnBuilder *cb, Py_ssize_t more)
 {
-    int which[2] = {B_KEY_DATA, B_VALUE_DATA};
-    Py_ssize_t used[2] = {cb->s.key_len, cb->s.value_len};
-    for (int i = 0; i < 2; i++) {
-        Py_ssize_t need = more > cb->max_offset - used[i] ? cb->max_offset : used[i] + more;
-        colbuf *b = &cb->b[which[i]];
-        if (colbuf_reserve_exact(b, need) < 0) {
-            return -1;
-        }
+    Py_ssize_t keys = more > cb->max_offset - cb->s.key_len ? cb->max_offset : cb->s.key_len + more;
+    if (keys > cb->key_reserve) {
+        cb->key_reserve = keys;
     }
-    return 0;
+    Py_ssize_t values = more > cb->max_offset - cb->s.value_len ? cb->max_offset : cb->s.value_len + more;
+    return colbuf_reserve_exact(&cb->b[B_VALUE_DATA], values);
 }
 
 /* Append len bytes to a data buffer; ERR_FULL when its offsets would pass max_offset. */
@@ -1200,8 +1199,23 @@ put_data(ColumnBuilder *cb, int which, Py_ssize_t *used, const unsigned char *at
     if (len > cb->max_offset - *used) {
         return ERR_FULL;
     }
-    if (colbuf_reserve(&cb->b[which], *used + len) < 0) {
-        return ERR_PYTHON;
+    colbuf *b = &cb->b[which];
+    Py_ssize_t need = *used + len;
+    if (need > b->cap) {
+        int r;
+        if (which == B_KEY_DATA && cb->key_reserve > need) {
+            /* The records the block has room for at twice this key's length, within the room
+             * reserve_data noted: a column of short keys then fits a buffer of its size. */
+            Py_ssize_t room = cb->key_reserve - need, records = cb->b[B_OFFSETS].cap / 8 - cb->s.n;
+            Py_ssize_t more = len > 0 && records > 0 && records <= room / (2 * len) ? records * 2 * len : room;
+            r = colbuf_resize(b, need + more); /* more than the capacity: need is */
+        }
+        else {
+            r = colbuf_grow(b, need);
+        }
+        if (r < 0) {
+            return ERR_PYTHON;
+        }
     }
     if (len > 0) {
         memcpy(cb->b[which].p + *used, at, (size_t)len);
@@ -1889,7 +1903,7 @@ take_buffer(colbuf *b, Py_ssize_t len)
         obj = b->obj;
     }
     else if (len <= b->cap / 4) {
-        /* A column far shorter than its buffer (keys are reserved as much room as values): a copy
+        /* A column far shorter than its buffer (keys longer than the first one made it grow): a copy
          * of its own, so that it does not keep the large buffer from being used again. */
         obj = PyByteArray_FromStringAndSize(b->p, len);
         if (obj == NULL) {
@@ -2083,6 +2097,7 @@ builder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     cb->headers = headers;
     cb->max_offset = max_offset;
+    cb->key_reserve = 0;
     int nbufs = headers ? NBUFS : FIRST_HEADER_BUF;
     for (int i = 0; i < nbufs; i++) {
         if (colbuf_init(&cb->b[i], cb->allocate, min_allocate, 64) < 0) {

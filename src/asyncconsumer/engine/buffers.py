@@ -86,7 +86,7 @@ def _fresh(capacity: int) -> bytearray | mmap.mmap:
     """A new buffer for the pool: anonymous memory from the operating system where there is
     ``mmap`` (its pages are faulted in, cleared by the kernel, only when first written: a
     ``bytearray`` is cleared whole up front, a second pass over memory its user overwrites anyway,
-    and a column of keys reserved as much room as the values but left empty costs nothing)."""
+    and room reserved for a column but left empty costs nothing)."""
     if _PRIVATE is None:
         return bytearray(capacity)
     return mmap.mmap(-1, capacity, flags=_PRIVATE)
