@@ -34,8 +34,8 @@ Design
   returns (writable, at least ``size`` bytes; growing one asks for a new one and copies, and a
   block's column is handed out as ``buffer[:length]``, or copied when it fills at most a quarter
   of the buffer: a column whose records outgrew a first guess).  Keys are given room at the
-  first key, for the block's records at twice its length (within the room the values get).  :func:`default_allocator` is pyarrow's
-  ``allocate_buffer`` when pyarrow is installed; the consumer passes its pool's ``take``
+  first key, for the block's records at twice its length (within the room the values get).
+  :func:`default_allocator` is pyarrow's ``allocate_buffer`` when pyarrow is installed; the consumer passes its pool's ``take``
   (engine/buffers.py ``BufferPool``), which hands out memory it keeps, once no Arrow array wraps
   it any more.  That matters: fresh memory for every block, from glibc or from Arrow's mimalloc,
   is faulted in page by page (huge pages with THP) and the kernel clears each page first, which
