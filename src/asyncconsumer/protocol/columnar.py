@@ -35,8 +35,8 @@ Design
   block's column is handed out as ``buffer[:length]``, or copied when it fills at most a quarter
   of the buffer: a column whose records outgrew a first guess).  Keys are given room at the
   first key, for the block's records at twice its length (within the room the values get).
-  :func:`default_allocator` is pyarrow's ``allocate_buffer`` when pyarrow is installed; the consumer passes its pool's ``take``
-  (engine/buffers.py ``BufferPool``), which hands out memory it keeps, once no Arrow array wraps
+  :func:`default_allocator` is pyarrow's ``allocate_buffer`` when pyarrow is installed; the
+  consumer passes its pool's ``take`` (engine/buffers.py ``BufferPool``), which hands out memory it keeps, once no Arrow array wraps
   it any more.  That matters: fresh memory for every block, from glibc or from Arrow's mimalloc,
   is faulted in page by page (huge pages with THP) and the kernel clears each page first, which
   cost more than copying the records (25-30% of a profiled read).  Columns under
