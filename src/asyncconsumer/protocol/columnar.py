@@ -33,17 +33,17 @@ Design
 * **Memory**: the compiled builder writes into bytearrays, or into the buffers ``allocate(size)``
   returns (writable, at least ``size`` bytes; growing one asks for a new one and copies, and a
   block's column is handed out as ``buffer[:length]``, or copied when it fills at most a quarter
-  of the buffer: a column whose records outgrew a first guess).  Keys are given room at the
-  first key, for the block's records at twice its length (within the room the values get).
+  of the buffer: a column whose records outgrew a first guess).  Keys are given room at the first
+  key, for the block's records at twice its length (within the room the values get).
   :func:`default_allocator` is pyarrow's ``allocate_buffer`` when pyarrow is installed; the
-  consumer passes its pool's ``take`` (engine/buffers.py ``BufferPool``), which hands out memory it keeps, once no Arrow array wraps
-  it any more.  That matters: fresh memory for every block, from glibc or from Arrow's mimalloc,
-  is faulted in page by page (huge pages with THP) and the kernel clears each page first, which
-  cost more than copying the records (25-30% of a profiled read).  Columns under
-  ``min_allocate`` bytes (the consumer gives its pool's threshold, 64 KiB) stay the builder's own
-  bytearrays, grown in place: the pool would hand out a new, cleared bytearray for them anyway,
-  and a call into Python per small column cost 3% of a read.  The Python builder always uses
-  bytearrays.
+  consumer passes its pool's ``take`` (engine/buffers.py ``BufferPool``), which hands out memory
+  it keeps, once no Arrow array wraps it any more.  That matters: fresh memory for every block,
+  from glibc or from Arrow's mimalloc, is faulted in page by page (huge pages with THP) and the
+  kernel clears each page first, which cost more than copying the records (25-30% of a profiled
+  read).  Columns under ``min_allocate`` bytes (the consumer gives its pool's threshold, 64 KiB)
+  stay the builder's own bytearrays, grown in place: the pool would hand out a new, cleared
+  bytearray for them anyway, and a call into Python per small column cost 3% of a read.  The
+  Python builder always uses bytearrays.
 * **The walk** (:class:`ColumnReader`) is the row path's, ``CompletedFetch.take`` in
   managers/fetch_buffer.py: batches split and CRC-checked by ``iter_batches``; batches ending
   before the position skipped; read_committed filtering by ``AbortedTransactionFilter``; control
