@@ -385,22 +385,25 @@ class BrokerConnection:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc!r}"))
             return
-        if rest:  # the kernel took part of it: the rest before anything else
-            self._send_lock.acquire_nowait()
-            self._spawn(self._send_rest, api, stream, rest)
-        if self._watch_event is None:
-            self._watch_event = anyio.Event()
-            self._spawn(self._watchdog)
-        elif deadline < self._watch_until:
-            self._watch_event.set()
+        try:
+            if rest:  # the kernel took part of it: the rest before anything else
+                self._send_lock.acquire_nowait()
+                self._spawn(self._send_rest, api, stream, rest)
+            if self._watch_event is None:
+                self._watch_event = anyio.Event()
+                self._spawn(self._watchdog)
+            elif deadline < self._watch_until:
+                self._watch_event.set()
+        except Exception as exc:  # no task to finish it or to time it (the consumer is closing)
+            self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc}"))
 
     async def _send_rest(self, api: str, stream: SocketStream, rest: memoryview) -> None:
         """The rest of a frame ``send_nowait`` began; the send lock is held for it."""
         try:
             await stream.send(rest)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+        except Exception as exc:  # anyio's BrokenResourceError, ClosedResourceError
             self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc!r}"))
-        except BaseException:
+        except BaseException:  # cancelled: half a frame may be out
             self._fail(KafkaConnectionError(
                 f"sending {api} to {self.host}:{self.port} was cancelled half way through the request; "
                 "the connection is closed (nothing after it could be framed)"

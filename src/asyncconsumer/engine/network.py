@@ -242,8 +242,12 @@ class NetworkClient:
     def _answered(
         self, request: UnsentRequest, version: int, started: float, body: Body | None, error: BaseException | None
     ) -> None:
-        """A request of ``send`` ended (``_Outcome``): timed as in ``_run``, then to the loop."""
-        self._timed(request.api, started, error)
+        """A request of ``send`` ended (``_Outcome``): timed as in ``_run``, then to the loop, always
+        (a failing ``observe_request`` ends the request with its error, as in ``_run``)."""
+        try:
+            self._timed(request.api, started, error)
+        except Exception as exc:
+            body, error = None, exc
         self._on_complete(request, version, body, error)
 
     def _timed(self, api: str, started: float, error: BaseException | None) -> None:

@@ -486,7 +486,7 @@ class ColumnReader:
         self._builder = ColumnBuilder if builder is None else builder
         # Whether to let the compiled builder's walk take the plain batches: it checks CRCs itself
         # only where the CPU has a CRC-32C instruction (elsewhere the crc32c package is faster).
-        self._may_walk = (not check_crcs or _HW_CRC32C) and hasattr(self._builder, "walk")
+        self._may_walk = not check_crcs or _HW_CRC32C
         self._allocate = default_allocator() if allocate == "arrow" else allocate
         self._min_allocate = min_allocate
         self._block: ColumnBuffers | None = None  # the block being handed out
@@ -511,10 +511,11 @@ class ColumnReader:
         builder: _Builder = self._builder(
             self.topic, self.partition, self._headers, self._max_offset, self._allocate, self._min_allocate
         )
-        if self._may_walk and self._unfit is None and self._error is None:
+        walk = getattr(builder, "walk", None) if self._may_walk else None
+        if walk is not None and self._unfit is None and self._error is None:
             # The plain batches from here in one call (it sizes the block's buffers itself); the
             # loop takes the batch it stops at, if any.
-            self._pos = builder.walk(  # type: ignore[attr-defined]
+            self._pos = walk(
                 self._records, self._pos, position, max_records, self._check_crcs, self._aborted is not None
             )
         while builder.count < max_records:
@@ -544,8 +545,8 @@ class ColumnReader:
                 self._error = exc
                 continue
             if stored is not None:
-                if self._may_walk and builder.count < max_records:
-                    self._pos = builder.walk(  # type: ignore[attr-defined]
+                if walk is not None and builder.count < max_records:
+                    self._pos = walk(
                         self._records, self._pos, position, max_records, self._check_crcs, self._aborted is not None
                     )
             else:  # too big for the columns beside what they hold: the next block
