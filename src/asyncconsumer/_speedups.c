@@ -904,18 +904,6 @@ crc_hw(uint32_t c, const unsigned char *p, size_t n)
 }
 #endif
 
-/* CRC-32C of ``n`` bytes. */
-static uint32_t
-crc32c(const unsigned char *p, size_t n)
-{
-#ifdef HAVE_HW_CRC
-    if (hw_crc32c) {
-        return ~crc_hw(0xFFFFFFFFu, p, n);
-    }
-#endif
-    return ~crc_sw(0xFFFFFFFFu, p, n);
-}
-
 /* The CRC-32C state ``c`` (not inverted) carried over ``n`` more bytes. */
 static inline uint32_t
 crc_update(uint32_t c, const unsigned char *p, size_t n)
@@ -926,6 +914,13 @@ crc_update(uint32_t c, const unsigned char *p, size_t n)
     }
 #endif
     return crc_sw(c, p, n);
+}
+
+/* CRC-32C of ``n`` bytes. */
+static uint32_t
+crc32c(const unsigned char *p, size_t n)
+{
+    return ~crc_update(0xFFFFFFFFu, p, n);
 }
 
 static void
@@ -1218,7 +1213,7 @@ put_data(ColumnBuilder *cb, int which, Py_ssize_t *used, const unsigned char *at
         }
     }
     if (len > 0) {
-        memcpy(cb->b[which].p + *used, at, (size_t)len);
+        memcpy(b->p + *used, at, (size_t)len);
     }
     *used += len;
     return OK;

@@ -309,9 +309,7 @@ class BrokerConnection:
         stream = self._stream
         if stream is None:
             raise KafkaConnectionError(f"connection to {self.host}:{self.port} is not open")
-        correlation_id = self._next_correlation_id
-        self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
-        frame = protocol.encode_request(api, version, body, correlation_id=correlation_id, client_id=self._client_id)
+        correlation_id, frame = self._frame(api, version, body)
         waiter: Waiter[Body] = Waiter()
         try:
             while True:
@@ -325,15 +323,12 @@ class BrokerConnection:
                             await stream.send(frame)
                         except BaseException:
                             if isinstance(stream, SocketStream) and stream.closed:
-                                self._fail(KafkaConnectionError(
-                                    f"sending {api} to {self.host}:{self.port} was cancelled half way through the "
-                                    "request; the connection is closed (nothing after it could be framed)"
-                                ))
+                                self._fail(self._cut_off(api))
                             raise
                         break
                 await self._wait_for_session(extra_timeout)
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc}"))
+            self._fail(self._send_failed(api, exc))
             raise self._closed_error or KafkaConnectionError(str(exc)) from exc
         timeout = self._request_timeout + extra_timeout
         with anyio.move_on_after(timeout) as scope:
@@ -341,6 +336,23 @@ class BrokerConnection:
         if scope.cancelled_caught:
             raise self._timed_out(api, timeout)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _frame(self, api: str, version: int, body: Body) -> tuple[int, bytes]:
+        """The request's frame, under the next correlation id (which it returns)."""
+        correlation_id = self._next_correlation_id
+        frame = protocol.encode_request(api, version, body, correlation_id=correlation_id, client_id=self._client_id)
+        self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
+        return correlation_id, frame
+
+    def _send_failed(self, api: str, exc: BaseException) -> KafkaConnectionError:
+        return KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc}")
+
+    def _cut_off(self, api: str) -> KafkaConnectionError:
+        """A send cancelled part way through a frame: the connection must close."""
+        return KafkaConnectionError(
+            f"sending {api} to {self.host}:{self.port} was cancelled half way through the request; "
+            "the connection is closed (nothing after it could be framed)"
+        )
 
     def _timed_out(self, api: str, timeout: float) -> KafkaTimeoutError:
         """A request went unanswered for ``timeout`` seconds: the connection closes with this error."""
@@ -373,9 +385,7 @@ class BrokerConnection:
         """
         stream = self._stream
         assert self.can_send_now and isinstance(stream, SocketStream) and self._spawn is not None
-        correlation_id = self._next_correlation_id
-        frame = protocol.encode_request(api, version, body, correlation_id=correlation_id, client_id=self._client_id)
-        self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
+        correlation_id, frame = self._frame(api, version, body)
         timeout = self._request_timeout + extra_timeout
         deadline = anyio.current_time() + timeout
         self._pending[correlation_id] = (api, version, outcome)
@@ -383,7 +393,7 @@ class BrokerConnection:
         try:
             rest = stream.send_nowait(frame)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc!r}"))
+            self._fail(self._send_failed(api, exc))
             return
         try:
             if rest:  # the kernel took part of it: the rest before anything else
@@ -395,19 +405,16 @@ class BrokerConnection:
             elif deadline < self._watch_until:
                 self._watch_event.set()
         except Exception as exc:  # no task to finish it or to time it (the consumer is closing)
-            self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc}"))
+            self._fail(self._send_failed(api, exc))
 
     async def _send_rest(self, api: str, stream: SocketStream, rest: memoryview) -> None:
         """The rest of a frame ``send_nowait`` began; the send lock is held for it."""
         try:
             await stream.send(rest)
         except Exception as exc:  # anyio's BrokenResourceError, ClosedResourceError
-            self._fail(KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc!r}"))
+            self._fail(self._send_failed(api, exc))
         except BaseException:  # cancelled: half a frame may be out
-            self._fail(KafkaConnectionError(
-                f"sending {api} to {self.host}:{self.port} was cancelled half way through the request; "
-                "the connection is closed (nothing after it could be framed)"
-            ))
+            self._fail(self._cut_off(api))
             raise
         finally:
             self._send_lock.release()

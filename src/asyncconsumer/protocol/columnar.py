@@ -402,8 +402,6 @@ ColumnBuilder, COLUMN_DECODER = _select_builder()
 _speedups: Any = importlib.import_module("asyncconsumer._speedups") if COLUMN_DECODER == "c" else None
 #: The compiled ``ms_to_us(src, dst, first, count)`` beside the compiled builder, else None.
 _ms_to_us: Any = getattr(_speedups, "ms_to_us", None)
-#: Whether the compiled builder's ``walk`` checks CRCs with the CPU's CRC-32C instruction.
-_HW_CRC32C = bool(getattr(_speedups, "HW_CRC32C", False))
 #: The compiled ``export_arrow(node)`` (the Arrow C data interface) beside the compiled builder, else None.
 _export_arrow: Any = getattr(_speedups, "export_arrow", None)
 #: The compiled ``arrow_address(capsule)``: where the ArrowArray of an ``export_arrow`` capsule is.
@@ -486,7 +484,7 @@ class ColumnReader:
         self._builder = ColumnBuilder if builder is None else builder
         # Whether to let the compiled builder's walk take the plain batches: it checks CRCs itself
         # only where the CPU has a CRC-32C instruction (elsewhere the crc32c package is faster).
-        self._may_walk = not check_crcs or _HW_CRC32C
+        self._may_walk = not check_crcs or _records.HW_CRC32C
         self._allocate = default_allocator() if allocate == "arrow" else allocate
         self._min_allocate = min_allocate
         self._block: ColumnBuffers | None = None  # the block being handed out

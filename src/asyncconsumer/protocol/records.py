@@ -42,6 +42,7 @@ __all__ = [
     "RecordBatch",
     "control_record_type",
     "DECODER",
+    "HW_CRC32C",
     "decode_batch",
     "decode_batch_py",
     "iter_batches",
@@ -859,15 +860,17 @@ decode_batch: _Decoder
 decode_batch, DECODER = _select_decoder()
 
 
-def _select_crc32c() -> Callable[[Any], int]:
+def _select_crc32c() -> tuple[Callable[[Any], int], bool]:
     """The CRC-32C of the batch checks: the compiled decoder's where it runs on the CPU's CRC-32C
     instruction (six interleaved streams, about 50 GB/s on a Zen 5 core against the ``crc32c``
-    package's 30), else the ``crc32c`` package."""
+    package's 30), else the ``crc32c`` package; and whether it is the compiled one."""
     if DECODER == "c":
         speedups: Any = importlib.import_module("asyncconsumer._speedups")
         if getattr(speedups, "HW_CRC32C", False):
-            return cast("Callable[[Any], int]", speedups.crc32c)
-    return cast("Callable[[Any], int]", crc32c.crc32c)
+            return cast("Callable[[Any], int]", speedups.crc32c), True
+    return cast("Callable[[Any], int]", crc32c.crc32c), False
 
 
-_crc32c = _select_crc32c()
+#: ``HW_CRC32C``: whether the compiled decoder checks CRCs with the CPU's CRC-32C instruction (then
+#: the batch checks here use it, and the column walk checks CRCs itself: protocol/columnar.py).
+_crc32c, HW_CRC32C = _select_crc32c()
