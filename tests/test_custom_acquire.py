@@ -59,6 +59,25 @@ async def test_default_rule_refuses_a_second_polling_task(anyio_backend: str) ->
     consumer.release("getmany")
 
 
+async def test_default_rule_names_the_tasks_by_anyios_ids(anyio_backend: str) -> None:
+    """The poller's id is looked up without anyio on asyncio: it must still be anyio's task id."""
+    consumer: Consumer[bytes, bytes] = Consumer()
+    inside, leave = anyio.Event(), anyio.Event()
+    poller: list[int] = []
+
+    async def hold_and_note() -> None:
+        poller.append(anyio.get_current_task().id)
+        await hold(consumer, "getmany", inside, leave)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold_and_note)
+        await inside.wait()
+        me = anyio.get_current_task().id
+        with pytest.raises(ConcurrentAccessError, match=rf"from task {me} while task {poller[0]} is polling"):
+            consumer.acquire("getmany")
+        leave.set()
+
+
 async def test_default_rule_allows_nesting_in_one_task(anyio_backend: str) -> None:
     consumer: Consumer[bytes, bytes] = Consumer()
     consumer.acquire("getone")

@@ -10,6 +10,7 @@ their default rule (one polling task at a time).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -62,6 +63,16 @@ def bracketed_sync(operation: str) -> Callable[[Callable[P, R]], Callable[P, R]]
         return wrapper
 
     return decorate
+
+
+def _current_task_id() -> int:
+    """``anyio.get_current_task().id`` without the ``TaskInfo`` it builds on asyncio (its name,
+    coroutine and parent looked up: several times the cost of this lookup, paid on every poll)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no asyncio loop in this thread: another backend (trio)
+        task = None
+    return id(task) if task is not None else anyio.get_current_task().id
 
 
 class ClientBase:
@@ -158,7 +169,7 @@ class ClientBase:
         """
         if operation not in self.POLL_OPERATIONS:
             return
-        me = anyio.get_current_task().id
+        me = _current_task_id()
         if self._poller is None or self._poller == me:
             self._poller = me
             self._poll_depth += 1
