@@ -12,6 +12,7 @@ when it is not in use.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -37,6 +38,7 @@ from asyncconsumer.protocol.columnar import (
     ColumnBuffers,
     ColumnReader,
     Columns,
+    TIMESTAMP_BEYOND,
     PyColumnBuilder,
     arrow_schema,
     finish_columns,
@@ -93,6 +95,13 @@ BUILDERS: list[Any] = [PyColumnBuilder] + (
 
 Rows = list[ConsumerRecord[bytes, bytes]]
 Error = tuple[type, str, int, int, str]
+
+LIMIT_MS = (2**63 - 1) // 1000  # the largest millisecond count whose microseconds fit in int64
+
+
+def one_block(data: bytes, builder: Any) -> Columns:
+    """All the records of ``data`` in one block, by ``builder``."""
+    return ColumnReader(data, topic=TOPIC, partition=PART, builder=builder).take(1 << 30, 0)
 
 
 # ---------------------------------------------------------------- the two walks
@@ -154,7 +163,9 @@ def assert_match(columns: Columns, rows: Rows, headers: bool = True) -> None:
     assert columns.count == len(rows)
     b, window = columns.buffers, slice(columns.first, columns.first + columns.count)
     assert ints(b.offsets, "q")[window] == [r.offset for r in rows]
-    assert ints(b.timestamps, "q")[window] == [r.timestamp for r in rows]
+    # Arrow's microseconds; TIMESTAMP_BEYOND where there are none in int64.
+    micros = [r.timestamp * 1000 if -LIMIT_MS <= r.timestamp <= LIMIT_MS else TIMESTAMP_BEYOND for r in rows]
+    assert ints(b.timestamps, "q")[window] == micros
     assert ints(b.timestamp_types, "i")[window] == [r.timestamp_type for r in rows]
     if window == slice(0, b.count):
         assert b.key_nulls == sum(r.key is None for r in rows)
@@ -629,59 +640,55 @@ def test_timestamp_beyond_64_bits(builder: Any) -> None:
             assert_match(finish_columns(b), decode_batch_py(batch, TOPIC, PART))
 
 
-def test_timestamp_beyond_arrow_microseconds() -> None:
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_timestamp_beyond_arrow_microseconds(builder: Any) -> None:
     data = build_batch([(b"k", b"v")] * 2, base_offset=70, base_timestamp=2**62)
-    columns = columnar.decode_columns(data, topic=TOPIC, partition=PART)
-    assert ints(columns.buffers.timestamps, "q") == [2**62, 2**62]
+    columns = one_block(data, builder)
+    assert ints(columns.buffers.timestamps, "q") == [TIMESTAMP_BEYOND] * 2
+    assert (columns.buffers.timestamp_beyond, columns.buffers.timestamp_beyond_ms) == (0, 2**62)
     with pytest.raises(RecordError, match=f"timestamp {2**62} ms is beyond") as info:
         to_arrow(columns, TOPIC, PART)
     assert info.value.offset == 70
 
 
-LIMIT_MS = (2**63 - 1) // 1000  # the largest millisecond count whose microseconds fit in int64
-
-
-@pytest.mark.parametrize("compiled", [True, False] if columnar._ms_to_us is not None else [False])
-def test_timestamps_beyond_microseconds_are_named_by_both_routes(compiled: bool, monkeypatch: Any) -> None:
-    # The compiled ms_to_us and Arrow's cast agree on where the range ends, in a window too.
-    if not compiled:
-        monkeypatch.setattr(columnar, "_ms_to_us", None)
-    stamps = [0, -1, LIMIT_MS, -LIMIT_MS, LIMIT_MS + 1, -LIMIT_MS - 1]
+@pytest.mark.parametrize("export", [True, False])
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_timestamps_beyond_microseconds_are_named_in_every_window(builder: Any, export: bool) -> None:
+    # Both builders end the range where Arrow's cast does, and a window names its own first
+    # record beyond it (with its milliseconds when it is the block's first), whichever route.
+    stamps = [0, -1, LIMIT_MS, -LIMIT_MS, LIMIT_MS + 1, 5, -LIMIT_MS - 1, 6]
     data = b"".join(build_batch([(b"k", b"v")], base_offset=i, base_timestamp=t) for i, t in enumerate(stamps))
-    columns = columnar.decode_columns(data, topic=TOPIC, partition=PART)
-    good = to_arrow(Columns(columns.buffers, 0, 4), TOPIC, PART, allocate=bytearray)
-    assert good.column("timestamp").cast(pa.int64()).to_pylist() == [t * 1000 for t in stamps[:4]]
-    for first, offset in [(0, 4), (5, 5)]:
-        with pytest.raises(RecordError, match=f"timestamp {stamps[offset]} ms is beyond") as info:
-            to_arrow(Columns(columns.buffers, first, 6 - first), TOPIC, PART)
-        assert info.value.offset == offset
+    columns = one_block(data, builder)
+    with contextlib.ExitStack() as stack:
+        if not export:
+            stack.enter_context(pytest.MonkeyPatch.context()).setattr(columnar, "_export_arrow", None)
+        cast = pa.array(stamps[:4], pa.timestamp("ms")).cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
+        good = to_arrow(Columns(columns.buffers, 0, 4), TOPIC, PART)
+        assert good.column("timestamp").cast(pa.int64()).to_pylist() == cast == [t * 1000 for t in stamps[:4]]
+        assert to_arrow(Columns(columns.buffers, 5, 1), TOPIC, PART).column("offset").to_pylist() == [5]
+        assert to_arrow(Columns(columns.buffers, 7, 1), TOPIC, PART).column("offset").to_pylist() == [7]
+        for first, count, offset, named in [(0, 8, 4, True), (3, 2, 4, True), (5, 2, 6, False), (6, 2, 6, False)]:
+            value = f" {stamps[offset]} ms" if named else ""
+            with pytest.raises(RecordError, match=f"record timestamp{value} is beyond") as info:
+                to_arrow(Columns(columns.buffers, first, count), TOPIC, PART)
+            assert info.value.offset == offset
 
 
-@needs_c
 @SETTINGS
-@given(st.lists(st.integers(-LIMIT_MS, LIMIT_MS), min_size=1, max_size=50), st.integers(0, 49))
-def test_ms_to_us_matches_arrows_cast(stamps: list[int], first: int) -> None:
-    first = min(first, len(stamps) - 1)
-    src = array("q", stamps)
-    dst = bytearray(8 * (len(stamps) - first))
-    assert columnar._ms_to_us(src, dst, first, len(stamps) - first) == -1
-    cast = pa.array(stamps[first:], pa.timestamp("ms")).cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
-    assert list(array("q", bytes(dst))) == cast
-
-
-@needs_c
-def test_ms_to_us_checks_its_window() -> None:
-    src = array("q", [1, 2, 3])
-    ms_to_us = columnar._ms_to_us
-    for args in [(src, bytearray(24), 1, 3), (src, bytearray(16), 0, 3), (src, bytearray(24), -1, 1),
-                 (src, bytearray(24), 0, -1)]:
-        with pytest.raises(ValueError, match="outside src or does not fit"):
-            ms_to_us(*args)
-    with pytest.raises(BufferError):
-        ms_to_us(src, bytes(24), 0, 3)
-    with pytest.raises(TypeError, match="exactly 4"):
-        ms_to_us(src, bytearray(24), 0)
-    assert ms_to_us(src, bytearray(0), 3, 0) == -1
+@given(st.lists(st.integers(-LIMIT_MS - 2, LIMIT_MS + 2), min_size=1, max_size=30))
+def test_the_builders_store_arrows_microseconds(stamps: list[int]) -> None:
+    # One record a batch at each timestamp: the same buffers from both builders, and Arrow's own
+    # cast of the milliseconds wherever it has an answer.
+    data = b"".join(build_batch([(b"k", b"v")], base_offset=i, base_timestamp=t) for i, t in enumerate(stamps))
+    blocks = [raw(one_block(data, b)) for b in BUILDERS]
+    assert all(block == blocks[0] for block in blocks)
+    got = ints(columnar.decode_columns(data, topic=TOPIC, partition=PART).buffers.timestamps, "q")
+    for t, us in zip(stamps, got, strict=True):
+        try:
+            expected = pa.array([t], pa.timestamp("ms")).cast(pa.timestamp("us")).cast(pa.int64())[0].as_py()
+        except pa.ArrowInvalid:
+            expected = TIMESTAMP_BEYOND
+        assert us == expected
 
 
 @pytest.mark.parametrize("builder", BUILDERS)
@@ -1124,7 +1131,7 @@ def test_walk_checks_its_arguments() -> None:
 
 export_arrow: Any = getattr(columnar, "_export_arrow", None)
 _INT32_CODE = "i" if array("i").itemsize == 4 else "l"
-needs_export = pytest.mark.skipif(export_arrow is None or columnar._ms_to_us is None, reason=NO_C)
+needs_export = pytest.mark.skipif(export_arrow is None, reason=NO_C)
 
 
 def _from_buffers(columns: Columns, **kw: Any) -> Any:
@@ -1167,7 +1174,7 @@ def test_an_exported_batch_outlives_everything_that_made_it() -> None:
     reader = columnar.ColumnReader(FIXTURES["many-batches"], topic=TOPIC, partition=PART, allocate=pool.take)
     columns = reader.take(25, 0)
     expected = _from_buffers(columns).to_pylist()
-    batch = to_arrow(columns, TOPIC, PART, allocate=pool.take)
+    batch = to_arrow(columns, TOPIC, PART)
     del columns, reader
     gc.collect()
     assert pool.in_use > 0  # Arrow holds the pooled buffers through the export
@@ -1188,7 +1195,7 @@ def test_an_exported_batch_released_in_another_thread_lets_go_of_its_buffers() -
 
     pool = BufferPool(64 << 20, 64)
     reader = columnar.ColumnReader(FIXTURES["3000-records"], topic=TOPIC, partition=PART, allocate=pool.take)
-    batches = [to_arrow(reader.take(1000, 77 + 1000 * i), TOPIC, PART, allocate=pool.take) for i in range(3)]
+    batches = [to_arrow(reader.take(1000, 77 + 1000 * i), TOPIC, PART) for i in range(3)]
     del reader
     gc.collect()
     assert pool.in_use > 0

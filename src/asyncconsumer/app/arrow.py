@@ -83,7 +83,7 @@ def _collect(
         return None
     tp, state, columns = taken
     try:
-        batch = to_arrow(columns, tp.topic, tp.partition, allocate=collector.column_buffers.take)
+        batch = to_arrow(columns, tp.topic, tp.partition)
     except RecordError as exc:
         first = columns_first_offset(columns)
         del taken, columns  # the application may keep the error, and this frame with it: not the block

@@ -9,13 +9,15 @@ Design
 ------
 * **Buffers** (:class:`ColumnBuffers`, one block of decoded records) are plain buffers
   (``bytearray``, or pyarrow ``Buffer`` from Arrow's memory pool, see below), native-endian, laid
-  out as Arrow wants them: ``offsets`` int64, ``timestamps`` int64
-  milliseconds (as Kafka stores them), ``timestamp_types`` int32 (-1 none, 0 CreateTime, 1
-  LogAppendTime); key and value as binary columns (int32 offsets, one data buffer, a validity
+  out as Arrow wants them: ``offsets`` int64, ``timestamps`` int64 microseconds (Arrow's unit:
+  Kafka's milliseconds times 1000, stored as each record is; a timestamp beyond the microseconds
+  int64 holds, about 292,000 years from 1970, is stored as :data:`TIMESTAMP_BEYOND` and the block
+  notes the first, see :class:`ColumnBuffers`), ``timestamp_types`` int32 (-1 none, 0 CreateTime,
+  1 LogAppendTime); key and value as binary columns (int32 offsets, one data buffer, a validity
   bitmap, LSB first, and the null count); headers as list<struct<key: string, value: binary>>:
   int32 list offsets per record, then for all the headers key offsets + UTF-8 data and value
-  offsets + data + validity.  Header keys are decoded as the row decoders decode them (malformed
-  UTF-8 becomes U+FFFD).  :class:`Columns` is a window ``[first, first + count)`` of a block: what
+  offsets + data + validity. Header keys are decoded as the row decoders decode them (malformed
+  UTF-8 becomes U+FFFD). :class:`Columns` is a window ``[first, first + count)`` of a block: what
   Arrow calls an array offset, so handing out part of a block copies nothing.
 * **The builder** does the per-record work.  ``ColumnBuilder(topic, partition, headers,
   max_offset, allocate)`` is the compiled one (``asyncconsumer._speedups``; it needs no pyarrow headers)
@@ -73,10 +75,9 @@ Design
   Arrow holds each buffer until it releases the array, from any thread), else column by column
   with ``pa.Array.from_buffers``.  The schema is Spark's Kafka source's (:func:`arrow_schema`,
   the one spark/arrow.py emits): key and value binary, topic string and partition int32
-  (repeated constants), offset int64, timestamp ``timestamp[us, tz=UTC]`` (the milliseconds times
-  1000, the one copy: the compiled ``ms_to_us`` into a buffer of ``allocate``, or Arrow's cast
-  without the compiled decoder), timestampType int32, headers
-  list<element: struct<key: string, value: binary>>.
+  (repeated constants), offset int64, timestamp ``timestamp[us, tz=UTC]`` (the builders store
+  microseconds: no copy here; a window with a timestamp beyond them raises ``RecordError``),
+  timestampType int32, headers list<element: struct<key: string, value: binary>>.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ from .records import AbortedTransactionFilter, RecordBatch, decode_batch_py, ite
 __all__ = [
     "COLUMN_DECODER",
     "MAX_OFFSET",
+    "TIMESTAMP_BEYOND",
     "ColumnBuffers",
     "ColumnBuilder",
     "ColumnReader",
@@ -117,6 +119,11 @@ MAX_OFFSET = 2**31 - 1
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
+#: The largest millisecond count whose microseconds fit in int64 (and its negative, the smallest).
+_TS_MS_LIMIT = _INT64_MAX // 1000
+#: What a block's ``timestamps`` hold for a record whose timestamp has no int64 microseconds: no
+#: millisecond count times 1000 gives it.
+TIMESTAMP_BEYOND = _INT64_MIN
 _INT32 = "i" if array("i").itemsize == 4 else "l"
 
 
@@ -125,12 +132,14 @@ class ColumnBuffers:
     """A block of decoded records as Arrow-ready buffers (native-endian); see the module docstring.
 
     ``header_*`` are ``None`` when the builder was made with ``headers=False``; the null counts
-    are the whole block's.
+    are the whole block's.  ``timestamp_beyond`` is the index of the first record whose timestamp
+    has no int64 microseconds, or -1 (the slot in ``timestamps`` of every such record holds
+    :data:`TIMESTAMP_BEYOND`); ``timestamp_beyond_ms`` is that first record's timestamp.
     """
 
     count: int
     offsets: Buffer  # int64 x count
-    timestamps: Buffer  # int64 x count, milliseconds
+    timestamps: Buffer  # int64 x count, microseconds (TIMESTAMP_BEYOND: none in int64)
     timestamp_types: Buffer  # int32 x count
     key_offsets: Buffer  # int32 x (count + 1)
     key_data: Buffer
@@ -148,6 +157,8 @@ class ColumnBuffers:
     header_value_validity: Buffer | None
     header_count: int
     header_value_nulls: int
+    timestamp_beyond: int
+    timestamp_beyond_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +232,7 @@ class PyColumnBuilder:
         "_timestamp_types",
         "_timestamps",
         "_topic",
+        "_ts_beyond",
         "_value_data",
         "_value_len",
         "_value_offsets",
@@ -245,6 +257,7 @@ class PyColumnBuilder:
         self._finished = False
         self._offsets = array("q")
         self._timestamps = array("q")
+        self._ts_beyond = (-1, 0)  # timestamp_beyond, timestamp_beyond_ms
         self._timestamp_types = array(_INT32)
         self._key_offsets = array(_INT32, [0])
         self._key_data = bytearray()  # sized by reserve(): the first _key_len bytes are the data
@@ -322,7 +335,7 @@ class PyColumnBuilder:
         )
         nh = len(self._hvalue_valid)
         if not self._headers:
-            return (*head, None, None, None, None, None, None, nh, 0)
+            return (*head, None, None, None, None, None, None, nh, 0, *self._ts_beyond)
         return (
             *head,
             self._header_offsets.tobytes(),
@@ -333,6 +346,7 @@ class PyColumnBuilder:
             _bitmap(self._hvalue_valid),
             nh,
             self._hvalue_valid.count(False),
+            *self._ts_beyond,
         )
 
     def _keep(self, rows: list[ConsumerRecord[bytes, bytes]], start: int, base_offset: int) -> list[Any]:
@@ -358,8 +372,13 @@ class PyColumnBuilder:
                 self._hvalue_data += hvalue
             self._hvalue_offsets.append(len(self._hvalue_data))
             self._hvalue_valid.append(hvalue is not None)
+        if -_TS_MS_LIMIT <= r.timestamp <= _TS_MS_LIMIT:
+            self._timestamps.append(r.timestamp * 1000)
+        else:
+            if self._ts_beyond[0] < 0:
+                self._ts_beyond = (len(self._offsets), r.timestamp)
+            self._timestamps.append(TIMESTAMP_BEYOND)
         self._offsets.append(r.offset)
-        self._timestamps.append(r.timestamp)
         self._timestamp_types.append(r.timestamp_type)
         if r.key is not None:
             end = self._key_len + len(r.key)
@@ -400,8 +419,6 @@ def _select_builder() -> tuple[Any, str]:
 ColumnBuilder: Any
 ColumnBuilder, COLUMN_DECODER = _select_builder()
 _speedups: Any = importlib.import_module("asyncconsumer._speedups") if COLUMN_DECODER == "c" else None
-#: The compiled ``ms_to_us(src, dst, first, count)`` beside the compiled builder, else None.
-_ms_to_us: Any = getattr(_speedups, "ms_to_us", None)
 #: The compiled ``export_arrow(node)`` (the Arrow C data interface) beside the compiled builder, else None.
 _export_arrow: Any = getattr(_speedups, "export_arrow", None)
 #: The compiled ``arrow_address(capsule)``: where the ArrowArray of an ``export_arrow`` capsule is.
@@ -662,7 +679,6 @@ def _arrow_types() -> dict[str, Any]:
     return {
         "pa": pa,
         "timestamp": timestamp,
-        "timestamp_ms": pa.timestamp("ms", tz="UTC"),
         "schema": pa.schema(base),
         # pyarrow's import of an ArrowArray address against a Schema object (no schema capsule
         # made and imported for every batch, as the PyCapsule protocol does); None: not there.
@@ -681,15 +697,12 @@ def arrow_schema(include_headers: bool = True) -> Any:
     return _arrow_types()["schema_with_headers" if include_headers else "schema"]
 
 
-def to_arrow(
-    columns: Columns, topic: str, partition: int, *, allocate: Callable[[int], Any] | None = None
-) -> Any:
-    """A ``pyarrow.RecordBatch`` over the buffers of ``columns`` (zero-copy but for the timestamps).
+def to_arrow(columns: Columns, topic: str, partition: int) -> Any:
+    """A ``pyarrow.RecordBatch`` over the buffers of ``columns``, without a copy.
 
     The schema is :func:`arrow_schema`, with headers when the columns have them.  Raises
-    ``RecordError`` for a timestamp beyond Arrow's microsecond range (about ±292,000 years).
-    ``allocate(size)`` gives the buffer of the microsecond timestamps (the consumer's buffer pool);
-    without it they get a bytearray (or, without the compiled decoder, Arrow's cast).
+    ``RecordError`` for a timestamp beyond Arrow's microsecond range (about ±292,000 years), naming
+    the first such record of the window.
 
     The columns are described once, as nodes (:func:`_column_nodes`).  With the compiled decoder
     they are handed to Arrow in one call through the Arrow C data interface (``export_arrow``,
@@ -698,16 +711,18 @@ def to_arrow(
     The two give the same batch.
     """
     types = _arrow_types()  # pyarrow and its types, made once: a type made per call costs
-    micros = _microsecond_buffer(columns, topic, partition, allocate) if _ms_to_us is not None else None
-    nodes = _column_nodes(columns, topic, partition, micros)
+    beyond = columns.buffers.timestamp_beyond
+    if 0 <= beyond < columns.first + columns.count:
+        _check_timestamps(columns, topic, partition)
+    nodes = _column_nodes(columns, topic, partition)
     schema = types["schema" if columns.buffers.header_offsets is None else "schema_with_headers"]
-    if _export_arrow is not None and micros is not None:
+    if _export_arrow is not None:
         array = _export_arrow(("+s", columns.count, 0, 0, (None,), nodes))
         import_from_c = types["import_from_c"]
         if import_from_c is not None and _arrow_address is not None:
             return import_from_c(_arrow_address(array), schema)  # moves the array out of the capsule
         return types["pa"].record_batch(_ArrowExport(schema, array))
-    return _from_buffers(types, nodes, schema, columns, topic, partition)
+    return _from_buffers(types, nodes, schema)
 
 
 class _ArrowExport:
@@ -724,12 +739,11 @@ class _ArrowExport:
         return self.schema.__arrow_c_schema__(), self.array
 
 
-def _column_nodes(columns: Columns, topic: str, partition: int, micros: Any) -> tuple[tuple[Any, ...], ...]:
+def _column_nodes(columns: Columns, topic: str, partition: int) -> tuple[tuple[Any, ...], ...]:
     """The columns of :func:`arrow_schema` as nodes ``(format, length, null_count, offset, buffers,
     children)``: each node's Arrow format string (its layout, which ``export_arrow`` holds its
     buffers to), its window (Arrow's array offset; null_count -1: Arrow counts the nulls of a
-    window) and its buffers as Arrow lays them out.  ``micros``: the window's timestamps in
-    microseconds, or None for the block's milliseconds (then cast by Arrow)."""
+    window) and its buffers as Arrow lays them out."""
     b = columns.buffers
     n, first = columns.count, columns.first
     window = (first, n) != (0, b.count)  # then the block's null counts are not this window's
@@ -744,7 +758,7 @@ def _column_nodes(columns: Columns, topic: str, partition: int, micros: Any) -> 
         ("u", n, 0, 0, (None, topic_offsets, topic_data), ()),
         ("i", n, 0, 0, (None, partitions), ()),
         ("l", n, 0, first, (None, b.offsets), ()),
-        ("l", n, 0, 0, (None, micros), ()) if micros is not None else ("l", n, 0, first, (None, b.timestamps), ()),
+        ("l", n, 0, first, (None, b.timestamps), ()),
         ("i", n, 0, first, (None, b.timestamp_types), ()),
     ]
     header_offsets = b.header_offsets
@@ -759,13 +773,9 @@ def _column_nodes(columns: Columns, topic: str, partition: int, micros: Any) -> 
     return tuple(nodes)
 
 
-def _from_buffers(
-    types: dict[str, Any], nodes: tuple[tuple[Any, ...], ...], schema: Any, columns: Columns, topic: str,
-    partition: int,
-) -> Any:
+def _from_buffers(types: dict[str, Any], nodes: tuple[tuple[Any, ...], ...], schema: Any) -> Any:
     """:func:`to_arrow` without the compiled decoder: ``pa.Array.from_buffers`` for each node
-    (Arrow checks the buffers), the timestamps cast from milliseconds when they are not
-    microseconds already."""
+    (Arrow checks the buffers)."""
     pa = types["pa"]
     arrow_buffer, py_buffer, from_buffers = pa.Buffer, pa.py_buffer, pa.Array.from_buffers
 
@@ -776,18 +786,6 @@ def _from_buffers(
         return from_buffers(type_, length, wrapped, null_count=nulls, offset=offset, children=kids or None)
 
     arrays = [array(node, field.type) for node, field in zip(nodes, schema, strict=True)]
-    if _ms_to_us is None:  # the milliseconds: Arrow's cast, which refuses what does not fit
-        at = schema.get_field_index("timestamp")
-        try:
-            arrays[at] = array(nodes[at], types["timestamp_ms"]).cast(types["timestamp"])
-        except pa.ArrowInvalid:
-            pass
-        else:
-            return pa.RecordBatch.from_arrays(arrays, schema=schema)
-        limit = _INT64_MAX // 1000
-        ms = memoryview(columns.buffers.timestamps).cast("B").cast("q")
-        window = range(columns.first, columns.first + columns.count)
-        raise _timestamp_error(columns, next(i for i in window if not -limit <= ms[i] <= limit), topic, partition)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
@@ -841,25 +839,20 @@ def _kept(cache: dict[_K, _V]) -> dict[_K, _V]:
     return cache
 
 
-def _microsecond_buffer(
-    columns: Columns, topic: str, partition: int, allocate: Callable[[int], Any] | None
-) -> Any:
-    """The window's timestamps as microseconds, by the compiled ``ms_to_us``, in a buffer of
-    ``allocate`` (the consumer's pool: fresh memory for every block costs its page clearing)."""
-    n = columns.count
-    micros = allocate(n * 8) if allocate is not None else bytearray(n * 8)
-    bad = _ms_to_us(columns.buffers.timestamps, micros, columns.first, n)
-    if bad >= 0:
-        raise _timestamp_error(columns, bad, topic, partition)
-    return micros
-
-
-def _timestamp_error(columns: Columns, i: int, topic: str, partition: int) -> RecordError:
-    ms = memoryview(columns.buffers.timestamps).cast("B").cast("q")
-    offsets = memoryview(columns.buffers.offsets).cast("B").cast("q")
-    return RecordError(
-        f"record timestamp {ms[i]} ms is beyond the range of Arrow's microsecond timestamps",
+def _check_timestamps(columns: Columns, topic: str, partition: int) -> None:
+    """``RecordError`` naming the window's first record whose timestamp has no int64
+    microseconds, if it has one (its block has: ``timestamp_beyond``)."""
+    b = columns.buffers
+    micros = memoryview(b.timestamps).cast("B").cast("q")
+    i = next((i for i in range(columns.first, columns.first + columns.count) if micros[i] == TIMESTAMP_BEYOND), -1)
+    if i < 0:
+        return
+    # The block notes the first such record's milliseconds: a later one is named by its offset only.
+    value = f" {b.timestamp_beyond_ms} ms" if i == b.timestamp_beyond else ""
+    raise RecordError(
+        f"record timestamp{value} is beyond the range of Arrow's microsecond timestamps (about 292,000 years "
+        "from 1970)",
         topic=topic,
         partition=partition,
-        offset=offsets[i],
+        offset=memoryview(b.offsets).cast("B").cast("q")[i],
     )
