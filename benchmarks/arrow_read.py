@@ -16,7 +16,8 @@ fresh subprocess, interleaved for ``--rounds`` rounds (the order rotates each ro
 Each reader assigns all partitions (no group) and stops at the topic's record count.  Prints
 records/s per round, the median and spread, and the ratios to ``batches()``; and the same per CPU
 second of the reader's process (``time.process_time``: steadier than wall time on a shared
-machine, and blind to waiting for the broker).  ``--readers`` picks
+machine, and blind to waiting for the broker), with the median of the ratios taken round by round
+("paired": a slow phase of the machine moves both readers of a round).  ``--readers`` picks
 some of them; ``--baseline SRC`` (another checkout's ``src`` directory, its extension built) adds
 each picked reader again, run from that code (``PYTHONPATH=SRC``), marked ``@base``: a
 before/after comparison in the same interleaved rounds.  ``--uvloop`` adds each picked asyncconsumer
@@ -109,6 +110,16 @@ def _read(
 # ------------------------------------------------------------------ the driver
 
 
+def _paired(rates: list[float], against: list[float]) -> str:
+    """The median and range of ``rates[r] / against[r]``, round by round: each pair ran minutes
+    apart at most, so a slow phase of the machine (a neighbour, the broker's garbage collector)
+    that spans several rounds moves both sides of a pair, where it moves the medians apart."""
+    ratios = sorted(a / b for a, b in zip(rates, against, strict=False))
+    if not ratios:
+        return "-"
+    return f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small topics (development)")
@@ -172,8 +183,11 @@ def main() -> None:
                     per_cpu.setdefault((d.name, reader), []).append(cpu_rate := got["records"] / got["cpu"])
                     log(f"round {r + 1} {d.name} {reader}: {rate:,.0f} records/s, {cpu_rate:,.0f} per CPU s")
         print(f"\n{broker.description}; {args.rounds} interleaved rounds, records/s (median, min-max)\n")
-        print("| data set | reader | records/s | spread | vs batches() | records per CPU s | vs batches() |")
-        print("|---|---|---:|---:|---:|---:|---:|")
+        print(
+            "| data set | reader | records/s | spread | vs batches() | records per CPU s | vs batches() "
+            "| paired, per CPU s |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
         for d in sets:
             for reader in readers:
                 # uvloop's readers against batches() on uvloop; the others against batches() on asyncio
@@ -183,9 +197,10 @@ def main() -> None:
                 rates = results[(d.name, reader)]
                 med = statistics.median(rates)
                 cpu = statistics.median(per_cpu[(d.name, reader)])
+                paired = _paired(per_cpu[(d.name, reader)], per_cpu.get((d.name, against), []))
                 print(
                     f"| {d.describe()} | {reader} | {med:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} | "
-                    f"{med / base:.2f}x | {cpu:,.0f} | {cpu / base_cpu:.2f}x |"
+                    f"{med / base:.2f}x | {cpu:,.0f} | {cpu / base_cpu:.2f}x | {paired} |"
                 )
     finally:
         broker.stop()

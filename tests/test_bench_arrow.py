@@ -64,3 +64,11 @@ def test_unknown_loop_is_refused(bootstrap: str, topic: str) -> None:
     assert done.returncode == 2
     assert "invalid choice: 'x'" in done.stderr
 
+
+
+def test_paired_ratios_are_taken_round_by_round() -> None:
+    from benchmarks.arrow_read import _paired
+
+    # Round by round: 30/10, 40/20, 90/30; the medians alone (40 / 20) would say 2.00x.
+    assert _paired([30.0, 40.0, 90.0], [10.0, 20.0, 30.0]) == "3.00x (2.00-3.00)"
+    assert _paired([1.0], []) == "-"

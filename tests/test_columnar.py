@@ -35,10 +35,10 @@ from asyncconsumer.errors import CorruptRecordError, RecordError
 from asyncconsumer.managers.fetch_buffer import CompletedFetch
 from asyncconsumer.protocol import columnar
 from asyncconsumer.protocol.columnar import (
+    TIMESTAMP_BEYOND,
     ColumnBuffers,
     ColumnReader,
     Columns,
-    TIMESTAMP_BEYOND,
     PyColumnBuilder,
     arrow_schema,
     finish_columns,
