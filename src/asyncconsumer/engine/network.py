@@ -232,9 +232,7 @@ class NetworkClient:
                 self._timed(request.api, started, exc)
                 raise
             self._timed(request.api, started, None)
-        except KafkaError as exc:
-            self._on_complete(request, version, None, exc)
-        except Exception as exc:  # a bug in a body builder must surface, not kill the loop
+        except Exception as exc:  # a KafkaError, or a bug in a body builder: it must surface, not kill the loop
             self._on_complete(request, version, None, exc)
         else:
             self._on_complete(request, version, response, None)

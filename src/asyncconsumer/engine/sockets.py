@@ -127,12 +127,10 @@ class SocketStream(anyio.abc.ByteStream):
         try:
             while view:
                 self._check_open()
-                try:
-                    view = view[self._sock.send(view) :]
-                except BlockingIOError:
+                rest = self._send_some(view)
+                if len(rest) == len(view):  # the send buffer is full
                     await wait_writable(self._sock)
-                except OSError as exc:
-                    raise anyio.BrokenResourceError from exc
+                view = rest
         except BaseException:
             if 0 < len(view) < total:  # half a frame went out: nothing after it could be framed
                 self._close()
@@ -145,7 +143,10 @@ class SocketStream(anyio.abc.ByteStream):
         else, or close the stream.  Not a checkpoint: a request goes out from the task that makes
         it (the background loop), without a task of its own (engine/connection.py)."""
         self._check_open()
-        view = memoryview(item).cast("B")
+        return self._send_some(memoryview(item).cast("B"))
+
+    def _send_some(self, view: memoryview) -> memoryview:
+        """What the kernel's send buffer does not take of ``view`` now (all of it when full)."""
         try:
             return view[self._sock.send(view) :]
         except BlockingIOError:
