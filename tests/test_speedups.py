@@ -333,6 +333,49 @@ def test_damaged_records_same_outcome(flips: list[tuple[int, int]], cut: int, co
     assert_same(data + FUZZ, check_crcs=False, same_message=False)
 
 
+# ---------------------------------------------------------------- the header scan
+
+
+def scan_both(data: bytes) -> tuple[int, int, list[tuple[int, int]]]:
+    """The compiled ``scan_batches`` (the one records.py selects) and the Python twin agree."""
+    assert records.scan_batches is not records.scan_batches_py
+    compiled = records.scan_batches(memoryview(bytearray(data)))
+    assert compiled == records.scan_batches_py(memoryview(data))
+    assert all(type(x) is int for x in compiled[:2]) and all(type(x) is int for e in compiled[2] for x in e)
+    return compiled
+
+
+@SETTINGS
+@given(
+    data=st.lists(batches(), min_size=0, max_size=4),
+    legacy=st.booleans(),
+    cut=st.integers(0, 80),
+    flips=st.lists(st.tuples(st.integers(0, 80), st.integers(1, 255)), max_size=3),
+)
+def test_generated_headers_scan_identically(
+    data: list[bytes], legacy: bool, cut: int, flips: list[tuple[int, int]]
+) -> None:
+    # Batches of every kind (legacy message sets among them), a truncated tail, damaged header
+    # bytes (lengths, magic, offsets): both scanners stop, or read the same offsets and epochs.
+    joined = bytearray(b"".join(data) + (build_legacy_message_set([(b"k", b"v")], magic=1, base_offset=7) if legacy else b""))
+    for index, xor in flips:
+        if index < len(joined):
+            joined[index] ^= xor
+    scan_both(bytes(joined[: max(0, len(joined) - cut)]))
+
+
+def test_scan_reads_offsets_and_epochs_beyond_64_bits_as_python() -> None:
+    # A base offset near 2**63 with a last offset delta past it: the next offset does not fit in
+    # int64, and the compiled scan gives Python's exact sum instead of wrapping around.
+    top = build_batch([(b"k", b"v")], base_offset=2**63 - 2, last_offset_delta=5, partition_leader_epoch=9)
+    low = build_batch([(b"k", b"v")], base_offset=3, partition_leader_epoch=9)
+    epoch = build_batch([(b"k", b"v")], base_offset=4, partition_leader_epoch=-1)
+    assert scan_both(top) == (2**63 + 4, len(top), [(2**63 - 2, 9)])
+    assert scan_both(low + epoch + low) == (4, 3 * len(low), [(3, 9), (4, -1), (3, 9)])
+    assert scan_both(low + low) == (4, 2 * len(low), [(3, 9)])  # an epoch is noted where it changes
+    assert scan_both(low[:-1]) == (-1, 0, [])
+
+
 # ---------------------------------------------------------------- the switches
 
 

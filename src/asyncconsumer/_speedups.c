@@ -1752,6 +1752,77 @@ be_i64(const unsigned char *p)
 }
 
 #define LOG_OVERHEAD 12
+
+/* scan_batches(data) -> (next_offset, complete, epochs): the compiled twin of
+ * records.scan_batches_py, reading batch headers only (the background side learns the next fetch
+ * offset and the leader epochs of a partition's records without decoding them). */
+static PyObject *
+scan_batches(PyObject *module, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *d = (const unsigned char *)view.buf;
+    const Py_ssize_t end = view.len;
+    Py_ssize_t pos = 0;
+    int64_t last_epoch = -1;
+    PyObject *next = NULL, *result = NULL;
+    PyObject *epochs = PyList_New(0);
+    if (epochs == NULL) {
+        goto done;
+    }
+    next = PyLong_FromLong(-1);
+    while (next != NULL && pos + 17 <= end) {
+        const int32_t size = (int32_t)be_u32(d + pos + 8);
+        if (size < 0 || size > end - pos - LOG_OVERHEAD) {
+            break;
+        }
+        const int64_t first = be_i64(d + pos);
+        int64_t last = first;
+        int32_t delta = 0;
+        if (d[pos + 16] >= 2 && pos + 27 <= end) {
+            delta = (int32_t)be_u32(d + pos + 23);
+            const int32_t epoch = (int32_t)be_u32(d + pos + 12); /* partitionLeaderEpoch */
+            if (epoch != last_epoch) {
+                PyObject *entry = Py_BuildValue("(Li)", (long long)first, (int)epoch);
+                if (entry == NULL || PyList_Append(epochs, entry) < 0) {
+                    Py_XDECREF(entry);
+                    Py_CLEAR(next);
+                    goto done;
+                }
+                Py_DECREF(entry);
+                last_epoch = epoch;
+            }
+        }
+        Py_DECREF(next);
+        if (!add_overflows(first, (int64_t)delta, &last) && !add_overflows(last, 1, &last)) {
+            next = PyLong_FromLongLong((long long)last);
+        }
+        else { /* beyond int64 (a corrupt header): the exact sum, as Python's ints give it */
+            PyObject *a = PyLong_FromLongLong((long long)first), *b = PyLong_FromLong((long)delta + 1);
+            next = a != NULL && b != NULL ? PyNumber_Add(a, b) : NULL;
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+        }
+        pos += LOG_OVERHEAD + size;
+    }
+    if (next != NULL) {
+        result = Py_BuildValue("(NnO)", next, pos, epochs);
+        next = NULL;
+    }
+done:
+    Py_XDECREF(next);
+    Py_XDECREF(epochs);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+PyDoc_STRVAR(scan_batches_doc,
+             "scan_batches(data) -> (next_offset, complete, epochs)\n\n"
+             "The offset after the last complete batch of a record set (-1: none), the bytes of its\n"
+             "complete batches and (base offset, leader epoch) where the epoch changes; batch headers\n"
+             "only. The compiled twin of records.scan_batches_py.");
 #define V2_CRC_START 21
 #define ATTR_CODEC 0x07
 #define ATTR_TIMESTAMP_TYPE 0x08
@@ -2582,6 +2653,7 @@ static PyMethodDef methods[] = {
     {"decode_batch", (PyCFunction)(void (*)(void))decode_batch, METH_FASTCALL, decode_batch_doc},
     {"bind", (PyCFunction)bind, METH_VARARGS, bind_doc},
     {"crc32c", (PyCFunction)crc32c_py, METH_O, crc32c_doc},
+    {"scan_batches", (PyCFunction)scan_batches, METH_O, scan_batches_doc},
     {"export_arrow", (PyCFunction)export_arrow, METH_O, export_arrow_doc},
     {"arrow_address", (PyCFunction)arrow_address, METH_O, arrow_address_doc},
     {NULL, NULL, 0, NULL},
