@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from asyncconsumer.errors import ProtocolError
+from asyncconsumer.protocol import messages
 from asyncconsumer.protocol._schemas import SCHEMAS
 from asyncconsumer.protocol.api import (
     API_KEYS,
@@ -644,3 +645,48 @@ def _raised(call: Any, *args: Any) -> BaseException:
     except Exception as exc:
         return exc
     raise AssertionError("expected an error")
+
+
+# -- the defaults a decoded message fills in -------------------------------------------------------
+
+
+def _all_fields(fields: list[Field]) -> list[Field]:
+    out: list[Field] = []
+    for f in fields:
+        out.append(f)
+        out.extend(_all_fields(f.get("fields", [])))
+    return out
+
+
+def _containers(value: Any) -> list[Any]:
+    """``value`` and every list or dict inside it."""
+    if isinstance(value, dict):
+        return [value, *(c for v in value.values() for c in _containers(v))]
+    if isinstance(value, list):
+        return [value, *(c for v in value for c in _containers(v))]
+    return []
+
+
+def test_default_factories_make_default_values_fresh_each_time() -> None:
+    # Every field of every message: the factory a struct keeps makes what default_value makes, and
+    # no list or dict of one default is shared with another (a caller may mutate what it decoded).
+    fields = [f for s in SCHEMAS.values() for f in _all_fields(s["fields"])]
+    assert any("fields" in f and f["default"] is not None for f in fields)  # structs with defaults exist
+    for f in fields:
+        make = messages.default_factory(f)
+        one, two = make(), make()
+        assert one == two == messages.default_value(f), f["name"]
+        assert type(one) is type(messages.default_value(f))
+        shared = {id(c) for c in _containers(one)} & {id(c) for c in _containers(two)}
+        assert not shared, f["name"]
+
+
+def test_decoded_absent_tagged_structs_are_not_shared() -> None:
+    # Fetch responses whose partitions leave out the tagged structs (diverging_epoch, current_leader,
+    # snapshot_id): each decoded partition gets defaults of its own.
+    partition = {"partition_index": 0, "records": b""}
+    body = {"responses": [{"topic_id": b"\x01" * 16, "partitions": [partition, {**partition, "partition_index": 1}]}]}
+    frame = encode_response("Fetch", 17, body, correlation_id=5)
+    first, second = (decode_response("Fetch", 17, frame[4:])["responses"][0]["partitions"] for _ in range(2))
+    first[0]["current_leader"]["leader_id"] = 7
+    assert [p["current_leader"]["leader_id"] for p in (*first[1:], *second)] == [-1, -1, -1]

@@ -357,7 +357,8 @@ def test_generated_headers_scan_identically(
 ) -> None:
     # Batches of every kind (legacy message sets among them), a truncated tail, damaged header
     # bytes (lengths, magic, offsets): both scanners stop, or read the same offsets and epochs.
-    joined = bytearray(b"".join(data) + (build_legacy_message_set([(b"k", b"v")], magic=1, base_offset=7) if legacy else b""))
+    legacy_set = build_legacy_message_set([(b"k", b"v")], magic=1, base_offset=7) if legacy else b""
+    joined = bytearray(b"".join(data) + legacy_set)
     for index, xor in flips:
         if index < len(joined):
             joined[index] ^= xor
@@ -381,9 +382,12 @@ def test_scan_reads_offsets_and_epochs_beyond_64_bits_as_python() -> None:
 
 def test_environment_switch_forces_python_decoder() -> None:
     env = {**os.environ, "ASYNCCONSUMER_NO_EXTENSION": "1"}
-    code = "from asyncconsumer.protocol import records as r; print(r.DECODER, r.decode_batch is r.decode_batch_py)"
+    code = (
+        "from asyncconsumer.protocol import records as r; "
+        "print(r.DECODER, r.decode_batch is r.decode_batch_py, r.scan_batches is r.scan_batches_py)"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["python", "True"]
+    assert out.stdout.split() == ["python", "True", "True"]
 
 
 def test_build_skips_the_extension_when_disabled(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -90,6 +90,35 @@ def default_value(field: Field) -> Any:
     return default
 
 
+def default_factory(field: Field) -> Callable[[], Any]:
+    """A maker of :func:`default_value`'s fresh defaults for ``field``, with the field's schema
+    walked once: a struct's immutable defaults are copied from a template, its lists and structs
+    made by their own makers (a decoded message fills such defaults for every absent field)."""
+    default = field["default"]
+    if default is None:
+        return type(None)
+    if field["type"].startswith("[]"):
+        return list
+    if "fields" not in field:
+        return functools.partial(_same, default)
+    template = {f["key"]: default_value(f) for f in field["fields"]}
+    fresh = [(f["key"], default_factory(f)) for f in field["fields"] if isinstance(template[f["key"]], (list, dict))]
+    if not fresh:
+        return template.copy
+
+    def make() -> dict[str, Any]:
+        value = template.copy()
+        for key, factory in fresh:
+            value[key] = factory()
+        return value
+
+    return make
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
 def is_default(field: Field, value: Any) -> bool:
     """Whether ``value`` equals the field's default; a partial struct dict is compared field by field."""
     default = field["default"]
@@ -132,7 +161,7 @@ class MessageStruct(_Base):
             present = in_range(f["versions"], version)
             tagged = present and f["tag"] is not None and in_range(f["tagged_versions"], version)
             if mutable and not (present and not tagged):
-                self.fill.append((key, functools.partial(default_value, f)))
+                self.fill.append((key, default_factory(f)))
             if not present:
                 self.absent.append(f)
                 continue
