@@ -875,8 +875,8 @@ def _select_crc32c() -> tuple[Callable[[Any], int], bool]:
 
 _Scanner = Callable[[Any], tuple[int, int, list[tuple[int, int]]]]
 #: ``scan_batches(data) -> (next_offset, complete, epochs)``: ``scan_record_set`` plus (base offset,
-#: leader epoch) where the batches' epoch changes; the compiled one with the compiled decoder (a
-#: fetch response's thousand batch headers cost about 1.4 ms in Python, per million 100 B records).
+#: leader epoch) where the batches' epoch changes; the compiled one with the compiled decoder (the
+#: thousand batch headers of a million 100 B records took about 1.4 ms in Python, 0.2 ms compiled).
 scan_batches: _Scanner = (
     cast("_Scanner", importlib.import_module("asyncconsumer._speedups").scan_batches)
     if DECODER == "c"
