@@ -1752,6 +1752,11 @@ be_i64(const unsigned char *p)
 }
 
 #define LOG_OVERHEAD 12
+#define V2_CRC_START 21
+#define ATTR_CODEC 0x07
+#define ATTR_TIMESTAMP_TYPE 0x08
+#define ATTR_TRANSACTIONAL 0x10
+#define ATTR_CONTROL 0x20
 
 /* scan_batches(data) -> (next_offset, complete, epochs): the compiled twin of
  * records.scan_batches_py, reading batch headers only (the background side learns the next fetch
@@ -1823,11 +1828,6 @@ PyDoc_STRVAR(scan_batches_doc,
              "The offset after the last complete batch of a record set (-1: none), the bytes of its\n"
              "complete batches and (base offset, leader epoch) where the epoch changes; batch headers\n"
              "only. The compiled twin of records.scan_batches_py.");
-#define V2_CRC_START 21
-#define ATTR_CODEC 0x07
-#define ATTR_TIMESTAMP_TYPE 0x08
-#define ATTR_TRANSACTIONAL 0x10
-#define ATTR_CONTROL 0x20
 
 /* Size an empty block's buffers from its first batch, as ColumnReader._reserve does: ``count``
  * records in ``size`` bytes, ``left`` bytes of batches from it to the end of the record set, up

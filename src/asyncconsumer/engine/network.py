@@ -92,14 +92,15 @@ class _Outcome:
         self._done = False
 
     def set_result(self, result: Body) -> None:
-        if not self._done:
-            self._done = True
-            self._network._answered(self._request, self._version, self._started, result, None)
+        self._end(result, None)
 
     def set_exception(self, exc: BaseException) -> None:
+        self._end(None, exc)
+
+    def _end(self, body: Body | None, error: BaseException | None) -> None:
         if not self._done:
             self._done = True
-            self._network._answered(self._request, self._version, self._started, None, exc)
+            self._network._answered(self._request, self._version, self._started, body, error)
 
 
 class NetworkClient:
