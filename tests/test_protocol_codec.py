@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from asyncconsumer.errors import ProtocolError
@@ -690,3 +690,52 @@ def test_decoded_absent_tagged_structs_are_not_shared() -> None:
     first, second = (decode_response("Fetch", 17, frame[4:])["responses"][0]["partitions"] for _ in range(2))
     first[0]["current_leader"]["leader_id"] = 7
     assert [p["current_leader"]["leader_id"] for p in (*first[1:], *second)] == [-1, -1, -1]
+
+
+# -- varints: a frame's view and any other stream read them alike ------------------------------------
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(value=st.integers(0, 2**32 - 1), prefix=st.binary(max_size=3), tail=st.binary(max_size=3))
+@example(value=0x7F, prefix=b"", tail=b"")
+@example(value=0x80, prefix=b"", tail=b"")
+@example(value=2**14, prefix=b"", tail=b"")
+@example(value=2**32 - 1, prefix=b"", tail=b"")
+def test_varints_read_the_same_from_a_frame_and_a_stream(value: int, prefix: bytes, tail: bytes) -> None:
+    import io
+
+    from asyncconsumer.protocol.primitives import FrameReader, read_uvarint, write_uvarint
+
+    out = io.BytesIO()
+    write_uvarint(out, value)
+    encoded = out.getvalue()
+    # LEB128, 7 bits a byte, the high bit set on every byte but the last.
+    assert len(encoded) == max(1, -(-value.bit_length() // 7))
+    assert all(b & 0x80 for b in encoded[:-1]) and encoded[-1] < 0x80
+    data = prefix + encoded + tail
+    for stream in (FrameReader(data), io.BytesIO(data)):
+        stream.read(len(prefix))
+        assert read_uvarint(stream) == value
+        assert stream.tell() == len(prefix) + len(encoded)
+    for bad, message in ((encoded[:-1], "truncated varint"), (b"\xff" * 5 + b"\x01", "longer than 5 bytes")):
+        if not bad:
+            continue
+        for stream in (FrameReader(bad), io.BytesIO(bad)):
+            with pytest.raises(ProtocolDecodeError, match=message):
+                read_uvarint(stream)
+
+
+def test_any_mapping_and_sequence_encode_as_dicts_and_lists_do() -> None:
+    from types import MappingProxyType
+
+    body = {"group_id": "g", "topics": [{"name": "t", "partition_indexes": [0, 3]}]}
+    topic = MappingProxyType({"name": "t", "partition_indexes": (0, 3)})
+    other = MappingProxyType({"group_id": "g", "topics": (topic,)})
+    for version in (1, 7):
+        assert encode_request("OffsetFetch", version, other, correlation_id=1, client_id="c") == encode_request(
+            "OffsetFetch", version, body, correlation_id=1, client_id="c"
+        )
+    with pytest.raises(ProtocolEncodeError, match="expected a list"):
+        encode_request("OffsetFetch", 1, {"group_id": "g", "topics": "t"}, correlation_id=1, client_id="c")
+    with pytest.raises(ProtocolEncodeError, match="expected a mapping"):
+        encode_request("OffsetFetch", 1, {"group_id": "g", "topics": ["t"]}, correlation_id=1, client_id="c")

@@ -215,7 +215,7 @@ class MessageStruct(_Base):
         return seen
 
     def _build(self, obj: Any, stream: Any, context: Any, path: Any) -> Any:
-        if not isinstance(obj, Mapping):
+        if type(obj) is not dict and not isinstance(obj, Mapping):  # (the ABC check is a Python call)
             raise _LocatedEncodeError(f"{self.where or 'body'}: expected a mapping, got {type(obj).__name__}")
         if not self.all_keys.issuperset(obj):
             unknown = sorted(set(obj) - self.all_keys)
