@@ -601,6 +601,256 @@ def test_damaged_records_same_outcome(flips: list[tuple[int, int]], cut: int, co
     assert all(o == outcomes[0] for o in outcomes)
 
 
+# ---------------------------------------------------------------- the compiled builder's unchecked loop
+#
+# The compiled builder reads a batch's common records (no headers, 9-byte varints at most, room in
+# its buffers, a timestamp Arrow's microseconds hold) without a check per byte while they end 64
+# bytes or more before the batch does (columns_fast in _speedups.c); any other record, and the last
+# 64 bytes, go to the checked loop.  These batches put plain records far from their end, with odd
+# ones among them, so both loops and the hand-over between them run.
+
+
+def _padded(n: int, width: int) -> bytes:
+    """``n`` as a zigzag varint of ``width`` bytes (zero groups carried on): still valid."""
+    u = (n << 1) ^ (n >> 63)
+    return bytes(((u >> 7 * i) & 0x7F) | (0x80 if i < width - 1 else 0) for i in range(width))
+
+
+def _raw_record(kind: str, i: int, key: bytes | None, value: bytes | None, ts_delta: int) -> bytes:
+    """One record body of ``kind``: plain, or one the unchecked loop leaves to the checked one."""
+    def length(b: bytes | None, width: int = 0) -> bytes:
+        n = -1 if b is None else len(b)
+        return (_padded(n, width) if width else V(n)) + (b or b"")
+
+    width = 10 if kind == "ten-byte-varints" else 0
+    headers = V(1) + V(1) + b"h" + V(2) + b"hv" if kind == "header" else V(0)
+    if kind == "header-count-padded":
+        headers = _padded(0, 2)
+    return _rec(b"\x00" + V(ts_delta) + V(i) + length(key, width) + length(value, width) + headers)
+
+
+ODD_RECORDS = ["header", "ten-byte-varints", "header-count-padded"]
+
+
+@st.composite
+def plain_batches(draw: st.DrawFn) -> tuple[bytes, int]:
+    """A batch of mostly plain records, some of them odd; and its base offset."""
+    base_offset = draw(st.integers(0, 2**40))
+    kinds = st.sampled_from(["plain"] * 6 + ODD_RECORDS)
+    values = st.none() | st.binary(max_size=200) | st.sampled_from([b"", b"v" * 16, b"w" * 100])
+    keys = st.none() | st.binary(max_size=20) | st.sampled_from([b"", b"k" * 15, b"k" * 16, b"k" * 17, b"k" * 90])
+    recs = draw(st.lists(st.tuples(kinds, keys, values, st.integers(-5, 5)), min_size=1, max_size=40))
+    body = b"".join(_raw_record(k, i, key, value, ts) for i, (k, key, value, ts) in enumerate(recs))
+    base_ts = draw(st.sampled_from([DEFAULT_TIMESTAMP, LIMIT_MS - 2, -LIMIT_MS + 2]))
+    codec = draw(st.sampled_from([0, 0, 1, 4]))  # compressed: decompressed, then read alike
+    data = build_batch([(b"k", b"v")] * len(recs), base_offset=base_offset, base_timestamp=base_ts,
+                       raw_records=compress(codec, body) if codec else body, compression=codec,
+                       timestamp_type=draw(st.integers(0, 1)), max_timestamp=DEFAULT_TIMESTAMP)
+    return data, base_offset
+
+
+@SETTINGS
+@given(case=plain_batches(), start_at=st.integers(-1, 45), max_records=st.integers(1, 50) | st.just(1 << 30),
+       headers=st.booleans(), twice=st.booleans())
+def test_plain_records_with_odd_ones_among_them(case: tuple[bytes, int], start_at: int, max_records: int,
+                                                headers: bool, twice: bool) -> None:
+    data, base_offset = case
+    if twice:  # the second batch's offsets after the first's
+        data += (base_offset + 100).to_bytes(8, "big") + data[8:]
+    assert_same_walk(data, max_records, base_offset + start_at, headers)
+
+
+def test_every_kind_of_odd_record_decodes_as_the_rows_do() -> None:
+    # Each odd record between plain ones, far from the batch's end: the unchecked loop hands it
+    # to the checked one and takes the records after it again.
+    for kind in [*ODD_RECORDS, "null-key", "null-value", "empty"]:
+        recs = [("plain", b"k%d" % i, b"v" * (i * 7 % 120)) for i in range(30)]
+        recs[10] = (kind if kind in ODD_RECORDS else "plain", None if kind == "null-key" else b"odd",
+                    None if kind == "null-value" else (b"" if kind == "empty" else b"odd value"))
+        body = b"".join(_raw_record(k, i, key, value, i) for i, (k, key, value) in enumerate(recs))
+        data = build_batch([(b"k", b"v")] * len(recs), base_offset=7, raw_records=body)
+        rows, error = assert_same_walk(data)
+        assert error is None and len(rows) == 30, kind
+        assert (rows[10].key, rows[10].value) == (recs[10][1], recs[10][2]), kind
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), min_size=1, max_size=4),
+    cut=st.integers(0, 40),
+    count=st.none() | st.integers(-2, 45),
+    limit=st.integers(0, 10),
+)
+def test_damaged_plain_records_same_outcome(flips: list[tuple[int, int]], cut: int, count: int | None,
+                                            limit: int) -> None:
+    # test_damaged_records_same_outcome for records without headers (FUZZ's all have some): a
+    # damaged length or varint far from the batch's end meets the unchecked loop first.
+    recs = [Record(None if i % 7 == 3 else b"k%d" % i, None if i % 11 == 5 else b"v" * (i * 9 % 130))
+            for i in range(40)]
+    plain = build_batch(recs, base_offset=40)
+    body = bytearray(plain[61:])
+    for index, xor in flips:
+        body[index % len(body)] ^= xor
+    if cut:
+        del body[-cut:]
+    declared = 40 if count is None else count
+    data = build_batch([(b"k", b"v")], base_offset=40, raw_records=bytes(body), record_count=declared)
+    data += (200).to_bytes(8, "big") + plain[8:]
+    max_records = limit or 1 << 30
+    rows, rows_error = walk_rows(data, max_records, 0, check_crcs=False)
+    # A damaged offset delta can put a record before the position (0) after records at or past
+    # it; the row walk filters a batch only when its first record is before the position, the
+    # columns take records at or past it, always.
+    flat = [r for chunk in rows for r in chunk if r.offset >= 0]
+    outcomes = []
+    for builder in BUILDERS:
+        chunks, error = walk_columns(builder, data, max_records, 0, check_crcs=False)
+        assert (error is None) == (rows_error is None)
+        if error is not None and rows_error is not None:
+            assert error[:4] == rows_error[:4]
+        assert_chunks_match(chunks, flat, max_records)
+        outcomes.append([raw(c) for c in chunks])
+    assert all(o == outcomes[0] for o in outcomes)
+
+
+@pytest.mark.parametrize("length", [2**40, 2**62, 200, 61])
+@pytest.mark.parametrize("field", ["key", "value"])
+def test_a_length_past_the_record_far_from_the_batch_end(field: str, length: int) -> None:
+    # A key or value length running past its record (and the batch), among plain records: the
+    # same error as the rows give, not a read past the record.
+    recs = [_rec(b"\x00" + V(0) + V(i) + V(2) + b"k%d" % (i % 10) + V(3) + b"val" + V(0)) for i in range(30)]
+    bad = V(length) + b"k" if field == "key" else V(1) + b"k" + V(length) + b"v"
+    recs[5] = _rec(b"\x00" + V(0) + V(5) + bad + V(0))
+    data = build_batch([(b"k", b"v")] * 30, base_offset=0, raw_records=b"".join(recs))
+    rows, error = assert_same_walk(data)
+    assert not rows and error is not None and error[0] is CorruptRecordError  # a batch is all or nothing
+
+
+#: Records damaged where the unchecked loop reads them (each among plain records, far from the
+#: batch's end): ``(name, body)``, every one corrupt for the rows too.
+DAMAGED_PLAIN = {
+    "length-one-too-long": V(12) + b"\x00" + V(0) + V(5) + V(2) + b"kk" + V(3) + b"vvv" + V(0) + b"\x00",
+    "length-one-too-short": V(10) + b"\x00" + V(0) + V(5) + V(2) + b"kk" + V(3) + b"vvv" + V(0),
+    "header-count-without-headers": _rec(b"\x00" + V(0) + V(5) + V(2) + b"kk" + V(3) + b"vvv" + V(1)),
+    "negative-header-count": _rec(b"\x00" + V(0) + V(5) + V(2) + b"kk" + V(3) + b"vvv" + V(-1)),
+    "key-length-minus-2": _rec(b"\x00" + V(0) + V(5) + V(-2) + V(3) + b"vvv" + V(0)),
+    "value-length-minus-3": _rec(b"\x00" + V(0) + V(5) + V(2) + b"kk" + V(-3) + V(0)),
+    "eleven-byte-varint": _rec(b"\x00" + b"\x80" * 10 + b"\x00" + V(5) + V(2) + b"kk" + V(3) + b"vvv" + V(0)),
+    "length-past-the-batch": V(10_000) + b"\x00" + V(0) + V(5) + V(2) + b"kk" + V(3) + b"vvv" + V(0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGED_PLAIN))
+def test_a_damaged_record_far_from_the_batch_end(name: str) -> None:
+    recs = [_rec(b"\x00" + V(0) + V(i) + V(2) + b"k%d" % (i % 10) + V(3) + b"val" + V(0)) for i in range(30)]
+    recs[5] = DAMAGED_PLAIN[name]
+    data = build_batch([(b"k", b"v")] * 30, base_offset=2**62, raw_records=b"".join(recs))
+    rows, error = assert_same_walk(data)
+    assert not rows and error is not None and error[0] is CorruptRecordError  # a batch is all or nothing
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_an_offset_beyond_64_bits_far_from_the_batch_end(builder: Any) -> None:
+    recs = [_rec(b"\x00" + V(0) + V(i) + V(2) + b"k%d" % (i % 10) + V(3) + b"val" + V(0)) for i in range(30)]
+    recs[5] = _rec(b"\x00" + V(0) + V(2**62) + V(2) + b"kk" + V(3) + b"vvv" + V(0))
+    data = build_batch([(b"k", b"v")] * 30, base_offset=2**62, raw_records=b"".join(recs))
+    [batch] = iter_batches(data, topic=TOPIC, partition=PART)
+    b = builder(TOPIC, PART)
+    with pytest.raises(CorruptRecordError, match=f"offset {2**63} does not fit in 64 bits"):
+        b.append(batch, 0)
+    assert b.count == 0
+
+
+class Guarded:
+    """An allocator whose buffers have 64 guard bytes after them, checked by ``check()``: a write
+    past a buffer's end (the unchecked loop copies in 32-byte chunks) changes them."""
+
+    def __init__(self) -> None:
+        self.given: list[tuple[bytearray, int]] = []
+
+    def __call__(self, size: int) -> memoryview:
+        block = bytearray(b"\xa5" * (size + 64))
+        self.given.append((block, size))
+        return memoryview(block)[:size]
+
+    def check(self) -> None:
+        for block, size in self.given:
+            assert block[size:] == b"\xa5" * 64, f"a write past the end of a {size}-byte buffer"
+
+
+@needs_c
+@SETTINGS
+@given(case=plain_batches(), more=st.integers(0, 300))
+def test_no_write_past_a_buffers_end(case: tuple[bytes, int], more: int) -> None:
+    data, base_offset = case
+    # a second batch of many plain records, past what the first sized the buffers for
+    data += build_batch([(b"key-%d" % i, b"v" * (i % 97)) for i in range(more)], base_offset=base_offset + 100)
+    guarded = Guarded()
+    rows, _ = walk_rows(data, 1 << 30, 0)
+
+    def builder(*args: Any) -> Any:
+        return C_BUILDER(*args[:4], guarded, 0)
+
+    chunks, _ = walk_columns(builder, data, 1 << 30, 0)
+    assert_chunks_match(chunks, [r for chunk in rows for r in chunk], 1 << 30)
+    guarded.check()
+
+
+@pytest.mark.parametrize("builder", BUILDERS)
+def test_plain_records_past_the_buffers_room(builder: Any) -> None:
+    # A block whose buffers fill up halfway through a batch (a second batch far larger than the
+    # first, which sized them): the records that need more room go through the checked loop,
+    # which grows the buffers, and the rest are read unchecked again.
+    first = build_batch([(b"k", b"v")] * 3, base_offset=0)
+    second = build_batch([(b"key-%d" % i, b"value" * (i % 40)) for i in range(300)], base_offset=3)
+    assert_same_walk(first + second)
+    columns = one_block(first + second, builder)
+    assert columns.count == 303
+
+
+def _ending_at_a_fence(data: bytes) -> tuple[Any, memoryview]:
+    """``data`` in memory that ends where a page the process may not read begins (Linux): a read
+    past its end stops the process.  The map (keep it alive) and the view of ``data``."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    size = -(-len(data) // page) * page
+    region = mmap.mmap(-1, size + page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert libc.mprotect(address + size, page, 0) == 0, ctypes.get_errno()  # PROT_NONE
+    region[size - len(data) : size] = data
+    return region, memoryview(region)[size - len(data) : size]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mprotect through ctypes: Linux")
+@pytest.mark.parametrize("tail", [0, 1, 15, 16, 63, 64, 65, 200])
+def test_no_read_past_the_record_set(tail: int) -> None:
+    # Plain records up to the end of the record set, whose last one's value is ``tail`` bytes long,
+    # followed by memory the process may not read: no builder reads past the batch.
+    data = build_batch([(b"k%d" % i, b"v" * (i % 90)) for i in range(50)] + [(b"last", b"t" * tail)], base_offset=3)
+    region, view = _ending_at_a_fence(data)
+    try:
+        rows, error = assert_same_walk(view)
+        assert error is None and rows[-1].value == b"t" * tail
+        rows, error = assert_same_walk(view, check_crcs=False)
+        assert error is None and len(rows) == 51
+    finally:
+        view.release()
+        region.close()
+
+
+def test_keys_and_values_of_every_length_around_the_copy_chunks() -> None:
+    # The unchecked loop copies keys and values in 32-byte chunks: every length from 0 to 70 on
+    # both, and long ones, byte for byte as the rows have them.
+    recs = [(b"%02d" % n * 40)[:n] for n in range(71)] + [b"x" * 1000, b"y" * 4097]
+    data = build_batch([(k, k[::-1]) for k in recs] + [(b"k", b"v")] * 10, base_offset=5)
+    rows, error = assert_same_walk(data)
+    assert error is None and [(r.key, r.value) for r in rows[: len(recs)]] == [(k, k[::-1]) for k in recs]
+
+
 # ---------------------------------------------------------------- values the columns cannot hold
 
 

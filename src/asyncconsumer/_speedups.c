@@ -128,11 +128,15 @@ read_uvarint(parser *p, uint64_t *out)
 static inline int
 add_overflows(int64_t a, int64_t b, int64_t *out)
 {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_add_overflow(a, b, out);
+#else
     if ((b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b)) {
         return 1;
     }
     *out = a + b;
     return 0;
+#endif
 }
 
 static inline int64_t
@@ -968,6 +972,9 @@ PyDoc_STRVAR(crc32c_doc,
  * buffers out as a tuple (see protocol/columnar.py ``ColumnBuffers``); the builder is spent then.
  * walk(records, pos, start, limit, check_crcs, read_committed) does append's work for a run of
  * plain batches of a record set in one call (see builder_walk_locked for where it stops).
+ * Both read a batch's common records (no headers, room in the buffers, 64 bytes or more before
+ * the batch's end) in an unchecked loop (columns_fast), and everything else in the checked one
+ * (parse_columns), which also gives every error: the two store the same bytes.
  * reserve(records, data) sizes the buffers up front: ColumnReader passes the bytes of the
  * uncompressed batches a block may take, which bound its key and value bytes, so that copying
  * the records does not reallocate (a reallocation copies the whole old capacity).
@@ -1427,6 +1434,186 @@ typedef struct {
 #define PREFETCH(at) ((void)0)
 #endif
 
+/* The common record, read without a check per byte (columns_fast).  A record is taken this way
+ * when it ends FAST_SLACK bytes or more before its batch does: then its varints (9 bytes at most
+ * here, up to four in a row past the record's end when its length lies) and the chunks its key and
+ * value are copied in (copy_chunks) stay inside the batch. */
+#define FAST_SLACK 64
+
+/* A zigzag varint of at most 9 bytes at ``q``, unchecked (the caller keeps 9 bytes readable):
+ * where the next field starts, or NULL for a longer one (the checked parser reads that). */
+static inline const unsigned char *
+fast_varint(const unsigned char *q, int64_t *out)
+{
+    uint64_t b = q[0];
+    if (b < 0x80) {
+        *out = unzigzag(b);
+        return q + 1;
+    }
+    uint64_t v = b & 0x7F;
+    b = q[1];
+    if (b < 0x80) { /* two bytes: a record length, or an offset delta up to 8191 */
+        *out = unzigzag(v | b << 7);
+        return q + 2;
+    }
+    v |= (b & 0x7F) << 7;
+    for (int i = 2; i < 9; i++) {
+        b = q[i];
+        v |= (b & 0x7F) << (7 * i);
+        if (b < 0x80) {
+            *out = unzigzag(v);
+            return q + i + 1;
+        }
+    }
+    return NULL;
+}
+
+/* ``len`` bytes from ``src`` to ``dst`` in chunks of COPY_CHUNK bytes: up to COPY_CHUNK - 1
+ * bytes past the end of each are read and written, which the caller keeps inside the batch and
+ * the buffer. */
+#define COPY_CHUNK 32
+static inline void
+copy_chunks(char *dst, const unsigned char *src, Py_ssize_t len)
+{
+    for (Py_ssize_t at = 0; at < len; at += COPY_CHUNK) {
+        memcpy(dst + at, src + at, COPY_CHUNK);
+    }
+}
+
+/* A key or value length that is -1 (null) or fits in ``room`` (which is negative when the
+ * fields before already ran past the record's end: then only a null passes, and the record's end
+ * is found wrong after). */
+static inline int
+length_ok(int64_t len, Py_ssize_t room)
+{
+    return len >= -1 && len <= room;
+}
+
+/* parse_columns' loop for a run of common records: no headers, keys and values that fit the
+ * room the buffers have (with COPY_CHUNK bytes to spare), timestamps Arrow's microseconds hold.
+ * The state lives in locals (a store through ``char *`` would make the compiler reload every
+ * field of the builder after it) and is written back at the end.  Any other record, or any doubt
+ * (a varint of 10 bytes, a length that does not add up, an offset beyond 64 bits), ends the run
+ * with the parser at that record's start, for parse_columns' checked loop to read and report
+ * exactly.  Fields may be read past a record's end before its length is found wrong: never past
+ * FAST_SLACK, and nothing of such a record is stored.  The caller has checked that every key and
+ * value of the batch fits under max_offset.  Returns how many records it read. */
+static int64_t
+columns_fast(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *plan, crc_run *crc, Py_ssize_t room,
+             int64_t left)
+{
+    if (p->end - p->pos <= FAST_SLACK || plan->full) {
+        return 0;
+    }
+    const unsigned char *const buf = p->buf;
+    const unsigned char *q = buf + p->pos;
+    const unsigned char *const limit = buf + p->end - FAST_SLACK;
+    const unsigned char *const prefetch_end = buf + (p->end > PREFETCH_AHEAD ? p->end - PREFETCH_AHEAD : 0);
+    /* where the CRC taken behind the parser next catches up (never without ``crc``) */
+    const unsigned char *crc_next = crc != NULL ? buf + crc->at + CRC_CHUNK : buf + p->end;
+    colstate *s = &cb->s;
+    Py_ssize_t n = s->n, stored = plan->stored, key_len = s->key_len, value_len = s->value_len;
+    Py_ssize_t key_nulls = s->key_nulls, value_nulls = s->value_nulls;
+    char *const keys = cb->b[B_KEY_DATA].p, *const values = cb->b[B_VALUE_DATA].p;
+    const Py_ssize_t key_room = cb->b[B_KEY_DATA].cap - COPY_CHUNK;
+    const Py_ssize_t value_room = cb->b[B_VALUE_DATA].cap - COPY_CHUNK;
+    char *const offsets = cb->b[B_OFFSETS].p, *const timestamps = cb->b[B_TIMESTAMPS].p;
+    char *const key_offsets = cb->b[B_KEY_OFFSETS].p, *const value_offsets = cb->b[B_VALUE_OFFSETS].p;
+    unsigned char *const key_valid = (unsigned char *)cb->b[B_KEY_VALID].p;
+    unsigned char *const value_valid = (unsigned char *)cb->b[B_VALUE_VALID].p;
+    char *const header_offsets = cb->headers ? cb->b[B_HDR_OFFSETS].p : NULL;
+    const int32_t nh = (int32_t)s->nh;
+    const int64_t start = plan->start, base_offset = bi->base_offset, base_timestamp = bi->base_timestamp;
+    const int log_append_time = bi->log_append_time;
+    int64_t done = 0;
+    while (done < left && q < limit) {
+        const unsigned char *const record = q;
+        const unsigned char *end;
+        int64_t length, ts_delta, offset_delta, klen, vlen, offset, ts;
+        if (q < prefetch_end) {
+            PREFETCH(q + PREFETCH_AHEAD);
+        }
+        if ((q = fast_varint(q, &length)) == NULL || length < 0 || length > limit - q) {
+            goto checked;
+        }
+        end = q + length;
+        q += 1; /* attributes: unused */
+        if ((q = fast_varint(q, &ts_delta)) == NULL || (q = fast_varint(q, &offset_delta)) == NULL ||
+            (q = fast_varint(q, &klen)) == NULL || !length_ok(klen, end - q)) {
+            goto checked;
+        }
+        const unsigned char *const key = q;
+        q += klen < 0 ? 0 : klen;
+        if ((q = fast_varint(q, &vlen)) == NULL || !length_ok(vlen, end - q)) {
+            goto checked;
+        }
+        const unsigned char *const value = q;
+        q += vlen < 0 ? 0 : vlen;
+        /* no headers (a count of one zero byte), and the record ends where its length says */
+        if (q + 1 != end || *q != 0 || add_overflows(base_offset, offset_delta, &offset)) {
+            goto checked;
+        }
+        q = end;
+        if (log_append_time) {
+            ts = bi->log_append_ts;
+        }
+        else if (add_overflows(base_timestamp, ts_delta, &ts)) {
+            goto checked;
+        }
+        if (offset >= start) { /* stored (plan_record: every record fits, see the caller) */
+            if (stored >= room || (uint64_t)(ts + TS_MS_LIMIT) > 2 * (uint64_t)TS_MS_LIMIT ||
+                klen > key_room - key_len || vlen > value_room - value_len) {
+                goto checked; /* the checked loop grows the buffer, notes the timestamp or reports */
+            }
+            if (klen >= 0) {
+                copy_chunks(keys + key_len, key, (Py_ssize_t)klen);
+                key_len += (Py_ssize_t)klen;
+            }
+            else {
+                key_valid[n >> 3] &= (unsigned char)~(1u << (n & 7));
+                key_nulls++;
+            }
+            if (vlen >= 0) {
+                copy_chunks(values + value_len, value, (Py_ssize_t)vlen);
+                value_len += (Py_ssize_t)vlen;
+            }
+            else {
+                value_valid[n >> 3] &= (unsigned char)~(1u << (n & 7));
+                value_nulls++;
+            }
+            int64_t us = ts * 1000;
+            int32_t kend = (int32_t)key_len, vend = (int32_t)value_len;
+            memcpy(offsets + n * 8, &offset, 8);
+            memcpy(timestamps + n * 8, &us, 8);
+            memcpy(key_offsets + (n + 1) * 4, &kend, 4);
+            memcpy(value_offsets + (n + 1) * 4, &vend, 4);
+            if (header_offsets != NULL) {
+                memcpy(header_offsets + (n + 1) * 4, &nh, 4);
+            }
+            n++;
+            stored++;
+        }
+        done++;
+        if (q >= crc_next) {
+            crc->c = crc_update(crc->c, buf + crc->at, (size_t)((q - buf) - crc->at));
+            crc->at = q - buf;
+            crc_next = q + CRC_CHUNK;
+        }
+        continue;
+    checked:
+        q = record;
+        break;
+    }
+    p->pos = q - buf;
+    s->n = n;
+    s->key_len = key_len;
+    s->value_len = value_len;
+    s->key_nulls = key_nulls;
+    s->value_nulls = value_nulls;
+    plan->stored = stored;
+    return done;
+}
+
 /* The records section of a v2 batch into the builder, with parse_records' checks; with ``crc``,
  * the batch's CRC is taken along (behind the parser, a chunk at a time). */
 static int
@@ -1442,7 +1629,14 @@ parse_columns(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *pla
     const Py_ssize_t first = cb->s.n;
     prefill_valid(&cb->b[B_KEY_VALID], first, n);
     prefill_valid(&cb->b[B_VALUE_VALID], first, n);
+    /* The batch's keys and values, each at most its bytes, fit under max_offset: no record can be
+     * full, and columns_fast may take the common ones. */
+    const Py_ssize_t bytes = p->end - p->pos;
+    const int fast = bytes <= cb->max_offset - cb->s.key_len && bytes <= cb->max_offset - cb->s.value_len;
     for (int64_t i = 0; i < bi->count; i++) {
+        if (fast && (i += columns_fast(p, cb, bi, plan, crc, n, bi->count - i)) >= bi->count) {
+            break;
+        }
         record_head r;
         int64_t nheaders;
         if (p->end - p->pos > PREFETCH_AHEAD) {
