@@ -752,13 +752,38 @@ def test_a_damaged_record_far_from_the_batch_end(name: str) -> None:
 @pytest.mark.parametrize("builder", BUILDERS)
 def test_an_offset_beyond_64_bits_far_from_the_batch_end(builder: Any) -> None:
     recs = [_rec(b"\x00" + V(0) + V(i) + V(2) + b"k%d" % (i % 10) + V(3) + b"val" + V(0)) for i in range(30)]
-    recs[5] = _rec(b"\x00" + V(0) + V(2**62) + V(2) + b"kk" + V(3) + b"vvv" + V(0))
-    data = build_batch([(b"k", b"v")] * 30, base_offset=2**62, raw_records=b"".join(recs))
+    # a delta of 9 varint bytes (what the unchecked loop reads) past the end of int64
+    recs[5] = _rec(b"\x00" + V(0) + V(2**61) + V(2) + b"kk" + V(3) + b"vvv" + V(0))
+    base = 2**63 - 100
+    data = build_batch([(b"k", b"v")] * 30, base_offset=base, raw_records=b"".join(recs))
     [batch] = iter_batches(data, topic=TOPIC, partition=PART)
     b = builder(TOPIC, PART)
-    with pytest.raises(CorruptRecordError, match=f"offset {2**63} does not fit in 64 bits"):
+    with pytest.raises(CorruptRecordError, match=f"offset {base + 2**61} does not fit in 64 bits"):
         b.append(batch, 0)
     assert b.count == 0
+
+
+@pytest.mark.parametrize("start", [0, 10])
+def test_a_timestamp_beyond_64_bits_far_from_the_batch_end(start: int) -> None:
+    # A timestamp delta of 9 varint bytes taking the timestamp past int64, stored (start 0: the
+    # columns cannot hold it) or skipped (start 10: nothing to hold): the compiled builder answers
+    # as the Python one does.
+    recs = [_rec(b"\x00" + V(0) + V(i) + V(2) + b"k%d" % (i % 10) + V(3) + b"val" + V(0)) for i in range(30)]
+    recs[5] = _rec(b"\x00" + V(2**61) + V(5) + V(2) + b"kk" + V(3) + b"vvv" + V(0))
+    data = build_batch([(b"k", b"v")] * 30, base_offset=0, base_timestamp=2**63 - 1000, raw_records=b"".join(recs))
+    outcomes = []
+    for builder in BUILDERS:
+        [batch] = iter_batches(data, topic=TOPIC, partition=PART)
+        b = builder(TOPIC, PART)
+        try:
+            outcomes.append(b.append(batch, start))
+        except CorruptRecordError as exc:
+            outcomes.append(str(exc))
+    assert len(set(outcomes)) == 1, outcomes
+    if start:  # not stored: the batch's other 20 records at or after 10
+        assert outcomes[0] == 20
+    else:
+        assert "timestamp" in str(outcomes[0]) and "does not fit in 64 bits" in str(outcomes[0])
 
 
 class Guarded:
