@@ -588,15 +588,24 @@ def test_damaged_records_same_outcome(flips: list[tuple[int, int]], cut: int, co
     # offsets (no log has them) make the walks differ, the row walk topping a chunk up from the
     # second where the column walk's block ends (the block rule).
     data = damaged(flips, cut, count) + (100).to_bytes(8, "big") + FUZZ[8:]
-    max_records = limit or 1 << 30
+    assert_damaged_walks_agree(data, limit or 1 << 30)
+
+
+def assert_damaged_walks_agree(data: bytes, max_records: int) -> None:
+    """Every builder walks damaged ``data`` (CRC checks off) to the same buffers, and to the rows'
+    records and error class and location."""
     rows, rows_error = walk_rows(data, max_records, 0, check_crcs=False)
+    # A damaged offset delta can put a record before the position (0) after records at or past
+    # it; the row walk filters a batch only when its first record is before the position, the
+    # columns take records at or past it, always.
+    flat = [r for chunk in rows for r in chunk if r.offset >= 0]
     outcomes = []
     for builder in BUILDERS:
         chunks, error = walk_columns(builder, data, max_records, 0, check_crcs=False)
         assert (error is None) == (rows_error is None)
         if error is not None and rows_error is not None:
             assert error[:4] == rows_error[:4]
-        assert_chunks_match(chunks, [r for chunk in rows for r in chunk], max_records)
+        assert_chunks_match(chunks, flat, max_records)
         outcomes.append([raw(c) for c in chunks])
     assert all(o == outcomes[0] for o in outcomes)
 
@@ -696,21 +705,7 @@ def test_damaged_plain_records_same_outcome(flips: list[tuple[int, int]], cut: i
     declared = 40 if count is None else count
     data = build_batch([(b"k", b"v")], base_offset=40, raw_records=bytes(body), record_count=declared)
     data += (200).to_bytes(8, "big") + plain[8:]
-    max_records = limit or 1 << 30
-    rows, rows_error = walk_rows(data, max_records, 0, check_crcs=False)
-    # A damaged offset delta can put a record before the position (0) after records at or past
-    # it; the row walk filters a batch only when its first record is before the position, the
-    # columns take records at or past it, always.
-    flat = [r for chunk in rows for r in chunk if r.offset >= 0]
-    outcomes = []
-    for builder in BUILDERS:
-        chunks, error = walk_columns(builder, data, max_records, 0, check_crcs=False)
-        assert (error is None) == (rows_error is None)
-        if error is not None and rows_error is not None:
-            assert error[:4] == rows_error[:4]
-        assert_chunks_match(chunks, flat, max_records)
-        outcomes.append([raw(c) for c in chunks])
-    assert all(o == outcomes[0] for o in outcomes)
+    assert_damaged_walks_agree(data, limit or 1 << 30)
 
 
 @pytest.mark.parametrize("length", [2**40, 2**62, 200, 61])

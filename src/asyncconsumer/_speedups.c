@@ -1480,6 +1480,23 @@ copy_chunks(char *dst, const unsigned char *src, Py_ssize_t len)
     }
 }
 
+/* Record ``i``'s key or value into its column (columns_fast, with the column's state in its
+ * locals): copied after the ``used`` bytes before it, or, for a null (``len`` -1), its validity
+ * bit cleared and counted. */
+static inline void
+put_fast(char *data, Py_ssize_t *used, unsigned char *valid, Py_ssize_t *nulls, Py_ssize_t i,
+         const unsigned char *at, int64_t len)
+{
+    if (len >= 0) {
+        copy_chunks(data + *used, at, (Py_ssize_t)len);
+        *used += (Py_ssize_t)len;
+    }
+    else {
+        valid[i >> 3] &= (unsigned char)~(1u << (i & 7));
+        (*nulls)++;
+    }
+}
+
 /* A key or value length that is -1 (null) or fits in ``room`` (which is negative when the
  * fields before already ran past the record's end: then only a null passes, and the record's end
  * is found wrong after). */
@@ -1565,22 +1582,8 @@ columns_fast(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *plan
                 klen > key_room - key_len || vlen > value_room - value_len) {
                 goto checked; /* the checked loop grows the buffer, notes the timestamp or reports */
             }
-            if (klen >= 0) {
-                copy_chunks(keys + key_len, key, (Py_ssize_t)klen);
-                key_len += (Py_ssize_t)klen;
-            }
-            else {
-                key_valid[n >> 3] &= (unsigned char)~(1u << (n & 7));
-                key_nulls++;
-            }
-            if (vlen >= 0) {
-                copy_chunks(values + value_len, value, (Py_ssize_t)vlen);
-                value_len += (Py_ssize_t)vlen;
-            }
-            else {
-                value_valid[n >> 3] &= (unsigned char)~(1u << (n & 7));
-                value_nulls++;
-            }
+            put_fast(keys, &key_len, key_valid, &key_nulls, n, key, klen);
+            put_fast(values, &value_len, value_valid, &value_nulls, n, value, vlen);
             int64_t us = ts * 1000;
             int32_t kend = (int32_t)key_len, vend = (int32_t)value_len;
             memcpy(offsets + n * 8, &offset, 8);
