@@ -1578,7 +1578,7 @@ columns_fast(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *plan
             goto checked;
         }
         if (offset >= start) { /* stored (plan_record: every record fits, see the caller) */
-            if (stored >= room || (uint64_t)(ts + TS_MS_LIMIT) > 2 * (uint64_t)TS_MS_LIMIT ||
+            if (stored >= room || (uint64_t)ts + (uint64_t)TS_MS_LIMIT > 2 * (uint64_t)TS_MS_LIMIT ||
                 klen > key_room - key_len || vlen > value_room - value_len) {
                 goto checked; /* the checked loop grows the buffer, notes the timestamp or reports */
             }
