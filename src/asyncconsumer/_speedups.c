@@ -1439,6 +1439,8 @@ typedef struct {
  * here, up to four in a row past the record's end when its length lies) and the chunks its key and
  * value are copied in (copy_chunks) stay inside the batch. */
 #define FAST_SLACK 64
+/* The most records parse_columns reads in its checked loop before trying columns_fast again. */
+#define FAST_BACKOFF_MAX 64
 
 /* A zigzag varint of at most 9 bytes at ``q``, unchecked (the caller keeps 9 bytes readable):
  * where the next field starts, or NULL for a longer one (the checked parser reads that). */
@@ -1636,9 +1638,18 @@ parse_columns(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *pla
      * full, and columns_fast may take the common ones. */
     const Py_ssize_t bytes = p->end - p->pos;
     const int fast = bytes <= cb->max_offset - cb->s.key_len && bytes <= cb->max_offset - cb->s.value_len;
+    /* columns_fast is tried again at record ``retry``: at once after a run it read, and after
+     * FAST_BACKOFF_MAX records at most while it reads none (records with headers, each read
+     * twice up to its header count otherwise). */
+    int64_t retry = 0, backoff = 1;
     for (int64_t i = 0; i < bi->count; i++) {
-        if (fast && (i += columns_fast(p, cb, bi, plan, crc, n, bi->count - i)) >= bi->count) {
-            break;
+        if (fast && i >= retry) {
+            int64_t took = columns_fast(p, cb, bi, plan, crc, n, bi->count - i);
+            if ((i += took) >= bi->count) {
+                break;
+            }
+            backoff = took > 0 ? 1 : (backoff < FAST_BACKOFF_MAX ? backoff * 2 : FAST_BACKOFF_MAX);
+            retry = i + (took > 0 ? 1 : backoff);
         }
         record_head r;
         int64_t nheaders;
