@@ -1298,19 +1298,48 @@ def test_compiled_crc32c_is_the_crc32c_packages(data: bytes, skip: int) -> None:
     assert _SPEEDUPS.crc32c(view) == crc32c.crc32c(view)
 
 
+_CRC_SIZES = [0, 1, 7, 8, 15, 16, 17, 127, 128, 129, 255, 256, 257, 383, 384, 511, 512, 513, 1023, 1024, 1025, 3071,
+              3072, 3073, 3 * 1024 * 5 + 13, 6143, 6144, 6145, 6144 + 3072, 6144 + 3072 + 9, 2 * 6144 - 1,
+              3 * 6144 + 3071, 16 << 10, (16 << 10) + 100, 1 << 20]
+
+
 @needs_c
-@pytest.mark.parametrize(
-    "size",
-    [0, 1, 7, 8, 3071, 3072, 3073, 3 * 1024 * 5 + 13, 6143, 6144, 6145, 6144 + 3072, 6144 + 3072 + 9, 2 * 6144 - 1,
-     3 * 6144 + 3071, 1 << 20],
-)
+@pytest.mark.parametrize("size", _CRC_SIZES)
 def test_compiled_crc32c_across_its_block_sizes(size: int) -> None:
-    """Every path of the compiled CRC: six streams of 1 KiB blocks, then three, then 8 bytes at a
-    time, then bytes."""
+    """Every path of every CRC kernel this machine has: folding 256 (or 128) bytes a step and the
+    three ways a fold ends, six streams of 1 KiB blocks, then three, then 8 bytes at a time, then
+    bytes; and the byte-at-a-time table.  ``crc32c`` uses the first kernel."""
     import crc32c
 
     data = bytes((i * 131 + (i >> 8)) & 0xFF for i in range(size))
-    assert _SPEEDUPS.crc32c(data) == crc32c.crc32c(data)
+    want = crc32c.crc32c(data)
+    assert _SPEEDUPS.crc32c(data) == want
+    kernels = _SPEEDUPS.CRC32C_KERNELS
+    assert kernels[-1] == "table" and ("streams" in kernels) == bool(_SPEEDUPS.HW_CRC32C)
+    assert {kernel: _SPEEDUPS.crc32c_kernel(kernel, data) for kernel in kernels} == dict.fromkeys(kernels, want)
+
+
+@needs_c
+@settings(max_examples=100, deadline=None)
+@given(data=st.binary(min_size=1, max_size=5_000), skip=st.integers(0, 63), split=st.integers(0, 5_000))
+def test_every_crc32c_kernel_is_the_crc32c_packages(data: bytes, skip: int, split: int) -> None:
+    """Any length, alignment and contents, in one piece or continued from the CRC of the bytes
+    before (the column walk takes a batch's CRC a chunk at a time; a fold XORs the state it starts
+    from into its first four bytes)."""
+    import crc32c
+
+    view = memoryview(data)[skip % len(data):]
+    want = crc32c.crc32c(view)
+    head, tail = view[:split], view[split:]
+    for kernel in _SPEEDUPS.CRC32C_KERNELS:
+        assert _SPEEDUPS.crc32c_kernel(kernel, view) == want, kernel
+        assert _SPEEDUPS.crc32c_kernel(kernel, tail, _SPEEDUPS.crc32c_kernel(kernel, head)) == want, kernel
+
+
+@needs_c
+def test_crc32c_kernel_names_the_kernels_it_has() -> None:
+    with pytest.raises(ValueError, match="no CRC-32C kernel 'sse9' on this machine"):
+        _SPEEDUPS.crc32c_kernel("sse9", b"")
 
 
 PLAIN = build_batch([(b"k", b"v0"), (None, b"v1")], base_offset=100)

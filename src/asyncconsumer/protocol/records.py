@@ -864,8 +864,10 @@ decode_batch, DECODER = _select_decoder()
 
 def _select_crc32c() -> tuple[Callable[[Any], int], bool]:
     """The CRC-32C of the batch checks: the compiled decoder's where it runs on the CPU's CRC-32C
-    instruction (six interleaved streams, about 50 GB/s on a Zen 5 core against the ``crc32c``
-    package's 30), else the ``crc32c`` package; and whether it is the compiled one."""
+    instruction (folded with carry-less multiplies where the core has VPCLMULQDQ, 100 GB/s on 16 KiB
+    on a Sapphire Rapids core; else six interleaved streams of the CRC32 instruction, about 50 GB/s
+    on a Zen 5 core and 24 on that Xeon, against the ``crc32c`` package's 30), else the ``crc32c``
+    package; and whether it is the compiled one."""
     if DECODER == "c":
         speedups: Any = importlib.import_module("asyncconsumer._speedups")
         if getattr(speedups, "HW_CRC32C", False):
