@@ -1037,6 +1037,26 @@ def test_topic_and_partition_columns_are_kept_shared_and_grown(monkeypatch: pyte
     for cache in caches:
         cache.clear()
 
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize(("count", "step"), [(0, 3), (1, 3), (5, 0), (16_385, 10), (2, 2**31 - 1)])
+def test_int32_range_compiled_or_not(monkeypatch: pytest.MonkeyPatch, compiled: bool, count: int, step: int) -> None:
+    """The topic column's offsets, from ``int32_steps`` or from a ``range``: the same values."""
+    if compiled and columnar._int32_steps is None:
+        pytest.skip("no compiled decoder in this build (ASYNCCONSUMER_NO_EXTENSION)")
+    if not compiled:
+        monkeypatch.setattr(columnar, "_int32_steps", None)
+    values = columnar._int32_range(count, step)
+    assert values.typecode == columnar._INT32 and values.tolist() == [i * step for i in range(count)]
+
+
+@needs_c
+@pytest.mark.parametrize(("count", "step"), [(-1, 1), (3, 2**30 + 1), (2, -1)])
+def test_int32_steps_refuses_what_int32_cannot_hold(count: int, step: int) -> None:
+    with pytest.raises(ValueError, match=rf"int32_steps\({count}, {step}\): the values must be int32"):
+        _SPEEDUPS.int32_steps(count, step)
+
+
 def test_empty() -> None:
     for data in (b"", FIXTURES["control"], FIXTURES["emptied-by-compaction"]):
         for builder in BUILDERS:

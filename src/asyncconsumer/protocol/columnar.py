@@ -423,6 +423,8 @@ _speedups: Any = importlib.import_module("asyncconsumer._speedups") if COLUMN_DE
 _export_arrow: Any = getattr(_speedups, "export_arrow", None)
 #: The compiled ``arrow_address(capsule)``: where the ArrowArray of an ``export_arrow`` capsule is.
 _arrow_address: Any = getattr(_speedups, "arrow_address", None)
+#: The compiled ``int32_steps(count, step)``: int32 values 0, step, 2 * step, ... (else None).
+_int32_steps: Any = getattr(_speedups, "int32_steps", None)
 
 
 @functools.cache
@@ -812,7 +814,7 @@ def _constant_buffers(topic: str, partition: int, n: int) -> tuple[Buffer, Buffe
         size = _grown(0 if offsets is None else len(offsets) - 1, n)
         if width:  # no more rows than int32 offsets reach (more than n only when they do)
             size = max(n, min(size, _TOPIC_OFFSET_MAX // width))
-        offsets = array(_INT32, range(0, (size + 1) * width, width)) if width else array(_INT32, [0]) * (size + 1)
+        offsets = _int32_range(size + 1, width)
         _kept(_topic_offsets)[width] = offsets
     data = _topic_data.get(topic)
     if data is None or len(data) < n * width:
@@ -823,6 +825,16 @@ def _constant_buffers(topic: str, partition: int, n: int) -> tuple[Buffer, Buffe
         ids = array(_INT32, [partition]) * _grown(0 if ids is None else len(ids), n)
         _kept(_partition_ids)[partition] = ids
     return offsets, data, ids
+
+
+def _int32_range(count: int, step: int) -> array[int]:
+    """``count`` int32 values 0, ``step``, 2 * ``step``, ...: compiled where it can be (the first
+    block of a consumer made its topic offsets, 16,384 rows or more, in 0.6 ms from a ``range``)."""
+    if _int32_steps is not None:
+        values = array(_INT32)
+        values.frombytes(_int32_steps(count, step))
+        return values
+    return array(_INT32, range(0, count * step, step)) if step else array(_INT32, [0]) * count
 
 
 def _grown(rows: int, n: int) -> int:
