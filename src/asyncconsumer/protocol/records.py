@@ -878,11 +878,13 @@ def _select_crc32c() -> tuple[Callable[[Any], int], bool]:
 _Scanner = Callable[[Any], tuple[int, int, list[tuple[int, int]]]]
 #: ``scan_batches(data) -> (next_offset, complete, epochs)``: ``scan_record_set`` plus (base offset,
 #: leader epoch) where the batches' epoch changes; the compiled one with the compiled decoder (the
-#: thousand batch headers of a million 100 B records took about 1.4 ms in Python, 0.2 ms compiled).
-scan_batches: _Scanner = (
-    cast("_Scanner", importlib.import_module("asyncconsumer._speedups").scan_batches)
+#: thousand batch headers of a million 100 B records took about 1.4 ms in Python, 0.2 ms compiled),
+#: unless the extension was built before it had one.
+scan_batches: _Scanner = cast(
+    "_Scanner",
+    getattr(importlib.import_module("asyncconsumer._speedups"), "scan_batches", scan_batches_py)
     if DECODER == "c"
-    else scan_batches_py
+    else scan_batches_py,
 )
 
 #: ``HW_CRC32C``: whether the compiled decoder checks CRCs with the CPU's CRC-32C instruction (then
