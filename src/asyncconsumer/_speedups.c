@@ -799,12 +799,14 @@ done:
  * the state after a block of data is linear in the state before it, so the state of stream one
  * after CRC_BLOCK more bytes is ``crc_skip_block(state)`` (four table lookups), XORed with stream
  * two's, which started at 0; and so on down the streams.
- * Where the core also has VPCLMULQDQ with AVX-512 (Intel since Ice Lake, AMD since Zen 4), inputs
- * of CRC_FOLD_MIN bytes or more are folded instead (crc_fold): the CRC is a remainder modulo the
+ * Where the core also has VPCLMULQDQ (with AVX-512: Intel since Ice Lake, AMD since Zen 4; with
+ * AVX2 only: AMD's Zen 3, Intel's client cores since Alder Lake), inputs of CRC_FOLD_MIN bytes or
+ * more are folded instead (crc_fold512, crc_fold256): the CRC is a remainder modulo the
  * polynomial P, and a 16-byte block followed by D more bits may be replaced by
  * lo * (x^(D+32) mod P) + hi * (x^(D-32) mod P) (its two halves times constants, carry-less
  * products of at most 96 bits) XORed into the block D bits later, with the same remainder; four
- * 64-byte registers fold 256 bytes a step, 32 bytes a cycle against the CRC32 instruction's 8.  The
+ * 64-byte registers fold 256 bytes a step (four 32-byte ones 128), 32 bytes a cycle against the
+ * CRC32 instruction's 8.  The
  * last 16 bytes folded go through the CRC32 instruction, which finishes the remainder.
  * Elsewhere a byte-at-a-time table does the same work, and the Python side does not use the walk
  * to check CRCs (``HW_CRC32C`` is False).  ``crc32c_kernel(name, data)`` runs one of them by name
@@ -1578,6 +1580,14 @@ typedef struct {
 /* Bytes parsed before they are added to a running CRC: they are still in the L1 cache then. */
 #define CRC_CHUNK (16 << 10)
 
+/* The running CRC carried up to ``pos`` of ``buf`` (the parser's position). */
+static inline void
+crc_run_to(crc_run *crc, const unsigned char *buf, Py_ssize_t pos)
+{
+    crc->c = crc_update(crc->c, buf + crc->at, (size_t)(pos - crc->at));
+    crc->at = pos;
+}
+
 /* How far ahead of the record being parsed its batch is fetched into the caches: the parser reads
  * each record's fields in a chain (every length says where the next field is), so a record's
  * bytes that are not cached yet stall it, and the hardware prefetcher alone left a quarter of the
@@ -1756,8 +1766,7 @@ columns_fast(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *plan
         }
         done++;
         if (q >= crc_next) {
-            crc->c = crc_update(crc->c, buf + crc->at, (size_t)((q - buf) - crc->at));
-            crc->at = q - buf;
+            crc_run_to(crc, buf, q - buf);
             crc_next = q + CRC_CHUNK;
         }
         continue;
@@ -1853,8 +1862,7 @@ parse_columns(parser *p, ColumnBuilder *cb, const col_batch *bi, store_plan *pla
             plan->stored++;
         }
         if (crc != NULL && p->pos - crc->at >= CRC_CHUNK) {
-            crc->c = crc_update(crc->c, p->buf + crc->at, (size_t)(p->pos - crc->at));
-            crc->at = p->pos;
+            crc_run_to(crc, p->buf, p->pos);
         }
     }
     fill_i32(&cb->b[B_TS_TYPES], first, cb->s.n, bi->timestamp_type);
@@ -3004,6 +3012,9 @@ int32_steps(PyObject *module, PyObject *args)
     if (count < 0 || (count > 1 && (step < 0 || (int64_t)step * (count - 1) > INT32_MAX))) {
         PyErr_Format(PyExc_ValueError, "int32_steps(%zd, %d): the values must be int32 and not negative", count, step);
         return NULL;
+    }
+    if (count > PY_SSIZE_T_MAX / 4) { /* a step of 0 bounds no count */
+        return PyErr_NoMemory();
     }
     PyObject *out = PyByteArray_FromStringAndSize(NULL, count * 4);
     if (out == NULL) {
