@@ -306,7 +306,7 @@ class MembershipManager(GroupMemberBase):
             self.leader_id = body["leader"]
             self.protocol_name = body["protocol_name"]
             log.info("group %r joined: generation %d, member %s%s", settings.group_id, self.generation,
-                     self.member_id, " (leader)" if self.leader_id == self.member_id else "")
+                     self.member_id, " (leader)" if self.leader_id == self.member_id else f", leader {self.leader_id}")
             self._to(MemberState.SYNCING)
             if self.leader_id == self.member_id:
                 members = {m["member_id"]: (m["group_instance_id"], m["metadata"]) for m in body["members"]}
@@ -375,6 +375,9 @@ class MembershipManager(GroupMemberBase):
             if self.state is not MemberState.SYNCING or self.generation != generation:
                 return
             code = body["error_code"]
+            if code:
+                log.debug("SyncGroup for group %r generation %d answered %s", settings.group_id, generation,
+                          error_for_code(code).error_name)
             if code == FENCED_INSTANCE_ID:
                 self._fenced(now)
                 return
