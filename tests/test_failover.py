@@ -30,6 +30,7 @@ from support.cluster import (
     group_consumer,
     heal,
     leaders,
+    log_of,
     new_topic,
     on_thread,
     until,
@@ -93,7 +94,7 @@ async def test_the_leader_of_the_partitions_being_read_is_killed_mid_fetch_and_l
             await on_thread(wait_in_sync, cluster)
             await drain(producer, reader)
             tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, reader.seen)
+    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
 
 
 # -- 2. the group coordinator killed -------------------------------------------------------------
@@ -130,7 +131,7 @@ async def test_the_group_coordinator_is_killed_commits_are_retried_and_the_rebal
                 await on_thread(victim.restart)
                 await drain(producer, first, second)
                 tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, first.seen, second.seen)
+    exactly_once(producer.delivered, first.seen, second.seen, log=lambda: log_of(cluster, topic))
 
 
 # -- 3. a rolling restart ------------------------------------------------------------------------
@@ -158,7 +159,7 @@ async def test_a_rolling_restart_of_all_three_brokers_while_a_group_consumes_and
             tg.cancel_scope.cancel()
         await c.commit()
         committed = await c.committed(c.assignment())
-    exactly_once(producer.delivered, reader.seen)
+    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
     ends: dict[int, int] = {}
     for partition, offset, _ in reader.seen:
         ends[partition] = max(ends.get(partition, 0), offset + 1)
@@ -192,7 +193,7 @@ async def test_a_controlled_shutdown_moves_leadership_before_the_broker_stops_an
             await on_thread(wait_in_sync, cluster)
             await drain(producer, reader)
             tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, reader.seen)
+    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
 
 
 # -- 5. bootstrap servers down -------------------------------------------------------------------
@@ -233,7 +234,7 @@ async def test_a_bootstrap_server_down_at_start_then_every_broker_down_for_20_s_
             await on_thread(wait_in_sync, cluster)
             await drain(producer, reader)
             tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, reader.seen)
+    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
 
 
 # -- 6. fetching from a follower (KIP-392) -------------------------------------------------------
@@ -280,7 +281,7 @@ async def test_fetches_go_to_the_follower_in_the_consumers_rack_and_back_to_the_
                         30, "fetches from the follower again")
             await drain(producer, reader)
             tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, reader.seen)
+    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
 
 
 # -- 7. truncation after an unclean leader election (KIP-320) ------------------------------------
@@ -410,4 +411,4 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
             await on_thread(wait_in_sync, cluster)
             await drain(producer, reader)
             tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, reader.seen)
+    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer
+from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import TopicPartition as OracleTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from asyncconsumer import Consumer
@@ -200,14 +202,67 @@ def group_consumer(bootstrap: str, group: str, **options: Any) -> Consumer[Any, 
         "reconnect_backoff_max_ms": 1000, "auto_commit_interval_ms": 500, **options})
 
 
-def exactly_once(produced: list[tuple[int, int, bytes]], *reads: list[tuple[int, int, bytes]]) -> None:
+def log_of(cluster: KafkaCluster, topic: str, timeout: float = 60.0) -> set[tuple[int, int, bytes]]:
+    """Every record in ``topic`` up to each partition's high watermark, as an independent client
+    (confluent-kafka) reads it: the oracle for what the log holds."""
+    reader = KafkaConsumer({"bootstrap.servers": cluster.direct_bootstrap, "group.id": f"oracle-{uuid.uuid4().hex}",
+                            "enable.auto.commit": False, "log_level": 3})
+    try:
+        partitions = reader.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: reader.get_watermark_offsets(OracleTopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        reader.assign([OracleTopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        found: set[tuple[int, int, bytes]] = set()
+        left = {p for p, end in ends.items() if end > 0}
+        deadline = time.monotonic() + timeout
+        while left and time.monotonic() < deadline:
+            for msg in reader.consume(1000, 1.0):
+                if msg.error() is None:
+                    found.add((msg.partition(), msg.offset(), msg.value()))
+                    if msg.offset() + 1 >= ends[msg.partition()]:
+                        left.discard(msg.partition())
+        if left:
+            raise TimeoutError(f"{topic}: the oracle did not reach the end of partitions {sorted(left)}")
+        return found
+    finally:
+        reader.close()
+
+
+def exactly_once(produced: list[tuple[int, int, bytes]], *reads: list[tuple[int, int, bytes]],
+                 log: Callable[[], set[tuple[int, int, bytes]]] | None = None) -> None:
+    """Every record the producer was told is written was read, none twice, and nothing else read.
+
+    A record whose acknowledgement was lost (every broker killed while it was in flight) can be in
+    the log without a delivery report, and the retry that was acknowledged sits at a later offset:
+    with ``log`` (an independent read of the topic, see :func:`log_of`), a record read beyond the
+    delivery reports passes when the log holds it there.
+    """
     seen = [r for read in reads for r in read]
     duplicates = len(seen) - len(set(seen))
     missing = set(produced) - set(seen)
     foreign = set(seen) - set(produced)
     assert not duplicates, f"{duplicates} records read twice"
     assert not missing, f"{len(missing)} of {len(produced)} records never read, e.g. {sorted(missing)[:5]}"
+    if foreign and log is not None:
+        unlogged = foreign - log()
+        assert not unlogged, f"read records the log does not hold: {sorted(unlogged)[:5]}"
+        return
     assert not foreign, f"read records nobody produced: {sorted(foreign)[:5]}"
+
+
+def missing_by_partition(want: set[tuple[int, int, bytes]], *readers: Reader) -> str:
+    """What is still unread, per partition: how many, from which offset, and the last offset read;
+    and the commits that timed out (a reader waits a request timeout in each)."""
+    seen = {r for reader in readers for r in reader.seen}
+    gaps: dict[int, list[int]] = {}
+    for partition, offset, _ in want - seen:
+        gaps.setdefault(partition, []).append(offset)
+    last: dict[int, int] = {}
+    for partition, offset, _ in seen:
+        last[partition] = max(last.get(partition, -1), offset)
+    unread = "; ".join(f"partition {p}: {len(offs)} unread from offset {min(offs)} (last read {last.get(p)})"
+                       for p, offs in sorted(gaps.items()))
+    timed_out = [exc for reader in readers for exc in reader.timed_out]
+    return unread + (f"; {len(timed_out)} commits timed out, the last: {timed_out[-1]}" if timed_out else "")
 
 
 async def until(predicate: Any, timeout: float, what: str | Callable[[], str]) -> None:
@@ -223,7 +278,8 @@ async def until(predicate: Any, timeout: float, what: str | Callable[[], str]) -
 async def drain(producer: Background, *readers: Reader, timeout: float = 60.0) -> None:
     await producer.stop_async()
     want = set(producer.delivered)
-    await until(lambda: want <= {r for reader in readers for r in reader.seen}, timeout, "the last records")
+    await until(lambda: want <= {r for reader in readers for r in reader.seen}, timeout,
+                lambda: f"the last records ({missing_by_partition(want, *readers)})")
     await anyio.sleep(0.5)  # anything read twice would show up now
 
 
