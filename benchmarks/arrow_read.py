@@ -2,6 +2,8 @@
 
     python -m benchmarks.arrow_read [--quick] [--broker kafka|tansu] [--rounds 3]
                                     [--readers arrow,batches] [--baseline SRC] [--uvloop]
+                                    [--records-100b N] [--max-records N]
+                                    [--max-partition-fetch-bytes N]
 
 Starts the broker (as ``benchmarks.run`` does), produces the 100 B and 1 KiB data sets once
 (confluent-kafka, 4 partitions), then reads each topic from the beginning with every reader in a
@@ -23,6 +25,14 @@ each picked reader again, run from that code (``PYTHONPATH=SRC``), marked ``@bas
 before/after comparison in the same interleaved rounds.  ``--uvloop`` adds each picked asyncconsumer
 reader again on uvloop's event loop (anyio's ``use_uvloop``; uvicorn runs FastAPI apps on it when it
 is installed), marked ``@uvloop``; its ratios are to ``batches@uvloop``.
+
+Every reader gets the same settings: ``--max-records`` per batch (default 10,000) and the consumer's
+``max_partition_fetch_bytes`` (``--max-partition-fetch-bytes``; default the consumer's own, 1 MiB,
+as Java's).  ``arrow_batches()`` does its Python work per fetch and per batch, ``batches()`` per
+record, so larger fetches and batches move the first and not the second: the throughput settings
+of docs/performance.md are ``--max-partition-fetch-bytes 4194304 --max-records 20000``.  With
+them a read's first fetches fault in more fresh memory before the buffer pool has buffers to hand
+out again; ``--records-100b 5000000`` reads long enough for that to stop counting.
 """
 
 from __future__ import annotations
@@ -47,7 +57,14 @@ def log(message: str) -> None:
 
 
 def _read(
-    reader: str, bootstrap: str, topic: str, partitions: int, count: int, loop: str = "asyncio"
+    reader: str,
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    count: int,
+    loop: str = "asyncio",
+    max_records: int = 10_000,
+    partition_fetch_bytes: int | None = None,
 ) -> dict[str, Any]:
     import asyncio
 
@@ -58,20 +75,21 @@ def _read(
     from asyncconsumer.spark.arrow import records_to_batch
 
     out: dict[str, Any] = {}
+    fetch = {} if partition_fetch_bytes is None else {"max_partition_fetch_bytes": partition_fetch_bytes}
 
     async def ours() -> None:
-        consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+        consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", **fetch)
         async with consumer:
             consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
             n = 0
             started, cpu = time.perf_counter(), time.process_time()
             if reader == "arrow":
-                async for batch in consumer.arrow_batches(max_records=10_000):
+                async for batch in consumer.arrow_batches(max_records=max_records):
                     n += batch.num_rows
                     if n >= count:
                         break
             else:
-                async for records in consumer.batches(max_records=10_000):
+                async for records in consumer.batches(max_records=max_records):
                     if reader == "batches+arrow":
                         records_to_batch(records, True)
                     n += len(records)
@@ -84,14 +102,16 @@ def _read(
         from aiokafka import AIOKafkaConsumer
         from aiokafka import TopicPartition as AioTP
 
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, **fetch
+        )
         await consumer.start()
         try:
             consumer.assign([AioTP(topic, p) for p in range(partitions)])
             n = 0
             started, cpu = time.perf_counter(), time.process_time()
             while n < count:
-                got = await consumer.getmany(timeout_ms=30_000, max_records=10_000)
+                got = await consumer.getmany(timeout_ms=30_000, max_records=max_records)
                 for records in got.values():
                     records_to_batch(records, True)
                     n += len(records)
@@ -128,19 +148,34 @@ def main() -> None:
     parser.add_argument("--readers", default=",".join(READERS), help="comma-separated, of " + ", ".join(READERS))
     parser.add_argument("--baseline", metavar="SRC", help="also run each reader from this src directory")
     parser.add_argument("--uvloop", action="store_true", help="also run asyncconsumer's readers on uvloop")
+    parser.add_argument("--records-100b", type=int, default=None, help="records of the 100 B data set (1,000,000)")
+    parser.add_argument("--max-records", type=int, default=10_000, help="records per batch, every reader")
+    parser.add_argument(
+        "--max-partition-fetch-bytes", type=int, default=None, help="the consumers' setting (default theirs, 1 MiB)"
+    )
     parser.add_argument("--read", nargs=5, metavar=("READER", "BOOTSTRAP", "TOPIC", "PARTITIONS", "COUNT"))
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio", help="with --read: the event loop")
     args = parser.parse_args()
     if args.read:
         reader, bootstrap, topic, partitions, count = args.read
-        print(json.dumps(_read(reader, bootstrap, topic, int(partitions), int(count), args.loop)))
+        got = _read(
+            reader,
+            bootstrap,
+            topic,
+            int(partitions),
+            int(count),
+            args.loop,
+            args.max_records,
+            args.max_partition_fetch_bytes,
+        )
+        print(json.dumps(got))
         return
 
     from . import brokers
     from . import datasets as ds
 
     sets = [
-        ds.Dataset("100B", "arrow-100b", 40_000 if args.quick else 1_000_000, 100),
+        ds.Dataset("100B", "arrow-100b", args.records_100b or (40_000 if args.quick else 1_000_000), 100),
         ds.Dataset("1KiB", "arrow-1kib", 8_000 if args.quick else 200_000, 1024),
     ]
     broker = brokers.start(args.broker, log)
@@ -175,14 +210,22 @@ def main() -> None:
                         str(d.records),
                         "--loop",
                         "uvloop" if at == "uvloop" else "asyncio",
+                        "--max-records",
+                        str(args.max_records),
                     ]
+                    if args.max_partition_fetch_bytes is not None:
+                        cmd += ["--max-partition-fetch-bytes", str(args.max_partition_fetch_bytes)]
                     env = base_env if at == "base" else None
                     got = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
                     rate = got["records"] / got["seconds"]
                     results.setdefault((d.name, reader), []).append(rate)
                     per_cpu.setdefault((d.name, reader), []).append(cpu_rate := got["records"] / got["cpu"])
                     log(f"round {r + 1} {d.name} {reader}: {rate:,.0f} records/s, {cpu_rate:,.0f} per CPU s")
-        print(f"\n{broker.description}; {args.rounds} interleaved rounds, records/s (median, min-max)\n")
+        fetch_bytes = args.max_partition_fetch_bytes or 1 << 20
+        print(
+            f"\n{broker.description}; {args.rounds} interleaved rounds, records/s (median, min-max); "
+            f"max_records {args.max_records:,}, max_partition_fetch_bytes {fetch_bytes:,}\n"
+        )
         print(
             "| data set | reader | records/s | spread | vs batches() | records per CPU s | vs batches() "
             "| paired, per CPU s |"
