@@ -32,9 +32,11 @@ def topic(bootstrap: str) -> str:
     return name
 
 
-def read(bootstrap: str, topic: str, reader: str, loop: str, count: int = RECORDS) -> dict[str, Any]:
+def read(
+    bootstrap: str, topic: str, reader: str, loop: str, count: int = RECORDS, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
     command = [sys.executable, "-m", "benchmarks.arrow_read", "--read", reader, bootstrap, topic, str(PARTITIONS),
-               str(count), "--loop", loop]
+               str(count), "--loop", loop, *extra]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     result: dict[str, Any] = json.loads(done.stdout)
@@ -54,6 +56,14 @@ def test_reader_stops_at_the_count_it_is_given(bootstrap: str, topic: str) -> No
     # max_records=10_000 hands out whole batches, so a smaller count still reads at least that many
     got = read(bootstrap, topic, "arrow", "asyncio", count=10)
     assert 10 <= got["records"] <= RECORDS
+
+
+@pytest.mark.parametrize("reader", ["arrow", "batches"])
+def test_reader_takes_the_batch_size_and_fetch_size_it_is_given(bootstrap: str, topic: str, reader: str) -> None:
+    # batches of at most 7 records: the reader passes 10 within its second or third batch
+    got = read(bootstrap, topic, reader, "asyncio", count=10,
+               extra=("--max-records", "7", "--max-partition-fetch-bytes", "4096"))
+    assert 10 <= got["records"] <= 16
 
 
 def test_unknown_loop_is_refused(bootstrap: str, topic: str) -> None:
