@@ -806,8 +806,8 @@ done:
  * lo * (x^(D+32) mod P) + hi * (x^(D-32) mod P) (its two halves times constants, carry-less
  * products of at most 96 bits) XORed into the block D bits later, with the same remainder; four
  * 64-byte registers fold 256 bytes a step (four 32-byte ones 128), 32 bytes a cycle against the
- * CRC32 instruction's 8.  The
- * last 16 bytes folded go through the CRC32 instruction, which finishes the remainder.
+ * CRC32 instruction's 8.  The last 16 bytes folded go through the CRC32 instruction, which
+ * finishes the remainder.
  * Elsewhere a byte-at-a-time table does the same work, and the Python side does not use the walk
  * to check CRCs (``HW_CRC32C`` is False).  ``crc32c_kernel(name, data)`` runs one of them by name
  * (``CRC32C_KERNELS``, the ones this machine has, best first), for the tests.
@@ -818,7 +818,6 @@ done:
 
 static uint32_t crc_table[256];
 static uint32_t crc_block_table[4][256]; /* [k][v]: the state v << 8k after CRC_BLOCK zero bytes */
-static int hw_crc32c = 0;
 
 static uint32_t
 crc_sw(uint32_t c, const unsigned char *p, size_t n)
@@ -1051,11 +1050,11 @@ crc_detect(void)
 {
 #ifdef HAVE_HW_CRC
     __builtin_cpu_init();
-    hw_crc32c = __builtin_cpu_supports("sse4.2") ? 1 : 0;
-    crc_kernels |= (unsigned)hw_crc32c << CRC_STREAMS;
+    crc_kernels |= (unsigned)(__builtin_cpu_supports("sse4.2") != 0) << CRC_STREAMS;
 #ifdef HAVE_FOLD_CRC
     /* (the AVX checks include the operating system's: that it saves the wide registers) */
-    if (hw_crc32c && __builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("pclmul")) {
+    if ((crc_kernels & (1u << CRC_STREAMS)) && __builtin_cpu_supports("vpclmulqdq") &&
+        __builtin_cpu_supports("pclmul")) {
         crc_kernels |= (unsigned)(__builtin_cpu_supports("avx2") != 0) << CRC_FOLD256;
         crc_kernels |= (unsigned)(__builtin_cpu_supports("avx512f") != 0) << CRC_FOLD512;
     }
@@ -3108,7 +3107,7 @@ PyInit__speedups(void)
     if (module == NULL) {
         return NULL;
     }
-    if (PyModule_AddIntConstant(module, "HW_CRC32C", hw_crc32c) < 0) {
+    if (PyModule_AddIntConstant(module, "HW_CRC32C", (crc_kernels >> CRC_STREAMS) & 1u) < 0) {
         Py_DECREF(module);
         return NULL;
     }
