@@ -30,7 +30,6 @@ from support.cluster import (
     group_consumer,
     heal,
     leaders,
-    log_of,
     new_topic,
     on_thread,
     until,
@@ -94,7 +93,7 @@ async def test_the_leader_of_the_partitions_being_read_is_killed_mid_fetch_and_l
             await on_thread(wait_in_sync, cluster)
             await drain(producer, reader)
             tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
+    exactly_once(producer, reader.seen)
 
 
 # -- 2. the group coordinator killed -------------------------------------------------------------
@@ -131,7 +130,7 @@ async def test_the_group_coordinator_is_killed_commits_are_retried_and_the_rebal
                 await on_thread(victim.restart)
                 await drain(producer, first, second)
                 tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, first.seen, second.seen, log=lambda: log_of(cluster, topic))
+    exactly_once(producer, first.seen, second.seen)
 
 
 # -- 3. a rolling restart ------------------------------------------------------------------------
@@ -159,7 +158,7 @@ async def test_a_rolling_restart_of_all_three_brokers_while_a_group_consumes_and
             tg.cancel_scope.cancel()
         await c.commit()
         committed = await c.committed(c.assignment())
-    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
+    exactly_once(producer, reader.seen)
     ends: dict[int, int] = {}
     for partition, offset, _ in reader.seen:
         ends[partition] = max(ends.get(partition, 0), offset + 1)
@@ -193,7 +192,7 @@ async def test_a_controlled_shutdown_moves_leadership_before_the_broker_stops_an
             await on_thread(wait_in_sync, cluster)
             await drain(producer, reader)
             tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
+    exactly_once(producer, reader.seen)
 
 
 # -- 5. bootstrap servers down -------------------------------------------------------------------
@@ -234,7 +233,7 @@ async def test_a_bootstrap_server_down_at_start_then_every_broker_down_for_20_s_
             await on_thread(wait_in_sync, cluster)
             await drain(producer, reader)
             tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
+    exactly_once(producer, reader.seen)
 
 
 # -- 6. fetching from a follower (KIP-392) -------------------------------------------------------
@@ -281,7 +280,7 @@ async def test_fetches_go_to_the_follower_in_the_consumers_rack_and_back_to_the_
                         30, "fetches from the follower again")
             await drain(producer, reader)
             tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
+    exactly_once(producer, reader.seen)
 
 
 # -- 7. truncation after an unclean leader election (KIP-320) ------------------------------------
@@ -411,4 +410,4 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
             await on_thread(wait_in_sync, cluster)
             await drain(producer, reader)
             tg.cancel_scope.cancel()
-    exactly_once(producer.delivered, reader.seen, log=lambda: log_of(cluster, topic))
+    exactly_once(producer, reader.seen)

@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from confluent_kafka import OFFSET_BEGINNING, KafkaException, Producer
-from confluent_kafka import Consumer as KafkaConsumer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka import TopicPartition as OracleTopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from asyncconsumer import Consumer
 from asyncconsumer.errors import KafkaTimeoutError
 from asyncconsumer.testing import KafkaCluster
 
 from .consumers import FAST
+from .producer import consume
 
 
 def admin(cluster: KafkaCluster) -> AdminClient:
@@ -205,48 +205,36 @@ def group_consumer(bootstrap: str, group: str, **options: Any) -> Consumer[Any, 
 def log_of(cluster: KafkaCluster, topic: str, timeout: float = 60.0) -> set[tuple[int, int, bytes]]:
     """Every record in ``topic`` up to each partition's high watermark, as an independent client
     (confluent-kafka) reads it: the oracle for what the log holds."""
-    reader = KafkaConsumer({"bootstrap.servers": cluster.direct_bootstrap, "group.id": f"oracle-{uuid.uuid4().hex}",
-                            "enable.auto.commit": False, "log_level": 3})
-    try:
-        partitions = reader.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: reader.get_watermark_offsets(OracleTopicPartition(topic, p), timeout=10)[1] for p in partitions}
-        reader.assign([OracleTopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        found: set[tuple[int, int, bytes]] = set()
-        left = {p for p, end in ends.items() if end > 0}
-        deadline = time.monotonic() + timeout
-        while left and time.monotonic() < deadline:
-            for msg in reader.consume(1000, 1.0):
-                if msg.error() is None:
-                    found.add((msg.partition(), msg.offset(), msg.value()))
-                    if msg.offset() + 1 >= ends[msg.partition()]:
-                        left.discard(msg.partition())
-        if left:
-            raise TimeoutError(f"{topic}: the oracle did not reach the end of partitions {sorted(left)}")
-        return found
-    finally:
-        reader.close()
+    client = admin(cluster)
+    partitions = client.list_topics(topic, timeout=10).topics[topic].partitions
+
+    def offsets(spec: OffsetSpec) -> int:
+        asked = client.list_offsets({OracleTopicPartition(topic, p): spec for p in partitions}, request_timeout=10)
+        return sum(future.result(10).offset for future in asked.values())
+
+    count = offsets(OffsetSpec.latest()) - offsets(OffsetSpec.earliest())
+    records = consume(cluster.direct_bootstrap, topic, count, timeout=timeout)
+    return {(m.partition(), m.offset(), m.value()) for m in records}
 
 
-def exactly_once(produced: list[tuple[int, int, bytes]], *reads: list[tuple[int, int, bytes]],
-                 log: Callable[[], set[tuple[int, int, bytes]]] | None = None) -> None:
+def exactly_once(producer: Background, *reads: list[tuple[int, int, bytes]]) -> None:
     """Every record the producer was told is written was read, none twice, and nothing else read.
 
     A record whose acknowledgement was lost (every broker killed while it was in flight) can be in
     the log without a delivery report, and the retry that was acknowledged sits at a later offset:
-    with ``log`` (an independent read of the topic, see :func:`log_of`), a record read beyond the
-    delivery reports passes when the log holds it there.
+    a record read beyond the delivery reports passes when the log holds it there (read by an
+    independent client, :func:`log_of`).
     """
+    produced = producer.delivered
     seen = [r for read in reads for r in read]
     duplicates = len(seen) - len(set(seen))
     missing = set(produced) - set(seen)
     foreign = set(seen) - set(produced)
     assert not duplicates, f"{duplicates} records read twice"
     assert not missing, f"{len(missing)} of {len(produced)} records never read, e.g. {sorted(missing)[:5]}"
-    if foreign and log is not None:
-        unlogged = foreign - log()
+    if foreign:
+        unlogged = foreign - log_of(producer.cluster, producer.topic)
         assert not unlogged, f"read records the log does not hold: {sorted(unlogged)[:5]}"
-        return
-    assert not foreign, f"read records nobody produced: {sorted(foreign)[:5]}"
 
 
 def missing_by_partition(want: set[tuple[int, int, bytes]], *readers: Reader) -> str:
