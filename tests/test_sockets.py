@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import anyio
@@ -193,46 +193,86 @@ async def test_connect_refused_raises_the_os_error() -> None:
             await connect("127.0.0.1", port)
 
 
-async def test_connect_tries_the_next_address_when_one_does_not_answer() -> None:
+@contextmanager
+def silent_address() -> Iterator[tuple[str, int]]:
+    """A loopback address that takes no connection and does not refuse: a listener whose accept
+    queue is full, so further connection attempts get no answer."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(0)
-    silent = listener.getsockname()
+    address = listener.getsockname()
     fillers = []
-    for _ in range(3):  # fill the accept queue: further connection attempts get no answer
-        filler = socket.socket()
-        filler.setblocking(False)
-        try:
-            filler.connect(silent)
-        except BlockingIOError:
-            pass
-        fillers.append(filler)
     try:
-        async def hold(conn: anyio.abc.SocketStream) -> None:
-            await anyio.sleep(5)
-
-        async with peer(hold) as (host, port):
-            inet = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-            with anyio.fail_after(5):
-                stream = await connect_any([(*inet, silent), (*inet, (host, port))])
-            async with stream:
-                assert stream.extra(anyio.abc.SocketAttribute.remote_address) == (host, port)
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            try:
+                filler.connect(address)
+            except BlockingIOError:
+                pass
+            fillers.append(filler)
+        yield address
     finally:
         for s in (*fillers, listener):
             s.close()
 
 
+async def hold(conn: anyio.abc.SocketStream) -> None:
+    await anyio.sleep(5)
+
+
+INET = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+
+
+async def test_connect_tries_the_next_address_when_one_does_not_answer() -> None:
+    with silent_address() as silent:
+        async with peer(hold) as (host, port):
+            with anyio.fail_after(5):
+                stream = await connect_any([(*INET, silent), (*INET, (host, port))])
+            async with stream:
+                assert stream.extra(anyio.abc.SocketAttribute.remote_address) == (host, port)
+
+
+async def test_an_earlier_attempt_failing_starts_the_next_address_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three addresses: one that refuses, but only once the second is being tried; one that never
+    # answers; one that accepts.  The second starts when the first has not answered in time; the
+    # first's failure then starts the third at once, though the second still waits (RFC 8305).
+    # Once the first is under way the wait for an answer is made 30 s, so a connect that waited
+    # for the second (the newest) to fail or time out would not be done within 5 s.
+    with socket.socket() as refusing:
+        refusing.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        second_tried = anyio.Event()
+        tried: list[socket.socket] = []
+        wait_writable = sockets.wait_writable
+
+        async def in_order(sock: socket.socket) -> None:
+            tried.append(sock)
+            if len(tried) == 1:  # the refusing address: its answer is read after the next starts
+                monkeypatch.setattr(sockets, "NEXT_ADDRESS_AFTER", 30.0)
+                await second_tried.wait()
+            elif len(tried) == 2:
+                second_tried.set()
+            await wait_writable(sock)
+
+        monkeypatch.setattr(sockets, "NEXT_ADDRESS_AFTER", 0.05)
+        monkeypatch.setattr(sockets, "wait_writable", in_order)
+        with silent_address() as silent:
+            async with peer(hold) as (host, port):
+                with anyio.fail_after(5):
+                    stream = await connect_any(
+                        [(*INET, refusing.getsockname()), (*INET, silent), (*INET, (host, port))]
+                    )
+                async with stream:
+                    assert stream.extra(anyio.abc.SocketAttribute.remote_address) == (host, port)
+        assert len(tried) == 3
+
+
 async def test_an_address_whose_socket_cannot_be_made_fails_like_a_refusal() -> None:
     # As on a host without IPv6 whose name resolves to ::1 first: socket() itself raises.
     unmakeable = (socket.AF_UNIX, socket.SOCK_STREAM, socket.IPPROTO_TCP, "/nowhere")
-    inet = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-
-    async def hold(conn: anyio.abc.SocketStream) -> None:
-        await anyio.sleep(5)
-
     async with peer(hold) as (host, port):
         with anyio.fail_after(5):
-            stream = await connect_any([unmakeable, (*inet, (host, port))])
+            stream = await connect_any([unmakeable, (*INET, (host, port))])
         async with stream:
             assert stream.extra(anyio.abc.SocketAttribute.remote_port) == port
     with pytest.raises(OSError) as caught:  # alone: its own OSError, not an exception group
@@ -246,9 +286,8 @@ async def test_connect_names_every_address_that_failed() -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             closed.append(sock.getsockname())
-    inet = (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     with pytest.raises(OSError) as caught:
-        await connect_any([(*inet, closed[0]), (*inet, closed[1])])
+        await connect_any([(*INET, closed[0]), (*INET, closed[1])])
     for host, port in closed:
         assert f"{host}:{port}" in str(caught.value)
 
@@ -264,9 +303,6 @@ async def test_connect_to_an_unknown_host_raises_the_resolver_error() -> None:
 
 
 async def test_stream_reports_its_socket() -> None:
-    async def hold(conn: anyio.abc.SocketStream) -> None:
-        await anyio.sleep(5)
-
     async with peer(hold) as (host, port):
         async with await connect(host, port) as stream:
             assert isinstance(stream, SocketStream)

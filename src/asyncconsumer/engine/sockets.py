@@ -27,9 +27,10 @@ it could be framed).  The connection closes its stream whenever its reader stops
 TLS connections keep anyio's TLS stream, whose TLS layer owns the socket's bytes.
 
 :func:`connect` resolves the host and tries its addresses in the resolver's order, starting the
-next attempt when the one before it fails or after :data:`NEXT_ADDRESS_AFTER` seconds without an
-answer, and keeps the first to connect (as anyio's ``connect_tcp`` does, RFC 6555).  The caller's
-set-up timeout bounds the whole attempt.
+next attempt when any attempt still running fails or after :data:`NEXT_ADDRESS_AFTER` seconds
+without an answer, and keeps the first to connect (as anyio's ``connect_tcp`` does, RFC 6555;
+RFC 8305 section 5: a failed attempt starts the next at once, whichever attempt it was).  The
+caller's set-up timeout bounds the whole attempt.
 """
 
 from __future__ import annotations
@@ -214,15 +215,19 @@ async def connect(host: str, port: int) -> SocketStream:
 
 async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStream:
     """Connect to the first of ``addresses`` (``(family, type, proto, sockaddr)``) that answers, trying
-    the next one when the one before it fails or has not answered within :data:`NEXT_ADDRESS_AFTER`
-    seconds.  An address whose socket cannot even be made (a family the host does not have) fails
-    like one that refuses."""
+    the next one when an attempt still running fails (the newest or an earlier one still waiting)
+    or the newest has not answered within :data:`NEXT_ADDRESS_AFTER` seconds.  An address whose
+    socket cannot even be made (a family the host does not have) fails like one that refuses."""
     if not addresses:
         raise OSError(errno.EADDRNOTAVAIL, "the host name resolved to no address")
     connected: list[socket.socket] = []
     failures: list[tuple[Any, OSError]] = []
+    # Failures not yet answered by starting the next address, and the event that wakes the wait
+    # for one (made anew for each wait): any attempt's failure counts, not only the newest's.
+    unanswered = [0]
+    failed = [anyio.Event()]
 
-    async def attempt(family: int, kind: int, proto: int, address: Any, failed: anyio.Event) -> None:
+    async def attempt(family: int, kind: int, proto: int, address: Any) -> None:
         sock: socket.socket | None = None
         try:
             sock = socket.socket(family, kind, proto)
@@ -239,7 +244,8 @@ async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStrea
             if sock is not None:
                 sock.close()
             failures.append((address, exc))
-            failed.set()
+            unanswered[0] += 1
+            failed[0].set()
             return
         except BaseException:  # cancelled: another address answered first
             if sock is not None:
@@ -254,10 +260,13 @@ async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStrea
     try:
         async with anyio.create_task_group() as group:
             for family, kind, proto, address in addresses:
-                failed = anyio.Event()
-                group.start_soon(attempt, family, kind, proto, address, failed)
-                with anyio.move_on_after(NEXT_ADDRESS_AFTER):
-                    await failed.wait()
+                group.start_soon(attempt, family, kind, proto, address)
+                if not unanswered[0]:
+                    failed[0] = anyio.Event()
+                    with anyio.move_on_after(NEXT_ADDRESS_AFTER):
+                        await failed[0].wait()
+                if unanswered[0]:
+                    unanswered[0] -= 1
     except BaseException:  # the caller's timeout or cancellation as an address answered: not kept
         for sock in connected:
             sock.close()
