@@ -360,3 +360,36 @@ async def test_pausing_one_partition_keeps_what_was_taken_for_the_others(
         async for record in c:
             assert record.topic_partition == first  # goes on with what was taken
             break
+
+
+async def test_a_paused_partition_filling_the_buffer_does_not_stop_the_others(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    # The fetch buffer at its smallest, one partition's fetch.  The application pauses tp1 once
+    # its records are in the buffer, and reads tp0 to its end.  tp1's records (one batch of about
+    # 200 KB, which a fetch returns whole) keep the buffer full until it is resumed; tp0, with
+    # nothing left in the buffer, must still be fetched (it is all the application can read).
+    topic = new_topic(2)
+    each = 2_000
+    small = 16 << 10  # tp0 in batches of 8 KiB: it takes many fetches
+    produce(topic, ((0, None, b"a%099d" % i) for i in range(each)), batch_size=small // 2)
+    produce(topic, ((1, None, b"b%099d" % i) for i in range(each)))
+    tp0, tp1 = tps(topic, 2)
+    async with consumer(bootstrap, max_partition_fetch_bytes=small, fetch_buffer_bytes=small) as c:
+        c.assign([tp0, tp1])
+        engine = c._engine
+        assert engine is not None
+        taken = 0
+        with anyio.fail_after(30):
+            while not engine.buffer.buffered_bytes(tp1):
+                got = await c.getmany(tp0, timeout=0.1, max_records=1)
+                taken += sum(map(len, got.values()))
+        c.pause(tp1)
+        assert engine.buffer.full and taken < each // 2
+        offsets = [r.offset for batch in await read_batches(c, each - taken) for r in batch]
+        assert offsets == list(range(taken, each))  # all of tp0 after what getmany took
+        assert engine.buffer.buffered_bytes(tp1)  # still there, for when it is resumed
+        c.resume(tp1)
+        rest = await read_batches(c, each)
+        assert {r.partition for batch in rest for r in batch} == {1}
+        assert [r.offset for batch in rest for r in batch] == list(range(each))

@@ -61,6 +61,32 @@ def test_buffer_accounts_bytes_and_signals_space() -> None:
     assert events[-1] == f"space {TP} False"
 
 
+def test_the_buffer_counts_each_response_frame_once_until_its_last_partition_goes() -> None:
+    # Two partitions read from one response frame: the frame's bytes count from the first added to
+    # the last gone, whichever goes first; the read-ahead shares are each partition's records.
+    other = TopicPartition("orders", 4)
+    one, two = batch(0, 3), batch(0, 5)
+    frame = memoryview(b"header" + one + two + b"trailer")
+    first = CompletedFetch(TP, 0, 0, frame[6 : 6 + len(one)], next_offset=-1, check_crcs=True, aborted=None)
+    second = CompletedFetch(other, 0, 0, frame[6 + len(one) : -7], next_offset=-1, check_crcs=True, aborted=None)
+    assert first.frame_id == second.frame_id and first.frame_bytes == len(frame)
+    released: list[tuple[TopicPartition, bool]] = []
+    buffer = FetchBuffer(len(frame), on_space=lambda tp, full: released.append((tp, full)), on_data=lambda: None)
+    buffer.add(first)
+    buffer.add(second)
+    assert buffer.used_bytes == len(frame) and buffer.full
+    assert (buffer.buffered_bytes(TP), buffer.buffered_bytes(other)) == (len(one), len(two))
+    buffer.remove(first)  # the frame is still held by the second partition
+    assert buffer.used_bytes == len(frame) and buffer.full and buffer.buffered_bytes(TP) == 0
+    buffer.remove(second)
+    assert buffer.used_bytes == 0 and not buffer.full
+    assert released == [(TP, True), (other, True)]
+    # Another frame (a copy) counts on its own.
+    buffer.add(first)
+    buffer.add(completed(two))
+    assert buffer.used_bytes == len(frame) + len(two)
+
+
 def test_a_corrupt_batch_says_where_to_seek_to_skip_it() -> None:
     fetch = completed(batch(0, 3), corrupt(batch(3, 4)), batch(7, 2))
     fetch.take(100, 0)

@@ -132,8 +132,9 @@ class ConsumerOptions(TypedDict, total=False):
     fetch_max_wait_ms: int
     #: Upper bound per partition in one Fetch; also a partition's least read-ahead.
     max_partition_fetch_bytes: int
-    #: The byte budget for fetched records the application has not read yet (shared by partitions);
-    #: also the most each of the consumer's buffer pools (large response frames, Arrow column
+    #: The byte budget for fetch responses the application has not finished reading (shared by
+    #: partitions; a response's frame counts whole until every partition in it is read); also,
+    #: about, the most each of the consumer's buffer pools (large response frames, Arrow column
     #: blocks) may keep for reuse (engine/buffers.py).
     fetch_buffer_bytes: int
     #: Records per poll: getmany()'s default max_records, a batches() item, an async-for chunk.

@@ -106,7 +106,8 @@ class FetchMetrics:
     response_bytes: int
     #: The largest records size of one fetch response.
     response_bytes_max: int
-    #: Bytes in the fetch buffer now (fetched, not handed out yet); at most about ``fetch_buffer_bytes``.
+    #: Bytes in the fetch buffer now: the response frames holding records not handed out yet, each
+    #: whole until every partition in it is read; at most about ``fetch_buffer_bytes``.
     buffer_bytes: int
 
 
@@ -158,7 +159,8 @@ class PoolMetrics:
     """One pool of large buffers used again (``engine/buffers.py``): what it keeps and how often
     a buffer it kept was used again instead of a new one."""
 
-    #: Bytes of the buffers the pool keeps, in use or idle (at most ``fetch_buffer_bytes``).
+    #: Bytes of the buffers the pool keeps, in use or idle (at most ``fetch_buffer_bytes``; for
+    #: frames, plus ``fetch_max_bytes``).
     held_bytes: int = 0
     #: Buffers the pool keeps, in use or idle.
     kept: int = 0

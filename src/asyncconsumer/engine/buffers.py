@@ -42,8 +42,9 @@ The rules, all in :meth:`BufferPool.take`:
   ``bytearray`` cleared whole up front (a second pass over memory its user overwrites anyway):
   8% less CPU time in an ``arrow_batches()`` read.
 * The pool keeps at most ``max_bytes`` of buffers, in use or idle.  For frames that is the
-  consumer's ``fetch_buffer_bytes`` (what the fetch buffer may hold anyway) and at most four
-  responses of ``fetch_max_bytes``; for columns, ``fetch_buffer_bytes``.  A new buffer that
+  consumer's ``fetch_buffer_bytes`` plus ``fetch_max_bytes`` (the frames the fetch buffer may
+  hold, and the response on its way) and at most four responses of ``fetch_max_bytes``; for
+  columns, ``fetch_buffer_bytes``.  A new buffer that
   does not fit makes room by letting go of idle buffers, least recently used first; if it still
   does not fit, it is not kept (a buffer of its own, freed as before).  An idle buffer that was
   idle for the last ``stale_after`` large requests is let go too (:data:`STALE_AFTER` responses

@@ -126,8 +126,11 @@ class NetworkClient:
         self._health: dict[int, _NodeHealth] = {}
         self._closed = False
         #: Buffers of large response frames, shared by the connections (see engine/buffers.py): at
-        #: most what the fetch buffer may hold, and at most four responses of the largest size.
-        self.frames = BufferPool(min(config.fetch_buffer_bytes, 4 * config.fetch_max_bytes))
+        #: most what the fetch buffer may hold (frames) and the response on its way (a fetch goes
+        #: out while the buffer has room), and at most four responses of the largest size.
+        self.frames = BufferPool(
+            min(config.fetch_buffer_bytes + config.fetch_max_bytes, 4 * config.fetch_max_bytes)
+        )
         #: Connections opened so far (set-up included), for tests and debugging.
         self.connections_opened = 0
         #: Failed connection attempts and lost connections; connections opened to a broker again.

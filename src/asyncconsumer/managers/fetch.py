@@ -3,10 +3,16 @@
 One fetch in flight per broker.  A partition is fetched when its position is
 known, it is not paused, and it has less than its share of the buffer
 buffered (``fetch_buffer_bytes`` split between the assigned partitions, at
-least ``max_partition_fetch_bytes``); nothing is fetched while the whole
-buffer is full.  So while the application works through buffered data the
-next chunk is already on its way, and memory stays bounded however slow the
-application is.
+least ``max_partition_fetch_bytes``).  While the whole buffer is full (it
+counts the response frames it holds, managers/fetch_buffer.py) only the
+partitions with nothing buffered are fetched: the application may be waiting
+for one of them alone (``getmany(tp)``, the others paused) while the others'
+records hold the buffer, and a partition that has records to read is fetched
+again once the frames they are in are gone.  So while the application works
+through buffered data the next chunk is already on its way, memory stays
+bounded however slow the application is (by the buffer, plus one fetch of each
+partition that has nothing in it), and a slow application gets responses of
+every partition at once, whose frames the next responses use again.
 
 A fetch naming only partitions at the end of their logs is parked by the
 broker for up to ``fetch_max_wait_ms``, and with one fetch per broker the
@@ -154,9 +160,8 @@ class FetchManager:
         return max(self._partition_max_bytes, share)
 
     def poll(self, now: float) -> list[UnsentRequest]:
-        if self._buffer.full:
-            self._held_since.clear()
-            return []
+        buffer = self._buffer
+        full = buffer.full  # then only partitions with nothing buffered are fetched
         cluster = self._metadata.cluster
         share = self.read_ahead_bytes()
         by_node: dict[int, list[PartitionState]] = defaultdict(list)
@@ -172,7 +177,8 @@ class FetchManager:
             if state.needs_validation(leader.leader_epoch):
                 continue  # the position validator checks it against this leader first
             node = self._read_replica(tp, leader.leader, now)
-            if self._buffer.buffered_bytes(tp) >= share:
+            buffered = buffer.buffered_bytes(tp)
+            if buffered >= share or (full and buffered):
                 busy.add(node)
                 continue
             by_node[node].append(state)

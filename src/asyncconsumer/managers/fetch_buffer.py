@@ -7,6 +7,15 @@ application side decodes them lazily, batch by batch, and frees the bytes
 when a completed fetch is used up.  No record bytes are copied before a
 key/value is handed out: completed fetches hold ``memoryview`` slices of the
 response frame.
+
+What the buffer holds in memory is whole frames: a frame stays alive while any partition read
+from it is still here.  So ``used_bytes`` counts each frame once, from the first completed fetch
+added from it to the last one gone, and not the partitions' record bytes: a response of four
+partitions of which three are read still holds all of its frame.  (Counted by record bytes, an
+application reading a few hundred records a poll let the loop fetch on while such frames piled up
+past ``fetch_buffer_bytes`` and past the frame pool's bound, and the pool then made a new frame
+for most responses: docs/performance.md.)  The partitions' read-ahead shares
+(``buffered_bytes``) are their record bytes.
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ class CompletedFetch:
         "error",
         "exhausted",
         "fetch_offset",
+        "frame_bytes",
+        "frame_id",
         "next_offset",
         "size",
         "tp",
@@ -71,6 +82,12 @@ class CompletedFetch:
         self.next_offset = next_offset
         self.size = len(records)
         self._data = records
+        # The buffer ``records`` is a slice of (the response's frame), by identity and size; it
+        # stays alive as long as ``records`` does.
+        frame = records.obj if isinstance(records, memoryview) else records
+        self.frame_id = id(frame)
+        with memoryview(frame) as whole:
+            self.frame_bytes = whole.nbytes
         self.exhausted = False
         self.error: RecordError | None = None
         self._check_crcs = check_crcs
@@ -211,9 +228,12 @@ class FetchBuffer:
         self, max_bytes: int, on_space: Callable[[TopicPartition, bool], None], on_data: Callable[[], None]
     ) -> None:
         self.max_bytes = max_bytes
+        #: The bytes of the frames the completed fetches here point into, each frame once.
         self.used_bytes = 0
         self._fetches: deque[CompletedFetch] = deque()
         self._bytes_by_tp: dict[TopicPartition, int] = {}
+        # frame_id -> [how many completed fetches here point into the frame, its bytes]
+        self._frames: dict[int, list[int]] = {}
         self._on_space = on_space
         self._on_data = on_data
 
@@ -229,7 +249,12 @@ class FetchBuffer:
 
     def add(self, fetch: CompletedFetch) -> None:
         self._fetches.append(fetch)
-        self.used_bytes += fetch.size
+        frame = self._frames.get(fetch.frame_id)
+        if frame is None:
+            self._frames[fetch.frame_id] = [1, fetch.frame_bytes]
+            self.used_bytes += fetch.frame_bytes
+        else:
+            frame[0] += 1
         self._bytes_by_tp[fetch.tp] = self._bytes_by_tp.get(fetch.tp, 0) + fetch.size
         self._on_data()
 
@@ -250,7 +275,11 @@ class FetchBuffer:
 
     def _release(self, fetch: CompletedFetch) -> None:
         was_full = self.full
-        self.used_bytes -= fetch.size
+        frame = self._frames[fetch.frame_id]
+        frame[0] -= 1
+        if not frame[0]:  # the last partition read from this frame: the frame may go
+            del self._frames[fetch.frame_id]
+            self.used_bytes -= frame[1]
         left = self._bytes_by_tp.get(fetch.tp, 0) - fetch.size
         if left > 0:
             self._bytes_by_tp[fetch.tp] = left
