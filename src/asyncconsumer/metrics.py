@@ -160,7 +160,7 @@ class PoolMetrics:
     a buffer it kept was used again instead of a new one."""
 
     #: Bytes of the buffers the pool keeps, in use or idle (at most ``fetch_buffer_bytes``; for
-    #: frames, plus ``fetch_max_bytes``).
+    #: frames, plus ``fetch_max_bytes`` and at most twice ``fetch_buffer_bytes``).
     held_bytes: int = 0
     #: Buffers the pool keeps, in use or idle.
     kept: int = 0

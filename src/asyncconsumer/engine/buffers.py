@@ -43,8 +43,8 @@ The rules, all in :meth:`BufferPool.take`:
   8% less CPU time in an ``arrow_batches()`` read.
 * The pool keeps at most ``max_bytes`` of buffers, in use or idle.  For frames that is the
   consumer's ``fetch_buffer_bytes`` plus ``fetch_max_bytes`` (the frames the fetch buffer may
-  hold, and the response on its way) and at most four responses of ``fetch_max_bytes``; for
-  columns, ``fetch_buffer_bytes``.  A new buffer that
+  hold, and the response on its way), at most twice ``fetch_buffer_bytes`` and at most four
+  responses of ``fetch_max_bytes``; for columns, ``fetch_buffer_bytes``.  A new buffer that
   does not fit makes room by letting go of idle buffers, least recently used first; if it still
   does not fit, it is not kept (a buffer of its own, freed as before).  An idle buffer that was
   idle for the last ``stale_after`` large requests is let go too (:data:`STALE_AFTER` responses

@@ -127,10 +127,10 @@ class NetworkClient:
         self._closed = False
         #: Buffers of large response frames, shared by the connections (see engine/buffers.py): at
         #: most what the fetch buffer may hold (frames) and the response on its way (a fetch goes
-        #: out while the buffer has room), and at most four responses of the largest size.
-        self.frames = BufferPool(
-            min(config.fetch_buffer_bytes + config.fetch_max_bytes, 4 * config.fetch_max_bytes)
-        )
+        #: out while the buffer has room), at most twice the fetch buffer (what an idle consumer
+        #: may keep), and at most four responses of the largest size.
+        budget, response = config.fetch_buffer_bytes, config.fetch_max_bytes
+        self.frames = BufferPool(min(budget + response, 2 * budget, 4 * response))
         #: Connections opened so far (set-up included), for tests and debugging.
         self.connections_opened = 0
         #: Failed connection attempts and lost connections; connections opened to a broker again.
