@@ -237,10 +237,15 @@ def exactly_once(producer: Background, *reads: list[tuple[int, int, bytes]]) -> 
         assert not unlogged, f"read records the log does not hold: {sorted(unlogged)[:5]}"
 
 
+def read_by(*readers: Reader) -> set[tuple[int, int, bytes]]:
+    """Every record the readers have read, as ``(partition, offset, value)``."""
+    return {r for reader in readers for r in reader.seen}
+
+
 def missing_by_partition(want: set[tuple[int, int, bytes]], *readers: Reader) -> str:
     """What is still unread, per partition: how many, from which offset, and the last offset read;
     and the commits that timed out (a reader waits a request timeout in each)."""
-    seen = {r for reader in readers for r in reader.seen}
+    seen = read_by(*readers)
     gaps: dict[int, list[int]] = {}
     for partition, offset, _ in want - seen:
         gaps.setdefault(partition, []).append(offset)
@@ -266,7 +271,7 @@ async def until(predicate: Any, timeout: float, what: str | Callable[[], str]) -
 async def drain(producer: Background, *readers: Reader, timeout: float = 60.0) -> None:
     await producer.stop_async()
     want = set(producer.delivered)
-    await until(lambda: want <= {r for reader in readers for r in reader.seen}, timeout,
+    await until(lambda: want <= read_by(*readers), timeout,
                 lambda: f"the last records ({missing_by_partition(want, *readers)})")
     await anyio.sleep(0.5)  # anything read twice would show up now
 

@@ -36,6 +36,7 @@ caller's set-up timeout bounds the whole attempt.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import socket
 import sys
@@ -222,10 +223,8 @@ async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStrea
         raise OSError(errno.EADDRNOTAVAIL, "the host name resolved to no address")
     connected: list[socket.socket] = []
     failures: list[tuple[Any, OSError]] = []
-    # Failures not yet answered by starting the next address, and the event that wakes the wait
-    # for one (made anew for each wait): any attempt's failure counts, not only the newest's.
-    unanswered = [0]
-    failed = [anyio.Event()]
+    # One item per failed attempt, whichever it was; each wait for the next address takes one.
+    failed, failure = anyio.create_memory_object_stream[None](math.inf)
 
     async def attempt(family: int, kind: int, proto: int, address: Any) -> None:
         sock: socket.socket | None = None
@@ -244,8 +243,7 @@ async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStrea
             if sock is not None:
                 sock.close()
             failures.append((address, exc))
-            unanswered[0] += 1
-            failed[0].set()
+            failed.send_nowait(None)
             return
         except BaseException:  # cancelled: another address answered first
             if sock is not None:
@@ -258,15 +256,12 @@ async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStrea
         group.cancel_scope.cancel()
 
     try:
-        async with anyio.create_task_group() as group:
-            for family, kind, proto, address in addresses:
-                group.start_soon(attempt, family, kind, proto, address)
-                if not unanswered[0]:
-                    failed[0] = anyio.Event()
+        with failed, failure:
+            async with anyio.create_task_group() as group:
+                for family, kind, proto, address in addresses:
+                    group.start_soon(attempt, family, kind, proto, address)
                     with anyio.move_on_after(NEXT_ADDRESS_AFTER):
-                        await failed[0].wait()
-                if unanswered[0]:
-                    unanswered[0] -= 1
+                        await failure.receive()
     except BaseException:  # the caller's timeout or cancellation as an address answered: not kept
         for sock in connected:
             sock.close()

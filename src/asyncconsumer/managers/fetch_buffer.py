@@ -232,8 +232,8 @@ class FetchBuffer:
         self.used_bytes = 0
         self._fetches: deque[CompletedFetch] = deque()
         self._bytes_by_tp: dict[TopicPartition, int] = {}
-        # frame_id -> [how many completed fetches here point into the frame, its bytes]
-        self._frames: dict[int, list[int]] = {}
+        # frame_id -> how many completed fetches here point into the frame
+        self._frames: dict[int, int] = {}
         self._on_space = on_space
         self._on_data = on_data
 
@@ -249,12 +249,10 @@ class FetchBuffer:
 
     def add(self, fetch: CompletedFetch) -> None:
         self._fetches.append(fetch)
-        frame = self._frames.get(fetch.frame_id)
-        if frame is None:
-            self._frames[fetch.frame_id] = [1, fetch.frame_bytes]
+        fetches = self._frames.get(fetch.frame_id, 0)
+        if not fetches:  # the first partition read from this frame: the frame counts from now
             self.used_bytes += fetch.frame_bytes
-        else:
-            frame[0] += 1
+        self._frames[fetch.frame_id] = fetches + 1
         self._bytes_by_tp[fetch.tp] = self._bytes_by_tp.get(fetch.tp, 0) + fetch.size
         self._on_data()
 
@@ -275,11 +273,11 @@ class FetchBuffer:
 
     def _release(self, fetch: CompletedFetch) -> None:
         was_full = self.full
-        frame = self._frames[fetch.frame_id]
-        frame[0] -= 1
-        if not frame[0]:  # the last partition read from this frame: the frame may go
-            del self._frames[fetch.frame_id]
-            self.used_bytes -= frame[1]
+        fetches = self._frames.pop(fetch.frame_id) - 1
+        if fetches:
+            self._frames[fetch.frame_id] = fetches
+        else:  # the last partition read from this frame: the frame may go
+            self.used_bytes -= fetch.frame_bytes
         left = self._bytes_by_tp.get(fetch.tp, 0) - fetch.size
         if left > 0:
             self._bytes_by_tp[fetch.tp] = left
