@@ -1303,6 +1303,25 @@ def test_blocks_decode_each_batch_once(max_records: int) -> None:
     assert sizes == (per_block * 2 if max_records != 1000 else [300])
 
 
+@pytest.mark.parametrize("builder", BUILDERS)
+@pytest.mark.parametrize("compression", [0, 3])
+@pytest.mark.parametrize(("max_records", "sizes"), [(5, [3] * 4), (6, [6, 6]), (7, [6, 6]), (2, [2, 1] * 4)])
+def test_a_block_ends_before_a_batch_that_would_take_it_past_max_records(
+    builder: Any, compression: int, max_records: int, sizes: list[int]
+) -> None:
+    # Four batches of 3: a block takes whole batches while they fit within max_records (a batch
+    # larger than max_records alone, handed out in windows), so no call hands out a batch's short
+    # rest; plain batches go through the compiled walk, compressed ones through append().
+    data = b"".join(
+        build_batch([Record(b"k", b"v%d" % i) for i in range(3)], base_offset=3 * i, compression=compression)
+        for i in range(4)
+    )
+    chunks, error = walk_columns(builder, data, max_records, 0)
+    assert error is None
+    assert [c.count for c in chunks] == sizes
+    assert [o for c in chunks for o in ints(c.buffers.offsets, "q")[c.first : c.first + c.count]] == list(range(12))
+
+
 # ---------------------------------------------------------------- the compiled walk (ColumnBuilder.walk)
 
 _SPEEDUPS: Any = sys.modules.get("asyncconsumer._speedups")
@@ -1397,7 +1416,11 @@ def test_walk_stops_at_the_limit_and_resumes() -> None:
     data = b"".join(build_batch([(b"k", b"v%d" % i)] * 3, base_offset=3 * i) for i in range(4))
     builder = C_BUILDER(TOPIC, PART)
     size = len(data) // 4
-    assert builder.walk(data, 0, 0, 4, True, False) == 2 * size  # whole batches until it holds 4 or more
+    # Into an empty builder the first batch goes whole; the next would take it past the limit.
+    assert builder.walk(data, 0, 0, 2, True, False) == size
+    assert builder.count == 3
+    assert builder.walk(data, size, 0, 5, True, False) == size  # 3 + 3 records would pass 5
+    assert builder.walk(data, size, 0, 6, True, False) == 2 * size  # 3 + 3 fit in 6; 9 would not
     assert builder.count == 6
     assert builder.walk(data, 2 * size, 0, 6, True, False) == 2 * size  # holds the limit already
     assert builder.walk(data, 2 * size, 4, 1000, True, False) == len(data)

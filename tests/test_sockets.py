@@ -297,6 +297,27 @@ async def test_connect_with_no_address_says_so() -> None:
         await connect_any([])
 
 
+async def test_connect_to_an_ip_address_asks_no_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def no_resolver(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"resolver asked for {args}")
+
+    async def hello(conn: anyio.abc.SocketStream) -> None:
+        await conn.send(b"hi")
+
+    host = "127.0.0.1"
+    listener = await anyio.create_tcp_listener(local_host=host)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as group:
+        group.start_soon(listener.serve, hello)
+        monkeypatch.setattr(sockets.anyio, "getaddrinfo", no_resolver)
+        stream = await connect(host, port)
+        async with stream:
+            assert await stream.receive() == b"hi"
+        with pytest.raises(AssertionError, match="resolver asked"):
+            await connect("localhost", port)  # a name still goes to the resolver
+        group.cancel_scope.cancel()
+
+
 async def test_connect_to_an_unknown_host_raises_the_resolver_error() -> None:
     with pytest.raises(socket.gaierror):
         await connect("no-such-host.invalid", 9092)

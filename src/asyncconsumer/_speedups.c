@@ -2202,7 +2202,7 @@ PyDoc_STRVAR(scan_batches_doc,
 
 /* Size an empty block's buffers from its first batch, as ColumnReader._reserve does: ``count``
  * records in ``size`` bytes, ``left`` bytes of batches from it to the end of the record set, up
- * to ``limit`` records in the block (whole batches: up to ``count`` more). */
+ * to ``limit`` records in the block, or this batch's ``count`` when more (whole batches). */
 static int
 reserve_block(ColumnBuilder *cb, int64_t count, Py_ssize_t size, Py_ssize_t left, Py_ssize_t limit)
 {
@@ -2216,8 +2216,9 @@ reserve_block(ColumnBuilder *cb, int64_t count, Py_ssize_t size, Py_ssize_t left
     if (limit < left / 7) { /* else the data bound below is at least ``left``; and no overflow */
         Py_ssize_t bound = (Py_ssize_t)(((int64_t)limit * size + count - 1) / count) + size;
         data = bound < left ? bound : left;
-        if (limit + count < records) {
-            records = limit + (Py_ssize_t)count;
+        Py_ssize_t most = limit > count ? limit : (Py_ssize_t)count; /* whole batches up to limit, or one */
+        if (most < records) {
+            records = most;
         }
     }
     if (records > cb->max_offset) {
@@ -2229,7 +2230,8 @@ reserve_block(ColumnBuilder *cb, int64_t count, Py_ssize_t size, Py_ssize_t left
 /* walk(records, pos, start, limit, check_crcs, read_committed) -> int
  *
  * ColumnReader's walk over a record set for the common batches, in one call: from byte ``pos`` of
- * ``records``, batch after batch while the builder holds fewer than ``limit`` records, it splits
+ * ``records``, batch after batch while the builder holds fewer than ``limit`` records and the
+ * next batch's records (its header's count) fit beside them, or the builder is empty, it splits
  * off the next v2 batch, checks its CRC (``check_crcs``), skips it when it ends before offset
  * ``start`` or is a control batch, and stores the records of an uncompressed one at offset >=
  * ``start``, as append() would (sizing an empty builder's buffers from that batch first, as
@@ -2300,6 +2302,9 @@ builder_walk_locked(ColumnBuilder *cb, PyObject *const *args, Py_ssize_t nargs)
         }
         col_batch bi;
         bi.count = (int32_t)be_u32(h + 57);
+        if (cb->s.n > 0 && (int64_t)cb->s.n + bi.count > (int64_t)limit) {
+            break; /* it would take the block past ``limit``: the next block's first (ColumnReader.take) */
+        }
         bi.base_offset = base_offset;
         bi.base_timestamp = be_i64(h + 27);
         bi.timestamp_type = (attrs & ATTR_TIMESTAMP_TYPE) >> 3;

@@ -22,6 +22,7 @@ import sniffio
 from typing_extensions import TypeVar
 
 from . import _args, otel
+from .app.arrow import require_pyarrow, take_arrow_batch
 from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.collector import Collector, RecordDeserializationError
 from .app.iterators import Steps
@@ -562,8 +563,6 @@ class Consumer(ClientBase, Generic[KT, VT]):
         values are the raw bytes (deserializers are not applied).  Raises ``PyArrowMissingError``
         when pyarrow is not installed.
         """
-        from .app.arrow import require_pyarrow
-
         if max_records is not None:
             _args.check_positive_int(max_records, "arrow_batches", "max_records")
         require_pyarrow()
@@ -582,8 +581,6 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self, limit: int, timeout: float | None, only: set[TopicPartition] | None = None, include_headers: bool = True
     ) -> Any:
         """One ``arrow_batches()`` step (None: ``timeout`` passed with nothing); app/arrow.py does the work."""
-        from .app.arrow import take_arrow_batch
-
         self._collector.drop_chunks()  # records taken for async for/batches() go back first
         return await take_arrow_batch(
             self._collector, self._running(), limit, timeout, only=only, include_headers=include_headers

@@ -26,7 +26,9 @@ it could be framed).  The connection closes its stream whenever its reader stops
 
 TLS connections keep anyio's TLS stream, whose TLS layer owns the socket's bytes.
 
-:func:`connect` resolves the host and tries its addresses in the resolver's order, starting the
+:func:`connect` resolves the host (an IP address is taken as it is, without the resolver:
+``anyio.getaddrinfo`` on asyncio asks a worker thread even for one, which cost the first
+connection of a process about 1 ms of CPU time) and tries its addresses in the resolver's order, starting the
 next attempt when any attempt still running fails or after :data:`NEXT_ADDRESS_AFTER` seconds
 without an answer, and keeps the first to connect (as anyio's ``connect_tcp`` does, RFC 6555;
 RFC 8305 section 5: a failed attempt starts the next at once, whichever attempt it was).  The
@@ -210,8 +212,19 @@ async def connect(host: str, port: int) -> SocketStream:
 
     Raises the ``OSError`` of the only address, or one naming every address's failure.
     """
-    addresses = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses = _numeric(host, port)
+    if addresses is None:
+        addresses = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return await connect_any([(family, kind, proto, address) for family, kind, proto, _, address in addresses])
+
+
+def _numeric(host: str, port: int) -> list[tuple[Any, ...]] | None:
+    """``host`` as an IPv4 or IPv6 address, the way ``getaddrinfo`` gives it (``AI_NUMERICHOST``:
+    no resolver, nothing that blocks); None for a host name."""
+    try:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError):
+        return None
 
 
 async def connect_any(addresses: list[tuple[int, int, int, Any]]) -> SocketStream:

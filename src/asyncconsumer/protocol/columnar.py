@@ -60,14 +60,18 @@ Design
   block.  That batch is read as before, so errors and fallbacks come from one place.  Without
   the CRC instruction (and ``check_crcs``) the walk is not used: the ``crc32c`` package is
   faster than a table.  Each batch is parsed (and decompressed)
-  once: ``take(max_records, position)`` decodes whole batches into a new block until it holds
-  ``max_records`` records and hands out the first ``max_records``; the following calls hand out
-  the rest of the block before decoding more.  So a call never spans two blocks: where the row
-  path would top a chunk up from the next batch, the columnar one returns the block's last,
-  shorter window.  A block's key and value buffers are sized before its first batch is stored,
-  from the bytes of the uncompressed batches left (which bound the key and value bytes) and
-  ``max_records``: copying a record then does not reallocate (a reallocation copies the whole
-  buffer; a 10,000-record block of 1 KiB values took 5.2 ms with it, 2.8 ms without).
+  once: ``take(max_records, position)`` decodes whole batches into a new block while the next
+  batch's records (its header's count) fit beside the ones it holds within ``max_records``, and
+  hands all of it out; only a block of one batch larger than ``max_records`` is handed out in
+  windows, the following calls taking the rest of it before decoding more.  So a call never
+  spans two blocks, and a batch is never split between blocks: where the row path would top a
+  chunk up from the next batch, the columnar one ends the block before that batch (before, a
+  block took the batch that crossed ``max_records`` and its short rest was a call of its own:
+  a third of the calls of a 20,000-record read).  A block's key and value buffers are sized
+  before its first batch is stored, from the bytes of the uncompressed batches left (which
+  bound the key and value bytes) and ``max_records``: copying a record then does not reallocate
+  (a reallocation copies the whole buffer; a 10,000-record block of 1 KiB values took 5.2 ms
+  with it, 2.8 ms without).
 * **Arrow** (:func:`to_arrow`, needs ``pyarrow``): the buffers handed to Arrow without a copy,
   with the compiled decoder in one call through the Arrow C data interface (``export_arrow``
   makes the ``ArrowArray`` tree; pyarrow's ``RecordBatch._import_from_c`` imports it against the
@@ -554,6 +558,9 @@ class ColumnReader:
                     self.exhausted = True
                     break
                 self._pos = batch._start + batch.size_in_bytes
+            if builder.count and builder.count + batch.record_count > max_records:
+                self._unfit = batch  # it would take the block past max_records: the next block's first
+                break
             if not builder.count:
                 self._reserve(builder, batch, max_records)
             try:
@@ -602,8 +609,8 @@ class ColumnReader:
         """Size a new block's buffers up front from its first batch.  The uncompressed batches
         left in the record set bound the key and value bytes the block can take; ``max_records``
         records at this batch's bytes per record (header included) bound them more tightly when
-        the records are alike.  A block stores whole batches until it holds ``max_records``, so it
-        may take one batch more than that.  Compressed batches give no bound: their buffers grow
+        the records are alike, with a batch's bytes to spare (batches differ in bytes a record).
+        Compressed batches give no bound: their buffers grow
         as needed.
 
         The header's record count is only a claim (a corrupt batch may say 2**31); a v2 record
@@ -614,9 +621,9 @@ class ColumnReader:
         if batch.compression or batch.magic != 2 or count <= 0:
             return
         left = self._size - batch._start  # this batch and those after it
-        # A block takes whole batches until it holds max_records: up to a batch's records more.
+        # A block holds up to max_records, or this batch's records when they are more (take()).
         builder.reserve(
-            min(max_records + count, -(-left * count // size)),
+            min(max(max_records, count), -(-left * count // size)),
             min(left, -(-max_records * size // count) + size),
         )
 
