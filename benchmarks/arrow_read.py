@@ -1,13 +1,16 @@
 """Kafka to Arrow: ``arrow_batches()`` against ``batches()`` and aiokafka ``getmany()`` + Arrow.
 
-    python -m benchmarks.arrow_read [--quick] [--broker kafka|tansu] [--rounds 3]
+    python -m benchmarks.arrow_read [--quick] [--broker kafka|tansu] [--rounds 3] [--warmup 1]
                                     [--readers arrow,batches] [--baseline SRC] [--uvloop]
                                     [--records-100b N] [--max-records N]
                                     [--max-partition-fetch-bytes N]
 
 Starts the broker (as ``benchmarks.run`` does), produces the 100 B and 1 KiB data sets once
 (confluent-kafka, 4 partitions), then reads each topic from the beginning with every reader in a
-fresh subprocess, interleaved for ``--rounds`` rounds (the order rotates each round).  Readers:
+fresh subprocess, interleaved for ``--rounds`` rounds (the order rotates each round), after
+``--warmup`` rounds that are not counted (a broker just started serves its first reads slower,
+its JIT compiler still at work: the first round of a run read at a third to half the rate of the
+others, and moved its ratios).  Readers:
 
 - ``arrow``: asyncconsumer ``arrow_batches()``, pyarrow record batches (Spark's Kafka schema);
 - ``batches``: asyncconsumer ``batches()``, one ``ConsumerRecord`` per record (no Arrow);
@@ -145,6 +148,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small topics (development)")
     parser.add_argument("--broker", choices=["kafka", "tansu"], default=None)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--warmup", type=int, default=1, help="rounds read first and not counted (the broker's JIT and caches)"
+    )
     parser.add_argument("--readers", default=",".join(READERS), help="comma-separated, of " + ", ".join(READERS))
     parser.add_argument("--baseline", metavar="SRC", help="also run each reader from this src directory")
     parser.add_argument("--uvloop", action="store_true", help="also run asyncconsumer's readers on uvloop")
@@ -193,37 +199,52 @@ def main() -> None:
         base_env = {**os.environ, "PYTHONPATH": args.baseline} if args.baseline else None
         results: dict[tuple[str, str], list[float]] = {}
         per_cpu: dict[tuple[str, str], list[float]] = {}
+
+        def read(d: Any, reader: str) -> dict[str, Any]:
+            """One read of data set ``d`` by ``reader`` (``name@base``, ``name@uvloop``) in a subprocess."""
+            name, _, at = reader.partition("@")
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.arrow_read",
+                "--read",
+                name,
+                broker.bootstrap,
+                d.topic,
+                str(d.partitions),
+                str(d.records),
+                "--loop",
+                "uvloop" if at == "uvloop" else "asyncio",
+                "--max-records",
+                str(args.max_records),
+            ]
+            if args.max_partition_fetch_bytes is not None:
+                cmd += ["--max-partition-fetch-bytes", str(args.max_partition_fetch_bytes)]
+            env = base_env if at == "base" else None
+            got: dict[str, Any] = json.loads(
+                subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+            )
+            return got
+
+        for w in range(args.warmup):
+            for d in sets:
+                for reader in readers:
+                    got = read(d, reader)
+                    rate = got["records"] / got["seconds"]
+                    log(f"warm-up {w + 1} {d.name} {reader}: {rate:,.0f} records/s (not counted)")
         for r in range(args.rounds):
             order = readers[r % len(readers) :] + readers[: r % len(readers)]
             for d in sets:
                 for reader in order:
-                    name, _, at = reader.partition("@")
-                    cmd = [
-                        sys.executable,
-                        "-m",
-                        "benchmarks.arrow_read",
-                        "--read",
-                        name,
-                        broker.bootstrap,
-                        d.topic,
-                        str(d.partitions),
-                        str(d.records),
-                        "--loop",
-                        "uvloop" if at == "uvloop" else "asyncio",
-                        "--max-records",
-                        str(args.max_records),
-                    ]
-                    if args.max_partition_fetch_bytes is not None:
-                        cmd += ["--max-partition-fetch-bytes", str(args.max_partition_fetch_bytes)]
-                    env = base_env if at == "base" else None
-                    got = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout)
+                    got = read(d, reader)
                     rate = got["records"] / got["seconds"]
                     results.setdefault((d.name, reader), []).append(rate)
                     per_cpu.setdefault((d.name, reader), []).append(cpu_rate := got["records"] / got["cpu"])
                     log(f"round {r + 1} {d.name} {reader}: {rate:,.0f} records/s, {cpu_rate:,.0f} per CPU s")
         fetch_bytes = args.max_partition_fetch_bytes or 1 << 20
         print(
-            f"\n{broker.description}; {args.rounds} interleaved rounds, records/s (median, min-max); "
+            f"\n{broker.description}; {args.rounds} interleaved rounds after {args.warmup} not counted, "
+            "records/s (median, min-max); "
             f"max_records {args.max_records:,}, max_partition_fetch_bytes {fetch_bytes:,}\n"
         )
         print(
