@@ -143,6 +143,15 @@ def _paired(rates: list[float], against: list[float]) -> str:
     return f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
 
 
+def _consumer_default(name: str) -> Any:
+    """The consumer's default for setting ``name`` (``ConsumerConfig``'s field default)."""
+    import dataclasses
+
+    from asyncconsumer.config import ConsumerConfig
+
+    return next(f.default for f in dataclasses.fields(ConsumerConfig) if f.name == name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small topics (development)")
@@ -241,7 +250,7 @@ def main() -> None:
                     results.setdefault((d.name, reader), []).append(rate)
                     per_cpu.setdefault((d.name, reader), []).append(cpu_rate := got["records"] / got["cpu"])
                     log(f"round {r + 1} {d.name} {reader}: {rate:,.0f} records/s, {cpu_rate:,.0f} per CPU s")
-        fetch_bytes = args.max_partition_fetch_bytes or 1 << 20
+        fetch_bytes = args.max_partition_fetch_bytes or _consumer_default("max_partition_fetch_bytes")
         print(
             f"\n{broker.description}; {args.rounds} interleaved rounds after {args.warmup} not counted, "
             "records/s (median, min-max); "
