@@ -28,11 +28,11 @@ TLS connections keep anyio's TLS stream, whose TLS layer owns the socket's bytes
 
 :func:`connect` resolves the host (an IP address is taken as it is, without the resolver:
 ``anyio.getaddrinfo`` on asyncio asks a worker thread even for one, which cost the first
-connection of a process about 1 ms of CPU time) and tries its addresses in the resolver's order, starting the
-next attempt when any attempt still running fails or after :data:`NEXT_ADDRESS_AFTER` seconds
-without an answer, and keeps the first to connect (as anyio's ``connect_tcp`` does, RFC 6555;
-RFC 8305 section 5: a failed attempt starts the next at once, whichever attempt it was).  The
-caller's set-up timeout bounds the whole attempt.
+connection of a process about 1 ms of CPU time) and tries its addresses in the resolver's
+order, starting the next attempt when any attempt still running fails or after
+:data:`NEXT_ADDRESS_AFTER` seconds without an answer, and keeps the first to connect (as anyio's
+``connect_tcp`` does, RFC 6555; RFC 8305 section 5: a failed attempt starts the next at once,
+whichever attempt it was).  The caller's set-up timeout bounds the whole attempt.
 """
 
 from __future__ import annotations
