@@ -330,3 +330,17 @@ async def test_tls_broker_from_anyio(tls_broker: TLSBroker) -> None:
         await stream.send(_api_versions_request(5))
         response = await _read_kafka_response(stream)
     assert struct.unpack(">ih", response[:6]) == (5, 0)
+
+
+def test_a_delivery_report_without_an_offset_is_matched_by_partition_and_value() -> None:
+    # librdkafka reports a retried batch the broker already had (DUPLICATE_SEQUENCE_NUMBER) as
+    # delivered with no offset: the record still counts as read, and as produced, when a record of
+    # that partition and value was read (support/cluster.py).
+    from support.cluster import undelivered, unread
+
+    delivered = [(0, 5, b"1"), (0, None, b"2"), (1, None, b"3")]
+    seen = {(0, 5, b"1"), (0, 6, b"2")}
+    assert unread(delivered, seen) == {(1, None, b"3")}
+    assert unread(delivered, seen | {(1, 9, b"3")}) == set()
+    assert unread(delivered, {(1, 6, b"2")}) == {(0, 5, b"1"), (0, None, b"2"), (1, None, b"3")}  # other partition
+    assert undelivered(seen | {(1, 9, b"3"), (1, 10, b"4")}, delivered) == {(1, 10, b"4")}
