@@ -610,8 +610,7 @@ class ColumnReader:
         left in the record set bound the key and value bytes the block can take; ``max_records``
         records at this batch's bytes per record (header included) bound them more tightly when
         the records are alike, with a batch's bytes to spare (batches differ in bytes a record).
-        Compressed batches give no bound: their buffers grow
-        as needed.
+        Compressed batches give no bound: their buffers grow as needed.
 
         The header's record count is only a claim (a corrupt batch may say 2**31); a v2 record
         takes at least ``_MIN_RECORD_BYTES``, so the batch's real size bounds the count reserved
