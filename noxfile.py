@@ -14,7 +14,7 @@ import nox
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.error_on_missing_interpreters = False
 
-LINT_PATHS = ("src", "tests", "benchmarks", "examples", "noxfile.py")
+LINT_PATHS = ("src", "tests", "benchmarks", "examples", "tools", "noxfile.py")
 
 
 @nox.session(venv_backend="none")
@@ -63,6 +63,13 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks (arguments are passed through)."""
     session.run("python", "-m", "benchmarks.run", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def package(session: nox.Session) -> None:
+    """Build the sdist and manylinux wheels into dist/ and smoke-test each installed into a clean venv
+    outside the checkout, the sdist with no compiler on PATH (tools/package.py; docs/installing.md)."""
+    session.run("python", "tools/package.py", *session.posargs)
 
 
 @nox.session(venv_backend="none")

@@ -9,14 +9,15 @@ processed and leaves the group, so the next instance starts where it stopped.
 
 ``/healthz`` answers 200 while the worker polls and the member is not fenced out of
 its group, 503 otherwise (a Kubernetes liveness probe); ``/metrics`` is
-``Consumer.metrics()`` in Prometheus' text format (prometheus_client, read at
-each scrape: nothing is counted twice).
+``Consumer.metrics()`` in Prometheus' text format through
+``asyncconsumer.prometheus.ConsumerCollector`` (the ``prometheus`` extra; read at each scrape,
+nothing is counted twice; the Java client's metric names).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,59 +25,12 @@ import anyio
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from asyncconsumer import Consumer
+from asyncconsumer.prometheus import ConsumerCollector
 
 #: /healthz fails when the worker has not polled for this long (keep it under max_poll_interval_ms).
 POLL_AGE_LIMIT = 60.0
-
-
-class ConsumerCollector:
-    """A prometheus_client collector: ``Consumer.metrics()`` at scrape time, Kafka-exporter style names."""
-
-    def __init__(self, consumer: Callable[[], Consumer[Any, Any] | None]) -> None:
-        self._consumer = consumer
-
-    def collect(self) -> Iterator[Metric]:
-        consumer = self._consumer()
-        if consumer is None:
-            return
-        m = consumer.metrics()
-        labels = ["topic", "partition"]
-        lag = GaugeMetricFamily("kafka_consumer_records_lag", "Records between position and end", labels=labels)
-        position = GaugeMetricFamily("kafka_consumer_position", "Next offset handed out", labels=labels)
-        consumed = CounterMetricFamily("kafka_consumer_records_consumed", "Records handed out", labels=labels)
-        for p in m.partitions.values():
-            key = [p.topic, str(p.partition)]
-            consumed.add_metric(key, p.records_consumed)
-            if p.lag is not None:
-                lag.add_metric(key, p.lag)
-            if p.position is not None:
-                position.add_metric(key, p.position)
-        yield from (lag, position, consumed)
-        yield CounterMetricFamily("kafka_consumer_bytes_consumed", "Record bytes handed out", value=m.bytes_consumed)
-        yield CounterMetricFamily("kafka_consumer_fetch_requests", "Fetch requests sent", value=m.fetch.requests)
-        latency = m.fetch.latency
-        cumulative, buckets = 0, []
-        for bound, count in latency.buckets:
-            cumulative += count
-            buckets.append(("+Inf" if bound == float("inf") else str(bound), cumulative))
-        yield HistogramMetricFamily("kafka_consumer_fetch_latency_seconds", "Fetch request durations",
-                                    buckets=buckets, sum_value=latency.sum)
-        yield GaugeMetricFamily("kafka_consumer_fetch_buffer_bytes", "Bytes fetched and not handed out",
-                                value=m.fetch.buffer_bytes)
-        yield CounterMetricFamily("kafka_consumer_rebalances", "Rebalances completed", value=m.rebalances.count)
-        yield CounterMetricFamily("kafka_consumer_commits", "Commits completed", value=m.commits.count)
-        yield CounterMetricFamily("kafka_consumer_commit_failures", "Commits failed", value=m.commits.failures)
-        yield GaugeMetricFamily("kafka_consumer_connections", "Open broker connections", value=m.connections.open)
-        yield GaugeMetricFamily("kafka_consumer_last_poll_age_seconds", "Seconds since the last poll",
-                                value=m.last_poll_age)
-        held = GaugeMetricFamily("kafka_consumer_buffer_bytes_held", "Memory kept for large buffers",
-                                 labels=["pool"])
-        held.add_metric(["frames"], m.buffers.frames.held_bytes)
-        held.add_metric(["columns"], m.buffers.columns.held_bytes)
-        yield held
 
 
 def health(consumer: Consumer[Any, Any] | None, worker_failed: BaseException | None) -> tuple[bool, dict[str, Any]]:

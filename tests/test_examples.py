@@ -33,14 +33,15 @@ def test_fastapi_lifespan_worker(bootstrap: str, new_topic: Callable[..., str], 
         assert scrape.headers["content-type"].startswith("text/plain")
         lines = set(scrape.text.splitlines())
         for partition in (0, 1):
-            labels = f'{{partition="{partition}",topic="{topic}"}}'
-            assert f"kafka_consumer_records_consumed_total{labels} 100.0" in lines
-            assert f"kafka_consumer_records_lag{labels} 0.0" in lines
-            assert f"kafka_consumer_position{labels} 100.0" in lines
-        assert "kafka_consumer_rebalances_total 1.0" in lines
-        assert 'kafka_consumer_buffer_bytes_held{pool="columns"} 0.0' in lines  # no arrow_batches() here
-        assert any(line.startswith('kafka_consumer_buffer_bytes_held{pool="frames"}') for line in lines)
-        assert any(line.startswith('kafka_consumer_fetch_latency_seconds_bucket{le="+Inf"}') for line in lines)
+            labels = f'{{client_id="asyncconsumer",partition="{partition}",topic="{topic}"}}'
+            assert f"kafka_consumer_fetch_manager_records_lag{labels} 0.0" in lines
+            assert f"asyncconsumer_position{labels} 100.0" in lines
+        topic_labels = f'{{client_id="asyncconsumer",topic="{topic}"}}'
+        assert f"kafka_consumer_fetch_manager_records_consumed_total{topic_labels} 200.0" in lines
+        assert 'kafka_consumer_coordinator_rebalance_total{client_id="asyncconsumer"} 1.0' in lines
+        assert 'asyncconsumer_buffer_pool_held_bytes{client_id="asyncconsumer",pool="columns"} 0.0' in lines
+        inf_bucket = 'kafka_consumer_fetch_manager_fetch_latency_seconds_bucket{client_id="asyncconsumer",le="+Inf"}'
+        assert any(line.startswith(inf_bucket) for line in lines)
     # Shutdown committed what was consumed: a second instance has nothing left to read.
     produce(topic, [(0, None, b"late")])
     with TestClient(create_app(bootstrap, topic, f"g-{topic}", **GROUP_OPTIONS)) as client:

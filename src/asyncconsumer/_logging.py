@@ -3,7 +3,7 @@ interval per key, and the next message says how many were left out meanwhile.
 
 The loggers are one hierarchy under ``asyncconsumer`` (docs/metrics.md#logging): ``.consumer``,
 ``.engine``, ``.network``, ``.connection``, ``.fetch``, ``.offsets``, ``.validation``, ``.metadata``,
-``.coordinator``, ``.membership``, ``.commit``, ``.spark``.
+``.coordinator``, ``.membership``, ``.commit``, ``.spark``, ``.share``, ``.decoder``.
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ from typing import Any, Generic, NoReturn, ParamSpec, Unpack, cast, overload
 
 import anyio
 import anyio.abc
-import sniffio
 from typing_extensions import TypeVar
 
 from . import _args, otel
+from ._runtime import current_async_library
 from .app.arrow import require_pyarrow, take_arrow_batch
 from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.collector import Collector, RecordDeserializationError
@@ -97,7 +97,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         """Start without ``async with`` (asyncio only: trio needs a nursery, so use ``async with``)."""
         if self._engine is not None:
             raise IllegalStateError("the consumer was already started")
-        if sniffio.current_async_library() != "asyncio":
+        if current_async_library() != "asyncio":
             raise IllegalStateError(
                 "start()/close() without 'async with' work on asyncio only; "
                 "on trio use 'async with Consumer(...) as consumer:'"

@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Generic, Protocol, TypeVar
 
 import anyio
-import sniffio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from .._runtime import current_async_library
 from ..managers.subscription import PartitionState
 from ..structs import ConsumerRecord, TopicPartition
 from .rebalance import RevokeHook
@@ -72,10 +72,7 @@ class StreamSource(Protocol[KT, VT]):
 
 def _current_coroutine() -> object | None:
     """The coroutine of the running task: once it is finished, the task is gone."""
-    try:
-        library = sniffio.current_async_library()
-    except sniffio.AsyncLibraryNotFoundError:
-        return None
+    library = current_async_library()
     if library == "asyncio":
         task = asyncio.current_task()
         return task.get_coro() if task is not None else None

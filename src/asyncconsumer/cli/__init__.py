@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import platform
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,7 +35,7 @@ from ._run import (
     stdout_bytes,
 )
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run", "version_text"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -113,8 +114,35 @@ def _properties(bootstrap_server: str, consumer_property: Sequence[str], command
     return merged
 
 
+def version_text() -> str:
+    """What ``asyncconsumer --version`` prints: the version, which record decoder this install runs
+    (the compiled one, or the pure-Python one and why), and the Python and anyio it runs on."""
+    from importlib.metadata import version
+
+    from ..protocol.records import DECODER_DETAIL
+
+    return (
+        f"asyncconsumer {__version__}\n"
+        f"record decoder: {DECODER_DETAIL}\n"
+        f"{platform.python_implementation()} {platform.python_version()}, anyio {version('anyio')}"
+    )
+
+
+def _print_version(context: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not context.resilient_parsing:
+        click.echo(version_text())
+        context.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(__version__, prog_name="asyncconsumer")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version, the record decoder in use (compiled or pure Python) and exit.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log the client's warnings and progress on stderr.")
 def main(verbose: bool) -> None:
     """Read Kafka topics and consumer-group lag from the command line (asyncconsumer)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import importlib
+import logging
 import os
 import struct
 import zlib
@@ -42,6 +43,7 @@ __all__ = [
     "RecordBatch",
     "control_record_type",
     "DECODER",
+    "DECODER_DETAIL",
     "HW_CRC32C",
     "decode_batch",
     "decode_batch_py",
@@ -840,26 +842,37 @@ def next_batch_to_read(
 _Decoder = Callable[[RecordBatch, str, int], list[ConsumerRecord[bytes, bytes]]]
 
 
-def _select_decoder() -> tuple[_Decoder, str]:
-    """The compiled decoder (``asyncconsumer._speedups``) when built and not disabled, else Python.
+def _select_decoder() -> tuple[_Decoder, str, str]:
+    """The compiled decoder (``asyncconsumer._speedups``) when built and not disabled, else Python;
+    and why, in words (``asyncconsumer --version`` prints it; logged at DEBUG on import).
 
     ``ASYNCCONSUMER_NO_EXTENSION=1`` forces the Python decoder.  The extension calls back into
     ``decode_batch_py`` for legacy message sets and into ``_decompress`` for compressed batches.
+    An install built without a C compiler (from the sdist) has no extension and runs the Python
+    decoder: the same records, more CPU per record.
     """
     if os.environ.get("ASYNCCONSUMER_NO_EXTENSION", "").strip().lower() not in ("", "0", "false", "no"):
-        return decode_batch_py, "python"
+        return decode_batch_py, "python", "pure Python (ASYNCCONSUMER_NO_EXTENSION is set)"
     try:
         speedups: Any = importlib.import_module("asyncconsumer._speedups")
         speedups.bind(ConsumerRecord, CorruptRecordError, decode_batch_py, _decompress)
-    except (ImportError, TypeError):
-        return decode_batch_py, "python"
-    return speedups.decode_batch, "c"
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "asyncconsumer._speedups":
+            why = "this install has no compiled decoder: it was built without a C compiler"
+        else:
+            why = f"the compiled decoder does not load: {exc}"
+        return decode_batch_py, "python", f"pure Python ({why})"
+    except TypeError as exc:
+        return decode_batch_py, "python", f"pure Python (asyncconsumer._speedups does not match this version: {exc})"
+    return speedups.decode_batch, "c", f"compiled (C extension {os.path.basename(speedups.__file__ or '_speedups')})"
 
 
 #: ``decode_batch(batch, topic, partition) -> list[ConsumerRecord]``: decode every record of ``batch``.
-#: ``DECODER`` says which implementation it is: ``"c"`` or ``"python"``.
+#: ``DECODER`` says which implementation it is: ``"c"`` or ``"python"``; ``DECODER_DETAIL`` says it in
+#: words, with the reason when it is the Python one.
 decode_batch: _Decoder
-decode_batch, DECODER = _select_decoder()
+decode_batch, DECODER, DECODER_DETAIL = _select_decoder()
+logging.getLogger("asyncconsumer.decoder").debug("record decoder: %s", DECODER_DETAIL)
 
 
 def _select_crc32c() -> tuple[Callable[[Any], int], bool]:

@@ -1,0 +1,33 @@
+"""Which event loop runs the calling task: ``"asyncio"``, ``"trio"`` or ``None``.
+
+The consumer needs to know this in two places: ``Consumer.start()`` without ``async with`` works on
+asyncio only, and a per-partition stream remembers the coroutine of the task that reads it.  anyio
+no longer installs ``sniffio`` (from 4.16), so the answer comes from the two runtimes' own public
+calls: trio is asked only when it has been imported (a trio program always has), asyncio
+otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Literal
+
+__all__ = ["current_async_library"]
+
+
+def current_async_library() -> Literal["asyncio", "trio"] | None:
+    """``"trio"`` inside a trio task, ``"asyncio"`` inside an asyncio task, ``None`` outside both."""
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        try:
+            trio.lowlevel.current_task()
+        except RuntimeError:
+            pass
+        else:
+            return "trio"
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return "asyncio"
