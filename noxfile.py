@@ -33,6 +33,21 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def chaos(session: nox.Session) -> None:
+    """Both chaos tests on Apache Kafka under CPU pressure, one seed after another:
+    ``./dev nox -s chaos -- [RUNS (5)] [BUSY PROCESSES (4)]`` (seeds 14, 15, ...; see
+    tests/test_cluster_chaos.py and docs/failure-behaviour.md)."""
+    runs = int(session.posargs[0]) if session.posargs else 5
+    busy = session.posargs[1] if len(session.posargs) > 1 else "4"
+    for seed in range(14, 14 + runs):
+        session.log(f"chaos run {seed - 13}/{runs}: seed {seed}, {busy} busy processes")
+        session.run("python", "-m", "pytest", "-q", "-s", "-p", "no:randomly", "tests/test_cluster_chaos.py",
+                    "tests/test_storm_chaos.py", env={"ASYNCCONSUMER_CHAOS_SEED": str(seed),
+                                                      "ASYNCCONSUMER_CPU_PRESSURE": busy,
+                                                      "ASYNCCONSUMER_TEST_BROKER": "kafka"})
+
+
+@nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
     """ruff check (add --format to also require ruff-format-clean files)."""
     session.run("ruff", "check", *LINT_PATHS)

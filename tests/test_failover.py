@@ -357,7 +357,8 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
     whole: KafkaCluster, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """SIGSTOP, not SIGKILL: the leader's sockets stay open and nothing answers.  No silent stall:
-    a WARNING names the broker within ``request_timeout_ms`` (plus the fetch's own wait), the
+    a WARNING names the broker within ``request_timeout_ms`` (plus the fetch's own wait), another
+    names the partition that went quiet once ``quiet_partition_warning_s`` has passed, the
     connection is dropped, and reading goes on from the new leader."""
     cluster = whole
     topic = new_topic(cluster, 1)
@@ -388,6 +389,11 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
                     limit = (c.config.request_timeout_ms + c.config.fetch_max_wait_ms) / 1000 + 2
                     await until(lambda: any(r.levelno == logging.WARNING and r.getMessage().startswith(named)
                                             for r in caplog.records), limit, "a warning naming the hung broker")
+                    # ... and one naming the partition that goes quiet, its broker and the reason.
+                    quiet = f"no records fetched for {topic}-0 for "
+                    await until(lambda: any(r.levelno == logging.WARNING and r.getMessage().startswith(quiet)
+                                            for r in caplog.records),
+                                c.config.quiet_partition_warning_s + 2, "a warning naming the quiet partition")
                     # How soon the cluster and the (independent) producer get going again is not the
                     # consumer's doing: librdkafka holds its in-flight ProduceRequest for up to
                     # socket.timeout.ms, and the cluster must elect a new leader.  Wait for the first

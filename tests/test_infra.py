@@ -344,3 +344,25 @@ def test_a_delivery_report_without_an_offset_is_matched_by_partition_and_value()
     assert unread(delivered, seen | {(1, 9, b"3")}) == set()
     assert unread(delivered, {(1, 6, b"2")}) == {(0, 5, b"1"), (0, None, b"2"), (1, None, b"3")}  # other partition
     assert undelivered(seen | {(1, 9, b"3"), (1, 10, b"4")}, delivered) == {(1, 10, b"4")}
+
+
+def test_cpu_pressure_starts_busy_processes_and_stops_them_by_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import time
+
+    from support.pressure import cpu_pressure
+
+    monkeypatch.setenv("ASYNCCONSUMER_CPU_PRESSURE", "2")
+    with cpu_pressure() as pids:
+        assert len(pids) == 2
+        time.sleep(0.3)
+        for pid in pids:
+            os.kill(pid, 0)  # alive
+            with open(f"/proc/{pid}/stat") as stat:
+                assert stat.read().split()[2] in "RS"
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    monkeypatch.setenv("ASYNCCONSUMER_CPU_PRESSURE", "-1")
+    with pytest.raises(ValueError, match="ASYNCCONSUMER_CPU_PRESSURE"), cpu_pressure():
+        pass

@@ -266,6 +266,14 @@ class ConsumerConfig:
     def effective_rebalance_timeout_ms(self) -> int:
         return self.rebalance_timeout_ms if self.rebalance_timeout_ms is not None else self.max_poll_interval_ms
 
+    @property
+    def quiet_partition_warning_s(self) -> float:
+        """How long a partition the consumer should be reading may go without a fetch response
+        before a WARNING names it, its broker and the reason (docs/failure-behaviour.md): a healthy
+        broker answers within ``fetch_max_wait_ms``; twice that or 5 s, whichever is longer, plus
+        ``reconnect_backoff_max_ms`` for one reconnect, is more than a blip.  6 s by default."""
+        return max(5.0, 2 * self.fetch_max_wait_ms / 1000) + self.reconnect_backoff_max_ms / 1000
+
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ConsumerConfig)}
 _POSITIVE = {

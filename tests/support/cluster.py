@@ -180,18 +180,27 @@ class Reader:
     tolerate_timeouts: bool = False
     seen: list[tuple[int, int, bytes]] = field(default_factory=list)
     arrivals: list[float] = field(default_factory=list)
+    #: (time.monotonic() when each commit() began, when it returned).
+    commits: list[tuple[float, float]] = field(default_factory=list)
 
     async def run(self) -> None:
         async for record in self.consumer:
             self.seen.append((record.partition, record.offset, record.value))
             self.arrivals.append(time.monotonic())
             if self.commit_every and len(self.seen) % self.commit_every == 0:
+                began = time.monotonic()
                 try:
                     await self.consumer.commit()
                 except KafkaTimeoutError as exc:
                     if not self.tolerate_timeouts:
                         raise
                     self.timed_out.append(exc)  # the next commit covers these offsets too
+                finally:
+                    self.commits.append((began, time.monotonic()))
+
+    def committing(self, begin: float, end: float) -> float:
+        """Seconds of [begin, end] this reader spent waiting in ``commit()``."""
+        return sum(max(0.0, min(b, end) - max(a, begin)) for a, b in self.commits)
 
     def arrived_after(self, moment: float) -> int:
         return sum(1 for t in self.arrivals if t > moment)

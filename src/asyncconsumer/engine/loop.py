@@ -32,6 +32,7 @@ from ..managers.list_offsets import ListOffsetsManager
 from ..managers.membership import CallbackRequest, GroupSettings, MembershipManager
 from ..managers.metadata import Cluster, MetadataManager
 from ..managers.requests import HoldsWaiters, RequestManager
+from ..managers.stall_watch import StallWatch
 from ..managers.subscription import SubscriptionState
 from ..managers.validation import PositionValidator
 from ..structs import TopicPartition, by_topic
@@ -129,6 +130,13 @@ class Engine(LoopCore):
                 group_identity=self._group_identity,
                 partition_exists=lambda tp: not self.metadata.cluster.missing(tp),
             )
+        self.stalls = StallWatch(
+            self.subscriptions, self.fetcher, self.buffer,
+            quiet_after=config.quiet_partition_warning_s,
+            describe_node=self.network.describe,
+            describe_coordinator=self._describe_coordinator,
+            leader_of=lambda tp: (leader.leader if (leader := self.metadata.cluster.leader(tp)) else None),
+        )
         managers: tuple[RequestManager | None, ...] = (
             self.metadata, self.coordinator, self.membership, self.commits, self.offsets, self.validator, self.fetcher
         )
@@ -148,6 +156,15 @@ class Engine(LoopCore):
             if expired is not None:
                 self.report_error(expired)
         self._fall_back_to_classic()
+        self.stalls.check(now)
+
+    def _describe_coordinator(self) -> str:
+        coordinator = self.coordinator
+        if coordinator is None:
+            return "no group"
+        if coordinator.node_id is None:
+            return f"group coordinator not known yet; last error: {coordinator.last_error}"
+        return self.network.describe(coordinator.node_id)
 
     def _fail_pending(self, error: BaseException) -> None:
         for holder in self._waiter_holders:

@@ -260,6 +260,23 @@ class NetworkClient:
             if self.observe_request is not None:
                 self.observe_request(api, seconds, error)
 
+    def describe(self, node_id: int) -> str:
+        """The connection to ``node_id`` in words, for warnings: where it is, and whether it is
+        open, being opened, or failing (how often, the last error, when the next attempt is)."""
+        address = self.address(node_id)
+        where = f"{describe_node(node_id)} at {address[0]}:{address[1]}" if address else describe_node(node_id)
+        connection = self._connections.get(node_id)
+        if connection is not None and connection.connected:
+            return f"{where} (connected, {connection.in_flight} requests in flight)"
+        health = self._health.get(node_id) or _NodeHealth()
+        tried = f"{health.failures} failed attempts, last error: {health.last_error}"
+        if node_id in self._connecting:
+            return f"{where} (connecting{'; ' + tried if health.failures else ''})"
+        if health.failures:
+            wait = max(0.0, health.next_attempt - self._clock())
+            return f"{where} (unreachable: {tried}; next attempt in {wait:.1f}s)"
+        return f"{where} (not connected)"
+
     @property
     def connections_open(self) -> int:
         return sum(1 for c in self._connections.values() if c.connected)

@@ -139,6 +139,13 @@ class FetchManager:
         #: KIP-392: partition -> (the replica the leader named, until when it is used).
         self._preferred: dict[TopicPartition, tuple[int, float]] = {}
         self._preferred_ttl = preferred_replica_ttl
+        #: When each partition last had a fetch answered without an error for it (an incremental
+        #: response that leaves it out, having nothing new, counts), and why the last one failed:
+        #: what the stall watch (managers/stall_watch.py) reports.
+        self.answered: dict[TopicPartition, float] = {}
+        self.last_errors: dict[TopicPartition, BaseException] = {}
+        #: Node -> when its fetch in flight was sent.
+        self.in_flight_since: dict[int, float] = {}
 
     def next_deadline(self, now: float) -> float:
         waiting = [s.retry_at for s in self._subscriptions.partitions.values() if s.retry_at > now]
@@ -193,8 +200,19 @@ class FetchManager:
                     held[node] = since
                     continue
             requests.append(self._request(node, states))
+            self.in_flight_since[node] = now
         self._held_since = held
         return requests
+
+    def node_for(self, tp: TopicPartition, now: float) -> int | None:
+        """The broker ``tp`` is fetched from (its leader, or the replica the leader named), if known."""
+        leader = self._metadata.cluster.leader(tp)
+        if leader is None:
+            return None
+        preferred = self._preferred.get(tp)
+        if preferred is not None and now < preferred[1] and preferred[0] in self._metadata.cluster.brokers:
+            return preferred[0]
+        return leader.leader
 
     def _read_replica(self, tp: TopicPartition, leader: int, now: float) -> int:
         """The leader, or the replica it named for us while that choice is fresh and in the cluster."""
@@ -300,6 +318,7 @@ class FetchManager:
 
         def finish() -> None:
             self._in_flight_nodes.discard(node)
+            self.in_flight_since.pop(node, None)
             self._in_flight_partitions.difference_update(wanted)
 
         def on_response(now: float, version: int, body: Body) -> None:
@@ -322,6 +341,7 @@ class FetchManager:
             self.responses += 1
             self.responses_by_node[node] += 1
             before = self.response_bytes
+            unnamed = set(wanted)  # an incremental response leaves out the partitions with no news
             for topic in body["responses"]:
                 name = topic["topic"] if version < 13 else cluster.topic_name(topic["topic_id"])
                 if name is None:
@@ -330,7 +350,10 @@ class FetchManager:
                 for p in topic["partitions"]:
                     tp = TopicPartition(name, p["partition_index"])
                     if tp in wanted:
+                        unnamed.discard(tp)
                         self._handle_partition(now, tp, wanted[tp], entries[tp].leader_epoch, p, node)
+            for tp in unnamed:
+                self.answered[tp] = now
             size = self.response_bytes - before
             if size > self.response_bytes_max:
                 self.response_bytes_max = size
@@ -342,6 +365,7 @@ class FetchManager:
             log.debug("fetch from node %s failed: %s", node, error)
             self._metadata.request_update()
             for tp in wanted:
+                self.last_errors[tp] = error
                 self._from_follower(tp, node)
                 state = self._subscriptions.get(tp)
                 if state is not None:
@@ -403,6 +427,7 @@ class FetchManager:
     def _fail_partitions(self, now: float, wanted: dict[TopicPartition, tuple[int, int]], error: KafkaError) -> None:
         self._metadata.request_update()
         for tp in wanted:
+            self.last_errors[tp] = error
             state = self._subscriptions.get(tp)
             if state is not None:
                 state.retry_at = now + self._retry_backoff
@@ -419,6 +444,10 @@ class FetchManager:
         if state.phase is not PartitionPhase.FETCHING:
             return  # awaiting validation since: this data may be from a diverged log
         code = p["error_code"]
+        if code:
+            self.last_errors[tp] = error_for_code(code, f"fetching {tp} from node {node}")
+        else:
+            self.answered[tp] = now
         if code and self._from_follower(tp, node):
             # Whatever went wrong at the follower (it may not have the offset yet: it lags the
             # leader), the leader is asked next, and decides about resets and errors.
