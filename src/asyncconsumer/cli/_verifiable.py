@@ -301,8 +301,12 @@ class GroupEvents(RebalanceListener):
         self._joined = True
 
     def before_records(self) -> None:
+        """Records are about to be reported: settle an assignment owed since a cooperative revocation
+        (it stands for the first of Java's two rebalances; the second one is reported when it ends)."""
         if self._owe_assignment:
+            assigned = self._assigned
             self._assign(set())
+            self._assigned = assigned
 
 
 async def _session(tool: ConsumerTool, consumer: Consumer[Any, Any], events: Events, shutdown: Shutdown) -> None:
