@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shlex
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -325,6 +329,29 @@ def test_a_signal_while_no_broker_answers_ends_the_tool() -> None:
         assert proc.wait(20) == 128 + signal.SIGTERM
         assert time.monotonic() - sent < 10
         assert proc.names() == ["startup_complete", "shutdown_requested", "shutdown_complete"]
+
+
+GLOBALS = Path(__file__).resolve().parent.parent / "tools" / "kafkatest" / "globals.json"
+
+
+def test_the_kafkatest_globals_run_our_tools_and_pgrep_finds_them() -> None:
+    """What kafkatest does with the globals file: import ``class``, run ``exec_cmd`` plus its flags, find
+    the process with ``pgrep -f '<exec_cmd>'`` and stop it with SIGTERM."""
+    entries = json.loads(GLOBALS.read_text())
+    assert set(entries) == {"VerifiableConsumer", "VerifiableShareConsumer"}
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    port = free_port()
+    for service, entry in entries.items():
+        assert entry["class"] == "kafkatest.services.verifiable_client.VerifiableClientApp", service
+        command = [*shlex.split(entry["exec_cmd"]), "--bootstrap-server", f"127.0.0.1:{port}", "--topic", "t",
+                   "--group-id", "g"]
+        with Tool(command, env=env) as proc:
+            proc.wait_for_name("startup_complete", timeout=30)
+            found = subprocess.run(["pgrep", "-f", entry["exec_cmd"]], capture_output=True, text=True, check=False)
+            assert str(proc.proc.pid) in found.stdout.split(), (service, found)
+            proc.signal(signal.SIGTERM)
+            assert proc.wait(20) == 143
+            assert proc.names() == ["startup_complete", "shutdown_requested", "shutdown_complete"]
 
 
 # ---------------------------------------------------------------------------------- Apache Kafka
