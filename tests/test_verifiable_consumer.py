@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from support.broker import free_port
 from support.share import apache_kafka_bootstrap  # noqa: F401  (the module's ``bootstrap``: Apache Kafka)
-from support.verifiable import Tool, assert_contiguous, key_shape, ours, per_partition_runs, run
+from support.verifiable import Tool, assert_contiguous, events_of, key_shape, ours, per_partition_runs, run
 
 from asyncconsumer import Consumer, TopicPartition
 from asyncconsumer.cli import _verifiable
@@ -416,9 +416,8 @@ def test_a_plain_consume_commits_after_each_batch(
 ) -> None:
     topic = new_topic(3)
     produce(topic, [(i % 3, None, f"{i}") for i in range(600)])
-    result = run(verifiable(bootstrap, topic, group_name, "--group-protocol", protocol, "--max-messages", "600"))
-    assert result.returncode == 0, result.stderr
-    events = [json.loads(line) for line in result.stdout.splitlines()]  # every line is an event
+    events, _ = events_of(verifiable(bootstrap, topic, group_name, "--group-protocol", protocol,
+                                     "--max-messages", "600"))
     check_stream(events, 600)
     runs = per_partition_runs(events)
     assert {tp: assert_contiguous(r) for tp, r in runs.items()} == {(topic, p): 200 for p in range(3)}
@@ -436,14 +435,11 @@ def test_max_messages_stops_mid_topic_and_commits_only_what_it_reported(
 ) -> None:
     topic = new_topic(1)
     produce(topic, [(0, None, f"{i}") for i in range(100)])
-    result = run(verifiable(bootstrap, topic, group_name, "--max-messages", "37"))
-    assert result.returncode == 0, result.stderr
-    events = [json.loads(line) for line in result.stdout.splitlines()]
+    events, _ = events_of(verifiable(bootstrap, topic, group_name, "--max-messages", "37"))
     check_stream(events, 37)
     assert committed_offsets(bootstrap, group_name, [TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 37}
     # the next run of the group starts where this one stopped
-    result = run(verifiable(bootstrap, topic, group_name, "--max-messages", "63"))
-    events = [json.loads(line) for line in result.stdout.splitlines()]
+    events, _ = events_of(verifiable(bootstrap, topic, group_name, "--max-messages", "63"))
     assert per_partition_runs(events)[(topic, 0)][0][0] == 37
     check_stream(events, 63)
 
@@ -456,9 +452,7 @@ def test_verbose_prints_record_data_before_each_batch(
     records = [(0, b"k0", b"v0"), (0, None, b"no key"), (1, b"k1", None), (1, "ключ".encode(), b"\xff\xfe"),
                (0, b"", b"")]
     produce(topic, records)
-    result = run(verifiable(bootstrap, topic, group_name, "--verbose", "--max-messages", "5"))
-    assert result.returncode == 0, result.stderr
-    events = [json.loads(line) for line in result.stdout.splitlines()]
+    events, stdout = events_of(verifiable(bootstrap, topic, group_name, "--verbose", "--max-messages", "5"))
     check_stream(events, 5)
     data = [e for e in events if e["name"] == "record_data"]
     assert all(list(e) == ["timestamp", "name", "key", "value", "topic", "partition", "offset"] for e in data)
@@ -475,7 +469,7 @@ def test_verbose_prints_record_data_before_each_batch(
                       for offset in range(p["minOffset"], p["maxOffset"] + 1)]
             assert pending == listed
             pending = []
-    assert '"key":null' in result.stdout and '"value":null' in result.stdout
+    assert '"key":null' in stdout and '"value":null' in stdout
 
 
 @pytest.mark.broker
@@ -484,9 +478,7 @@ def test_auto_commit_prints_no_offsets_committed(
 ) -> None:
     topic = new_topic(1)
     produce(topic, [(0, None, f"{i}") for i in range(50)])
-    result = run(verifiable(bootstrap, topic, group_name, "--enable-autocommit", "--max-messages", "50"))
-    assert result.returncode == 0, result.stderr
-    events = [json.loads(line) for line in result.stdout.splitlines()]
+    events, _ = events_of(verifiable(bootstrap, topic, group_name, "--enable-autocommit", "--max-messages", "50"))
     check_stream(events, 50, manual=False)
     # closing commits what was consumed, as the Java client's close does with auto-commit on
     assert committed_offsets(bootstrap, group_name, [TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 50}
@@ -612,9 +604,8 @@ def test_the_trio_runtime(
 ) -> None:
     topic = new_topic(2)
     produce(topic, [(i % 2, None, f"{i}") for i in range(100)])
-    result = run(verifiable(bootstrap, topic, group_name, "--runtime", "trio", "--max-messages", "100", "--verbose"))
-    assert result.returncode == 0, result.stderr
-    events = [json.loads(line) for line in result.stdout.splitlines()]
+    events, _ = events_of(verifiable(bootstrap, topic, group_name, "--runtime", "trio", "--max-messages", "100",
+                                     "--verbose"))
     check_stream(events, 100)
     assert sum(1 for e in events if e["name"] == "record_data") == 100
 

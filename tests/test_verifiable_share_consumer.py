@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from support.share import apache_kafka_bootstrap, share_group  # noqa: F401  (``bootstrap``: Apache Kafka)
-from support.verifiable import Tool, key_shape, ours, run
+from support.verifiable import Tool, events_of, key_shape, ours, run
 
 from asyncconsumer import AcknowledgementResult, AcknowledgeType, TopicPartition
 from asyncconsumer.cli import _verifiable_share
@@ -154,10 +154,8 @@ def test_each_acknowledgement_mode_acknowledges_what_it_consumed(
     topic = new_topic(3)
     produce(topic, [(i % 3, None, f"{i}") for i in range(300)])
     group = f"vsc-{topic}"
-    result = run(share_tool(bootstrap, topic, group, "--acknowledgement-mode", mode, "--max-messages", "300",
-                            "--offset-reset-strategy", "earliest"), timeout=120)
-    assert result.returncode == 0, result.stderr
-    events = [json.loads(line) for line in result.stdout.splitlines()]
+    events, _ = events_of(share_tool(bootstrap, topic, group, "--acknowledgement-mode", mode, "--max-messages",
+                                     "300", "--offset-reset-strategy", "earliest"))
     assert events[1] == {"timestamp": events[1]["timestamp"], "name": "offset_reset_strategy_set",
                          "offsetResetStrategy": "earliest"}
     consumed, acknowledged = check_share_stream(events)

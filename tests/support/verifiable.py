@@ -131,6 +131,13 @@ def run(command: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedPr
     )
 
 
+def events_of(command: Sequence[str], timeout: float = 120.0) -> tuple[list[Event], str]:
+    """Run a tool to its end (status 0): its events (every stdout line must be one) and its stdout."""
+    result = run(command, timeout)
+    assert result.returncode == 0, f"exit status {result.returncode}\n{result.stderr[-3000:]}"
+    return [json.loads(line) for line in result.stdout.splitlines()], result.stdout
+
+
 def key_shape(value: Any) -> Any:
     """An event's keys in order, recursively (lists by their first element): its shape, not its values."""
     if isinstance(value, dict):
@@ -160,4 +167,4 @@ def assert_contiguous(runs: list[tuple[int, int]], start: int = 0) -> int:
     return expected
 
 
-__all__ = ["Event", "Tool", "assert_contiguous", "key_shape", "ours", "per_partition_runs", "run"]
+__all__ = ["Event", "Tool", "assert_contiguous", "events_of", "key_shape", "ours", "per_partition_runs", "run"]

@@ -22,7 +22,7 @@ import anyio
 
 from ..errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from ..structs import TopicPartition
-from ._javaargs import ArgumentError, HelpRequested, ToolParser
+from ._javaargs import ArgumentError, HelpRequested, Option, ToolParser
 from ._properties import read_properties_file
 
 log = logging.getLogger("asyncconsumer.cli.verifiable")
@@ -31,6 +31,27 @@ log = logging.getLogger("asyncconsumer.cli.verifiable")
 EXIT_USAGE = 1
 #: The pause between two attempts to start while no broker answers.
 RETRY_SECONDS = 1.0
+
+
+RUNTIMES = ("asyncio", "trio")
+
+#: The flags both tools have, in their Java places: --topic first; --verbose; then, last, the
+#: properties file, our own --runtime and the connection group.
+TOPIC = Option("--topic", "The topic to subscribe to.", "TOPIC", required=True)
+VERBOSE = Option("--verbose", "Print a record_data event for every record", default=False)
+COMMAND_CONFIG = Option(
+    "--command-config",
+    "A Java properties file of consumer settings; the flags above override the settings they set",
+    "CONFIG-FILE",
+)
+RUNTIME = Option("--runtime", "asyncconsumer's own: the async runtime, asyncio or trio", "RUNTIME", default="asyncio")
+BOOTSTRAP_SERVER = Option(
+    "--bootstrap-server",
+    "The brokers to connect to, comma-separated",
+    "HOST1:PORT1[,HOST2:PORT2[...]]",
+    required=True,
+    connection=True,
+)
 
 
 class ToolConfigError(Exception):
@@ -133,6 +154,25 @@ class Shutdown:
 Client = TypeVar("Client", bound=AbstractAsyncContextManager[Any])
 
 
+def launch(
+    prog: str,
+    what: str,
+    runtime: str,
+    verbose_logs: bool,
+    make: Callable[[], Client],
+    session: Callable[[Client, Shutdown], Awaitable[None]],
+    events: Events,
+) -> NoReturn:
+    """Check the settings by building the client once (refused ones end the tool before any event),
+    then :func:`run_tool` on ``runtime``; exits with its status."""
+    configure_logging(verbose_logs)
+    try:
+        make()
+    except KafkaError as exc:
+        fail_config(prog, str(exc))
+    raise SystemExit(anyio.run(run_tool, make, session, events, what, backend=runtime))
+
+
 async def run_tool(
     make: Callable[[], Client],
     session: Callable[[Client, Shutdown], Awaitable[None]],
@@ -185,13 +225,16 @@ def parse_or_exit(parser: ToolParser, args: list[str]) -> dict[str, Any]:
         sys.stdout.flush()
         raise SystemExit(0)
     try:
-        return parser.parse(args)
+        values = parser.parse(args)
     except HelpRequested:
         sys.stdout.write(parser.help())
         sys.stdout.flush()
         raise SystemExit(EXIT_USAGE) from None
     except ArgumentError as exc:
         fail_usage(parser, exc)
+    if values["runtime"] not in RUNTIMES:
+        fail_usage(parser, ArgumentError(f"argument --runtime: must be one of {', '.join(RUNTIMES)}"))
+    return values
 
 
 def fail_usage(parser: ToolParser, error: ArgumentError) -> NoReturn:

@@ -17,18 +17,22 @@ from ..errors import FencedInstanceIdError, KafkaError
 from ..listener import RebalanceListener
 from ..structs import ConsumerRecord, TopicPartition
 from ._events import (
+    BOOTSTRAP_SERVER,
+    COMMAND_CONFIG,
+    RUNTIME,
+    TOPIC,
+    VERBOSE,
     Events,
     Shutdown,
     ToolConfigError,
-    configure_logging,
     drop_not_applicable,
     fail_config,
     fail_usage,
     fatal,
+    launch,
     load_properties,
     parse_or_exit,
     partition_list,
-    run_tool,
     text,
 )
 from ._javaargs import ArgumentError, Option, ToolParser
@@ -56,7 +60,6 @@ REFUSED_WITH = {
     "CLASSIC": ("group.remote.assignor", "share.acknowledgement.mode", "share.acquire.mode"),
 }
 RESET_POLICIES = ("earliest", "latest", "none")
-RUNTIMES = ("asyncio", "trio")
 #: How long one poll waits before the tool looks at the group's rebalance count again (see GroupEvents).
 POLL_SLICE = 0.2
 
@@ -66,7 +69,7 @@ PARSER = ToolParser(
     "assigned and revoked, records consumed, offsets committed, shutdown) as one JSON object per line "
     "on stdout, as Apache Kafka's VerifiableConsumer does. asyncconsumer's implementation.",
     options=(
-        Option("--topic", "The topic to subscribe to.", "TOPIC", required=True),
+        TOPIC,
         Option("--group-protocol", "CLASSIC or CONSUMER (KIP-848), in any case", "GROUP-PROTOCOL", default="classic"),
         Option(
             "--group-remote-assignor",
@@ -88,7 +91,7 @@ PARSER = ToolParser(
             "TIMEOUT-MS",
             "integer",
         ),
-        Option("--verbose", "Print a record_data event for every record", default=False),
+        VERBOSE,
         Option("--enable-autocommit", "Commit offsets automatically instead of after each batch", default=False),
         Option("--close-timeout", "How long closing may take, in ms", "CLOSE-TIMEOUT-MS", "integer", 30000),
         Option(
@@ -105,19 +108,9 @@ PARSER = ToolParser(
             default=_JAVA_PACKAGE + "RangeAssignor",
         ),
         Option("--consumer.config", "Deprecated: use --command-config", "CONFIG-FILE"),
-        Option(
-            "--command-config",
-            "A Java properties file of consumer settings; the flags above override the settings they set",
-            "CONFIG-FILE",
-        ),
-        Option("--runtime", "asyncconsumer's own: the async runtime, asyncio or trio", "RUNTIME", default="asyncio"),
-        Option(
-            "--bootstrap-server",
-            "The brokers to connect to, comma-separated",
-            "HOST1:PORT1[,HOST2:PORT2[...]]",
-            required=True,
-            connection=True,
-        ),
+        COMMAND_CONFIG,
+        RUNTIME,
+        BOOTSTRAP_SERVER,
     ),
 )
 
@@ -142,21 +135,16 @@ class ConsumerTool:
 def main(args: list[str], verbose_logs: bool = False) -> None:
     """``asyncconsumer verifiable-consumer ARGS``: exits with the Java tool's status."""
     tool = tool_from_args(args)
-    configure_logging(verbose_logs)
-    try:
-        Consumer.from_properties(tool.properties)  # settings are checked before startup_complete
-    except KafkaError as exc:
-        fail_config(PARSER.prog, str(exc))
     events = Events(sys.stdout)
-    status = anyio.run(
-        run_tool,
+    launch(
+        PARSER.prog,
+        "consumer",
+        tool.runtime,
+        verbose_logs,
         lambda: Consumer.from_properties(tool.properties),
         lambda consumer, shutdown: _session(tool, consumer, events, shutdown),
         events,
-        "consumer",
-        backend=tool.runtime,
     )
-    raise SystemExit(status)
 
 
 def tool_from_args(args: list[str]) -> ConsumerTool:
@@ -164,8 +152,6 @@ def tool_from_args(args: list[str]) -> ConsumerTool:
     values = parse_or_exit(PARSER, args)
     if values["consumer_config"] is not None and values["command_config"] is not None:
         fail_usage(PARSER, ArgumentError("Options --consumer.config and --command-config are mutually exclusive."))
-    if values["runtime"] not in RUNTIMES:
-        fail_usage(PARSER, ArgumentError(f"argument --runtime: must be one of {', '.join(RUNTIMES)}"))
     config_file = values["command_config"]
     if values["consumer_config"] is not None:
         config_file = values["consumer_config"]

@@ -16,23 +16,26 @@ from ..errors import KafkaError
 from ..share import AcknowledgementResult, AcknowledgeType, ShareConsumer, ShareConsumerRecord
 from ..structs import TopicPartition
 from ._events import (
+    BOOTSTRAP_SERVER,
+    COMMAND_CONFIG,
+    RUNTIME,
+    TOPIC,
+    VERBOSE,
     Events,
     Shutdown,
-    configure_logging,
     drop_not_applicable,
     fail_config,
     fail_usage,
     fatal,
+    launch,
     load_properties,
     log,
     parse_or_exit,
-    run_tool,
     text,
 )
 from ._javaargs import ArgumentError, Option, ToolParser
 
 MODES = ("auto", "sync", "async")
-RUNTIMES = ("asyncio", "trio")
 #: How long one poll waits.  (Java's waits 5 s, but its acknowledgement callback runs as soon as the
 #: broker answers; asyncconsumer's runs at the start of the next poll, so polls are kept short.)
 POLL_SLICE = 0.2
@@ -47,7 +50,7 @@ PARSER = ToolParser(
     "consumed, acknowledgements committed, shutdown) as one JSON object per line on stdout, as Apache "
     "Kafka's VerifiableShareConsumer does. asyncconsumer's implementation.",
     options=(
-        Option("--topic", "The topic to subscribe to.", "TOPIC", required=True),
+        TOPIC,
         Option("--group-id", "The share group to join", "GROUP-ID", required=True),
         Option(
             "--max-messages",
@@ -57,7 +60,7 @@ PARSER = ToolParser(
             "integer",
             -1,
         ),
-        Option("--verbose", "Print a record_data event for every record", default=False),
+        VERBOSE,
         Option(
             "--acknowledgement-mode",
             "auto: records are accepted by the next poll; sync or async: after each poll the "
@@ -78,19 +81,9 @@ PARSER = ToolParser(
             "OFFSET-RESET-STRATEGY",
             default="",
         ),
-        Option(
-            "--command-config",
-            "A Java properties file of consumer settings; the flags above override the settings they set",
-            "CONFIG-FILE",
-        ),
-        Option("--runtime", "asyncconsumer's own: the async runtime, asyncio or trio", "RUNTIME", default="asyncio"),
-        Option(
-            "--bootstrap-server",
-            "The brokers to connect to, comma-separated",
-            "HOST1:PORT1[,HOST2:PORT2[...]]",
-            required=True,
-            connection=True,
-        ),
+        COMMAND_CONFIG,
+        RUNTIME,
+        BOOTSTRAP_SERVER,
     ),
 )
 
@@ -112,28 +105,21 @@ class ShareTool:
 def main(args: list[str], verbose_logs: bool = False) -> None:
     """``asyncconsumer verifiable-share-consumer ARGS``: exits with the Java tool's status."""
     tool = tool_from_args(args)
-    configure_logging(verbose_logs)
-    try:
-        ShareConsumer.from_properties(tool.properties)  # settings are checked before startup_complete
-    except KafkaError as exc:
-        fail_config(PARSER.prog, str(exc))
     events = Events(sys.stdout)
     state = AckState(tool.pattern)
-    status = anyio.run(
-        run_tool,
+    launch(
+        PARSER.prog,
+        "share consumer",
+        tool.runtime,
+        verbose_logs,
         lambda: ShareConsumer.from_properties(tool.properties, on_acknowledgement_commit=state.callback(events)),
         lambda consumer, shutdown: _session(tool, consumer, events, shutdown, state),
         events,
-        "share consumer",
-        backend=tool.runtime,
     )
-    raise SystemExit(status)
 
 
 def tool_from_args(args: list[str]) -> ShareTool:
     values = parse_or_exit(PARSER, args)
-    if values["runtime"] not in RUNTIMES:
-        fail_usage(PARSER, ArgumentError(f"argument --runtime: must be one of {', '.join(RUNTIMES)}"))
     mode = str(values["acknowledgement_mode"]).lower()
     if mode not in MODES:
         fail_config(PARSER.prog, f"--acknowledgement-mode {values['acknowledgement_mode']!r} is not one of {MODES}")
