@@ -319,6 +319,40 @@ def test_the_consumer_protocol_reports_each_reconciliation_once() -> None:
                            ("partitions_revoked", [0]), ("partitions_assigned", [])]
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_signals_are_handled_before_startup_complete_is_printed(backend: str) -> None:
+    """kafkatest may stop a node as soon as it printed startup_complete (the JVM's hook is in place by
+    then): the tool's handler must be too, or SIGTERM kills it without shutdown_complete."""
+    import anyio
+
+    from asyncconsumer.cli._events import run_tool
+
+    handlers: list[object] = []
+
+    class Watched(Events):
+        def emit(self, name: str, **fields: Any) -> None:
+            if name == "startup_complete":
+                handlers.append(signal.getsignal(signal.SIGTERM))
+            super().emit(name, **fields)
+
+    class Client:
+        async def __aenter__(self) -> Client:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    async def session(client: Client, shutdown: object) -> None:
+        return None
+
+    sink = io.StringIO()
+    status = anyio.run(run_tool, Client, session, Watched(sink), "consumer", backend=backend)
+    assert status == 0
+    assert handlers and handlers[0] not in (signal.SIG_DFL, None), handlers
+    assert [json.loads(line)["name"] for line in sink.getvalue().splitlines()] == [
+        "startup_complete", "shutdown_complete", "shutdown_requested"]
+
+
 def test_a_signal_while_no_broker_answers_ends_the_tool() -> None:
     port = free_port()
     with Tool(ours("verifiable-consumer", "--bootstrap-server", f"127.0.0.1:{port}", "--topic", "t",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, TypeVar
 
 import anyio
+import anyio.abc
 
 from ..errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from ..structs import TopicPartition
@@ -119,8 +120,11 @@ class Shutdown:
     def exit_status(self) -> int:
         return 0 if self.signal is None else 128 + self.signal
 
-    async def watch(self) -> None:
+    async def watch(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Handle the signals (started once the handlers are in place, as the JVM's hook is before
+        ``startup_complete``)."""
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
             async for signum in signals:
                 if self.signal is None:
                     self.signal = int(signum)
@@ -187,7 +191,7 @@ async def run_tool(
     """
     shutdown = Shutdown(events)
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(shutdown.watch)
+        await tasks.start(shutdown.watch)
         events.emit("startup_complete")
         try:
             while not shutdown.requested:
