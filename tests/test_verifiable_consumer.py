@@ -479,6 +479,45 @@ def test_max_messages_stops_mid_topic_and_commits_only_what_it_reported(
 
 
 @pytest.mark.broker
+def test_a_batch_that_came_back_before_a_signal_is_reported_and_committed(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_name: str
+) -> None:
+    """SIGTERM right after a poll returned records: as in Java, the batch is still reported and
+    committed before the consumer closes (dropping it would also hold close() up in the rebalance-safe
+    wait for a commit that never comes)."""
+    import anyio
+
+    from asyncconsumer.cli._events import Shutdown
+
+    topic = new_topic(1)
+    produce(topic, [(0, None, f"{i}") for i in range(20)])
+    tool = _verifiable.tool_from_args(["--bootstrap-server", bootstrap, "--topic", topic, "--group-id", group_name])
+    out = io.StringIO()
+    events = Events(out)
+    shutdown = Shutdown(events)
+
+    class SignalledAfterRecords(Consumer[Any, Any]):
+        async def getmany(self, *partitions: TopicPartition, timeout: float | None = None,
+                          max_records: int | None = None) -> Any:
+            batch = await super().getmany(*partitions, timeout=timeout, max_records=max_records)
+            if batch:
+                shutdown.signal = signal.SIGTERM  # as if the signal came as the poll returned
+            return batch
+
+    async def session() -> float:
+        async with SignalledAfterRecords.from_properties(tool.properties) as consumer:
+            began = time.monotonic()
+            await _verifiable._session(tool, consumer, events, shutdown)
+            return time.monotonic() - began
+
+    took = anyio.run(session)
+    names = [json.loads(line)["name"] for line in out.getvalue().splitlines()]
+    assert names == ["partitions_assigned", "records_consumed", "offsets_committed", "partitions_revoked"], names
+    assert committed_offsets(bootstrap, group_name, [TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 20}
+    assert took < 8, f"{took:.1f}s"
+
+
+@pytest.mark.broker
 def test_verbose_prints_record_data_before_each_batch(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_name: str
 ) -> None:

@@ -32,8 +32,6 @@ log = logging.getLogger("asyncconsumer.cli.verifiable")
 EXIT_USAGE = 1
 #: The pause between two attempts to start while no broker answers.
 RETRY_SECONDS = 1.0
-
-
 RUNTIMES = ("asyncio", "trio")
 
 #: The flags both tools have, in their Java places: --topic first; --verbose; then, last, the
@@ -162,14 +160,12 @@ def launch(
     prog: str,
     what: str,
     runtime: str,
-    verbose_logs: bool,
     make: Callable[[], Client],
     session: Callable[[Client, Shutdown], Awaitable[None]],
     events: Events,
 ) -> NoReturn:
     """Check the settings by building the client once (refused ones end the tool before any event),
     then :func:`run_tool` on ``runtime``; exits with its status."""
-    configure_logging(verbose_logs)
     try:
         make()
     except KafkaError as exc:

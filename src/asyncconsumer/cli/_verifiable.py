@@ -25,6 +25,7 @@ from ._events import (
     Events,
     Shutdown,
     ToolConfigError,
+    configure_logging,
     drop_not_applicable,
     fail_config,
     fail_usage,
@@ -134,13 +135,13 @@ class ConsumerTool:
 
 def main(args: list[str], verbose_logs: bool = False) -> None:
     """``asyncconsumer verifiable-consumer ARGS``: exits with the Java tool's status."""
+    configure_logging(verbose_logs)
     tool = tool_from_args(args)
     events = Events(sys.stdout)
     launch(
         PARSER.prog,
         "consumer",
         tool.runtime,
-        verbose_logs,
         lambda: Consumer.from_properties(tool.properties),
         lambda consumer, shutdown: _session(tool, consumer, events, shutdown),
         events,
@@ -300,12 +301,14 @@ async def _session(tool: ConsumerTool, consumer: Consumer[Any, Any], events: Eve
     try:
         consumer.subscribe([tool.topic], listener=group)
         consumed = 0
-        while not (tool.max_messages >= 0 and consumed >= tool.max_messages):
+        while not (tool.max_messages >= 0 and consumed >= tool.max_messages) and not shutdown.requested:
             limit = tool.max_messages - consumed if tool.max_messages >= 0 else None
             with shutdown.wakeable() as poll:
                 batch = await consumer.getmany(timeout=POLL_SLICE, max_records=limit)
-            if poll.cancelled_caught or shutdown.requested:
+            if poll.cancelled_caught:
                 break
+            # a batch that came back is reported and committed even if a signal came meanwhile, as
+            # Java's tool does (its wakeup then interrupts the commit, which it makes again)
             group.after_poll(consumer.metrics().rebalances.count)
             if not batch:
                 continue

@@ -23,6 +23,7 @@ from ._events import (
     VERBOSE,
     Events,
     Shutdown,
+    configure_logging,
     drop_not_applicable,
     fail_config,
     fail_usage,
@@ -104,6 +105,7 @@ class ShareTool:
 
 def main(args: list[str], verbose_logs: bool = False) -> None:
     """``asyncconsumer verifiable-share-consumer ARGS``: exits with the Java tool's status."""
+    configure_logging(verbose_logs)
     tool = tool_from_args(args)
     events = Events(sys.stdout)
     state = AckState(tool.pattern)
@@ -111,7 +113,6 @@ def main(args: list[str], verbose_logs: bool = False) -> None:
         PARSER.prog,
         "share consumer",
         tool.runtime,
-        verbose_logs,
         lambda: ShareConsumer.from_properties(tool.properties, on_acknowledgement_commit=state.callback(events)),
         lambda consumer, shutdown: _session(tool, consumer, events, shutdown, state),
         events,
@@ -230,10 +231,10 @@ async def _session(
             if tool.offset_reset:
                 await _set_offset_reset(tool, events)
             consumer.subscribe([tool.topic])
-            while not (tool.max_messages >= 0 and state.acknowledged >= tool.max_messages):
+            while not (tool.max_messages >= 0 and state.acknowledged >= tool.max_messages) and not shutdown.requested:
                 with shutdown.wakeable() as poll:
                     batch = await consumer.getmany(timeout=POLL_SLICE)
-                if poll.cancelled_caught or shutdown.requested:
+                if poll.cancelled_caught:
                     break
                 if not batch:
                     continue
