@@ -240,7 +240,7 @@ async def _session(
                     continue
                 _process(tool, consumer, events, state, batch)
                 if tool.mode == "sync":
-                    _log_failures(await consumer.commit())
+                    _log_failures(await consumer.commit(), "synchronously")
                 elif tool.mode == "async":
                     commits.start_soon(_commit_async, consumer)
     except Exception as exc:
@@ -276,15 +276,15 @@ def _process(
 async def _commit_async(consumer: ShareConsumer[Any, Any]) -> None:
     """``commitAsync()``: the outcome reaches the acknowledgement-commit callback."""
     try:
-        _log_failures(await consumer.commit())
+        _log_failures(await consumer.commit(), "asynchronously")
     except KafkaError as exc:
         log.error("Failed to commit acknowledgements asynchronously: %s", exc)
 
 
-def _log_failures(results: dict[TopicPartition, KafkaError | None]) -> None:
+def _log_failures(results: dict[TopicPartition, KafkaError | None], how: str) -> None:
     for tp, error in results.items():
         if error is not None:
-            log.error("Failed to commit offset synchronously for topic partition: %s: %s", tp, error)
+            log.error("Failed to commit offset %s for topic partition: %s: %s", how, tp, error)
 
 
 async def _set_offset_reset(tool: ShareTool, events: Events) -> None:
