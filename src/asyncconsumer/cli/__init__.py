@@ -1,8 +1,10 @@
 """``asyncconsumer``: a console consumer and a consumer-group lag report, with the flags of Kafka's
-own tools (``kafka-console-consumer``, ``kafka-consumer-groups --describe``).  See docs/cli.md.
+own tools (``kafka-console-consumer``, ``kafka-consumer-groups --describe``), and Kafka's verifiable
+consumers for its system tests.  See docs/cli.md and docs/verifiable-consumer.md.
 
     asyncconsumer consume --bootstrap-server localhost:9092 --topic events --from-beginning --format json
     asyncconsumer lag --bootstrap-server localhost:9092 --group billing
+    asyncconsumer verifiable-consumer --bootstrap-server localhost:9092 --topic events --group-id g1
 """
 
 from __future__ import annotations
@@ -262,6 +264,34 @@ def lag_command(
     except KafkaError as exc:
         _fail(_one_line(exc))
     _run(lambda interrupt: lag(args, sys.stdout, sys.stderr, interrupt))
+
+
+#: The verifiable tools parse their own arguments, exactly as the Java tools do (argparse4j's rules).
+_RAW_ARGUMENTS = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+
+
+@main.command("verifiable-consumer", context_settings=_RAW_ARGUMENTS, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def verifiable_consumer_command(ctx: click.Context, args: tuple[str, ...]) -> None:
+    """Kafka's VerifiableConsumer (for kafkatest): JSON events on stdout; -h lists its flags."""
+    from . import _verifiable
+
+    _verifiable.main(list(args), verbose_logs=_verbose(ctx))
+
+
+@main.command("verifiable-share-consumer", context_settings=_RAW_ARGUMENTS, add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def verifiable_share_consumer_command(ctx: click.Context, args: tuple[str, ...]) -> None:
+    """Kafka's VerifiableShareConsumer (for kafkatest): JSON events on stdout; -h lists its flags."""
+    from . import _verifiable_share
+
+    _verifiable_share.main(list(args), verbose_logs=_verbose(ctx))
+
+
+def _verbose(ctx: click.Context) -> bool:
+    return bool(ctx.parent is not None and ctx.parent.params.get("verbose"))
 
 
 def run(argv: Sequence[str] | None = None) -> None:
