@@ -36,7 +36,7 @@ from asyncconsumer import (
 )
 from asyncconsumer.share import ShareAcquireMode
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180), pytest.mark.broker_feature("share_groups")]
 
 Records = list[ShareConsumerRecord[bytes, bytes]]
 

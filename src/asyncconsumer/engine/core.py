@@ -124,6 +124,9 @@ class LoopCore:
             self._run_events(now)
             self._run_completions(now)
             self.network.drop_dead_connections()
+            failed_login = self.network.pop_fatal_error()
+            if failed_login is not None:
+                self.report_error(failed_login)  # fatal at once, as in the Java client
             self._before_poll(now)
             deadline = float("inf")
             for manager in self.managers:
