@@ -176,8 +176,8 @@ class Engine(LoopCore):
         old = self.membership
         if not isinstance(old, ConsumerMembershipManager) or not old.unsupported:
             return
-        log.warning("group_protocol='consumer' is not supported by this cluster (KIP-848 needs Kafka >= 4.0); "
-                    "falling back to the classic group protocol")
+        log.warning("group_protocol='consumer' is not supported by this cluster (KIP-848 needs Kafka >= 4.0: %s); "
+                    "falling back to the classic group protocol", old.unsupported_detail)
         new = self._classic_membership()
         # The manager's "not supported" notice is moot now that the classic protocol took over.
         self._errors = deque(e for e in self._errors if not isinstance(e, UnsupportedVersionError))
