@@ -19,6 +19,7 @@ from typing import TypeVar
 from ..assignors import get_assignor
 from ..config import ConsumerConfig
 from ..errors import (
+    KafkaError,
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
     error_for_code,
@@ -98,7 +99,8 @@ class Engine(LoopCore):
         self.membership: MembershipManager | ConsumerMembershipManager | None = None
         if config.group_id is not None:
             self.coordinator = CoordinatorManager(
-                config.group_id, retry_backoff=retry, register_node=self.network.register_node
+                config.group_id, retry_backoff=retry, register_node=self.network.register_node,
+                on_fatal=self._group_unavailable,
             )
             settings = GroupSettings(
                 group_id=config.group_id,
@@ -170,6 +172,13 @@ class Engine(LoopCore):
 
     def _group_identity(self) -> GroupIdentity:
         return self.membership.identity() if self.membership is not None else GroupIdentity()
+
+    def _group_unavailable(self, error: KafkaError) -> None:
+        """The group's coordinator cannot be had for good (GROUP_AUTHORIZATION_FAILED, ...): as in the
+        Java client, commits and committed() fail with it at once, and the next poll raises it."""
+        if self.commits is not None:
+            self.commits.fail_all(error)
+        self.report_once(error)
 
     def _fall_back_to_classic(self) -> None:
         """KIP-848 is not available on this cluster: the classic protocol takes over."""

@@ -39,7 +39,8 @@ class ShareEngine(LoopCore):
         retry = config.retry_backoff_ms / 1000
         self.batches: deque[ShareBatch] = deque()
         self.coordinator = CoordinatorManager(
-            config.group_id, retry_backoff=retry, register_node=self.network.register_node
+            config.group_id, retry_backoff=retry, register_node=self.network.register_node,
+            on_fatal=self.report_once,
         )
         self.metadata = MetadataManager(
             max_age=config.metadata_max_age_ms / 1000,
