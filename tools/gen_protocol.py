@@ -37,19 +37,20 @@ from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "src" / "asyncconsumer" / "protocol" / "_schemas.py"
+#: The APIs whose request and response definitions are read.
+_APIS = (
+    "ApiVersions", "ConsumerGroupDescribe", "ConsumerGroupHeartbeat", "CreatePartitions", "CreateTopics",
+    "DeleteTopics", "DescribeCluster", "DescribeShareGroupOffsets", "Fetch", "FindCoordinator",
+    "GetTelemetrySubscriptions", "Heartbeat", "InitProducerId", "JoinGroup", "LeaveGroup", "ListOffsets",
+    "Metadata", "OffsetCommit", "OffsetFetch", "OffsetForLeaderEpoch", "Produce", "PushTelemetry",
+    "SaslAuthenticate", "SaslHandshake", "ShareAcknowledge", "ShareFetch", "ShareGroupDescribe",
+    "ShareGroupHeartbeat", "SyncGroup",
+)
 #: The definitions read (file names without ``.json``).
-MESSAGES = tuple(
-    f"{api}{kind}"
-    for api in (
-        "ApiVersions", "ConsumerGroupDescribe", "ConsumerGroupHeartbeat", "CreatePartitions", "CreateTopics",
-        "DeleteTopics", "DescribeCluster", "DescribeShareGroupOffsets", "Fetch", "FindCoordinator",
-        "GetTelemetrySubscriptions", "Heartbeat", "InitProducerId", "JoinGroup", "LeaveGroup", "ListOffsets",
-        "Metadata", "OffsetCommit", "OffsetFetch", "OffsetForLeaderEpoch", "Produce", "PushTelemetry",
-        "SaslAuthenticate", "SaslHandshake", "ShareAcknowledge", "ShareFetch", "ShareGroupDescribe",
-        "ShareGroupHeartbeat", "SyncGroup",
-    )
-    for kind in ("Request", "Response")
-) + ("RequestHeader", "ResponseHeader", "ConsumerProtocolAssignment", "ConsumerProtocolSubscription")
+MESSAGES = (
+    *(f"{api}{kind}" for api in _APIS for kind in ("Request", "Response")),
+    "RequestHeader", "ResponseHeader", "ConsumerProtocolAssignment", "ConsumerProtocolSubscription",
+)
 
 INT_TYPES = {"int8", "int16", "uint16", "int32", "uint32", "int64"}
 PRIMITIVES = INT_TYPES | {"bool", "float64", "uuid", "string", "bytes", "records"}
