@@ -8,6 +8,8 @@ error, never a silent stall.
   ApiVersions answer matches.
 - Each connection's ApiVersions answer is recognised as the release it came from (the errors name
   it), and the versions negotiated lie in both sides' ranges.
+- Each release's own tools run from its jars (VerifiableProducer, VerifiableConsumer,
+  ConsumerPerformance: other tests drive them), and its SCRAM credentials work.
 
 The rest of the suite runs on these releases through ``ASYNCCONSUMER_KAFKA_VERSION`` (``./dev nox -s
 versions``); this module starts its own brokers, one release at a time.
@@ -54,7 +56,7 @@ def brokers() -> Iterator[Callable[[str], KafkaBroker]]:
             for broker in running.values():
                 broker.stop()
             running.clear()
-            running[version] = KafkaBroker(version=version, listeners=("PLAINTEXT",)).start()
+            running[version] = KafkaBroker(version=version, listeners=("PLAINTEXT", "SASL_PLAINTEXT")).start()
         return running[version]
 
     yield get
@@ -153,3 +155,28 @@ async def test_share_consumer_without_share_groups_fails_fast_and_typed(
     message = str(errors[0])
     assert "ShareGroupHeartbeat (API key 76)" in message and RELEASES[version] in message, message
     assert str(errors[1]) == message
+
+
+@pytest.mark.parametrize("version", ["3.7.2", "3.9.2", "4.0.2"])
+async def test_the_releases_own_tools_and_scram(brokers: Callable[[str], KafkaBroker], version: str) -> None:
+    broker = brokers(version)
+    topic = await anyio.to_thread.run_sync(lambda: create_topic(broker.bootstrap, f"tools-{uuid.uuid4().hex[:8]}", 1))
+    where = ("--bootstrap-server", broker.bootstrap, "--topic", topic)
+
+    def tools() -> tuple[str, str, str]:
+        produced = broker.run_tool("org.apache.kafka.tools.VerifiableProducer", *where, "--max-messages", "5")
+        consumed = broker.run_tool("org.apache.kafka.tools.VerifiableConsumer", *where, "--group-id",
+                                   f"v-{uuid.uuid4().hex[:6]}", "--max-messages", "5", "--reset-policy", "earliest")
+        perf = broker.run_tool("org.apache.kafka.tools.ConsumerPerformance", *where, "--messages", "5")
+        return produced.stdout, consumed.stdout, perf.stdout
+
+    produced, consumed, perf = await anyio.to_thread.run_sync(tools)
+    assert produced.count('"name":"producer_send_success"') == 5, produced
+    assert '"name":"records_consumed","count":5' in consumed.replace(" ", ""), consumed
+    assert "start.time" in perf and perf.strip().splitlines()[-1].count(",") >= 5, perf
+    options = broker.consumer_options("SASL_PLAINTEXT", mechanism="SCRAM-SHA-512")
+    async with Consumer(**options, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        with anyio.fail_after(30):
+            batch = await consumer.getmany(timeout=20)
+    assert [r.value for r in batch[TopicPartition(topic, 0)]] == [str(i).encode() for i in range(5)]
