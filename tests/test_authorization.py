@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support.broker import private_kafka
 from support.producer import create_topic, produce
 
 from asyncconsumer import Consumer, TopicPartition
@@ -32,17 +33,11 @@ PROMPT = 3.0
 
 @pytest.fixture(scope="module")
 def acl_broker() -> Iterator[KafkaBroker]:
-    try:
-        broker = KafkaBroker(listeners=("PLAINTEXT", "SASL_PLAINTEXT"), config={
-            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            "super.users": "User:ANONYMOUS;User:admin",
-        }).start()
-    except Exception as exc:  # no Java here: the session broker fixture decides skip vs. error
-        pytest.skip(f"cannot start a private Apache Kafka: {exc}")
-    try:
+    with private_kafka(listeners=("PLAINTEXT", "SASL_PLAINTEXT"), config={
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:ANONYMOUS;User:admin",
+    }) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from support.broker import private_kafka
 from support.producer import create_topic, produce
 from support.proxy import ChaosProxy
 
@@ -290,16 +291,9 @@ REAUTH_MS = 3000
 
 @pytest.fixture(scope="module")
 def reauth_broker() -> Iterator[KafkaBroker]:
-    try:
-        broker = KafkaBroker(
-            listeners=("SASL_PLAINTEXT", "SASL_SSL"), config={"connections.max.reauth.ms": str(REAUTH_MS)}
-        ).start()
-    except Exception as exc:  # no Java here: the session broker fixture decides skip vs. error
-        pytest.skip(f"cannot start a private Apache Kafka: {exc}")
-    try:
+    with private_kafka(listeners=("SASL_PLAINTEXT", "SASL_SSL"),
+                       config={"connections.max.reauth.ms": str(REAUTH_MS)}) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 @dataclass

@@ -47,6 +47,7 @@ __all__ = [
     "backend_names_from_env",
     "kafka_lacks",
     "kafka_version_from_env",
+    "private_kafka",
     "free_port",
     "kafka_tls_broker",
     "start_kafka",
@@ -502,6 +503,25 @@ def start_kafka(**options: Any) -> KafkaBackend:
     except KafkaBrokerError as exc:
         raise BrokerStartError(str(exc)) from exc
     return KafkaBackend(broker)
+
+
+@contextlib.contextmanager
+def private_kafka(**options: Any) -> Iterator[Any]:
+    """A ``KafkaBroker(**options)`` of a module's own (an authorizer, short re-authentication...),
+    stopped at the end; skipped with the reason where none can start (no Java here: the session
+    broker fixture decides whether that is a skip or an error)."""
+    import pytest
+
+    from asyncconsumer.testing import KafkaBroker
+
+    try:
+        broker = KafkaBroker(**options).start()
+    except Exception as exc:
+        pytest.skip(f"cannot start a private Apache Kafka: {exc}")
+    try:
+        yield broker
+    finally:
+        broker.stop()
 
 
 def kafka_tls_broker(backend: KafkaBackend) -> TLSBroker:
