@@ -152,7 +152,8 @@ def test_a_coordinator_without_share_groups_ends_the_membership_with_a_typed_err
         "no such API (Apache Kafka 3.9)"))
     assert len(errors) == 1 and errors[0] is manager.unsupported
     message = str(manager.unsupported)
-    assert "share group 'workers' cannot be joined: broker 127.0.0.1:9092 does not support ShareGroupHeartbeat" in message
+    assert "share group 'workers' cannot be joined: broker 127.0.0.1:9092 does not support ShareGroupHeartbeat" \
+        in message
     assert "(Apache Kafka 3.9)" in message and "need Apache Kafka 4.1 or newer" in message
     assert manager._coordinator.node_id == COORD  # not a coordinator problem: no lookup again
     assert manager.next_deadline(h.now) == float("inf")
