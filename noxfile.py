@@ -16,6 +16,16 @@ nox.options.error_on_missing_interpreters = False
 
 LINT_PATHS = ("src", "tests", "benchmarks", "examples", "tools", "noxfile.py")
 
+#: The older Apache Kafka releases ``versions`` runs against, one of each line users still run
+#: (``asyncconsumer.testing.KAFKA_VERSIONS`` less the reference, which ``tests`` runs against).
+OLDER_KAFKA = ("4.0.2", "3.9.2", "3.7.2")
+#: The core, group, offsets and transactions tests.
+VERSION_TESTS = ("tests/test_consumer.py", "tests/test_groups.py", "tests/test_offsets_kafka.py",
+                 "tests/test_transactions.py")
+#: ``--quick`` (the CI subset): asyncio only, without the slowest tests (100 k records; groups shared
+#: with librdkafka members; members coming and going under load): those run on the reference.
+QUICK = "not trio and not 100k and not librdkafka_member and not members_come_and_go"
+
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
@@ -45,6 +55,26 @@ def chaos(session: nox.Session) -> None:
                     "tests/test_storm_chaos.py", env={"ASYNCCONSUMER_CHAOS_SEED": str(seed),
                                                       "ASYNCCONSUMER_CPU_PRESSURE": busy,
                                                       "ASYNCCONSUMER_TEST_BROKER": "kafka"})
+
+
+@nox.session(venv_backend="none")
+def versions(session: nox.Session) -> None:
+    """The core, group, offsets and transactions tests against each older Apache Kafka release
+    (``OLDER_KAFKA``; one pytest run each, on a broker of that release), then
+    tests/test_broker_versions.py (fallbacks and typed errors where a release lacks a feature).
+
+    ``-- --quick`` is the CI subset: asyncio only and without the slowest tests (``QUICK``).
+    ``-- 3.9.2`` runs one release; other arguments go to pytest."""
+    args = list(session.posargs)
+    quick = "--quick" in args
+    releases = [arg for arg in args if arg in OLDER_KAFKA]
+    rest = [arg for arg in args if arg != "--quick" and arg not in releases]
+    for release in releases or OLDER_KAFKA:
+        session.log(f"Apache Kafka {release}")
+        env = {"ASYNCCONSUMER_TEST_BROKER": "kafka", "ASYNCCONSUMER_KAFKA_VERSION": release}
+        session.run("python", "-m", "pytest", *VERSION_TESTS, *(["-k", QUICK] if quick else []), *rest, env=env)
+    if not quick and not releases:
+        session.run("python", "-m", "pytest", "tests/test_broker_versions.py", *rest)
 
 
 @nox.session(venv_backend="none")

@@ -3,7 +3,7 @@ Apache Kafka's own ``org.apache.kafka.tools.ShareConsumerPerformance``, same bro
 
     python -m benchmarks.share [--bootstrap HOST:PORT] [--records 200000] [--partitions 4] [--size 100]
 
-Without ``--bootstrap`` a one-node Apache Kafka 4.3.1 (``asyncconsumer.testing.KafkaBroker``) is
+Without ``--bootstrap`` a one-node Apache Kafka 4.4.0 (``asyncconsumer.testing.KafkaBroker``) is
 started.  One topic is produced once (confluent-kafka); each client reads it in a share group of
 its own that starts at the earliest offset (``share.auto.offset.reset``, set with
 IncrementalAlterConfigs), one member per client.  records/s is measured from ``subscribe()`` to the

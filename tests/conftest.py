@@ -2,7 +2,8 @@
 
 Fixtures:
     anyio_backend     "asyncio" and "trio" (module scope; a module may override it)
-    apache_kafka      the session's Apache Kafka (``.broker`` is an ``asyncconsumer.testing.KafkaBroker``)
+    apache_kafka      the session's Apache Kafka (``.broker`` is an ``asyncconsumer.testing.KafkaBroker``) of the
+                      release ASYNCCONSUMER_KAFKA_VERSION names (default the reference, 4.4.0)
     kafka_backend     session broker, one per backend in ASYNCCONSUMER_TEST_BROKER (default: tansu and
                       kafka; a test using it runs on each): ``.bootstrap``, ``.name``, ``.supports(f)``
     bootstrap         ``kafka_backend.bootstrap``
@@ -13,6 +14,10 @@ Fixtures:
     tls_broker        the backend's TLS listener: ``.bootstrap``, ``.ssl_context``, ``.ca_file``
     proxy_factory     ``async with proxy_factory(host, port) as proxy:`` -> :class:`ChaosProxy`
     proxied_broker    ``async with proxied_broker() as pb:`` a private Tansu advertised via a proxy
+
+Marker ``broker_feature(name)``: the test needs that broker feature (``support.broker.FEATURES``). Where
+the broker it would run on lacks it (Tansu; an older Apache Kafka release), it is deselected, and the
+summary names every reason; a ``group_protocol="consumer"`` parameter counts as ``broker_feature("kip848")``.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 import anyio
 import pytest
 from support.broker import (
+    ENV_KAFKA_VERSION,
     BrokerBackend,
     BrokerUnavailable,
     KafkaBackend,
@@ -36,7 +42,9 @@ from support.broker import (
     TLSBroker,
     backend_names_from_env,
     free_port,
+    kafka_lacks,
     kafka_tls_broker,
+    kafka_version_from_env,
     start_kafka,
     start_tansu,
     start_tls_broker,
@@ -219,24 +227,75 @@ def proxied_broker(
     return factory
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "broker_feature(name): needs this broker feature (support.broker.FEATURES); deselected, the reason in "
+        "the summary, where the broker lacks it",
+    )
+    try:
+        kafka_version_from_env()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"asyncconsumer test brokers: {', '.join(backend_names_from_env())}"
+    names = backend_names_from_env()
+    shown = [f"kafka {kafka_version_from_env()}" if name == "kafka" else name for name in names]
+    return f"asyncconsumer test brokers: {', '.join(shown)} ({ENV_KAFKA_VERSION} picks the Apache Kafka release)"
+
+
+_DESELECTED = pytest.StashKey[dict[str, int]]()
+
+
+def _lacking(item: pytest.Item) -> str | None:
+    """Why the broker this test would run on lacks a feature it needs (None: nothing lacking)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    backend = params.get("kafka_backend")
+    if backend is None and "apache_kafka" in getattr(item, "fixturenames", ()):
+        backend = "kafka"
+    if backend is None:
+        return None
+    features = [str(marker.args[0]) for marker in item.iter_markers("broker_feature")]
+    if params.get("group_protocol") == "consumer":
+        features.append("kip848")
+    for feature in features:
+        if backend == "tansu" and feature in TansuBroker.GAPS:
+            return f"Tansu lacks {feature}"
+        if backend == "kafka":
+            reason = kafka_lacks(feature, kafka_version_from_env())
+            if reason is not None:
+                return reason
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``group_protocol="consumer"`` (KIP-848) runs where the broker has it: Apache Kafka, not Tansu."""
+    """Tests needing a broker feature run where the broker has it; the others are deselected, and
+    ``pytest_terminal_summary`` says why (``group_protocol="consumer"``, KIP-848, never runs on Tansu;
+    share groups need Apache Kafka 4.2+, ...)."""
     keep, drop = [], []
+    reasons: dict[str, int] = {}
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("group_protocol") == "consumer" and params.get("kafka_backend") == "tansu":
-            drop.append(item)
-        else:
+        reason = _lacking(item)
+        if reason is None:
             keep.append(item)
+        else:
+            drop.append(item)
+            reasons[reason] = reasons.get(reason, 0) + 1
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    config.stash[_DESELECTED] = reasons
     _refuse_two_brokers(items)
     _group_by_broker(items)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    reasons = config.stash.get(_DESELECTED, {})
+    if reasons:
+        terminalreporter.section("deselected: the broker lacks a feature the test needs")
+        for reason, count in sorted(reasons.items()):
+            terminalreporter.write_line(f"{count:5d}  {reason}")
 
 
 def _refuse_two_brokers(items: list[pytest.Item]) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from typing import Any
+
 import pytest
 
 from asyncconsumer import KafkaError, errors
@@ -54,3 +57,45 @@ def test_an_unknown_code_says_which() -> None:
     assert isinstance(error, UnknownErrorCodeError) and isinstance(error, BrokerResponseError)
     assert error.unknown_code == 9999 and not error.retriable
     assert str(error) == "[Error 9999] an error code this client does not know: Fetch from node 1"
+
+
+#: Prints every error of the Java client's table: code, name, and whether its exception is retriable.
+_JAVA_ERRORS = """
+import org.apache.kafka.common.errors.RetriableException;
+import org.apache.kafka.common.protocol.Errors;
+
+public class ErrorTable {
+    public static void main(String[] args) {
+        for (Errors error : Errors.values()) {
+            boolean retriable = error.exception() instanceof RetriableException;
+            System.out.println(error.code() + " " + error.name() + " " + retriable);
+        }
+    }
+}
+"""
+
+
+@pytest.mark.kafka_jvm
+def test_the_table_is_the_java_clients(tmp_path: Any) -> None:
+    """Every code Apache Kafka's Java client knows (the reference release's kafka-clients jar, run
+    with its own ``Errors.values()``) has a class here, with its name and Java's retriable verdict."""
+    from asyncconsumer.testing.kafka import JavaNotFoundError, KafkaDownloadError, find_java, kafka_libs
+
+    try:
+        java, _ = find_java()
+        libs = kafka_libs()
+    except (JavaNotFoundError, KafkaDownloadError) as exc:
+        pytest.skip(str(exc))
+    source = tmp_path / "ErrorTable.java"
+    source.write_text(_JAVA_ERRORS)
+    result = subprocess.run([java, "-cp", str(libs / "*"), str(source)], capture_output=True, text=True,
+                            timeout=120, check=True)
+    java_table = {}
+    for line in result.stdout.split("\n"):
+        if line.strip():
+            code, name, retriable = line.split()
+            java_table[int(code)] = (name, retriable == "true")
+    assert len(java_table) > 130
+    ours = {cls.code: (cls.error_name, cls.retriable) for cls in errors.ALL_BROKER_ERRORS}
+    java_table.pop(0)  # NONE: no error
+    assert ours == java_table

@@ -21,7 +21,7 @@ from asyncconsumer import CommitFailedError, Consumer, TopicPartition
 from asyncconsumer.managers.consumer_membership import ConsumerMembershipManager
 from asyncconsumer.managers.membership import MemberState
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.broker_feature("kip848")]
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,13 @@ from support.producer import create_topic, produce
 from asyncconsumer import Consumer, TopicPartition
 from asyncconsumer.testing import (
     KAFKA_VERSION,
+    KAFKA_VERSIONS,
     JavaNotFoundError,
     KafkaBroker,
     KafkaCluster,
     KafkaDownloadError,
     KafkaStartError,
+    UnknownKafkaVersionError,
 )
 from asyncconsumer.testing import kafka as kafka_module
 
@@ -176,4 +178,14 @@ def test_kafkas_own_tools_run_from_the_same_jars(apache_kafka: Any) -> None:
     out = broker.run_tool("org.apache.kafka.tools.FeatureCommand", "--bootstrap-server", broker.bootstrap, "describe")
     features = {line.split()[1]: line for line in out.stdout.splitlines() if line.startswith("Feature:")}
     assert "share.version" in features and "group.version" in features, out.stdout
-    assert "FinalizedVersionLevel: 1" in features["share.version"]
+    assert "FinalizedVersionLevel: 0" not in features["share.version"]  # share groups on (4.4.0: level 2)
+
+
+def test_an_unknown_release_is_a_typed_error_naming_the_known_ones() -> None:
+    with pytest.raises(UnknownKafkaVersionError, match=r"'3\.8\.1'.*4\.4\.0, 4\.0\.2, 3\.9\.2, 3\.7\.2") as info:
+        KafkaBroker(version="3.8.1")
+    assert isinstance(info.value, ValueError) and isinstance(info.value, kafka_module.KafkaBrokerError)
+    with pytest.raises(UnknownKafkaVersionError):
+        KafkaCluster(3, version="latest")
+    assert KAFKA_VERSIONS[0] == KAFKA_VERSION == KafkaBroker().version == "4.4.0"
+    assert KafkaBroker(version="3.7.2").release == (3, 7)

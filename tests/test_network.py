@@ -477,11 +477,13 @@ async def test_disjoint_or_missing_version_ranges_raise_unsupported_version_nami
         client = Client(tg, bootstrap_servers=server.address)
         _, body, error = await client.metadata()
         assert isinstance(error, UnsupportedVersionError) and body is None
-        assert f"no common Metadata version: broker {server.address} supports {high + 1}-{high + 3}" in str(error)
+        assert f"no common Metadata version: broker {server.address} (Apache Kafka 3.5 or older) supports " \
+               f"{high + 1}-{high + 3}" in str(error)
         assert not server.seen("Metadata")  # nothing was sent at a version the broker cannot read
         conn = connection(server.port)
         await conn.open(spawner(tg))
-        with pytest.raises(UnsupportedVersionError, match=f"broker {server.address} does not support Fetch"):
+        with pytest.raises(UnsupportedVersionError, match=rf"broker {server.address} does not support Fetch \(API key "
+                           r"1\): its ApiVersions answer lists no such API \(Apache Kafka 3.5 or older\)"):
             conn.choose_version("Fetch")
         await conn.aclose()
         await client.network.aclose()

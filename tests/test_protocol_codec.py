@@ -26,6 +26,7 @@ from asyncconsumer.protocol.api import (
     SUPPORTED_VERSIONS,
     ProtocolDecodeError,
     ProtocolEncodeError,
+    broker_release,
     decode_data,
     decode_request,
     decode_response,
@@ -739,3 +740,25 @@ def test_any_mapping_and_sequence_encode_as_dicts_and_lists_do() -> None:
         encode_request("OffsetFetch", 1, {"group_id": "g", "topics": "t"}, correlation_id=1, client_id="c")
     with pytest.raises(ProtocolEncodeError, match="expected a mapping"):
         encode_request("OffsetFetch", 1, {"group_id": "g", "topics": ["t"]}, correlation_id=1, client_id="c")
+
+
+@pytest.mark.parametrize(
+    ("apis", "fetch", "release"),
+    [
+        # (ApiVersions, Fetch) ranges as the brokers of these releases answer (measured with KafkaBroker)
+        ((0, 5), (4, 18), "Apache Kafka 4.4 or newer"),  # 4.4.0
+        ((0, 4), (4, 18), "Apache Kafka 4.1-4.3"),  # 4.1-4.3 (their definitions)
+        ((0, 4), (4, 17), "Apache Kafka 4.0"),  # 4.0.2
+        ((0, 4), (0, 17), "Apache Kafka 3.9"),  # 3.9.2
+        ((0, 3), (0, 16), "Apache Kafka 3.7-3.8"),  # 3.7.2
+        ((0, 3), (0, 15), "Apache Kafka 3.6"),
+        ((0, 3), (0, 13), "Apache Kafka 3.5 or older"),
+        ((0, 0), (0, 0), "Apache Kafka 3.5 or older"),
+    ],
+)
+def test_the_release_a_brokers_api_versions_match(
+    apis: tuple[int, int], fetch: tuple[int, int], release: str
+) -> None:
+    answer = {API_KEYS["ApiVersions"]: apis, API_KEYS["Fetch"]: fetch, API_KEYS["Metadata"]: (0, 12)}
+    assert broker_release(answer) == release
+    assert broker_release({}) == "Apache Kafka 3.5 or older"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import logging
 import ssl
 import time
 import uuid
@@ -20,6 +21,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from support.broker import private_kafka
 from support.producer import create_topic, produce
 from support.proxy import ChaosProxy
 
@@ -157,6 +159,31 @@ async def test_wrong_password(apache_kafka: Any, anyio_backend: str, mechanism: 
     )
 
 
+async def test_failed_login_is_fatal_at_once(
+    apache_kafka: Any, anyio_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As in the Java client (``SaslAuthenticationException`` is not retriable), the first failed
+    login ends the start with the typed error: no other bootstrap server is tried first (the
+    second one here would only be asked after the 5 s retry backoff), and nothing logs the broker
+    as unreachable and retried: the failure is logged once, as an error naming the broker."""
+    options = apache_kafka.broker.consumer_options("SASL_PLAINTEXT", mechanism="SCRAM-SHA-256", user="alice")
+    options["sasl_plain_password"] = "not-the-password"
+    address = options["bootstrap_servers"]
+    options["bootstrap_servers"] = f"{address},{address}"
+    caplog.set_level(logging.DEBUG, logger="asyncconsumer")
+    started = time.monotonic()
+    with pytest.raises(SaslAuthenticationError, match=r"SASL SCRAM-SHA-256 authentication as user 'alice' failed"):
+        with anyio.fail_after(REQUEST_TIMEOUT_MS / 1000):
+            async with Consumer(request_timeout_ms=REQUEST_TIMEOUT_MS, retry_backoff_ms=5000, **options) as consumer:
+                await consumer.topics()
+    elapsed = time.monotonic() - started
+    assert elapsed < 3.0, f"the failed login took {elapsed:.1f}s to surface"
+    said = [(record.levelno, record.getMessage()) for record in caplog.records if record.levelno >= logging.WARNING]
+    assert not [text for _, text in said if "retrying" in text or "unreachable" in text], said
+    failures = [text for level, text in said if level == logging.ERROR and "failed authentication" in text]
+    assert len(failures) == 1 and address in failures[0], said
+
+
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
 async def test_unknown_user(apache_kafka: Any, anyio_backend: str, mechanism: str) -> None:
     options = apache_kafka.broker.consumer_options("SASL_SSL", mechanism=mechanism)
@@ -264,16 +291,9 @@ REAUTH_MS = 3000
 
 @pytest.fixture(scope="module")
 def reauth_broker() -> Iterator[KafkaBroker]:
-    try:
-        broker = KafkaBroker(
-            listeners=("SASL_PLAINTEXT", "SASL_SSL"), config={"connections.max.reauth.ms": str(REAUTH_MS)}
-        ).start()
-    except Exception as exc:  # no Java here: the session broker fixture decides skip vs. error
-        pytest.skip(f"cannot start a private Apache Kafka: {exc}")
-    try:
+    with private_kafka(listeners=("SASL_PLAINTEXT", "SASL_SSL"),
+                       config={"connections.max.reauth.ms": str(REAUTH_MS)}) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 @dataclass

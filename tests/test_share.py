@@ -36,7 +36,7 @@ from asyncconsumer import (
 )
 from asyncconsumer.share import ShareAcquireMode
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180), pytest.mark.broker_feature("share_groups")]
 
 Records = list[ShareConsumerRecord[bytes, bytes]]
 
@@ -465,7 +465,7 @@ async def test_the_share_apis_are_negotiated_at_their_newest_versions(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
     """The codec's ShareGroupHeartbeat v1, ShareFetch v2, ShareAcknowledge v2 (KIP-1222 renewals) are
-    what Kafka 4.3.1 offers and what the share consumer's connections pick."""
+    what Kafka 4.4.0 offers and what the share consumer's connections pick."""
     topic = new_topic(1)
     group = await group_for(bootstrap)
     await anyio.to_thread.run_sync(lambda: produce(topic, values(1)))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from support.share import share_group
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.broker_feature("share_groups")]
 
 
 @pytest.fixture(scope="module")

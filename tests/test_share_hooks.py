@@ -25,7 +25,7 @@ from asyncconsumer import (
 )
 from asyncconsumer.errors import ConfigError, IllegalStateError
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.broker_feature("share_groups")]
 
 
 @pytest.fixture(scope="module")

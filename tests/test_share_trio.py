@@ -12,7 +12,7 @@ from test_share import group_for, nothing_more, poll_until, values
 
 from asyncconsumer import AcknowledgeType, ShareConsumer
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.broker_feature("share_groups")]
 
 
 @pytest.fixture(scope="module")

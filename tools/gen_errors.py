@@ -1,7 +1,10 @@
 """Generate src/asyncconsumer/_broker_errors.py from Kafka's error-code table.
 
 The table below is the public list of Kafka protocol error codes (code, name,
-retriable); ``CODE_SETS`` names the sets of codes the request managers act on
+retriable), as Apache Kafka 4.4.0's ``org.apache.kafka.common.protocol.Errors``
+has them: "retriable" is whether the Java client's exception for the code is a
+``RetriableException`` (checked by running ``Errors.values()`` of kafka-clients
+4.4.0); ``CODE_SETS`` names the sets of codes the request managers act on
 alike, one set per meaning (``errors.COORDINATOR_CODES``, ...), so no module
 keeps its own copy of the numbers.  Run ``python tools/gen_errors.py`` after
 editing either.
@@ -135,13 +138,21 @@ TABLE = [
     (119, "INVALID_REGISTRATION", F),
     (120, "TRANSACTION_ABORTABLE", F),
     (121, "INVALID_RECORD_STATE", F),
-    (122, "SHARE_SESSION_NOT_FOUND", F),
-    (123, "INVALID_SHARE_SESSION_EPOCH", F),
+    (122, "SHARE_SESSION_NOT_FOUND", R),
+    (123, "INVALID_SHARE_SESSION_EPOCH", R),
     (124, "FENCED_STATE_EPOCH", F),
     (125, "INVALID_VOTER_KEY", F),
     (126, "DUPLICATE_VOTER", F),
     (127, "VOTER_NOT_FOUND", F),
     (128, "INVALID_REGULAR_EXPRESSION", F),
+    (129, "REBOOTSTRAP_REQUIRED", F),
+    (130, "STREAMS_INVALID_TOPOLOGY", F),
+    (131, "STREAMS_INVALID_TOPOLOGY_EPOCH", F),
+    (132, "STREAMS_TOPOLOGY_FENCED", F),
+    (133, "SHARE_SESSION_LIMIT_REACHED", R),
+    (134, "GROUP_DELETION_FAILED", F),
+    (135, "STREAMS_TOPOLOGY_DESCRIPTION_UPDATE_FAILED", F),
+    (136, "CONTROLLER_ID_NOT_REGISTERED", F),
 ]
 
 #: name -> (what the codes have in common and what a manager does about them, the codes by name).

@@ -1,7 +1,11 @@
 """Generate src/asyncconsumer/protocol/_schemas.py from Kafka's JSON message definitions.
 
-Usage: ``python tools/gen_protocol.py [MESSAGES_DIR]`` (default
-``/work/shared/kafka-protocol/messages-2026``: Kafka's definitions as of trunk after 4.3).
+Usage: ``python tools/gen_protocol.py [SOURCE]``.  ``SOURCE`` is a ``kafka-clients`` jar of an
+Apache Kafka release (its ``common/message/*.json`` are the release's definitions, copied there from
+``clients/src/main/resources/common/message/``) or a directory of the JSON files.  By default: the
+``kafka-clients`` jar of the reference release, ``asyncconsumer.testing.KAFKA_VERSION`` (4.4.0), from
+the test broker's jar cache (downloaded once from Maven Central, SHA-256 checked).  Only the
+messages in ``MESSAGES`` (what the client speaks, and what the tests' admin calls need) are read.
 The output is committed, so the package never reads the JSON files at run time.
 
 Each schema becomes a plain dict literal:
@@ -28,11 +32,25 @@ import json
 import pathlib
 import re
 import sys
+import zipfile
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "src" / "asyncconsumer" / "protocol" / "_schemas.py"
-DEFAULT_SRC = pathlib.Path("/work/shared/kafka-protocol/messages-2026")
+#: The APIs whose request and response definitions are read.
+_APIS = (
+    "ApiVersions", "ConsumerGroupDescribe", "ConsumerGroupHeartbeat", "CreatePartitions", "CreateTopics",
+    "DeleteTopics", "DescribeCluster", "DescribeShareGroupOffsets", "Fetch", "FindCoordinator",
+    "GetTelemetrySubscriptions", "Heartbeat", "InitProducerId", "JoinGroup", "LeaveGroup", "ListOffsets",
+    "Metadata", "OffsetCommit", "OffsetFetch", "OffsetForLeaderEpoch", "Produce", "PushTelemetry",
+    "SaslAuthenticate", "SaslHandshake", "ShareAcknowledge", "ShareFetch", "ShareGroupDescribe",
+    "ShareGroupHeartbeat", "SyncGroup",
+)
+#: The definitions read (file names without ``.json``).
+MESSAGES = (
+    *(f"{api}{kind}" for api in _APIS for kind in ("Request", "Response")),
+    "RequestHeader", "ResponseHeader", "ConsumerProtocolAssignment", "ConsumerProtocolSubscription",
+)
 
 INT_TYPES = {"int8", "int16", "uint16", "int32", "uint32", "int64"}
 PRIMITIVES = INT_TYPES | {"bool", "float64", "uuid", "string", "bytes", "records"}
@@ -186,10 +204,26 @@ def emit_fields(fields: tuple[dict[str, Any], ...], indent: int) -> list[str]:
     return out
 
 
+def read_definitions(src: pathlib.Path) -> dict[str, str]:
+    """name -> JSON text of each of ``MESSAGES``, from a ``kafka-clients`` jar or a directory."""
+    if src.is_dir():
+        return {name: (src / f"{name}.json").read_text(encoding="utf-8") for name in MESSAGES}
+    with zipfile.ZipFile(src) as jar:
+        return {name: jar.read(f"common/message/{name}.json").decode("utf-8") for name in MESSAGES}
+
+
+def default_source() -> pathlib.Path:
+    """The reference release's ``kafka-clients`` jar (the test broker's cache; downloaded if missing)."""
+    from asyncconsumer.testing.kafka import KAFKA_VERSION, kafka_libs
+
+    return kafka_libs() / f"kafka-clients-{KAFKA_VERSION}.jar"
+
+
 def generate(src: pathlib.Path) -> str:
     schemas: dict[str, Any] = {}
-    for path in sorted(src.glob("*.json")):
-        doc = json.loads(strip_comments(path.read_text(encoding="utf-8")))
+    texts = read_definitions(src)
+    for name in sorted(texts):
+        doc = json.loads(strip_comments(texts[name]))
         schemas[doc["name"]] = convert(doc)
     lines = ["SCHEMAS: dict[str, dict[str, Any]] = {"]
     for name, schema in schemas.items():
@@ -212,9 +246,9 @@ def generate(src: pathlib.Path) -> str:
 
 
 def main() -> None:
-    src = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_SRC
+    src = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else default_source()
     OUT.write_text(generate(src), encoding="utf-8")
-    print(f"wrote {OUT}")
+    print(f"wrote {OUT} from {src}")
 
 
 if __name__ == "__main__":

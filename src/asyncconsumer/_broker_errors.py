@@ -740,13 +740,13 @@ class InvalidRecordStateError(BrokerResponseError):
 class ShareSessionNotFoundError(BrokerResponseError):
     code = 122
     error_name = "SHARE_SESSION_NOT_FOUND"
-    retriable = False
+    retriable = True
 
 
 class InvalidShareSessionEpochError(BrokerResponseError):
     code = 123
     error_name = "INVALID_SHARE_SESSION_EPOCH"
-    retriable = False
+    retriable = True
 
 
 class FencedStateEpochError(BrokerResponseError):
@@ -779,7 +779,55 @@ class InvalidRegularExpressionError(BrokerResponseError):
     retriable = False
 
 
-ALL_BROKER_ERRORS: tuple[type[BrokerResponseError], ...] = (UnknownServerErrorError, OffsetOutOfRangeError, CorruptMessageError, UnknownTopicOrPartitionError, InvalidFetchSizeError, LeaderNotAvailableError, NotLeaderOrFollowerError, RequestTimedOutError, BrokerNotAvailableError, ReplicaNotAvailableError, MessageTooLargeError, StaleControllerEpochError, OffsetMetadataTooLargeError, NetworkExceptionError, CoordinatorLoadInProgressError, CoordinatorNotAvailableError, NotCoordinatorError, InvalidTopicExceptionError, RecordListTooLargeError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, InvalidRequiredAcksError, IllegalGenerationError, InconsistentGroupProtocolError, InvalidGroupIdError, UnknownMemberIdError, InvalidSessionTimeoutError, RebalanceInProgressError, InvalidCommitOffsetSizeError, TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError, InvalidTimestampError, UnsupportedSaslMechanismError, IllegalSaslStateError, UnsupportedVersionError, TopicAlreadyExistsError, InvalidPartitionsError, InvalidReplicationFactorError, InvalidReplicaAssignmentError, InvalidConfigError, NotControllerError, InvalidRequestError, UnsupportedForMessageFormatError, PolicyViolationError, OutOfOrderSequenceNumberError, DuplicateSequenceNumberError, InvalidProducerEpochError, InvalidTxnStateError, InvalidProducerIdMappingError, InvalidTransactionTimeoutError, ConcurrentTransactionsError, TransactionCoordinatorFencedError, TransactionalIdAuthorizationFailedError, SecurityDisabledError, OperationNotAttemptedError, KafkaStorageErrorError, LogDirNotFoundError, SaslAuthenticationFailedError, UnknownProducerIdError, ReassignmentInProgressError, DelegationTokenAuthDisabledError, DelegationTokenNotFoundError, DelegationTokenOwnerMismatchError, DelegationTokenRequestNotAllowedError, DelegationTokenAuthorizationFailedError, DelegationTokenExpiredError, InvalidPrincipalTypeError, NonEmptyGroupError, GroupIdNotFoundError, FetchSessionIdNotFoundError, InvalidFetchSessionEpochError, ListenerNotFoundError, TopicDeletionDisabledError, FencedLeaderEpochError, UnknownLeaderEpochError, UnsupportedCompressionTypeError, StaleBrokerEpochError, OffsetNotAvailableError, MemberIdRequiredError, PreferredLeaderNotAvailableError, GroupMaxSizeReachedError, FencedInstanceIdError, EligibleLeadersNotAvailableError, ElectionNotNeededError, NoReassignmentInProgressError, GroupSubscribedToTopicError, InvalidRecordError, UnstableOffsetCommitError, ThrottlingQuotaExceededError, ProducerFencedError, ResourceNotFoundError, DuplicateResourceError, UnacceptableCredentialError, InconsistentVoterSetError, InvalidUpdateVersionError, FeatureUpdateFailedError, PrincipalDeserializationFailureError, SnapshotNotFoundError, PositionOutOfRangeError, UnknownTopicIdError, DuplicateBrokerRegistrationError, BrokerIdNotRegisteredError, InconsistentTopicIdError, InconsistentClusterIdError, TransactionalIdNotFoundError, FetchSessionTopicIdErrorError, IneligibleReplicaError, NewLeaderElectedError, OffsetMovedToTieredStorageError, FencedMemberEpochError, UnreleasedInstanceIdError, UnsupportedAssignorError, StaleMemberEpochError, MismatchedEndpointTypeError, UnsupportedEndpointTypeError, UnknownControllerIdError, UnknownSubscriptionIdError, TelemetryTooLargeError, InvalidRegistrationError, TransactionAbortableError, InvalidRecordStateError, ShareSessionNotFoundError, InvalidShareSessionEpochError, FencedStateEpochError, InvalidVoterKeyError, DuplicateVoterError, VoterNotFoundError, InvalidRegularExpressionError,)
+class RebootstrapRequiredError(BrokerResponseError):
+    code = 129
+    error_name = "REBOOTSTRAP_REQUIRED"
+    retriable = False
+
+
+class StreamsInvalidTopologyError(BrokerResponseError):
+    code = 130
+    error_name = "STREAMS_INVALID_TOPOLOGY"
+    retriable = False
+
+
+class StreamsInvalidTopologyEpochError(BrokerResponseError):
+    code = 131
+    error_name = "STREAMS_INVALID_TOPOLOGY_EPOCH"
+    retriable = False
+
+
+class StreamsTopologyFencedError(BrokerResponseError):
+    code = 132
+    error_name = "STREAMS_TOPOLOGY_FENCED"
+    retriable = False
+
+
+class ShareSessionLimitReachedError(BrokerResponseError):
+    code = 133
+    error_name = "SHARE_SESSION_LIMIT_REACHED"
+    retriable = True
+
+
+class GroupDeletionFailedError(BrokerResponseError):
+    code = 134
+    error_name = "GROUP_DELETION_FAILED"
+    retriable = False
+
+
+class StreamsTopologyDescriptionUpdateFailedError(BrokerResponseError):
+    code = 135
+    error_name = "STREAMS_TOPOLOGY_DESCRIPTION_UPDATE_FAILED"
+    retriable = False
+
+
+class ControllerIdNotRegisteredError(BrokerResponseError):
+    code = 136
+    error_name = "CONTROLLER_ID_NOT_REGISTERED"
+    retriable = False
+
+
+ALL_BROKER_ERRORS: tuple[type[BrokerResponseError], ...] = (UnknownServerErrorError, OffsetOutOfRangeError, CorruptMessageError, UnknownTopicOrPartitionError, InvalidFetchSizeError, LeaderNotAvailableError, NotLeaderOrFollowerError, RequestTimedOutError, BrokerNotAvailableError, ReplicaNotAvailableError, MessageTooLargeError, StaleControllerEpochError, OffsetMetadataTooLargeError, NetworkExceptionError, CoordinatorLoadInProgressError, CoordinatorNotAvailableError, NotCoordinatorError, InvalidTopicExceptionError, RecordListTooLargeError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, InvalidRequiredAcksError, IllegalGenerationError, InconsistentGroupProtocolError, InvalidGroupIdError, UnknownMemberIdError, InvalidSessionTimeoutError, RebalanceInProgressError, InvalidCommitOffsetSizeError, TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError, InvalidTimestampError, UnsupportedSaslMechanismError, IllegalSaslStateError, UnsupportedVersionError, TopicAlreadyExistsError, InvalidPartitionsError, InvalidReplicationFactorError, InvalidReplicaAssignmentError, InvalidConfigError, NotControllerError, InvalidRequestError, UnsupportedForMessageFormatError, PolicyViolationError, OutOfOrderSequenceNumberError, DuplicateSequenceNumberError, InvalidProducerEpochError, InvalidTxnStateError, InvalidProducerIdMappingError, InvalidTransactionTimeoutError, ConcurrentTransactionsError, TransactionCoordinatorFencedError, TransactionalIdAuthorizationFailedError, SecurityDisabledError, OperationNotAttemptedError, KafkaStorageErrorError, LogDirNotFoundError, SaslAuthenticationFailedError, UnknownProducerIdError, ReassignmentInProgressError, DelegationTokenAuthDisabledError, DelegationTokenNotFoundError, DelegationTokenOwnerMismatchError, DelegationTokenRequestNotAllowedError, DelegationTokenAuthorizationFailedError, DelegationTokenExpiredError, InvalidPrincipalTypeError, NonEmptyGroupError, GroupIdNotFoundError, FetchSessionIdNotFoundError, InvalidFetchSessionEpochError, ListenerNotFoundError, TopicDeletionDisabledError, FencedLeaderEpochError, UnknownLeaderEpochError, UnsupportedCompressionTypeError, StaleBrokerEpochError, OffsetNotAvailableError, MemberIdRequiredError, PreferredLeaderNotAvailableError, GroupMaxSizeReachedError, FencedInstanceIdError, EligibleLeadersNotAvailableError, ElectionNotNeededError, NoReassignmentInProgressError, GroupSubscribedToTopicError, InvalidRecordError, UnstableOffsetCommitError, ThrottlingQuotaExceededError, ProducerFencedError, ResourceNotFoundError, DuplicateResourceError, UnacceptableCredentialError, InconsistentVoterSetError, InvalidUpdateVersionError, FeatureUpdateFailedError, PrincipalDeserializationFailureError, SnapshotNotFoundError, PositionOutOfRangeError, UnknownTopicIdError, DuplicateBrokerRegistrationError, BrokerIdNotRegisteredError, InconsistentTopicIdError, InconsistentClusterIdError, TransactionalIdNotFoundError, FetchSessionTopicIdErrorError, IneligibleReplicaError, NewLeaderElectedError, OffsetMovedToTieredStorageError, FencedMemberEpochError, UnreleasedInstanceIdError, UnsupportedAssignorError, StaleMemberEpochError, MismatchedEndpointTypeError, UnsupportedEndpointTypeError, UnknownControllerIdError, UnknownSubscriptionIdError, TelemetryTooLargeError, InvalidRegistrationError, TransactionAbortableError, InvalidRecordStateError, ShareSessionNotFoundError, InvalidShareSessionEpochError, FencedStateEpochError, InvalidVoterKeyError, DuplicateVoterError, VoterNotFoundError, InvalidRegularExpressionError, RebootstrapRequiredError, StreamsInvalidTopologyError, StreamsInvalidTopologyEpochError, StreamsTopologyFencedError, ShareSessionLimitReachedError, GroupDeletionFailedError, StreamsTopologyDescriptionUpdateFailedError, ControllerIdNotRegisteredError,)
 
 
 #: The group coordinator moved, is loading or cannot be reached: look it up again and retry.

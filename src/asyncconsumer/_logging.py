@@ -17,7 +17,8 @@ WARNING_INTERVAL = 60.0
 
 
 class RateLimitedWarnings:
-    """``warning(key, msg, *args)``: logged at most once per ``interval`` seconds for each ``key``."""
+    """``warning(key, msg, *args)`` (or ``error``): logged at most once per ``interval`` seconds for
+    each ``key``."""
 
     def __init__(self, logger: logging.Logger, interval: float = WARNING_INTERVAL,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -29,6 +30,14 @@ class RateLimitedWarnings:
 
     def warning(self, key: Hashable, msg: str, *args: object) -> bool:
         """Log unless this key was logged less than ``interval`` ago; True when logged."""
+        return self.log(logging.WARNING, key, msg, *args)
+
+    def error(self, key: Hashable, msg: str, *args: object) -> bool:
+        """As :meth:`warning`, at ERROR level."""
+        return self.log(logging.ERROR, key, msg, *args)
+
+    def log(self, level: int, key: Hashable, msg: str, *args: object) -> bool:
+        """Log at ``level`` unless this key was logged less than ``interval`` ago; True when logged."""
         now = self._clock()
         last = self._last.get(key)
         if last is not None and now - last[0] < self._interval:
@@ -38,7 +47,7 @@ class RateLimitedWarnings:
             msg += " (%d more like it in the last %.0fs not logged)"
             args = (*args, last[1], now - last[0])
         self._last[key] = (now, 0)
-        self._logger.warning(msg, *args)
+        self._logger.log(level, msg, *args)
         return True
 
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from asyncconsumer.errors import CoordinatorNotAvailableError, KafkaConnectionError
+from asyncconsumer.errors import (
+    CoordinatorNotAvailableError,
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+)
 from asyncconsumer.managers.coordinator import COORDINATOR_NODE_BASE, CoordinatorManager
 
 from .scripted import Scripted
@@ -129,3 +134,28 @@ def test_mark_unknown_while_in_flight_does_not_duplicate() -> None:
     h.assert_idle()
     request.respond(v4_response(node=4))
     assert manager.node_id == COORDINATOR_NODE_BASE - 4
+
+
+def test_an_answer_retrying_cannot_fix_goes_to_on_fatal_each_time_less_and_less_often() -> None:
+    """GROUP_AUTHORIZATION_FAILED: the Java client raises it from every poll; here ``on_fatal`` hears
+    of it at each lookup, and the lookups slow down to once a second (an ACL may be granted later)."""
+    fatal: list[KafkaError] = []
+    manager = CoordinatorManager("group-1", retry_backoff=BACKOFF, register_node=lambda *a: None,
+                                 on_fatal=fatal.append)
+    h = Scripted(manager)
+    pauses = []
+    for _ in range(5):
+        h.take("FindCoordinator").at(4).respond(v4_response(error_code=30))
+        pauses.append(manager.next_deadline(h.now) - h.now)
+        h.assert_idle()
+        h.advance(pauses[-1])
+    assert [type(e) for e in fatal] == [GroupAuthorizationFailedError] * 5
+    assert pauses == [BACKOFF, 2 * BACKOFF, 4 * BACKOFF, 1.0, 1.0]
+    h.take("FindCoordinator").at(4).respond(v4_response(error_code=15))  # retriable: not fatal
+    assert len(fatal) == 5 and manager.next_deadline(h.now) - h.now == BACKOFF
+    h.advance(BACKOFF)
+    h.take("FindCoordinator").at(4).respond(v4_response(node=3))
+    assert manager.node_id == COORDINATOR_NODE_BASE - 3
+    manager.mark_unknown(h.now)
+    h.take("FindCoordinator").at(4).respond(v4_response(error_code=30))
+    assert manager.next_deadline(h.now) - h.now == BACKOFF  # a success started the pauses over

@@ -1241,3 +1241,18 @@ def test_leave_during_a_pending_revocation_runs_one_callback_per_partition() -> 
     assert [c.kind for c in g.callbacks].count(CallbackKind.REVOKED) == 1
     g.h.take("LeaveGroup", poll=False).respond({"error_code": 0, "members": []})
     assert g.m.state is S.UNSUBSCRIBED and not g.m.owned
+
+
+def test_leaving_before_any_coordinator_answered_needs_none() -> None:
+    """A member that never joined (the coordinator lookup keeps failing: GROUP_AUTHORIZATION_FAILED,
+    say) has nothing to tell a coordinator: leave() ends at the next poll, so close() does not wait
+    out its timeout for a coordinator it never had."""
+    g = Group()
+    g.subscribe()
+    g.h.take("FindCoordinator").at(4).respond({"coordinators": [
+        {"key": "g", "node_id": -1, "host": "", "port": -1, "error_code": 30, "error_message": None}]})
+    assert g.m.state is S.JOINING and g.coordinator.node_id is None
+    g.m.leave("closing")
+    g.m.poll(g.now)
+    assert g.m.state is S.UNSUBSCRIBED
+    g.h.assert_idle("LeaveGroup")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncconsumer.errors import GroupAuthorizationFailedError, KafkaError
+from asyncconsumer.errors import GroupAuthorizationFailedError, KafkaError, UnsupportedVersionError
 from asyncconsumer.managers.coordinator import CoordinatorManager
 from asyncconsumer.managers.share_membership import ShareMembershipManager
 from asyncconsumer.structs import TopicPartition
@@ -140,3 +140,25 @@ def test_leave_before_joining_sends_nothing() -> None:
     manager.leave()
     assert manager.left
     h.assert_idle()
+
+
+def test_a_coordinator_without_share_groups_ends_the_membership_with_a_typed_error() -> None:
+    """No ShareGroupHeartbeat in common (Kafka 3.x, 4.0): reported once, kept in ``unsupported`` (the
+    share loop raises it at every poll), and no more heartbeats; leaving has nothing to tell."""
+    manager, h, errors = make()
+    manager.subscribe(frozenset({"jobs"}))
+    h.take("ShareGroupHeartbeat").fail(UnsupportedVersionError(
+        "broker 127.0.0.1:9092 does not support ShareGroupHeartbeat (API key 76): its ApiVersions answer lists "
+        "no such API (Apache Kafka 3.9)"))
+    assert len(errors) == 1 and errors[0] is manager.unsupported
+    message = str(manager.unsupported)
+    assert "share group 'workers' cannot be joined: broker 127.0.0.1:9092 does not support ShareGroupHeartbeat" \
+        in message
+    assert "(Apache Kafka 3.9)" in message and "need Apache Kafka 4.1 or newer" in message
+    assert manager._coordinator.node_id == COORD  # not a coordinator problem: no lookup again
+    assert manager.next_deadline(h.now) == float("inf")
+    h.advance(60)
+    h.assert_idle()
+    manager.leave()
+    h.assert_idle()
+    assert manager.left and len(errors) == 1

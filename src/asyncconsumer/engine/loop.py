@@ -19,6 +19,7 @@ from typing import TypeVar
 from ..assignors import get_assignor
 from ..config import ConsumerConfig
 from ..errors import (
+    KafkaError,
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
     error_for_code,
@@ -99,7 +100,8 @@ class Engine(LoopCore):
         self.membership: MembershipManager | ConsumerMembershipManager | None = None
         if config.group_id is not None:
             self.coordinator = CoordinatorManager(
-                config.group_id, retry_backoff=retry, register_node=self.network.register_node
+                config.group_id, retry_backoff=retry, register_node=self.network.register_node,
+                on_fatal=self._group_unavailable,
             )
             settings = GroupSettings(
                 group_id=config.group_id,
@@ -188,13 +190,20 @@ class Engine(LoopCore):
     def _group_identity(self) -> GroupIdentity:
         return self.membership.identity() if self.membership is not None else GroupIdentity()
 
+    def _group_unavailable(self, error: KafkaError) -> None:
+        """The group's coordinator cannot be had for good (GROUP_AUTHORIZATION_FAILED, ...): as in the
+        Java client, commits and committed() fail with it at once, and the next poll raises it."""
+        if self.commits is not None:
+            self.commits.fail_all(error)
+        self.report_once(error)
+
     def _fall_back_to_classic(self) -> None:
         """KIP-848 is not available on this cluster: the classic protocol takes over."""
         old = self.membership
         if not isinstance(old, ConsumerMembershipManager) or not old.unsupported:
             return
-        log.warning("group_protocol='consumer' is not supported by this cluster (KIP-848 needs Kafka >= 4.0); "
-                    "falling back to the classic group protocol")
+        log.warning("group_protocol='consumer' is not supported by this cluster (KIP-848 needs Kafka >= 4.0: %s); "
+                    "falling back to the classic group protocol", old.unsupported_detail)
         new = self._classic_membership()
         # The manager's "not supported" notice is moot now that the classic protocol took over.
         self._errors = deque(e for e in self._errors if not isinstance(e, UnsupportedVersionError))

@@ -7,6 +7,13 @@ that gets (or opens) the connection and sends the request there.  Either way the
 outcome goes to ``on_complete`` — the background loop, which runs the manager's
 handler on its next turn.  Brokers that fail are retried with exponential
 backoff and jitter.
+
+A failed login (``AuthenticationError``: wrong SASL credentials, an untrusted
+certificate) is fatal at once, as in the Java client (``SaslAuthenticationException``
+and ``SslAuthenticationException`` are not retriable there): it is logged as an
+error, never as "retrying", and ``pop_fatal_error()`` hands it to the loop, which
+raises it in the application's next call.  The broker is still tried again after
+the backoff, so a fixed credential (a rotated secret) recovers.
 """
 
 from __future__ import annotations
@@ -142,6 +149,9 @@ class NetworkClient:
         self.observe_request: RequestObserver | None = None
         #: A broker that keeps coming back and failing again is named once a minute, not every time.
         self._warnings = RateLimitedWarnings(log, clock=clock)
+        #: The last failed login (fatal, as in the Java client), and whether the loop has taken it.
+        self.auth_failure: AuthenticationError | None = None
+        self._auth_failure_new = False
 
     # -- broker addresses -----------------------------------------------------------------------
 
@@ -191,9 +201,20 @@ class NetworkClient:
         last = errors[-1] if errors else None
         return NoBrokersAvailableError(f"no broker reachable (bootstrap_servers={servers}); last error: {last}")
 
+    def pop_fatal_error(self) -> KafkaError | None:
+        """A login that failed since the last call (None: none did): the application is to hear of
+        it at once, as a Java consumer's ``poll()`` throws ``SaslAuthenticationException``."""
+        if not self._auth_failure_new:
+            return None
+        self._auth_failure_new = False
+        return self.auth_failure
+
     def bootstrap_failed_for_good(self) -> KafkaError | None:
-        """Before any broker is known: every bootstrap server failed with an error that retrying
-        will not fix (not a Kafka listener, authentication), so waiting on is pointless."""
+        """A login failed (the first one is enough, as in the Java client); or, before any broker
+        is known, every bootstrap server failed with an error that retrying will not fix (not a
+        Kafka listener), so waiting on is pointless."""
+        if self.auth_failure is not None:
+            return self.auth_failure
         if self._brokers or self._connections:
             return None
         errors = [h.last_error if (h := self._health.get(n)) is not None else None for n in self._bootstrap]
@@ -318,10 +339,7 @@ class NetworkClient:
             await connection.open(self._spawn)
         except KafkaError as exc:
             error = self._tls_streak(health, exc)
-            if health.failures == 0:
-                # Not a silent stall: the first failed attempt after a success says which broker.
-                self._warnings.warning(node_id, "%s at %s:%s unreachable (%s); retrying with backoff",
-                                       describe_node(node_id), *address, error)
+            self._report_failure(node_id, health, address, error)
             self._backoff(node_id, health, error)
             if error is exc:
                 raise
@@ -332,6 +350,7 @@ class NetworkClient:
         health.failures = 0
         health.last_error = None
         health.tls_cut_offs = 0
+        self.auth_failure = None  # logged in (a credential fixed): no longer fatal
         self.connections_opened += 1
         if node_id in self._ever_connected:
             self.reconnects += 1
@@ -339,6 +358,24 @@ class NetworkClient:
         self._connections[node_id] = connection
         log.debug("connected to node %s at %s:%s", node_id, *address)
         return connection
+
+    def _report_failure(
+        self, node_id: int, health: _NodeHealth, address: tuple[str, int], error: KafkaError
+    ) -> None:
+        """Say why a connection attempt failed: a retriable failure once after a success (not a
+        silent stall), a failed login each time (at most once a minute per broker) and as fatal."""
+        if isinstance(error, AuthenticationError):
+            self.auth_failure = error
+            self._auth_failure_new = True
+            self._warnings.error(("login", node_id), "%s at %s:%s failed authentication: %s",
+                                 describe_node(node_id), *address, error)
+        elif health.failures == 0:
+            if error.retriable:
+                self._warnings.warning(node_id, "%s at %s:%s unreachable (%s); retrying with backoff",
+                                       describe_node(node_id), *address, error)
+            else:
+                self._warnings.warning(node_id, "%s at %s:%s cannot be used: %s", describe_node(node_id),
+                                       *address, error)
 
     def _new_connection(self, node_id: int, host: str, port: int) -> BrokerConnection:
         config = self._config

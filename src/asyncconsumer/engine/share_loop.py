@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import ConsumerConfig
+from ..errors import KafkaError
 from ..managers.coordinator import CoordinatorManager
 from ..managers.metadata import Cluster, MetadataManager
 from ..managers.share_fetch import ShareBatch, ShareFetchManager
@@ -38,7 +39,8 @@ class ShareEngine(LoopCore):
         retry = config.retry_backoff_ms / 1000
         self.batches: deque[ShareBatch] = deque()
         self.coordinator = CoordinatorManager(
-            config.group_id, retry_backoff=retry, register_node=self.network.register_node
+            config.group_id, retry_backoff=retry, register_node=self.network.register_node,
+            on_fatal=self.report_once,
         )
         self.metadata = MetadataManager(
             max_age=config.metadata_max_age_ms / 1000,
@@ -92,4 +94,9 @@ class ShareEngine(LoopCore):
     @property
     def has_news(self) -> bool:
         """Records or an error wait for the application."""
-        return bool(self.batches or self._errors)
+        return bool(self.batches or self._errors or self.membership.unsupported)
+
+    def pop_error(self) -> KafkaError | None:
+        """The next error for the application; once the coordinator turned out to have no share
+        groups, that error at every call (the membership is over: no silent stall)."""
+        return super().pop_error() or self.membership.unsupported

@@ -99,6 +99,8 @@ class ConsumerMembershipManager(GroupMemberBase):
         self.server_assignor = server_assignor
         #: The broker has no ConsumerGroupHeartbeat (Kafka < 4.0 or KIP-848 disabled): use the classic protocol.
         self.unsupported = False
+        #: Why (the broker's error, naming ConsumerGroupHeartbeat and the broker's release).
+        self.unsupported_detail = ""
         self.heartbeat_interval = settings.heartbeat_interval
         # Target assignment from the coordinator (None: nothing received since joining).
         self._target: frozenset[IdPartition] | None = None
@@ -460,6 +462,7 @@ class ConsumerMembershipManager(GroupMemberBase):
 
     def _unsupported(self, now: float, detail: str) -> None:
         self.unsupported = True
+        self.unsupported_detail = detail
         self._fatal(now, UnsupportedVersionError(
             f'group_protocol="consumer" needs a broker with the KIP-848 consumer group protocol (Apache Kafka 4.0 '
             f"or newer, ConsumerGroupHeartbeat enabled); group {self.settings.group_id!r} cannot use it ({detail}). "

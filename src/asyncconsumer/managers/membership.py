@@ -208,6 +208,9 @@ class MembershipManager(GroupMemberBase):
     def poll(self, now: float) -> list[UnsentRequest]:
         self._advance(now)
         node = self._coordinator.node_id
+        if self.state is MemberState.LEAVING and not self._in_flight and not self.member_id:
+            self._left()  # never joined (no coordinator, say): nothing to tell one, no need to find it
+            return []
         if node is None or self._in_flight or now < self._retry_at:
             requests: list[UnsentRequest] = []
         elif self.state is MemberState.JOINING:

@@ -9,14 +9,18 @@ is a heartbeat with epoch -1.
 
 Errors: UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH rejoin with epoch 0 (same member
 id); coordinator errors look the coordinator up again; anything else is reported
-(typed, from ``error_for_code``) and retried after the back-off.
+(typed, from ``error_for_code``) and retried after the back-off.  A coordinator
+without a ShareGroupHeartbeat version in common (Kafka before 4.1, or share groups
+not enabled) ends the membership: :attr:`unsupported` holds the typed error, which
+names the broker's release and the missing API, and the application gets it at
+every poll from then on (never a silent stall).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import KafkaError, error_for_code
+from ..errors import KafkaError, UnsupportedVersionError, error_for_code
 from ..structs import TopicPartition
 from .consumer_membership import new_member_id
 from .coordinator import CoordinatorManager
@@ -57,6 +61,8 @@ class ShareMembershipManager:
         self._leaving = False
         self.left = False
         self.last_error: KafkaError | None = None
+        #: The coordinator has no ShareGroupHeartbeat in common with this client: no more heartbeats.
+        self.unsupported: UnsupportedVersionError | None = None
         #: Bumped whenever the assignment changes (the fetch manager re-reads it).
         self.assignment_version = 0
 
@@ -103,11 +109,14 @@ class ShareMembershipManager:
     # -- RequestManager -----------------------------------------------------------------------------
 
     def next_deadline(self, now: float) -> float:
-        if self._in_flight or self.left or (not self.subscription and not self._leaving):
+        if self._in_flight or self.left or self.unsupported or (not self.subscription and not self._leaving):
             return float("inf")
         return self._next_heartbeat
 
     def poll(self, now: float) -> list[UnsentRequest]:
+        if self.unsupported is not None:
+            self.left = self.left or self._leaving  # nothing to leave: never a member
+            return []
         if self._in_flight or self.left or now < self._next_heartbeat:
             return []
         if not self.subscription and not self._leaving:
@@ -139,10 +148,22 @@ class ShareMembershipManager:
             if leaving:
                 self.left = True  # best effort: the session timeout removes us otherwise
                 return
+            if isinstance(error, UnsupportedVersionError):
+                self._unsupported(error)
+                return
             self._coordinator.mark_unknown(now, error)
             self._next_heartbeat = now + self._retry_backoff
 
         return [UnsentRequest("ShareGroupHeartbeat", build, on_response, on_error, node_id=node)]
+
+    def _unsupported(self, error: UnsupportedVersionError) -> None:
+        self.unsupported = UnsupportedVersionError(
+            f"share group {self.group_id!r} cannot be joined: {error.detail or error}. Share groups (KIP-932) need "
+            "Apache Kafka 4.1 or newer with share groups enabled (on by default from 4.2; 4.1: the share.version "
+            "feature)"
+        )
+        self.last_error = self.unsupported
+        self._report_error(self.unsupported)
 
     def _handle(self, now: float, body: Body, leaving: bool, topics: list[str] | None) -> None:
         code = body["error_code"]

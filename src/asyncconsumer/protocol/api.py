@@ -34,6 +34,7 @@ __all__ = [
     "CLIENT_MAX_VERSIONS",
     "SUPPORTED_VERSIONS",
     "ProtocolDecodeError",
+    "broker_release",
     "ProtocolEncodeError",
     "decode_data",
     "decode_request",
@@ -67,6 +68,33 @@ CLIENT_MAX_VERSIONS: dict[str, int] = {
     "OffsetCommit": 9,  # v10: topic ids only
     "OffsetFetch": 9,  # v10: topic ids only
 }
+
+
+#: Which Apache Kafka releases a broker's ApiVersions answer matches, by the versions that changed
+#: between releases (Apache Kafka's message definitions of each release; checked against the
+#: ApiVersions of 3.7.2, 3.9.2, 4.0.2 and 4.4.0 brokers): (ApiVersions max, Fetch min, Fetch max)
+#: at least -> the releases.  The first row that matches wins.
+_RELEASE_SIGNATURES: tuple[tuple[tuple[int, int, int], str], ...] = (
+    ((5, 4, 18), "Apache Kafka 4.4 or newer"),  # ApiVersions v5 (KIP-1242)
+    ((4, 4, 18), "Apache Kafka 4.1-4.3"),  # Fetch v18 (KIP-1166)
+    ((4, 4, 17), "Apache Kafka 4.0"),  # Fetch v0-3 removed (KIP-896)
+    ((4, 0, 17), "Apache Kafka 3.9"),  # Fetch v17 (KIP-853), ApiVersions v4
+    ((3, 0, 16), "Apache Kafka 3.7-3.8"),  # Fetch v16 (KIP-951)
+    ((3, 0, 15), "Apache Kafka 3.6"),
+    ((0, 0, 0), "Apache Kafka 3.5 or older"),
+)
+
+
+def broker_release(api_versions: Mapping[int, tuple[int, int]]) -> str:
+    """The Apache Kafka releases a broker's ApiVersions answer (api key -> (min, max)) matches,
+    e.g. ``"Apache Kafka 3.9"``: brokers do not say their version, so errors name this instead.
+    Another implementation (or a broker of a later release) may answer alike."""
+    apis = api_versions.get(API_KEYS["ApiVersions"], (0, 0))[1]
+    fetch_min, fetch_max = api_versions.get(API_KEYS["Fetch"], (0, 0))
+    for (least_apis, least_fetch_min, least_fetch_max), release in _RELEASE_SIGNATURES:
+        if apis >= least_apis and fetch_min >= least_fetch_min and fetch_max >= least_fetch_max:
+            return release
+    raise AssertionError("unreachable: the last signature matches every answer")  # pragma: no cover
 
 
 def _supported(name: str, s: dict[str, Any]) -> tuple[int, int]:

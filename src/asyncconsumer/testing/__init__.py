@@ -9,6 +9,7 @@
 from .broker import EmbeddedBroker, EmbeddedBrokerError
 from .kafka import (
     KAFKA_VERSION,
+    KAFKA_VERSIONS,
     JavaNotFoundError,
     KafkaBroker,
     KafkaBrokerError,
@@ -16,10 +17,12 @@ from .kafka import (
     KafkaDownloadError,
     KafkaNode,
     KafkaStartError,
+    UnknownKafkaVersionError,
 )
 
 __all__ = [
     "KAFKA_VERSION",
+    "KAFKA_VERSIONS",
     "EmbeddedBroker",
     "EmbeddedBrokerError",
     "JavaNotFoundError",
@@ -29,4 +32,5 @@ __all__ = [
     "KafkaDownloadError",
     "KafkaNode",
     "KafkaStartError",
+    "UnknownKafkaVersionError",
 ]
