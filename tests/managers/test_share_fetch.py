@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from asyncconsumer.errors import (
+    REFRESH_METADATA_CODES,
     InvalidRecordStateError,
     KafkaError,
     ShareSessionNotFoundError,
@@ -188,6 +191,20 @@ def test_acknowledgement_errors_on_a_share_fetch_reach_the_commit() -> None:
     waiter = s.fetcher.commit()  # waits for the acks already on their way
     sent.respond(fetch_answer(partition(0, ack_code=121)))
     assert isinstance(waiter.result()[P0], InvalidRecordStateError)
+
+
+@pytest.mark.parametrize("code", sorted(REFRESH_METADATA_CODES))
+def test_a_partition_error_that_new_metadata_fixes_refreshes_metadata_and_is_reported(code: int) -> None:
+    """Every code of the generated refresh set, OFFSET_NOT_AVAILABLE (78), INCONSISTENT_TOPIC_ID
+    (103) and FETCH_SESSION_TOPIC_ID_ERROR (106) too: the manager once kept its own copy without
+    them, and waited for the next periodic refresh."""
+    s = Setup({P0})
+    metadata = Scripted(s.metadata, clock=s.clock)
+    s.h.advance(1.0)
+    metadata.assert_idle()
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, code=code)))
+    assert [type(e).code for e in s.errors] == [code]
+    metadata.take("Metadata")
 
 
 def test_renew_goes_at_once_in_a_share_acknowledge_flagged_as_renew() -> None:

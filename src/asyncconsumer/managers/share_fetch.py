@@ -26,7 +26,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import KafkaError, UnsupportedVersionError, error_for_code
+from ..errors import (
+    REFRESH_METADATA_CODES,
+    SHARE_SESSION_CODES,
+    KafkaError,
+    UnsupportedVersionError,
+    error_for_code,
+)
 from ..protocol.records import decode_batch, iter_batches
 from ..structs import ConsumerRecord, TopicPartition
 from .metadata import MetadataManager
@@ -38,8 +44,6 @@ log = logging.getLogger("asyncconsumer.share")
 GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
 #: ShareFetch v2's ShareAcquireMode (KIP-1206): whole batches, or at most MaxRecords records.
 BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1
-SESSION_CODES = frozenset({122, 123})  # SHARE_SESSION_NOT_FOUND, INVALID_SHARE_SESSION_EPOCH
-METADATA_CODES = frozenset({3, 5, 6, 9, 56, 74, 75, 100})
 _MAX_EPOCH = 2**31 - 1
 
 AckResults = dict[TopicPartition, KafkaError | None]
@@ -409,7 +413,7 @@ class ShareFetchManager:
                         error_for_code(ack_code, p.get("acknowledge_error_message")) if ack_code else None,
                     )
                 if p["error_code"] != 0:
-                    if p["error_code"] in METADATA_CODES:
+                    if p["error_code"] in REFRESH_METADATA_CODES:
                         self._metadata.request_update()
                     self._report_error(error_for_code(p["error_code"], p.get("error_message")))
                     continue
@@ -545,5 +549,5 @@ class ShareFetchManager:
         session.partitions = set()
         self._retry_at[node] = now + self._retry_backoff
         self._metadata.request_update()
-        if not (isinstance(error, KafkaError) and getattr(error, "code", None) in SESSION_CODES):
+        if not (isinstance(error, KafkaError) and getattr(error, "code", None) in SHARE_SESSION_CODES):
             log.debug("share session with node %s failed: %r", node, error)
