@@ -14,22 +14,16 @@ from asyncconsumer.errors import (
     ShareSessionNotFoundError,
     UnsupportedVersionError,
 )
-from asyncconsumer.managers.share_fetch import (
-    ACCEPT,
-    BATCH_OPTIMIZED,
-    GAP,
-    RECORD_LIMIT,
-    REJECT,
-    RELEASE,
-    RENEW,
-    ShareBatch,
-    ShareFetchManager,
-    ack_batches,
-)
+from asyncconsumer.managers.share_fetch import GAP, ShareBatch, ShareFetchManager, ack_batches
 from asyncconsumer.protocol.record_writer import build_batch
-from asyncconsumer.structs import TopicPartition
+from asyncconsumer.structs import AcknowledgeType, TopicPartition
 
 from .scripted import FakeClock, Scripted, new_metadata, topic_id, version_range
+
+ACCEPT, RELEASE, REJECT, RENEW = (
+    AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT, AcknowledgeType.RENEW)
+#: ShareFetch v2's ShareAcquireMode values on the wire (KIP-1206).
+BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1
 
 P0 = TopicPartition("jobs", 0)
 P1 = TopicPartition("jobs", 1)
@@ -363,7 +357,7 @@ def test_batch_optimized_is_the_default_and_fits_share_fetch_v1() -> None:
 
 
 def test_record_limit_is_sent_in_share_fetch_v2_only() -> None:
-    s = Setup({P0}, acquire_mode=RECORD_LIMIT)
+    s = Setup({P0}, acquire_mode="record_limit")
     sent = s.h.take("ShareFetch")
     assert version_range(sent.request)[0] == 2  # a broker without v2 fails the request, see below
     body = sent.body()
@@ -371,7 +365,7 @@ def test_record_limit_is_sent_in_share_fetch_v2_only() -> None:
 
 
 def test_record_limit_on_a_broker_without_share_fetch_v2_is_a_typed_error_naming_the_option() -> None:
-    s = Setup({P0}, acquire_mode=RECORD_LIMIT)
+    s = Setup({P0}, acquire_mode="record_limit")
     s.h.take("ShareFetch").fail(UnsupportedVersionError("no common ShareFetch version: broker b:1 supports 1-1"))
     (error,) = s.errors
     assert isinstance(error, UnsupportedVersionError)
