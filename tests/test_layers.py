@@ -10,6 +10,10 @@ no modules import each other (directly or round a loop), except the generated
 error classes and ``errors``.  Every import counts, also one inside a function
 or under ``TYPE_CHECKING``: hiding an import does not change the design.
 
+The integrations (``spark``, ``cli``, ``testing``, ``demo``) are the package's first users: they use
+only public names, the package's or a documented module's, never a name private to another package
+(``_version``, ``Consumer._next_arrow_batch``).
+
 Errors are named, not numbered: no request manager compares a broker error code with a number of
 its own (it uses the generated sets, ``errors.COORDINATOR_CODES`` ..., or a class's ``code``).
 """
@@ -80,9 +84,14 @@ def import_graph() -> dict[str, set[str]]:
                     base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
                 if not base.startswith("asyncconsumer"):
                     continue
-                for alias in node.names:  # "from package import module" imports the module
+                # "from package import name" reads the package's namespace, so it depends on the
+                # package's __init__ (a module imported by that __init__ closes a loop), and on the
+                # module when the name is one.
+                targets.add(resolve(base))
+                for alias in node.names:
                     sub = f"{base}.{alias.name}"
-                    targets.add(sub if sub in modules else resolve(base))
+                    if sub in modules:
+                        targets.add(sub)
         graph[module] = {t for t in targets if t is not None and t != module}
     return graph
 
@@ -151,6 +160,15 @@ def test_checker_finds_cycles_but_not_the_allowed_one() -> None:
     }
     assert cycles(graph, [frozenset({"errors", "generated"})]) == [["a", "b", "c"]]
     assert cycles(graph, []) == [["a", "b", "c"], ["errors", "generated"]]
+
+
+def test_from_a_package_import_depends_on_the_package() -> None:
+    """``from . import _probe`` in testing/kafka.py read testing/__init__.py, which imports kafka.py:
+    a loop, although the name it took is a module of its own."""
+    graph = import_graph()
+    assert "asyncconsumer.testing" in graph["asyncconsumer.testing.pytest_plugin"]  # from . import KafkaBroker
+    assert "asyncconsumer.engine" in graph["asyncconsumer.engine.core"]  # from . import sasl
+    assert "asyncconsumer.engine.sasl" in graph["asyncconsumer.engine.core"]
 
 
 def test_the_graph_sees_hidden_imports() -> None:
@@ -252,5 +270,63 @@ def test_no_manager_numbers_an_error_code() -> None:
         hit
         for path in sorted((SRC / "managers").rglob("*.py"))
         for hit in error_code_literals(path.read_text(), str(path.relative_to(SRC)))
+    ]
+    assert found == []
+
+
+# -- the integrations use public names only -----------------------------------------------------------
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_reaches(module: str, source: str, package: bool = False) -> list[str]:
+    """The names ``module`` takes that are private to another package: an import of a private
+    module or name from outside its own package, or an attribute ``_name`` of anything but
+    ``self``/``cls`` (whose class it cannot know)."""
+    parts = module.split(".")
+    here = parts if package else parts[:-1]
+    own = ".".join(parts[:2])  # asyncconsumer.spark, asyncconsumer.cli, ...
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            if isinstance(node, ast.Import):
+                imported = [(alias.name, "") for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+                imported = [(base, alias.name) for alias in node.names]
+            for target, name in imported:
+                if not target.startswith("asyncconsumer") or target == own or target.startswith(own + "."):
+                    continue
+                if any(_private(p) for p in target.split(".")) or _private(name):
+                    found.append((node.lineno, ast.unparse(node)))
+    return [f"{module}:{line}: {text}" for line, text in sorted(found)]
+
+
+def test_checker_finds_a_reach_into_private_names() -> None:
+    source = """
+from .._version import __version__
+from ..consumer import Consumer, _check_partitions
+from ._format import TextFormat
+import asyncconsumer._args
+batch = await self._consumer._next_arrow_batch()
+self._started = True
+"""
+    found = private_reaches("asyncconsumer.cli.run", source)
+    assert [line.split(":")[1] for line in found] == ["2", "3", "5", "6"]
+
+
+def test_the_integrations_use_public_names_only() -> None:
+    found = [
+        hit
+        for module, (path, package) in source_modules().items()
+        if module != "asyncconsumer" and PLACES[module.split(".")[1]] == "integrations"
+        for hit in private_reaches(module, path.read_text(), package)
     ]
     assert found == []

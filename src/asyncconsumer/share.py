@@ -23,7 +23,6 @@ from typing import Any, Generic, Unpack
 import anyio
 from typing_extensions import TypeVar
 
-from . import otel
 from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.metrics import share_snapshot
 from .app.share_collector import (
@@ -37,6 +36,8 @@ from .engine.share_loop import ShareEngine
 from .errors import ConfigError, ConfigTypeError, ConsumerClosedError, KafkaError, KafkaTimeoutError
 from .managers.share_fetch import ShareAcquireMode
 from .metrics import ShareConsumerMetrics
+from .otel import attach as attach_telemetry
+from .otel import telemetry_for
 from .structs import AcknowledgeType, ShareConsumerRecord, TopicPartition
 
 log = logging.getLogger("asyncconsumer.share")
@@ -125,10 +126,10 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         self._engine = ShareEngine(config, max_records=config.max_poll_records, acquire_mode=self.acquire_mode)
         # OpenTelemetry (asyncconsumer.otel): records handed out and request durations; no lag.
         ref = weakref.ref(self)
-        telemetry = otel.telemetry_for(
+        telemetry = telemetry_for(
             config, None, lambda: dict(c._collector.delivered) if (c := ref()) is not None else {}
         )
-        otel.attach(self._engine, telemetry)
+        attach_telemetry(self._engine, telemetry)
         return self._engine
 
     async def _bootstrap(self) -> None:
