@@ -8,8 +8,10 @@ each acknowledged (accept, release for redelivery, reject, renew the lock).
             ...
             consumer.acknowledge(record, AcknowledgeType.ACCEPT)
 
-See docs/share-groups.md.  The background loop (``engine/share_loop.py``) owns every request;
-this side hands records out, queues acknowledgements and waits on results.
+See docs/share-groups.md.  Like ``Consumer``, a facade: every public call is bracketed by
+``acquire()``/``release()`` (KIP-957), the background loop (``engine/share_loop.py``) owns every
+request, and the application-side work (polls, the ledger of records handed out and not
+acknowledged, acknowledgements, commits) is the share collector's (``app/share_collector.py``).
 """
 
 from __future__ import annotations
