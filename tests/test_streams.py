@@ -48,6 +48,16 @@ async def test_a_record_is_processed_when_the_next_one_is_asked_for() -> None:
     assert stream.drained
 
 
+async def test_a_record_taken_before_a_seek_moves_nothing_when_it_is_processed_after_it() -> None:
+    """A seek back while a reader works on a record: finishing that record must not move what
+    commit() commits past the new position (it used to: records from there on were skipped)."""
+    stream, state = new_stream(range(10, 13))
+    await stream.__anext__()  # 10 in hand
+    state.set_position(5)  # consumer.seek(tp, 5): position and consumed are 5
+    await stream.__anext__()  # done with 10, taken before the seek
+    assert state.consumed == 5 and state.position == 5
+
+
 async def test_drained_once_the_reader_waits_for_more() -> None:
     stream, state = new_stream(range(0, 2))
     async with anyio.create_task_group() as tg:
