@@ -1,7 +1,8 @@
 """Build hook for the optional C record decoder; all metadata lives in pyproject.toml.
 
-``asyncconsumer._speedups`` is compiled by every normal build (``pip install .``,
-``pip install -e .``, ``python -m build``).  It is optional: without a C compiler
+``asyncconsumer._speedups`` (one module from the C files of speedups/, see speedups.h there) is
+compiled by every normal build (``pip install .``, ``pip install -e .``, ``python -m build``;
+MANIFEST.in puts speedups/ in every sdist).  It is optional: without a C compiler
 the build warns and goes on, and the package uses its pure-Python decoder.
 ``ASYNCCONSUMER_NO_EXTENSION=1`` skips the extension at build time (and, at
 import time, makes an installed extension unused).
@@ -23,7 +24,8 @@ if not _disabled():
     ext_modules.append(
         Extension(
             "asyncconsumer._speedups",
-            sources=["src/asyncconsumer/_speedups.c"],
+            sources=[f"speedups/{name}.c" for name in ("module", "records", "columns", "arrow", "crc32c")],
+            depends=["speedups/speedups.h"],
             optional=True,
         )
     )

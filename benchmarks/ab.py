@@ -5,10 +5,11 @@ shared machine, so each client reads each data set with the two versions back to
 flipped every round, on one broker with the same data; the report gives the ratio after/before of
 the median records/s and of the median CPU seconds, and the spread of the per-round paired ratios.
 
-Each revision's ``src/`` is exported with ``git archive`` and put first on ``PYTHONPATH``; the
-compiled record decoder of the working tree is copied in when that revision's ``_speedups.c`` is the
-same (otherwise the run stops: build both versions by hand instead). The benchmark clients and data
-sets are the working tree's (``benchmarks.clients``, ``benchmarks.datasets``).
+Each revision is exported with ``git archive`` and its ``src/`` put first on ``PYTHONPATH``; the
+compiled record decoder of the working tree is copied in when that revision's C sources are the same
+(``speedups/``, or ``src/asyncconsumer/_speedups.c`` before they were split), else the revision's
+own sources are compiled (a C compiler and the Python headers are needed then). The
+benchmark clients and data sets are the working tree's (``benchmarks.clients``, ``benchmarks.datasets``).
 
     python -m benchmarks.ab ed0b79e HEAD --rounds 8 --broker kafka --json ab.json
 """
@@ -34,18 +35,43 @@ CLIENTS = ("asyncconsumer-iter", "asyncconsumer-getmany", "asyncconsumer-batches
 SETS = ("100B", "1KiB", "100B-lz4")
 
 
+def c_sources(tree: Path) -> list[tuple[str, bytes]]:
+    """The C extension's sources in ``tree``: the files of ``speedups/``, or the one file before the split."""
+    files = sorted(tree.glob("speedups/*.[ch]")) + sorted(tree.glob("src/asyncconsumer/_speedups.c"))
+    return [(str(f.relative_to(tree)), f.read_bytes()) for f in files]
+
+
 def export(revision: str, into: Path) -> Path:
-    """``revision``'s src tree under ``into``, with the working tree's compiled decoder if it fits."""
+    """``revision``'s src tree under ``into``, with its compiled decoder: the working tree's if the
+    sources are the same, else built from the revision's own."""
     into.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", revision, "src"], cwd=ROOT, capture_output=True, check=True)
+    archive = subprocess.run(["git", "archive", revision], cwd=ROOT, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     package = into / "src" / "asyncconsumer"
     ours = ROOT / "src" / "asyncconsumer"
-    if (package / "_speedups.c").read_bytes() != (ours / "_speedups.c").read_bytes():
-        sys.exit(f"benchmarks.ab: {revision}'s _speedups.c differs from the working tree's; build it by hand")
-    for built in ours.glob("_speedups*.so"):
-        shutil.copy2(built, package / built.name)
+    if c_sources(into) == c_sources(ROOT):
+        for built in ours.glob("_speedups*.so"):
+            shutil.copy2(built, package / built.name)
+    else:
+        build_extension(into, package, revision)
     return into / "src"
+
+
+def build_extension(tree: Path, package: Path, revision: str) -> None:
+    """Compile ``tree``'s C sources into ``package`` (setuptools, outside the revision's own build
+    configuration, which an older or newer setuptools may not read)."""
+    sources = [str(tree / name) for name, _ in c_sources(tree) if name.endswith(".c")]
+    script = (
+        "import sys; from setuptools import Extension, setup; "
+        "setup(name='speedups', script_args=['-q', 'build_ext', '--inplace'], "
+        "ext_modules=[Extension('_speedups', sys.argv[1:])])"
+    )
+    with tempfile.TemporaryDirectory(prefix="asyncconsumer-ab-build-") as work:
+        build = subprocess.run([sys.executable, "-c", script, *sources], cwd=work, capture_output=True, text=True)
+        built = list(Path(work).glob("_speedups*.so"))
+        if build.returncode != 0 or not built:
+            sys.exit(f"benchmarks.ab: building {revision}'s compiled decoder failed:\n{build.stderr[-2000:]}")
+        shutil.copy2(built[0], package / built[0].name)
 
 
 def read_once(client: str, dataset: ds.Dataset, bootstrap: str, src: Path) -> dict[str, Any]:

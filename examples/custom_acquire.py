@@ -36,7 +36,7 @@ from asyncconsumer import Consumer, TopicPartition
 log = logging.getLogger("examples.custom_acquire")
 
 #: The operation names the default rule treats as polling.
-POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches", "arrow_batches", "partitions"})
+POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches", "arrow_batches", "arrow_batch", "partitions"})
 
 
 class SharedPollConsumer(Consumer[bytes, bytes]):

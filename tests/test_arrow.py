@@ -144,6 +144,8 @@ async def test_arrow_batches_and_batches_take_turns_without_loss(
                 async for batch in c.batches(max_records=100):
                     seen += [int(r.value) for r in batch]
                     break
+                if len(seen) == 2000:  # a step may bring fewer than its max: the rows may have taken the last
+                    break
                 async for abatch in c.arrow_batches(max_records=150):
                     seen += [int(v) for v in abatch.column("value").to_pylist()]
                     break

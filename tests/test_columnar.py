@@ -614,7 +614,7 @@ def assert_damaged_walks_agree(data: bytes, max_records: int, *, rows_before_pos
 #
 # The compiled builder reads a batch's common records (no headers, 9-byte varints at most, room in
 # its buffers, a timestamp Arrow's microseconds hold) without a check per byte while they end 64
-# bytes or more before the batch does (columns_fast in _speedups.c); any other record, and the last
+# bytes or more before the batch does (columns_fast in speedups/columns.c); any other record, and the last
 # 64 bytes, go to the checked loop.  These batches put plain records far from their end, with odd
 # ones among them, so both loops and the hand-over between them run.
 

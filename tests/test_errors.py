@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
 import subprocess
+import warnings
 from typing import Any
 
 import pytest
@@ -99,3 +102,54 @@ def test_the_table_is_the_java_clients(tmp_path: Any) -> None:
     ours = {cls.code: (cls.error_name, cls.retriable) for cls in errors.ALL_BROKER_ERRORS}
     java_table.pop(0)  # NONE: no error
     assert ours == java_table
+
+
+def _generator() -> Any:
+    path = pathlib.Path(__file__).parent.parent / "tools" / "gen_errors.py"
+    spec = importlib.util.spec_from_file_location("gen_errors", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_generated_module_is_what_the_generator_writes() -> None:
+    """Edit tools/gen_errors.py, then run it: the two never drift apart."""
+    generator = _generator()
+    assert generator.OUTPUT.read_text() == generator.render()
+
+
+@pytest.mark.parametrize(
+    ("code", "name"),
+    [(-1, "UnknownServerError"), (13, "NetworkError"), (17, "InvalidTopicError"), (56, "KafkaStorageError"),
+     (106, "FetchSessionTopicIdError")],
+)
+def test_a_name_ending_in_error_or_exception_says_error_once(code: int, name: str) -> None:
+    assert errors.error_class(code) is getattr(errors, name)
+    doubled = [c.__name__ for c in errors.ALL_BROKER_ERRORS if c.__name__.endswith(("ErrorError", "ExceptionError"))]
+    assert doubled == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("UnknownServerErrorError", "UnknownServerError"), ("NetworkExceptionError", "NetworkError"),
+     ("InvalidTopicExceptionError", "InvalidTopicError"), ("KafkaStorageErrorError", "KafkaStorageError"),
+     ("FetchSessionTopicIdErrorError", "FetchSessionTopicIdError")],
+)
+def test_the_old_doubled_names_still_work_with_a_deprecation_warning(old: str, new: str) -> None:
+    with pytest.warns(DeprecationWarning, match=f"asyncconsumer.errors.{old} is deprecated: use {new}"):
+        assert getattr(errors, old) is getattr(errors, new)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        getattr(errors, new)  # the new name does not warn
+    with pytest.raises(AttributeError, match="NoSuchError"):
+        errors.NoSuchError  # noqa: B018
+
+
+def test_the_code_sets_name_their_codes() -> None:
+    assert {errors.error_class(c).error_name for c in errors.COORDINATOR_CODES} == {
+        "NETWORK_EXCEPTION", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR"}
+    assert {errors.error_class(c).error_name for c in errors.SHARE_SESSION_CODES} == {
+        "SHARE_SESSION_NOT_FOUND", "INVALID_SHARE_SESSION_EPOCH"}
+    assert {errors.error_class(c).error_name for c in errors.MEMBER_FATAL_CODES} == {
+        "FENCED_INSTANCE_ID", "GROUP_MAX_SIZE_REACHED"}

@@ -26,9 +26,12 @@ from support.share import apache_kafka_bootstrap, share_group  # noqa: F401 (a f
 
 from asyncconsumer import (
     AcknowledgementRequiredError,
+    AcknowledgementResult,
     AcknowledgeType,
     AcquisitionLockExpiredError,
     ConcurrentAccessError,
+    KafkaError,
+    KafkaTimeoutError,
     RecordDeserializationError,
     ShareConsumer,
     ShareConsumerRecord,
@@ -312,6 +315,33 @@ async def test_explicit_mode_refuses_to_poll_with_unacknowledged_records(
         assert await consumer.getmany(timeout=0.1) == {}
 
 
+async def test_a_commit_not_answered_in_time_raises_kafka_timeout_error(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """Like every error of the library a KafkaError (docs/errors.md), also a TimeoutError; the
+    acknowledgements still reach the broker, and a later commit() reports them."""
+    topic = new_topic(1)
+    group = await group_for(bootstrap)
+    await anyio.to_thread.run_sync(lambda: produce(topic, values(2)))
+    outcomes: list[dict[TopicPartition, AcknowledgementResult]] = []
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group, share_acknowledgement_mode="explicit",
+                             on_acknowledgement_commit=outcomes.append) as consumer:
+        consumer.subscribe([topic])
+        got = await poll_until(consumer, 2, ack=None)
+        with pytest.raises(TypeError):
+            await consumer.commit(5.0)  # type: ignore[misc]  # timeout is keyword-only
+        for r in got:
+            consumer.acknowledge(r, AcknowledgeType.ACCEPT)
+        with pytest.raises(KafkaTimeoutError, match=r"did not answer the acknowledgements within 0\.0s") as raised:
+            await consumer.commit(timeout=0)  # the ShareAcknowledge is not even sent yet
+        assert isinstance(raised.value, KafkaError) and isinstance(raised.value, TimeoutError)
+        await consumer.commit(timeout=30)  # waits for the acknowledgements on their way, if still
+        assert outcomes == [{TopicPartition(topic, 0): AcknowledgementResult((0, 1), None)}]
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as again:
+        again.subscribe([topic])
+        assert await nothing_more(again, 4.0) == []
+
+
 async def test_a_lock_that_ran_out_is_a_typed_error_and_the_record_comes_back(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
@@ -555,8 +585,6 @@ async def test_the_acknowledgement_commit_callback_sees_every_acknowledgement_on
     """Acknowledgements sent by commit() (accept 0-4 and 7-9, reject 5 and 6), riding on a
     ShareFetch (accept 10 and 11, reported at a later poll) and sent by close() (12 and 13, released):
     each offset reaches the callback once, with no error."""
-    from asyncconsumer import AcknowledgementResult
-
     topic = new_topic(1)
     group = await group_for(bootstrap)
     await anyio.to_thread.run_sync(lambda: produce(topic, values(12)))

@@ -174,7 +174,7 @@ def test_from_properties_takes_java_names_and_the_share_ones() -> None:
     assert (overridden.acknowledgement_mode, overridden.config.max_poll_records) == ("implicit", 9)
     seen: list[object] = []
     with_callback = ShareConsumer.from_properties({"group.id": "g"}, on_acknowledgement_commit=seen.append)
-    assert with_callback._on_ack_commit is not None
+    assert with_callback._collector.on_commit == seen.append
 
 
 @pytest.mark.parametrize(("properties", "message"), [

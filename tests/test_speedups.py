@@ -402,6 +402,11 @@ def test_build_skips_the_extension_when_disabled(monkeypatch: pytest.MonkeyPatch
     assert seen[0]["ext_modules"] == []
     [ext] = seen[1]["ext_modules"]
     assert ext.name == "asyncconsumer._speedups" and ext.optional
+    # one module from the files of speedups/, the shared header a dependency of each (a change to it
+    # rebuilds them all); MANIFEST.in puts the folder in every sdist, also one built without it
+    assert sorted(ext.sources) == sorted(str(p.relative_to(ROOT)) for p in (ROOT / "speedups").glob("*.c"))
+    assert ext.depends == ["speedups/speedups.h"]
+    assert "graft speedups" in (ROOT / "MANIFEST.in").read_text().splitlines()
 
 
 def test_bind_rejects_a_record_type_with_fields() -> None:

@@ -22,7 +22,9 @@ def record(offset: int) -> ConsumerRecord[bytes, bytes]:
 
 
 def new_stream(offsets: range, capacity: int = 10) -> tuple[PartitionStream[bytes, bytes], PartitionState]:
-    state = PartitionState(TP, PartitionPhase.FETCHING, position=offsets.start, consumed=offsets.start)
+    # The records in a stream were taken from the buffer: the position is past them.
+    state = PartitionState(TP, PartitionPhase.FETCHING, position=offsets.stop, fetch_offset=offsets.stop,
+                           consumed=offsets.start, processed=offsets.start)
     stream: PartitionStream[bytes, bytes] = PartitionStream(TP, state, capacity)
     stream.pending.extend(record(o) for o in offsets)
     stream.push()
@@ -44,6 +46,16 @@ async def test_a_record_is_processed_when_the_next_one_is_asked_for() -> None:
         await stream.__anext__()
     assert state.consumed == 8  # done with the last one
     assert stream.drained
+
+
+async def test_a_record_taken_before_a_seek_moves_nothing_when_it_is_processed_after_it() -> None:
+    """A seek back while a reader works on a record: finishing that record must not move what
+    commit() commits past the new position (it used to: records from there on were skipped)."""
+    stream, state = new_stream(range(10, 13))
+    await stream.__anext__()  # 10 in hand
+    state.set_position(5)  # consumer.seek(tp, 5): position and consumed are 5
+    await stream.__anext__()  # done with 10, taken before the seek
+    assert state.consumed == 5 and state.position == 5
 
 
 async def test_drained_once_the_reader_waits_for_more() -> None:
@@ -91,6 +103,13 @@ class ScriptedSource:
     def partitions(self) -> dict[TopicPartition, PartitionState]:
         return {TP: self.state}
 
+    def took(self, records: list[ConsumerRecord[bytes, bytes]]) -> list[ConsumerRecord[bytes, bytes]]:
+        """What a real ``take()`` does to the partition: fetched, and taken, up to past ``records``."""
+        if records:
+            self.state.fetched(records[-1].offset + 1)
+            self.state.taken(records[-1].offset + 1)
+        return records
+
     def wake(self) -> None:
         pass
 
@@ -102,7 +121,7 @@ class ScriptedSource:
         self.takes += 1
         if self._records:
             records, self._records = self._records, []
-            return {TP: records}
+            return {TP: self.took(records)}
         await self._notified.wait()  # no timeout: only a notification ends this poll
         self._notified = anyio.Event()
         return {}
@@ -142,7 +161,7 @@ async def test_finish_waits_for_the_record_in_hand_and_drops_the_rest() -> None:
     streams: PartitionStreams[bytes, bytes] = PartitionStreams(source, 10)
     stream = streams._open(TP)
     assert stream is not None
-    stream.pending.extend(record(o) for o in range(20))
+    stream.pending.extend(source.took([record(o) for o in range(20)]))
     stream.push()
     processed: list[int] = []
     async with anyio.create_task_group() as tg:
@@ -167,7 +186,7 @@ async def test_finish_does_not_wait_for_a_reader_that_cannot_finish(how: str) ->
     streams: PartitionStreams[bytes, bytes] = PartitionStreams(source, 10)
     stream = streams._open(TP)
     assert stream is not None
-    stream.pending.extend(record(o) for o in range(5))
+    stream.pending.extend(source.took([record(o) for o in range(5)]))
     stream.push()
     with anyio.fail_after(1):  # not the 5 s wait
         async with anyio.create_task_group() as tg:

@@ -27,14 +27,16 @@ from .errors import (
 )
 from .listener import RebalanceListener
 from .metrics import ConsumerMetrics, PartitionMetrics, ShareConsumerMetrics
-from .share import AcknowledgementResult, AcknowledgeType, ShareConsumer, ShareConsumerRecord
+from .share import AcknowledgementResult, ShareConsumer
 from .streams import PartitionStream
 from .structs import (
     CREATE_TIME,
     LOG_APPEND_TIME,
+    AcknowledgeType,
     ConsumerRecord,
     OffsetAndMetadata,
     OffsetAndTimestamp,
+    ShareConsumerRecord,
     TopicPartition,
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .errors import BrokerResponseError
 
 
-class UnknownServerErrorError(BrokerResponseError):
+class UnknownServerError(BrokerResponseError):
     code = -1
     error_name = "UNKNOWN_SERVER_ERROR"
     retriable = False
@@ -83,7 +83,7 @@ class OffsetMetadataTooLargeError(BrokerResponseError):
     retriable = False
 
 
-class NetworkExceptionError(BrokerResponseError):
+class NetworkError(BrokerResponseError):
     code = 13
     error_name = "NETWORK_EXCEPTION"
     retriable = True
@@ -107,7 +107,7 @@ class NotCoordinatorError(BrokerResponseError):
     retriable = True
 
 
-class InvalidTopicExceptionError(BrokerResponseError):
+class InvalidTopicError(BrokerResponseError):
     code = 17
     error_name = "INVALID_TOPIC_EXCEPTION"
     retriable = False
@@ -341,7 +341,7 @@ class OperationNotAttemptedError(BrokerResponseError):
     retriable = False
 
 
-class KafkaStorageErrorError(BrokerResponseError):
+class KafkaStorageError(BrokerResponseError):
     code = 56
     error_name = "KAFKA_STORAGE_ERROR"
     retriable = True
@@ -641,7 +641,7 @@ class TransactionalIdNotFoundError(BrokerResponseError):
     retriable = False
 
 
-class FetchSessionTopicIdErrorError(BrokerResponseError):
+class FetchSessionTopicIdError(BrokerResponseError):
     code = 106
     error_name = "FETCH_SESSION_TOPIC_ID_ERROR"
     retriable = True
@@ -827,7 +827,18 @@ class ControllerIdNotRegisteredError(BrokerResponseError):
     retriable = False
 
 
-ALL_BROKER_ERRORS: tuple[type[BrokerResponseError], ...] = (UnknownServerErrorError, OffsetOutOfRangeError, CorruptMessageError, UnknownTopicOrPartitionError, InvalidFetchSizeError, LeaderNotAvailableError, NotLeaderOrFollowerError, RequestTimedOutError, BrokerNotAvailableError, ReplicaNotAvailableError, MessageTooLargeError, StaleControllerEpochError, OffsetMetadataTooLargeError, NetworkExceptionError, CoordinatorLoadInProgressError, CoordinatorNotAvailableError, NotCoordinatorError, InvalidTopicExceptionError, RecordListTooLargeError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, InvalidRequiredAcksError, IllegalGenerationError, InconsistentGroupProtocolError, InvalidGroupIdError, UnknownMemberIdError, InvalidSessionTimeoutError, RebalanceInProgressError, InvalidCommitOffsetSizeError, TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError, InvalidTimestampError, UnsupportedSaslMechanismError, IllegalSaslStateError, UnsupportedVersionError, TopicAlreadyExistsError, InvalidPartitionsError, InvalidReplicationFactorError, InvalidReplicaAssignmentError, InvalidConfigError, NotControllerError, InvalidRequestError, UnsupportedForMessageFormatError, PolicyViolationError, OutOfOrderSequenceNumberError, DuplicateSequenceNumberError, InvalidProducerEpochError, InvalidTxnStateError, InvalidProducerIdMappingError, InvalidTransactionTimeoutError, ConcurrentTransactionsError, TransactionCoordinatorFencedError, TransactionalIdAuthorizationFailedError, SecurityDisabledError, OperationNotAttemptedError, KafkaStorageErrorError, LogDirNotFoundError, SaslAuthenticationFailedError, UnknownProducerIdError, ReassignmentInProgressError, DelegationTokenAuthDisabledError, DelegationTokenNotFoundError, DelegationTokenOwnerMismatchError, DelegationTokenRequestNotAllowedError, DelegationTokenAuthorizationFailedError, DelegationTokenExpiredError, InvalidPrincipalTypeError, NonEmptyGroupError, GroupIdNotFoundError, FetchSessionIdNotFoundError, InvalidFetchSessionEpochError, ListenerNotFoundError, TopicDeletionDisabledError, FencedLeaderEpochError, UnknownLeaderEpochError, UnsupportedCompressionTypeError, StaleBrokerEpochError, OffsetNotAvailableError, MemberIdRequiredError, PreferredLeaderNotAvailableError, GroupMaxSizeReachedError, FencedInstanceIdError, EligibleLeadersNotAvailableError, ElectionNotNeededError, NoReassignmentInProgressError, GroupSubscribedToTopicError, InvalidRecordError, UnstableOffsetCommitError, ThrottlingQuotaExceededError, ProducerFencedError, ResourceNotFoundError, DuplicateResourceError, UnacceptableCredentialError, InconsistentVoterSetError, InvalidUpdateVersionError, FeatureUpdateFailedError, PrincipalDeserializationFailureError, SnapshotNotFoundError, PositionOutOfRangeError, UnknownTopicIdError, DuplicateBrokerRegistrationError, BrokerIdNotRegisteredError, InconsistentTopicIdError, InconsistentClusterIdError, TransactionalIdNotFoundError, FetchSessionTopicIdErrorError, IneligibleReplicaError, NewLeaderElectedError, OffsetMovedToTieredStorageError, FencedMemberEpochError, UnreleasedInstanceIdError, UnsupportedAssignorError, StaleMemberEpochError, MismatchedEndpointTypeError, UnsupportedEndpointTypeError, UnknownControllerIdError, UnknownSubscriptionIdError, TelemetryTooLargeError, InvalidRegistrationError, TransactionAbortableError, InvalidRecordStateError, ShareSessionNotFoundError, InvalidShareSessionEpochError, FencedStateEpochError, InvalidVoterKeyError, DuplicateVoterError, VoterNotFoundError, InvalidRegularExpressionError, RebootstrapRequiredError, StreamsInvalidTopologyError, StreamsInvalidTopologyEpochError, StreamsTopologyFencedError, ShareSessionLimitReachedError, GroupDeletionFailedError, StreamsTopologyDescriptionUpdateFailedError, ControllerIdNotRegisteredError,)
+ALL_BROKER_ERRORS: tuple[type[BrokerResponseError], ...] = (UnknownServerError, OffsetOutOfRangeError, CorruptMessageError, UnknownTopicOrPartitionError, InvalidFetchSizeError, LeaderNotAvailableError, NotLeaderOrFollowerError, RequestTimedOutError, BrokerNotAvailableError, ReplicaNotAvailableError, MessageTooLargeError, StaleControllerEpochError, OffsetMetadataTooLargeError, NetworkError, CoordinatorLoadInProgressError, CoordinatorNotAvailableError, NotCoordinatorError, InvalidTopicError, RecordListTooLargeError, NotEnoughReplicasError, NotEnoughReplicasAfterAppendError, InvalidRequiredAcksError, IllegalGenerationError, InconsistentGroupProtocolError, InvalidGroupIdError, UnknownMemberIdError, InvalidSessionTimeoutError, RebalanceInProgressError, InvalidCommitOffsetSizeError, TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError, InvalidTimestampError, UnsupportedSaslMechanismError, IllegalSaslStateError, UnsupportedVersionError, TopicAlreadyExistsError, InvalidPartitionsError, InvalidReplicationFactorError, InvalidReplicaAssignmentError, InvalidConfigError, NotControllerError, InvalidRequestError, UnsupportedForMessageFormatError, PolicyViolationError, OutOfOrderSequenceNumberError, DuplicateSequenceNumberError, InvalidProducerEpochError, InvalidTxnStateError, InvalidProducerIdMappingError, InvalidTransactionTimeoutError, ConcurrentTransactionsError, TransactionCoordinatorFencedError, TransactionalIdAuthorizationFailedError, SecurityDisabledError, OperationNotAttemptedError, KafkaStorageError, LogDirNotFoundError, SaslAuthenticationFailedError, UnknownProducerIdError, ReassignmentInProgressError, DelegationTokenAuthDisabledError, DelegationTokenNotFoundError, DelegationTokenOwnerMismatchError, DelegationTokenRequestNotAllowedError, DelegationTokenAuthorizationFailedError, DelegationTokenExpiredError, InvalidPrincipalTypeError, NonEmptyGroupError, GroupIdNotFoundError, FetchSessionIdNotFoundError, InvalidFetchSessionEpochError, ListenerNotFoundError, TopicDeletionDisabledError, FencedLeaderEpochError, UnknownLeaderEpochError, UnsupportedCompressionTypeError, StaleBrokerEpochError, OffsetNotAvailableError, MemberIdRequiredError, PreferredLeaderNotAvailableError, GroupMaxSizeReachedError, FencedInstanceIdError, EligibleLeadersNotAvailableError, ElectionNotNeededError, NoReassignmentInProgressError, GroupSubscribedToTopicError, InvalidRecordError, UnstableOffsetCommitError, ThrottlingQuotaExceededError, ProducerFencedError, ResourceNotFoundError, DuplicateResourceError, UnacceptableCredentialError, InconsistentVoterSetError, InvalidUpdateVersionError, FeatureUpdateFailedError, PrincipalDeserializationFailureError, SnapshotNotFoundError, PositionOutOfRangeError, UnknownTopicIdError, DuplicateBrokerRegistrationError, BrokerIdNotRegisteredError, InconsistentTopicIdError, InconsistentClusterIdError, TransactionalIdNotFoundError, FetchSessionTopicIdError, IneligibleReplicaError, NewLeaderElectedError, OffsetMovedToTieredStorageError, FencedMemberEpochError, UnreleasedInstanceIdError, UnsupportedAssignorError, StaleMemberEpochError, MismatchedEndpointTypeError, UnsupportedEndpointTypeError, UnknownControllerIdError, UnknownSubscriptionIdError, TelemetryTooLargeError, InvalidRegistrationError, TransactionAbortableError, InvalidRecordStateError, ShareSessionNotFoundError, InvalidShareSessionEpochError, FencedStateEpochError, InvalidVoterKeyError, DuplicateVoterError, VoterNotFoundError, InvalidRegularExpressionError, RebootstrapRequiredError, StreamsInvalidTopologyError, StreamsInvalidTopologyEpochError, StreamsTopologyFencedError, ShareSessionLimitReachedError, GroupDeletionFailedError, StreamsTopologyDescriptionUpdateFailedError, ControllerIdNotRegisteredError,)
+
+
+#: Names the classes had before the generator dropped a doubled word (``KafkaStorageErrorError``):
+#: ``errors`` still answers to them, with a DeprecationWarning.
+DEPRECATED_NAMES: dict[str, str] = {
+    "UnknownServerErrorError": "UnknownServerError",
+    "NetworkExceptionError": "NetworkError",
+    "InvalidTopicExceptionError": "InvalidTopicError",
+    "KafkaStorageErrorError": "KafkaStorageError",
+    "FetchSessionTopicIdErrorError": "FetchSessionTopicIdError",
+}
 
 
 #: The group coordinator moved, is loading or cannot be reached: look it up again and retry.
@@ -848,3 +859,12 @@ RETRY_LATER_CODES: frozenset[int] = frozenset({7, 88, 89})
 #: The broker forgot the incremental fetch session (KIP-227): start a new one with a full fetch.
 #: FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH.
 FETCH_SESSION_CODES: frozenset[int] = frozenset({70, 71})
+
+#: This member cannot go on in its group: another consumer joined with its group_instance_id
+#: (KIP-345), or the group is full.  Final: the partitions are lost and the application told.
+#: GROUP_MAX_SIZE_REACHED, FENCED_INSTANCE_ID.
+MEMBER_FATAL_CODES: frozenset[int] = frozenset({81, 82})
+
+#: The broker forgot the share session (KIP-932): open a new one with epoch 0.
+#: SHARE_SESSION_NOT_FOUND, INVALID_SHARE_SESSION_EPOCH.
+SHARE_SESSION_CODES: frozenset[int] = frozenset({122, 123})

@@ -20,7 +20,17 @@ import anyio
 import anyio.abc
 from typing_extensions import TypeVar
 
-from . import _args, otel
+from ._args import (
+    check_commit_offsets,
+    check_offset,
+    check_pattern,
+    check_positive_int,
+    check_timeout,
+    check_timestamps,
+    check_topic,
+    check_topic_partitions,
+    check_topics,
+)
 from ._runtime import current_async_library
 from .app.arrow import require_pyarrow, take_arrow_batch
 from .app.client import ClientBase, bracketed, bracketed_sync
@@ -44,6 +54,8 @@ from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
 from .managers.membership import MemberState
 from .managers.subscription import PartitionState
 from .metrics import ConsumerMetrics
+from .otel import attach as attach_telemetry
+from .otel import telemetry_for
 from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 
 log = logging.getLogger("asyncconsumer.consumer")
@@ -54,7 +66,9 @@ VT = TypeVar("VT", default=bytes)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_POLL_OPERATIONS = frozenset({"getmany", "getone", "__anext__", "batches", "partitions", "arrow_batches"})
+_POLL_OPERATIONS = frozenset(
+    {"getmany", "getone", "__anext__", "batches", "partitions", "arrow_batches", "arrow_batch"}
+)
 
 
 class Consumer(ClientBase, Generic[KT, VT]):
@@ -75,7 +89,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self._config = build_config(options)
         self._engine: Engine | None = None
         self._rebalance = RebalanceRunner(self._config)
-        self._collector: Collector[KT, VT] = Collector(self._config, self._rebalance, lambda: self._engine)
+        self._collector: Collector[KT, VT] = Collector(self._config, self._rebalance)
         #: Records taken for ``async for``/``batches()`` and not handed out yet (the collector's).
         self._chunks = self._collector.chunks
         self._plain_records = self._config.key_deserializer is None and self._config.value_deserializer is None
@@ -124,12 +138,12 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self._engine = Engine(self._config)
         # OpenTelemetry (asyncconsumer.otel): nothing at all without a meter provider to report to.
         ref = weakref.ref(self)
-        telemetry = otel.telemetry_for(
+        telemetry = telemetry_for(
             self._config,
             lambda: c._engine if (c := ref()) is not None else None,
             lambda: c._collector.handed_out() if (c := ref()) is not None else {},
         )
-        otel.attach(self._engine, telemetry)
+        attach_telemetry(self._engine, telemetry)
         return self._engine
 
     async def _bootstrap(self) -> None:
@@ -141,7 +155,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
 
         Returns within ``timeout`` seconds, whatever the brokers do; safe to call twice.
         """
-        _args.check_timeout(timeout, "close", optional=False)
+        check_timeout(timeout, "close", optional=False)
         if self._closed or self._engine is None:
             self._closed = True
             return
@@ -201,14 +215,14 @@ class Consumer(ClientBase, Generic[KT, VT]):
         """
         if isinstance(topics, str):
             topics = [topics]
-        names = _args.check_topics(topics, "subscribe")
+        names = check_topics(topics, "subscribe")
         if pattern is None and not names:
             raise ConfigError("subscribe() needs topics or a pattern (use unsubscribe() to stop)")
         if pattern is not None and names:
             raise ConfigError("subscribe() takes topics or a pattern, not both")
         if any(not isinstance(t, str) or not t for t in names):
             raise ConfigError(f"subscribe(): topic names must be non-empty strings, got {sorted(map(repr, names))}")
-        _args.check_pattern(pattern, "subscribe")
+        check_pattern(pattern, "subscribe")
         try:
             compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
         except re.error as exc:
@@ -263,7 +277,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         engine = self._running()
         if engine.membership is not None and engine.membership.subscribed:
             raise IllegalStateError("assign() while subscribed: call unsubscribe() first (they do not mix)")
-        self._collector.drop_chunks()
+        self._collector.drop_chunks(engine)
         commits = engine.commits
         if commits is not None and self._config.enable_auto_commit:
             # Partitions given up keep what the application finished with (Java does the same).
@@ -286,7 +300,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         states = self._states(partitions, "pause")
         for state in states:
             state.paused = True
-        self._collector.drop_chunks({state.tp for state in states})
+        self._collector.drop_chunks(self._running(), {state.tp for state in states})
 
     @bracketed_sync("resume")
     def resume(self, *partitions: TopicPartition) -> None:
@@ -334,11 +348,10 @@ class Consumer(ClientBase, Generic[KT, VT]):
     @bracketed("seek")
     async def seek(self, partition: TopicPartition, offset: int) -> None:
         """Make ``offset`` the next record returned for ``partition``."""
-        _args.check_offset(offset, "seek")
+        check_offset(offset, "seek")
         state = self._states([partition], "seek")[0]
         engine = self._running()
         state.set_position(offset)
-        state.retry_at = 0.0
         self._collector.forget_buffered(engine, [partition])
 
     @bracketed("seek_to_beginning")
@@ -367,7 +380,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         with anyio.move_on_after(self._timeout(timeout)):
             while True:
                 event = engine.app_event()
-                self._collector.raise_background_error()
+                self._collector.raise_background_error(engine)
                 if state.has_position:
                     return state.consumed
                 await event.wait()
@@ -398,7 +411,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self, timestamps: Mapping[TopicPartition, int], *, timeout: float | None = None
     ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """For each partition, the first offset whose timestamp is >= the given one (ms)."""
-        _args.check_timestamps(timestamps)
+        check_timestamps(timestamps)
         results = await self._list_offsets(dict(timestamps), timeout)
         return {tp: OffsetAndTimestamp(*r) if r is not None else None for tp, r in results.items()}
 
@@ -420,7 +433,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None, *, timeout: float | None = None
     ) -> None:
         """Commit ``offsets`` (the *next* offset to read), or the positions of every record returned so far."""
-        given = _args.check_commit_offsets(offsets) if offsets is not None else {}
+        given = check_commit_offsets(offsets) if offsets is not None else {}
         engine = self._running()
         if engine.commits is None:
             raise IllegalStateError("commit() needs a group_id: offsets are stored per consumer group")
@@ -458,7 +471,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self, partitions: TopicPartition | Iterable[TopicPartition], *, timeout: float | None = None
     ) -> int | dict[TopicPartition, OffsetAndMetadata | None] | None:
         """The group's committed offsets: for one partition an int (or None), for several a dict."""
-        _args.check_timeout(timeout, "committed")
+        check_timeout(timeout, "committed")
         self.acquire("committed")
         try:
             single = isinstance(partitions, TopicPartition)
@@ -496,7 +509,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
     @bracketed("partitions_for_topic")
     async def partitions_for_topic(self, topic: str, *, timeout: float | None = None) -> set[int] | None:
         """Partition numbers of ``topic``, or None if it does not exist."""
-        _args.check_topic(topic, "partitions_for_topic")
+        check_topic(topic, "partitions_for_topic")
         cluster = await self._running().wait_for_metadata(self._timeout(timeout))
         info = cluster.topics.get(topic)
         return set(info.partitions) if info is not None else None
@@ -509,11 +522,12 @@ class Consumer(ClientBase, Generic[KT, VT]):
     ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
         """Records by partition: waits up to ``timeout`` seconds (None: until there are some; 0: don't wait)."""
         if max_records is not None:
-            _args.check_positive_int(max_records, "getmany", "max_records")
+            check_positive_int(max_records, "getmany", "max_records")
         limit = max_records or self._batch_limit()
         only = set(_check_partitions(partitions, "getmany")) if partitions else None
-        self._collector.drop_chunks()
-        return await self._collector.poll(self._running(), only, limit, timeout, mark_consumed=True)
+        engine = self._running()
+        self._collector.drop_chunks(engine)
+        return await self._collector.poll(engine, only, limit, timeout, mark_consumed=True)
 
     def _batch_limit(self) -> int:
         return self._config.max_poll_records
@@ -527,7 +541,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         stream holds at most ``buffer_records`` records; a full stream pauses its partition.
         A revoked partition's stream ends after its records are processed and committed.
         """
-        _args.check_positive_int(buffer_records, "partitions", "buffer_records")
+        check_positive_int(buffer_records, "partitions", "buffer_records")
         streams = PartitionStreams(_StreamSource(self), buffer_records)
         return Steps(functools.partial(self._next_stream, streams), on_close=streams.close)
 
@@ -551,7 +565,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         as with ``getmany()``.
         """
         if max_records is not None:
-            _args.check_positive_int(max_records, "batches", "max_records")
+            check_positive_int(max_records, "batches", "max_records")
         return Steps(functools.partial(self._next_batch, max_records or self._batch_limit()))
 
     def arrow_batches(self, *, max_records: int | None = None, include_headers: bool = True) -> AsyncIterator[Any]:
@@ -564,27 +578,51 @@ class Consumer(ClientBase, Generic[KT, VT]):
         when pyarrow is not installed.
         """
         if max_records is not None:
-            _args.check_positive_int(max_records, "arrow_batches", "max_records")
+            check_positive_int(max_records, "arrow_batches", "max_records")
         require_pyarrow()
         limit = max_records or self._batch_limit()
 
         async def step() -> Any:
             try:
-                return await self._next_arrow_batch(limit, None, include_headers=include_headers)
+                return await self._next_arrow_batch(limit, include_headers)
             except ConsumerClosedError as exc:
                 self._end_of_iteration(exc)
 
         return Steps(step)
 
     @bracketed("arrow_batches")
-    async def _next_arrow_batch(
-        self, limit: int, timeout: float | None, only: set[TopicPartition] | None = None, include_headers: bool = True
+    async def _next_arrow_batch(self, limit: int, include_headers: bool) -> Any:
+        """One ``arrow_batches()`` step."""
+        return await self._take_arrow_batch(limit, None, None, include_headers)
+
+    @bracketed("arrow_batch")
+    async def arrow_batch(
+        self,
+        *partitions: TopicPartition,
+        timeout: float | None = None,
+        max_records: int | None = None,
+        include_headers: bool = True,
     ) -> Any:
-        """One ``arrow_batches()`` step (None: ``timeout`` passed with nothing); app/arrow.py does the work."""
-        self._collector.drop_chunks()  # records taken for async for/batches() go back first
-        return await take_arrow_batch(
-            self._collector, self._running(), limit, timeout, only=only, include_headers=include_headers
-        )
+        """One poll as Arrow (docs/arrow.md): up to ``max_records`` records (default
+        ``max_poll_records``) of one partition, of ``partitions`` or any, as a
+        ``pyarrow.RecordBatch``; waits up to ``timeout`` seconds (None: until there are some) and
+        returns None when the time passes with nothing.  ``arrow_batches()`` a step at a time, for a
+        caller that keeps its own loop (the PySpark source's executors).  Raises
+        ``PyArrowMissingError`` when pyarrow is not installed."""
+        if max_records is not None:
+            check_positive_int(max_records, "arrow_batch", "max_records")
+        only = set(_check_partitions(partitions, "arrow_batch")) if partitions else None
+        require_pyarrow()
+        return await self._take_arrow_batch(max_records or self._batch_limit(), timeout, only, include_headers)
+
+    async def _take_arrow_batch(
+        self, limit: int, timeout: float | None, only: set[TopicPartition] | None, include_headers: bool
+    ) -> Any:
+        """None: ``timeout`` passed with nothing; app/arrow.py does the work."""
+        engine = self._running()
+        self._collector.drop_chunks(engine)  # records taken for async for/batches() go back first
+        collector = self._collector
+        return await take_arrow_batch(collector, engine, limit, timeout, only=only, include_headers=include_headers)
 
     @bracketed("getone")
     async def getone(self, *partitions: TopicPartition) -> ConsumerRecord[KT, VT]:
@@ -611,14 +649,18 @@ class Consumer(ClientBase, Generic[KT, VT]):
                 index += 1
                 if index == len(records):
                     chunks.popleft()
-                    state.consumed = chunk.end
+                    state.handed_out(chunk.end)
                     self._collector.handed(state.tp, index)
                 else:
                     chunk.index = index
+                    # PartitionState.handed_out(record.offset + 1), inlined: the one write to a
+                    # partition's offsets outside managers/subscription.py.  The record is of a live
+                    # chunk (same epoch: no seek or rewind since), so it is below the position and
+                    # after what was handed out before it: the invariant holds.
                     state.consumed = record.offset + 1
                 if self._plain_records:
                     return record  # type: ignore[return-value]  # no deserializers: KT, VT are bytes
-                return self._collector.deserialize(record)
+                return self._collector.deserialize(engine, record)
         return await self._next_record()
 
     async def _next_record(self) -> ConsumerRecord[KT, VT]:
@@ -633,11 +675,11 @@ class Consumer(ClientBase, Generic[KT, VT]):
                     chunk.index += 1
                     if chunk.index == len(chunk.records):
                         self._chunks.popleft()
-                        chunk.state.consumed = chunk.end
+                        chunk.state.handed_out(chunk.end)
                         collector.handed(chunk.state.tp, chunk.index)
                     else:
-                        chunk.state.consumed = record.offset + 1
-                    return collector.deserialize(record)
+                        chunk.state.handed_out(record.offset + 1)
+                    return collector.deserialize(engine, record)
                 await collector.refill(engine, self._batch_limit())
         except ConsumerClosedError as exc:
             self._end_of_iteration(exc)
@@ -654,7 +696,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
                 if chunk is not None:
                     self._chunks.popleft()
                     records = chunk.records[chunk.index:] if chunk.index else chunk.records
-                    chunk.state.consumed = chunk.end
+                    chunk.state.handed_out(chunk.end)
                     # Non-empty: a deserializer error on the first record raises, a later one is deferred.
                     batch = collector.deserialize_many(engine, {chunk.state.tp: records})[chunk.state.tp]
                     collector.handed(chunk.state.tp, chunk.index + len(batch))
@@ -679,7 +721,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
 
 
 def _check_partitions(partitions: Iterable[Any], operation: str) -> list[TopicPartition]:
-    return _args.check_topic_partitions(partitions, operation)
+    return check_topic_partitions(partitions, operation)
 
 
 class _StreamSource(Generic[KT, VT]):

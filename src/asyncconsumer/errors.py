@@ -8,6 +8,7 @@ again may succeed.  Broker error codes map to one named class each
 from __future__ import annotations
 
 import traceback
+import warnings
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -218,9 +219,19 @@ def clear_frame_locals(error: BaseException) -> None:
 
 
 from ._broker_errors import *  # noqa: E402,F403
-from ._broker_errors import ALL_BROKER_ERRORS  # noqa: E402
+from ._broker_errors import ALL_BROKER_ERRORS, DEPRECATED_NAMES  # noqa: E402
 
 _BY_CODE.update({cls.code: cls for cls in ALL_BROKER_ERRORS})
+
+
+def __getattr__(name: str) -> type[BrokerResponseError]:
+    """The generated classes' old names (``KafkaStorageErrorError``, ...): deprecated aliases."""
+    new = DEPRECATED_NAMES.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(f"asyncconsumer.errors.{name} is deprecated: use {new}", DeprecationWarning, stacklevel=2)
+    cls: type[BrokerResponseError] = globals()[new]
+    return cls
 
 
 class AcknowledgementRequiredError(IllegalStateError):

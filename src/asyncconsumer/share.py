@@ -8,111 +8,45 @@ each acknowledged (accept, release for redelivery, reject, renew the lock).
             ...
             consumer.acknowledge(record, AcknowledgeType.ACCEPT)
 
-See docs/share-groups.md.  The background loop (``engine/share_loop.py``) owns every request;
-this side hands records out, queues acknowledgements and waits on results.
+See docs/share-groups.md.  Like ``Consumer``, a facade: every public call is bracketed by
+``acquire()``/``release()`` (KIP-957), the background loop (``engine/share_loop.py``) owns every
+request, and the application-side work (polls, the ledger of records handed out and not
+acknowledged, acknowledgements, commits) is the share collector's (``app/share_collector.py``).
 """
 
 from __future__ import annotations
 
-import enum
-import functools
-import inspect
 import logging
-import time
+import typing
 import weakref
-from collections import Counter, deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from typing import Any, Generic, Literal, NamedTuple, Unpack, cast
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, Generic, Unpack
 
 import anyio
-import anyio.abc
 from typing_extensions import TypeVar
 
-from . import otel
 from .app.client import ClientBase, bracketed, bracketed_sync
-from .app.collector import RecordDeserializationError
 from .app.metrics import share_snapshot
+from .app.share_collector import (
+    AcknowledgementCommitCallback,
+    AcknowledgementResult,
+    ShareAcknowledgementMode,
+    ShareCollector,
+)
 from .config import ConsumerConfig, ConsumerOptions, build_config, options_from_properties
 from .engine.share_loop import ShareEngine
-from .errors import (
-    AcknowledgementRequiredError,
-    AcquisitionLockExpiredError,
-    ConfigError,
-    ConfigTypeError,
-    ConsumerClosedError,
-    IllegalStateError,
-    KafkaError,
-    KafkaTimeoutError,
-)
-from .managers.share_fetch import AckResults, ShareBatch
+from .errors import ConfigError, ConfigTypeError, ConsumerClosedError, KafkaError, KafkaTimeoutError
+from .managers.share_fetch import ShareAcquireMode
 from .metrics import ShareConsumerMetrics
-from .structs import TopicPartition
+from .otel import attach as attach_telemetry
+from .otel import telemetry_for
+from .structs import AcknowledgeType, ShareConsumerRecord, TopicPartition
 
 log = logging.getLogger("asyncconsumer.share")
 
 KT = TypeVar("KT", default=bytes)
 VT = TypeVar("VT", default=bytes)
-ShareAcknowledgementMode = Literal["implicit", "explicit"]
-#: KIP-1206 (ShareFetch v2): "batch_optimized" acquires whole record batches (a poll's acquisition
-#: may pass ``max_poll_records``); "record_limit" acquires at most ``max_poll_records`` records.
-ShareAcquireMode = Literal["batch_optimized", "record_limit"]
-_ACQUIRE_MODES: dict[str, int] = {"batch_optimized": 0, "record_limit": 1}
 
-
-class AcknowledgeType(enum.IntEnum):
-    """How a share consumer acknowledges a record (the protocol's values)."""
-
-    #: Processed: the record is done for the whole group.
-    ACCEPT = 1
-    #: Not processed: give it back for another delivery (``delivery_count`` grows).
-    RELEASE = 2
-    #: Cannot be processed: archive it, never deliver it again.
-    REJECT = 3
-    #: Still working: extend the acquisition lock (KIP-1222; brokers with ShareAcknowledge v2).
-    RENEW = 4
-
-
-class ShareConsumerRecord(NamedTuple, Generic[KT, VT]):
-    """A record as a share consumer hands it out: a ``ConsumerRecord`` plus the delivery count and
-    the acquisition lock's deadline."""
-
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int
-    timestamp_type: int
-    key: KT | None
-    value: VT | None
-    serialized_key_size: int
-    serialized_value_size: int
-    headers: tuple[tuple[str, bytes | None], ...]
-    leader_epoch: int | None = None
-    #: 1 on the first delivery, 2 after one release or lock expiry, ...
-    delivery_count: int = 1
-    #: When the acquisition lock runs out, on ``time.monotonic()``'s clock (computed when the
-    #: records arrived, so slightly later than the broker's own deadline).
-    lock_deadline: float = 0.0
-
-    @property
-    def topic_partition(self) -> TopicPartition:
-        return TopicPartition(self.topic, self.partition)
-
-
-class AcknowledgementResult(NamedTuple):
-    """What the broker did with one partition's acknowledgements (``on_acknowledgement_commit``)."""
-
-    #: The acknowledged offsets (ACCEPT, RELEASE, REJECT and RENEW alike), ascending.
-    offsets: tuple[int, ...]
-    #: ``None``: committed; else the typed error (``InvalidRecordStateError`` for a lock that ran out,
-    #: say): none of ``offsets`` took effect.
-    error: KafkaError | None
-
-
-#: ``on_acknowledgement_commit``: a plain function or a coroutine function; it gets the outcome of
-#: each partition whose acknowledgements the broker answered, whichever request carried them.
-AcknowledgementCommitCallback = Callable[[dict[TopicPartition, AcknowledgementResult]], Awaitable[None] | None]
-
-_Key = tuple[str, int, int]
 #: The share consumer's own properties (Java's names) -> its constructor options.
 _SHARE_PROPERTIES = {
     "share.acknowledgement.mode": "share_acknowledgement_mode",
@@ -139,12 +73,12 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         share_acquire_mode: ShareAcquireMode = "batch_optimized",
         **options: Unpack[ConsumerOptions],
     ) -> None:
-        if share_acknowledgement_mode not in ("implicit", "explicit"):
+        if share_acknowledgement_mode not in typing.get_args(ShareAcknowledgementMode):
             raise ConfigError(
                 f"share_acknowledgement_mode must be 'implicit' or 'explicit', not {share_acknowledgement_mode!r}"
             )
         super().__init__()
-        if share_acquire_mode not in _ACQUIRE_MODES:
+        if share_acquire_mode not in typing.get_args(ShareAcquireMode):
             raise ConfigError(
                 f"share_acquire_mode must be 'batch_optimized' or 'record_limit', not {share_acquire_mode!r}"
             )
@@ -153,16 +87,13 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         if self._config.group_id is None:
             raise ConfigError("a share consumer needs a group_id (the share group's name)")
         self.acknowledgement_mode: ShareAcknowledgementMode = share_acknowledgement_mode
-        self._on_ack_commit: AcknowledgementCommitCallback | None = None
+        self._collector: ShareCollector[KT, VT] = ShareCollector(self._config, share_acknowledgement_mode)
+        #: Records taken for ``async for`` and not handed out yet (the collector's).
+        self._pending = self._collector.pending
         self.set_acknowledgement_commit_callback(on_acknowledgement_commit)
         self._engine: ShareEngine | None = None
         self._topics: frozenset[str] = frozenset()
-        self._pending: deque[ShareConsumerRecord[KT, VT]] = deque()
-        self._unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
-        self._renewed: dict[_Key, float] = {}
         self._closed = False
-        #: Records handed to the application, per partition (metrics() and OpenTelemetry).
-        self._delivered: Counter[TopicPartition] = Counter()
 
     @classmethod
     def from_properties(
@@ -193,15 +124,14 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def _new_engine(self) -> ShareEngine:
-        self._engine = ShareEngine(
-            self._config, max_records=self._config.max_poll_records, acquire_mode=_ACQUIRE_MODES[self.acquire_mode]
-        )
+        config = self._config
+        self._engine = ShareEngine(config, max_records=config.max_poll_records, acquire_mode=self.acquire_mode)
         # OpenTelemetry (asyncconsumer.otel): records handed out and request durations; no lag.
         ref = weakref.ref(self)
-        telemetry = otel.telemetry_for(
-            self._config, None, lambda: dict(c._delivered) if (c := ref()) is not None else {}
+        telemetry = telemetry_for(
+            config, None, lambda: dict(c._collector.delivered) if (c := ref()) is not None else {}
         )
-        otel.attach(self._engine, telemetry)
+        attach_telemetry(self._engine, telemetry)
         return self._engine
 
     async def _bootstrap(self) -> None:
@@ -221,29 +151,12 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         if engine.closed:
             return
         with anyio.move_on_after(timeout, shield=True):
-            implicit = self.acknowledgement_mode == "implicit"
-            unacked = list(self._unacked.values())
-            self._unacked.clear()
-            undelivered = list(self._pending)
-            self._pending.clear()
-
-            def release(now: float) -> None:
-                fetcher = engine.fetcher
-                for r in unacked:
-                    fetcher.acknowledge(r.topic_partition, r.offset, 1 if implicit else 2)
-                for r in undelivered:
-                    fetcher.acknowledge(r.topic_partition, r.offset, 2)
-                while engine.batches:
-                    batch = engine.batches.popleft()
-                    for a in batch.records:
-                        fetcher.acknowledge(batch.tp, a.record.offset, 2)
-                fetcher.start_closing()
-
+            release = self._collector.close_out(engine)
             try:
                 await engine.call(release)
                 await self._until(engine, lambda: engine.fetcher.done_closing)
                 try:
-                    await self._report_acknowledgements(engine)
+                    await self._collector.report_acknowledgements(engine)
                 except Exception:
                     log.exception("the acknowledgement-commit callback raised while the share consumer closed")
                 await engine.call(lambda now: engine.membership.leave())
@@ -304,7 +217,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         (docs/metrics.md).  Assembled on each call; cheap, but not meant for a per-record loop.  Like
         ``Consumer.metrics()``, not bracketed by ``acquire``/``release``: a reporting task may call it
         while another task polls."""
-        return share_snapshot(self._running(), sum(self._delivered.values()))
+        return share_snapshot(self._running(), sum(self._collector.delivered.values()))
 
     # -- acknowledgements -------------------------------------------------------------------------------
 
@@ -319,23 +232,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         What it raises comes out of that poll or ``commit()`` (``close()`` logs it)."""
         if callback is not None and not callable(callback):
             raise ConfigError(f"on_acknowledgement_commit must be callable, not {callback!r}")
-        self._on_ack_commit = callback
-
-    async def _report_acknowledgements(self, engine: ShareEngine) -> None:
-        """Hand the acknowledgement outcomes collected by the loop to the callback (then forget them)."""
-        outcomes, engine.fetcher.outcomes = engine.fetcher.outcomes, []
-        callback = self._on_ack_commit
-        if not outcomes or callback is None:
-            return
-        calls: list[dict[TopicPartition, AcknowledgementResult]] = [{}]
-        for tp, offsets, error in outcomes:
-            if tp in calls[-1]:
-                calls.append({})
-            calls[-1][tp] = AcknowledgementResult(offsets, error)
-        for results in calls:
-            result = callback(results)
-            if inspect.isawaitable(result):
-                await result
+        self._collector.on_commit = callback
 
     @bracketed_sync("acknowledge")
     def acknowledge(self, record: ShareConsumerRecord[KT, VT], type: AcknowledgeType = AcknowledgeType.ACCEPT) -> None:
@@ -343,70 +240,21 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
 
         RENEW keeps the record acquired (and needs a later ACCEPT/RELEASE/REJECT); a record whose
         lock already ran out raises ``AcquisitionLockExpiredError`` (the broker gave it back)."""
-        engine = self._running()
-        kind = AcknowledgeType(type)
-        key = (record.topic, record.partition, record.offset)
-        if key not in self._unacked:
-            raise IllegalStateError(
-                f"{record.topic}-{record.partition} offset {record.offset} is not a record this consumer "
-                "handed out and has not acknowledged yet"
-            )
-        deadline = self.lock_deadline(record)
-        now = time.monotonic()
-        if deadline and now > deadline:
-            del self._unacked[key]
-            self._renewed.pop(key, None)
-            raise AcquisitionLockExpiredError(
-                f"the acquisition lock of {record.topic}-{record.partition} offset {record.offset} ran out "
-                f"{now - deadline:.1f}s ago: the record is back in the group"
-            )
-        if kind == AcknowledgeType.RENEW:
-            # The broker restarts the lock when it gets the renewal: a little after now.
-            self._renewed[key] = now + engine.fetcher.lock_timeout
-        else:
-            del self._unacked[key]
-            self._renewed.pop(key, None)
-        tp = record.topic_partition
-        engine.post(lambda now: engine.fetcher.acknowledge(tp, record.offset, int(kind)))
+        self._collector.acknowledge(self._running(), record, AcknowledgeType(type))
 
     def lock_deadline(self, record: ShareConsumerRecord[KT, VT]) -> float:
         """When ``record``'s acquisition lock runs out (``time.monotonic()`` clock), renewals included."""
-        return self._renewed.get((record.topic, record.partition, record.offset), record.lock_deadline)
+        return self._collector.lock_deadline(record)
 
     @bracketed("commit")
-    async def commit(self, timeout: float | None = None) -> dict[TopicPartition, KafkaError | None]:
+    async def commit(self, *, timeout: float | None = None) -> dict[TopicPartition, KafkaError | None]:
         """Send the queued acknowledgements now and wait for the broker: each partition's outcome,
         ``None`` for success or the typed error (``InvalidRecordStateError`` for a lock that ran out,
-        say).  In implicit mode the records handed out so far are accepted first."""
+        say).  In implicit mode the records handed out so far are accepted first.  Waits up to
+        ``timeout`` seconds (None: ``default_api_timeout_ms``), then raises ``KafkaTimeoutError``."""
         engine = self._running()
-        if self.acknowledgement_mode == "implicit":
-            self._accept_delivered(engine)
-        waiter = await engine.call(lambda now: engine.fetcher.commit())
-        with anyio.fail_after(timeout if timeout is not None else self._config.default_api_timeout_ms / 1000):
-            results: AckResults = await waiter.wait()
-        await self._report_acknowledgements(engine)
-        return results
-
-    def _accept_delivered(self, engine: ShareEngine) -> None:
-        records = list(self._unacked.values())
-        self._unacked.clear()
-        if records:
-
-            def ack(now: float) -> None:
-                for r in records:
-                    engine.fetcher.acknowledge(r.topic_partition, r.offset, 1)
-
-            engine.post(ack)
-
-    def _begin_poll(self, engine: ShareEngine) -> None:
-        if self.acknowledgement_mode == "implicit":
-            self._accept_delivered(engine)
-        elif self._unacked:
-            first = min(self._unacked)
-            raise AcknowledgementRequiredError(
-                f"explicit acknowledgement mode: {len(self._unacked)} record(s) of the last poll are not "
-                f"acknowledged (first: {first[0]}-{first[1]} offset {first[2]}); acknowledge each before polling again"
-            )
+        seconds = self._config.default_api_timeout_ms / 1000 if timeout is None else timeout
+        return await self._collector.commit(engine, seconds)
 
     # -- polling ----------------------------------------------------------------------------------------
 
@@ -418,18 +266,9 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
 
         A poll: implicit mode accepts the records handed out before; explicit mode raises
         ``AcknowledgementRequiredError`` if any of them is not acknowledged."""
-        engine = self._running()
-        await self._report_acknowledgements(engine)
-        self._begin_poll(engine)
+        collector = self._collector
         limit = max_records or self._config.max_poll_records
-        records = await self._poll_records(engine, limit, timeout)
-        out: dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]] = {}
-        for r in records:
-            self._unacked[(r.topic, r.partition, r.offset)] = r
-            out.setdefault(r.topic_partition, []).append(r)
-        for tp, handed in out.items():
-            self._delivered[tp] += len(handed)
-        return out
+        return collector.hand_out_all(await collector.poll(self._running(), limit, timeout))
 
     def __aiter__(self) -> AsyncIterator[ShareConsumerRecord[KT, VT]]:
         return self
@@ -439,21 +278,14 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         if self._pending and self._default_hooks and self._poller is None:
             # Handed out without acquire()/release() (the default ones): no await, so no other
             # task can see the consumer in between.
-            record = self._pending.popleft()
-        else:
-            record = await self._next_record()
-        self._unacked[(record.topic, record.partition, record.offset)] = record
-        self._delivered[record.topic_partition] += 1
-        return record
+            return self._collector.hand_out(self._pending.popleft())
+        return self._collector.hand_out(await self._next_record())
 
     async def _next_record(self) -> ShareConsumerRecord[KT, VT]:
         self.acquire("__anext__")
         try:
             if not self._pending:
-                engine = self._running()
-                await self._report_acknowledgements(engine)
-                self._begin_poll(engine)
-                self._pending.extend(await self._poll_records(engine, self._config.max_poll_records, None))
+                self._pending.extend(await self._collector.poll(self._running(), self._config.max_poll_records, None))
             return self._pending.popleft()
         except ConsumerClosedError as exc:
             if self._closed:
@@ -461,97 +293,6 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
             raise exc
         finally:
             self.release("__anext__")
-
-    async def _poll_records(
-        self, engine: ShareEngine, limit: int, timeout: float | None
-    ) -> list[ShareConsumerRecord[KT, VT]]:
-        deadline = None if timeout is None else anyio.current_time() + timeout
-        while True:
-            error = engine.pop_error()
-            if error is not None:
-                raise error
-            if engine.batches:
-                return self._take(engine, limit)
-            engine.check_running()
-            event = engine.app_event()
-            if engine.has_news:
-                continue
-            if deadline is None:
-                await event.wait()
-            else:
-                remaining = deadline - anyio.current_time()
-                if remaining <= 0:
-                    return []
-                with anyio.move_on_after(remaining):
-                    await event.wait()
-
-    def _take(self, engine: ShareEngine, limit: int) -> list[ShareConsumerRecord[KT, VT]]:
-        out: list[ShareConsumerRecord[KT, VT]] = []
-        counts: dict[int, int] = {}
-        freed: dict[int, int] = {}
-        key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
-        bad: RecordDeserializationError | None = None
-        while engine.batches and len(out) < limit and bad is None:
-            batch: ShareBatch = engine.batches[0]
-            taken = 0  # of the batch's records: handed out, or released as undecodable
-            for a in batch.records[: limit - len(out)]:
-                taken += 1
-                r = a.record
-                key: Any = r.key
-                value: Any = r.value
-                try:
-                    if key_fn is not None and key is not None:
-                        key = key_fn(key)
-                    if value_fn is not None and value is not None:
-                        value = value_fn(value)
-                except Exception as exc:
-                    # Released: it comes back (delivery_count + 1) until the group's delivery
-                    # limit archives it.  The records after it stay for the poll after the error.
-                    bad = RecordDeserializationError(
-                        f"deserializing the record failed: {exc!r}; it was released",
-                        topic=r.topic,
-                        partition=r.partition,
-                        offset=r.offset,
-                    )
-                    engine.post(functools.partial(_release, engine, batch.tp, r.offset))
-                    break
-                out.append(
-                    cast(
-                        "ShareConsumerRecord[KT, VT]",
-                        ShareConsumerRecord(
-                            r.topic,
-                            r.partition,
-                            r.offset,
-                            r.timestamp,
-                            r.timestamp_type,
-                            key,
-                            value,
-                            r.serialized_key_size,
-                            r.serialized_value_size,
-                            r.headers,
-                            r.leader_epoch,
-                            a.delivery_count,
-                            a.lock_deadline,
-                        ),
-                    )
-                )
-            del batch.records[:taken]
-            if not batch.records:
-                engine.batches.popleft()
-                freed[batch.node_id] = freed.get(batch.node_id, 0) + batch.size
-            counts[batch.node_id] = counts.get(batch.node_id, 0) + taken
-        if counts or freed:
-
-            def handed(now: float) -> None:
-                for node in counts.keys() | freed.keys():
-                    engine.fetcher.records_handed_out(node, counts.get(node, 0), freed.get(node, 0))
-
-            engine.post(handed)
-        if bad is not None and not out:
-            raise bad
-        if bad is not None:
-            engine.report_error(bad)
-        return out
 
     @bracketed("wait_for_assignment")
     async def wait_for_assignment(self, timeout: float = 30.0) -> set[TopicPartition]:
@@ -561,10 +302,6 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
             await self._until(engine, lambda: bool(engine.membership.is_member and engine.membership.assignment()))
             return self.assignment()
         raise KafkaTimeoutError(f"no share-group assignment within {timeout}s")
-
-
-def _release(engine: ShareEngine, tp: TopicPartition, offset: int, now: float) -> None:
-    engine.fetcher.acknowledge(tp, offset, AcknowledgeType.RELEASE)
 
 
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from typing import Generic, NamedTuple, TypeVar
 
@@ -54,6 +55,45 @@ class ConsumerRecord(NamedTuple, Generic[KT, VT]):
     @property
     def topic_partition(self) -> TopicPartition:
         return TopicPartition(self.topic, self.partition)
+
+
+class ShareConsumerRecord(NamedTuple, Generic[KT, VT]):
+    """A record as a share consumer hands it out: a ``ConsumerRecord`` plus the delivery count and
+    the acquisition lock's deadline."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: KT | None
+    value: VT | None
+    serialized_key_size: int
+    serialized_value_size: int
+    headers: tuple[tuple[str, bytes | None], ...]
+    leader_epoch: int | None = None
+    #: 1 on the first delivery, 2 after one release or lock expiry, ...
+    delivery_count: int = 1
+    #: When the acquisition lock runs out, on ``time.monotonic()``'s clock (computed when the
+    #: records arrived, so slightly later than the broker's own deadline).
+    lock_deadline: float = 0.0
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+class AcknowledgeType(enum.IntEnum):
+    """How a share consumer acknowledges a record (the protocol's values)."""
+
+    #: Processed: the record is done for the whole group.
+    ACCEPT = 1
+    #: Not processed: give it back for another delivery (``delivery_count`` grows).
+    RELEASE = 2
+    #: Cannot be processed: archive it, never deliver it again.
+    REJECT = 3
+    #: Still working: extend the acquisition lock (KIP-1222; brokers with ShareAcknowledge v2).
+    RENEW = 4
 
 
 class OffsetAndMetadata(NamedTuple):

@@ -5,28 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from asyncconsumer.errors import (
+    REFRESH_METADATA_CODES,
     InvalidRecordStateError,
     KafkaError,
     ShareSessionNotFoundError,
     UnsupportedVersionError,
 )
-from asyncconsumer.managers.share_fetch import (
-    ACCEPT,
-    BATCH_OPTIMIZED,
-    GAP,
-    RECORD_LIMIT,
-    REJECT,
-    RELEASE,
-    RENEW,
-    ShareBatch,
-    ShareFetchManager,
-    ack_batches,
-)
+from asyncconsumer.managers.share_fetch import GAP, ShareBatch, ShareFetchManager, ack_batches
 from asyncconsumer.protocol.record_writer import build_batch
-from asyncconsumer.structs import TopicPartition
+from asyncconsumer.structs import AcknowledgeType, TopicPartition
 
 from .scripted import FakeClock, Scripted, new_metadata, topic_id, version_range
+
+ACCEPT, RELEASE, REJECT, RENEW = (
+    AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT, AcknowledgeType.RENEW)
+#: ShareFetch v2's ShareAcquireMode values on the wire (KIP-1206).
+BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1
 
 P0 = TopicPartition("jobs", 0)
 P1 = TopicPartition("jobs", 1)
@@ -190,6 +187,20 @@ def test_acknowledgement_errors_on_a_share_fetch_reach_the_commit() -> None:
     assert isinstance(waiter.result()[P0], InvalidRecordStateError)
 
 
+@pytest.mark.parametrize("code", sorted(REFRESH_METADATA_CODES))
+def test_a_partition_error_that_new_metadata_fixes_refreshes_metadata_and_is_reported(code: int) -> None:
+    """Every code of the generated refresh set, OFFSET_NOT_AVAILABLE (78), INCONSISTENT_TOPIC_ID
+    (103) and FETCH_SESSION_TOPIC_ID_ERROR (106) too: the manager once kept its own copy without
+    them, and waited for the next periodic refresh."""
+    s = Setup({P0})
+    metadata = Scripted(s.metadata, clock=s.clock)
+    s.h.advance(1.0)
+    metadata.assert_idle()
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, code=code)))
+    assert [type(e).code for e in s.errors] == [code]
+    metadata.take("Metadata")
+
+
 def test_renew_goes_at_once_in_a_share_acknowledge_flagged_as_renew() -> None:
     s = Setup({P0})
     s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 1), acquired=[(0, 0, 1)])))
@@ -346,7 +357,7 @@ def test_batch_optimized_is_the_default_and_fits_share_fetch_v1() -> None:
 
 
 def test_record_limit_is_sent_in_share_fetch_v2_only() -> None:
-    s = Setup({P0}, acquire_mode=RECORD_LIMIT)
+    s = Setup({P0}, acquire_mode="record_limit")
     sent = s.h.take("ShareFetch")
     assert version_range(sent.request)[0] == 2  # a broker without v2 fails the request, see below
     body = sent.body()
@@ -354,7 +365,7 @@ def test_record_limit_is_sent_in_share_fetch_v2_only() -> None:
 
 
 def test_record_limit_on_a_broker_without_share_fetch_v2_is_a_typed_error_naming_the_option() -> None:
-    s = Setup({P0}, acquire_mode=RECORD_LIMIT)
+    s = Setup({P0}, acquire_mode="record_limit")
     s.h.take("ShareFetch").fail(UnsupportedVersionError("no common ShareFetch version: broker b:1 supports 1-1"))
     (error,) = s.errors
     assert isinstance(error, UnsupportedVersionError)

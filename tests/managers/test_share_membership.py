@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncconsumer.errors import GroupAuthorizationFailedError, KafkaError, UnsupportedVersionError
+import pytest
+
+from asyncconsumer.errors import COORDINATOR_CODES, GroupAuthorizationFailedError, KafkaError, UnsupportedVersionError
 from asyncconsumer.managers.coordinator import CoordinatorManager
 from asyncconsumer.managers.share_membership import ShareMembershipManager
 from asyncconsumer.structs import TopicPartition
@@ -102,12 +104,17 @@ def test_fenced_member_rejoins_with_epoch_0_and_the_same_id() -> None:
     assert body["subscribed_topic_names"] == ["jobs"]
 
 
-def test_coordinator_error_looks_the_coordinator_up_again() -> None:
+@pytest.mark.parametrize("code", sorted(COORDINATOR_CODES))
+def test_coordinator_error_looks_the_coordinator_up_again(code: int) -> None:
+    """Every code of the generated coordinator set, NETWORK_EXCEPTION (13) too: the manager once
+    kept its own copy without it, and reported it to the application instead."""
     manager, h, errors = make()
     manager.subscribe(frozenset({"jobs"}))
-    h.take("ShareGroupHeartbeat").respond(answer(0, code=16))  # NOT_COORDINATOR
+    h.take("ShareGroupHeartbeat").respond(answer(0, code=code))
     assert manager._coordinator.node_id is None
     assert not errors
+    h.advance(0.1)
+    h.assert_idle()  # no coordinator known: the next heartbeat waits for the lookup
 
 
 def test_other_errors_are_reported_typed_and_retried() -> None:

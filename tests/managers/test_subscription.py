@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncconsumer.managers.subscription import PartitionPhase, PartitionState, SubscriptionState
 from asyncconsumer.structs import TopicPartition
@@ -166,3 +168,56 @@ def test_commits_carry_the_epoch_of_the_offset_they_name() -> None:
     assert state.leader_epoch == 4 and state.fetched_epoch == 4
     state.note_fetched_epochs([(20, 4), (25, 5)])
     assert state.epoch_before(12) == 3  # still known: a commit of 12 may be made yet
+
+
+# -- the offsets' vocabulary: processed <= consumed <= position <= fetch_offset ------------------------
+
+
+def offsets(state: PartitionState) -> tuple[int, int, int, int]:
+    return state.processed, state.consumed, state.position, state.fetch_offset
+
+
+def test_the_vocabulary_moves_each_offset_forward_in_order() -> None:
+    state = fetching(10)
+    state.fetched(40)
+    state.taken(25)  # records 10..24 taken from the buffer
+    state.handed_out(20)  # 10..19 handed to the application
+    assert offsets(state) == (10, 20, 25, 40)
+    state.finished()  # the next poll: done with 10..19
+    assert offsets(state) == (20, 20, 25, 40)
+    state.handed_out(25)
+    state.committed_through(23)  # a commit of 23: 20..22 count as finished
+    assert offsets(state) == (23, 25, 25, 40)
+    state.fetched(30)  # an older fetch's answer does not move the fetch offset back
+    state.taken(22)
+    state.handed_out(24)
+    state.committed_through(21)
+    assert offsets(state) == (23, 25, 25, 40)
+
+
+def test_no_word_of_the_vocabulary_moves_an_offset_past_the_next_one() -> None:
+    state = fetching(10)
+    state.fetched(30)
+    state.taken(35)  # past what was fetched: only up to it
+    assert state.position == 30
+    state.rewind(20)  # a seek back within what was fetched
+    state.handed_out(26)  # a record taken before the rewind, handed out after it (a partition stream)
+    assert state.consumed == 10
+    state.committed_through(15)  # beyond what was handed out: not finished
+    assert offsets(state) == (10, 10, 20, 20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["fetched", "taken", "handed_out", "finished", "committed_through",
+                                           "rewind", "set_position", "await_validation"]),
+                          st.integers(0, 60)), max_size=40))
+def test_the_invariant_holds_whatever_the_order_of_the_words(steps: list[tuple[str, int]]) -> None:
+    state = fetching(10)
+    for word, offset in steps:
+        if word in ("finished", "await_validation"):
+            getattr(state, word)()
+        elif word == "rewind":
+            state.rewind(min(offset, state.fetch_offset))  # its precondition: at or before the fetch offset
+        else:
+            getattr(state, word)(offset)
+        assert state.processed <= state.consumed <= state.position <= state.fetch_offset, (word, offset)

@@ -355,10 +355,10 @@ class FakeConsumer:
         self.pos = batch[-1] + 1
         return {TP0: [rec(o) for o in batch]}
 
-    async def _next_arrow_batch(
-        self, limit: int, timeout: float, only: set[TopicPartition], include_headers: bool
+    async def arrow_batch(
+        self, *tps: TopicPartition, timeout: float, max_records: int, include_headers: bool
     ) -> Any:
-        got = await self.getmany(TP0, timeout=timeout, max_records=limit)
+        got = await self.getmany(*tps, timeout=timeout, max_records=max_records)
         return records_to_batch(got[TP0], include_headers) if got else None
 
     async def position(self, tp: TopicPartition) -> int:

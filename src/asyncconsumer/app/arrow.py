@@ -77,7 +77,7 @@ def _collect(
             raise
         last = columns.last_offset
         if last is not None:
-            state.position = last + 1
+            state.taken(last + 1)
             taken = fetch.tp, state, columns
     if taken is None:
         return None
@@ -92,7 +92,7 @@ def _collect(
         engine.buffer.drop(functools.partial(_other_partition, tp))
         engine.wake()
         raise
-    state.consumed = state.position  # handed out (getmany()'s semantics)
+    state.handed_out(state.position)  # everything taken is handed out (getmany()'s semantics)
     collector.handed(tp, batch.num_rows)
     return batch
 

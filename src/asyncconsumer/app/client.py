@@ -19,7 +19,7 @@ from typing import Any, ClassVar, ParamSpec, Self, TypeVar, cast
 import anyio
 import anyio.abc
 
-from .. import _args
+from .._args import check_timeout
 from ..engine.core import LoopCore
 from ..errors import ConcurrentAccessError, IllegalStateError
 from .rebalance import CALLBACK_OWNER
@@ -35,7 +35,7 @@ def bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[
         @functools.wraps(method)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             self = cast("ClientBase", args[0])
-            _args.check_timeout(kwargs.get("timeout"), operation)
+            check_timeout(kwargs.get("timeout"), operation)
             self.acquire(operation)
             try:
                 return await method(*args, **kwargs)

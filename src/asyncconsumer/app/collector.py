@@ -7,7 +7,9 @@ taken for ``async for``/``batches()`` wait as chunks until handed out; records
 taken and not handed out (a seek, a pause, a deserializer error, a corrupt
 batch) go back: their partitions rewind and refetch.  Deserializers run here
 too.  It talks to the engine only (``Engine``: subscriptions, the buffer, the
-wake-ups), never to ``Consumer`` internals.
+wake-ups), which every call that needs it is handed, never to ``Consumer`` internals; and to a
+partition's offsets through ``PartitionState``'s vocabulary (``taken``, ``handed_out``,
+``finished``, ``rewind``).
 """
 
 from __future__ import annotations
@@ -60,11 +62,9 @@ class Chunk:
 class Collector(Generic[KT, VT]):
     """Takes records from the engine's fetch buffer for one consumer."""
 
-    def __init__(self, config: ConsumerConfig, rebalance: RebalanceRunner,
-                 engine: Callable[[], Engine | None]) -> None:
+    def __init__(self, config: ConsumerConfig, rebalance: RebalanceRunner) -> None:
         self._config = config
         self._rebalance = rebalance
-        self._engine = engine
         #: Records taken from the buffer for ``async for``/``batches()`` and not handed out yet.
         #: The deque is the same object for the collector's life (the consumer's fast path holds it).
         self.chunks: deque[Chunk] = deque()
@@ -105,7 +105,7 @@ class Collector(Generic[KT, VT]):
                 # Everything taken is handed out: the position is past it, and past the transaction
                 # markers, aborted batches or compaction gaps the fetch ended with (Java does the same).
                 state = engine.subscriptions.partitions[tp]
-                state.consumed = state.position
+                state.handed_out(state.position)
             result = self.deserialize_many(engine, records)
             for tp, recs in result.items():
                 self.handed(tp, len(recs))
@@ -142,7 +142,7 @@ class Collector(Generic[KT, VT]):
             engine.app_polled()  # waiting inside a poll is polling (max_poll_interval_ms)
             event = engine.app_event()
             await self._rebalance.run_callbacks(engine)
-            self.raise_background_error()
+            self.raise_background_error(engine)
             got = collect()
             if got or woken:
                 return got
@@ -157,13 +157,10 @@ class Collector(Generic[KT, VT]):
                 self.waiting -= 1
             woken = return_on_wake and event.is_set()
 
-    def raise_background_error(self) -> None:
+    def raise_background_error(self, engine: Engine) -> None:
         deferred, self.deferred_error = self.deferred_error, None
         if deferred is not None:
             raise deferred
-        engine = self._engine()
-        if engine is None:
-            return
         error = engine.pop_error()
         if error is not None:
             raise error
@@ -173,8 +170,7 @@ class Collector(Generic[KT, VT]):
     def _mark_processed(engine: Engine) -> None:
         # A new poll means the application is done with what it got before (auto-commit).
         for state in engine.subscriptions.partitions.values():
-            if state.consumed >= 0:
-                state.processed = state.consumed
+            state.finished()
 
     def fetch_walk(
         self, engine: Engine, only: set[TopicPartition] | None, *, hand_out: bool = True
@@ -211,11 +207,11 @@ class Collector(Generic[KT, VT]):
                 took.add(tp)
             if fetch.exhausted:
                 self.bytes_consumed += fetch.size
-                state.position = max(state.position, fetch.next_offset)
+                state.taken(fetch.next_offset)
                 # Only control records or compaction gaps: nothing to hand out, but commits may move
                 # past them (not while records taken for partition streams still wait there).
-                if hand_out and tp not in took and state.consumed < state.position:
-                    state.consumed = state.position
+                if hand_out and tp not in took:
+                    state.handed_out(state.position)
                 buffer.remove(fetch)
                 seen.discard(tp)
 
@@ -235,7 +231,7 @@ class Collector(Generic[KT, VT]):
                 engine.wake()
                 raise
             if records:
-                state.position = records[-1].offset + 1
+                state.taken(records[-1].offset + 1)
                 result.setdefault(fetch.tp, []).extend(records)
                 count += len(records)
         return result
@@ -259,7 +255,7 @@ class Collector(Generic[KT, VT]):
         for tp, records in (await self.take(engine, None, limit, None)).items():
             self.chunks.append(Chunk(engine.subscriptions.partitions[tp], records))
 
-    def drop_chunks(self, only: set[TopicPartition] | None = None) -> None:
+    def drop_chunks(self, engine: Engine, only: set[TopicPartition] | None = None) -> None:
         """Records taken for ``async for``/``batches()`` but not handed out go back (positions too),
         for ``only`` these partitions or all of them."""
         kept: list[Chunk] = []
@@ -276,8 +272,7 @@ class Collector(Generic[KT, VT]):
             gone.add(state.tp)
         self.chunks.clear()
         self.chunks.extend(kept)
-        engine = self._engine()
-        if gone and engine is not None:
+        if gone:
             engine.buffer.drop(lambda f: f.tp not in gone)
 
     # -- putting records back -------------------------------------------------------------------------
@@ -294,12 +289,12 @@ class Collector(Generic[KT, VT]):
     def forget_buffered(self, engine: Engine, tps: Iterable[TopicPartition]) -> None:
         gone = set(tps)
         engine.buffer.drop(lambda f: f.tp not in gone)
-        self.drop_chunks(gone)
+        self.drop_chunks(engine, gone)
         engine.wake()
 
     # -- deserializers --------------------------------------------------------------------------------
 
-    def deserialize(self, record: Record) -> ConsumerRecord[KT, VT]:
+    def deserialize(self, engine: Engine, record: Record) -> ConsumerRecord[KT, VT]:
         key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
         if key_fn is None and value_fn is None:
             return record  # type: ignore[return-value]  # no deserializers: KT, VT are bytes
@@ -307,11 +302,8 @@ class Collector(Generic[KT, VT]):
             key = key_fn(record.key) if key_fn is not None and record.key is not None else record.key
             value = value_fn(record.value) if value_fn is not None and record.value is not None else record.value
         except Exception as exc:
-            engine = self._engine()
-            if engine is not None:
-                state = engine.subscriptions.partitions[record.topic_partition]
-                state.rewind(record.offset)
-                self.forget_buffered(engine, [record.topic_partition])
+            engine.subscriptions.partitions[record.topic_partition].rewind(record.offset)
+            self.forget_buffered(engine, [record.topic_partition])
             raise RecordDeserializationError(
                 f"deserializing the record failed: {exc!r}; seek past it to skip",
                 topic=record.topic,
@@ -330,7 +322,7 @@ class Collector(Generic[KT, VT]):
             done: list[ConsumerRecord[KT, VT]] = []
             try:
                 for record in recs:
-                    done.append(self.deserialize(record))
+                    done.append(self.deserialize(engine, record))
             except RecordDeserializationError as exc:
                 # The records before the bad one are handed out now and the error comes with the
                 # next poll (the position stays at the bad record); partitions not reached yet go

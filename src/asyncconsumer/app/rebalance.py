@@ -165,8 +165,8 @@ async def commit_now(engine: Engine, offsets: dict[TopicPartition, OffsetAndMeta
     # finished as of the last poll, must not take this commit back before the next poll.
     for tp, om in offsets.items():
         state = engine.subscriptions.partitions.get(tp)
-        if state is not None and state.processed < om.offset <= state.consumed:
-            state.processed = om.offset
+        if state is not None:
+            state.committed_through(om.offset)
     waiter = await engine.call(lambda now: commits.commit(now, offsets, timeout))
     await waiter.wait()
 

@@ -106,7 +106,7 @@ class PartitionStream(Generic[KT, VT]):
 
     async def __anext__(self) -> ConsumerRecord[KT, VT]:
         if self._in_hand is not None:  # asking for the next one: done with the previous one
-            self._state.consumed = self._in_hand.offset + 1
+            self._state.handed_out(self._in_hand.offset + 1)
             self._in_hand = None
         try:
             record = await self._receive.receive()
@@ -207,8 +207,8 @@ class PartitionStreams(Generic[KT, VT]):
         states = self._source.partitions()
         for tp, stream in self._streams.items():
             state = states.get(tp)
-            if state is stream._state and state.has_position and state.consumed < state.position and stream.idle:
-                state.consumed = state.position
+            if state is stream._state and state.has_position and stream.idle:
+                state.handed_out(state.position)
 
     def _open_assigned(self) -> None:
         for tp, state in self._source.partitions().items():

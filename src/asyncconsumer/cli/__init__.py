@@ -21,7 +21,7 @@ from typing import Any, NoReturn, TypeVar
 import anyio
 import click
 
-from .._version import __version__
+from .. import __version__
 from ..errors import KafkaError
 from ._format import TextFormat
 from ._properties import consumer_properties, parse_pairs, read_properties_file

@@ -14,7 +14,7 @@ from ..config import ConsumerConfig
 from ..errors import KafkaError
 from ..managers.coordinator import CoordinatorManager
 from ..managers.metadata import Cluster, MetadataManager
-from ..managers.share_fetch import ShareBatch, ShareFetchManager
+from ..managers.share_fetch import ShareAcquireMode, ShareBatch, ShareFetchManager
 from ..managers.share_membership import ShareMembershipManager
 from .core import LoopCore
 
@@ -30,7 +30,7 @@ class ShareEngine(LoopCore):
         config: ConsumerConfig,
         *,
         max_records: int,
-        acquire_mode: int = 0,
+        acquire_mode: ShareAcquireMode = "batch_optimized",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if config.group_id is None:

@@ -20,6 +20,7 @@ from ..errors import (
     CommitFailedError,
     KafkaError,
     KafkaTimeoutError,
+    StaleMemberEpochError,
     error_for_code,
 )
 from ..structs import OffsetAndMetadata, TopicPartition, by_topic
@@ -29,9 +30,6 @@ from .subscription import PartitionPhase, SubscriptionState
 from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.commit")
-
-# Errors after which the coordinator must be found again.
-STALE_MEMBER_EPOCH = 113
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +271,7 @@ class CommitManager:
                         commit.last_error = error_for_code(code)
                         self._coordinator.mark_unknown(now, commit.last_error)
                         retry = True
-                    elif code in RETRY_LATER_CODES or (code == STALE_MEMBER_EPOCH and self._moved_on(identity)):
+                    elif code in RETRY_LATER_CODES or (code == StaleMemberEpochError.code and self._moved_on(identity)):
                         commit.last_error = error_for_code(code)
                         retry = True
                     else:

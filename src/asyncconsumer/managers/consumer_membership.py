@@ -35,25 +35,25 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import COORDINATOR_CODES, KafkaError, UnsupportedVersionError, error_for_code
+from ..errors import (
+    COORDINATOR_CODES,
+    MEMBER_FATAL_CODES,
+    FencedMemberEpochError,
+    InvalidRegularExpressionError,
+    KafkaError,
+    UnknownMemberIdError,
+    UnsupportedVersionError,
+    error_for_code,
+)
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
-from .member_base import FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, GroupMemberBase
+from .member_base import GroupMemberBase
 from .membership_types import CONSUMER_TRANSITIONS, CallbackRequest, GroupSettings, MemberState, RebalancePlan
 from .metadata import MetadataManager
 from .requests import Body, UnsentRequest
 from .subscription import SubscriptionState
 
 log = logging.getLogger("asyncconsumer.membership")
-
-# Error codes (Kafka protocol).
-UNKNOWN_MEMBER_ID = 25
-GROUP_AUTHORIZATION_FAILED = 30
-UNSUPPORTED_VERSION = 35
-FENCED_MEMBER_EPOCH = 110
-UNRELEASED_INSTANCE_ID = 111
-INVALID_REGULAR_EXPRESSION = 128
-_FATAL_ERRORS = {FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED}  # see GroupMemberBase._fatal_code
 
 # Member epochs with a meaning of their own.
 JOIN_EPOCH = 0
@@ -379,7 +379,7 @@ class ConsumerMembershipManager(GroupMemberBase):
             code = body["error_code"]
             if code == 0:
                 self._on_success(now, body, sent, stale=session != self._session)
-            elif session == self._session or code in _FATAL_ERRORS or code == UNSUPPORTED_VERSION:
+            elif session == self._session or code in MEMBER_FATAL_CODES or code == UnsupportedVersionError.code:
                 self._on_error_code(now, code, body.get("error_message"))
 
         def on_error(now: float, error: BaseException) -> None:
@@ -433,17 +433,17 @@ class ConsumerMembershipManager(GroupMemberBase):
         settings = self.settings
         error = error_for_code(code, message or f"ConsumerGroupHeartbeat for group {settings.group_id!r}")
         self._acked = None  # the next heartbeat carries every field
-        if code == UNSUPPORTED_VERSION:
+        if code == UnsupportedVersionError.code:
             self._unsupported(now, str(error))
-        elif code in (FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID):
+        elif code in (FencedMemberEpochError.code, UnknownMemberIdError.code):
             if self._leaving:
                 self.generation = JOIN_EPOCH  # no longer a member: nothing to leave
             else:
                 # KIP-848: a fenced epoch rejoins with the same member id; an unknown one gets a new id (v0).
-                self._lose_partitions(now, error, forget_member_id=code == UNKNOWN_MEMBER_ID)
-        elif code in _FATAL_ERRORS:
+                self._lose_partitions(now, error, forget_member_id=code == UnknownMemberIdError.code)
+        elif code in MEMBER_FATAL_CODES:
             self._fatal_code(now, code)
-        elif code == INVALID_REGULAR_EXPRESSION and self.pattern is not None:
+        elif code == InvalidRegularExpressionError.code and self.pattern is not None:
             # The coordinator's RE2/J does not take this Python regex (lookarounds, backreferences,
             # ...): match it against our metadata instead and send the topic names, as v0 does.
             log.warning("group %r: the broker rejected the pattern %r as a regular expression (%s); matching it "

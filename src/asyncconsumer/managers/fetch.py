@@ -489,7 +489,7 @@ class FetchManager:
                     max_decompressed=self._max_decompressed,
                 )
             )
-            state.fetch_offset = max(next_offset, fetch_offset)
+            state.fetched(next_offset)
             state.note_fetched_epochs(epochs)
         elif code == OffsetOutOfRangeError.code:
             if state.reset_to is None and self._subscriptions.default_reset == "none":

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import ClassVar
 
-from ..errors import KafkaError, PollIntervalExceededError, error_for_code
+from ..errors import FencedInstanceIdError, KafkaError, PollIntervalExceededError, error_for_code
 from ..structs import TopicPartition
 from .commit import GroupIdentity
 from .coordinator import CoordinatorManager
@@ -38,9 +38,6 @@ from .subscription import SubscriptionState
 log = logging.getLogger("asyncconsumer.membership")
 #: States that are not part of a rebalance: entering any other starts one (metrics).
 _OUTSIDE_REBALANCE = frozenset({MemberState.UNSUBSCRIBED, MemberState.LEAVING, MemberState.FENCED})
-
-GROUP_MAX_SIZE_REACHED = 81
-FENCED_INSTANCE_ID = 82
 
 #: Longest wait between retries after an error that is reported to the application.
 MAX_ERROR_BACKOFF = 30.0
@@ -272,7 +269,7 @@ class GroupMemberBase:
     def _fatal_code(self, now: float, code: int) -> None:
         """FENCED_INSTANCE_ID or GROUP_MAX_SIZE_REACHED: this member cannot go on."""
         group, instance = self.settings.group_id, self.settings.group_instance_id
-        if code == FENCED_INSTANCE_ID:
+        if code == FencedInstanceIdError.code:
             detail = f"another consumer joined group {group!r} with group_instance_id {instance!r}; this one is fenced"
         else:
             detail = f"group {group!r} is full ({self._group_size_setting} on the broker)"

@@ -33,10 +33,20 @@ from ..assignors import (
     encode_assignment,
     encode_subscription,
 )
-from ..errors import COORDINATOR_CODES, KafkaError, error_for_code
+from ..errors import (
+    COORDINATOR_CODES,
+    FencedInstanceIdError,
+    GroupMaxSizeReachedError,
+    IllegalGenerationError,
+    KafkaError,
+    MemberIdRequiredError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+    error_for_code,
+)
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
-from .member_base import FENCED_INSTANCE_ID, GROUP_MAX_SIZE_REACHED, GroupMemberBase
+from .member_base import GroupMemberBase
 from .membership_types import (
     CLASSIC_TRANSITIONS,
     CallbackKind,
@@ -52,12 +62,6 @@ from .subscription import SubscriptionState
 __all__ = ["CallbackKind", "CallbackRequest", "GroupSettings", "MemberState", "MembershipManager"]
 
 log = logging.getLogger("asyncconsumer.membership")
-
-# Error codes (Kafka protocol).
-REBALANCE_IN_PROGRESS = 27
-ILLEGAL_GENERATION = 22
-UNKNOWN_MEMBER_ID = 25
-MEMBER_ID_REQUIRED = 79
 
 
 class MembershipManager(GroupMemberBase):
@@ -273,26 +277,26 @@ class MembershipManager(GroupMemberBase):
                 if not code:
                     self.member_id = body["member_id"]  # so that LeaveGroup names us
                 return
-            if code == MEMBER_ID_REQUIRED:  # KIP-394: join again with the id the coordinator gave us
+            if code == MemberIdRequiredError.code:  # KIP-394: join again with the id the coordinator gave us
                 self.member_id = body["member_id"]
                 return
-            if code == UNKNOWN_MEMBER_ID:
+            if code == UnknownMemberIdError.code:
                 self.member_id = ""
                 self._retry_at = now
                 if self.owned:
                     self._lose_partitions(error_for_code(code).error_name)
                 return
-            if code == FENCED_INSTANCE_ID:
+            if code == FencedInstanceIdError.code:
                 self._fenced(now)
                 return
             if code in COORDINATOR_CODES:
                 self._coordinator.mark_unknown(now, error_for_code(code))
                 self._retry_at = now + settings.retry_backoff
                 return
-            if code == REBALANCE_IN_PROGRESS:
+            if code == RebalanceInProgressError.code:
                 self._retry_at = now + settings.retry_backoff
                 return
-            if code == GROUP_MAX_SIZE_REACHED:
+            if code == GroupMaxSizeReachedError.code:
                 self._fatal_code(now, code)
                 return
             if code:
@@ -381,22 +385,23 @@ class MembershipManager(GroupMemberBase):
             if code:
                 log.debug("SyncGroup for group %r generation %d answered %s", settings.group_id, generation,
                           error_for_code(code).error_name)
-            if code == FENCED_INSTANCE_ID:
+            if code == FencedInstanceIdError.code:
                 self._fenced(now)
                 return
-            if code in (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) and self.owned:
-                if code == UNKNOWN_MEMBER_ID:
+            if code in (IllegalGenerationError.code, UnknownMemberIdError.code) and self.owned:
+                if code == UnknownMemberIdError.code:
                     self.member_id = ""
                 self._lose_partitions(error_for_code(code).error_name)
                 self._retry_at = now + settings.retry_backoff
                 return
-            if code in (REBALANCE_IN_PROGRESS, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID) or code in COORDINATOR_CODES:
-                if code == UNKNOWN_MEMBER_ID:
+            rejoin = (RebalanceInProgressError.code, IllegalGenerationError.code, UnknownMemberIdError.code)
+            if code in rejoin or code in COORDINATOR_CODES:
+                if code == UnknownMemberIdError.code:
                     self.member_id = ""
                 if code in COORDINATOR_CODES:
                     self._coordinator.mark_unknown(now, error_for_code(code))
                 self._to(MemberState.JOINING)
-                self._retry_at = now + (settings.retry_backoff if code != REBALANCE_IN_PROGRESS else 0)
+                self._retry_at = now + (settings.retry_backoff if code != RebalanceInProgressError.code else 0)
                 return
             if code:
                 self._report_error(error_for_code(code, f"SyncGroup for group {settings.group_id!r}"))
@@ -446,16 +451,16 @@ class MembershipManager(GroupMemberBase):
             code = body["error_code"]
             if code == 0 or generation != self.generation:
                 return
-            if code == REBALANCE_IN_PROGRESS:
+            if code == RebalanceInProgressError.code:
                 if self.state is MemberState.STABLE:
                     self.request_rejoin("the coordinator started a rebalance")
                 else:
                     self._rejoin_requested = True
-            elif code in (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID):
-                if code == UNKNOWN_MEMBER_ID:
+            elif code in (IllegalGenerationError.code, UnknownMemberIdError.code):
+                if code == UnknownMemberIdError.code:
                     self.member_id = ""
                 self._lose_partitions(error_for_code(code).error_name)
-            elif code == FENCED_INSTANCE_ID:
+            elif code == FencedInstanceIdError.code:
                 self._fenced(now)
             elif code in COORDINATOR_CODES:
                 self._coordinator.mark_unknown(now, error_for_code(code))
@@ -501,5 +506,5 @@ class MembershipManager(GroupMemberBase):
         self._left()
 
     def _fenced(self, now: float) -> None:
-        self._fatal_code(now, FENCED_INSTANCE_ID)
+        self._fatal_code(now, FencedInstanceIdError.code)
 

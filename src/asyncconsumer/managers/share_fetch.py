@@ -24,22 +24,31 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from ..errors import KafkaError, UnsupportedVersionError, error_for_code
+from ..errors import (
+    REFRESH_METADATA_CODES,
+    SHARE_SESSION_CODES,
+    KafkaError,
+    UnsupportedVersionError,
+    error_for_code,
+)
 from ..protocol.records import decode_batch, iter_batches
-from ..structs import ConsumerRecord, TopicPartition
+from ..structs import AcknowledgeType, ConsumerRecord, TopicPartition
 from .metadata import MetadataManager
 from .requests import Body, UnsentRequest
 from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.share")
 
-GAP, ACCEPT, RELEASE, REJECT, RENEW = 0, 1, 2, 3, 4
-#: ShareFetch v2's ShareAcquireMode (KIP-1206): whole batches, or at most MaxRecords records.
-BATCH_OPTIMIZED, RECORD_LIMIT = 0, 1
-SESSION_CODES = frozenset({122, 123})  # SHARE_SESSION_NOT_FOUND, INVALID_SHARE_SESSION_EPOCH
-METADATA_CODES = frozenset({3, 5, 6, 9, 56, 74, 75, 100})
+#: The acknowledgement type of an acquired offset with no record (a control batch, compacted away):
+#: the protocol's, never one the application sends (those are ``AcknowledgeType``'s).
+GAP = 0
+#: ``share_acquire_mode`` (KIP-1206, ShareFetch v2): "batch_optimized" acquires whole record batches
+#: (an acquisition may pass ``max_poll_records``); "record_limit" at most ``max_poll_records`` records.
+ShareAcquireMode = Literal["batch_optimized", "record_limit"]
+#: ShareFetch's ShareAcquireMode field for each.
+ACQUIRE_MODES: dict[ShareAcquireMode, int] = {"batch_optimized": 0, "record_limit": 1}
 _MAX_EPOCH = 2**31 - 1
 
 AckResults = dict[TopicPartition, KafkaError | None]
@@ -122,7 +131,7 @@ class ShareFetchManager:
         retry_backoff: float = 0.1,
         check_crcs: bool = True,
         buffer_bytes: int = 2**63 - 1,
-        acquire_mode: int = BATCH_OPTIMIZED,
+        acquire_mode: ShareAcquireMode = "batch_optimized",
     ) -> None:
         self.group_id = group_id
         self._metadata = metadata
@@ -140,7 +149,7 @@ class ShareFetchManager:
         #: ``fetch_buffer_bytes``: no ShareFetch while the records not handed out hold this much.
         self.max_buffer_bytes = buffer_bytes
         self.buffered_bytes = 0
-        self.acquire_mode = acquire_mode
+        self.acquire_mode: ShareAcquireMode = acquire_mode
         self._sessions: dict[int, _Session] = {}
         self._retry_at: dict[int, float] = {}
         #: Acknowledgements not sent yet: partition -> {offset: type}.
@@ -171,9 +180,9 @@ class ShareFetchManager:
 
     # -- application side (through engine events) -------------------------------------------------
 
-    def acknowledge(self, tp: TopicPartition, offset: int, kind: int) -> None:
+    def acknowledge(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
         self._acks.setdefault(tp, {})[offset] = kind
-        if kind == RENEW:
+        if kind == AcknowledgeType.RENEW:
             self._urgent.add(tp)
 
     def commit(self) -> Waiter[AckResults]:
@@ -268,7 +277,7 @@ class ShareFetchManager:
                     requests.append(self._acknowledge(now, node, session, acked, final=True))
                 continue
             wanted = set(by_node.get(node, ()))
-            renew = any(RENEW in self._acks[tp].values() for tp in acked)
+            renew = any(AcknowledgeType.RENEW in self._acks[tp].values() for tp in acked)
             urgent = [tp for tp in acked if tp in self._urgent]
             fetchable = wanted and session.buffered == 0 and not self.buffer_full and self._can_fetch()
             if urgent and session.epoch != 0 and (renew or not fetchable):
@@ -316,7 +325,7 @@ class ShareFetchManager:
                 "batch_size": self.max_records,
                 "topics": self._topics(send, taken, fetch=True),
                 "forgotten_topics_data": self._topics(forget, {}, fetch=False, forgotten=True),
-                **({"share_acquire_mode": self.acquire_mode} if version >= 2 else {}),
+                **({"share_acquire_mode": ACQUIRE_MODES[self.acquire_mode]} if version >= 2 else {}),
             }
 
         def on_response(now: float, version: int, body: Body) -> None:
@@ -326,7 +335,7 @@ class ShareFetchManager:
         def on_error(now: float, error: BaseException) -> None:
             session.in_flight = False
             self.errors += 1
-            if isinstance(error, UnsupportedVersionError) and self.acquire_mode == RECORD_LIMIT:
+            if isinstance(error, UnsupportedVersionError) and self.acquire_mode == "record_limit":
                 self._report_error(
                     UnsupportedVersionError(
                         f"share_acquire_mode='record_limit' (KIP-1206) needs ShareFetch v2 (Apache Kafka 4.2 or "
@@ -342,7 +351,7 @@ class ShareFetchManager:
             on_error,
             node_id=node,
             extra_timeout_ms=self._max_wait_ms,
-            min_version=2 if self.acquire_mode == RECORD_LIMIT else 0,
+            min_version=2 if self.acquire_mode == "record_limit" else 0,
         )
 
     def _topics(
@@ -409,7 +418,7 @@ class ShareFetchManager:
                         error_for_code(ack_code, p.get("acknowledge_error_message")) if ack_code else None,
                     )
                 if p["error_code"] != 0:
-                    if p["error_code"] in METADATA_CODES:
+                    if p["error_code"] in REFRESH_METADATA_CODES:
                         self._metadata.request_update()
                     self._report_error(error_for_code(p["error_code"], p.get("error_message")))
                     continue
@@ -438,7 +447,7 @@ class ShareFetchManager:
             self._acks.setdefault(tp, {})[offset] = GAP
         if out and self.closing:  # arrived while closing: straight back to the group
             for a in out:
-                self._acks.setdefault(tp, {})[a.record.offset] = RELEASE
+                self._acks.setdefault(tp, {})[a.record.offset] = AcknowledgeType.RELEASE
         elif out:
             size = len(records) if records else 0
             self.records_acquired += len(out)
@@ -545,5 +554,5 @@ class ShareFetchManager:
         session.partitions = set()
         self._retry_at[node] = now + self._retry_backoff
         self._metadata.request_update()
-        if not (isinstance(error, KafkaError) and getattr(error, "code", None) in SESSION_CODES):
+        if not (isinstance(error, KafkaError) and getattr(error, "code", None) in SHARE_SESSION_CODES):
             log.debug("share session with node %s failed: %r", node, error)

@@ -20,15 +20,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import KafkaError, UnsupportedVersionError, error_for_code
+from ..errors import (
+    COORDINATOR_CODES,
+    FencedMemberEpochError,
+    KafkaError,
+    UnknownMemberIdError,
+    UnsupportedVersionError,
+    error_for_code,
+)
 from ..structs import TopicPartition
 from .consumer_membership import new_member_id
 from .coordinator import CoordinatorManager
 from .requests import Body, UnsentRequest
 
-UNKNOWN_MEMBER_ID = 25
-FENCED_MEMBER_EPOCH = 110
-COORDINATOR_CODES = frozenset({14, 15, 16})  # load in progress, not available, not coordinator
 LEAVE_EPOCH = -1
 
 
@@ -177,7 +181,7 @@ class ShareMembershipManager:
             self._coordinator.mark_unknown(now, error_for_code(code, body.get("error_message")))
             self._next_heartbeat = now + self._retry_backoff
             return
-        if code in (UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH):
+        if code in (UnknownMemberIdError.code, FencedMemberEpochError.code):
             self.epoch = 0  # rejoin with the same id; the broker hands the partitions out again
             self._sent_subscription = None
             self._next_heartbeat = now

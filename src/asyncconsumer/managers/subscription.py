@@ -2,9 +2,26 @@
 
 One ``SubscriptionState`` per consumer, shared by the managers and the
 application side on the same event loop (mutations never span an ``await``).
-``position`` is the next offset handed to the application; ``fetch_offset``
-runs ahead of it while fetched data waits in the buffer.  ``epoch`` changes on
-every seek/reset so that in-flight fetches for the old position are dropped.
+``epoch`` changes on every seek/reset so that in-flight fetches for the old
+position are dropped.
+
+Each partition's offsets, once its position is known, keep
+
+    processed <= consumed <= position <= fetch_offset
+
+- ``fetch_offset``: the next offset to fetch; runs ahead while fetched data waits in the buffer.
+- ``position``: the next offset to take from the buffer (records before it are taken: handed
+  out, or waiting in a chunk or a partition stream to be).
+- ``consumed``: the offset after the last record handed to the application (what ``commit()``
+  commits).
+- ``processed``: ``consumed`` as of the application's previous poll (what auto-commit commits).
+
+Only this module writes them: the fetch manager says what it fetched (``fetched``), the
+application side speaks a small vocabulary (``taken``, ``handed_out``, ``finished``,
+``committed_through``, and ``rewind`` to put records back), and seeks, resets and validation set
+the position (``set_position``, ``await_validation``).  Each keeps the order above.  The one
+exception is the consumer's per-record ``async for`` path, which inlines ``handed_out``
+(commented there).
 
 Leader epochs (KIP-320): ``leader_epoch`` is the epoch of the record before
 ``position`` (what a commit carries), ``fetched_epoch`` the one before
@@ -90,6 +107,36 @@ class PartitionState:
         self.reset_to = None
         self.retry_at = 0.0
         self.epoch += 1
+
+    # -- the offsets' vocabulary (processed <= consumed <= position <= fetch_offset) ----------------
+
+    def fetched(self, offset: int) -> None:
+        """Records before ``offset`` were fetched (the next fetch starts there)."""
+        if offset > self.fetch_offset:
+            self.fetch_offset = offset
+
+    def taken(self, offset: int) -> None:
+        """Records before ``offset`` were taken from the buffer, or skipped with the transaction
+        markers, aborted batches or compaction gaps a fetch ended with."""
+        if offset > self.position:
+            self.position = min(offset, self.fetch_offset)
+
+    def handed_out(self, offset: int) -> None:
+        """Records before ``offset`` were handed to the application: ``commit()`` covers them.
+        Never past ``position`` (a record taken before a seek and handed out after it moves nothing)."""
+        if self.consumed < offset <= self.position:
+            self.consumed = offset
+
+    def finished(self) -> None:
+        """A new poll: the application is done with what it was handed (auto-commit covers it)."""
+        if self.consumed >= 0:
+            self.processed = self.consumed
+
+    def committed_through(self, offset: int) -> None:
+        """``offset`` is being committed: what is before it counts as finished, so the background
+        auto-commit (which commits what was finished) does not take the commit back."""
+        if self.processed < offset <= self.consumed:
+            self.processed = offset
 
     def note_fetched_epochs(self, starts: list[tuple[int, int]]) -> None:
         """Record where the leader epochs of newly fetched batches begin (unknown epochs are -1)."""

@@ -529,11 +529,10 @@ class RangeReader:
         """The next records of the range as one Arrow record batch, through the columnar decoder
         (``Consumer.arrow_batches()``'s path); None once the range is finished."""
         tp = self._range.tp
-        only = {tp}
 
         async def poll(timeout: float) -> pa.RecordBatch | None:
-            batch: pa.RecordBatch | None = await self._consumer._next_arrow_batch(
-                self._max_records, timeout, only, self._include_headers
+            batch: pa.RecordBatch | None = await self._consumer.arrow_batch(
+                tp, timeout=timeout, max_records=self._max_records, include_headers=self._include_headers
             )
             return batch
 

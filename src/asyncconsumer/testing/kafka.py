@@ -72,8 +72,8 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
 
 from ..config import SASL_MECHANISMS, SECURITY_PROTOCOLS, SecurityProtocol
-from . import _probe
 from ._kafka_jars import KAFKA_VERSION, RELEASES
+from ._probe import wait_for_metadata
 from ._process import parent_death_signal
 
 if TYPE_CHECKING:
@@ -541,7 +541,7 @@ class KafkaNode:
 
     def wait_ready(self, timeout: float, *, expect_nodes: int) -> float:
         try:
-            return _probe.wait_for_metadata(
+            return wait_for_metadata(
                 LOOPBACK, self.ports.plaintext, timeout=timeout, alive=self.exited, expect_nodes=expect_nodes
             )
         except RuntimeError as exc:

@@ -1,0 +1,160 @@
+/*
+ * The module table (speedups.h lists the extension's files): the objects bind() gives the decoders,
+ * the module's functions with their docstrings, and PyInit__speedups.
+ */
+
+#include "speedups.h"
+
+PyTypeObject *record_type = NULL;
+PyObject *corrupt_error = NULL;
+PyObject *fallback = NULL;
+PyObject *decompress_fn = NULL;
+
+PyObject *empty_tuple = NULL;
+PyObject *str_prefix = NULL;
+
+PyObject *s_magic, *s_is_control, *s_compression, *s_buf, *s_start, *s_size_in_bytes, *s_record_count,
+    *s_base_offset, *s_base_timestamp, *s_timestamp_type, *s_max_timestamp, *s_leader_epoch, *s_topic, *s_partition,
+    *s_offset;
+
+/* ------------------------------------------------------------------ bind */
+
+static PyObject *
+bind(PyObject *module, PyObject *args)
+{
+    PyObject *rtype, *error, *fb, *dec;
+    if (!PyArg_ParseTuple(args, "O!OOO:bind", &PyType_Type, &rtype, &error, &fb, &dec)) {
+        return NULL;
+    }
+    PyTypeObject *t = (PyTypeObject *)rtype;
+    /* Records are allocated as plain tuples of the subtype: only valid when
+     * the subclass adds nothing to tuple's layout (NamedTuple sets
+     * __slots__ = ()). */
+    if (!PyType_IsSubtype(t, &PyTuple_Type) || t->tp_basicsize != PyTuple_Type.tp_basicsize ||
+        t->tp_itemsize != PyTuple_Type.tp_itemsize || t->tp_dictoffset != 0 || t->tp_weaklistoffset != 0 ||
+        t->tp_alloc == NULL) {
+        PyErr_SetString(PyExc_TypeError, "record_type must be a tuple subclass without extra fields");
+        return NULL;
+    }
+    if (!PyCallable_Check(error) || !PyCallable_Check(fb) || !PyCallable_Check(dec)) {
+        PyErr_SetString(PyExc_TypeError, "corrupt_error, fallback and decompress must be callable");
+        return NULL;
+    }
+    Py_INCREF(rtype);
+    Py_XSETREF(record_type, t);
+    Py_INCREF(error);
+    Py_XSETREF(corrupt_error, error);
+    Py_INCREF(fb);
+    Py_XSETREF(fallback, fb);
+    Py_INCREF(dec);
+    Py_XSETREF(decompress_fn, dec);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ module */
+
+PyDoc_STRVAR(crc32c_kernel_doc,
+             "crc32c_kernel(name, data, value=0) -> int\n\n"
+             "CRC-32C of ``data`` by one kernel of CRC32C_KERNELS (\"fold512\", \"fold256\", \"streams\",\n"
+             "\"table\"), continuing from the CRC-32C ``value`` of the bytes before it; for tests.");
+
+PyDoc_STRVAR(crc32c_doc,
+             "crc32c(data) -> int\n\n"
+             "CRC-32C of a bytes-like object (the record batch checksum), as the column walk computes it.");
+
+PyDoc_STRVAR(scan_batches_doc,
+             "scan_batches(data) -> (next_offset, complete, epochs)\n\n"
+             "The offset after the last complete batch of a record set (-1: none), the bytes of its\n"
+             "complete batches and (base offset, leader epoch) where the epoch changes; batch headers\n"
+             "only. The compiled twin of records.scan_batches_py.");
+
+PyDoc_STRVAR(int32_steps_doc,
+             "int32_steps(count, step) -> bytearray\n\n"
+             "``count`` int32 values in native byte order: 0, step, 2 * step, ... (a string column's offsets\n"
+             "for a value ``step`` bytes long in every row), as array('i', range(...)) gives them, 50 times faster.");
+
+PyDoc_STRVAR(arrow_address_doc,
+             "arrow_address(capsule) -> int\n\n"
+             "The address of the ArrowArray an export_arrow capsule holds (not imported yet), for an\n"
+             "importer that takes an address; the capsule must outlive the import.");
+
+PyDoc_STRVAR(export_arrow_doc,
+             "export_arrow(node) -> PyCapsule\n\n"
+             "An Arrow C data interface array (a capsule named \"arrow_array\") over the buffers of a\n"
+             "node (format, length, null_count, offset, buffers, children), without copying them:\n"
+             "format is z, u, i, l, +l or +s (Arrow's format strings, for the layout checked against\n"
+             "the buffers), buffers a tuple of buffer objects or None, children a tuple of nodes.\n"
+             "The buffers are held until Arrow releases the array.");
+
+PyDoc_STRVAR(decode_batch_doc,
+             "decode_batch(batch, topic, partition) -> list[ConsumerRecord]\n\n"
+             "Decode every record of a RecordBatch; the compiled twin of records.decode_batch_py.");
+PyDoc_STRVAR(bind_doc,
+             "bind(record_type, corrupt_error, fallback, decompress) -> None\n\n"
+             "Give the decoder the record type, the error class, the Python decoder (for legacy\n"
+             "message sets and values beyond 64 bits) and the decompression function.");
+
+static PyMethodDef methods[] = {
+    {"decode_batch", (PyCFunction)(void (*)(void))decode_batch, METH_FASTCALL, decode_batch_doc},
+    {"bind", (PyCFunction)bind, METH_VARARGS, bind_doc},
+    {"crc32c", (PyCFunction)crc32c_py, METH_O, crc32c_doc},
+    {"crc32c_kernel", (PyCFunction)crc32c_kernel_py, METH_VARARGS, crc32c_kernel_doc},
+    {"scan_batches", (PyCFunction)scan_batches, METH_O, scan_batches_doc},
+    {"export_arrow", (PyCFunction)export_arrow, METH_O, export_arrow_doc},
+    {"arrow_address", (PyCFunction)arrow_address, METH_O, arrow_address_doc},
+    {"int32_steps", (PyCFunction)int32_steps, METH_VARARGS, int32_steps_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "asyncconsumer._speedups",
+    "Compiled record decoder for asyncconsumer (optional; records.py falls back to Python).",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+static int
+intern(PyObject **slot, const char *name)
+{
+    *slot = PyUnicode_InternFromString(name);
+    return *slot == NULL ? -1 : 0;
+}
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    if (intern(&s_magic, "magic") < 0 || intern(&s_is_control, "is_control") < 0 ||
+        intern(&s_compression, "compression") < 0 || intern(&s_buf, "_buf") < 0 || intern(&s_start, "_start") < 0 ||
+        intern(&s_size_in_bytes, "size_in_bytes") < 0 || intern(&s_record_count, "record_count") < 0 ||
+        intern(&s_base_offset, "base_offset") < 0 || intern(&s_base_timestamp, "base_timestamp") < 0 ||
+        intern(&s_timestamp_type, "timestamp_type") < 0 || intern(&s_max_timestamp, "max_timestamp") < 0 ||
+        intern(&s_leader_epoch, "leader_epoch") < 0 || intern(&s_topic, "topic") < 0 ||
+        intern(&s_partition, "partition") < 0 || intern(&s_offset, "offset") < 0) {
+        return NULL;
+    }
+    empty_tuple = PyTuple_New(0);
+    str_prefix = PyUnicode_FromString("record batch is corrupt: ");
+    if (empty_tuple == NULL || str_prefix == NULL || PyType_Ready(&ColumnBuilderType) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (crc_setup(module) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&ColumnBuilderType);
+    if (PyModule_AddObject(module, "ColumnBuilder", (PyObject *)&ColumnBuilderType) < 0) {
+        Py_DECREF(&ColumnBuilderType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -1,0 +1,550 @@
+/*
+ * Record decoding (speedups.h lists the extension's files).
+ *
+ *     decode_batch(batch, topic, partition) -> list[ConsumerRecord]
+ *
+ * with exactly the contract of the pure-Python ``decode_batch_py`` in
+ * asyncconsumer/protocol/records.py (which stays the reference and the
+ * automatic fallback).  It parses the records section of a v2 record batch
+ * (magic 2): zigzag varints, keys, values, headers, timestamp and offset
+ * deltas (the helpers in speedups.h); it builds each ConsumerRecord directly
+ * as an instance of the NamedTuple (a tuple subclass without extra fields),
+ * so no Python code runs per record.
+ *
+ * What stays in Python, called back from here:
+ *   - decompression (``_decompress``; the codecs are Python libraries),
+ *   - legacy message sets (magic 0/1): the whole batch goes to the Python
+ *     decoder, as do batches whose varints or offsets do not fit in 64 bits
+ *     (which only corrupt or hostile data has; Python's unbounded ints then
+ *     give the reference answer).
+ *
+ * Corrupt record bytes raise CorruptRecordError(message, topic=, partition=,
+ * offset=base_offset) with the Python decoder's wording.  Every read is
+ * bounds-checked against the end of the batch.  The column builder
+ * (columns.c) opens a batch's records and reports its errors with the
+ * per-batch functions here.
+ *
+ *     scan_batches(data) -> (next_offset, complete, epochs)
+ *
+ * reads batch headers only, for the background loop.
+ */
+
+#include "speedups.h"
+
+/* ------------------------------------------------------------------ parsing records into tuples */
+
+
+static PyObject *
+header_key(parser *p, const unsigned char *at, Py_ssize_t len)
+{
+    for (int i = 0; i < p->nkeys; i++) {
+        if (p->key_len[i] == len && memcmp(p->key_at[i], at, (size_t)len) == 0) {
+            Py_INCREF(p->key_str[i]);
+            return p->key_str[i];
+        }
+    }
+    /* Java decodes header keys leniently: malformed UTF-8 becomes U+FFFD. */
+    PyObject *key = PyUnicode_DecodeUTF8((const char *)at, len, "replace");
+    if (key != NULL && p->nkeys < KEY_CACHE) {
+        p->key_len[p->nkeys] = len;
+        p->key_at[p->nkeys] = at;
+        Py_INCREF(key);
+        p->key_str[p->nkeys++] = key;
+    }
+    return key;
+}
+
+/* The headers of one record (count > 0): a tuple of (str, bytes | None) pairs. */
+static PyObject *
+read_headers(parser *p, int64_t count, int *statusp)
+{
+    /* Every header takes at least two bytes, so a larger count cannot parse:
+     * allocate for what fits, and the read that runs out reports the error. */
+    Py_ssize_t room = (p->end - p->pos) / 2;
+    Py_ssize_t n = count < (int64_t)room ? (Py_ssize_t)count : room;
+    PyObject *headers = PyTuple_New(n);
+    int status = ERR_PYTHON;
+    if (headers == NULL) {
+        goto fail;
+    }
+    for (int64_t i = 0; i < count; i++) {
+        const unsigned char *kat, *vat;
+        Py_ssize_t klen, vlen;
+        status = read_header(p, &kat, &klen, &vat, &vlen);
+        if (status != OK) {
+            goto fail;
+        }
+        status = ERR_PYTHON;
+        if (i >= n) { /* unreachable: see ``room`` */
+            PyOS_snprintf(p->err, ERRBUF, "record runs past the end of the batch");
+            status = ERR_CORRUPT;
+            goto fail;
+        }
+        PyObject *key = header_key(p, kat, klen);
+        if (key == NULL) {
+            goto fail;
+        }
+        PyObject *value = Py_None;
+        if (vat != NULL) {
+            value = PyBytes_FromStringAndSize((const char *)vat, vlen);
+            if (value == NULL) {
+                Py_DECREF(key);
+                goto fail;
+            }
+        }
+        else {
+            Py_INCREF(value);
+        }
+        PyObject *pair = PyTuple_New(2);
+        if (pair == NULL) {
+            Py_DECREF(key);
+            Py_DECREF(value);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(pair, 0, key);
+        PyTuple_SET_ITEM(pair, 1, value);
+        PyObject_GC_UnTrack(pair); /* holds a str and bytes/None: can never be in a cycle */
+        PyTuple_SET_ITEM(headers, (Py_ssize_t)i, pair);
+    }
+    PyObject_GC_UnTrack(headers);
+    return headers;
+fail:
+    Py_XDECREF(headers);
+    *statusp = status;
+    return NULL;
+}
+
+/* A Python int, reusing the previous one when the value repeats. */
+static inline PyObject *
+cached_long(int64_t value, int64_t *last, PyObject **last_obj)
+{
+    if (*last_obj != NULL && *last == value) {
+        Py_INCREF(*last_obj);
+        return *last_obj;
+    }
+    PyObject *obj = PyLong_FromLongLong(value);
+    if (obj != NULL) {
+        Py_XDECREF(*last_obj);
+        Py_INCREF(obj);
+        *last_obj = obj;
+        *last = value;
+    }
+    return obj;
+}
+
+typedef struct {
+    int64_t count;
+    int64_t base_offset;
+    int64_t base_timestamp;
+    int log_append_time;
+    PyObject *log_append_ts;   /* max_timestamp, used when log_append_time */
+    PyObject *timestamp_type;  /* the batch's 0 / 1 */
+    PyObject *leader_epoch;    /* int or None */
+    PyObject *topic;
+    PyObject *partition;
+} batch_info;
+
+static PyObject *
+parse_records(parser *p, const batch_info *bi, int *statusp)
+{
+    int status = ERR_PYTHON;
+    PyObject *out = NULL;
+    int64_t last_ts = 0, last_klen = 0, last_vlen = 0;
+    PyObject *last_ts_obj = NULL, *last_klen_obj = NULL, *last_vlen_obj = NULL;
+
+    /* A record takes at least 7 bytes (six varints and the attributes byte),
+     * so no more than this many can parse; a larger count fails on the way. */
+    Py_ssize_t room = (p->end - p->pos) / 7;
+    Py_ssize_t n = bi->count < 0 ? 0 : (bi->count < (int64_t)room ? (Py_ssize_t)bi->count : room);
+    out = PyList_New(n);
+    if (out == NULL) {
+        goto fail;
+    }
+    for (int64_t i = 0; i < bi->count; i++) {
+        record_head r;
+        int64_t nheaders;
+        r.ts = 0; /* set unless LogAppendTime */
+        if ((status = read_record_head(p, bi->base_offset, bi->base_timestamp, bi->log_append_time, &r)) != OK ||
+            (status = read_header_count(p, &nheaders)) != OK) {
+            goto fail;
+        }
+        PyObject *headers = empty_tuple;
+        if (nheaders == 0) {
+            Py_INCREF(headers);
+        }
+        else if ((headers = read_headers(p, nheaders, &status)) == NULL) {
+            goto fail;
+        }
+        if ((status = check_record_end(p, &r)) != OK) {
+            Py_DECREF(headers);
+            goto fail;
+        }
+        if (i >= n) { /* unreachable: see ``room`` */
+            Py_DECREF(headers);
+            PyOS_snprintf(p->err, ERRBUF, "record runs past the end of the batch");
+            status = ERR_CORRUPT;
+            goto fail;
+        }
+        status = ERR_PYTHON;
+
+        PyObject *key, *value, *offset_obj, *ts_obj, *klen_obj, *vlen_obj;
+        if (r.key != NULL) {
+            key = PyBytes_FromStringAndSize((const char *)r.key, (Py_ssize_t)r.klen);
+        }
+        else {
+            key = Py_None;
+            Py_INCREF(key);
+        }
+        if (r.value != NULL) {
+            value = PyBytes_FromStringAndSize((const char *)r.value, (Py_ssize_t)r.vlen);
+        }
+        else {
+            value = Py_None;
+            Py_INCREF(value);
+        }
+        offset_obj = PyLong_FromLongLong(r.offset);
+        if (bi->log_append_time) {
+            ts_obj = bi->log_append_ts;
+            Py_INCREF(ts_obj);
+        }
+        else {
+            ts_obj = cached_long(r.ts, &last_ts, &last_ts_obj);
+        }
+        klen_obj = cached_long(r.klen, &last_klen, &last_klen_obj);
+        vlen_obj = cached_long(r.vlen, &last_vlen, &last_vlen_obj);
+        PyObject *record = NULL;
+        if (key != NULL && value != NULL && offset_obj != NULL && ts_obj != NULL && klen_obj != NULL &&
+            vlen_obj != NULL) {
+            /* What tuple.__new__(ConsumerRecord, ...) does, without the
+             * intermediate tuple: the NamedTuple adds no fields to tuple. */
+            record = record_type->tp_alloc(record_type, RECORD_FIELDS);
+        }
+        if (record == NULL) {
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            Py_XDECREF(offset_obj);
+            Py_XDECREF(ts_obj);
+            Py_XDECREF(klen_obj);
+            Py_XDECREF(vlen_obj);
+            Py_DECREF(headers);
+            goto fail;
+        }
+        Py_INCREF(bi->topic);
+        PyTuple_SET_ITEM(record, 0, bi->topic);
+        Py_INCREF(bi->partition);
+        PyTuple_SET_ITEM(record, 1, bi->partition);
+        PyTuple_SET_ITEM(record, 2, offset_obj);
+        PyTuple_SET_ITEM(record, 3, ts_obj);
+        Py_INCREF(bi->timestamp_type);
+        PyTuple_SET_ITEM(record, 4, bi->timestamp_type);
+        PyTuple_SET_ITEM(record, 5, key);
+        PyTuple_SET_ITEM(record, 6, value);
+        PyTuple_SET_ITEM(record, 7, klen_obj);
+        PyTuple_SET_ITEM(record, 8, vlen_obj);
+        PyTuple_SET_ITEM(record, 9, headers);
+        Py_INCREF(bi->leader_epoch);
+        PyTuple_SET_ITEM(record, 10, bi->leader_epoch);
+        /* Only atomic values (str, int, bytes, None, untracked header tuples):
+         * the record can never be part of a reference cycle, so the cyclic GC
+         * need not scan it (it would untrack it itself on its first pass). */
+        PyObject_GC_UnTrack(record);
+        PyList_SET_ITEM(out, (Py_ssize_t)i, record);
+    }
+    if ((status = check_batch_end(p, bi->count)) != OK) {
+        goto fail;
+    }
+    Py_XDECREF(last_ts_obj);
+    Py_XDECREF(last_klen_obj);
+    Py_XDECREF(last_vlen_obj);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_XDECREF(last_ts_obj);
+    Py_XDECREF(last_klen_obj);
+    Py_XDECREF(last_vlen_obj);
+    *statusp = status;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ decode_batch */
+
+int
+get_int64(PyObject *obj, PyObject *name, int64_t *out)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) {
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+PyObject *
+call_fallback(PyObject *batch, PyObject *topic, PyObject *partition)
+{
+    return PyObject_CallFunctionObjArgs(fallback, batch, topic, partition, NULL);
+}
+
+/* Raise CorruptRecordError("record batch is corrupt: " + detail, topic=, partition=, offset=). */
+void
+raise_corrupt_obj(PyObject *detail, PyObject *topic, PyObject *partition, int64_t base_offset)
+{
+    PyObject *msg = PyUnicode_Concat(str_prefix, detail);
+    PyObject *args = NULL, *kwargs = NULL, *offset = NULL, *exc = NULL;
+    if (msg == NULL) {
+        return;
+    }
+    args = PyTuple_Pack(1, msg);
+    kwargs = PyDict_New();
+    offset = PyLong_FromLongLong(base_offset);
+    if (args == NULL || kwargs == NULL || offset == NULL || PyDict_SetItem(kwargs, s_topic, topic) < 0 ||
+        PyDict_SetItem(kwargs, s_partition, partition) < 0 || PyDict_SetItem(kwargs, s_offset, offset) < 0) {
+        goto done;
+    }
+    exc = PyObject_Call(corrupt_error, args, kwargs);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    }
+done:
+    Py_XDECREF(msg);
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    Py_XDECREF(offset);
+    Py_XDECREF(exc);
+}
+
+void
+raise_corrupt(const char *detail, PyObject *topic, PyObject *partition, int64_t base_offset)
+{
+    PyObject *text = PyUnicode_FromString(detail);
+    if (text != NULL) {
+        raise_corrupt_obj(text, topic, partition, base_offset);
+        Py_DECREF(text);
+    }
+}
+
+int
+open_records(PyObject *batch, int64_t codec, PyObject *topic, PyObject *partition, parser *p, records_src *src)
+{
+    int64_t start = 0, size = 0;
+    src->data = NULL;
+    src->have_view = 0;
+    if (codec == CODEC_NONE) {
+        src->data = PyObject_GetAttr(batch, s_buf);
+        if (src->data == NULL || get_int64(batch, s_start, &start) < 0 || get_int64(batch, s_size_in_bytes, &size) < 0) {
+            return OPEN_ERROR;
+        }
+    }
+    else {
+        PyObject *codec_obj = PyLong_FromLongLong(codec);
+        if (codec_obj == NULL) {
+            return OPEN_ERROR;
+        }
+        src->data = PyObject_CallFunctionObjArgs(decompress_fn, batch, codec_obj, topic, partition, NULL);
+        Py_DECREF(codec_obj);
+        if (src->data == NULL) {
+            return OPEN_ERROR;
+        }
+    }
+    if (PyObject_GetBuffer(src->data, &src->view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return OPEN_NOT_BUFFER;
+    }
+    src->have_view = 1;
+    p->buf = (const unsigned char *)src->view.buf;
+    if (codec == CODEC_NONE) {
+        p->pos = (Py_ssize_t)start + V2_HEADER_SIZE;
+        p->end = (Py_ssize_t)(start + size);
+        if (start < 0 || size < V2_HEADER_SIZE || p->end > src->view.len) {
+            PyErr_SetString(PyExc_ValueError, "record batch bounds lie outside its buffer");
+            return OPEN_ERROR;
+        }
+    }
+    else {
+        p->pos = 0;
+        p->end = src->view.len;
+    }
+    return OPEN_OK;
+}
+
+void
+close_records(records_src *src)
+{
+    if (src->have_view) {
+        PyBuffer_Release(&src->view);
+        src->have_view = 0;
+    }
+    Py_CLEAR(src->data);
+}
+
+/* The batch's ``is_control`` as 0/1, or -1 with an exception set. */
+int
+batch_is_control(PyObject *batch)
+{
+    PyObject *control = PyObject_GetAttr(batch, s_is_control);
+    if (control == NULL) {
+        return -1;
+    }
+    int is_control = PyObject_IsTrue(control);
+    Py_DECREF(control);
+    return is_control;
+}
+
+PyObject *
+decode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "decode_batch(batch, topic, partition) takes exactly 3 arguments");
+        return NULL;
+    }
+    if (record_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "asyncconsumer._speedups.bind() was not called");
+        return NULL;
+    }
+    PyObject *batch = args[0], *topic = args[1], *partition = args[2];
+    PyObject *result = NULL, *ts_type = NULL, *log_ts = NULL, *epoch = NULL;
+    int64_t magic, codec;
+    records_src src = {NULL};
+
+    if (get_int64(batch, s_magic, &magic) < 0) {
+        return NULL;
+    }
+    if (magic != 2) {
+        return call_fallback(batch, topic, partition);
+    }
+    int is_control = batch_is_control(batch);
+    if (is_control < 0) {
+        return NULL;
+    }
+    if (is_control) {
+        return PyList_New(0);
+    }
+
+    batch_info bi;
+    parser p;
+    p.nkeys = 0;
+    if (get_int64(batch, s_compression, &codec) < 0 || get_int64(batch, s_record_count, &bi.count) < 0 ||
+        get_int64(batch, s_base_offset, &bi.base_offset) < 0 ||
+        get_int64(batch, s_base_timestamp, &bi.base_timestamp) < 0) {
+        return NULL;
+    }
+    int opened = open_records(batch, codec, topic, partition, &p, &src);
+    if (opened == OPEN_NOT_BUFFER) {
+        result = call_fallback(batch, topic, partition);
+        goto done;
+    }
+    if (opened == OPEN_ERROR) {
+        goto done;
+    }
+
+    ts_type = PyObject_GetAttr(batch, s_timestamp_type);
+    epoch = PyObject_GetAttr(batch, s_leader_epoch);
+    if (ts_type == NULL || epoch == NULL) {
+        goto done;
+    }
+    bi.log_append_time = PyObject_IsTrue(ts_type);
+    if (bi.log_append_time < 0) {
+        goto done;
+    }
+    if (bi.log_append_time) {
+        log_ts = PyObject_GetAttr(batch, s_max_timestamp);
+        if (log_ts == NULL) {
+            goto done;
+        }
+    }
+    bi.log_append_ts = log_ts;
+    bi.timestamp_type = ts_type;
+    bi.leader_epoch = epoch;
+    bi.topic = topic;
+    bi.partition = partition;
+
+    int status = OK;
+    result = parse_records(&p, &bi, &status);
+    if (result == NULL) {
+        if (status == ERR_CORRUPT) {
+            raise_corrupt(p.err, topic, partition, bi.base_offset);
+        }
+        else if (status == ERR_FALLBACK) {
+            result = call_fallback(batch, topic, partition);
+        }
+    }
+done:
+    for (int i = 0; i < p.nkeys; i++) {
+        Py_DECREF(p.key_str[i]);
+    }
+    close_records(&src);
+    Py_XDECREF(ts_type);
+    Py_XDECREF(log_ts);
+    Py_XDECREF(epoch);
+    return result;
+}
+
+/* scan_batches(data) -> (next_offset, complete, epochs): the compiled twin of
+ * records.scan_batches_py, reading batch headers only (the background side learns the next fetch
+ * offset and the leader epochs of a partition's records without decoding them). */
+PyObject *
+scan_batches(PyObject *module, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *d = (const unsigned char *)view.buf;
+    const Py_ssize_t end = view.len;
+    Py_ssize_t pos = 0;
+    int64_t last_epoch = -1;
+    PyObject *next = NULL, *result = NULL;
+    PyObject *epochs = PyList_New(0);
+    if (epochs == NULL) {
+        goto done;
+    }
+    next = PyLong_FromLong(-1);
+    while (next != NULL && pos + 17 <= end) {
+        const int32_t size = (int32_t)be_u32(d + pos + 8);
+        if (size < 0 || size > end - pos - LOG_OVERHEAD) {
+            break;
+        }
+        const int64_t first = be_i64(d + pos);
+        int64_t last = first;
+        int32_t delta = 0;
+        if (d[pos + 16] >= 2 && pos + 27 <= end) {
+            delta = (int32_t)be_u32(d + pos + 23);
+            const int32_t epoch = (int32_t)be_u32(d + pos + 12); /* partitionLeaderEpoch */
+            if (epoch != last_epoch) {
+                PyObject *entry = Py_BuildValue("(Li)", (long long)first, (int)epoch);
+                if (entry == NULL || PyList_Append(epochs, entry) < 0) {
+                    Py_XDECREF(entry);
+                    Py_CLEAR(next);
+                    goto done;
+                }
+                Py_DECREF(entry);
+                last_epoch = epoch;
+            }
+        }
+        Py_DECREF(next);
+        if (!add_overflows(first, (int64_t)delta, &last) && !add_overflows(last, 1, &last)) {
+            next = PyLong_FromLongLong((long long)last);
+        }
+        else { /* beyond int64 (a corrupt header): the exact sum, as Python's ints give it */
+            PyObject *a = PyLong_FromLongLong((long long)first), *b = PyLong_FromLong((long)delta + 1);
+            next = a != NULL && b != NULL ? PyNumber_Add(a, b) : NULL;
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+        }
+        pos += LOG_OVERHEAD + size;
+    }
+    if (next != NULL) {
+        result = Py_BuildValue("(NnO)", next, pos, epochs);
+        next = NULL;
+    }
+done:
+    Py_XDECREF(next);
+    Py_XDECREF(epochs);
+    PyBuffer_Release(&view);
+    return result;
+}

@@ -1,0 +1,321 @@
+"""The share collector: records from the share loop to the application, and the ledger of what
+was handed out and not acknowledged yet.
+
+The share consumer's twin of ``collector.py``.  A poll (``poll``) first hands the
+acknowledgement outcomes the loop collected to the application's callback, then settles the last
+poll's records (implicit mode accepts them; explicit mode refuses to poll while any is not
+acknowledged), then takes up to a limit of acquired records from the loop's batches,
+deserializing them; an undecodable record is released (it comes back with a higher delivery
+count).  Every record handed out enters the ledger until it is acknowledged; ``acknowledge``,
+``commit`` and ``close_out`` queue the acknowledgements for the loop, which sends them.  It
+talks to the engine only (``ShareEngine``: its batches, fetcher and wake-ups), never to
+``ShareConsumer`` internals.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, Literal, NamedTuple, cast
+
+import anyio
+from typing_extensions import TypeVar
+
+from ..config import ConsumerConfig
+from ..engine.share_loop import ShareEngine
+from ..errors import (
+    AcknowledgementRequiredError,
+    AcquisitionLockExpiredError,
+    IllegalStateError,
+    KafkaError,
+    KafkaTimeoutError,
+)
+from ..managers.share_fetch import AckResults, ShareBatch
+from ..structs import AcknowledgeType, ShareConsumerRecord, TopicPartition
+from .collector import RecordDeserializationError
+
+KT = TypeVar("KT", default=bytes)
+VT = TypeVar("VT", default=bytes)
+
+#: ``share_acknowledgement_mode``: "implicit" accepts every record handed out at the next poll;
+#: "explicit" needs each acknowledged before the next poll.
+ShareAcknowledgementMode = Literal["implicit", "explicit"]
+
+
+class AcknowledgementResult(NamedTuple):
+    """What the broker did with one partition's acknowledgements (``on_acknowledgement_commit``)."""
+
+    #: The acknowledged offsets (ACCEPT, RELEASE, REJECT and RENEW alike), ascending.
+    offsets: tuple[int, ...]
+    #: ``None``: committed; else the typed error (``InvalidRecordStateError`` for a lock that ran out,
+    #: say): none of ``offsets`` took effect.
+    error: KafkaError | None
+
+
+#: ``on_acknowledgement_commit``: a plain function or a coroutine function; it gets the outcome of
+#: each partition whose acknowledgements the broker answered, whichever request carried them.
+AcknowledgementCommitCallback = Callable[[dict[TopicPartition, AcknowledgementResult]], Awaitable[None] | None]
+
+#: A record in the ledger: (topic, partition, offset).
+_Key = tuple[str, int, int]
+
+
+def _key(record: ShareConsumerRecord[Any, Any]) -> _Key:
+    return record.topic, record.partition, record.offset
+
+
+class ShareCollector(Generic[KT, VT]):
+    """Takes acquired records from the share loop for one share consumer and keeps its ledger."""
+
+    def __init__(self, config: ConsumerConfig, mode: ShareAcknowledgementMode) -> None:
+        self._config = config
+        self.mode: ShareAcknowledgementMode = mode
+        self.on_commit: AcknowledgementCommitCallback | None = None
+        #: Records taken for ``async for`` and not handed out yet.
+        self.pending: deque[ShareConsumerRecord[KT, VT]] = deque()
+        #: The ledger: records handed out and not acknowledged yet (RENEW keeps a record here).
+        self.unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
+        #: Lock deadlines moved by RENEW.
+        self._renewed: dict[_Key, float] = {}
+        #: Records handed to the application, per partition (metrics() and OpenTelemetry).
+        self.delivered: Counter[TopicPartition] = Counter()
+
+    # -- one poll -----------------------------------------------------------------------------------
+
+    async def poll(
+        self, engine: ShareEngine, limit: int, timeout: float | None
+    ) -> list[ShareConsumerRecord[KT, VT]]:
+        """A poll: report acknowledgement outcomes, settle the last poll's records, then take up
+        to ``limit`` records, waiting up to ``timeout`` seconds (None: until some arrive)."""
+        await self.report_acknowledgements(engine)
+        self._begin_poll(engine)
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        while True:
+            error = engine.pop_error()
+            if error is not None:
+                raise error
+            if engine.batches:
+                return self._take(engine, limit)
+            engine.check_running()
+            event = engine.app_event()
+            if engine.has_news:
+                continue
+            if deadline is None:
+                await event.wait()
+            else:
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    return []
+                with anyio.move_on_after(remaining):
+                    await event.wait()
+
+    def hand_out(self, record: ShareConsumerRecord[KT, VT]) -> ShareConsumerRecord[KT, VT]:
+        """``record`` goes to the application: into the ledger, counted."""
+        self.unacked[_key(record)] = record
+        self.delivered[record.topic_partition] += 1
+        return record
+
+    def hand_out_all(
+        self, records: list[ShareConsumerRecord[KT, VT]]
+    ) -> dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]]:
+        """``records`` go to the application, by partition (``getmany()``)."""
+        out: dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]] = {}
+        for r in records:
+            self.unacked[_key(r)] = r
+            out.setdefault(r.topic_partition, []).append(r)
+        for tp, handed in out.items():
+            self.delivered[tp] += len(handed)
+        return out
+
+    def _begin_poll(self, engine: ShareEngine) -> None:
+        if self.mode == "implicit":
+            self._accept_delivered(engine)
+        elif self.unacked:
+            first = min(self.unacked)
+            raise AcknowledgementRequiredError(
+                f"explicit acknowledgement mode: {len(self.unacked)} record(s) of the last poll are not "
+                f"acknowledged (first: {first[0]}-{first[1]} offset {first[2]}); acknowledge each before polling again"
+            )
+
+    def _accept_delivered(self, engine: ShareEngine) -> None:
+        records = list(self.unacked.values())
+        self.unacked.clear()
+        if records:
+
+            def ack(now: float) -> None:
+                for r in records:
+                    engine.fetcher.acknowledge(r.topic_partition, r.offset, AcknowledgeType.ACCEPT)
+
+            engine.post(ack)
+
+    def _take(self, engine: ShareEngine, limit: int) -> list[ShareConsumerRecord[KT, VT]]:
+        out: list[ShareConsumerRecord[KT, VT]] = []
+        counts: dict[int, int] = {}
+        freed: dict[int, int] = {}
+        key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
+        bad: RecordDeserializationError | None = None
+        while engine.batches and len(out) < limit and bad is None:
+            batch: ShareBatch = engine.batches[0]
+            taken = 0  # of the batch's records: handed out, or released as undecodable
+            for a in batch.records[: limit - len(out)]:
+                taken += 1
+                r = a.record
+                key: Any = r.key
+                value: Any = r.value
+                try:
+                    if key_fn is not None and key is not None:
+                        key = key_fn(key)
+                    if value_fn is not None and value is not None:
+                        value = value_fn(value)
+                except Exception as exc:
+                    # Released: it comes back (delivery_count + 1) until the group's delivery
+                    # limit archives it.  The records after it stay for the poll after the error.
+                    bad = RecordDeserializationError(
+                        f"deserializing the record failed: {exc!r}; it was released",
+                        topic=r.topic,
+                        partition=r.partition,
+                        offset=r.offset,
+                    )
+                    engine.post(functools.partial(_release, engine, batch.tp, r.offset))
+                    break
+                out.append(
+                    cast(
+                        "ShareConsumerRecord[KT, VT]",
+                        ShareConsumerRecord(
+                            r.topic,
+                            r.partition,
+                            r.offset,
+                            r.timestamp,
+                            r.timestamp_type,
+                            key,
+                            value,
+                            r.serialized_key_size,
+                            r.serialized_value_size,
+                            r.headers,
+                            r.leader_epoch,
+                            a.delivery_count,
+                            a.lock_deadline,
+                        ),
+                    )
+                )
+            del batch.records[:taken]
+            if not batch.records:
+                engine.batches.popleft()
+                freed[batch.node_id] = freed.get(batch.node_id, 0) + batch.size
+            counts[batch.node_id] = counts.get(batch.node_id, 0) + taken
+        if counts or freed:
+
+            def handed(now: float) -> None:
+                for node in counts.keys() | freed.keys():
+                    engine.fetcher.records_handed_out(node, counts.get(node, 0), freed.get(node, 0))
+
+            engine.post(handed)
+        if bad is not None and not out:
+            raise bad
+        if bad is not None:
+            engine.report_error(bad)
+        return out
+
+    # -- acknowledgements ---------------------------------------------------------------------------
+
+    def acknowledge(self, engine: ShareEngine, record: ShareConsumerRecord[KT, VT], kind: AcknowledgeType) -> None:
+        """Settle ``record`` in the ledger and queue its acknowledgement for the loop."""
+        key = _key(record)
+        if key not in self.unacked:
+            raise IllegalStateError(
+                f"{record.topic}-{record.partition} offset {record.offset} is not a record this consumer "
+                "handed out and has not acknowledged yet"
+            )
+        deadline = self.lock_deadline(record)
+        now = time.monotonic()
+        if deadline and now > deadline:
+            del self.unacked[key]
+            self._renewed.pop(key, None)
+            raise AcquisitionLockExpiredError(
+                f"the acquisition lock of {record.topic}-{record.partition} offset {record.offset} ran out "
+                f"{now - deadline:.1f}s ago: the record is back in the group"
+            )
+        if kind == AcknowledgeType.RENEW:
+            # The broker restarts the lock when it gets the renewal: a little after now.
+            self._renewed[key] = now + engine.fetcher.lock_timeout
+        else:
+            del self.unacked[key]
+            self._renewed.pop(key, None)
+        tp = record.topic_partition
+        engine.post(lambda now: engine.fetcher.acknowledge(tp, record.offset, kind))
+
+    def lock_deadline(self, record: ShareConsumerRecord[KT, VT]) -> float:
+        """When ``record``'s acquisition lock runs out (``time.monotonic()`` clock), renewals included."""
+        return self._renewed.get(_key(record), record.lock_deadline)
+
+    async def commit(self, engine: ShareEngine, timeout: float) -> AckResults:
+        """Send the queued acknowledgements now (implicit mode: accept what was handed out first) and
+        wait up to ``timeout`` seconds for each partition's outcome."""
+        if self.mode == "implicit":
+            self._accept_delivered(engine)
+        waiter = await engine.call(lambda now: engine.fetcher.commit())
+        with anyio.move_on_after(timeout) as scope:
+            results = await waiter.wait()
+        if scope.cancelled_caught:
+            raise KafkaTimeoutError(
+                f"the broker did not answer the acknowledgements within {timeout:.1f}s (they are on their way "
+                "or queued; on_acknowledgement_commit hears of them)"
+            )
+        await self.report_acknowledgements(engine)
+        return results
+
+    async def report_acknowledgements(self, engine: ShareEngine) -> None:
+        """Hand the acknowledgement outcomes collected by the loop to the callback (then forget them)."""
+        outcomes, engine.fetcher.outcomes = engine.fetcher.outcomes, []
+        callback = self.on_commit
+        if not outcomes or callback is None:
+            return
+        calls: list[dict[TopicPartition, AcknowledgementResult]] = [{}]
+        for tp, offsets, error in outcomes:
+            if tp in calls[-1]:
+                calls.append({})
+            calls[-1][tp] = AcknowledgementResult(offsets, error)
+        for results in calls:
+            result = callback(results)
+            if inspect.isawaitable(result):
+                await result
+
+    def close_out(self, engine: ShareEngine) -> Callable[[float], None]:
+        """Empty the ledger and what is taken: an event for the loop that acknowledges each (implicit
+        mode accepts what was handed out, the rest is released) and starts closing the sessions."""
+        implicit = self.mode == "implicit"
+        unacked = list(self.unacked.values())
+        self.unacked.clear()
+        undelivered = list(self.pending)
+        self.pending.clear()
+
+        def release(now: float) -> None:
+            fetcher = engine.fetcher
+            for r in unacked:
+                fetcher.acknowledge(
+                    r.topic_partition, r.offset, AcknowledgeType.ACCEPT if implicit else AcknowledgeType.RELEASE
+                )
+            for r in undelivered:
+                fetcher.acknowledge(r.topic_partition, r.offset, AcknowledgeType.RELEASE)
+            while engine.batches:
+                batch = engine.batches.popleft()
+                for a in batch.records:
+                    fetcher.acknowledge(batch.tp, a.record.offset, AcknowledgeType.RELEASE)
+            fetcher.start_closing()
+
+        return release
+
+
+def _release(engine: ShareEngine, tp: TopicPartition, offset: int, now: float) -> None:
+    engine.fetcher.acknowledge(tp, offset, AcknowledgeType.RELEASE)
+
+
+__all__ = [
+    "AcknowledgementCommitCallback",
+    "AcknowledgementResult",
+    "ShareAcknowledgementMode",
+    "ShareCollector",
+]
