@@ -232,6 +232,10 @@ def test_batch_read_over_tls(spark: Any, tls_broker: Any) -> None:
     topic = create_topic(tls_broker.bootstrap, f"spark-tls-{uuid.uuid4().hex[:8]}", 2, None, client_config=client)
     values = [b"secret-%d" % i for i in range(200)]
     produce(tls_broker.bootstrap, topic, [(i % 2, None, v) for i, v in enumerate(values)], client_config=client)
-    df = kafka_read(spark, tls_broker.bootstrap, subscribe=topic,
-                    **{"kafka.security.protocol": "SSL", "kafka.ssl.ca.location": str(tls_broker.ca_file)})
+    df = kafka_read(
+        spark,
+        tls_broker.bootstrap,
+        subscribe=topic,
+        **{"kafka.security.protocol": "SSL", "kafka.ssl.ca.location": str(tls_broker.ca_file)},
+    )
     assert sorted(row.value for row in df.select("value").collect()) == sorted(values)
