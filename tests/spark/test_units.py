@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import pickle
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncconsumer import ConsumerRecord, TopicPartition
+from asyncconsumer.config import from_properties
 from asyncconsumer.errors import OffsetOutOfRangeError
 from asyncconsumer.spark.arrow import arrow_schema, records_to_batch, spark_schema
 from asyncconsumer.spark.options import EARLIEST, LATEST, SourceOptionError, Subscription, parse_options
@@ -153,9 +155,8 @@ def test_java_client_sasl_jaas_config_is_translated() -> None:
             },
         )
     )
-    props = o.consumer_properties
-    assert (props["sasl.username"], props["sasl.password"]) == ("alice", 's"cret')
-    assert "sasl.jaas.config" not in props
+    config = from_properties(o.consumer_properties)
+    assert (config.sasl_plain_username, config.sasl_plain_password) == ("alice", 's"cret')
     assert 's"cret' not in repr(o)  # kafka.* values (passwords) stay out of reprs and logs
 
 
@@ -189,8 +190,9 @@ def test_java_client_sasl_jaas_config_is_translated() -> None:
         (opts(subscribe="t", endingOffsets="latest"), True, "is for batch queries (spark.read) only"),
         (opts(subscribe="t", startingTimestamp="yesterday"), None, "timestamp in milliseconds"),
         (opts(subscribe="t", startingOffsetsByTimestampStrategy="skip"), None, "'error' or 'latest'"),
-        (opts(subscribe="t", **{"kafka.ssl.truststore.location": "/x.jks"}), None, "convert them to PEM"),
+        (opts(subscribe="t", **{"kafka.ssl.truststore.location": "/no/such.jks"}), None, "cannot read the JKS store"),
         (opts(subscribe="t", **{"kafka.sasl.jaas.config": "com.example.Custom required;"}), None, "PlainLoginModule"),
+        (opts(subscribe="t", **{"kafka.sasl.mechanism": "GSSAPI"}), None, "Kerberos (GSSAPI) is not supported"),
     ],
 )
 def test_bad_options_fail_with_a_clear_message(options: dict[str, str], streaming: bool | None, message: str) -> None:
@@ -330,7 +332,7 @@ def test_split_ranges_is_sparks_calculator(
     assert pieces == spark_offset_ranges(ranges, min_partitions, max_records)
     for r in ranges:  # the pieces of each range are contiguous and cover it exactly
         own = [(p.start, p.end) for p in pieces if p.tp == r.tp]
-        assert all(a[1] == b[0] for a, b in zip(own, own[1:], strict=False))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(own))
         assert (own[0][0], own[-1][1]) == (r.start, r.end) if r.size else not own
 
 

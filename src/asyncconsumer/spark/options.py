@@ -310,42 +310,6 @@ def _canonical_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict
     return source, kafka
 
 
-_JAAS_ENTRY = re.compile(r"^\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)\b(?P<rest>.*)$", re.S)
-_JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
-_JKS_HINT = (
-    "Java key/trust stores are not supported: convert them to PEM files and use kafka.ssl.ca.location, "
-    "kafka.ssl.certificate.location and kafka.ssl.key.location"
-)
-
-
-def _translate_kafka_params(kafka: dict[str, str]) -> dict[str, str]:
-    """Accept the Java client spellings Spark jobs use where they map onto asyncconsumer's settings.
-
-    ``sasl.jaas.config`` with Kafka's ``PlainLoginModule`` or ``ScramLoginModule`` becomes
-    ``sasl.username`` / ``sasl.password``.
-    """
-    out = dict(kafka)
-    jaas = out.pop("sasl.jaas.config", None)
-    if jaas is not None:
-        match = _JAAS_ENTRY.match(jaas)
-        module = match.group("module").rsplit(".", 1)[-1] if match else ""
-        if match is None or module not in ("PlainLoginModule", "ScramLoginModule"):
-            raise _fail(
-                "option 'kafka.sasl.jaas.config' is supported for Kafka's PlainLoginModule and ScramLoginModule "
-                'only (\'... PlainLoginModule required username="u" password="p";\'); '
-                "or set kafka.sasl.username and kafka.sasl.password"
-            )
-        values = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _JAAS_OPTION.findall(match.group("rest"))}
-        if "username" not in values or "password" not in values:
-            raise _fail('option \'kafka.sasl.jaas.config\' must give username="..." and password="..."')
-        out.setdefault("sasl.username", values["username"])
-        out.setdefault("sasl.password", values["password"])
-    for name in out:
-        if name.startswith(("ssl.truststore.", "ssl.keystore.")):
-            raise _fail(f"option 'kafka.{name}' is not supported: {_JKS_HINT}")
-    return out
-
-
 def _check_kafka_params(kafka: dict[str, str]) -> None:
     if not kafka.get("bootstrap.servers", "").strip():
         raise _fail("option 'kafka.bootstrap.servers' is required (e.g. 'host1:9092,host2:9092')")
@@ -408,7 +372,6 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
     the checks common to batch and streaming run.
     """
     source, kafka = _canonical_options(options)
-    kafka = _translate_kafka_params(kafka)
     _check_kafka_params(kafka)
 
     given = [name for name in _SUBSCRIPTION_OPTIONS if name in source]
