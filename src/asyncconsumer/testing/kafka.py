@@ -530,6 +530,8 @@ class _KafkaProcesses:
         self._directory: Path | None = None
         self._tls: TLSMaterial | None = None
         self.nodes: list[KafkaNode] = []
+        #: KafkaBroker's ``oauth_jwks_url`` (None: the unsecured OAUTHBEARER validator).
+        self.oauth_jwks_url: str | None = None
 
     # -- public surface shared by both ----------------------------------------------------------
 
@@ -590,6 +592,7 @@ class _KafkaProcesses:
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self._directory / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self._directory}",
+            *([f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={self.oauth_jwks_url}"] if self.oauth_jwks_url else []),
             "-cp",
             str(self._libs / "*"),
             main_class,
@@ -795,6 +798,12 @@ class _KafkaProcesses:
                 "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
                 'unsecuredLoginStringClaim_sub="broker";'
             )
+            if self.oauth_jwks_url:  # signed JWTs checked against a JWKS endpoint (KIP-768)
+                props[f"{prefix}.oauthbearer.sasl.server.callback.handler.class"] = (
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+                )
+                props[f"{prefix}.oauthbearer.sasl.oauthbearer.jwks.endpoint.url"] = self.oauth_jwks_url
+                props["sasl.oauthbearer.jwks.endpoint.url"] = self.oauth_jwks_url
         if any(name in ("SSL", "SASL_SSL") for name in self.listeners):
             tls = self._tls_material()
             chain = node.directory / "server-chain.pem"
@@ -819,7 +828,10 @@ class KafkaBroker(_KafkaProcesses):
     ``{"connections.max.reauth.ms": 5000}``.  ``startup_timeout``: seconds for the whole start,
     a first download excepted.  ``heap_mb``: the broker's Java heap.  ``advertise_plaintext``:
     the address clients are sent to for the PLAINTEXT listener (a proxy in front of it), as for
-    :class:`KafkaCluster`.
+    :class:`KafkaCluster`.  ``oauth_jwks_url``: validate OAUTHBEARER tokens as signed JWTs against
+    the keys at this JWKS URL (Kafka's ``OAuthBearerValidatorCallbackHandler``, KIP-768; the URL
+    is also allowed by the JVM property ``org.apache.kafka.sasl.oauthbearer.allowed.urls``)
+    instead of with the unsecured validator.
 
     :attr:`startup_seconds` is how long :meth:`start` took.  The broker is a real process: stop
     it (``with`` does) or it is stopped when the Python process exits.
@@ -835,11 +847,13 @@ class KafkaBroker(_KafkaProcesses):
         advertise_plaintext: PlaintextAddress | None = None,
         startup_timeout: float = 90.0,
         heap_mb: int = 768,
+        oauth_jwks_url: str | None = None,
     ) -> None:
         super().__init__(
             nodes=1, listeners=listeners, users=users, config=config, racks=None if rack is None else [rack],
             startup_timeout=startup_timeout, heap_mb=heap_mb, advertise_plaintext=advertise_plaintext,
         )
+        self.oauth_jwks_url = oauth_jwks_url
 
     def __repr__(self) -> str:
         return f"<KafkaBroker {KAFKA_VERSION} {self.bootstrap if self.nodes else '(not started)'}>"
