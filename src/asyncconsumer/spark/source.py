@@ -42,7 +42,13 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from ..consumer import Consumer
@@ -792,8 +798,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _offsets_json(self._plan(work))
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        """``ReadMaxRows`` with ``maxOffsetsPerTrigger``, else ``ReadMinRows`` with
+        ``minOffsetsPerTrigger``, else everything.  Python sources have no composite limit, so
+        with both options the minimum (and ``maxTriggerDelay``) is applied by :meth:`latestOffset`
+        from the options, whatever limit Spark passes, unless it passes ``ReadAllAvailable``."""
         if self.options.max_offsets_per_trigger is not None:
             return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
         return super().getDefaultReadLimit()
 
     def prepareForTriggerAvailableNow(self) -> None:
