@@ -24,6 +24,8 @@ from asyncconsumer.oauth import ClientCredentialsTokenProvider, TokenEndpointErr
 from asyncconsumer.testing import KafkaBroker
 from asyncconsumer.testing.kafka import find_java, kafka_libs
 
+OAUTH_HANDLER = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler"
+
 _CONFIG_NAMES = """
 public class Names {
     public static void main(String[] args) {
@@ -98,7 +100,7 @@ def test_properties_spark_passes_through_are_accepted() -> None:
             "MSKAuthTokenProvider",
         ),
         (
-            {"sasl.jaas.config": 'com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true;'},
+            {"sasl.jaas.config": "com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true;"},
             "Kerberos (GSSAPI) is not supported",
         ),
         ({"sasl.login.callback.handler.class": "com.example.MyHandler"}, "OAuthBearerLoginCallbackHandler"),
@@ -118,15 +120,17 @@ def test_what_cannot_be_done_is_rejected_with_what_to_use(properties: dict[str, 
 
 
 def test_oauth_settings_make_a_client_credentials_provider() -> None:
-    c = from_properties({
-        "bootstrap.servers": "h:9092",
-        "security.protocol": "SASL_SSL",
-        "sasl.mechanism": "OAUTHBEARER",
-        "sasl.login.callback.handler.class": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler",
-        "sasl.oauthbearer.token.endpoint.url": "https://idp.example/oauth2/token",
-        "sasl.jaas.config": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
-        'clientId="spark-job" clientSecret="s3cret" scope="kafka" extension_logicalCluster="lkc-1";',
-    })
+    c = from_properties(
+        {
+            "bootstrap.servers": "h:9092",
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "OAUTHBEARER",
+            "sasl.login.callback.handler.class": OAUTH_HANDLER,
+            "sasl.oauthbearer.token.endpoint.url": "https://idp.example/oauth2/token",
+            "sasl.jaas.config": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+            'clientId="spark-job" clientSecret="s3cret" scope="kafka" extension_logicalCluster="lkc-1";',
+        }
+    )
     provider = c.sasl_oauth_token_provider
     assert isinstance(provider, ClientCredentialsTokenProvider)
     assert (provider.url, provider.scope, provider.extensions) == (
@@ -156,7 +160,9 @@ def mtls_broker() -> Iterator[KafkaBroker]:
 def keytool(*args: str) -> None:
     java, _ = find_java()
     tool = Path(java).with_name("keytool")
-    subprocess.run([str(tool if tool.exists() else shutil.which("keytool")), *args], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [str(tool if tool.exists() else shutil.which("keytool")), *args], check=True, capture_output=True, timeout=120
+    )
 
 
 def make_stores(broker: KafkaBroker, directory: Path) -> dict[str, dict[str, str]]:
@@ -166,24 +172,83 @@ def make_stores(broker: KafkaBroker, directory: Path) -> dict[str, dict[str, str
     stores: dict[str, dict[str, str]] = {}
     for kind in ("JKS", "PKCS12"):
         trust = directory / f"trust.{kind.lower()}"
-        keytool("-importcert", "-noprompt", "-alias", "ca", "-file", str(tls.ca_file), "-keystore", str(trust),
-                "-storetype", kind, "-storepass", password)
-        stores[kind] = {"ssl.truststore.location": str(trust), "ssl.truststore.type": kind,
-                        "ssl.truststore.password": password}
+        keytool(
+            "-importcert",
+            "-noprompt",
+            "-alias",
+            "ca",
+            "-file",
+            str(tls.ca_file),
+            "-keystore",
+            str(trust),
+            "-storetype",
+            kind,
+            "-storepass",
+            password,
+        )
+        stores[kind] = {
+            "ssl.truststore.location": str(trust),
+            "ssl.truststore.type": kind,
+            "ssl.truststore.password": password,
+        }
     p12 = directory / "client.p12"
-    subprocess.run(["openssl", "pkcs12", "-export", "-in", str(tls.client_cert_file), "-inkey", str(tls.client_key_file),
-                    "-certfile", str(tls.ca_file), "-name", "client", "-out", str(p12), "-passout", f"pass:{password}"],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            "openssl",
+            "pkcs12",
+            "-export",
+            "-in",
+            str(tls.client_cert_file),
+            "-inkey",
+            str(tls.client_key_file),
+            "-certfile",
+            str(tls.ca_file),
+            "-name",
+            "client",
+            "-out",
+            str(p12),
+            "-passout",
+            f"pass:{password}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     jks = directory / "client.jks"
-    keytool("-importkeystore", "-srckeystore", str(p12), "-srcstoretype", "PKCS12", "-srcstorepass", password,
-            "-destkeystore", str(jks), "-deststoretype", "JKS", "-deststorepass", password, "-destkeypass", password)
-    stores["JKS"].update({"ssl.keystore.location": str(jks), "ssl.keystore.type": "JKS",
-                          "ssl.keystore.password": password, "ssl.key.password": password})
-    stores["PKCS12"].update({"ssl.keystore.location": str(p12), "ssl.keystore.type": "PKCS12",
-                             "ssl.keystore.password": password})
-    stores["PEM"] = {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(tls.ca_file),
-                     "ssl.keystore.key": tls.client_key_file.read_text(),
-                     "ssl.keystore.certificate.chain": tls.client_cert_file.read_text()}
+    keytool(
+        "-importkeystore",
+        "-srckeystore",
+        str(p12),
+        "-srcstoretype",
+        "PKCS12",
+        "-srcstorepass",
+        password,
+        "-destkeystore",
+        str(jks),
+        "-deststoretype",
+        "JKS",
+        "-deststorepass",
+        password,
+        "-destkeypass",
+        password,
+    )
+    stores["JKS"].update(
+        {
+            "ssl.keystore.location": str(jks),
+            "ssl.keystore.type": "JKS",
+            "ssl.keystore.password": password,
+            "ssl.key.password": password,
+        }
+    )
+    stores["PKCS12"].update(
+        {"ssl.keystore.location": str(p12), "ssl.keystore.type": "PKCS12", "ssl.keystore.password": password}
+    )
+    stores["PEM"] = {
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(tls.ca_file),
+        "ssl.keystore.key": tls.client_key_file.read_text(),
+        "ssl.keystore.certificate.chain": tls.client_cert_file.read_text(),
+    }
     return stores
 
 
@@ -213,8 +278,12 @@ async def test_trust_and_key_stores(mtls_broker: KafkaBroker, tmp_path: Path, ki
 def test_wrong_store_password_is_named(mtls_broker: KafkaBroker, tmp_path: Path) -> None:
     stores = make_stores(mtls_broker, tmp_path)
     for kind in ("JKS", "PKCS12"):
-        bad = {**stores[kind], "ssl.truststore.password": "wrong", "ssl.keystore.password": "wrong",
-               "ssl.key.password": "wrong"}
+        bad = {
+            **stores[kind],
+            "ssl.truststore.password": "wrong",
+            "ssl.keystore.password": "wrong",
+            "ssl.key.password": "wrong",
+        }
         with pytest.raises(ConfigError, match="wrong"):
             from_properties({"bootstrap.servers": "h:1", "security.protocol": "SSL", **bad})
 
@@ -240,7 +309,7 @@ def oauth_properties(broker: KafkaBroker, server: TokenServer, secret: str) -> d
         "bootstrap.servers": broker.bootstrap_for("SASL_PLAINTEXT"),
         "security.protocol": "SASL_PLAINTEXT",
         "sasl.mechanism": "OAUTHBEARER",
-        "sasl.login.callback.handler.class": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler",
+        "sasl.login.callback.handler.class": OAUTH_HANDLER,
         "sasl.oauthbearer.token.endpoint.url": server.token_url,
         "sasl.jaas.config": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
         f'clientId="spark-job" clientSecret="{secret}" scope="kafka";',
@@ -258,7 +327,9 @@ async def test_client_credentials_against_a_jwks_validating_broker(
     before = len(server.token_requests)
     assert await read_all(oauth_properties(broker, server, "s3cret"), topic, len(expected)) == expected
     asked = server.token_requests[before:]
-    assert asked and all(r == {"client_id": "spark-job", "grant_type": "client_credentials", "scope": "kafka"} for r in asked)
+    assert asked and all(
+        r == {"client_id": "spark-job", "grant_type": "client_credentials", "scope": "kafka"} for r in asked
+    )
 
 
 @pytest.mark.anyio

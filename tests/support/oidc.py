@@ -39,7 +39,9 @@ class TokenServer:
     kid: str = "test-key-1"
     port: int = 0
     token_requests: list[dict[str, str]] = field(default_factory=list)
-    key: rsa.RSAPrivateKey = field(default_factory=lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048))
+    key: rsa.RSAPrivateKey = field(
+        default_factory=lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    )
 
     @property
     def token_url(self) -> str:
@@ -51,7 +53,18 @@ class TokenServer:
 
     def jwks(self) -> dict[str, Any]:
         numbers = self.key.public_key().public_numbers()
-        return {"keys": [{"kty": "RSA", "use": "sig", "alg": "RS256", "kid": self.kid, "n": _uint(numbers.n), "e": _uint(numbers.e)}]}
+        return {
+            "keys": [
+                {
+                    "kty": "RSA",
+                    "use": "sig",
+                    "alg": "RS256",
+                    "kid": self.kid,
+                    "n": _uint(numbers.n),
+                    "e": _uint(numbers.e),
+                }
+            ]
+        }
 
     def sign(self, claims: dict[str, Any]) -> str:
         header = _b64url(json.dumps({"alg": "RS256", "typ": "JWT", "kid": self.kid}).encode())
@@ -61,7 +74,12 @@ class TokenServer:
 
     def issue(self, client_id: str, scope: str | None) -> str:
         now = int(time.time())
-        claims: dict[str, Any] = {"sub": client_id, "iat": now, "exp": now + self.lifetime_s, "iss": "asyncconsumer-tests"}
+        claims: dict[str, Any] = {
+            "sub": client_id,
+            "iat": now,
+            "exp": now + self.lifetime_s,
+            "iss": "asyncconsumer-tests",
+        }
         if scope:
             claims["scope"] = scope
         return self.sign(claims)

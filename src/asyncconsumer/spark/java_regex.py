@@ -151,7 +151,7 @@ class _Translator:
             return f"(?P<{p[i + 3 : end]}>"
         flags = re.match(r"\(\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])", p[i:])
         if flags is not None and (flags.group(1) or flags.group(2) is not None):
-            on, off, end = flags.group(1), flags.group(2) or "", flags.group(3)
+            on, off, closer = flags.group(1), flags.group(2) or "", flags.group(3)
             unknown = sorted(set(on + off) - _NEUTRAL_FLAGS - _PYTHON_FLAGS)
             if unknown:
                 raise self.fail(f"unknown flag(s) {''.join(unknown)!r}")
@@ -159,7 +159,7 @@ class _Translator:
             off = "".join(f for f in off if f in _PYTHON_FLAGS)
             spec = on + (f"-{off}" if off else "")
             self.i += flags.end()
-            if end == ":":
+            if closer == ":":
                 self.scoped.append([])
                 return f"(?{spec}:" if spec else "(?:"
             if not spec:

@@ -592,7 +592,7 @@ class _KafkaProcesses:
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self._directory / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self._directory}",
-            *([f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={self.oauth_jwks_url}"] if self.oauth_jwks_url else []),
+            *([f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={url}"] if (url := self.oauth_jwks_url) else []),
             "-cp",
             str(self._libs / "*"),
             main_class,
