@@ -79,7 +79,8 @@ def test_batch_honours_per_partition_offsets_exactly(
     got = {r[0]: (r[1], r[2] + 1, r[3]) for r in rows.collect() if r[3] == r[4]}  # no offset twice
     assert got == {p: (lo, hi, hi - lo) for p, (lo, hi) in expected.items()}
 
-    # minPartitions splits the ranges into at least that many Spark tasks, covering each exactly
+    # minPartitions splits the ranges into about that many Spark tasks (Spark's rules; here at least
+    # that many), covering each exactly
     options = parse_options(
         {
             "kafka.bootstrap.servers": bootstrap,
