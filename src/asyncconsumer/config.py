@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import re
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeAlias, TypedDict, get_args, runtime_checkable
 
+from . import java_properties
 from ._args import INT32_MAX, INT64_MAX, protocol_string_error
 from .assignors import ASSIGNORS
 from .errors import ConfigError, ConfigTypeError
@@ -65,9 +67,7 @@ class OAuthTokenSource(Protocol):
 
 #: ``sasl_oauth_token_provider``: a plain or async callable taking no arguments, or an object with an
 #: async ``token()`` method.
-OAuthTokenProvider: TypeAlias = (
-    "Callable[[], OAuthTokenResult | Awaitable[OAuthTokenResult]] | OAuthTokenSource"
-)
+OAuthTokenProvider: TypeAlias = "Callable[[], OAuthTokenResult | Awaitable[OAuthTokenResult]] | OAuthTokenSource"
 
 
 #: ``batch_decompress_limit`` without ``max_batch_decompressed_bytes``: this many times the largest fetch
@@ -499,16 +499,12 @@ def _check_consistency(c: ConsumerConfig) -> None:
         raise ConfigError(f"ssl_context is set but security_protocol={c.security_protocol}; use 'SSL' or 'SASL_SSL'")
 
 
-# Java / librdkafka names that are not simply dots -> underscores.
+# librdkafka names that are not Java's (the Java names are java_properties.APPLIED).
 _PROPERTY_ALIASES = {
     "sasl.mechanisms": "sasl_mechanism",
     "sasl.username": "sasl_plain_username",
     "sasl.password": "sasl_plain_password",
-    "sasl.jaas.config": None,
     "metadata.broker.list": "bootstrap_servers",
-    "group.instance.id": "group_instance_id",
-    "partition.assignment.strategy": "partition_assignment_strategy",
-    "socket.connection.setup.timeout.ms": "socket_connection_setup_timeout_ms",
 }
 _RESET_ALIASES = {
     "smallest": "earliest",
@@ -517,38 +513,230 @@ _RESET_ALIASES = {
     "end": "latest",
     "error": "none",
 }
+# The Java client's assignor classes, by the names asyncconsumer gives them.
+_ASSIGNOR_CLASSES = {
+    "org.apache.kafka.clients.consumer.RangeAssignor": "range",
+    "org.apache.kafka.clients.consumer.RoundRobinAssignor": "roundrobin",
+    "org.apache.kafka.clients.consumer.StickyAssignor": "sticky",
+    "org.apache.kafka.clients.consumer.CooperativeStickyAssignor": "cooperative-sticky",
+}
+_DESERIALIZERS: dict[str, Deserializer | None] = {
+    "org.apache.kafka.common.serialization.ByteArrayDeserializer": None,
+    "org.apache.kafka.common.serialization.BytesDeserializer": None,
+    "org.apache.kafka.common.serialization.StringDeserializer": lambda data: data.decode("utf-8"),
+}
+# ssl.* properties (the Java client's and librdkafka's) that build the SSLContext.
 _SSL_PROPERTIES = (
     "ssl.ca.location",
     "ssl.certificate.location",
     "ssl.key.location",
     "ssl.key.password",
     "ssl.endpoint.identification.algorithm",
+    "ssl.truststore.location",
+    "ssl.truststore.password",
+    "ssl.truststore.type",
+    "ssl.truststore.certificates",
+    "ssl.keystore.location",
+    "ssl.keystore.password",
+    "ssl.keystore.type",
+    "ssl.keystore.key",
+    "ssl.keystore.certificate.chain",
+    "ssl.protocol",
+    "ssl.enabled.protocols",
 )
+# sasl.* properties that make the credentials or the OAUTHBEARER token provider.
+_SASL_PROPERTIES = (
+    "sasl.jaas.config",
+    "sasl.login.callback.handler.class",
+    "sasl.login.connect.timeout.ms",
+    "sasl.login.read.timeout.ms",
+    "sasl.login.retry.backoff.ms",
+    "sasl.login.retry.backoff.max.ms",
+    "sasl.oauthbearer.token.endpoint.url",
+    "sasl.oauthbearer.client.credentials.client.id",
+    "sasl.oauthbearer.client.credentials.client.secret",
+    "sasl.oauthbearer.scope",
+    "sasl.oauthbearer.header.urlencode",
+    "sasl.oauthbearer.jwt.retriever.class",
+)
+_OAUTH_LOGIN_HANDLERS = (
+    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginCallbackHandler",
+    "org.apache.kafka.common.security.oauthbearer.secured.OAuthBearerLoginCallbackHandler",
+)
+_UNSECURED_LOGIN_HANDLER = (
+    "org.apache.kafka.common.security.oauthbearer.internals.unsecured.OAuthBearerUnsecuredLoginCallbackHandler"
+)
+_JWT_RETRIEVERS = (
+    "org.apache.kafka.common.security.oauthbearer.DefaultJwtRetriever",
+    "org.apache.kafka.common.security.oauthbearer.ClientCredentialsJwtRetriever",
+    "org.apache.kafka.common.security.oauthbearer.FileJwtRetriever",
+)
+_MSK_IAM = (
+    "AWS MSK IAM authentication is not supported by its Java classes; MSK IAM also speaks OAUTHBEARER: pass "
+    "sasl_mechanism='OAUTHBEARER' and a sasl_oauth_token_provider that returns "
+    "aws-msk-iam-sasl-signer-python's MSKAuthTokenProvider.generate_auth_token(region), or use SASL/SCRAM"
+)
+_GSSAPI = (
+    "Kerberos (GSSAPI) is not supported: use SCRAM-SHA-512 or OAUTHBEARER, or a librdkafka-based client "
+    "(confluent-kafka) for Kerberos"
+)
+_JAAS_ENTRY = re.compile(r"^\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)\b(?P<rest>.*)$", re.S)
+_JAAS_OPTION = re.compile(r'([\w.]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s;"]+))')
 
 
 def from_properties(properties: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> ConsumerConfig:
     """Build a config from dotted Java/librdkafka names (``"bootstrap.servers"``).
 
-    ``overrides`` are snake_case options applied on top before validation.
+    Every property of the Java consumer is accepted: applied, ignored when it changes nothing
+    here, or rejected when it asks for what this client cannot do
+    (:mod:`asyncconsumer.java_properties` lists each).  ``overrides`` are snake_case options
+    applied on top before validation.
     """
     if not isinstance(properties, Mapping):
         raise ConfigTypeError(f"properties must be a mapping of dotted names to values, got {properties!r:.80}")
     options: dict[str, Any] = {}
     ssl_props: dict[str, str] = {}
+    sasl_props: dict[str, str] = {}
     for key, raw in properties.items():
         if key in _SSL_PROPERTIES:
             ssl_props[key] = str(raw)
-            continue
-        name = _PROPERTY_ALIASES.get(key, key.replace(".", "_"))
-        if name is None:
-            raise ConfigError(f"{key} is not supported: use sasl.username / sasl.password")
-        if name not in _FIELDS:
-            raise ConfigError(f"unknown consumer property {key!r}")
-        options[name] = _from_text(name, raw)
+        elif key in _SASL_PROPERTIES:
+            sasl_props[key] = str(raw)
+        elif key in java_properties.IGNORED:
+            _check_ignored(key, raw)
+        elif key in java_properties.REJECTED:
+            if str(raw).strip():
+                raise ConfigError(f"{key} is not supported: {java_properties.REJECTED[key]}")
+        elif key in ("key.deserializer", "value.deserializer"):
+            options[key.replace(".", "_")] = _deserializer(key, raw)
+        else:
+            name = _PROPERTY_ALIASES.get(key, key.replace(".", "_"))
+            if name not in _FIELDS:
+                known = [*java_properties.JAVA_CONSUMER_PROPERTIES, *_PROPERTY_ALIASES, *_SSL_PROPERTIES]
+                hint = difflib.get_close_matches(key, known, n=1)
+                raise ConfigError(
+                    f"unknown consumer property {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
+                )
+            options[name] = _from_text(name, raw)
     options.update(overrides or {})
+    mechanism = str(options.get("sasl_mechanism", "")).upper()
+    if mechanism == "GSSAPI":
+        raise ConfigError(_GSSAPI)
+    if mechanism == "AWS_MSK_IAM":
+        raise ConfigError(_MSK_IAM)
+    if sasl_props:
+        _apply_sasl(sasl_props, options)
     if ssl_props and options.get("ssl_context") is None:
-        options["ssl_context"] = _ssl_context_from_properties(ssl_props)
+        from .tls_stores import ssl_context_from_properties
+
+        options["ssl_context"] = ssl_context_from_properties(ssl_props)
     return build_config(options)
+
+
+def _check_ignored(key: str, raw: Any) -> None:
+    text = str(raw).strip()
+    if key == "client.dns.lookup" and text not in ("use_all_dns_ips", "resolve_canonical_bootstrap_servers_only"):
+        raise ConfigError(
+            f"client.dns.lookup must be use_all_dns_ips or resolve_canonical_bootstrap_servers_only, got {text!r}"
+        )
+    if key == "metrics.recording.level" and text.upper() not in ("INFO", "DEBUG", "TRACE"):
+        raise ConfigError(f"metrics.recording.level must be INFO, DEBUG or TRACE, got {text!r}")
+    if key.endswith((".ms", ".bytes", ".samples")) and text and not text.lstrip("-").isdigit():
+        raise ConfigError(f"{key} must be an integer, got {text!r}")
+
+
+def _deserializer(key: str, raw: Any) -> Deserializer | None:
+    if callable(raw) or raw is None:
+        return raw  # type: ignore[no-any-return]
+    name = str(raw).strip()
+    if name in _DESERIALIZERS:
+        return _DESERIALIZERS[name]
+    raise ConfigError(
+        f"{key}={name!r}: only Kafka's ByteArrayDeserializer (bytes) and StringDeserializer (UTF-8) have a "
+        f"Python equivalent here; pass {key.replace('.', '_')}=<a Python callable> instead"
+    )
+
+
+def _jaas(text: str) -> tuple[str, dict[str, str]]:
+    """(login module's class name without its package, options) of a ``sasl.jaas.config``."""
+    match = _JAAS_ENTRY.match(text)
+    if match is None:
+        raise ConfigError(
+            "sasl.jaas.config must look like '<LoginModule class> required key=\"value\" ...;', got "
+            f"{text.split(' ', 1)[0]!r}..."
+        )
+    values = {
+        k: (quoted.replace('\\"', '"').replace("\\\\", "\\") if quoted or not bare else bare)
+        for k, quoted, bare in _JAAS_OPTION.findall(match.group("rest"))
+    }
+    return match.group("module"), values
+
+
+def _apply_sasl(props: dict[str, str], options: dict[str, Any]) -> None:
+    """``sasl.jaas.config`` and the OAUTHBEARER login settings, applied to ``options``."""
+    module, jaas = _jaas(props["sasl.jaas.config"]) if "sasl.jaas.config" in props else ("", {})
+    short = module.rsplit(".", 1)[-1]
+    handler = props.get("sasl.login.callback.handler.class", "").strip()
+    retriever = props.get("sasl.oauthbearer.jwt.retriever.class", "").strip()
+    if short in ("PlainLoginModule", "ScramLoginModule"):
+        if "username" not in jaas or "password" not in jaas:
+            raise ConfigError(f'sasl.jaas.config: {short} needs username="..." and password="..."')
+        options.setdefault("sasl_plain_username", jaas["username"])
+        options.setdefault("sasl_plain_password", jaas["password"])
+        return
+    if short in ("Krb5LoginModule",):
+        raise ConfigError(_GSSAPI)
+    if short == "IAMLoginModule" or handler.startswith("software.amazon.msk."):
+        raise ConfigError(_MSK_IAM)
+    if module and short != "OAuthBearerLoginModule":
+        raise ConfigError(
+            f"sasl.jaas.config: login module {module} is not supported; use PlainLoginModule, ScramLoginModule "
+            "or OAuthBearerLoginModule"
+        )
+    if handler and handler not in (*_OAUTH_LOGIN_HANDLERS, _UNSECURED_LOGIN_HANDLER):
+        raise ConfigError(
+            f"sasl.login.callback.handler.class={handler} is not supported: Kafka's OAuthBearerLoginCallbackHandler "
+            "(the client-credentials flow) is; for other tokens pass sasl_oauth_token_provider"
+        )
+    if retriever and retriever not in _JWT_RETRIEVERS:
+        raise ConfigError(f"sasl.oauthbearer.jwt.retriever.class={retriever} is not supported; Kafka's own are")
+    if options.get("sasl_oauth_token_provider") is not None:
+        return
+    from .oauth import ClientCredentialsTokenProvider, unsecured_token
+
+    extensions = {k.removeprefix("extension_"): v for k, v in jaas.items() if k.startswith("extension_")}
+    url = props.get("sasl.oauthbearer.token.endpoint.url", "").strip()
+    if url and handler != _UNSECURED_LOGIN_HANDLER:
+
+        def number(name: str, default: int) -> int:
+            return int(_from_text("request_timeout_ms", props.get(name, str(default))))
+
+        options["sasl_oauth_token_provider"] = ClientCredentialsTokenProvider(
+            url,
+            props.get("sasl.oauthbearer.client.credentials.client.id") or jaas.get("clientId"),
+            props.get("sasl.oauthbearer.client.credentials.client.secret") or jaas.get("clientSecret"),
+            props.get("sasl.oauthbearer.scope") or jaas.get("scope"),
+            url_encode_header=props.get("sasl.oauthbearer.header.urlencode", "false").strip().lower() == "true",
+            connect_timeout_ms=number("sasl.login.connect.timeout.ms", 10_000),
+            read_timeout_ms=number("sasl.login.read.timeout.ms", 10_000),
+            retry_backoff_ms=number("sasl.login.retry.backoff.ms", 100),
+            retry_backoff_max_ms=number("sasl.login.retry.backoff.max.ms", 10_000),
+            extensions=extensions,
+        )
+    elif "unsecuredLoginStringClaim_sub" in jaas:
+        subject = jaas["unsecuredLoginStringClaim_sub"]
+        lifetime = int(jaas.get("unsecuredLoginLifetimeSeconds", "3600"))
+        scope = jaas.get("unsecuredLoginListClaim_scope")
+
+        async def unsecured() -> OAuthBearerToken:
+            return unsecured_token(subject, lifetime_seconds=lifetime, scope=scope, extensions=extensions)
+
+        options["sasl_oauth_token_provider"] = unsecured
+    elif short == "OAuthBearerLoginModule" or handler:
+        raise ConfigError(
+            "OAUTHBEARER from properties needs sasl.oauthbearer.token.endpoint.url (client credentials) or "
+            "unsecuredLoginStringClaim_sub in sasl.jaas.config; or pass sasl_oauth_token_provider"
+        )
 
 
 def options_from_properties(
@@ -574,23 +762,10 @@ def _from_text(name: str, raw: Any) -> Any:
             raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
     if name == "auto_offset_reset":
         return _RESET_ALIASES.get(raw, raw)
+    if name == "partition_assignment_strategy":
+        return [_ASSIGNOR_CLASSES.get(part.strip(), part.strip()) for part in raw.split(",") if part.strip()]
     if name == "security_protocol":
         return raw.upper()
     if name == "sasl_mechanism":
         return raw.upper()
     return raw
-
-
-def _ssl_context_from_properties(props: Mapping[str, str]) -> ssl.SSLContext:
-    try:
-        context = ssl.create_default_context(cafile=props.get("ssl.ca.location"))
-        # librdkafka turns hostname checks off with "none", the Java client with "" (empty).
-        if props.get("ssl.endpoint.identification.algorithm", "https").strip().lower() in ("none", ""):
-            context.check_hostname = False
-        if "ssl.certificate.location" in props:
-            context.load_cert_chain(
-                props["ssl.certificate.location"], props.get("ssl.key.location"), props.get("ssl.key.password")
-            )
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot load the TLS files given in ssl.* properties: {exc}") from exc
-    return context

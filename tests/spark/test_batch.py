@@ -79,7 +79,8 @@ def test_batch_honours_per_partition_offsets_exactly(
     got = {r[0]: (r[1], r[2] + 1, r[3]) for r in rows.collect() if r[3] == r[4]}  # no offset twice
     assert got == {p: (lo, hi, hi - lo) for p, (lo, hi) in expected.items()}
 
-    # minPartitions splits the ranges into at least that many Spark tasks, covering each exactly
+    # minPartitions splits the ranges into about that many Spark tasks (Spark's rules; here at least
+    # that many), covering each exactly
     options = parse_options(
         {
             "kafka.bootstrap.servers": bootstrap,
@@ -232,6 +233,10 @@ def test_batch_read_over_tls(spark: Any, tls_broker: Any) -> None:
     topic = create_topic(tls_broker.bootstrap, f"spark-tls-{uuid.uuid4().hex[:8]}", 2, None, client_config=client)
     values = [b"secret-%d" % i for i in range(200)]
     produce(tls_broker.bootstrap, topic, [(i % 2, None, v) for i, v in enumerate(values)], client_config=client)
-    df = kafka_read(spark, tls_broker.bootstrap, subscribe=topic,
-                    **{"kafka.security.protocol": "SSL", "kafka.ssl.ca.location": str(tls_broker.ca_file)})
+    df = kafka_read(
+        spark,
+        tls_broker.bootstrap,
+        subscribe=topic,
+        **{"kafka.security.protocol": "SSL", "kafka.ssl.ca.location": str(tls_broker.ca_file)},
+    )
     assert sorted(row.value for row in df.select("value").collect()) == sorted(values)

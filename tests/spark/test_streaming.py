@@ -61,6 +61,7 @@ def test_available_now_with_checkpoint_reads_exactly_the_new_records(
         "startingOffsets": "earliest",
         "maxOffsetsPerTrigger": "1000",
         "groupIdPrefix": "lag",
+        "commitOffsetsToGroup": "true",
     }
     produced: Counter[tuple[str, int, int, bytes]] = Counter()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -9,8 +11,11 @@ from typing import Any
 import anyio
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncconsumer import ConsumerRecord, TopicPartition
+from asyncconsumer.config import from_properties
 from asyncconsumer.errors import OffsetOutOfRangeError
 from asyncconsumer.spark.arrow import arrow_schema, records_to_batch, spark_schema
 from asyncconsumer.spark.options import EARLIEST, LATEST, SourceOptionError, Subscription, parse_options
@@ -84,6 +89,8 @@ def test_per_partition_offsets_json() -> None:
 
 
 def test_timestamp_options_take_precedence_like_spark() -> None:
+    """Spark: startingTimestamp, then startingOffsetsByTimestamp, then startingOffsets (the same
+    for the ending options): KafkaSourceProvider.getKafkaOffsetRangeLimit."""
     o = parse_options(opts(subscribe="t", startingOffsets="earliest", startingTimestamp="1000"), streaming=True)
     assert (o.starting.kind, o.starting.timestamp) == ("timestamp", 1000)
     o = parse_options(
@@ -95,19 +102,45 @@ def test_timestamp_options_take_precedence_like_spark() -> None:
         ),
         streaming=True,
     )
+    assert (o.starting.kind, o.starting.timestamp, o.starting.strategy) == ("timestamp", 1000, "latest")
+    o = parse_options(opts(subscribe="t", startingOffsets="earliest", startingOffsetsByTimestamp='{"t":{"0":7}}'))
     assert o.starting.kind == "timestamps" and o.starting.timestamps_map == {TP0: 7}
-    assert o.starting.strategy == "latest"
-
-
-def test_group_id_for_lag_monitoring() -> None:
-    assert parse_options(opts(subscribe="t")).group_id is None
-    a = parse_options(opts(subscribe="t", groupIdPrefix="lag")).group_id
-    assert (
-        a is not None and a.startswith("lag-") and a == parse_options(opts(subscribe="t", groupIdPrefix="lag")).group_id
+    o = parse_options(
+        opts(subscribe="t", endingTimestamp="5", endingOffsetsByTimestamp='{"t":{"0":7}}', endingOffsets="latest"),
+        streaming=False,
     )
-    assert parse_options(opts(subscribe="t", groupIdPrefix="lag", **{"kafka.group.id": "g"})).group_id == "g"
-    # group.id is never handed to the reading consumers (they join no group)
-    assert "group.id" not in parse_options(opts(subscribe="t", **{"kafka.group.id": "g"})).consumer_properties
+    assert o.ending is not None and (o.ending.kind, o.ending.timestamp) == ("timestamp", 5)
+
+
+def test_no_group_commits_unless_asked() -> None:
+    """Spark's source never commits to a group; committing is our option, off by default."""
+    assert parse_options(opts(subscribe="t")).group_id is None
+    assert parse_options(opts(subscribe="t", **{"kafka.group.id": "g"})).group_id is None
+    assert parse_options(opts(subscribe="t", groupIdPrefix="lag")).group_id is None
+    a = parse_options(opts(subscribe="t", groupIdPrefix="lag", commitOffsetsToGroup="true")).group_id
+    again = parse_options(opts(subscribe="t", groupIdPrefix="lag", commitOffsetsToGroup="true")).group_id
+    assert a is not None and a.startswith("lag-") and a == again
+    both = opts(subscribe="t", groupIdPrefix="lag", commitOffsetsToGroup="true", **{"kafka.group.id": "g"})
+    assert parse_options(both).group_id == "g"
+    # the group settings never reach the reading consumers (they join no group)
+    grouped = opts(subscribe="t", **{"kafka.group.id": "g", "kafka.group.instance.id": "i"})
+    assert not {"group.id", "group.instance.id"} & set(parse_options(grouped).consumer_properties)
+
+
+def test_trigger_options() -> None:
+    o = parse_options(opts(subscribe="t", minOffsetsPerTrigger="100", maxTriggerDelay="30s"), streaming=True)
+    assert (o.min_offsets_per_trigger, o.max_trigger_delay_ms) == (100, 30_000)
+    o = parse_options(opts(subscribe="t", minOffsetsPerTrigger="100"), streaming=True)
+    assert o.max_trigger_delay_ms == 15 * 60 * 1000  # Spark's default, 15m
+    for raw, ms in [
+        ("500", 500),
+        ("500ms", 500),
+        ("2m", 120_000),
+        ("1min", 60_000),
+        ("1h", 3_600_000),
+        ("1d", 86_400_000),
+    ]:
+        assert parse_options(opts(subscribe="t", maxTriggerDelay=raw)).max_trigger_delay_ms == ms
 
 
 def test_java_client_sasl_jaas_config_is_translated() -> None:
@@ -122,9 +155,8 @@ def test_java_client_sasl_jaas_config_is_translated() -> None:
             },
         )
     )
-    props = o.consumer_properties
-    assert (props["sasl.username"], props["sasl.password"]) == ("alice", 's"cret')
-    assert "sasl.jaas.config" not in props
+    config = from_properties(o.consumer_properties)
+    assert (config.sasl_plain_username, config.sasl_plain_password) == ("alice", 's"cret')
     assert 's"cret' not in repr(o)  # kafka.* values (passwords) stay out of reprs and logs
 
 
@@ -140,7 +172,9 @@ def test_java_client_sasl_jaas_config_is_translated() -> None:
         (opts(subscribe="t", **{"kafka.value.deserializer": "x"}), None, "kafka.value.deserializer"),
         (opts(subscribe="t", **{"kafka.no.such.setting": "1"}), None, "no.such.setting"),
         (opts(subscribe="t", **{"kafka.fetch.max.wait.ms": "soon"}), None, "fetch_max_wait_ms"),
-        (opts(subscribe="t", minOffsetsPerTrigger="5"), None, "minOffsetsPerTrigger is not supported"),
+        (opts(subscribe="t", minOffsetsPerTrigger="5", maxOffsetsPerTrigger="4"), None, "higher than maxOffsets"),
+        (opts(subscribe="t", maxTriggerDelay="soon"), None, "'maxTriggerDelay' must be a time"),
+        (opts(subscribe="t", commitOffsetsToGroup="true"), None, "set kafka.group.id or groupIdPrefix"),
         (opts(subscribe="t", failOnDataLoss="maybe"), None, "'failOnDataLoss' must be 'true' or 'false'"),
         (opts(subscribe="t", maxOffsetsPerTrigger="0"), None, "'maxOffsetsPerTrigger' must be a positive integer"),
         (opts(subscribe="t", startingOffsets="first"), None, "must be 'earliest', 'latest' or per-partition JSON"),
@@ -149,15 +183,16 @@ def test_java_client_sasl_jaas_config_is_translated() -> None:
         (opts(subscribe="t", startingOffsets='{"u":{"0":1}}'), None, "u-0, which is not part of subscribe=t"),
         (opts(assign='{"t":[0,1]}', startingOffsets='{"t":{"0":1}}'), None, "missing: t-1"),
         (opts(assign='{"t":"0"}'), None, "option 'assign' must look like"),
-        (opts(subscribePattern="(unclosed"), None, "not a valid regular expression"),
+        (opts(subscribePattern="(unclosed"), None, "unclosed group"),
         (opts(subscribe="t", startingOffsets="latest"), False, "not valid for batch queries"),
         (opts(subscribe="t", endingOffsets="earliest"), False, "not valid for batch queries"),
         (opts(subscribe="t", startingOffsets='{"t":{"0":-1}}'), False, "-1 (latest) is not valid"),
         (opts(subscribe="t", endingOffsets="latest"), True, "is for batch queries (spark.read) only"),
         (opts(subscribe="t", startingTimestamp="yesterday"), None, "timestamp in milliseconds"),
         (opts(subscribe="t", startingOffsetsByTimestampStrategy="skip"), None, "'error' or 'latest'"),
-        (opts(subscribe="t", **{"kafka.ssl.truststore.location": "/x.jks"}), None, "convert them to PEM"),
+        (opts(subscribe="t", **{"kafka.ssl.truststore.location": "/no/such.jks"}), None, "cannot read the JKS store"),
         (opts(subscribe="t", **{"kafka.sasl.jaas.config": "com.example.Custom required;"}), None, "PlainLoginModule"),
+        (opts(subscribe="t", **{"kafka.sasl.mechanism": "GSSAPI"}), None, "Kerberos (GSSAPI) is not supported"),
     ],
 )
 def test_bad_options_fail_with_a_clear_message(options: dict[str, str], streaming: bool | None, message: str) -> None:
@@ -191,20 +226,122 @@ def test_split_ranges_cover_each_range_exactly() -> None:
     ranges = [OffsetRange(TP0, 10, 1010), OffsetRange(TP1, 0, 10), OffsetRange(TopicPartition("t", 2), 5, 5)]
     assert split_ranges(ranges) == ranges[:2]  # empty ranges dropped
     pieces = split_ranges(ranges, min_partitions=10)
-    assert len(pieces) >= 10
     assert covered(pieces) == {TP0: list(range(10, 1010)), TP1: list(range(10))}
     assert sum(p.tp == TP0 for p in pieces) > sum(p.tp == TP1 for p in pieces)  # shares follow sizes
     capped = split_ranges(ranges, max_records_per_partition=300)
     assert max(p.size for p in capped) <= 300
     assert covered(capped) == covered(pieces)
-    equal = [OffsetRange(TopicPartition("t", p), 0, 100) for p in range(3)]
-    assert len(split_ranges(equal, min_partitions=4)) >= 4  # at least minPartitions, not about
-    assert covered(split_ranges(equal, min_partitions=4)) == covered(equal)
-    assert split_ranges([OffsetRange(TP0, 0, 3)], min_partitions=10) == [
-        OffsetRange(TP0, 0, 1),
-        OffsetRange(TP0, 1, 2),
-        OffsetRange(TP0, 2, 3),
-    ]
+
+
+def test_min_partitions_splits_as_spark_does() -> None:
+    """The issue's case: 6 asked on 120k/90k/60k/30k records gives 6 tasks in Spark (this source
+    gave 8 when it rounded each share up)."""
+    sizes = [120_000, 90_000, 60_000, 30_000]
+    ranges = [OffsetRange(TopicPartition("t", p), 0, size) for p, size in enumerate(sizes)]
+    pieces = split_ranges(ranges, min_partitions=6)
+    assert [p.size for p in pieces] == [60_000, 60_000, 45_000, 45_000, 60_000, 30_000]
+    assert pieces == spark_offset_ranges(ranges, 6, None)
+
+
+def spark_offset_ranges(
+    ranges: Sequence[OffsetRange], min_partitions: int | None, max_records: int | None
+) -> list[OffsetRange]:
+    """A line-by-line transcription of Spark 4.2's KafkaOffsetRangeCalculator.getRanges (Scala
+    Longs and Doubles; Math.round is floor(x + 0.5) but exact at the halves)."""
+
+    def java_round(x: float) -> int:
+        f = math.floor(x)
+        return f + 1 if x - f >= 0.5 else f
+
+    def get_part_count(size: int, total_size: int, min_parts: int) -> int:
+        return max(java_round(float(size) / total_size * min_parts), 1)
+
+    def get_divided_partition(parts: int, r: OffsetRange) -> list[OffsetRange]:
+        remaining, start_offset, out = r.size, r.start, []
+        for part in range(parts):
+            this_partition = remaining // (parts - part)
+            remaining -= this_partition
+            end_offset = min(start_offset + this_partition, r.end)
+            out.append(OffsetRange(r.tp, start_offset, end_offset))
+            start_offset = end_offset
+        return out
+
+    offset_ranges = [r for r in ranges if r.size > 0]
+    if (min_partitions is None or len(offset_ranges) >= min_partitions) and max_records is None:
+        return offset_ranges
+    if max_records is not None:
+        divided = [
+            d
+            for r in offset_ranges
+            for d in get_divided_partition(math.ceil(float(r.size) / max_records), r)
+            if d.size > 0
+        ]
+    else:
+        divided = offset_ranges
+    if min_partitions is not None and min_partitions > len(divided):
+        total_size = sum(r.size for r in divided)
+        unsplit = [r for r in divided if get_part_count(r.size, total_size, min_partitions) == 1]
+        split_total = total_size - sum(r.size for r in unsplit)
+        unsplit_tps = {r.tp for r in unsplit}
+        split_min = max(min_partitions - len(unsplit), 1)
+        return [
+            d
+            for r in divided
+            for d in get_divided_partition(
+                1 if r.tp in unsplit_tps else get_part_count(r.size, split_total, split_min), r
+            )
+            if d.size > 0
+        ]
+    return divided
+
+
+def spark_rate_limit(
+    limit: int, start: Mapping[TopicPartition, int], until: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, int]:
+    """A transcription of KafkaMicroBatchStream.rateLimit (Spark 4.2)."""
+    sizes = {tp: end - start[tp] for tp, end in until.items() if tp in start and end - start[tp] > 0}
+    total = float(sum(sizes.values()))
+    if total < 1:
+        return dict(until)
+    out = {}
+    for tp, end in until.items():
+        if tp not in sizes:
+            out[tp] = end
+            continue
+        prorate = limit * (sizes[tp] / total)
+        prorate_long = math.ceil(prorate) if prorate < 1 else math.floor(prorate)
+        out[tp] = min(end, start[tp] + prorate_long)
+    return out
+
+
+_sizes = st.lists(st.integers(min_value=0, max_value=2_000_000), min_size=1, max_size=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    sizes=_sizes,
+    starts=st.lists(st.integers(min_value=0, max_value=10**12), min_size=12, max_size=12),
+    min_partitions=st.one_of(st.none(), st.integers(min_value=1, max_value=64)),
+    max_records=st.one_of(st.none(), st.integers(min_value=10_000, max_value=3_000_000)),
+)
+def test_split_ranges_is_sparks_calculator(
+    sizes: list[int], starts: list[int], min_partitions: int | None, max_records: int | None
+) -> None:
+    ranges = [OffsetRange(TopicPartition("t", p), starts[p], starts[p] + size) for p, size in enumerate(sizes)]
+    pieces = split_ranges(ranges, min_partitions, max_records)
+    assert pieces == spark_offset_ranges(ranges, min_partitions, max_records)
+    for r in ranges:  # the pieces of each range are contiguous and cover it exactly
+        own = [(p.start, p.end) for p in pieces if p.tp == r.tp]
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(own))
+        assert (own[0][0], own[-1][1]) == (r.start, r.end) if r.size else not own
+
+
+@settings(max_examples=1500, deadline=None)
+@given(sizes=_sizes, limit=st.integers(min_value=1, max_value=5_000_000))
+def test_rate_limit_is_sparks_arithmetic(sizes: list[int], limit: int) -> None:
+    start = {TopicPartition("t", p): 1000 * p for p in range(len(sizes))}
+    until = {tp: start[tp] + size for tp, size in zip(start, sizes, strict=True)}
+    assert rate_limit(start, until, limit) == spark_rate_limit(limit, start, until)
 
 
 def test_rate_limit_shares_the_limit_by_backlog() -> None:
@@ -215,6 +352,10 @@ def test_rate_limit_shares_the_limit_by_backlog() -> None:
     assert limited == {TP0: 90, TP1: 110}
     # a tiny backlog is not starved
     assert rate_limit({TP0: 0, TP1: 0}, {TP0: 100_000, TP1: 1}, 10)[TP1] == 1
+    # Spark divides first, then multiplies: 90 * (7 / 10) is 62.99999999999999 in doubles, so
+    # Spark admits 62 records where 90 * 7 / 10 = 63 would admit one more.
+    assert rate_limit({TP0: 0, TP1: 0}, {TP0: 7, TP1: 3}, 90) == {TP0: 7, TP1: 3}
+    assert rate_limit({TP0: 0, TP1: 0}, {TP0: 700, TP1: 300}, 90) == {TP0: 62, TP1: 27}
 
 
 # --------------------------------------------------------------------------- offset lookups
@@ -281,9 +422,7 @@ class GrowingLookup(FakeLookup):
 
 
 @pytest.mark.parametrize("starting", ["earliest", "latest"])
-def test_available_now_start_ignores_what_came_after_the_target(
-    monkeypatch: pytest.MonkeyPatch, starting: str
-) -> None:
+def test_available_now_start_ignores_what_came_after_the_target(monkeypatch: pytest.MonkeyPatch, starting: str) -> None:
     """Spark calls prepareForTriggerAvailableNow, then initialOffset, then latestOffset and
     partitions.  Partitions and records that appear in between belong to a later query; they must
     not look like data loss (a partition gone, or an offset gone back)."""
@@ -424,8 +563,7 @@ def test_range_reader_data_loss() -> None:
 def test_schema_is_spark_kafka_sources() -> None:
     """The columns and types of Spark's own Kafka source, so jobs switch by the format name."""
     assert spark_schema(False).simpleString() == (
-        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
-        "timestamp:timestamp,timestampType:int>"
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,timestamp:timestamp,timestampType:int>"
     )
     assert spark_schema(True).simpleString() == (
         "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"

@@ -18,7 +18,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .options import SourceOptionError, SourceOptions, parse_options
-from .source import AsyncConsumerDataSource, DataLossError, KafkaBatchReader, KafkaStreamReader, register
+from .source import (
+    AsyncConsumerDataSource,
+    DataLossError,
+    KafkaBatchReader,
+    KafkaStreamReader,
+    offsets_behind_latest,
+    register,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,6 +38,7 @@ __all__ = [
     "KafkaStreamReader",
     "SourceOptionError",
     "SourceOptions",
+    "offsets_behind_latest",
     "parse_options",
     "register",
     "run_pipeline",

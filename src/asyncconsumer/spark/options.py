@@ -20,6 +20,7 @@ from typing import Any, Literal
 from ..config import from_properties
 from ..errors import ConfigError
 from ..structs import TopicPartition
+from . import java_regex
 
 __all__ = [
     "EARLIEST",
@@ -37,8 +38,9 @@ LATEST = -1
 
 # Spark's option names, spelled as its documentation spells them (matching is case-insensitive).
 _SUBSCRIPTION_OPTIONS = ("assign", "subscribe", "subscribePattern")
-_START_OPTIONS = ("startingOffsetsByTimestamp", "startingTimestamp", "startingOffsets")
-_END_OPTIONS = ("endingOffsetsByTimestamp", "endingTimestamp", "endingOffsets")
+# In Spark's order of precedence: the first one set wins.
+_START_OPTIONS = ("startingTimestamp", "startingOffsetsByTimestamp", "startingOffsets")
+_END_OPTIONS = ("endingTimestamp", "endingOffsetsByTimestamp", "endingOffsets")
 _KNOWN = (
     *_SUBSCRIPTION_OPTIONS,
     *_START_OPTIONS,
@@ -47,28 +49,30 @@ _KNOWN = (
     "failOnDataLoss",
     "includeHeaders",
     "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
     "minPartitions",
     "maxRecordsPerPartition",
     "groupIdPrefix",
+    "commitOffsetsToGroup",
     "kafkaConsumer.pollTimeoutMs",
     "fetchOffset.numRetries",
     "fetchOffset.retryIntervalMs",
 )
-# Spark Kafka options this source does not implement: a clear error instead of silently ignoring them.
-_UNSUPPORTED = {
-    "minoffsetspertrigger": "minOffsetsPerTrigger is not supported by the asyncconsumer source "
-    "(Python data sources cannot combine minimum and maximum read limits); remove it",
-    "maxtriggerdelay": "maxTriggerDelay is not supported by the asyncconsumer source; remove it",
-}
-# kafka.* parameters Spark rejects too: the source manages these itself.
+# The kafka.* parameters Spark rejects (KafkaSourceProvider.validateGeneralOptions): the source
+# manages these itself.
 _FORBIDDEN_KAFKA = {
     "auto.offset.reset": "set the source option 'startingOffsets' instead",
     "enable.auto.commit": "offsets live in Spark's checkpoint; the source never auto-commits",
     "key.deserializer": "keys are always returned as binary; cast or parse them with DataFrame operations",
     "value.deserializer": "values are always returned as binary; cast or parse them with DataFrame operations",
-    "group.instance.id": "the source joins no consumer group",
-    "interceptor.classes": "consumer interceptors are not supported",
+    "interceptor.classes": "consumer interceptors can change what is read, so Spark does not allow them either",
 }
+#: ``maxTriggerDelay``'s default, as in Spark: 15 minutes.
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+# Spark's time strings (JavaUtils.timeStringAsMs): a number and an optional unit; no unit is ms.
+_TIME_UNITS_MS = {"us": 0.001, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+_TIME_STRING = re.compile(r"(-?[0-9]+)([a-z]+)?")
 _CANONICAL = {name.lower(): name for name in _KNOWN}
 _STRATEGIES = ("error", "latest")
 
@@ -83,8 +87,11 @@ class Subscription:
 
     kind: Literal["assign", "subscribe", "subscribePattern"]
     topics: tuple[str, ...] = ()
+    #: ``subscribePattern`` as given: a Java regular expression, as in Spark.
     pattern: str = ""
     partitions: tuple[TopicPartition, ...] = ()
+    #: ``pattern`` translated to Python's ``re`` syntax (:func:`~asyncconsumer.spark.java_regex.translate`).
+    regex: str = ""
 
     def describe(self) -> str:
         if self.kind == "assign":
@@ -97,7 +104,7 @@ class Subscription:
         if self.kind == "subscribe":
             return topic in self.topics
         if self.kind == "subscribePattern":
-            return re.fullmatch(self.pattern, topic) is not None
+            return re.fullmatch(self.regex, topic) is not None
         return any(tp.topic == topic for tp in self.partitions)
 
 
@@ -144,15 +151,21 @@ class SourceOptions:
     fail_on_data_loss: bool = True
     include_headers: bool = False
     max_offsets_per_trigger: int | None = None
+    #: ``minOffsetsPerTrigger``: a micro-batch waits for this many new records, or for
+    #: ``max_trigger_delay_ms`` since the last batch (as in Spark; not with availableNow).
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
     min_partitions: int | None = None
     max_records_per_partition: int | None = None
+    #: The group that ``commitOffsetsToGroup`` commits to (``kafka.group.id``, else from
+    #: ``groupIdPrefix``); None when nothing is committed, which is the default, as in Spark.
     group_id: str | None = None
     poll_timeout_ms: int = 120_000
 
     @property
     def consumer_properties(self) -> dict[str, str]:
-        """The ``kafka.*`` options for ``Consumer.from_properties`` (``group.id`` left out)."""
-        return {k: v for k, v in self.kafka_params if k != "group.id"}
+        """The ``kafka.*`` options for ``Consumer.from_properties`` (the group settings left out)."""
+        return reader_properties(dict(self.kafka_params))
 
     @property
     def read_committed(self) -> bool:
@@ -243,15 +256,9 @@ def _parse_per_partition(name: str, raw: str, *, offsets: bool) -> tuple[tuple[T
 
 
 def _parse_spec(options: Mapping[str, str], which: str, strategy: Literal["error", "latest"]) -> OffsetSpec | None:
-    """The first of ``{which}OffsetsByTimestamp``, ``{which}Timestamp``, ``{which}Offsets`` that is set."""
+    """The first of ``{which}Timestamp``, ``{which}OffsetsByTimestamp``, ``{which}Offsets`` that is set
+    (Spark's order: KafkaSourceProvider.getKafkaOffsetRangeLimit)."""
     by_ts, ts, offs = f"{which}OffsetsByTimestamp", f"{which}Timestamp", f"{which}Offsets"
-    if by_ts in options:
-        return OffsetSpec(
-            "timestamps",
-            timestamps=_parse_per_partition(by_ts, options[by_ts], offsets=False),
-            strategy=strategy,
-            option=by_ts,
-        )
     if ts in options:
         try:
             value = int(options[ts].strip())
@@ -260,6 +267,13 @@ def _parse_spec(options: Mapping[str, str], which: str, strategy: Literal["error
         if value < 0:
             raise _fail(f"option {ts!r} must be a timestamp in milliseconds (an integer >= 0), got {options[ts]!r}")
         return OffsetSpec("timestamp", timestamp=value, strategy=strategy, option=ts)
+    if by_ts in options:
+        return OffsetSpec(
+            "timestamps",
+            timestamps=_parse_per_partition(by_ts, options[by_ts], offsets=False),
+            strategy=strategy,
+            option=by_ts,
+        )
     if offs in options:
         raw = options[offs].strip()
         if raw.lower() == "earliest":
@@ -285,8 +299,6 @@ def _canonical_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict
         if lower.startswith("kafka."):
             kafka[lower[len("kafka.") :]] = text
             continue
-        if lower in _UNSUPPORTED:
-            raise _fail(_UNSUPPORTED[lower])
         if lower not in _CANONICAL:
             hint = difflib.get_close_matches(lower, list(_CANONICAL), n=1, cutoff=0.6)
             suggestion = f"; did you mean {_CANONICAL[hint[0]]!r}?" if hint else ""
@@ -298,42 +310,6 @@ def _canonical_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict
     return source, kafka
 
 
-_JAAS_ENTRY = re.compile(r"^\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)\b(?P<rest>.*)$", re.S)
-_JAAS_OPTION = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
-_JKS_HINT = (
-    "Java key/trust stores are not supported: convert them to PEM files and use kafka.ssl.ca.location, "
-    "kafka.ssl.certificate.location and kafka.ssl.key.location"
-)
-
-
-def _translate_kafka_params(kafka: dict[str, str]) -> dict[str, str]:
-    """Accept the Java client spellings Spark jobs use where they map onto asyncconsumer's settings.
-
-    ``sasl.jaas.config`` with Kafka's ``PlainLoginModule`` or ``ScramLoginModule`` becomes
-    ``sasl.username`` / ``sasl.password``.
-    """
-    out = dict(kafka)
-    jaas = out.pop("sasl.jaas.config", None)
-    if jaas is not None:
-        match = _JAAS_ENTRY.match(jaas)
-        module = match.group("module").rsplit(".", 1)[-1] if match else ""
-        if match is None or module not in ("PlainLoginModule", "ScramLoginModule"):
-            raise _fail(
-                "option 'kafka.sasl.jaas.config' is supported for Kafka's PlainLoginModule and ScramLoginModule "
-                'only (\'... PlainLoginModule required username="u" password="p";\'); '
-                "or set kafka.sasl.username and kafka.sasl.password"
-            )
-        values = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _JAAS_OPTION.findall(match.group("rest"))}
-        if "username" not in values or "password" not in values:
-            raise _fail('option \'kafka.sasl.jaas.config\' must give username="..." and password="..."')
-        out.setdefault("sasl.username", values["username"])
-        out.setdefault("sasl.password", values["password"])
-    for name in out:
-        if name.startswith(("ssl.truststore.", "ssl.keystore.")):
-            raise _fail(f"option 'kafka.{name}' is not supported: {_JKS_HINT}")
-    return out
-
-
 def _check_kafka_params(kafka: dict[str, str]) -> None:
     if not kafka.get("bootstrap.servers", "").strip():
         raise _fail("option 'kafka.bootstrap.servers' is required (e.g. 'host1:9092,host2:9092')")
@@ -341,11 +317,35 @@ def _check_kafka_params(kafka: dict[str, str]) -> None:
         if name in kafka:
             raise _fail(f"option 'kafka.{name}' is not supported: {reason}")
     try:
-        from_properties({k: v for k, v in kafka.items() if k != "group.id"})
+        from_properties(reader_properties(kafka))
     except ConfigError as exc:
         raise _fail(f"invalid kafka.* option: {exc}") from None
     except OSError as exc:  # an ssl.* file that cannot be read
         raise _fail(f"invalid kafka.ssl.* option: {exc}") from None
+
+
+#: Group settings the reading consumers leave out: they join no group (Spark's consumers do not
+#: either; they only ``assign``).
+_GROUP_PROPERTIES = ("group.id", "group.instance.id", "group.protocol", "group.remote.assignor")
+
+
+def reader_properties(kafka: Mapping[str, str]) -> dict[str, str]:
+    """The ``kafka.*`` parameters for the reading consumers: the group settings left out."""
+    return {k: v for k, v in kafka.items() if k not in _GROUP_PROPERTIES}
+
+
+def _time_ms(name: str, raw: str) -> int:
+    """A Spark time string (``"15m"``, ``"30s"``, ``"500"`` = ms) in milliseconds."""
+    match = _TIME_STRING.fullmatch(raw.strip().lower())
+    if match is None or (match.group(2) or "ms") not in _TIME_UNITS_MS:
+        raise _fail(
+            f"option {name!r} must be a time such as '15m', '30s' or '500ms' "
+            f"(units {', '.join(_TIME_UNITS_MS)}), got {raw!r}"
+        )
+    value = int(match.group(1)) * _TIME_UNITS_MS[match.group(2) or "ms"]
+    if value < 0:
+        raise _fail(f"option {name!r} must not be negative, got {raw!r}")
+    return int(value)
 
 
 def _check_per_partition_subscription(spec: OffsetSpec | None, subscription: Subscription) -> None:
@@ -372,7 +372,6 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
     the checks common to batch and streaming run.
     """
     source, kafka = _canonical_options(options)
-    kafka = _translate_kafka_params(kafka)
     _check_kafka_params(kafka)
 
     given = [name for name in _SUBSCRIPTION_OPTIONS if name in source]
@@ -393,10 +392,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
         if not pattern:
             raise _fail("option 'subscribePattern' is empty")
         try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise _fail(f"option 'subscribePattern' is not a valid regular expression: {exc}") from None
-        subscription = Subscription("subscribePattern", pattern=pattern)
+            regex = java_regex.translate(pattern)
+        except java_regex.JavaRegexError as exc:
+            raise _fail(f"option 'subscribePattern': {exc}") from None
+        subscription = Subscription("subscribePattern", pattern=pattern, regex=regex)
 
     strategy_raw = source.get("startingOffsetsByTimestampStrategy", "error").strip().lower()
     if strategy_raw not in _STRATEGIES:
@@ -432,10 +431,22 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
     if starting is None:
         starting = OffsetSpec("latest" if streaming else "earliest", option="startingOffsets")
 
-    group_prefix = source.get("groupIdPrefix", "").strip()
-    group_id = kafka.get("group.id", "").strip() or None
-    if group_id is None and group_prefix:
-        group_id = _group_name(group_prefix, subscription)
+    group_id: str | None = None
+    if _bool("commitOffsetsToGroup", source.get("commitOffsetsToGroup", "false")):
+        group_prefix = source.get("groupIdPrefix", "").strip()
+        group_id = kafka.get("group.id", "").strip() or None
+        if group_id is None and group_prefix:
+            group_id = _group_name(group_prefix, subscription)
+        if group_id is None:
+            raise _fail("commitOffsetsToGroup=true needs the group to commit to: set kafka.group.id or groupIdPrefix")
+
+    def optional_positive(name: str) -> int | None:
+        return _positive_int(name, source[name]) if name in source else None
+
+    max_per_trigger = optional_positive("maxOffsetsPerTrigger")
+    min_per_trigger = optional_positive("minOffsetsPerTrigger")
+    if min_per_trigger is not None and max_per_trigger is not None and min_per_trigger > max_per_trigger:
+        raise _fail(f"minOffsetsPerTrigger ({min_per_trigger}) is higher than maxOffsetsPerTrigger ({max_per_trigger})")
 
     return SourceOptions(
         subscription=subscription,
@@ -444,17 +455,15 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
         ending=ending,
         fail_on_data_loss=_bool("failOnDataLoss", source.get("failOnDataLoss", "true")),
         include_headers=_bool("includeHeaders", source.get("includeHeaders", "false")),
-        max_offsets_per_trigger=(
-            _positive_int("maxOffsetsPerTrigger", source["maxOffsetsPerTrigger"])
-            if "maxOffsetsPerTrigger" in source
-            else None
+        max_offsets_per_trigger=max_per_trigger,
+        min_offsets_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=(
+            _time_ms("maxTriggerDelay", source["maxTriggerDelay"])
+            if "maxTriggerDelay" in source
+            else DEFAULT_MAX_TRIGGER_DELAY_MS
         ),
-        min_partitions=(_positive_int("minPartitions", source["minPartitions"]) if "minPartitions" in source else None),
-        max_records_per_partition=(
-            _positive_int("maxRecordsPerPartition", source["maxRecordsPerPartition"])
-            if "maxRecordsPerPartition" in source
-            else None
-        ),
+        min_partitions=optional_positive("minPartitions"),
+        max_records_per_partition=optional_positive("maxRecordsPerPartition"),
         group_id=group_id,
         poll_timeout_ms=(
             _positive_int("kafkaConsumer.pollTimeoutMs", source["kafkaConsumer.pollTimeoutMs"])

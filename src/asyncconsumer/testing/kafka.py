@@ -591,6 +591,8 @@ class _KafkaProcesses:
         self._directory: Path | None = None
         self._tls: TLSMaterial | None = None
         self.nodes: list[KafkaNode] = []
+        #: KafkaBroker's ``oauth_jwks_url`` (None: the unsecured OAUTHBEARER validator).
+        self.oauth_jwks_url: str | None = None
 
     # -- public surface shared by both ----------------------------------------------------------
 
@@ -657,6 +659,7 @@ class _KafkaProcesses:
             "-Djava.awt.headless=true",
             self._logging_option(),
             f"-Dkafka.logs.dir={self._directory}",
+            *([f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={url}"] if (url := self.oauth_jwks_url) else []),
             "-cp",
             str(self._libs / "*"),
             main_class,
@@ -874,6 +877,12 @@ class _KafkaProcesses:
                 "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
                 'unsecuredLoginStringClaim_sub="broker";'
             )
+            if self.oauth_jwks_url:  # signed JWTs checked against a JWKS endpoint (KIP-768)
+                props[f"{prefix}.oauthbearer.sasl.server.callback.handler.class"] = (
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+                )
+                props[f"{prefix}.oauthbearer.sasl.oauthbearer.jwks.endpoint.url"] = self.oauth_jwks_url
+                props["sasl.oauthbearer.jwks.endpoint.url"] = self.oauth_jwks_url
         if any(name in ("SSL", "SASL_SSL") for name in self.listeners):
             tls = self._tls_material()
             chain = node.directory / "server-chain.pem"
@@ -900,7 +909,10 @@ class KafkaBroker(_KafkaProcesses):
     the address clients are sent to for the PLAINTEXT listener (a proxy in front of it), as for
     :class:`KafkaCluster`.  ``version``: the Apache Kafka release to run, one of
     :data:`KAFKA_VERSIONS` (default :data:`KAFKA_VERSION`, the reference); another is an
-    :class:`UnknownKafkaVersionError` listing them.
+    :class:`UnknownKafkaVersionError` listing them.  ``oauth_jwks_url``: validate OAUTHBEARER
+    tokens as signed JWTs against the keys at this JWKS URL (Kafka's
+    ``OAuthBearerValidatorCallbackHandler``, KIP-768; the URL is also allowed by the JVM property
+    ``org.apache.kafka.sasl.oauthbearer.allowed.urls``) instead of with the unsecured validator.
 
     :attr:`startup_seconds` is how long :meth:`start` took.  The broker is a real process: stop
     it (``with`` does) or it is stopped when the Python process exits.
@@ -917,12 +929,14 @@ class KafkaBroker(_KafkaProcesses):
         startup_timeout: float = 90.0,
         heap_mb: int = 768,
         version: str = KAFKA_VERSION,
+        oauth_jwks_url: str | None = None,
     ) -> None:
         super().__init__(
             nodes=1, listeners=listeners, users=users, config=config, racks=None if rack is None else [rack],
             startup_timeout=startup_timeout, heap_mb=heap_mb, advertise_plaintext=advertise_plaintext,
             version=version,
         )
+        self.oauth_jwks_url = oauth_jwks_url
 
     def __repr__(self) -> str:
         return f"<KafkaBroker {self.version} {self.bootstrap if self.nodes else '(not started)'}>"
