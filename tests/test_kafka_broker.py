@@ -189,3 +189,41 @@ def test_an_unknown_release_is_a_typed_error_naming_the_known_ones() -> None:
         KafkaCluster(3, version="latest")
     assert KAFKA_VERSIONS[0] == KAFKA_VERSION == KafkaBroker().version == "4.4.0"
     assert KafkaBroker(version="3.7.2").release == (3, 7)
+
+
+@pytest.mark.kafka_jvm
+@pytest.mark.timeout(600)  # three JVMs, one started twice and the controller restarted: minutes on 2 busy cores
+def test_isolated_controllers_keep_the_quorum_while_a_broker_is_down() -> None:
+    """``KafkaCluster(controllers=N)``: two broker-only nodes beside one controller-only node (Kafka's
+    isolated KRaft mode).  With one of two brokers killed, the controller still moves leadership to
+    the other (two combined nodes would have lost their quorum), and the controller itself restarts."""
+    with pytest.raises(ValueError, match="controllers=-1"):
+        KafkaCluster(2, controllers=-1)
+    _java_or_skip()
+    cluster = KafkaCluster(2, controllers=1, heap_mb=384, config={"min.insync.replicas": 1}).start()
+    try:
+        assert [(n.node_id, n.roles) for n in cluster.nodes] == [(1, "broker"), (2, "broker")]
+        assert [(n.node_id, n.roles) for n in cluster.controllers] == [(3, "controller")]
+        assert "+ 1 controllers" in repr(cluster)
+        properties = (cluster.nodes[0].directory / "server.properties").read_text()
+        voter = f"controller.quorum.voters=3@127.0.0.1:{cluster.controllers[0].ports.controller}\n"
+        assert voter in properties and "CONTROLLER://" not in properties.split("listeners=", 1)[1].split("\n")[0]
+        topic = create_topic(cluster.bootstrap, "isolated", 1, replication_factor=2)
+        produce(cluster.bootstrap, topic, [(0, None, b"before")])
+        cluster.nodes[0].kill()
+        produce(cluster.nodes[1].bootstrap, topic, [(0, None, b"one broker down")], timeout=60)
+        cluster.nodes[0].restart()
+        controller = cluster.controllers[0]
+        controller.stop()
+        assert not controller.alive
+        controller.restart()
+        assert controller.alive
+        produce(cluster.bootstrap, topic, [(0, None, b"after")], timeout=60)
+        pids = [n.pid for n in (*cluster.nodes, *cluster.controllers)]
+        directory = controller.directory.parent
+    finally:
+        cluster.stop()
+    assert cluster.nodes == [] and cluster.controllers == [] and not directory.exists()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # type: ignore[arg-type]

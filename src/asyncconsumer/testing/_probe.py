@@ -75,3 +75,23 @@ def wait_for_metadata(
             last = f"metadata lists {len(brokers)} of {expect_nodes} brokers"
         time.sleep(0.05)
     raise TimeoutError(f"{host}:{port} did not answer Metadata within {timeout:.0f}s ({last})")
+
+
+def wait_for_port(host: str, port: int, *, timeout: float, alive: object = None) -> float:
+    """Poll until ``host:port`` accepts a TCP connection (a KRaft controller's listener, which
+    answers no Metadata); returns the seconds it took.  ``alive`` as for :func:`wait_for_metadata`."""
+    start = time.monotonic()
+    deadline = start + timeout
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if callable(alive):
+            gone = alive()
+            if gone:
+                raise RuntimeError(str(gone))
+        try:
+            with socket.create_connection((host, port), timeout=min(2.0, max(0.1, deadline - time.monotonic()))):
+                return time.monotonic() - start
+        except OSError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        time.sleep(0.05)
+    raise TimeoutError(f"{host}:{port} did not accept a connection within {timeout:.0f}s ({last})")

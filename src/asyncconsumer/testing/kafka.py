@@ -73,7 +73,7 @@ from typing import IO, TYPE_CHECKING, Any, Self
 
 from ..config import SASL_MECHANISMS, SECURITY_PROTOCOLS, SecurityProtocol
 from ._kafka_jars import KAFKA_VERSION, RELEASES
-from ._probe import wait_for_metadata
+from ._probe import wait_for_metadata, wait_for_port
 from ._process import parent_death_signal
 
 if TYPE_CHECKING:
@@ -447,6 +447,9 @@ class KafkaNode:
         #: The ``host:port`` the PLAINTEXT listener advertises (``advertise_plaintext``'s answer),
         #: or None when it advertises its own port.
         self.advertised_plaintext: str | None = None
+        #: KRaft ``process.roles``: ``"broker,controller"`` (a combined node), or ``"broker"`` and
+        #: ``"controller"`` in a :class:`KafkaCluster` with isolated ``controllers``.
+        self.roles = "broker,controller"
 
     def __repr__(self) -> str:
         state = f"pid {self.pid}" if self.alive else "stopped"
@@ -540,7 +543,11 @@ class KafkaNode:
             self.wait_ready(timeout if timeout is not None else self._owner.startup_timeout, expect_nodes=1)
 
     def wait_ready(self, timeout: float, *, expect_nodes: int) -> float:
+        """Until the node answers Metadata listing ``expect_nodes`` brokers (a controller-only
+        node: until its CONTROLLER listener accepts connections)."""
         try:
+            if self.roles == "controller":
+                return wait_for_port(LOOPBACK, self.ports.controller, timeout=timeout, alive=self.exited)
             return wait_for_metadata(
                 LOOPBACK, self.ports.plaintext, timeout=timeout, alive=self.exited, expect_nodes=expect_nodes
             )
@@ -567,6 +574,7 @@ class _KafkaProcesses:
         heap_mb: int,
         advertise_plaintext: PlaintextAddress | None = None,
         version: str = KAFKA_VERSION,
+        controllers: int = 0,
     ) -> None:
         self._version = check_version(version)
         listeners = tuple(dict.fromkeys(("PLAINTEXT", *listeners)))
@@ -586,6 +594,7 @@ class _KafkaProcesses:
             raise ValueError("advertise_plaintext and config['advertised.listeners'] both set: give one of them")
         self._advertise_plaintext = advertise_plaintext
         self._count = nodes
+        self._controller_count = controllers
         self._java: str | None = None
         self._libs: Path | None = None
         self._directory: Path | None = None
@@ -593,6 +602,9 @@ class _KafkaProcesses:
         self.nodes: list[KafkaNode] = []
         #: KafkaBroker's ``oauth_jwks_url`` (None: the unsecured OAUTHBEARER validator).
         self.oauth_jwks_url: str | None = None
+        #: The controller-only nodes (:class:`KafkaCluster`'s ``controllers``); empty when every
+        #: node in :attr:`nodes` is a combined broker and controller.
+        self.controllers: list[KafkaNode] = []
 
     # -- public surface shared by both ----------------------------------------------------------
 
@@ -702,11 +714,18 @@ class _KafkaProcesses:
             if any(name in ("SSL", "SASL_SSL") for name in self.listeners):
                 self._tls_material()
             width = len(dataclasses.fields(_Ports))
-            ports = _free_ports(width * self._count)
-            for index in range(self._count):
+            total = self._count + self._controller_count
+            ports = _free_ports(width * total)
+            for index in range(total):
                 directory = self._directory / f"node-{index + 1}"
                 directory.mkdir()
                 node = KafkaNode(self, index + 1, _Ports(*ports[width * index: width * (index + 1)]), directory)
+                if index >= self._count:  # brokers are 1..n, isolated controllers n+1..
+                    node.roles = "controller"
+                    self.controllers.append(node)
+                    continue
+                if self._controller_count:
+                    node.roles = "broker"
                 node.rack = self._racks[index] if self._racks is not None else None
                 self.nodes.append(node)
             if self._advertise_plaintext is not None:
@@ -715,10 +734,10 @@ class _KafkaProcesses:
                 for node in self.nodes:
                     node.advertised_plaintext = _check_address(self._advertise_plaintext(node), node)
             cluster_id = _cluster_id()
-            for node in self.nodes:
+            for node in (*self.controllers, *self.nodes):
                 (node.directory / "server.properties").write_text(self._properties(node))
                 self._format(node, cluster_id)
-            for node in self.nodes:
+            for node in (*self.controllers, *self.nodes):
                 node.launch()
             deadline = began + self.startup_timeout
             for node in self.nodes:
@@ -746,13 +765,16 @@ class _KafkaProcesses:
             raise KafkaStartError(f"formatting node {node.node_id}'s storage failed:\n{text.strip()[-2000:]}")
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop every node (SIGTERM, then SIGKILL after ``timeout`` s) and remove their files."""
+        """Stop every node (SIGTERM, then SIGKILL after ``timeout`` s) and remove their files.
+        Isolated controllers stop after the brokers, whose controlled shutdown needs them."""
         nodes, self.nodes = self.nodes, []
-        for node in nodes:
-            if node.process is not None and node.process.poll() is None:
-                node.process.terminate()
-        for node in nodes:
-            node.stop(timeout)
+        controllers, self.controllers = self.controllers, []
+        for group in (nodes, controllers):
+            for node in group:
+                if node.process is not None and node.process.poll() is None:
+                    node.process.terminate()
+            for node in group:
+                node.stop(timeout)
         directory, self._directory = self._directory, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
@@ -784,7 +806,9 @@ class _KafkaProcesses:
     def _properties(self, node: KafkaNode) -> str:
         count = self._count
         replication = min(3, count)
-        voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.ports.controller}" for n in self.nodes)
+        voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.ports.controller}" for n in self.controllers or self.nodes)
+        if node.roles == "controller":
+            return self._controller_properties(node, voters)
         listeners = [f"{name}://{node.address(name)}" for name in self.listeners]
         advertised = list(listeners)
         protocol_map = ["CONTROLLER:PLAINTEXT", *(f"{name}:{name}" for name in self.listeners)]
@@ -800,13 +824,15 @@ class _KafkaProcesses:
             advertised.append(internal)
             protocol_map.append(f"{INTERNAL_LISTENER}:PLAINTEXT")
             inter_broker = INTERNAL_LISTENER
+        if node.roles != "broker":  # a combined node listens for the quorum too
+            listeners.append(f"CONTROLLER://{LOOPBACK}:{node.ports.controller}")
         props: dict[str, str] = {
-            "process.roles": "broker,controller",
+            "process.roles": node.roles,
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": inter_broker,
-            "listeners": ",".join([*listeners, f"CONTROLLER://{LOOPBACK}:{node.ports.controller}"]),
+            "listeners": ",".join(listeners),
             "advertised.listeners": ",".join(advertised),
             "listener.security.protocol.map": ",".join(protocol_map),
             "log.dirs": str(node.directory / "data"),
@@ -897,6 +923,31 @@ class _KafkaProcesses:
         props.update(self.config)
         return "".join(f"{key}={value}\n" for key, value in props.items())
 
+    #: ``config`` keys that describe a broker's listeners: not given to a controller-only node.
+    _BROKER_LISTENER_KEYS = frozenset(
+        {"listeners", "advertised.listeners", "listener.security.protocol.map", "inter.broker.listener.name"}
+    )
+
+    def _controller_properties(self, node: KafkaNode, voters: str) -> str:
+        """``server.properties`` of an isolated controller: the quorum's listener and timers only."""
+        props: dict[str, str] = {
+            "process.roles": "controller",
+            "node.id": str(node.node_id),
+            "controller.quorum.voters": voters,
+            "controller.listener.names": "CONTROLLER",
+            "listeners": f"CONTROLLER://{LOOPBACK}:{node.ports.controller}",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT",
+            "log.dirs": str(node.directory / "data"),
+            "num.network.threads": "2",
+            "num.io.threads": "2",
+            "controller.quorum.election.timeout.ms": "1000",
+            "controller.quorum.fetch.timeout.ms": "2000",
+            "broker.heartbeat.interval.ms": "500",
+            "broker.session.timeout.ms": "3000",
+        }
+        props.update((k, v) for k, v in self.config.items() if k not in self._BROKER_LISTENER_KEYS)
+        return "".join(f"{key}={value}\n" for key, value in props.items())
+
 
 class KafkaBroker(_KafkaProcesses):
     """One Apache Kafka node (KRaft, combined broker and controller) on free loopback ports.
@@ -960,7 +1011,10 @@ class KafkaCluster(_KafkaProcesses):
     """Several Apache Kafka nodes on loopback, each a combined broker and controller.
 
     The nodes form one KRaft controller quorum (a static voter set of all of them), so the
-    cluster survives the loss of a minority.  Topics default to replication factor
+    cluster survives the loss of a minority.  ``controllers=N`` instead starts N controller-only
+    nodes beside the ``brokers`` broker-only ones (Kafka's isolated KRaft mode, as Kafka's own
+    system tests run): the quorum is theirs alone (:attr:`controllers`, node ids after the
+    brokers'), so any number of brokers can be down while it stays whole.  Topics default to replication factor
     ``min(3, brokers)`` and ``min.insync.replicas=2`` from three brokers on.  ``racks`` gives
     each node a ``broker.rack`` and turns on the rack-aware replica selector (fetching from
     followers, KIP-392).  Each of :attr:`nodes` can be killed, stopped and restarted.
@@ -990,17 +1044,22 @@ class KafkaCluster(_KafkaProcesses):
         startup_timeout: float = 120.0,
         heap_mb: int = 512,
         version: str = KAFKA_VERSION,
+        controllers: int = 0,
     ) -> None:
         if brokers < 1:
             raise ValueError("a cluster needs at least one broker")
+        if controllers < 0:
+            raise ValueError(f"controllers={controllers}: give 0 (combined nodes) or the number of isolated ones")
         super().__init__(
             nodes=brokers, listeners=listeners, users=users, config=config, racks=racks,
             startup_timeout=startup_timeout, heap_mb=heap_mb, advertise_plaintext=advertise_plaintext,
             version=version,
+            controllers=controllers,
         )
 
     def __repr__(self) -> str:
-        return f"<KafkaCluster {self.version} {len(self.nodes)} nodes {self.bootstrap if self.nodes else ''}>"
+        quorum = f" + {len(self.controllers)} controllers" if self.controllers else ""
+        return f"<KafkaCluster {self.version} {len(self.nodes)} nodes{quorum} {self.bootstrap if self.nodes else ''}>"
 
     def node(self, node_id: int) -> KafkaNode:
         """The node with this broker id (ids are 1, 2, 3, ...)."""
