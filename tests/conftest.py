@@ -269,13 +269,40 @@ def _lacking(item: pytest.Item) -> str | None:
     return None
 
 
+KAFKATEST = Path(__file__).parent / "kafkatest"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kafkatest", "kafkatest scenarios (tests/kafkatest, docs/kafkatest.md)")
+    group.addoption("--kafkatest-clients", default="java,asyncconsumer-asyncio,asyncconsumer-trio",
+                    help="comma-separated clients to run the scenarios with (default: all three)")
+    group.addoption("--kafkatest-timeout-scale", default="1.0",
+                    help="multiply every wait of the scenarios by this factor (default 1.0: kafkatest's figures)")
+    group.addoption("--kafkatest-results", default="",
+                    help="append each scenario's outcome and figures to this JSON-lines file")
+
+
+def _names_kafkatest(config: pytest.Config) -> bool:
+    """Whether the command line points pytest at tests/kafkatest (or a file or test in it)."""
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::", 1)[0]).resolve()
+        if path == KAFKATEST or path.is_relative_to(KAFKATEST):
+            return True
+    return False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests needing a broker feature run where the broker has it; the others are deselected, and
     ``pytest_terminal_summary`` says why (``group_protocol="consumer"``, KIP-848, never runs on Tansu;
-    share groups need Apache Kafka 4.2+, ...)."""
+    share groups need Apache Kafka 4.2+, ...).  The kafkatest matrix (tests/kafkatest, hours) runs
+    only when named on the command line (``./dev kafkatest`` does), not as part of the whole suite."""
     keep, drop = [], []
     reasons: dict[str, int] = {}
+    run_kafkatest = _names_kafkatest(config)
     for item in items:
+        if not run_kafkatest and Path(str(item.fspath)).is_relative_to(KAFKATEST):
+            drop.append(item)
+            continue
         reason = _lacking(item)
         if reason is None:
             keep.append(item)
