@@ -199,3 +199,75 @@ class ShareConsumerTest:
 
     def await_all_members(self, consumer: VerifiableShareConsumer, timeout: float = 10) -> None:
         self.await_members(consumer, self.num_consumers, timeout)
+
+    # -- ShareConsumerTest's helpers ----------------------------------------------------------------------
+
+    def rolling_bounce_brokers(self, topic: str, replication_factor: int, num_bounces: int = 5,
+                               clean_shutdown: bool = True, timeout: float = 60) -> None:
+        for _ in range(num_bounces):
+            for node in self.kafka.nodes:
+                clusters.restart_broker(node, clean_shutdown=clean_shutdown)
+                self.scenario.wait_until(
+                    lambda: set(clusters.isr_sizes(self.kafka, topic)) == {replication_factor}, timeout,
+                    f"Timed out waiting for the partitions of {topic} to have {replication_factor} in-sync replicas",
+                    backoff_sec=0.5)
+
+    def fail_brokers(self, topic: str, replication_factor: int, num_brokers: int = 1, clean_shutdown: bool = True,
+                     timeout: float = 60) -> None:
+        for i in range(num_brokers):
+            clusters.signal_broker(self.kafka.nodes[i], clean_shutdown)
+            expected = replication_factor - (i + 1)
+
+            def shrunk(expected: int = expected) -> bool:
+                return set(clusters.isr_sizes(self.kafka, topic)) == {expected}
+
+            self.scenario.wait_until(
+                shrunk, timeout,
+                f"Timed out waiting for the partitions of {topic} to shrink to {expected} in-sync replicas",
+                backoff_sec=0.5)
+        self.scenario.wait_until(lambda: clusters.all_partitions_have_a_leader(self.kafka, topic), timeout,
+                                 f"Timed out waiting for every partition of {topic} to have a leader", backoff_sec=0.5)
+
+    def rolling_bounce_share_consumers(self, consumer: VerifiableShareConsumer, keep_alive: int = 0,
+                                       num_bounces: int = 5, clean_shutdown: bool = True, timeout: float = 60) -> None:
+        for _ in range(num_bounces):
+            for node in consumer.nodes[keep_alive:]:
+                consumer.stop_node(node, clean_shutdown)
+                self.scenario.wait_until(lambda: len(consumer.dead_nodes()) == 1, timeout,
+                                         "Timed out waiting for the consumer to shutdown")
+                consumer.start_node(node)
+                self.await_all_members(consumer, timeout)
+                self.await_consumed_messages_by_a_consumer(consumer, node, timeout=timeout)
+
+    def bounce_all_share_consumers(self, consumer: VerifiableShareConsumer, keep_alive: int = 0,
+                                   num_bounces: int = 5, clean_shutdown: bool = True, timeout: float = 60) -> None:
+        for _ in range(num_bounces):
+            for node in consumer.nodes[keep_alive:]:
+                consumer.stop_node(node, clean_shutdown)
+            self.scenario.wait_until(lambda: len(consumer.dead_nodes()) == self.num_consumers - keep_alive, timeout,
+                                     "Timed out waiting for the consumers to shutdown")
+            for num_started, node in enumerate(consumer.nodes[keep_alive:], keep_alive + 1):
+                consumer.start_node(node)
+                self.await_members(consumer, num_started, timeout)
+                self.await_consumed_messages_by_a_consumer(consumer, node, timeout=timeout)
+
+    def fail_share_consumers(self, consumer: VerifiableShareConsumer, num_consumers: int = 1,
+                             clean_shutdown: bool = True, timeout: float = 60) -> None:
+        for i in range(num_consumers):
+            consumer.kill_node(consumer.nodes[i], clean_shutdown=clean_shutdown)
+
+            def dead(count: int = i + 1) -> bool:
+                return len(consumer.dead_nodes()) == count
+
+            self.scenario.wait_until(dead, timeout, "Timed out waiting for the consumer to be killed")
+
+    def record(self, consumer: VerifiableShareConsumer, producer: VerifiableProducer | None = None,
+               **more: Any) -> None:
+        figures: dict[str, Any] = {
+            "consumed": consumer.total_consumed(), "unique_consumed": consumer.total_unique_consumed(),
+            "acknowledged": consumer.total_acknowledged_successfully(),
+        }
+        if producer is not None:
+            figures["acked"] = producer.num_acked
+        figures.update(more)
+        self.scenario.figures.update(figures)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,9 +187,26 @@ def describe_group(cluster: KafkaCluster, group_id: str) -> str:
     return f"{group_id}: state={group.state} members: {members}"
 
 
-def group_config(cluster: KafkaCluster, group_id: str, settings: Mapping[str, str]) -> str:
-    """``kafka-configs --group <id> --alter --add-config k=v,...`` through Kafka's own tool; its output."""
-    pairs = ",".join(f"{k}={v}" for k, v in settings.items())
-    result = cluster.run_tool("org.apache.kafka.tools.ConfigCommand", "--bootstrap-server", cluster.bootstrap,
-                              "--group", group_id, "--alter", "--add-config", pairs, check=False)
-    return result.stdout + result.stderr
+def set_share_group_offset_reset_strategy(cluster: KafkaCluster, group_id: str, strategy: str) -> bool:
+    """kafkatest's ``kafka.set_share_group_offset_reset_strategy``: ``kafka-configs --group <id> --alter
+    --add-config share.auto.offset.reset=<strategy>`` through Kafka's own tool; whether it completed."""
+    result = cluster.run_tool("kafka.admin.ConfigCommand", "--bootstrap-server", cluster.bootstrap, "--group",
+                              group_id, "--alter", "--add-config", f"share.auto.offset.reset={strategy}", check=False)
+    return "Completed" in result.stdout
+
+
+def isr_sizes(cluster: KafkaCluster, topic: str) -> list[int]:
+    """The in-sync replica count of each of ``topic``'s partitions (kafkatest's ``isr_idx_list``)."""
+    try:
+        states = partition_states(cluster, topic)
+    except KafkaException:
+        return []
+    return [len(isr) for (_, _), (_, isr, _) in sorted(states.items())]
+
+
+def all_partitions_have_a_leader(cluster: KafkaCluster, topic: str) -> bool:
+    try:
+        states = partition_states(cluster, topic)
+    except KafkaException:
+        return False
+    return bool(states) and all(leader >= 0 for leader, _, _ in states.values())

@@ -21,7 +21,7 @@ CLASSIC_ASSIGNORS = [f"org.apache.kafka.clients.consumer.{name}" for name in
 #: kafkatest's two ``@matrix``es: each classic assignor, and the consumer protocol with each remote
 #: assignor and assignment batching off and on.
 MATRIX = [pytest.param(s, "classic", None, True, id=f"classic-{s.rsplit('.', 1)[1]}") for s in CLASSIC_ASSIGNORS] + [
-    pytest.param(None, "consumer", remote, batching, id=f"consumer-{remote}-batching{batching}")
+    pytest.param(None, "consumer", remote, batching, id=f"consumer-{remote}-{'batching' if batching else 'nobatching'}")
     for remote in ("range", "uniform") for batching in (False, True)
 ]
 

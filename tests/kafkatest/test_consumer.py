@@ -18,7 +18,9 @@ from .services import Scenario, VerifiableConsumer
 PROTOCOLS = ["classic", "consumer"]
 #: kafkatest's ``group_protocol`` x ``enable_assignment_batching`` where it varies batching: both
 #: protocols with it on (the brokers' default), the consumer protocol also with it off.
-WITH_BATCHING = [("classic", True), ("consumer", True), ("consumer", False)]
+WITH_BATCHING = [pytest.param("classic", True, id="classic-batching"),
+                 pytest.param("consumer", True, id="consumer-batching"),
+                 pytest.param("consumer", False, id="consumer-nobatching")]
 pytestmark = pytest.mark.kafkatest_cluster(brokers=2, controllers=1)
 
 
@@ -84,7 +86,7 @@ def test_group_consumption(t: ConsumerTest, group_protocol: str, enable_assignme
 
 
 
-@pytest.mark.parametrize("clean_shutdown", [True])
+@pytest.mark.parametrize("clean_shutdown", [True], ids=["clean"])
 @pytest.mark.parametrize("bounce_mode", ["all", "rolling"])
 @pytest.mark.parametrize(("group_protocol", "enable_assignment_batching"), WITH_BATCHING)
 def test_consumer_bounce(t: ConsumerTest, clean_shutdown: bool, bounce_mode: str, group_protocol: str,
@@ -105,10 +107,10 @@ def test_consumer_bounce(t: ConsumerTest, clean_shutdown: bool, bounce_mode: str
     assert_position_is_total(t, consumer, clean_shutdown)
 
 
-@pytest.mark.parametrize("clean_shutdown", [True])
-@pytest.mark.parametrize("static_membership", [True, False])
+@pytest.mark.parametrize("clean_shutdown", [True], ids=["clean"])
+@pytest.mark.parametrize("static_membership", [True, False], ids=["static", "dynamic"])
 @pytest.mark.parametrize("bounce_mode", ["all", "rolling"])
-@pytest.mark.parametrize("num_bounces", [5])
+@pytest.mark.parametrize("num_bounces", [5], ids=["5bounces"])
 @pytest.mark.parametrize("group_protocol", ["classic"])
 def test_static_consumer_bounce_with_eager_assignment(t: ConsumerTest, clean_shutdown: bool,
                                                       static_membership: bool, bounce_mode: str, num_bounces: int,
@@ -162,7 +164,7 @@ def test_static_consumer_persisted_after_rejoin(t: ConsumerTest, bounce_mode: st
     t.record(consumer, producer)
 
 
-@pytest.mark.parametrize("num_conflict_consumers", [1, 2])
+@pytest.mark.parametrize("num_conflict_consumers", [1, 2], ids=["1conflict", "2conflicts"])
 @pytest.mark.parametrize("fencing_stage", ["stable", "all"])
 @pytest.mark.parametrize("group_protocol", PROTOCOLS)
 def test_fencing_static_consumer(t: ConsumerTest, num_conflict_consumers: int, fencing_stage: str,
@@ -228,11 +230,15 @@ def test_fencing_static_consumer(t: ConsumerTest, num_conflict_consumers: int, f
              original_dead=len(consumer.dead_nodes()))
 
 
-CONSUMER_FAILURE = [(True, "classic", True), (False, "classic", True), (True, "consumer", True),
-                    (False, "consumer", True), (True, "consumer", False)]
+CONSUMER_FAILURE = [
+    pytest.param(autocommit, protocol, batching, id=f"{'auto' if autocommit else 'manual'}commit-{protocol}-"
+                                                    f"{'batching' if batching else 'nobatching'}")
+    for autocommit, protocol, batching in [(True, "classic", True), (False, "classic", True), (True, "consumer", True),
+                                           (False, "consumer", True), (True, "consumer", False)]
+]
 
 
-@pytest.mark.parametrize("clean_shutdown", [True])
+@pytest.mark.parametrize("clean_shutdown", [True], ids=["clean"])
 @pytest.mark.parametrize(("enable_autocommit", "group_protocol", "enable_assignment_batching"), CONSUMER_FAILURE)
 def test_consumer_failure(t: ConsumerTest, clean_shutdown: bool, enable_autocommit: bool, group_protocol: str,
                           enable_assignment_batching: bool) -> None:
@@ -261,8 +267,8 @@ def test_consumer_failure(t: ConsumerTest, clean_shutdown: bool, enable_autocomm
         assert commit == position, f"Last committed offset {commit} did not match last consumed position {position}"
 
 
-@pytest.mark.parametrize("clean_shutdown", [True, False])
-@pytest.mark.parametrize("enable_autocommit", [True, False])
+@pytest.mark.parametrize("clean_shutdown", [True, False], ids=["clean", "sigkill"])
+@pytest.mark.parametrize("enable_autocommit", [True, False], ids=["autocommit", "manualcommit"])
 @pytest.mark.parametrize("group_protocol", PROTOCOLS)
 def test_broker_failure(t: ConsumerTest, clean_shutdown: bool, enable_autocommit: bool, group_protocol: str) -> None:
     """One of the two brokers goes down for good (SIGTERM or SIGKILL): no rebalance, nothing lost."""
