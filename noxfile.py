@@ -78,6 +78,19 @@ def versions(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def kafkatest(session: nox.Session) -> None:
+    """kafkatest's consumer and share-consumer scenarios (tests/kafkatest, docs/kafkatest.md): the full
+    matrix, every scenario with Kafka's Java tools and asyncconsumer on asyncio and trio (hours on
+    two cores).  Extra arguments go to pytest: ``-m kafkatest_ci`` is the CI subset,
+    ``--kafkatest-clients=java`` one client, ``-k`` a scenario.  Each scenario's outcome and figures
+    are appended to build/kafkatest-results.jsonl (``python tests/kafkatest/report.py`` tabulates
+    them); the whole suite (``./dev test``) leaves tests/kafkatest out."""
+    os.makedirs("build", exist_ok=True)
+    session.run("python", "-m", "pytest", "tests/kafkatest", "-rfE",
+                "--kafkatest-results=build/kafkatest-results.jsonl", *session.posargs)
+
+
+@nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
     """ruff check (add --format to also require ruff-format-clean files)."""
     session.run("ruff", "check", *LINT_PATHS)

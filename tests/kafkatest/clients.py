@@ -117,19 +117,25 @@ def java_command(main_class: str, args: list[str], *, log_file: Path | None, log
     ]
 
 
-@functools.cache
 def _check_subcommand(subcommand: str) -> None:
+    problem = _subcommand_problem(subcommand)
+    if problem:
+        raise ClientUnavailable(problem)
+
+
+@functools.cache
+def _subcommand_problem(subcommand: str) -> str:
+    """Why ``python -m asyncconsumer <subcommand>`` cannot run ("" if it can); asked once per run."""
     command = [sys.executable, "-m", "asyncconsumer", subcommand, "--help"]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ClientUnavailable(f"`{' '.join(command[1:])}` could not run: {exc}") from None
+        return f"`{' '.join(command[1:])}` could not run: {exc}"
     if result.returncode != 0 or "--bootstrap-server" not in result.stdout:
         said = (result.stderr or result.stdout).strip().splitlines()[-3:]
-        raise ClientUnavailable(
-            f"asyncconsumer has no working `{subcommand}` command: `python -m asyncconsumer {subcommand} --help` "
-            f"exited {result.returncode}: {' | '.join(said)}"
-        )
+        return (f"asyncconsumer has no working `{subcommand}` command: `python -m asyncconsumer {subcommand} --help` "
+                f"exited {result.returncode}: {' | '.join(said)}")
+    return ""
 
 
 @functools.cache

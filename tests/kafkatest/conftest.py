@@ -83,6 +83,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture
 def scenario(request: pytest.FixtureRequest, cluster_pool: ClusterPool, tmp_path: Path) -> Iterator[Scenario]:
     scale = float(request.config.getoption("--kafkatest-timeout-scale"))
+    client = request.node.callspec.params.get("client") if hasattr(request.node, "callspec") else None
+    if isinstance(client, Client):  # a client that cannot run fails here, before any cluster starts
+        client.check(getattr(request.module, "TOOL", "consumer"))
     cluster = cluster_pool.get(shape_of(request.node))
     run = Scenario(cluster, tmp_path, timeout_scale=scale)
     try:

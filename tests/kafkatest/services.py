@@ -242,7 +242,8 @@ class Service:
             first = self.errors[0]
         raise ScenarioFailure(
             f"{first.member}: {type(first.error).__name__}: {first.error}\n  at event {json.dumps(first.event)}\n"
-            f"  {first.member}'s output (newest last):\n{first.trace}"
+            f"  {first.member}'s output (newest last):\n{first.trace}\n  {self.name} now:\n{self.describe()}\n"
+            f"  logs: {self.directory}"
         ) from first.error
 
     def describe(self) -> str:
@@ -292,7 +293,7 @@ class Scenario:
                 self._wake.wait(min(backoff_sec, deadline - now))
 
     def diagnostics(self, trace_lines: int = 15) -> str:
-        parts = []
+        parts = [f"logs: {self.directory}"]
         for service in self.services:
             parts.append(f"{service.name}:\n{service.describe()}")
             for node in service.nodes:

@@ -32,7 +32,6 @@ def t(scenario: Scenario, client: Client) -> Iterator[ConsumerTest]:
     yield ConsumerTest(scenario, client, topic, num_consumers=3, num_producers=0)
 
 
-@pytest.mark.kafkatest_ci
 @pytest.mark.parametrize(
     ("assignment_strategy", "group_protocol", "group_remote_assignor", "enable_assignment_batching"), MATRIX)
 def test_valid_assignment(t: ConsumerTest, assignment_strategy: str | None, group_protocol: str,

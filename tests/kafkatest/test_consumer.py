@@ -43,7 +43,6 @@ def assert_position_is_total(t: ConsumerTest, consumer: VerifiableConsumer, clea
             f"Current position {position} greater than the total number of consumed records {total}")
 
 
-@pytest.mark.kafkatest_ci
 @pytest.mark.parametrize("group_protocol", PROTOCOLS)
 def test_broker_rolling_bounce(t: ConsumerTest, group_protocol: str) -> None:
     """Bouncing every broker in turn (five times) causes no rebalance and loses nothing."""

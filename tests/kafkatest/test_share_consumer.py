@@ -19,6 +19,7 @@ from .services import Scenario, VerifiableProducer, VerifiableShareConsumer
 pytestmark = [pytest.mark.kafkatest_cluster(brokers=3, controllers=1),
               pytest.mark.parametrize("enable_assignment_batching", [False, True], ids=["nobatching", "batching"])]
 DEFAULT_TIMEOUT_SEC = 600
+TOOL = "share-consumer"
 TOPIC2_REPLICATION = 3
 
 
@@ -76,7 +77,6 @@ def _exactly_once(t: ShareTopics, topic: str, total_messages: int, throughput: i
     consumer.stop_all()
 
 
-@pytest.mark.kafkatest_ci
 def test_share_single_topic_partition(t: ShareTopics, enable_assignment_batching: bool) -> None:
     """100,000 records on one partition: all three consumers get some, each is acknowledged once."""
     _exactly_once(t, t.topic1, total_messages=100000, throughput=500)
