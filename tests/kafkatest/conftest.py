@@ -24,9 +24,8 @@ import pytest
 
 from .clients import CLIENTS, Client
 from .cluster import ClusterPool, Shape
+from .matrix import CI_SUBSET, ci_key
 from .services import Scenario
-
-DEFAULT_SHAPE = Shape(brokers=2, controllers=1)
 
 
 def selected_clients(config: pytest.Config) -> list[Client]:
@@ -58,6 +57,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in ours:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(1200))
+        key, client = ci_key(item)
+        if client in CI_SUBSET.get(key, ()):
+            item.add_marker(pytest.mark.kafkatest_ci)
     order = {id(item): index for index, item in enumerate(items)}
     ours.sort(key=lambda item: (str(shape_of(item)), order[id(item)]))
     slots = iter(ours)
