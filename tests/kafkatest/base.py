@@ -1,8 +1,8 @@
 """kafkatest's test base classes, as helpers over a :class:`Scenario`.
 
 ``ConsumerTest`` is ``VerifiableConsumerTest`` plus ``OffsetValidationTest``'s bounce helpers
-(/work/notes/verifiable-spec.md, sections 4.1 and 4.2); ``ShareConsumerTest`` is
-``VerifiableShareConsumerTest`` plus ``ShareConsumerTest``'s (section 4.3).  The waits keep
+(kafkatest's verifiable_consumer_test.py and consumer_test.py); ``ShareConsumerTest`` is
+``VerifiableShareConsumerTest`` plus ``ShareConsumerTest``'s (share_consumer_test.py).  The waits keep
 kafkatest's figures; :meth:`Scenario.timeout` scales them (``--kafkatest-timeout-scale``).
 """
 
@@ -23,18 +23,37 @@ CONSUMPTION_TIMEOUT_SEC = 35
 PRODUCER_REQUEST_TIMEOUT_SEC = 30
 
 
-class ConsumerTest:
+class KafkaTest:
+    """What kafkatest's consumer and share-consumer test bases share: the scenario, the client
+    under test, a group of its own, and Kafka's producer."""
+
+    def __init__(self, scenario: Scenario, client: Client, *, num_consumers: int,
+                 group_id: str = "test_group_id") -> None:
+        self.scenario = scenario
+        self.kafka: KafkaCluster = scenario.cluster
+        self.client = client
+        self.num_consumers = num_consumers
+        self.group_id = clusters.unique(group_id)
+
+    def setup_producer(self, topic: str, max_messages: int = -1, throughput: int = 500) -> VerifiableProducer:
+        return VerifiableProducer(self.scenario, topic, max_messages=max_messages, throughput=throughput,
+                                  request_timeout_sec=PRODUCER_REQUEST_TIMEOUT_SEC)
+
+    def await_produced_messages(self, producer: VerifiableProducer, min_messages: int = 1000,
+                                timeout_sec: float = 10) -> None:
+        current = producer.num_acked
+        self.scenario.wait_until(lambda: producer.num_acked >= current + min_messages, timeout_sec,
+                                 "Timeout awaiting messages to be produced and acked")
+
+
+class ConsumerTest(KafkaTest):
     """One consumer scenario's topic, group and helpers."""
 
     def __init__(self, scenario: Scenario, client: Client, topic: str, *, num_consumers: int = 1,
                  num_producers: int = 0, group_id: str = "test_group_id") -> None:
-        self.scenario = scenario
-        self.kafka: KafkaCluster = scenario.cluster
-        self.client = client
+        super().__init__(scenario, client, num_consumers=num_consumers, group_id=group_id)
         self.topic = topic
-        self.num_consumers = num_consumers
         self.num_producers = num_producers
-        self.group_id = clusters.unique(group_id)
 
     # -- services ---------------------------------------------------------------------------------------
 
@@ -47,17 +66,7 @@ class ConsumerTest:
             assignment_strategy=assignment_strategy, group_remote_assignor=group_remote_assignor, **kwargs,
         )
 
-    def setup_producer(self, topic: str, max_messages: int = -1, throughput: int = 500) -> VerifiableProducer:
-        return VerifiableProducer(self.scenario, topic, max_messages=max_messages, throughput=throughput,
-                                  request_timeout_sec=PRODUCER_REQUEST_TIMEOUT_SEC)
-
     # -- waits ------------------------------------------------------------------------------------------
-
-    def await_produced_messages(self, producer: VerifiableProducer, min_messages: int = 1000,
-                                timeout_sec: float = 10) -> None:
-        current = producer.num_acked
-        self.scenario.wait_until(lambda: producer.num_acked >= current + min_messages, timeout_sec,
-                                 "Timeout awaiting messages to be produced and acked")
 
     def await_consumed_messages(self, consumer: VerifiableConsumer, min_messages: int = 1) -> None:
         current = consumer.total_consumed()
@@ -145,31 +154,17 @@ class ConsumerTest:
         self.scenario.figures.update(figures)
 
 
-class ShareConsumerTest:
+class ShareConsumerTest(KafkaTest):
     """One share-consumer scenario's topics, group and helpers (``VerifiableShareConsumerTest``)."""
 
     def __init__(self, scenario: Scenario, client: Client, *, num_consumers: int = 3,
                  group_id: str = "test_group_id") -> None:
-        self.scenario = scenario
-        self.kafka: KafkaCluster = scenario.cluster
-        self.client = client
-        self.num_consumers = num_consumers
-        self.group_id = clusters.unique(group_id)
+        super().__init__(scenario, client, num_consumers=num_consumers, group_id=group_id)
 
     def setup_share_group(self, topic: str, acknowledgement_mode: str = "auto", **kwargs: Any
                           ) -> VerifiableShareConsumer:
         return VerifiableShareConsumer(self.scenario, self.num_consumers, topic, self.group_id, client=self.client,
                                        acknowledgement_mode=acknowledgement_mode, **kwargs)
-
-    def setup_producer(self, topic: str, max_messages: int = -1, throughput: int = 500) -> VerifiableProducer:
-        return VerifiableProducer(self.scenario, topic, max_messages=max_messages, throughput=throughput,
-                                  request_timeout_sec=PRODUCER_REQUEST_TIMEOUT_SEC)
-
-    def await_produced_messages(self, producer: VerifiableProducer, min_messages: int = 1000,
-                                timeout_sec: float = 10) -> None:
-        current = producer.num_acked
-        self.scenario.wait_until(lambda: producer.num_acked >= current + min_messages, timeout_sec,
-                                 "Timeout awaiting messages to be produced and acked")
 
     def await_consumed_messages(self, consumer: VerifiableShareConsumer, min_messages: int = 1,
                                 timeout: float = 10) -> None:

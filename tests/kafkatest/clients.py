@@ -2,7 +2,7 @@
 
 A client is anything that takes the flags of Kafka's ``VerifiableConsumer`` (or
 ``VerifiableShareConsumer``) and prints their JSON events on stdout, one per line
-(/work/notes/verifiable-spec.md, sections 1, 2 and 7).  Three are known:
+(docs/kafkatest.md).  Three are known:
 
 - ``java``: Kafka's own tools, run from the jars ``asyncconsumer.testing.kafka.kafka_libs()``
   downloads (the same release as the test brokers).  They calibrate the driver: a scenario that

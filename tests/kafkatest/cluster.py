@@ -13,13 +13,12 @@ group timers otherwise (the table in docs/kafkatest.md lists every difference).
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient
+from support.cluster import heal, wait_in_sync
 
 from asyncconsumer.testing import KafkaCluster, KafkaNode
 from asyncconsumer.testing.producer import create_topic
@@ -97,7 +96,7 @@ def unique(prefix: str) -> str:
 
 def new_topic(cluster: KafkaCluster, prefix: str, partitions: int, replication_factor: int) -> str:
     name = create_topic(cluster.bootstrap, unique(prefix), partitions, replication_factor=replication_factor)
-    wait_isr(cluster, name, lambda isr, replicas: len(isr) == len(replicas))
+    wait_in_sync(cluster)
     return name
 
 
@@ -112,35 +111,6 @@ def partition_states(cluster: KafkaCluster, topic: str | None = None) -> dict[tu
         for t in md.topics.values() if t.error is None
         for p in t.partitions.values()
     }
-
-
-def wait_isr(cluster: KafkaCluster, topic: str | None, ready: Any, timeout: float = 90.0) -> None:
-    """Until ``ready(isr, replicas)`` and a leader for every partition of ``topic`` (None: of all topics)."""
-    deadline = time.monotonic() + timeout
-    problem = "no metadata yet"
-    while time.monotonic() < deadline:
-        try:
-            states = partition_states(cluster, topic)
-        except KafkaException as exc:
-            problem = str(exc)
-        else:
-            lagging = {tp: s for tp, s in states.items() if s[0] < 0 or not ready(s[1], s[2])}
-            if states and not lagging:
-                return
-            problem = f"{len(lagging)} partitions not ready: " + ", ".join(
-                f"{t}-{p} leader={s[0]} isr={s[1]} replicas={s[2]}" for (t, p), s in list(lagging.items())[:5])
-        time.sleep(0.2)
-    raise TimeoutError(f"cluster not ready after {timeout}s: {problem}")
-
-
-def heal(cluster: KafkaCluster, timeout: float = 120.0) -> None:
-    """Start every broker that is down again and wait until all replicas are in sync."""
-    down = [node for node in cluster.nodes if not node.alive]
-    for node in down:
-        node.launch()
-    if down:
-        cluster.wait_ready(timeout)
-    wait_isr(cluster, None, lambda isr, replicas: len(isr) == len(replicas), timeout)
 
 
 def restart_broker(node: KafkaNode, *, clean_shutdown: bool = True, timeout: float = 120.0) -> None:

@@ -2,7 +2,7 @@
 
 A handler follows one member's JSON events (startup, assignment, revocation, consumption,
 commits, shutdown) and asserts at every event what kafkatest's handlers assert
-(/work/notes/verifiable-spec.md, section 3.2).  The three handler kinds differ only in what an
+(kafkatest's services/verifiable_consumer.py).  The three handler kinds differ only in what an
 assignment and a revocation do; that difference is data (:class:`Kind`), the rest is shared:
 
 ==================  ==========================  ==========================================
@@ -103,10 +103,10 @@ class ConsumerHandler:
 
     # -- events -------------------------------------------------------------------------------------
 
-    def handle_startup_complete(self) -> None:
+    def handle_startup_complete(self, event: Mapping[str, Any] | None = None) -> None:
         self.state = ConsumerState.STARTED
 
-    def handle_shutdown_complete(self) -> None:
+    def handle_shutdown_complete(self, event: Mapping[str, Any] | None = None) -> None:
         self.state = ConsumerState.DEAD
         self.assignment = []
         self.position = {}
@@ -186,7 +186,7 @@ class ShareConsumerState(enum.Enum):
 
 @dataclass
 class ShareConsumerHandler:
-    """kafkatest's share-consumer bookkeeping: counts only, no assertions (section 3.3)."""
+    """kafkatest's share-consumer bookkeeping: counts only, no assertions."""
 
     idx: int
     state: ShareConsumerState = ShareConsumerState.DEAD
@@ -201,10 +201,10 @@ class ShareConsumerHandler:
     def restarted(self) -> ShareConsumerHandler:
         return self  # kafkatest keeps one share handler per node across restarts
 
-    def handle_startup_complete(self) -> None:
+    def handle_startup_complete(self, event: Mapping[str, Any] | None = None) -> None:
         self.state = ShareConsumerState.STARTED
 
-    def handle_shutdown_complete(self) -> None:
+    def handle_shutdown_complete(self, event: Mapping[str, Any] | None = None) -> None:
         self.state = ShareConsumerState.DEAD
 
     def handle_offsets_acknowledged(self, event: Mapping[str, Any]) -> None:

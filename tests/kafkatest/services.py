@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from .clients import JAVA, Client, Tool
 from .handlers import (
@@ -163,11 +163,23 @@ class Service:
 
     # -- subclass hooks -----------------------------------------------------------------------------
 
+    #: Event name -> (the member handler's method, then the service's own), by name; either may be
+    #: None.  Other events are ignored (kafkatest logs them at debug level).
+    routes: ClassVar[Mapping[str, tuple[str | None, str | None]]] = {}
+
     def args(self, node: Member) -> list[str]:
         raise NotImplementedError
 
+    def handler(self, node: Member) -> Any:
+        """The member's handler (kafkatest's per-node event handler), if the service keeps one."""
+        return None
+
     def dispatch(self, node: Member, event: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        handler_method, service_method = self.routes.get(event["name"], (None, None))
+        if handler_method is not None:
+            getattr(self.handler(node), handler_method)(event)
+        if service_method is not None:
+            getattr(self, service_method)(event, node)
 
     def before_start(self, node: Member) -> None:
         """The member's bookkeeping for a new process (kafkatest's ``_worker`` prologue)."""
@@ -309,7 +321,7 @@ class Scenario:
 
 
 class VerifiableConsumer(Service):
-    """kafkatest's ``VerifiableConsumer`` service (section 3.2 of the spec): per-member handlers,
+    """kafkatest's ``VerifiableConsumer`` service (kafkatest's services/verifiable_consumer.py): per-member handlers,
     plus the group-wide positions and commits, checked at every event."""
 
     tool: Tool = "consumer"
@@ -392,33 +404,28 @@ class VerifiableConsumer(Service):
         args += ["--command-config", str(self.directory / f"{self.name}.properties")]
         return args
 
-    def dispatch(self, node: Member, event: Mapping[str, Any]) -> None:
-        handler = self.handlers[node.idx]
-        name = event["name"]
-        if name == "shutdown_complete":
-            handler.handle_shutdown_complete()
-        elif name == "startup_complete":
-            handler.handle_startup_complete()
-        elif name == "offsets_committed":
-            handler.handle_offsets_committed(event)
-            self._update_global_committed(event)
-        elif name == "records_consumed":
-            handler.handle_records_consumed(event)
-            self._update_global_position(event)
-        elif name == "record_data":
-            if self.on_record_consumed is not None:
-                self.on_record_consumed(event, node)
-        elif name == "partitions_revoked":
-            handler.handle_partitions_revoked(event)
-        elif name == "partitions_assigned":
-            handler.handle_partitions_assigned(event)
-        # shutdown_requested and unknown events: kafkatest logs them at debug level only
+    routes: ClassVar[Mapping[str, tuple[str | None, str | None]]] = {
+        "startup_complete": ("handle_startup_complete", None),
+        "shutdown_complete": ("handle_shutdown_complete", None),
+        "partitions_assigned": ("handle_partitions_assigned", None),
+        "partitions_revoked": ("handle_partitions_revoked", None),
+        "records_consumed": ("handle_records_consumed", "_update_global_position"),
+        "offsets_committed": ("handle_offsets_committed", "_update_global_committed"),
+        "record_data": (None, "_record_data"),
+    }
+
+    def handler(self, node: Member) -> ConsumerHandler:
+        return self.handlers[node.idx]
+
+    def _record_data(self, event: Mapping[str, Any], node: Member) -> None:
+        if self.on_record_consumed is not None:
+            self.on_record_consumed(event, node)
 
     def handle_kill(self, node: Member, clean_shutdown: bool) -> None:
         if node.idx in self.handlers:
             self.handlers[node.idx].handle_kill_process(clean_shutdown)
 
-    def _update_global_position(self, event: Mapping[str, Any]) -> None:
+    def _update_global_position(self, event: Mapping[str, Any], node: Member) -> None:
         for entry in event["partitions"]:
             tp = TopicPartition(entry["topic"], entry["partition"])
             committed = self.global_committed.get(tp)
@@ -432,7 +439,7 @@ class VerifiableConsumer(Service):
                                               f"but instead saw {entry['minOffset']}")
             self.global_position[tp] = entry["maxOffset"] + 1
 
-    def _update_global_committed(self, event: Mapping[str, Any]) -> None:
+    def _update_global_committed(self, event: Mapping[str, Any], node: Member) -> None:
         if not event["success"]:
             return
         for entry in event["offsets"]:
@@ -531,7 +538,7 @@ class VerifiableConsumer(Service):
 
 
 class VerifiableShareConsumer(Service):
-    """kafkatest's ``VerifiableShareConsumer`` service (section 3.3): counts, no per-event checks."""
+    """kafkatest's ``VerifiableShareConsumer`` service: counts, no per-event checks."""
 
     tool: Tool = "share-consumer"
     name = "share_consumer"
@@ -577,28 +584,24 @@ class VerifiableShareConsumer(Service):
         args += ["--command-config", str(self.directory / f"{self.name}.properties")]
         return args
 
-    def dispatch(self, node: Member, event: Mapping[str, Any]) -> None:
-        handler = self.handlers[node.idx]
-        name = event["name"]
-        if name == "shutdown_complete":
-            handler.handle_shutdown_complete()
-        elif name == "startup_complete":
-            handler.handle_startup_complete()
-        elif name == "offsets_acknowledged":
-            handler.handle_offsets_acknowledged(event)
-            self._update_global(event, acknowledged=True)
-        elif name == "records_consumed":
-            handler.handle_records_consumed(event)
-            self._update_global(event, acknowledged=False)
+    routes: ClassVar[Mapping[str, tuple[str | None, str | None]]] = {
+        "startup_complete": ("handle_startup_complete", None),
+        "shutdown_complete": ("handle_shutdown_complete", None),
+        "records_consumed": ("handle_records_consumed", "_update_global_consumed"),
+        "offsets_acknowledged": ("handle_offsets_acknowledged", "_update_global_acknowledged"),
+    }
 
-    def _update_global(self, event: Mapping[str, Any], *, acknowledged: bool) -> None:
-        keys = {f"{p['topic']}-{p['partition']}-{offset}" for p in event["partitions"] for offset in p["offsets"]}
-        if not acknowledged:
-            self.total_records_consumed += event["count"]
-            self.consumed_records_offsets |= keys
-        elif event["success"]:
+    def handler(self, node: Member) -> ShareConsumerHandler:
+        return self.handlers[node.idx]
+
+    def _update_global_consumed(self, event: Mapping[str, Any], node: Member) -> None:
+        self.total_records_consumed += event["count"]
+        self.consumed_records_offsets |= _offset_keys(event)
+
+    def _update_global_acknowledged(self, event: Mapping[str, Any], node: Member) -> None:
+        if event["success"]:
             self.total_records_acknowledged += event["count"]
-            self.acknowledged_records_offsets |= keys
+            self.acknowledged_records_offsets |= _offset_keys(event)
         else:
             self.total_records_acknowledged_failed += event["count"]
 
@@ -689,18 +692,23 @@ class VerifiableProducer(Service):
             args += ["--throughput", str(self.throughput)]
         return [*args, "--command-config", str(self.directory / "producer.properties")]
 
-    def dispatch(self, node: Member, event: Mapping[str, Any]) -> None:
-        name = event["name"]
-        if name == "producer_send_success":
-            self.acked_values.append(int(event["value"]))  # kafkatest's is_int validator
-            tp = TopicPartition(event["topic"], event["partition"])
-            self.last_acked_offsets[tp] = event["offset"]
-        elif name == "producer_send_error":
-            self.not_acked_values.append(int(event["value"]))
-        elif name == "shutdown_complete":
-            self.shutdowns += 1
-            if self.shutdowns > 1:
-                raise RuntimeError(f"{node}: a second shutdown_complete")
+    routes: ClassVar[Mapping[str, tuple[str | None, str | None]]] = {
+        "producer_send_success": (None, "_acked"),
+        "producer_send_error": (None, "_not_acked"),
+        "shutdown_complete": (None, "_shutdown_complete"),
+    }
+
+    def _acked(self, event: Mapping[str, Any], node: Member) -> None:
+        self.acked_values.append(int(event["value"]))  # kafkatest's is_int validator
+        self.last_acked_offsets[TopicPartition(event["topic"], event["partition"])] = event["offset"]
+
+    def _not_acked(self, event: Mapping[str, Any], node: Member) -> None:
+        self.not_acked_values.append(int(event["value"]))
+
+    def _shutdown_complete(self, event: Mapping[str, Any], node: Member) -> None:
+        self.shutdowns += 1
+        if self.shutdowns > 1:
+            raise RuntimeError(f"{node}: a second shutdown_complete")
 
     @property
     def num_acked(self) -> int:
@@ -723,3 +731,7 @@ class VerifiableProducer(Service):
             return (f"  acked={len(self.acked_values)} not acked={len(self.not_acked_values)} "
                     f"last acked offsets={dict(self.last_acked_offsets)}\n" + super().describe())
 
+
+def _offset_keys(event: Mapping[str, Any]) -> set[str]:
+    """kafkatest's ``"<topic>-<partition>-<offset>"`` key of every offset a share event lists."""
+    return {f"{p['topic']}-{p['partition']}-{offset}" for p in event["partitions"] for offset in p["offsets"]}

@@ -41,10 +41,14 @@ def t(scenario: Scenario, client: Client) -> Iterator[ShareTopics]:
     yield test
 
 
-def assert_all_consumed(t: ShareTopics, consumer: VerifiableShareConsumer, producer: VerifiableProducer) -> None:
+def finish(t: ShareTopics, consumer: VerifiableShareConsumer, producer: VerifiableProducer) -> None:
+    """The producer stopped, every record it got acked must be consumed; then the consumers stop."""
+    producer.stop()
     t.await_unique_consumed_messages(consumer, min_messages=producer.num_acked, timeout=DEFAULT_TIMEOUT_SEC)
     unique, acked = consumer.total_unique_consumed(), producer.num_acked
+    t.record(consumer, producer)
     assert unique >= acked, f"Total unique consumed {unique} is less than the total acked {acked}"
+    consumer.stop_all()
 
 
 def start_and_consume(t: ShareTopics, topic: str) -> tuple[VerifiableProducer, VerifiableShareConsumer]:
@@ -94,10 +98,7 @@ def test_broker_rolling_bounce(t: ShareTopics, clean_shutdown: bool, enable_assi
     t.rolling_bounce_brokers(t.topic2, TOPIC2_REPLICATION, num_bounces=1, clean_shutdown=clean_shutdown,
                              timeout=DEFAULT_TIMEOUT_SEC)
     t.await_consumed_messages(consumer, min_messages=1000, timeout=DEFAULT_TIMEOUT_SEC)
-    producer.stop()
-    assert_all_consumed(t, consumer, producer)
-    t.record(consumer, producer)
-    consumer.stop_all()
+    finish(t, consumer, producer)
 
 
 @pytest.mark.parametrize("clean_shutdown", [True, False], ids=["clean", "sigkill"])
@@ -109,10 +110,7 @@ def test_broker_failure(t: ShareTopics, clean_shutdown: bool, num_failed_brokers
     t.fail_brokers(t.topic2, TOPIC2_REPLICATION, num_brokers=num_failed_brokers, clean_shutdown=clean_shutdown,
                    timeout=DEFAULT_TIMEOUT_SEC)
     t.await_consumed_messages(consumer, min_messages=1000, timeout=DEFAULT_TIMEOUT_SEC)
-    producer.stop()
-    assert_all_consumed(t, consumer, producer)
-    t.record(consumer, producer)
-    consumer.stop_all()
+    finish(t, consumer, producer)
 
 
 @pytest.mark.parametrize("clean_shutdown", [True, False], ids=["clean", "sigkill"])
@@ -125,10 +123,7 @@ def test_share_consumer_bounce(t: ShareTopics, clean_shutdown: bool, bounce_mode
         t.bounce_all_share_consumers(consumer, clean_shutdown=clean_shutdown, timeout=DEFAULT_TIMEOUT_SEC)
     else:
         t.rolling_bounce_share_consumers(consumer, clean_shutdown=clean_shutdown, timeout=DEFAULT_TIMEOUT_SEC)
-    producer.stop()
-    assert_all_consumed(t, consumer, producer)
-    t.record(consumer, producer)
-    consumer.stop_all()
+    finish(t, consumer, producer)
 
 
 @pytest.mark.parametrize("clean_shutdown", [True, False], ids=["clean", "sigkill"])
@@ -140,7 +135,4 @@ def test_share_consumer_failure(t: ShareTopics, clean_shutdown: bool, num_failed
     t.fail_share_consumers(consumer, num_failed_consumers, clean_shutdown=clean_shutdown,
                            timeout=DEFAULT_TIMEOUT_SEC)
     t.await_consumed_messages(consumer, min_messages=1000, timeout=DEFAULT_TIMEOUT_SEC)
-    producer.stop()
-    assert_all_consumed(t, consumer, producer)
-    t.record(consumer, producer)
-    consumer.stop_all()
+    finish(t, consumer, producer)

@@ -58,7 +58,7 @@ def wait_in_sync(cluster: KafkaCluster, timeout: float = 90.0) -> None:
                 for p in t.partitions.values()
                 if len(p.isrs) < len(p.replicas) or p.leader < 0
             ]
-            if len(md.brokers) == 3 and not lagging:
+            if len(md.brokers) == len(cluster.nodes) and not lagging:
                 return
             problem = f"{len(md.brokers)} brokers; " + ", ".join(lagging[:5])
         time.sleep(0.2)

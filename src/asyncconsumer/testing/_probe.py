@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from collections.abc import Callable
 
 from ..protocol import api
 
@@ -57,29 +58,34 @@ def wait_for_metadata(
     """Poll until the broker answers Metadata listing ``expect_nodes`` brokers; returns the seconds
     it took.  ``alive`` (a callable) is asked between attempts; when it returns a message, waiting
     stops with ``RuntimeError(message)``.  Raises ``TimeoutError`` naming the last failure."""
-    start = time.monotonic()
-    deadline = start + timeout
-    last: str = "no answer yet"
-    while time.monotonic() < deadline:
-        if callable(alive):
-            gone = alive()
-            if gone:
-                raise RuntimeError(str(gone))
+
+    def attempt(budget: float) -> str | None:
         try:
-            brokers = metadata_brokers(host, port, timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+            brokers = metadata_brokers(host, port, timeout=budget)
         except (OSError, ConnectionError, ValueError, api.ProtocolDecodeError) as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        else:
-            if len(brokers) >= expect_nodes:
-                return time.monotonic() - start
-            last = f"metadata lists {len(brokers)} of {expect_nodes} brokers"
-        time.sleep(0.05)
-    raise TimeoutError(f"{host}:{port} did not answer Metadata within {timeout:.0f}s ({last})")
+            return f"{type(exc).__name__}: {exc}"
+        return None if len(brokers) >= expect_nodes else f"metadata lists {len(brokers)} of {expect_nodes} brokers"
+
+    return _poll(attempt, timeout, alive, f"{host}:{port} did not answer Metadata")
 
 
 def wait_for_port(host: str, port: int, *, timeout: float, alive: object = None) -> float:
     """Poll until ``host:port`` accepts a TCP connection (a KRaft controller's listener, which
     answers no Metadata); returns the seconds it took.  ``alive`` as for :func:`wait_for_metadata`."""
+
+    def attempt(budget: float) -> str | None:
+        try:
+            with socket.create_connection((host, port), timeout=budget):
+                return None
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    return _poll(attempt, timeout, alive, f"{host}:{port} did not accept a connection")
+
+
+def _poll(attempt: Callable[[float], str | None], timeout: float, alive: object, failure: str) -> float:
+    """Call ``attempt(seconds it may take)`` until it returns None (ready) instead of what went
+    wrong, for at most ``timeout`` seconds."""
     start = time.monotonic()
     deadline = start + timeout
     last = "no answer yet"
@@ -88,10 +94,9 @@ def wait_for_port(host: str, port: int, *, timeout: float, alive: object = None)
             gone = alive()
             if gone:
                 raise RuntimeError(str(gone))
-        try:
-            with socket.create_connection((host, port), timeout=min(2.0, max(0.1, deadline - time.monotonic()))):
-                return time.monotonic() - start
-        except OSError as exc:
-            last = f"{type(exc).__name__}: {exc}"
+        problem = attempt(min(2.0, max(0.1, deadline - time.monotonic())))
+        if problem is None:
+            return time.monotonic() - start
+        last = problem
         time.sleep(0.05)
-    raise TimeoutError(f"{host}:{port} did not accept a connection within {timeout:.0f}s ({last})")
+    raise TimeoutError(f"{failure} within {timeout:.0f}s ({last})")
