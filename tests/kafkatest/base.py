@@ -210,7 +210,7 @@ class ShareConsumerTest(KafkaTest):
     def fail_brokers(self, topic: str, replication_factor: int, num_brokers: int = 1, clean_shutdown: bool = True,
                      timeout: float = 60) -> None:
         for i in range(num_brokers):
-            clusters.signal_broker(self.kafka.nodes[i], clean_shutdown)
+            clusters.signal_broker(self.scenario, self.kafka.nodes[i], clean_shutdown)
             expected = replication_factor - (i + 1)
 
             def shrunk(expected: int = expected) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import ConsumerGroupState, KafkaException
 from confluent_kafka.admin import AdminClient
@@ -123,9 +124,11 @@ def restart_broker(node: KafkaNode, *, clean_shutdown: bool = True, timeout: flo
     node.restart(timeout=timeout)
 
 
-def signal_broker(node: KafkaNode, clean_shutdown: bool) -> None:
-    """kafkatest's ``kafka.signal_node``: SIGTERM or SIGKILL, not waiting for the exit."""
+def signal_broker(scenario: Any, node: KafkaNode, clean_shutdown: bool) -> None:
+    """kafkatest's ``kafka.signal_node``: SIGTERM or SIGKILL, not waiting for the exit.  The scenario
+    waits for it at its end (a broker still shutting down cannot be started again by the next test)."""
     assert node.process is not None
+    scenario.brokers_signalled.append(node)
     if clean_shutdown:
         node.process.terminate()
     else:

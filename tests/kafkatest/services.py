@@ -274,6 +274,8 @@ class Scenario:
         self.services: list[Service] = []
         self.began = time.monotonic()
         self.figures: dict[str, Any] = {}
+        #: Brokers sent a signal (``cluster.signal_broker``): waited for at the end.
+        self.brokers_signalled: list[Any] = []
         self._wake = threading.Condition()
 
     def timeout(self, seconds: float) -> float:
@@ -315,6 +317,8 @@ class Scenario:
     def close(self) -> None:
         for service in self.services:
             service.cleanup()
+        for node in self.brokers_signalled:
+            node.stop()  # until it has exited (SIGKILL after 30 s), so that it can start again
 
 
 # ---------------------------------------------------------------------------------------- consumer

@@ -279,7 +279,7 @@ def test_broker_failure(t: ConsumerTest, clean_shutdown: bool, enable_autocommit
     t.await_all_members(consumer)
     t.await_all_members_stabilized(t.topic, 1, consumer, timeout_sec=60)
     num_rebalances = consumer.num_rebalances()
-    clusters.signal_broker(t.kafka.nodes[0], clean_shutdown)
+    clusters.signal_broker(t.scenario, t.kafka.nodes[0], clean_shutdown)
     t.await_consumed_messages(consumer, min_messages=1000)
     t.record(consumer, producer)
     assert consumer.num_rebalances() == num_rebalances, "Broker failure should not cause a rebalance"
