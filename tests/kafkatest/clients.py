@@ -54,6 +54,20 @@ rootLogger.appenderRef.file.ref = FILE
 """
 
 
+#: A source tree (its ``src`` directory) to run the asyncconsumer clients from instead of the installed
+#: package, for instance another branch's worktree: ``KAFKATEST_ASYNCCONSUMER_SRC=/path/to/src``.
+#: Only the client processes use it; the driver and the brokers stay this checkout's.
+SOURCE_ENV = "KAFKATEST_ASYNCCONSUMER_SRC"
+
+
+def _asyncconsumer_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    source = env.get(SOURCE_ENV)
+    if source:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
+    return env
+
+
 class ClientUnavailable(RuntimeError):
     """The client cannot run the tool (asyncconsumer without the subcommand, say); the message says why."""
 
@@ -80,7 +94,7 @@ class Client:
 
     def environment(self, *, log_dir: Path) -> dict[str, str]:
         """The environment kafkatest gives a client: ``LOG_DIR`` (and empty ``KAFKA_OPTS``)."""
-        env = dict(os.environ)
+        env = _asyncconsumer_environment() if self.kind == "asyncconsumer" else dict(os.environ)
         env.update(LOG_DIR=str(log_dir), KAFKA_OPTS="")
         return env
 
@@ -128,10 +142,11 @@ def _subcommand_problem(subcommand: str) -> str:
     """Why ``python -m asyncconsumer <subcommand>`` cannot run ("" if it can); asked once per run."""
     command = [sys.executable, "-m", "asyncconsumer", subcommand, "--help"]
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                                env=_asyncconsumer_environment())
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"`{' '.join(command[1:])}` could not run: {exc}"
-    if result.returncode != 0 or "--bootstrap-server" not in result.stdout:
+    if "--bootstrap-server" not in result.stdout:  # the usage, on stdout (Kafka's tools exit 1 after -h)
         said = (result.stderr or result.stdout).strip().splitlines()[-3:]
         return (f"asyncconsumer has no working `{subcommand}` command: `python -m asyncconsumer {subcommand} --help` "
                 f"exited {result.returncode}: {' | '.join(said)}")
@@ -146,5 +161,6 @@ def _usage(client: Client, tool: Tool) -> str:
     else:
         client.check(tool)
         command = [sys.executable, "-m", "asyncconsumer", SUBCOMMANDS[tool], "--help"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    env = _asyncconsumer_environment() if client.kind == "asyncconsumer" else None
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env)
     return result.stdout + result.stderr
