@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 CLIENTS = ("java", "asyncconsumer-asyncio", "asyncconsumer-trio")
-MODULES = {"test_consumer.py": 0, "test_assignment.py": 1, "test_share_consumer.py": 2}
+#: Test module -> the heading of its table, in this order.
+MODULES = {
+    "test_consumer.py": "OffsetValidationTest (test_consumer.py)",
+    "test_assignment.py": "AssignmentValidationTest (test_assignment.py)",
+    "test_share_consumer.py": "ShareConsumerTest (test_share_consumer.py)",
+}
 
 
 def cell(row: dict[str, Any]) -> str:
@@ -41,20 +46,24 @@ def variant(nodeid: str, client: str) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    """One markdown table per test module, under a heading."""
     latest: dict[str, dict[str, Any]] = {}
     for row in rows:
         latest[row["test"]] = row
-    grid: dict[tuple[int, str, str], dict[str, str]] = {}
+    grids: dict[str, dict[tuple[str, str], dict[str, str]]] = {}
     for nodeid, row in latest.items():
         client = str(row["params"].get("client", ""))
         module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-        key = (MODULES.get(module, 9), row["scenario"].removeprefix("test_"), variant(nodeid, client))
-        grid.setdefault(key, {})[client] = cell(row)
-    lines = ["| scenario | parameters | " + " | ".join(CLIENTS) + " |",
-             "|---|---|" + "---|" * len(CLIENTS)]
-    for (_, scenario, params), cells in sorted(grid.items()):
-        lines.append(f"| {scenario} | {params} | " + " | ".join(cells.get(c, "not run") for c in CLIENTS) + " |")
-    return "\n".join(lines)
+        key = (row["scenario"].removeprefix("test_"), variant(nodeid, client))
+        grids.setdefault(module, {}).setdefault(key, {})[client] = cell(row)
+    sections = []
+    for module in sorted(grids, key=lambda m: list(MODULES).index(m) if m in MODULES else len(MODULES)):
+        lines = [f"### {MODULES.get(module, module)}", "",
+                 "| scenario | parameters | " + " | ".join(CLIENTS) + " |", "|---|---|" + "---|" * len(CLIENTS)]
+        for (scenario, params), cells in sorted(grids[module].items()):
+            lines.append(f"| {scenario} | {params} | " + " | ".join(cells.get(c, "not run") for c in CLIENTS) + " |")
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections)
 
 
 def main(paths: list[str]) -> None:
