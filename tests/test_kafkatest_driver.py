@@ -206,9 +206,10 @@ def test_a_correct_member_is_followed_live_and_stops_on_sigterm(tmp_path: Path) 
                                   assignment_strategy="org.apache.kafka.clients.consumer.RangeAssignor")
     try:
         consumer.start(timeout_sec=60)
-        scenario.wait_until(lambda: consumer.total_consumed() == 20, 30, "the member's records never arrived")
-        assert consumer.current_position(TopicPartition(TOPIC, 0)) == 20
-        assert consumer.last_commit(TopicPartition(TOPIC, 0)) == 20
+        scenario.wait_until(lambda: consumer.last_commit(TopicPartition(TOPIC, 0)) == 20, 30,
+                            "the member's last commit never arrived")
+        assert consumer.current_position(TopicPartition(TOPIC, 0)) == consumer.total_consumed() == 20
+        assert (tmp_path / "consumer" / "consumer-1.stdout").read_text().count('"name": "records_consumed"') == 2
         consumer.stop_all()
         assert consumer.dead_nodes() == consumer.nodes and consumer.nodes[0].exit_codes == [0]
         assert consumer.handlers[1].revoked_count == 1 and consumer.handlers[1].shutdown_complete

@@ -104,7 +104,12 @@ class Member:
         self.reader.start()
 
     def note(self, text: str) -> None:
-        self.trace.append((time.monotonic() - self.service.scenario.began, text))
+        """Keep a line of the member's story: in the trace, and in ``<member>.stdout`` beside its logs
+        (every line, with the seconds since the scenario began: kafkatest's stdout capture)."""
+        at = time.monotonic() - self.service.scenario.began
+        self.trace.append((at, text))
+        with open(self.service.directory / f"{self}.stdout", "a") as out:
+            out.write(f"{at:9.3f}  {text}\n")
 
     def _read(self, process: subprocess.Popen[bytes], stdout: IO[bytes]) -> None:
         for raw in stdout:
