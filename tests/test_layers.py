@@ -33,10 +33,11 @@ LAYERS = ("base", "protocol", "managers", "engine", "app", "integrations")
 #: The first component under ``asyncconsumer`` -> its layer ("" is the package itself).
 PLACES = {
     "_version": "base", "errors": "base", "_broker_errors": "base", "structs": "base", "listener": "base",
-    "_args": "base", "metrics": "base", "_logging": "base", "_runtime": "base",
+    "_args": "base", "metrics": "base", "_logging": "base", "_runtime": "base", "java_properties": "base",
+    "tls_stores": "base",
     "protocol": "protocol",
     "managers": "managers", "assignors": "managers",
-    "engine": "engine", "config": "engine",
+    "engine": "engine", "config": "engine", "oauth": "engine",
     "app": "app", "consumer": "app", "share": "app", "streams": "app", "": "app", "otel": "app",
     "prometheus": "app",
     "spark": "integrations", "testing": "integrations", "demo": "integrations", "cli": "integrations",

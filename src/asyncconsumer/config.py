@@ -17,10 +17,11 @@ import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeAlias, TypedDict, get_args, runtime_checkable
 
-from . import java_properties
 from ._args import INT32_MAX, INT64_MAX, protocol_string_error
 from .assignors import ASSIGNORS
 from .errors import ConfigError, ConfigTypeError
+from .java_properties import IGNORED, JAVA_CONSUMER_PROPERTIES, REJECTED
+from .structs import OAuthBearerToken
 
 Deserializer = Callable[[bytes], Any]
 
@@ -35,22 +36,6 @@ SASL_MECHANISMS: tuple[SaslMechanism, ...] = get_args(SaslMechanism)
 OFFSET_RESETS: tuple[OffsetReset, ...] = get_args(OffsetReset)
 ISOLATION_LEVELS: tuple[IsolationLevel, ...] = get_args(IsolationLevel)
 GROUP_PROTOCOLS: tuple[GroupProtocol, ...] = get_args(GroupProtocol)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class OAuthBearerToken:
-    """An OAUTHBEARER token with what the client needs to know about it.
-
-    ``value`` is the token itself (typically a JWT).  ``expires_at`` is its expiry as a Unix time in
-    seconds (a JWT's ``exp`` claim; for a plain string token the client reads ``exp`` itself when the
-    token is a JWT): the client asks the provider for a new token once 80 % of the time from getting it
-    to ``expires_at`` has passed.  ``extensions`` are SASL extensions sent with the token (KIP-342),
-    such as ``{"logicalCluster": "lkc-1"}``; keys are letters only and ``auth`` is reserved.
-    """
-
-    value: str
-    expires_at: float | None = None
-    extensions: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 #: What a token provider may return: the token, ``(token, expires_at)`` as librdkafka's and
@@ -602,17 +587,17 @@ def from_properties(properties: Mapping[str, Any], overrides: Mapping[str, Any] 
             ssl_props[key] = str(raw)
         elif key in _SASL_PROPERTIES:
             sasl_props[key] = str(raw)
-        elif key in java_properties.IGNORED:
+        elif key in IGNORED:
             _check_ignored(key, raw)
-        elif key in java_properties.REJECTED:
+        elif key in REJECTED:
             if str(raw).strip():
-                raise ConfigError(f"{key} is not supported: {java_properties.REJECTED[key]}")
+                raise ConfigError(f"{key} is not supported: {REJECTED[key]}")
         elif key in ("key.deserializer", "value.deserializer"):
             options[key.replace(".", "_")] = _deserializer(key, raw)
         else:
             name = _PROPERTY_ALIASES.get(key, key.replace(".", "_"))
             if name not in _FIELDS:
-                known = [*java_properties.JAVA_CONSUMER_PROPERTIES, *_PROPERTY_ALIASES, *_SSL_PROPERTIES]
+                known = [*JAVA_CONSUMER_PROPERTIES, *_PROPERTY_ALIASES, *_SSL_PROPERTIES]
                 hint = difflib.get_close_matches(key, known, n=1)
                 raise ConfigError(
                     f"unknown consumer property {key!r}" + (f"; did you mean {hint[0]!r}?" if hint else "")
@@ -626,7 +611,8 @@ def from_properties(properties: Mapping[str, Any], overrides: Mapping[str, Any] 
         raise ConfigError(_MSK_IAM)
     if sasl_props:
         _apply_sasl(sasl_props, options)
-    if ssl_props and options.get("ssl_context") is None:
+    tls = str(options.get("security_protocol", "PLAINTEXT")).upper() in ("SSL", "SASL_SSL")
+    if ssl_props and tls and options.get("ssl_context") is None:  # ssl.* alone asks for no TLS
         from .tls_stores import ssl_context_from_properties
 
         options["ssl_context"] = ssl_context_from_properties(ssl_props)

@@ -25,8 +25,8 @@ from pathlib import Path
 import anyio
 import anyio.to_thread
 
-from .config import OAuthBearerToken
 from .errors import ConfigError, KafkaError
+from .structs import OAuthBearerToken
 
 __all__ = ["ClientCredentialsTokenProvider", "TokenEndpointError", "unsecured_token"]
 

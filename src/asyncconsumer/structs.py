@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Generic, NamedTuple, TypeVar
 
 KT = TypeVar("KT")
@@ -110,3 +111,19 @@ class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
     leader_epoch: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OAuthBearerToken:
+    """An OAUTHBEARER token with what the client needs to know about it.
+
+    ``value`` is the token itself (typically a JWT).  ``expires_at`` is its expiry as a Unix time in
+    seconds (a JWT's ``exp`` claim; for a plain string token the client reads ``exp`` itself when the
+    token is a JWT): the client asks the provider for a new token once 80 % of the time from getting it
+    to ``expires_at`` has passed.  ``extensions`` are SASL extensions sent with the token (KIP-342),
+    such as ``{"logicalCluster": "lkc-1"}``; keys are letters only and ``auth`` is reserved.
+    """
+
+    value: str
+    expires_at: float | None = None
+    extensions: Mapping[str, str] = dataclasses.field(default_factory=dict)

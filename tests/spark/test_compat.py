@@ -35,6 +35,7 @@ def produce_at(bootstrap: str, topic: str, timestamps: list[int]) -> None:
     assert producer.flush(30) == 0
 
 
+@pytest.mark.broker_feature("list_offsets_timestamp")  # Tansu answers with the earliest offset
 def test_timestamp_options_win_in_sparks_order(spark: Any, bootstrap: str, new_topic: Callable[..., str]) -> None:
     """startingTimestamp > startingOffsetsByTimestamp > startingOffsets, and the same for the end."""
     topic = new_topic(1)
@@ -53,6 +54,14 @@ def test_timestamp_options_win_in_sparks_order(spark: Any, bootstrap: str, new_t
     )
     values = sorted(int(r.value) - base for r in df.select("value").collect())
     assert values == [5000, 6000, 7000]
+
+
+def test_nothing_to_read_is_an_empty_frame(spark: Any, bootstrap: str, new_topic: Callable[..., str]) -> None:
+    """No offset range at all (an empty topic): Spark then reads one partition of its own, which
+    holds nothing."""
+    df = kafka_read(spark, bootstrap, subscribe=new_topic(2))
+    assert df.count() == 0
+    assert df.select("value").collect() == []
 
 
 def test_min_partitions_makes_sparks_number_of_tasks(

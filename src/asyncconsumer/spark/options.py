@@ -20,7 +20,8 @@ from typing import Any, Literal
 from ..config import from_properties
 from ..errors import ConfigError
 from ..structs import TopicPartition
-from . import java_regex
+from .java_regex import JavaRegexError
+from .java_regex import translate as java_regex_translate
 
 __all__ = [
     "EARLIEST",
@@ -90,7 +91,7 @@ class Subscription:
     #: ``subscribePattern`` as given: a Java regular expression, as in Spark.
     pattern: str = ""
     partitions: tuple[TopicPartition, ...] = ()
-    #: ``pattern`` translated to Python's ``re`` syntax (:func:`~asyncconsumer.spark.java_regex.translate`).
+    #: ``pattern`` translated to Python's ``re`` syntax (:func:`~asyncconsumer.spark.java_regex_translate`).
     regex: str = ""
 
     def describe(self) -> str:
@@ -392,8 +393,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
         if not pattern:
             raise _fail("option 'subscribePattern' is empty")
         try:
-            regex = java_regex.translate(pattern)
-        except java_regex.JavaRegexError as exc:
+            regex = java_regex_translate(pattern)
+        except JavaRegexError as exc:
             raise _fail(f"option 'subscribePattern': {exc}") from None
         subscription = Subscription("subscribePattern", pattern=pattern, regex=regex)
 
