@@ -160,12 +160,18 @@ def describe_group(cluster: KafkaCluster, group_id: str) -> str:
     return f"{group_id}: state={group.state} members: {members}"
 
 
-def set_share_group_offset_reset_strategy(cluster: KafkaCluster, group_id: str, strategy: str) -> bool:
+def set_share_group_offset_reset_strategy(cluster: KafkaCluster, group_id: str, strategy: str) -> str | None:
     """kafkatest's ``kafka.set_share_group_offset_reset_strategy``: ``kafka-configs --group <id> --alter
-    --add-config share.auto.offset.reset=<strategy>`` through Kafka's own tool; whether it completed."""
-    result = cluster.run_tool("kafka.admin.ConfigCommand", "--bootstrap-server", cluster.bootstrap, "--group",
-                              group_id, "--alter", "--add-config", f"share.auto.offset.reset={strategy}", check=False)
-    return "Completed" in result.stdout
+    --add-config share.auto.offset.reset=<strategy>`` through Kafka's own tool.  None once it
+    completed, else the tool's last lines (why not)."""
+    result = cluster.run_tool("org.apache.kafka.tools.ConfigCommand", "--bootstrap-server", cluster.bootstrap,
+                              "--group", group_id, "--alter", "--add-config", f"share.auto.offset.reset={strategy}",
+                              check=False)
+    if "Completed" in result.stdout:
+        return None
+    output = (result.stdout + result.stderr).splitlines()
+    lines = [line for line in output if line.strip() and not line.startswith("\t")]
+    return f"exit {result.returncode}: " + " | ".join(lines[-4:])
 
 
 def isr_sizes(cluster: KafkaCluster, topic: str) -> list[int]:

@@ -35,9 +35,14 @@ def t(scenario: Scenario, client: Client) -> Iterator[ShareTopics]:
     test.topic2 = clusters.new_topic(scenario.cluster, "test_topic2", partitions=3,
                                      replication_factor=TOPIC2_REPLICATION)
     # kafkatest: 20 s with a 2 s backoff; each attempt here starts a JVM, which alone can take 10 s
-    scenario.wait_until(lambda: clusters.set_share_group_offset_reset_strategy(scenario.cluster, test.group_id,
-                                                                              "earliest"),
-                        120, "share.auto.offset.reset not set to earliest", backoff_sec=2)
+    last: list[str | None] = [None]
+
+    def reset_set() -> bool:
+        last[0] = clusters.set_share_group_offset_reset_strategy(scenario.cluster, test.group_id, "earliest")
+        return last[0] is None
+
+    scenario.wait_until(reset_set, 120, lambda: f"share.auto.offset.reset not set to earliest ({last[0]})",
+                        backoff_sec=2)
     yield test
 
 

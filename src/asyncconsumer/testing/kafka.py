@@ -659,7 +659,7 @@ class _KafkaProcesses:
 
     def java_command(self, main_class: str, *args: str, heap_mb: int = 256) -> list[str]:
         """A command line running ``main_class`` of Kafka's jars (``org.apache.kafka.tools.
-        ConsumerPerformance``, ``kafka.admin.FeatureCommand``, ...) with this broker's logging."""
+        ConsumerPerformance``, ``org.apache.kafka.tools.FeatureCommand``, ...) with this broker's logging."""
         if self._java is None or self._libs is None or self._directory is None:
             raise KafkaBrokerError("the broker is not started")
         return [
