@@ -21,7 +21,7 @@ from ._args import INT32_MAX, INT64_MAX, protocol_string_error
 from .assignors import ASSIGNORS
 from .errors import ConfigError, ConfigTypeError
 from .java_properties import IGNORED, JAVA_CONSUMER_PROPERTIES, REJECTED
-from .structs import OAuthBearerToken
+from .structs import OAuthBearerToken as OAuthBearerToken  # documented as asyncconsumer.config.OAuthBearerToken
 
 Deserializer = Callable[[bytes], Any]
 

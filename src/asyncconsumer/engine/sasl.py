@@ -26,8 +26,9 @@ from typing import Any, Final, Literal, Protocol
 
 import anyio
 
-from ..config import SASL_MECHANISMS, OAuthBearerToken, OAuthTokenProvider
+from ..config import SASL_MECHANISMS, OAuthTokenProvider
 from ..errors import AuthenticationError, ConfigError, IllegalStateError, SaslAuthenticationError, error_for_code
+from ..structs import OAuthBearerToken
 
 __all__ = [
     "OAuthBearerMechanism",
