@@ -294,3 +294,19 @@ def test_the_report_has_a_row_per_variant_and_a_column_per_client() -> None:
     assert lines[0] == "### OffsetValidationTest (test_consumer.py)"
     assert lines[4:] == [
         "| group_consumption | classic-batching | pass · 20,081 rec · 3 reb · 44 s | not run | **FAILED** · 12 s |"]
+
+
+def test_an_interrupted_scenario_is_not_recorded_as_passed() -> None:
+    @dataclass
+    class Report:
+        outcome: str
+
+        @property
+        def passed(self) -> bool:
+            return self.outcome == "passed"
+
+    assert report.outcome(Report("passed"), None) == "interrupted"  # Ctrl-C during the scenario
+    assert report.outcome(Report("passed"), Report("failed")) == "failed"
+    assert report.outcome(Report("passed"), Report("passed")) == "passed"
+    assert report.outcome(Report("failed"), None) == "failed"  # the fixture failed: no call
+    assert report.outcome(None, None) == "interrupted"

@@ -25,6 +25,7 @@ import pytest
 from .clients import CLIENTS, Client
 from .cluster import ClusterPool, Shape
 from .matrix import CI_SUBSET, ci_key
+from .report import outcome as outcome_of
 from .services import Scenario
 
 
@@ -102,8 +103,9 @@ def _record(request: pytest.FixtureRequest, run: Scenario) -> None:
     if not path:
         return
     item = request.node
-    report = getattr(item, "kafkatest_call", None) or getattr(item, "kafkatest_setup", None)
-    outcome = report.outcome if report is not None else "unknown"
+    setup, call = getattr(item, "kafkatest_setup", None), getattr(item, "kafkatest_call", None)
+    outcome = outcome_of(setup, call)
+    report = call if call is not None else setup
     failure = ""
     if report is not None and report.failed:
         failure = str(report.longrepr.reprcrash.message if hasattr(report.longrepr, "reprcrash") else report.longrepr)

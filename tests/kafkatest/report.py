@@ -25,6 +25,17 @@ MODULES = {
 }
 
 
+def outcome(setup: Any, call: Any) -> str:
+    """A scenario's outcome from pytest's setup and call reports (either may be None): the call's,
+    else a failed or skipped setup's; a scenario whose call never reported (interrupted) is
+    ``interrupted``, never ``passed``."""
+    if call is not None:
+        return str(call.outcome)
+    if setup is not None and not setup.passed:
+        return str(setup.outcome)
+    return "interrupted"
+
+
 def cell(row: dict[str, Any]) -> str:
     figures = row.get("figures", {})
     parts = ["pass" if row["outcome"] == "passed" else f"**{row['outcome'].upper()}**"]
