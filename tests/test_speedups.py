@@ -417,3 +417,67 @@ def test_bind_rejects_a_record_type_with_fields() -> None:
 
     with pytest.raises(TypeError):
         speedups.bind(WithDict, CorruptRecordError, decode_batch_py, records._decompress)
+
+
+# ------------------------------------------------------------------ ready(): the awaitable async for hands out
+
+
+def _ready_twins() -> list[Callable[[Any], Any]]:
+    from asyncconsumer.app import iterators
+
+    return [importlib.import_module("asyncconsumer._speedups").ready, iterators.ready_py]
+
+
+@pytest.mark.parametrize("value", [None, 0, "x", (1, 2), ((3,),)])
+def test_ready_is_its_value_when_awaited_on_asyncio_and_trio(value: Any) -> None:
+    import anyio
+
+    from asyncconsumer.app import iterators
+
+    assert iterators.ready is importlib.import_module("asyncconsumer._speedups").ready  # the compiled one in use
+
+    async def main() -> list[Any]:
+        return [await make(value) for make in _ready_twins()]
+
+    for backend in ("asyncio", "trio"):
+        got = anyio.run(main, backend=backend)
+        assert got == [value, value] and all(g is value for g in got)
+
+
+def test_ready_steps_as_a_returning_coroutine_does() -> None:
+    for make in _ready_twins():
+        value = (1, 2)  # a tuple arrives whole in StopIteration.value
+        step = make(value).__await__()
+        with pytest.raises(StopIteration) as info:
+            next(step)
+        assert info.value.value is value
+        with pytest.raises(RuntimeError, match="await"):
+            next(step)  # done after one step
+        sent = make(value).__await__()
+        with pytest.raises(StopIteration) as info:
+            sent.send(None)
+        assert info.value.value is value
+        thrown = make(value).__await__()
+        with pytest.raises(KeyError, match="boom"):
+            thrown.throw(KeyError("boom"))
+        closed = make(value)
+        closed.close()  # nothing to clean up; an unawaited ready() is no error
+
+
+def test_ready_holds_its_value_until_handed_out_and_no_longer() -> None:
+    import anyio
+
+    ready = importlib.import_module("asyncconsumer._speedups").ready
+    value = object()
+    before = sys.getrefcount(value)
+
+    async def many() -> None:
+        for _ in range(1000):
+            assert await ready(value) is value
+        unawaited = [ready(value) for _ in range(10)]
+        assert sys.getrefcount(value) == before + 10
+        del unawaited
+
+    anyio.run(many)
+    gc.collect()
+    assert sys.getrefcount(value) == before

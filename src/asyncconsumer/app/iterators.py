@@ -1,13 +1,33 @@
 """The async iterators the consumer's read APIs return (``batches()``, ``arrow_batches()``,
 ``partitions()``): each step is one call of a step function (a poll, bracketed by the consumer's
-``acquire()``/``release()``), and ``aclose()`` runs an optional cleanup."""
+``acquire()``/``release()``), and ``aclose()`` runs an optional cleanup.  And ``ready``, the
+awaitable ``Consumer.__anext__`` returns for a record it already holds."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
+
+from ..protocol import records
 
 T = TypeVar("T")
+
+
+async def ready_py(value: T) -> T:
+    """An awaitable whose value is ``value``: the pure-Python twin of the compiled ``ready``."""
+    return value
+
+
+#: ``ready(value)``: an awaitable already complete, ``await ready(x)`` is ``x``.  The compiled one
+#: (``asyncconsumer._speedups.ready``, used with the compiled decoder) is no coroutine: no frame, no
+#: suspension, so ``async for`` pays no coroutine per buffered record; ``ready_py`` otherwise.
+ready: Callable[[Any], Awaitable[Any]] = cast(
+    "Callable[[Any], Awaitable[Any]]",
+    getattr(importlib.import_module("asyncconsumer._speedups"), "ready", ready_py)
+    if records.DECODER == "c"
+    else ready_py,
+)
 
 
 class Steps(Generic[T]):
