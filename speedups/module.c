@@ -146,7 +146,8 @@ PyInit__speedups(void)
     empty_tuple = PyTuple_New(0);
     str_prefix = PyUnicode_FromString("record batch is corrupt: ");
     if (empty_tuple == NULL || str_prefix == NULL || PyType_Ready(&ColumnBuilderType) < 0 ||
-        PyType_Ready(&ReadyType) < 0) {
+        PyType_Ready(&ReadyType) < 0 || PyType_Ready(&RecordStreamType) < 0 ||
+        PyType_Ready(&ChunkBaseType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);
@@ -162,6 +163,16 @@ PyInit__speedups(void)
         Py_DECREF(&ColumnBuilderType);
         Py_DECREF(module);
         return NULL;
+    }
+    PyTypeObject *types[] = {&RecordStreamType, &ChunkBaseType};
+    const char *type_names[] = {"RecordStream", "ChunkBase"};
+    for (size_t i = 0; i < 2; i++) {
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(module, type_names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]);
+            Py_DECREF(module);
+            return NULL;
+        }
     }
     return module;
 }

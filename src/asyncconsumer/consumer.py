@@ -35,7 +35,7 @@ from ._runtime import current_async_library
 from .app.arrow import require_pyarrow, take_arrow_batch
 from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.collector import Collector, RecordDeserializationError
-from .app.iterators import Steps, ready
+from .app.iterators import RecordStream, Steps, ready
 from .app.metrics import snapshot as metrics_snapshot
 from .app.rebalance import RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
 from .app.streams import PartitionStream, PartitionStreams
@@ -631,6 +631,11 @@ class Consumer(ClientBase, Generic[KT, VT]):
         return next(iter(result.values()))[0]
 
     def __aiter__(self) -> AsyncIterator[ConsumerRecord[KT, VT]]:
+        # With the compiled decoder, no deserializers and the default acquire()/release() (all fixed
+        # for the consumer's life), __anext__'s common case runs in C (app/iterators.RecordStream),
+        # which hands everything else to __anext__ below: the same records, checks and bookkeeping.
+        if RecordStream is not None and self._plain_records and self._default_hooks:
+            return cast("AsyncIterator[ConsumerRecord[KT, VT]]", RecordStream(self, self._chunks, Consumer.__anext__))
         return self
 
     def __anext__(self) -> Awaitable[ConsumerRecord[KT, VT]]:

@@ -22,12 +22,18 @@ async def ready_py(value: T) -> T:
 #: ``ready(value)``: an awaitable already complete, ``await ready(x)`` is ``x``.  The compiled one
 #: (``asyncconsumer._speedups.ready``, used with the compiled decoder) is no coroutine: no frame, no
 #: suspension, so ``async for`` pays no coroutine per buffered record; ``ready_py`` otherwise.
-ready: Callable[[Any], Awaitable[Any]] = cast(
-    "Callable[[Any], Awaitable[Any]]",
-    getattr(importlib.import_module("asyncconsumer._speedups"), "ready", ready_py)
-    if records.DECODER == "c"
-    else ready_py,
-)
+_speedups: Any = importlib.import_module("asyncconsumer._speedups") if records.DECODER == "c" else None
+ready: Callable[[Any], Awaitable[Any]] = cast("Callable[[Any], Awaitable[Any]]", getattr(_speedups, "ready", ready_py))
+
+#: ``RecordStream(consumer, chunks, anext)``, what ``async for record in consumer`` iterates when
+#: the compiled decoder is in use, the consumer has no deserializers and the default
+#: ``acquire()``/``release()``: ``Consumer.__anext__``'s common case (a record of the first chunk,
+#: not its last, the chunk live, no other poll, the engine running) in C, everything else handed to
+#: ``anext(consumer)``, the Python method, which stays the reference.  None without the extension.
+RecordStream: Any = getattr(_speedups, "RecordStream", None)
+#: The base of ``app.collector.Chunk``: the compiled ``ChunkBase`` (its fields as a C struct, which
+#: ``RecordStream`` reads directly) with the extension, else ``object``.
+ChunkBase: type = getattr(_speedups, "ChunkBase", object)
 
 
 class Steps(Generic[T]):
