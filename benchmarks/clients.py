@@ -23,6 +23,9 @@ from typing import Any
 #: How many records a batch call asks for, where the API takes a number (confluent-kafka's
 #: ``consume(num_messages)``); asyncconsumer's and aiokafka's getmany use their defaults.
 CONSUME_BATCH = 10_000
+#: Records per ``arrow_batches()`` batch (its default is ``max_poll_records``, 500: a row API's
+#: batch; Arrow's per-batch work wants more, as benchmarks.arrow_read's default).
+ARROW_BATCH = 10_000
 
 
 @dataclass
@@ -33,6 +36,9 @@ class Tally:
     payload: int = 0
     first: float = 0.0  # perf_counter of the first record
     last: float = 0.0  # perf_counter when the last record was read
+    #: What ``payload`` counts: "kv", the bytes of keys and values; "batches", the record batches'
+    #: bytes on the wire (a reader that decodes no record cannot know its keys and values).
+    payload_kind: str = "kv"
 
 
 Reader = Callable[[argparse.Namespace, Tally], None]
@@ -125,6 +131,110 @@ def _asyncconsumer(mode: str) -> Reader:
         anyio.run(main)
 
     return read
+
+
+def _asyncconsumer_arrow() -> Reader:
+    """``arrow_batches(max_records=ARROW_BATCH)`` (the fetch settings are the defaults).  A batch's
+    keys and values are touched through their Arrow offsets: the bytes a binary column holds are
+    its last offset less its first, the columnar counterpart of adding up ``len()``.  pyarrow is
+    imported here, before the clock starts, as every client's imports are."""
+    import anyio
+    import pyarrow  # noqa: F401  (imported before the clock, as every client's imports are)
+
+    from asyncconsumer import Consumer, TopicPartition
+
+    def read(args: argparse.Namespace, tally: Tally) -> None:
+        anyio.run(main, args, tally)
+
+    async def main(args: argparse.Namespace, tally: Tally) -> None:
+        want = args.count
+        consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers=args.bootstrap, auto_offset_reset="earliest")
+        async with consumer:
+            consumer.assign([TopicPartition(args.topic, p) for p in range(args.partitions)])
+            n = payload = 0
+            async for batch in consumer.arrow_batches(max_records=ARROW_BATCH, include_headers=False):
+                if n == 0:
+                    tally.first = time.perf_counter()
+                for column in (batch.column("key"), batch.column("value")):
+                    offsets = memoryview(column.buffers()[1]).cast("i")  # binary: int32 offsets
+                    payload += offsets[column.offset + len(column)] - offsets[column.offset]
+                n += batch.num_rows
+                if n >= want:
+                    break
+            tally.last = time.perf_counter()
+            tally.records, tally.payload = n, payload
+
+    return read
+
+
+def _fetch_only(args: argparse.Namespace, tally: Tally) -> None:
+    """The floor of our own stack: Fetch requests in a loop on one ``BrokerConnection`` (the
+    consumer's connection code, frame buffers and codec), one in flight, every partition from offset
+    0 with the consumer's default fetch sizes, until every partition reached its high watermark.
+    No record is decoded: each partition's record set is only scanned for its next offset
+    (``scan_batches``, the batch headers) and its bytes counted.  One broker (the benchmark's),
+    which leads every partition; Fetch v12, which names topics (v13+ wants topic ids from Metadata,
+    the same bytes give or take 16)."""
+    import anyio
+
+    from asyncconsumer.config import build_config
+    from asyncconsumer.engine.buffers import BufferPool
+    from asyncconsumer.engine.connection import BrokerConnection, frame_limit
+    from asyncconsumer.protocol.records import scan_batches
+
+    config = build_config({"bootstrap_servers": args.bootstrap})
+    host, _, port = args.bootstrap.rpartition(":")
+
+    async def main() -> None:
+        offsets = dict.fromkeys(range(args.partitions), 0)
+        ends: dict[int, int] = {}
+        n = payload = 0
+        async with anyio.create_task_group() as tg:
+            conn = BrokerConnection(
+                -1, host, int(port), client_id="bench-fetch-only",
+                request_timeout=config.request_timeout_ms / 1000,
+                setup_timeout=config.socket_connection_setup_timeout_ms / 1000, ssl_context=None,
+                max_frame_bytes=frame_limit(config.fetch_max_bytes), frames=BufferPool(config.fetch_buffer_bytes),
+            )
+            await conn.open(tg.start_soon)
+            version = conn.choose_version("Fetch", max_version=12)
+            while n < args.count and any(ends.get(p, 1) > offset for p, offset in offsets.items()):
+                body = {
+                    "replica_id": -1, "max_wait_ms": config.fetch_max_wait_ms, "min_bytes": config.fetch_min_bytes,
+                    "max_bytes": config.fetch_max_bytes, "isolation_level": 0, "session_id": 0,
+                    "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
+                    "topics": [{"topic": args.topic, "partitions": [
+                        {"partition": p, "current_leader_epoch": -1, "fetch_offset": offset,
+                         "last_fetched_epoch": -1, "log_start_offset": -1,
+                         "partition_max_bytes": config.max_partition_fetch_bytes}
+                        for p, offset in offsets.items() if ends.get(p, 1) > offset
+                    ]}],
+                }
+                response = await conn.request_version("Fetch", version, body, config.fetch_max_wait_ms / 1000)
+                if response["error_code"]:
+                    raise RuntimeError(f"Fetch failed: error code {response['error_code']}")
+                for topic in response["responses"]:
+                    for p in topic["partitions"]:
+                        if p["error_code"]:
+                            raise RuntimeError(f"Fetch of partition {p['partition_index']}: code {p['error_code']}")
+                        ends[p["partition_index"]] = p["high_watermark"]
+                        records = p["records"]
+                        if not records:
+                            continue
+                        next_offset, complete, _ = scan_batches(memoryview(records))
+                        if next_offset < 0:
+                            continue
+                        if n == 0:
+                            tally.first = time.perf_counter()
+                        n += next_offset - offsets[p["partition_index"]]
+                        payload += complete
+                        offsets[p["partition_index"]] = next_offset
+            tally.last = time.perf_counter()
+            await conn.aclose()
+            tg.cancel_scope.cancel()
+        tally.records, tally.payload, tally.payload_kind = n, payload, "batches"
+
+    anyio.run(main)
 
 
 # ------------------------------------------------------------------ aiokafka
@@ -287,6 +397,12 @@ CLIENTS: dict[str, tuple[str, str, Callable[[], Reader]]] = {
     "asyncconsumer-iter": ("asyncconsumer `async for`", "asyncconsumer", lambda: _asyncconsumer("iter")),
     "asyncconsumer-getmany": ("asyncconsumer `getmany()`", "asyncconsumer", lambda: _asyncconsumer("getmany")),
     "asyncconsumer-batches": ("asyncconsumer `batches()`", "asyncconsumer", lambda: _asyncconsumer("batches")),
+    "asyncconsumer-arrow": ("asyncconsumer `arrow_batches()`", "pyarrow", _asyncconsumer_arrow),
+    "asyncconsumer-fetch-only": (
+        "asyncconsumer Fetch loop, no decoding (ceiling)",
+        "asyncconsumer",
+        lambda: _fetch_only,
+    ),
     "asyncconsumer-getmany-py": (
         "asyncconsumer `getmany()`, pure-Python decoder",
         "asyncconsumer",
@@ -355,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         "expected": args.count,
         "records": tally.records,
         "payload_bytes": tally.payload,
+        "payload_kind": tally.payload_kind,
         "wall_s": wall,
         "first_record_s": (tally.first - start) if tally.first else None,
         "records_per_s": tally.records / wall if wall > 0 else 0.0,

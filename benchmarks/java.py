@@ -52,7 +52,7 @@ SCRIPT_OPTIONS = ("-XX:InitiatingHeapOccupancyPercent=35", "-XX:+ExplicitGCInvok
 #: Longest gap between two polls that return records before the tool gives up (its --timeout).
 RECORD_TIMEOUT_MS = 30_000
 _DATE_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"  # ISO 8601 with milliseconds and the zone
-_SAMPLE_S = 0.01
+SAMPLE_S = 0.01
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -104,7 +104,7 @@ def _epoch(stamp: str) -> float:
     return datetime.fromisoformat(stamp).timestamp()
 
 
-class _Sampler:
+class ProcessSampler:
     """CPU seconds and VmHWM of a running process, read from /proc at a fixed interval."""
 
     def __init__(self, pid: int) -> None:
@@ -145,7 +145,7 @@ def run(kafka: KafkaBroker, dataset: Dataset, count: int, timeout: float) -> dic
         proc = subprocess.Popen(
             command(kafka, dataset.topic, count, group), stdout=out, stderr=err, stdin=subprocess.DEVNULL
         )
-        sampler = _Sampler(proc.pid)
+        sampler = ProcessSampler(proc.pid)
         deadline = time.monotonic() + timeout
         timed_out = False
         while True:
@@ -156,7 +156,7 @@ def run(kafka: KafkaBroker, dataset: Dataset, count: int, timeout: float) -> dic
                 timed_out = True
                 proc.kill()  # this JVM only, by its own pid
             sampler.sample()
-            time.sleep(_SAMPLE_S)
+            time.sleep(SAMPLE_S)
         exited = time.time()
         proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, so that wait4 gives its rusage
         out.seek(0)

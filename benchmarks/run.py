@@ -121,7 +121,9 @@ def run_client(
         payload = want * (ds.KEY_SIZE + dataset.value_size)
         if result.get("records") != want:
             result["error"] = f"read {result.get('records')} of {want} records"
-        elif abs(result.get("payload_bytes", -1) - payload) > result.get("payload_tolerance", 0):
+        elif result.get("payload_kind", "kv") == "kv" and (
+            abs(result.get("payload_bytes", -1) - payload) > result.get("payload_tolerance", 0)
+        ):
             result["error"] = f"read {result.get('payload_bytes')} bytes of keys and values, not {payload}"
     result["ok"] = not result.get("error")
     return result

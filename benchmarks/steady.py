@@ -1,35 +1,56 @@
-"""The Java consumer once its JIT has warmed up: ``python -m benchmarks.steady [--records N] [--rounds N]``.
+"""Long reads against the warmed-up Java consumer and the machine's limit: ``python -m benchmarks.steady``.
+
+    python -m benchmarks.steady [--records N] [--value-size B] [--rounds N] [--clients a,b] [--json F]
 
 In the main benchmark every client is a fresh process reading at most 1,000,000 records, so the
-Java row includes the JVM's warm-up (its JIT compiles the fetch and decode paths during the read).
-This run gives the other half of the picture on Apache Kafka: a larger topic (5,000,000 x 100 B by
-default, produced with confluent-kafka), read by
+Java row includes the JVM's warm-up.  This run reads one larger topic (default 5,000,000 x 100 B;
+``--value-size 1024`` for 1 KiB values, default 1,000,000 records then; 10 B keys, 4 partitions,
+produced once with confluent-kafka) on Apache Kafka, every reader in a fresh process, interleaved
+for ``--rounds`` rounds (the order rotates each round):
 
-- ConsumerPerformance as in the main benchmark (records/s from the partitions being assigned to the
-  last record), and again with ``--show-detailed-stats --reporting-interval 500``, whose per-interval
-  rates show the JIT-warm speed;
-- asyncconsumer ``getmany()`` and ``batches()`` (start to last record; CPython has no warm-up).
+- the **ceiling**: ``kcat`` (librdkafka's C consumer printing nothing, benchmarks/ceiling.py; the
+  row says so when kcat is not installed) and ``asyncconsumer-fetch-only``, our own Fetch loop
+  decoding nothing (benchmarks/clients.py); the faster of the two is the ceiling;
+- ConsumerPerformance as in the main benchmark (from the partitions being assigned to the last
+  record), and again with ``--show-detailed-stats --reporting-interval 500``: the **warm JVM** rate
+  is the median of its last three 500 ms intervals (median over the rounds);
+- asyncconsumer ``async for``, ``getmany()``, ``batches()``, ``arrow_batches()`` (defaults) and
+  ``getmany()`` on the pure-Python decoder (consumer creation to last record; CPython has no
+  warm-up).
 
-Interleaved, ``--rounds`` times; prints a Markdown table (``--json`` keeps the numbers).
+The table gives each reader's records/s over the whole read, as a fraction of the ceiling and of the
+warm JVM, CPU time per record (the process's, all threads: the JVM's JIT and GC, librdkafka's
+threads) and peak RSS; medians over the rounds.  ``--json`` keeps every run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from . import brokers, java
+from . import brokers, ceiling, java
 from . import datasets as ds
 from .clients import CLIENTS
 from .run import log, run_client
 
-PYTHON_CLIENTS = ("asyncconsumer-getmany", "asyncconsumer-batches")
+FETCH_ONLY = "asyncconsumer-fetch-only"
+CEILINGS = (ceiling.CLIENT, FETCH_ONLY)
+PYTHON_CLIENTS = (
+    "asyncconsumer-iter", "asyncconsumer-getmany", "asyncconsumer-batches", "asyncconsumer-arrow",
+    "asyncconsumer-getmany-py",
+)
+DEFAULT_CLIENTS = (*CEILINGS, java.CLIENT, *PYTHON_CLIENTS)
 INTERVAL_MS = 500
+#: The warm JVM's rate: the median of this many last intervals of the detailed-stats run.
+LAST_INTERVALS = 3
+WARM_JVM = "java-warm"
 
 
 def java_intervals(broker: brokers.Broker, dataset: ds.Dataset, timeout: float) -> list[float]:
@@ -44,16 +65,92 @@ def java_intervals(broker: brokers.Broker, dataset: ds.Dataset, timeout: float) 
     return [float(row["fetch.nMsg.sec"]) for row in rows]
 
 
+def warm_rate(intervals: list[float]) -> float:
+    """The warm JVM's rate of one detailed run: the median of its last ``LAST_INTERVALS`` intervals."""
+    return statistics.median(intervals[-LAST_INTERVALS:])
+
+
+def read(client: str, dataset: ds.Dataset, broker: brokers.Broker, timeout: float) -> dict[str, Any]:
+    if client == ceiling.CLIENT:
+        return ceiling.run(broker.bootstrap, dataset, timeout)
+    return run_client(client, dataset, broker, timeout)
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def table(dataset: ds.Dataset, broker: str, runs: dict[str, list[dict[str, Any]]],
+          intervals: list[list[float]], notes: list[str], rounds: int) -> str:
+    """The Markdown report of one run."""
+    labels = {java.CLIENT: java.LABEL, ceiling.CLIENT: ceiling.LABEL} | {n: CLIENTS[n][0] for n in CLIENTS}
+    rates = {c: _median(rs, "records_per_s") for c, rs in runs.items() if rs}
+    references = {c: rates[c] for c in CEILINGS if rates.get(c)}
+    top = max(references, key=lambda c: references[c]) if references else None
+    warm = statistics.median(warm_rate(i) for i in intervals) if intervals else None
+    lines = [
+        f"## Steady state: {dataset.describe()} on {broker}",
+        "",
+        f"Medians of {rounds} rounds, every reader a fresh process.  Ceiling: "
+        + (f"{labels[top]}, {references[top] / 1e6:.2f} M rec/s." if top else "none in this run.")
+        + (f"  Warm JVM: the median of ConsumerPerformance's last {LAST_INTERVALS} {INTERVAL_MS} ms intervals "
+           f"(a separate run of the tool, same settings), {warm / 1e6:.2f} M rec/s." if warm else ""),
+        "",
+        "| client | records/s | / ceiling | / warm JVM | CPU ns/record | peak RSS |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+
+    def row(label: str, rate: float | None, cpu: float | None, rss: float | None) -> str:
+        cells = [
+            f"{rate / 1e6:.2f} M" if rate else "-",
+            f"{rate / references[top]:.2f}" if rate and top else "-",
+            f"{rate / warm:.2f}" if rate and warm else "-",
+            f"{cpu / dataset.records * 1e9:.0f}" if cpu else "-",
+            f"{rss:.0f} MB" if rss else "-",
+        ]
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    for client, client_runs in runs.items():
+        ok = [r for r in client_runs if r.get("ok")]
+        if not ok:
+            error = next((r.get("error") for r in client_runs if r.get("error")), "no run")
+            lines.append(f"| {labels[client]} | {error} | | | | |")
+            continue
+        rate, cpu, rss = (_median(ok, key) for key in ("records_per_s", "cpu_s", "peak_rss_mb"))
+        lines.append(row(labels[client], rate, cpu, rss))
+        if client == java.CLIENT and warm:
+            best = statistics.median(max(i) for i in intervals)
+            lines.append(row(f"Java, warm (last {LAST_INTERVALS} intervals; best {best / 1e6:.2f} M)", warm, None,
+                             None))
+    lines += ["", *(f"- {note}" for note in notes)] if notes else []
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=5_000_000, help="records of 100 B (default 5,000,000)")
+    parser.add_argument("--records", type=int, help="records to produce and read (default 5,000,000; 1 KiB: 1,000,000)")
+    parser.add_argument("--value-size", type=int, default=100, help="bytes per value (default 100)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--clients", default=",".join(DEFAULT_CLIENTS),
+                        help="comma-separated readers (default: %(default)s)")
     parser.add_argument("--json", type=Path, help="write the numbers as JSON here")
     args = parser.parse_args(argv)
-
-    dataset = ds.Dataset(f"100B x {args.records:,}", "bench-steady-100b", args.records, 100)
-    timeout = 600.0
-    rates: dict[str, list[float]] = {name: [] for name in (java.CLIENT, *PYTHON_CLIENTS)}
+    clients = args.clients.split(",")
+    unknown = [c for c in clients if c not in DEFAULT_CLIENTS and c not in CLIENTS]
+    if unknown:
+        parser.error(f"unknown clients {unknown}; known: {', '.join(DEFAULT_CLIENTS)}")
+    records = args.records or (5_000_000 if args.value_size < 1024 else 1_000_000)
+    dataset = ds.Dataset(f"{args.value_size} B x {records:,}", f"bench-steady-{args.value_size}b-{records}",
+                         records, args.value_size)
+    notes = []
+    if ceiling.CLIENT in clients and (why := ceiling.missing()):
+        log(why)
+        notes.append(why)
+        clients.remove(ceiling.CLIENT)
+    notes.append(f"load average at the start: {os.getloadavg()[0]:.2f} (2 cores shared)")
+    timeout = 900.0
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in clients}
     intervals: list[list[float]] = []
     broker = brokers.start("kafka", log)
     try:
@@ -61,36 +158,23 @@ def main(argv: list[str] | None = None) -> int:
         log(f"produced {dataset.describe()} in {ds.produce(broker.bootstrap, dataset):.1f}s")
         brokers.warm_up_groups(broker.bootstrap, dataset.topic)
         for round_no in range(args.rounds):
-            for client in rates:
-                result = run_client(client, dataset, broker, timeout)
-                if not result["ok"]:
-                    raise RuntimeError(f"{client}: {result['error']}")
-                rates[client].append(result["records_per_s"])
-                log(f"round {round_no + 1} {client}: {result['records_per_s'] / 1e6:.2f} M rec/s")
-            intervals.append(java_intervals(broker, dataset, timeout))
-            log(f"round {round_no + 1} Java intervals: {[round(r / 1e6, 2) for r in intervals[-1]]} M rec/s")
+            order = clients[round_no % len(clients):] + clients[:round_no % len(clients)]
+            for client in order:
+                result = read(client, dataset, broker, timeout)
+                result["load"] = os.getloadavg()[0]
+                runs[client].append(result)
+                rate = (result.get("records_per_s") or 0) / 1e6
+                log(f"round {round_no + 1} {client}: {rate:.2f} M rec/s, load {result['load']:.2f}"
+                    + (f" ERROR {result['error']}" if result.get("error") else ""))
+            if java.CLIENT in clients:
+                intervals.append(java_intervals(broker, dataset, timeout))
+                log(f"round {round_no + 1} Java intervals: {[round(r / 1e6, 2) for r in intervals[-1]]} M rec/s")
     finally:
         broker.stop()
-
-    labels = {java.CLIENT: java.LABEL} | {name: CLIENTS[name][0] for name in PYTHON_CLIENTS}
-    lines = [
-        f"## Steady state: {dataset.describe()} on {broker.description}",
-        "",
-        f"Medians of {args.rounds} rounds.  Intervals: ConsumerPerformance's {INTERVAL_MS} ms reports "
-        "(a separate run of the tool, same settings).",
-        "",
-        "| client | records/s, whole read | Java: last interval | Java: best interval |",
-        "|---|---:|---:|---:|",
-    ]
-    for client, values in rates.items():
-        cells = [f"{statistics.median(values) / 1e6:.2f} M", "", ""]
-        if client == java.CLIENT:
-            cells[1] = f"{statistics.median(i[-1] for i in intervals) / 1e6:.2f} M"
-            cells[2] = f"{statistics.median(max(i) for i in intervals) / 1e6:.2f} M"
-        lines.append(f"| {labels[client]} | " + " | ".join(cells) + " |")
-    print("\n".join(lines))
+    notes.append(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    print(table(dataset, broker.description, runs, intervals, notes, args.rounds))
     if args.json:
-        numbers = {"dataset": dataset.as_dict(), "broker": broker.description, "records_per_s": rates,
+        numbers = {"dataset": dataset.as_dict(), "broker": broker.description, "runs": runs,
                    "java_intervals": intervals}
         args.json.write_text(json.dumps(numbers, indent=2))
     return 0

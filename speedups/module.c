@@ -94,6 +94,11 @@ PyDoc_STRVAR(bind_doc,
              "Give the decoder the record type, the error class, the Python decoder (for legacy\n"
              "message sets and values beyond 64 bits) and the decompression function.");
 
+PyDoc_STRVAR(ready_doc,
+             "ready(value) -> Ready\n\n"
+             "An awaitable that is already complete: ``await ready(x)`` is ``x``, with no coroutine and\n"
+             "no suspension (app/iterators.py has its pure-Python twin).");
+
 static PyMethodDef methods[] = {
     {"decode_batch", (PyCFunction)(void (*)(void))decode_batch, METH_FASTCALL, decode_batch_doc},
     {"bind", (PyCFunction)bind, METH_VARARGS, bind_doc},
@@ -103,6 +108,7 @@ static PyMethodDef methods[] = {
     {"export_arrow", (PyCFunction)export_arrow, METH_O, export_arrow_doc},
     {"arrow_address", (PyCFunction)arrow_address, METH_O, arrow_address_doc},
     {"int32_steps", (PyCFunction)int32_steps, METH_VARARGS, int32_steps_doc},
+    {"ready", (PyCFunction)ready, METH_O, ready_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -139,7 +145,9 @@ PyInit__speedups(void)
     }
     empty_tuple = PyTuple_New(0);
     str_prefix = PyUnicode_FromString("record batch is corrupt: ");
-    if (empty_tuple == NULL || str_prefix == NULL || PyType_Ready(&ColumnBuilderType) < 0) {
+    if (empty_tuple == NULL || str_prefix == NULL || PyType_Ready(&ColumnBuilderType) < 0 ||
+        PyType_Ready(&ReadyType) < 0 || PyType_Ready(&RecordStreamType) < 0 ||
+        PyType_Ready(&ChunkBaseType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);
@@ -155,6 +163,16 @@ PyInit__speedups(void)
         Py_DECREF(&ColumnBuilderType);
         Py_DECREF(module);
         return NULL;
+    }
+    PyTypeObject *types[] = {&RecordStreamType, &ChunkBaseType};
+    const char *type_names[] = {"RecordStream", "ChunkBase"};
+    for (size_t i = 0; i < 2; i++) {
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(module, type_names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]);
+            Py_DECREF(module);
+            return NULL;
+        }
     }
     return module;
 }

@@ -13,6 +13,8 @@
  *                 pyarrow without copying them; int32_steps
  *     crc32c.c    the CRC-32C kernels of the batch checksum: six streams of the CRC32
  *                 instruction, carry-less folding with VPCLMULQDQ, a table elsewhere
+ *     ready.c     async for: ready(value), an awaitable already complete; ChunkBase, the fields of
+ *                 a chunk of records; RecordStream, the common case of Consumer.__anext__ in C
  *     module.c    the module table: bind(), the Python-level functions and their docstrings,
  *                 PyInit__speedups
  *
@@ -402,5 +404,9 @@ INTERNAL PyObject *crc32c_kernel_py(PyObject *module, PyObject *args);
 INTERNAL PyObject *export_arrow(PyObject *module, PyObject *node);
 INTERNAL PyObject *arrow_address(PyObject *module, PyObject *capsule);
 INTERNAL PyObject *int32_steps(PyObject *module, PyObject *args);
+INTERNAL extern PyTypeObject ReadyType;
+INTERNAL extern PyTypeObject RecordStreamType;
+INTERNAL extern PyTypeObject ChunkBaseType;
+INTERNAL PyObject *ready(PyObject *module, PyObject *value);
 
 #endif /* ASYNCCONSUMER_SPEEDUPS_H */

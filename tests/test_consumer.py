@@ -216,6 +216,47 @@ async def test_unreachable_bootstrap_raises_within_timeout() -> None:
     assert time.monotonic() - started < 5
 
 
+async def test_async_for_hands_out_buffered_records_without_a_loop_turn_and_checkpoints_per_chunk(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    # The documented cost model of async for: a record already taken is handed out with no turn
+    # of the event loop (no other task runs in between); the loop gets its turn once per chunk,
+    # when the consumer polls for more (at most max_poll_records records a chunk).
+    topic = new_topic(1)
+    total, per_chunk = 2000, 100
+    produce(topic, ((0, None, b"%d" % i) for i in range(total)))
+    turns = 0
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            await anyio.lowlevel.checkpoint()
+            turns += 1
+
+    async with consumer(bootstrap, auto_offset_reset="earliest", max_poll_records=per_chunk) as c:
+        c.assign(tps(topic, 1))
+        seen: list[int] = []
+        changed = 0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            with anyio.fail_after(60):
+                last = turns
+                async for record in c:
+                    seen.append(int(record.value))
+                    changed += turns != last
+                    last = turns
+                    if len(seen) == total:
+                        break
+            tg.cancel_scope.cancel()
+    assert seen == list(range(total))
+    # Turns between chunks (every chunk is a poll, every poll a checkpoint): on asyncio one at each
+    # of the 19 chunk boundaries or more; trio runs a batch of runnable tasks in random order, so
+    # the ticker's turn may fall on either side of a boundary and a quarter of them look turnless ...
+    assert changed >= total // per_chunk // 4
+    # ... and none between two records of one chunk: most records come with no turn at all.
+    assert changed <= total // 4
+
+
 async def test_cancelled_iteration_then_consuming_again_loses_nothing(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import inspect
 import os
 import pickle
 import runpy
@@ -417,3 +418,168 @@ def test_bind_rejects_a_record_type_with_fields() -> None:
 
     with pytest.raises(TypeError):
         speedups.bind(WithDict, CorruptRecordError, decode_batch_py, records._decompress)
+
+
+# ------------------------------------------------------------------ ready(): the awaitable async for hands out
+
+
+def _ready_twins() -> list[Callable[[Any], Any]]:
+    from asyncconsumer.app import iterators
+
+    return [importlib.import_module("asyncconsumer._speedups").ready, iterators.ready_py]
+
+
+@pytest.mark.parametrize("value", [None, 0, "x", (1, 2), ((3,),)])
+def test_ready_is_its_value_when_awaited_on_asyncio_and_trio(value: Any) -> None:
+    import anyio
+
+    from asyncconsumer.app import iterators
+
+    assert iterators.ready is importlib.import_module("asyncconsumer._speedups").ready  # the compiled one in use
+
+    async def main() -> list[Any]:
+        return [await make(value) for make in _ready_twins()]
+
+    for backend in ("asyncio", "trio"):
+        got = anyio.run(main, backend=backend)
+        assert got == [value, value] and all(g is value for g in got)
+
+
+def test_ready_steps_as_a_returning_coroutine_does() -> None:
+    for make in _ready_twins():
+        value = (1, 2)  # a tuple arrives whole in StopIteration.value
+        step = make(value).__await__()
+        with pytest.raises(StopIteration) as info:
+            next(step)
+        assert info.value.value is value
+        with pytest.raises(RuntimeError, match="await"):
+            next(step)  # done after one step
+        sent = make(value).__await__()
+        with pytest.raises(StopIteration) as info:
+            sent.send(None)
+        assert info.value.value is value
+        thrown = make(value).__await__()
+        with pytest.raises(KeyError, match="boom"):
+            thrown.throw(KeyError("boom"))
+        closed = make(value)
+        closed.close()  # nothing to clean up; an unawaited ready() is no error
+
+
+def test_ready_holds_its_value_until_handed_out_and_no_longer() -> None:
+    import anyio
+
+    ready = importlib.import_module("asyncconsumer._speedups").ready
+    value = object()
+    before = sys.getrefcount(value)
+
+    async def many() -> None:
+        for _ in range(1000):
+            assert await ready(value) is value
+        unawaited = [ready(value) for _ in range(10)]
+        assert sys.getrefcount(value) == before + 10
+        del unawaited
+
+    anyio.run(many)
+    gc.collect()
+    assert sys.getrefcount(value) == before
+
+
+# ------------------------------------------------------------------ RecordStream: async for's common case in C
+
+
+def _stream_scenarios() -> list[str]:
+    return ["plain", "pause", "seek", "revoking", "other poller", "closed", "no chunk"]
+
+
+def _run_stream_scenario(scenario: str, compiled: bool) -> list[Any]:
+    """Hand out records of two chunks through ``aiter(consumer)`` (``compiled``: the RecordStream
+    in C) or ``Consumer.__anext__`` (the Python reference), changing the consumer as ``scenario``
+    says after the second record; what each step gave and the partition's bookkeeping after it."""
+    import anyio
+
+    from asyncconsumer import Consumer
+    from asyncconsumer.app.collector import Chunk
+    from asyncconsumer.managers.subscription import PartitionPhase, PartitionState
+    from asyncconsumer.structs import TopicPartition
+
+    async def main() -> list[Any]:
+        consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers="127.0.0.1:9")
+        engine = consumer._new_engine()  # built, not running
+        tp = TopicPartition("t", 0)
+        state = PartitionState(tp, PartitionPhase.FETCHING, position=20)
+        offsets = [0, 1, 3, 7, 8]  # gaps, as compaction leaves them
+        recs = [ConsumerRecord("t", 0, o, 0, 0, b"k", b"v%d" % o, [], 1, 2, None) for o in offsets]
+        consumer._chunks.extend([Chunk(state, recs[:3]), Chunk(state, recs[3:])])
+        step = aiter(consumer) if compiled else None
+        if compiled:
+            assert type(step).__name__ == "RecordStream"
+        out: list[Any] = []
+        for n in range(6):
+            if n == 2:
+                if scenario == "pause":
+                    state.paused = True
+                elif scenario == "seek":
+                    state.epoch += 1
+                elif scenario == "revoking":
+                    state.revoking = True
+                elif scenario == "other poller":
+                    consumer._poller = 12345
+                elif scenario == "closed":
+                    engine.closed = True
+                elif scenario == "no chunk":
+                    consumer._chunks.clear()
+            awaitable = anext(step) if step is not None else Consumer.__anext__(consumer)
+            if inspect.iscoroutine(awaitable):  # the slow path: a poll, not run here
+                awaitable.close()
+                out.append(("poll", state.consumed, [c.index for c in consumer._chunks]))
+                break
+            record = await awaitable
+            out.append((record.offset, state.consumed, [c.index for c in consumer._chunks],
+                        dict(consumer._collector.consumed)))
+        return out
+
+    return anyio.run(main)
+
+
+@pytest.mark.parametrize("scenario", _stream_scenarios())
+def test_record_stream_hands_out_what_the_python_anext_does(scenario: str) -> None:
+    compiled = _run_stream_scenario(scenario, compiled=True)
+    python = _run_stream_scenario(scenario, compiled=False)
+    assert compiled == python
+    if scenario == "plain":  # the fast path ran: every record, chunk ends included
+        assert [step[0] for step in compiled] == [0, 1, 3, 7, 8, "poll"]
+        assert [step[1] for step in compiled] == [1, 2, 20, 8, 20, 20]  # a chunk's end: its end position
+    else:  # each change after the second record sends the third step to the poll
+        assert [step[0] for step in compiled] == [0, 1, "poll"]
+
+
+def test_record_stream_falls_back_for_objects_it_does_not_know() -> None:
+    import anyio
+
+    from asyncconsumer.app.iterators import RecordStream
+
+    class Plain:
+        pass
+
+    async def main() -> None:
+        from collections import deque
+
+        class Owner:
+            _poller = None
+
+            class _engine:
+                closed = False
+
+        calls: list[Any] = []
+
+        def anext_py(owner: Any) -> Any:
+            calls.append(owner)
+            return iterators_ready("fallback")
+
+        from asyncconsumer.app.iterators import ready as iterators_ready
+
+        owner = Owner()
+        stream = RecordStream(owner, deque([Plain()]), anext_py)  # not a Chunk: the Python method decides
+        assert await anext(stream) == "fallback" and calls == [owner]
+
+    anyio.run(main)

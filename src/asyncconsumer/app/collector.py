@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Generic, cast
+from typing import TYPE_CHECKING, Generic, cast
 
 import anyio
 from typing_extensions import TypeVar
@@ -28,6 +28,7 @@ from ..errors import KafkaError, RecordError
 from ..managers.fetch_buffer import CompletedFetch, Record
 from ..managers.subscription import PartitionState
 from ..structs import ConsumerRecord, TopicPartition
+from .iterators import ChunkBase
 from .rebalance import RebalanceRunner
 
 KT = TypeVar("KT", default=bytes)
@@ -39,10 +40,19 @@ class RecordDeserializationError(RecordError):
     """A key or value deserializer raised; the position stays at the failing record."""
 
 
-class Chunk:
-    """One partition's records taken from the buffer for ``async for`` or ``batches()``."""
+class Chunk(ChunkBase if not TYPE_CHECKING else object):  # type: ignore[misc]
+    """One partition's records taken from the buffer for ``async for`` or ``batches()``.
 
-    __slots__ = ("end", "epoch", "index", "records", "state")
+    With the C extension its fields live in the compiled ``ChunkBase`` (``async for``'s
+    ``RecordStream`` reads them directly), else in the slots below."""
+
+    __slots__ = () if ChunkBase is not object else ("end", "epoch", "index", "records", "state")
+
+    state: PartitionState
+    epoch: int
+    records: list[Record]
+    index: int
+    end: int
 
     def __init__(self, state: PartitionState, records: list[Record]) -> None:
         self.state = state

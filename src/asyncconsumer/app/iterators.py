@@ -1,13 +1,39 @@
 """The async iterators the consumer's read APIs return (``batches()``, ``arrow_batches()``,
 ``partitions()``): each step is one call of a step function (a poll, bracketed by the consumer's
-``acquire()``/``release()``), and ``aclose()`` runs an optional cleanup."""
+``acquire()``/``release()``), and ``aclose()`` runs an optional cleanup.  And ``ready``, the
+awaitable ``Consumer.__anext__`` returns for a record it already holds."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
+
+from ..protocol import records
 
 T = TypeVar("T")
+
+
+async def ready_py(value: T) -> T:
+    """An awaitable whose value is ``value``: the pure-Python twin of the compiled ``ready``."""
+    return value
+
+
+#: ``ready(value)``: an awaitable already complete, ``await ready(x)`` is ``x``.  The compiled one
+#: (``asyncconsumer._speedups.ready``, used with the compiled decoder) is no coroutine: no frame, no
+#: suspension, so ``async for`` pays no coroutine per buffered record; ``ready_py`` otherwise.
+_speedups: Any = importlib.import_module("asyncconsumer._speedups") if records.DECODER == "c" else None
+ready: Callable[[Any], Awaitable[Any]] = cast("Callable[[Any], Awaitable[Any]]", getattr(_speedups, "ready", ready_py))
+
+#: ``RecordStream(consumer, chunks, anext)``, what ``async for record in consumer`` iterates when
+#: the compiled decoder is in use, the consumer has no deserializers and the default
+#: ``acquire()``/``release()``: ``Consumer.__anext__``'s common case (a record of the first chunk,
+#: not its last, the chunk live, no other poll, the engine running) in C, everything else handed to
+#: ``anext(consumer)``, the Python method, which stays the reference.  None without the extension.
+RecordStream: Any = getattr(_speedups, "RecordStream", None)
+#: The base of ``app.collector.Chunk``: the compiled ``ChunkBase`` (its fields as a C struct, which
+#: ``RecordStream`` reads directly) with the extension, else ``object``.
+ChunkBase: type = getattr(_speedups, "ChunkBase", object)
 
 
 class Steps(Generic[T]):

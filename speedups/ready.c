@@ -1,0 +1,446 @@
+/*
+ * ready(value): an awaitable that is already complete.  ``await ready(x)`` is ``x`` without a
+ * coroutine: no frame, no suspension, no event-loop turn.  Consumer.__anext__ returns one for a
+ * record it already holds, where a coroutine would cost a frame per record
+ * (app/iterators.py picks this or its pure-Python twin ``ready_py``).
+ *
+ * The object is its own iterator: ``await`` drives it through am_send (PEP 590's PyIter_Send,
+ * which returns the value without raising StopIteration); ``__next__`` and ``send`` raise
+ * StopIteration(value) as a coroutine that returns would, and ``throw`` raises what it is given.
+ * It is done after one step, like a coroutine: a second step raises RuntimeError.
+ */
+
+#include "speedups.h"
+
+#include <stddef.h>
+#include <structmember.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *value; /* NULL once handed out */
+} Ready;
+
+static void
+ready_dealloc(Ready *self)
+{
+    Py_XDECREF(self->value);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+ready_await(PyObject *self)
+{
+    Py_INCREF(self);
+    return self;
+}
+
+/* The value, handed out once (a reference the caller owns), or NULL with RuntimeError. */
+static PyObject *
+take(Ready *self)
+{
+    PyObject *value = self->value;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot reuse already awaited ready()");
+        return NULL;
+    }
+    self->value = NULL;
+    return value;
+}
+
+static PySendResult
+ready_send(PyObject *self, PyObject *arg, PyObject **result)
+{
+    (void)arg;
+    PyObject *value = take((Ready *)self);
+    if (value == NULL) {
+        *result = NULL;
+        return PYGEN_ERROR;
+    }
+    *result = value;
+    return PYGEN_RETURN;
+}
+
+/* StopIteration(value), as a returning coroutine raises it (a tuple value wrapped, so that it
+ * arrives whole). */
+static PyObject *
+stop_with(PyObject *value)
+{
+    if (value == NULL) {
+        return NULL;
+    }
+    PyObject *exc = PyObject_CallOneArg(PyExc_StopIteration, value);
+    Py_DECREF(value);
+    if (exc != NULL) {
+        PyErr_SetObject(PyExc_StopIteration, exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+static PyObject *
+ready_next(PyObject *self)
+{
+    return stop_with(take((Ready *)self));
+}
+
+static PyObject *
+ready_send_method(PyObject *self, PyObject *arg)
+{
+    (void)arg;
+    return stop_with(take((Ready *)self));
+}
+
+static PyObject *
+ready_throw(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "throw expected 1 to 3 arguments");
+        return NULL;
+    }
+    Py_CLEAR(((Ready *)self)->value);
+    PyObject *exc = args[0];
+    if (PyExceptionInstance_Check(exc)) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    } else if (PyExceptionClass_Check(exc)) {
+        PyErr_SetObject(exc, nargs > 1 ? args[1] : NULL);
+    } else {
+        PyErr_SetString(PyExc_TypeError, "exceptions must be classes or instances deriving from BaseException");
+    }
+    return NULL;
+}
+
+static PyObject *
+ready_close(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Py_CLEAR(((Ready *)self)->value);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ready_methods[] = {
+    {"send", (PyCFunction)ready_send_method, METH_O, NULL},
+    {"throw", (PyCFunction)(void (*)(void))ready_throw, METH_FASTCALL, NULL},
+    {"close", (PyCFunction)ready_close, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyAsyncMethods ready_async = {
+    .am_await = ready_await,
+    .am_send = ready_send,
+};
+
+PyTypeObject ReadyType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncconsumer._speedups.Ready",
+    .tp_doc = "An awaitable that is already complete: await gives its value (see ready()).",
+    .tp_basicsize = sizeof(Ready),
+    .tp_dealloc = (destructor)ready_dealloc,
+    .tp_as_async = &ready_async,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = ready_next,
+    .tp_methods = ready_methods,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+};
+
+PyObject *
+ready(PyObject *module, PyObject *value)
+{
+    (void)module;
+    Ready *self = PyObject_New(Ready, &ReadyType);
+    if (self == NULL) {
+        return NULL;
+    }
+    Py_INCREF(value);
+    self->value = value;
+    return (PyObject *)self;
+}
+
+/* ------------------------------------------------------------------ ChunkBase
+ *
+ * The fields of app/collector.py's Chunk (one partition's records taken for async for or
+ * batches()), as a C struct, so that RecordStream reads and moves them without a lookup per
+ * record; Chunk subclasses it (adding __init__ and ``live``) when the extension is in use.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *state;   /* the partition's PartitionState */
+    PyObject *epoch;   /* state.epoch when taken */
+    PyObject *records; /* list of records */
+    Py_ssize_t index;  /* the next record to hand out */
+    PyObject *end;     /* the position once the last record is handed out */
+} ChunkBase;
+
+static int
+chunk_traverse(ChunkBase *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->state);
+    Py_VISIT(self->epoch);
+    Py_VISIT(self->records);
+    Py_VISIT(self->end);
+    return 0;
+}
+
+static int
+chunk_clear(ChunkBase *self)
+{
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->epoch);
+    Py_CLEAR(self->records);
+    Py_CLEAR(self->end);
+    return 0;
+}
+
+static void
+chunk_dealloc(ChunkBase *self)
+{
+    PyObject_GC_UnTrack(self);
+    chunk_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef chunk_members[] = {
+    {"state", T_OBJECT_EX, offsetof(ChunkBase, state), 0, NULL},
+    {"epoch", T_OBJECT_EX, offsetof(ChunkBase, epoch), 0, NULL},
+    {"records", T_OBJECT_EX, offsetof(ChunkBase, records), 0, NULL},
+    {"index", T_PYSSIZET, offsetof(ChunkBase, index), 0, NULL},
+    {"end", T_OBJECT_EX, offsetof(ChunkBase, end), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyTypeObject ChunkBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncconsumer._speedups.ChunkBase",
+    .tp_doc = "The fields of a chunk of records (app/collector.py's Chunk subclasses it).",
+    .tp_basicsize = sizeof(ChunkBase),
+    .tp_dealloc = (destructor)chunk_dealloc,
+    .tp_traverse = (traverseproc)chunk_traverse,
+    .tp_clear = (inquiry)chunk_clear,
+    .tp_members = chunk_members,
+    .tp_new = PyType_GenericNew,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+};
+
+/* ------------------------------------------------------------------ RecordStream
+ *
+ * What ``async for record in consumer`` iterates when the consumer has no deserializers and the
+ * default acquire()/release() (Consumer.__aiter__ decides): its am_anext is Consumer.__anext__'s
+ * fast path in C, for the common case only: a record of the first chunk that is not its last,
+ * the chunk live (its partition's epoch unchanged, not paused, not being revoked), no other poll
+ * in progress, the engine running.  Then it moves the chunk's index and the partition's
+ * ``consumed`` past the record, exactly as the Python fast path does, and returns ready(record).
+ * Everything else (the last record of a chunk, no chunk, any check failing, any surprise in the
+ * objects' types) is handed to ``Consumer.__anext__`` itself, which stays the reference.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *consumer;
+    PyObject *chunks; /* the collector's deque of chunks: the same object for the consumer's life */
+    PyObject *anext;  /* Consumer.__anext__, the Python method (unbound) */
+} RecordStream;
+
+static PyObject *s_poller, *s_engine, *s_closed, *s_epoch, *s_paused, *s_revoking, *s_consumed;
+
+static void
+stream_dealloc(RecordStream *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(self->consumer);
+    Py_CLEAR(self->chunks);
+    Py_CLEAR(self->anext);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+stream_traverse(RecordStream *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->consumer);
+    Py_VISIT(self->chunks);
+    Py_VISIT(self->anext);
+    return 0;
+}
+
+/* 1: attribute ``name`` of ``obj`` is ``expected`` (identity); 0: it is not; -1: error. */
+static int
+attr_is(PyObject *obj, PyObject *name, PyObject *expected)
+{
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) {
+        return -1;
+    }
+    int same = value == expected;
+    Py_DECREF(value);
+    return same;
+}
+
+/* The record handed out by the fast path (a new reference), NULL to fall back (no error set), or
+ * NULL with an error set. */
+static PyObject *
+fast_record(RecordStream *self)
+{
+    if (PyObject_Size(self->chunks) <= 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    int ok = attr_is(self->consumer, s_poller, Py_None);
+    if (ok <= 0) {
+        return NULL;
+    }
+    PyObject *engine = PyObject_GetAttr(self->consumer, s_engine);
+    if (engine == NULL) {
+        return NULL;
+    }
+    ok = engine != Py_None ? attr_is(engine, s_closed, Py_False) : 0;
+    Py_DECREF(engine);
+    if (ok <= 0) {
+        return NULL;
+    }
+    PyObject *first = PySequence_GetItem(self->chunks, 0);
+    if (first == NULL) {
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(first, &ChunkBaseType)) {
+        Py_DECREF(first);
+        return NULL;
+    }
+    ChunkBase *chunk = (ChunkBase *)first;
+    PyObject *record = NULL, *state_epoch = NULL;
+    PyObject *state = chunk->state, *records = chunk->records;
+    if (state == NULL || chunk->epoch == NULL || records == NULL || !PyList_CheckExact(records)) {
+        goto done;
+    }
+    if ((state_epoch = PyObject_GetAttr(state, s_epoch)) == NULL) {
+        goto done;
+    }
+    ok = PyObject_RichCompareBool(state_epoch, chunk->epoch, Py_EQ);
+    if (ok <= 0 || (ok = attr_is(state, s_paused, Py_False)) <= 0 ||
+        (ok = attr_is(state, s_revoking, Py_False)) <= 0) {
+        goto done;
+    }
+    Py_ssize_t index = chunk->index;
+    /* The last record of a chunk ends it: Consumer.__anext__ does that bookkeeping. */
+    if (index < 0 || index + 1 >= PyList_GET_SIZE(records)) {
+        goto done;
+    }
+    PyObject *candidate = PyList_GET_ITEM(records, index);
+    if (!PyTuple_Check(candidate) || PyTuple_GET_SIZE(candidate) < 3 || !PyLong_CheckExact(PyTuple_GET_ITEM(candidate, 2))) {
+        goto done;
+    }
+    long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(candidate, 2));
+    if (offset == -1 && PyErr_Occurred()) {
+        goto done;
+    }
+    /* PartitionState.handed_out(record.offset + 1), as the Python fast path writes it; the index
+     * moves only once that is done (an error leaves the record where it was). */
+    PyObject *consumed = PyLong_FromLongLong(offset + 1);
+    if (consumed == NULL) {
+        goto done;
+    }
+    int failed = PyObject_SetAttr(state, s_consumed, consumed);
+    Py_DECREF(consumed);
+    if (failed < 0) {
+        goto done;
+    }
+    chunk->index = index + 1;
+    Py_INCREF(candidate);
+    record = candidate;
+done:
+    Py_DECREF(first);
+    Py_XDECREF(state_epoch);
+    return record;
+}
+
+static PyObject *
+stream_anext(PyObject *op)
+{
+    RecordStream *self = (RecordStream *)op;
+    PyObject *record = fast_record(self);
+    if (record != NULL) {
+        Ready *ready_obj = PyObject_New(Ready, &ReadyType);
+        if (ready_obj == NULL) {
+            Py_DECREF(record);
+            return NULL;
+        }
+        ready_obj->value = record;
+        return (PyObject *)ready_obj;
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    return PyObject_CallOneArg(self->anext, self->consumer);
+}
+
+static PyObject *
+stream_aiter(PyObject *self)
+{
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *
+stream_anext_method(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return stream_anext(self);
+}
+
+static PyMethodDef stream_methods[] = {
+    {"__anext__", (PyCFunction)stream_anext_method, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyAsyncMethods stream_async = {
+    .am_aiter = stream_aiter,
+    .am_anext = stream_anext,
+};
+
+static PyObject *stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs);
+
+PyTypeObject RecordStreamType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncconsumer._speedups.RecordStream",
+    .tp_doc = "RecordStream(consumer, chunks, anext): async for over a consumer's records, the common\n"
+              "case of Consumer.__anext__ in C, anything else handed to anext(consumer).",
+    .tp_basicsize = sizeof(RecordStream),
+    .tp_dealloc = (destructor)stream_dealloc,
+    .tp_traverse = (traverseproc)stream_traverse,
+    .tp_as_async = &stream_async,
+    .tp_methods = stream_methods,
+    .tp_new = stream_new,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+};
+
+static PyObject *
+stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *consumer, *chunks, *anext;
+    static char *names[] = {"consumer", "chunks", "anext", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:RecordStream", names, &consumer, &chunks, &anext)) {
+        return NULL;
+    }
+    if (!PyCallable_Check(anext)) {
+        PyErr_SetString(PyExc_TypeError, "RecordStream: anext must be callable");
+        return NULL;
+    }
+    if (s_poller == NULL) {
+        const char *strs[] = {"_poller", "_engine", "closed", "epoch", "paused", "revoking", "consumed"};
+        PyObject **slots[] = {&s_poller, &s_engine, &s_closed, &s_epoch, &s_paused, &s_revoking, &s_consumed};
+        for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
+            if ((*slots[i] = PyUnicode_InternFromString(strs[i])) == NULL) {
+                return NULL;
+            }
+        }
+    }
+    RecordStream *self = (RecordStream *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    Py_INCREF(consumer);
+    self->consumer = consumer;
+    Py_INCREF(chunks);
+    self->chunks = chunks;
+    Py_INCREF(anext);
+    self->anext = anext;
+    return (PyObject *)self;
+}
