@@ -611,8 +611,12 @@ def from_properties(properties: Mapping[str, Any], overrides: Mapping[str, Any] 
         raise ConfigError(_MSK_IAM)
     if sasl_props:
         _apply_sasl(sasl_props, options)
+    # TLS when the protocol asks for it, or when a store or certificate is named (a file that cannot
+    # be read, or TLS material with security.protocol=PLAINTEXT, is then a clear error); protocol
+    # versions and cipher suites alone (Spark passes them through) ask for nothing.
     tls = str(options.get("security_protocol", "PLAINTEXT")).upper() in ("SSL", "SASL_SSL")
-    if ssl_props and tls and options.get("ssl_context") is None:  # ssl.* alone asks for no TLS
+    material = any(key.endswith((".location", ".certificates", ".key", ".certificate.chain")) for key in ssl_props)
+    if ssl_props and (tls or material) and options.get("ssl_context") is None:
         from .tls_stores import ssl_context_from_properties
 
         options["ssl_context"] = ssl_context_from_properties(ssl_props)

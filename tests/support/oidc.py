@@ -21,6 +21,8 @@ from typing import Any
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
+from asyncconsumer.testing.kafka import OAUTH_AUDIENCE, OAUTH_ISSUER
+
 
 def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
@@ -78,7 +80,8 @@ class TokenServer:
             "sub": client_id,
             "iat": now,
             "exp": now + self.lifetime_s,
-            "iss": "asyncconsumer-tests",
+            "iss": OAUTH_ISSUER,
+            "aud": OAUTH_AUDIENCE,
         }
         if scope:
             claims["scope"] = scope

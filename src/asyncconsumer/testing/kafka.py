@@ -108,6 +108,10 @@ INTERNAL_LISTENER = "INTERNAL"
 #: Users of the SASL listeners (PLAIN and SCRAM) when none are given.
 DEFAULT_USERS: Mapping[str, str] = {"alice": "alice-secret", "admin": "admin-secret"}
 MIN_JAVA = 17
+#: The audience (``aud`` claim) a broker with ``oauth_jwks_url`` expects in a token.
+OAUTH_AUDIENCE = "kafka"
+#: The issuer (``iss`` claim) it expects.
+OAUTH_ISSUER = "asyncconsumer-tests"
 CENTRAL = "https://repo1.maven.org/maven2"
 ENV_LIBS = "ASYNCCONSUMER_KAFKA_LIBS"
 ENV_CACHE = "ASYNCCONSUMER_CACHE_DIR"
@@ -909,6 +913,10 @@ class _KafkaProcesses:
                 )
                 props[f"{prefix}.oauthbearer.sasl.oauthbearer.jwks.endpoint.url"] = self.oauth_jwks_url
                 props["sasl.oauthbearer.jwks.endpoint.url"] = self.oauth_jwks_url
+                # Kafka 4.4's validator refuses to start without an expected audience and issuer.
+                for name, value in (("expected.audience", OAUTH_AUDIENCE), ("expected.issuer", OAUTH_ISSUER)):
+                    props[f"{prefix}.oauthbearer.sasl.oauthbearer.{name}"] = value
+                    props[f"sasl.oauthbearer.{name}"] = value
         if any(name in ("SSL", "SASL_SSL") for name in self.listeners):
             tls = self._tls_material()
             chain = node.directory / "server-chain.pem"
@@ -963,7 +971,9 @@ class KafkaBroker(_KafkaProcesses):
     :class:`UnknownKafkaVersionError` listing them.  ``oauth_jwks_url``: validate OAUTHBEARER
     tokens as signed JWTs against the keys at this JWKS URL (Kafka's
     ``OAuthBearerValidatorCallbackHandler``, KIP-768; the URL is also allowed by the JVM property
-    ``org.apache.kafka.sasl.oauthbearer.allowed.urls``) instead of with the unsecured validator.
+    ``org.apache.kafka.sasl.oauthbearer.allowed.urls``) instead of with the unsecured validator;
+    tokens must name the audience :data:`OAUTH_AUDIENCE` (``"kafka"``) and the issuer
+    :data:`OAUTH_ISSUER` (``"asyncconsumer-tests"``).
 
     :attr:`startup_seconds` is how long :meth:`start` took.  The broker is a real process: stop
     it (``with`` does) or it is stopped when the Python process exits.
