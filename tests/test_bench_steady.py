@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.broker import backend_names_from_env
+from support.broker import backend_names_from_env, in_ci
 
 from benchmarks import ceiling, java, steady
 from benchmarks import datasets as ds
@@ -67,7 +66,7 @@ def test_a_small_steady_run_reads_every_record(tmp_path: Path) -> None:
         find_java()
         kafka_libs()
     except Exception as exc:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        if in_ci():
             raise
         pytest.skip(f"Apache Kafka cannot run here: {exc}")
     clients = [steady.FETCH_ONLY, "asyncconsumer-iter", "asyncconsumer-arrow"]

@@ -114,6 +114,12 @@ def _check_feature(feature: str) -> None:
         raise ValueError(f"unknown broker feature {feature!r}; known: {sorted(FEATURES)}")
 
 
+def in_ci(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the tests run in CI (``CI=true``): there, a broker that cannot start is an error,
+    never a skip."""
+    return environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
 def kafka_version_from_env(environ: Mapping[str, str] = os.environ) -> str:
     """The Apache Kafka release of the session broker: ``ASYNCCONSUMER_KAFKA_VERSION``, else the
     reference; an unknown one is a ``ValueError`` listing the releases ``KafkaBroker`` starts."""
@@ -517,8 +523,8 @@ def private_kafka(**options: Any) -> Iterator[Any]:
     try:
         broker = KafkaBroker(**options).start()
     except Exception as exc:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            raise  # in CI a broker that cannot start is an error (a bad setting too), never a skip
+        if in_ci():
+            raise  # a bad setting too
         pytest.skip(f"cannot start a private Apache Kafka: {exc}")
     try:
         yield broker

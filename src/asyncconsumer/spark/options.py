@@ -91,7 +91,7 @@ class Subscription:
     #: ``subscribePattern`` as given: a Java regular expression, as in Spark.
     pattern: str = ""
     partitions: tuple[TopicPartition, ...] = ()
-    #: ``pattern`` translated to Python's ``re`` syntax (:func:`~asyncconsumer.spark.java_regex_translate`).
+    #: ``pattern`` translated to Python's ``re`` syntax (:func:`~asyncconsumer.spark.java_regex.translate`).
     regex: str = ""
 
     def describe(self) -> str:
