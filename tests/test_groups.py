@@ -392,6 +392,36 @@ async def test_manual_commits_from_a_worker_land_before_the_partition_moves(
         assert firsts[tp] == done.get(tp, 0), f"{tp}: the next owner started at {firsts[tp]}, not after the commit"
 
 
+async def test_manual_commits_a_partition_handed_nothing_moves_without_waiting(
+    bootstrap: str, new_topic: Callable[..., str], group_protocol: str
+) -> None:
+    """The revocation waits for commits of what was handed out; a partition the application was
+    handed nothing from (an empty topic: the position came from a reset, no commit names it) has
+    nothing to wait for, so neither the next owner nor ``close()`` waits out
+    rebalance_commit_wait_ms."""
+    topic = new_topic(2)
+    group = f"g-{topic}"
+    wait_ms = 60_000
+    async with member(bootstrap, group, group_protocol=group_protocol, enable_auto_commit=False,
+                      rebalance_commit_wait_ms=wait_ms) as a:
+        a.subscribe([topic])
+        for tp in await wait_for_assignment(a):
+            assert await a.position(tp, timeout=10) == 0
+        async with member(bootstrap, group, group_protocol=group_protocol) as b:
+            b.subscribe([topic])
+            started = time.monotonic()
+            with anyio.fail_after(wait_ms / 2000):
+                while not b.assignment():
+                    assert await a.getmany(timeout=0.1) == {}  # the revocation runs in here
+                    assert await b.getmany(timeout=0.1) == {}
+            moved = time.monotonic() - started
+            assert a.assignment(), "each member owns one of the two partitions"
+            started = time.monotonic()
+            await a.close()
+            closed = time.monotonic() - started
+    assert moved < wait_ms / 2000 and closed < wait_ms / 2000, (moved, closed)
+
+
 async def test_commit_after_losing_partitions_names_them(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], group_protocol: str
 ) -> None:

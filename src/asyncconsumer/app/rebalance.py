@@ -149,7 +149,11 @@ class RebalanceRunner:
             if pending:
                 await commit_now(engine, pending, self._config.request_timeout_ms / 1000)
             return
-        # Manual commits: wait for the application's own commits of what it was handed.
+        # Manual commits: wait for the application's own commits of what it was handed.  A partition
+        # it was handed nothing from since its position was set (a reset, a seek) has nothing to wait
+        # for, though no commit names its position.
+        partitions_now = engine.subscriptions.partitions
+        consumed = {tp: om for tp, om in consumed.items() if partitions_now[tp].handed_out_since_set}
         with anyio.move_on_after(self._config.rebalance_commit_wait_ms / 1000):
             while any(commits.last_committed.get(tp, -1) < om.offset for tp, om in consumed.items()):
                 event = engine.app_event()

@@ -62,6 +62,9 @@ class PartitionState:
     consumed: int = -1
     #: ``consumed`` as of the application's previous poll: what it has finished with (auto-commit).
     processed: int = -1
+    #: The offset the position was last set to (a committed offset, a reset, a seek): while
+    #: ``consumed`` is still there, nothing was handed out since.
+    set_at: int = -1
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
@@ -101,7 +104,7 @@ class PartitionState:
         if self.phase is not PartitionPhase.FETCHING or offset > self.fetch_offset:
             self.validated_for = None
         self.phase = PartitionPhase.FETCHING
-        self.position = self.fetch_offset = self.consumed = self.processed = offset
+        self.position = self.fetch_offset = self.consumed = self.processed = self.set_at = offset
         self._set_epoch = leader_epoch
         self._epoch_starts = []
         self.reset_to = None
@@ -126,6 +129,11 @@ class PartitionState:
         Never past ``position`` (a record taken before a seek and handed out after it moves nothing)."""
         if self.consumed < offset <= self.position:
             self.consumed = offset
+
+    @property
+    def handed_out_since_set(self) -> bool:
+        """Records were handed to the application since the position was last set."""
+        return self.consumed > self.set_at
 
     def finished(self) -> None:
         """A new poll: the application is done with what it was handed (auto-commit covers it)."""
