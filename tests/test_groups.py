@@ -297,7 +297,8 @@ async def test_callback_that_raises_and_one_that_overruns_do_not_hang(
 
     class Raises(RebalanceListener):
         def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-            raise RuntimeError("boom in the listener")
+            if assigned:  # (a first, empty target of the consumer protocol is reported too)
+                raise RuntimeError("boom in the listener")
 
     async with member(bootstrap, f"g1-{topic}", group_protocol=group_protocol) as c:
         c.subscribe([topic], listener=Raises())
@@ -310,7 +311,8 @@ async def test_callback_that_raises_and_one_that_overruns_do_not_hang(
 
     class Sleeps(RebalanceListener):
         async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-            await anyio.sleep(60)
+            if assigned:
+                await anyio.sleep(60)
 
     async with member(bootstrap, f"g2-{topic}", group_protocol=group_protocol, rebalance_timeout_ms=1500) as c:
         c.subscribe([topic], listener=Sleeps())

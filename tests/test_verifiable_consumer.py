@@ -273,50 +273,29 @@ TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
 
 def test_eager_rebalances_are_reported_as_javas_callbacks_report_them() -> None:
     sink = Recorder()
-    group = _verifiable.GroupEvents(sink.events, eager=True, cooperative=False)
+    group = _verifiable.GroupEvents(sink.events, eager=True)
     group.on_partitions_assigned({TP1, TP0})
-    group.after_poll(1)
     assert sink.take() == [("partitions_assigned", [0, 1])]  # the first join revokes nothing
     group.on_partitions_revoked({TP0, TP1})
-    group.after_poll(2)  # the rebalance gave this member nothing: Java calls back with []
+    group.on_partitions_assigned(set())  # the rebalance gave this member nothing
     assert sink.take() == [("partitions_revoked", [0, 1]), ("partitions_assigned", [])]
-    group.after_poll(3)  # a rebalance that moved nothing either way
+    group.on_partitions_assigned(set())  # owned nothing, got nothing: Java revokes [] first
     assert sink.take() == [("partitions_revoked", []), ("partitions_assigned", [])]
-    group.on_partitions_assigned({TP0})  # owned nothing before: Java revokes [] first
-    group.after_poll(4)
-    group.after_poll(4)
+    group.on_partitions_assigned({TP0})
     assert sink.take() == [("partitions_revoked", []), ("partitions_assigned", [0])]
-    group.closing = True
-    group.on_partitions_revoked({TP0})
-    group.before_records()
+    group.on_partitions_revoked({TP0})  # closing: the revocation is the last word
     assert sink.take() == [("partitions_revoked", [0])]
 
 
-def test_cooperative_revocations_are_followed_by_an_assignment_before_records() -> None:
+def test_cooperative_and_consumer_protocol_callbacks_are_printed_as_they_come() -> None:
     sink = Recorder()
-    group = _verifiable.GroupEvents(sink.events, eager=False, cooperative=True)
+    group = _verifiable.GroupEvents(sink.events, eager=False)
+    group.on_partitions_assigned(set())  # joined with an empty assignment
     group.on_partitions_assigned({TP0, TP1})
-    group.after_poll(1)
-    group.on_partitions_revoked({TP1})  # the first of two rebalances: nothing new, so no callback here
-    group.before_records()
-    group.before_records()
-    group.after_poll(2)  # the second one ends (Java: [] again, nothing came back)
-    assert sink.take() == [("partitions_assigned", [0, 1]), ("partitions_revoked", [1]),
-                           ("partitions_assigned", []), ("partitions_assigned", [])]
-
-
-def test_the_consumer_protocol_reports_each_reconciliation_once() -> None:
-    sink = Recorder()
-    group = _verifiable.GroupEvents(sink.events, eager=False, cooperative=False)
-    group.after_poll(0)
-    group.after_poll(1)  # joined with an empty assignment
-    group.on_partitions_assigned({TP0})
-    group.after_poll(2)
-    group.on_partitions_revoked({TP0})
-    group.before_records()  # no assignment owed: the KIP-848 handler keeps consuming while reconciling
-    group.after_poll(3)
-    assert sink.take() == [("partitions_assigned", []), ("partitions_assigned", [0]),
-                           ("partitions_revoked", [0]), ("partitions_assigned", [])]
+    group.on_partitions_revoked({TP1})
+    group.on_partitions_assigned(set())  # nothing revoked before it: no [] revocation either
+    assert sink.take() == [("partitions_assigned", []), ("partitions_assigned", [0, 1]),
+                           ("partitions_revoked", [1]), ("partitions_assigned", [])]
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])

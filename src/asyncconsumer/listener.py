@@ -20,7 +20,12 @@ class RebalanceListener:
         return None
 
     def on_partitions_assigned(self, assigned: set[TopicPartition]) -> Awaitable[None] | None:
-        """These partitions are now this member's (positions come from committed offsets)."""
+        """These partitions are now this member's (positions come from committed offsets).
+
+        Called at the end of every rebalance, with an empty set when nothing was added (as the Java
+        client does): the rebalance is over.  On the consumer protocol, at the end of every
+        reconciliation and after joining.
+        """
         return None
 
     def on_partitions_lost(self, lost: set[TopicPartition]) -> Awaitable[None] | None:

@@ -251,7 +251,27 @@ def test_revocation_only_is_acknowledged_at_once() -> None:
     s.ack()
     ack = s.hb()
     assert s.owned_ids(ack) == {T: [0]}
-    assert s.state() is S.STABLE and set(s.subs.partitions) == {T0}
+    # Then, as in Java, the assigned callback with nothing new ends the reconciliation.
+    assert s.state() is S.ASSIGNING_PARTITIONS and set(s.subs.partitions) == {T0}
+    assert [(c.kind, c.partitions) for c in s.pending()] == [(CallbackKind.ASSIGNED, frozenset())]
+    s.ack()
+    s.h.poll()
+    assert s.state() is S.STABLE
+
+
+def test_an_empty_first_target_is_reported_once() -> None:
+    """As in Java: the first target after joining is reported to the listener even when it is
+    empty; the same target again is nothing new."""
+    s = Setup()
+    s.m.subscribe(frozenset({"t"}), None)
+    s.answer(s.hb(), 1, {})
+    assert [(c.kind, c.partitions) for c in s.pending()] == [(CallbackKind.ASSIGNED, frozenset())]
+    s.ack()
+    s.h.poll()
+    assert s.state() is S.STABLE
+    s.h.advance(INTERVAL_MS / 1000)
+    s.answer(s.hb(), 1, {})
+    assert s.state() is S.STABLE and len(s.callbacks) == 1
 
 
 def test_assignment_that_arrives_during_a_reconciliation_waits_for_it() -> None:
@@ -268,9 +288,13 @@ def test_assignment_that_arrives_during_a_reconciliation_waits_for_it() -> None:
 
     s.ack()
     s.h.poll()
+    assert s.m.owned == {T0} and s.state() is S.ASSIGNING_PARTITIONS  # the first plan's (empty) end
+    s.ack()
+    s.h.poll()
     assert s.m.owned == {T0, T2} and s.state() is S.ASSIGNING_PARTITIONS
     assert [(c.kind, c.partitions) for c in s.callbacks[1:]] == [
-        (CallbackKind.REVOKED, frozenset({T1})), (CallbackKind.ASSIGNED, frozenset({T2}))]
+        (CallbackKind.REVOKED, frozenset({T1})), (CallbackKind.ASSIGNED, frozenset()),
+        (CallbackKind.ASSIGNED, frozenset({T2}))]
     s.ack()
     assert s.owned_ids(s.hb()) == {T: [0, 2]}
 
@@ -450,7 +474,7 @@ def test_callback_that_never_acks_goes_on_after_the_deadline() -> None:
     s.clock.now = deadline
     ack = s.hb()
     assert not stuck.acked
-    assert s.state() is S.STABLE and set(s.subs.partitions) == {T0}
+    assert s.state() is S.ASSIGNING_PARTITIONS and set(s.subs.partitions) == {T0}
     assert s.owned_ids(ack) == {T: [0]}
 
 

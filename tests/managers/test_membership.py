@@ -179,10 +179,9 @@ class Group:
         self.join(protocol=protocol)
         parts = frozenset(partitions)
         self.sync(parts, protocol=protocol)
-        if parts:
-            self.last_callback(CallbackKind.ASSIGNED, parts).ack()
-            self.h.poll()
-            self.h.take("Heartbeat", poll=False).respond({"error_code": 0})
+        self.last_callback(CallbackKind.ASSIGNED, parts).ack()  # also an empty one, as in Java
+        self.h.poll()
+        self.h.take("Heartbeat", poll=False).respond({"error_code": 0})
         assert self.m.state is S.STABLE
         assert self.m.owned == parts
 
@@ -340,14 +339,19 @@ def test_pattern_subscription_follows_a_deleted_topic() -> None:
     assert g.m.owned == tps(T0) and set(g.subs.partitions) == {T0}
 
 
-def test_empty_assignment_goes_straight_to_stable() -> None:
+def test_empty_assignment_is_still_reported_to_the_listener() -> None:
+    """As the Java client does, every completed rebalance ends with the assigned callback, with an
+    empty set when nothing was added: the application learns that the rebalance is over."""
     g = Group()
     g.subscribe()
     g.find_coordinator()
     g.join()
     g.h.take("SyncGroup").respond(sync_response(None))  # zero bytes: nothing for us
+    assert g.m.state is S.ASSIGNING_PARTITIONS
+    g.last_callback(CallbackKind.ASSIGNED, frozenset()).ack()
+    g.h.poll()
     assert g.m.state is S.STABLE
-    assert g.callbacks == []
+    assert [(c.kind, c.partitions) for c in g.callbacks] == [(CallbackKind.ASSIGNED, frozenset())]
     assert g.subs.partitions == {}
 
 
@@ -977,11 +981,14 @@ def test_cooperative_two_round_rebalance() -> None:
         (S.ASSIGNING_PARTITIONS, S.JOINING),
     ]
 
-    # The follow-up rebalance with nothing moving ends STABLE without a third round.
+    # The follow-up rebalance with nothing moving ends STABLE without a third round, after an
+    # assigned callback with nothing new (as in Java: every completed rebalance reports).
     join.respond(join_response(generation=3, protocol="cooperative-sticky"))
     g.sync([T1, T2], protocol="cooperative-sticky")
+    g.last_callback(CallbackKind.ASSIGNED, frozenset()).ack()
+    g.h.poll()
     assert g.m.state is S.STABLE
-    assert len(g.callbacks) == 2
+    assert len(g.callbacks) == 3
 
 
 @pytest.mark.parametrize(("api", "code"), [("SyncGroup", ILLEGAL_GENERATION), ("SyncGroup", UNKNOWN_MEMBER_ID),

@@ -61,7 +61,7 @@ REFUSED_WITH = {
     "CLASSIC": ("group.remote.assignor", "share.acknowledgement.mode", "share.acquire.mode"),
 }
 RESET_POLICIES = ("earliest", "latest", "none")
-#: How long one poll waits before the tool looks at the group's rebalance count again (see GroupEvents).
+#: How long one poll waits before the tool looks for a stop request again.
 POLL_SLICE = 0.2
 
 PARSER = ToolParser(
@@ -236,68 +236,32 @@ def _assignor(name: str) -> str:
 class GroupEvents(RebalanceListener):
     """``partitions_assigned`` / ``partitions_revoked`` as the Java client's callbacks produce them.
 
-    The listener prints what asyncconsumer's callbacks report.  Java also calls back when a rebalance
-    moved nothing to or from this member, which asyncconsumer's listener is not told about; the
-    tool learns of those rebalances from the group's rebalance count (``metrics()``) after each poll
-    and prints what Java would have:
-
-    - every completed rebalance ends with ``partitions_assigned`` (``[]`` when nothing was added);
-    - eager (classic, non-cooperative assignors): every rebalance after the first join starts with
-      ``partitions_revoked`` of everything owned, ``[]`` when nothing was;
-    - classic cooperative: a revocation is followed by ``partitions_assigned`` before records flow
-      again (Java prints both at the end of the first of its two rebalances).
+    asyncconsumer's listener is called as Java's is: ``on_partitions_assigned`` at the end of every
+    rebalance, with nothing when nothing was added.  One difference is left to the tool: in Java an
+    eager rebalance (classic, non-cooperative assignors) after the first join starts with
+    ``onPartitionsRevoked`` of everything owned, ``[]`` when nothing was, and asyncconsumer does not
+    call back with nothing to revoke; the tool prints that ``partitions_revoked`` itself.
     """
 
-    def __init__(self, events: Events, *, eager: bool, cooperative: bool) -> None:
+    def __init__(self, events: Events, *, eager: bool) -> None:
         self._events = events
         self._eager = eager
-        self._cooperative = cooperative
-        self._rebalances = 0
         self._joined = False
         self._revoked = False
-        self._assigned = False
-        self._owe_assignment = False
-        #: Set while the consumer closes: revocations then are the last word, nothing follows them.
-        self.closing = False
 
     def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self._revoke(revoked)
-        self._owe_assignment = self._cooperative and not self.closing
-
-    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._assign(assigned)
-
-    def _revoke(self, partitions: set[TopicPartition]) -> None:
-        self._events.emit("partitions_revoked", partitions=partition_list(partitions))
+        self._events.emit("partitions_revoked", partitions=partition_list(revoked))
         self._revoked = True
 
-    def _assign(self, partitions: set[TopicPartition]) -> None:
+    def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         if self._eager and self._joined and not self._revoked:
-            self._revoke(set())
-        self._events.emit("partitions_assigned", partitions=partition_list(partitions))
-        self._assigned, self._revoked, self._owe_assignment = True, False, False
-
-    def after_poll(self, rebalances: int) -> None:
-        """The group's completed rebalances so far: print what the callbacks did not."""
-        if rebalances <= self._rebalances:
-            return
-        self._rebalances = rebalances
-        if not self._assigned:
-            self._assign(set())
-        self._assigned = False
-        self._joined = True
-
-    def before_records(self) -> None:
-        """Records are about to be reported: settle an assignment owed since a cooperative revocation
-        (it stands for the first of Java's two rebalances; the second one is reported when it ends)."""
-        if self._owe_assignment:
-            assigned = self._assigned
-            self._assign(set())
-            self._assigned = assigned
+            self.on_partitions_revoked(set())
+        self._events.emit("partitions_assigned", partitions=partition_list(assigned))
+        self._joined, self._revoked = True, False
 
 
 async def _session(tool: ConsumerTool, consumer: Consumer[Any, Any], events: Events, shutdown: Shutdown) -> None:
-    group = GroupEvents(events, eager=tool.eager, cooperative=tool.cooperative)
+    group = GroupEvents(events, eager=tool.eager)
     try:
         consumer.subscribe([tool.topic], listener=group)
         consumed = 0
@@ -309,17 +273,14 @@ async def _session(tool: ConsumerTool, consumer: Consumer[Any, Any], events: Eve
                 break
             # a batch that came back is reported and committed even if a signal came meanwhile, as
             # Java's tool does (its wakeup then interrupts the commit, which it makes again)
-            group.after_poll(consumer.metrics().rebalances.count)
             if not batch:
                 continue
-            group.before_records()
             consumed += _report_batch(batch, events, tool.verbose)
             if not tool.auto_commit:
                 await _commit(consumer, events, {tp: records[-1].offset + 1 for tp, records in batch.items()})
     except Exception as exc:
         fatal("consumer", exc)
     finally:
-        group.closing = True
         with anyio.CancelScope(shield=True):
             await consumer.close(tool.close_timeout)
 

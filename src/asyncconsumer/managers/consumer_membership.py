@@ -104,6 +104,8 @@ class ConsumerMembershipManager(GroupMemberBase):
         self.heartbeat_interval = settings.heartbeat_interval
         # Target assignment from the coordinator (None: nothing received since joining).
         self._target: frozenset[IdPartition] | None = None
+        #: A target was reconciled since the last join (the first one is reported even when empty).
+        self._reconciled = False
         self._needs_reconcile = False
         self._unresolved: frozenset[IdPartition] = frozenset()
         self._resolved_at_version = -1
@@ -178,6 +180,7 @@ class ConsumerMembershipManager(GroupMemberBase):
     # -- membership changes -----------------------------------------------------------------------
 
     def _join(self) -> None:
+        self._reconciled = False
         self.generation = JOIN_EPOCH
         self._acked = None
         self._target, self._unresolved, self._needs_reconcile = None, frozenset(), False
@@ -252,11 +255,12 @@ class ConsumerMembershipManager(GroupMemberBase):
             self._maybe_refresh_metadata(now)
         revoke = self.owned - wanted
         assign = wanted - self.owned
-        if not revoke and not assign:
+        if not revoke and not assign and self._reconciled:
             return False
+        self._reconciled = True  # the first target after a join is news, even an empty one
         log.info("group %r epoch %d: assigned %s, revoked %s", self.settings.group_id, self.generation,
                  sorted(map(str, assign)), sorted(map(str, revoke)))
-        self._plan = RebalancePlan(revoke=revoke, assign=assign)
+        self._plan = RebalancePlan(revoke=revoke, assign=assign, completes=True)
         self._to(MemberState.PREPARE_REVOCATION)
         return True
 

@@ -357,7 +357,7 @@ class GroupMemberBase:
                     self._to(MemberState.PREPARE_REVOCATION)
                 elif self._leaving:
                     self._to(MemberState.LEAVING)
-                elif self._plan.assign:
+                elif self._plan.assign or self._plan.completes:
                     self._start_assignment(now)
                 elif not self._rejoin_after_revocation():
                     self._to(MemberState.STABLE)

@@ -429,7 +429,7 @@ class MembershipManager(GroupMemberBase):
         rejoin = bool(revoke) and self.protocol is RebalanceProtocol.COOPERATIVE
         log.info("group %r generation %d: assigned %s, revoked %s", self.settings.group_id, self.generation,
                  sorted(map(str, add)), sorted(map(str, revoke)))
-        self._plan = RebalancePlan(revoke=revoke, assign=add, rejoin_after=rejoin)
+        self._plan = RebalancePlan(revoke=revoke, assign=add, rejoin_after=rejoin, completes=True)
         self._to(MemberState.PREPARE_REVOCATION)
         self._next_heartbeat = now + self.settings.heartbeat_interval
         self._advance(now)

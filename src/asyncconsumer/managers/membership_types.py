@@ -190,3 +190,6 @@ class RebalancePlan:
     assign: frozenset[TopicPartition] = frozenset()
     lost: bool = False
     rejoin_after: bool = False
+    #: The plan ends a rebalance (a SyncGroup answer, a KIP-848 reconciliation): the assigned
+    #: callback runs even when nothing is added, as the Java client's does.
+    completes: bool = False
