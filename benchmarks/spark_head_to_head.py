@@ -196,7 +196,22 @@ def executor_read(bootstrap: str, topic: str, partitions: int, records: int, col
 def run_step(
     spark: Any, step: str, source: str, bootstrap: str, topic: str, work: str, timings: list[Any] | None = None
 ) -> float:
-    """Seconds for one step.  ``timings``: [log path, offset] to print the stream's timings."""
+    """Seconds for one step, tried again (twice at most) when PySpark's streaming source runner, a
+    new Python process per query, does not connect back to the JVM in time (on an overloaded
+    machine); ``timings``: [log path, offset] to print the stream's timings."""
+    for attempt in range(3):
+        try:
+            return _run_step(spark, step, source, bootstrap, topic, work, timings)
+        except Exception as exc:
+            if "failed to connect back" not in str(exc) or attempt == 2:
+                raise
+            log(f"{source} {step} {topic}: the Python worker did not connect back in time; again")
+    raise AssertionError("unreachable")
+
+
+def _run_step(
+    spark: Any, step: str, source: str, bootstrap: str, topic: str, work: str, timings: list[Any] | None
+) -> float:
     started = time.perf_counter()
     began = time.time()
     if step == "batch":

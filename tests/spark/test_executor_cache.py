@@ -205,3 +205,13 @@ def test_streaming_query_with_kept_consumers_writes_every_record_once(
     # Which Python worker ran which task is Spark's business (its RDD workers are another pool, so
     # the cache counts cannot be read back from a worker here): the reuse itself is proven by the
     # tests above, which run read_range as a worker does.
+
+
+def test_fetch_waits_of_the_driver_and_executor_consumers() -> None:
+    """The driver's watermark probe does not wait for records; an executor waits at most 50 ms
+    (only past its range's end), so a kept consumer's next task never queues behind a long poll."""
+    opts = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t"})
+    assert src._driver_consumer(opts).config.fetch_max_wait_ms == 0
+    assert src._executor_consumer(opts).config.fetch_max_wait_ms == 50
+    quick = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t", "kafka.fetch.max.wait.ms": "10"})
+    assert src._executor_consumer(quick).config.fetch_max_wait_ms == 10
