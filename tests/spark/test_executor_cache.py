@@ -34,7 +34,9 @@ def cache(monkeypatch: pytest.MonkeyPatch) -> Iterator[src.ExecutorConsumers]:
 
 
 def options(bootstrap: str, topic: str, **extra: str) -> SourceOptions:
-    return parse_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic, **extra}, streaming=True)
+    """The source's options, with consumers kept 5 minutes unless ``extra`` says otherwise."""
+    given = {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "consumerCacheTimeout": "5m", **extra}
+    return parse_options(given, streaming=True)
 
 
 def task(opts: SourceOptions, topic: str, partition: int, start: int, end: int) -> list[tuple[int, int, bytes]]:
@@ -93,10 +95,13 @@ def test_cache_timeout_zero_closes_each_tasks_consumer(
     assert task(opts, topic, 0, 0, 10) == expected(0, 0, 10)
     assert task(opts, topic, 0, 10, 20) == expected(0, 10, 20)
     assert (cache.created, cache.reused, cache.idle) == (2, 0, 0)
-    # nor does it take one another query's tasks left
+    # nor does it take one another query's tasks left (and without the option, nothing is kept)
+    default = parse_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic})
+    assert task(default, topic, 0, 20, 30) == expected(0, 20, 30)
+    assert (cache.created, cache.reused, cache.idle) == (3, 0, 0)
     assert task(options(bootstrap, topic), topic, 1, 0, 10) == expected(1, 0, 10)
     assert task(opts, topic, 1, 10, 20) == expected(1, 10, 20)
-    assert (cache.created, cache.reused, cache.idle) == (4, 0, 1)
+    assert (cache.created, cache.reused, cache.idle) == (5, 0, 1)
 
 
 def test_a_task_stopped_early_or_failing_closes_its_consumer(
@@ -175,33 +180,20 @@ def test_streaming_query_with_kept_consumers_writes_every_record_once(
     tasks take the consumers the earlier tasks left), every record written exactly once."""
     from support.producer import create_topic
 
-    name = create_topic(bootstrap, f"cache-{uuid.uuid4().hex[:8]}", 4)
-    placed = produce(name, [(i % 4, None, b"v%d" % i) for i in range(4000)])
-    out = tmp_path / "out"
-    query = (
-        spark.readStream.format("asyncconsumer")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", name)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "1000")
-        .load()
-        .selectExpr("partition", "offset")
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        assert query.awaitTermination(120)
-    finally:
-        query.stop()
-    assert query.exception() is None
-    assert len([p for p in query.recentProgress if p["numInputRows"]]) >= 4
-    rows = spark.read.parquet(str(out)).toArrow()
-    got = Counter(zip(rows.column("partition").to_pylist(), rows.column("offset").to_pylist(), strict=True))
-    assert got == Counter(placed)
+    from .test_streaming import run_available_now, written
 
+    name = create_topic(bootstrap, f"cache-{uuid.uuid4().hex[:8]}", 4)
+    values = [b"v%d" % i for i in range(4000)]
+    placed = produce(name, [(i % 4, None, v) for i, v in enumerate(values)])
+    out = tmp_path / "out"
+    options = {
+        "subscribe": name,
+        "startingOffsets": "earliest",
+        "maxOffsetsPerTrigger": "1000",
+        "consumerCacheTimeout": "5m",
+    }
+    assert len(run_available_now(spark, bootstrap, out, tmp_path / "checkpoint", **options)) >= 4
+    assert written(spark, out) == Counter((name, p, o, v) for (p, o), v in zip(placed, values, strict=True))
     # Which Python worker ran which task is Spark's business (its RDD workers are another pool, so
     # the cache counts cannot be read back from a worker here): the reuse itself is proven by the
     # tests above, which run read_range as a worker does.
