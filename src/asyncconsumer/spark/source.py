@@ -13,7 +13,8 @@ Where things run:
 - **Executors**: :meth:`read` reads exactly one offset range ``[start, end)`` with a Consumer using
   manual ``assign`` + ``seek`` on its own event loop (a blocking portal thread, so that record batches
   can be yielded to Spark while the consumer keeps its connections), and hands Arrow record batches
-  to Spark.
+  to Spark.  With ``consumerCacheTimeout`` set, a Python worker keeps that consumer for its next
+  task (:class:`ExecutorConsumers`).
 
 No consumer group is joined: offsets live in Spark's checkpoint.
 """
@@ -702,8 +703,9 @@ class ExecutorConsumers:
     """The executors' consumers, kept open between the tasks of one Python worker process.
 
     Spark's own Kafka source caches its consumers per executor; PySpark reuses its Python workers
-    (``spark.python.worker.reuse``, on by default), so a worker keeps here, idle, the consumer of
-    a task that read its range to the end, and the next task with the same ``kafka.*`` options
+    (``spark.python.worker.reuse``, on by default), so with ``consumerCacheTimeout`` set (it is
+    0, off, by default) a worker keeps here, idle, the consumer of a task that read its range to
+    the end, and the next task with the same ``kafka.*`` options
     takes it instead of connecting again (event loop, connections, ApiVersions, metadata).  The
     key is the ``kafka.*`` options the consumer is made from; anything else (offsets, headers,
     ``failOnDataLoss``) is per task.  An idle consumer is closed after ``consumerCacheTimeout``
