@@ -1,6 +1,7 @@
 """The PySpark source against Spark's own Kafka source: same broker, same topics, same session.
 
     python -m benchmarks.spark_head_to_head [--quick] [--records-100b N] [--records-1kib N] [--rounds 3]
+        [--steps batch,aggregate,stream] [--kept] [--timings] [--no-executor-read]
 
 One Apache Kafka broker (``asyncconsumer.testing.KafkaBroker``), two topics of 4 partitions
 (1,000,000 x 100 B and 200,000 x 1 KiB values; ``--quick``: 50,000 and 10,000), produced once with
@@ -17,6 +18,10 @@ source registered.  For each topic, interleaved rounds (the source order alterna
 Before timing, both sources' rows are checked to be identical: the SHA-256 of the sorted per-row
 ``xxhash64`` of every column (headers included), and the row count.  Prints rows/s (median and
 spread over the rounds) per source and step, and the ratio asyncconsumer / Spark.
+
+``--kept`` runs the source a second time with ``consumerCacheTimeout=5m`` (executors keep their
+consumers between tasks); ``--timings`` logs where each stream's time goes (the source's DEBUG
+``timing:`` lines from every Python process Spark starts, and Spark's per-batch durations).
 
 Spark's Kafka source must match the PySpark version.  When the installed PySpark's
 spark-sql-kafka is not on Maven Central (PySpark 4.3.0, November 2026), the command stops and
