@@ -1,6 +1,7 @@
 """The PySpark source against Spark's own Kafka source: same broker, same topics, same session.
 
     python -m benchmarks.spark_head_to_head [--quick] [--records-100b N] [--records-1kib N] [--rounds 3]
+        [--steps batch,aggregate,stream] [--kept] [--timings] [--no-executor-read]
 
 One Apache Kafka broker (``asyncconsumer.testing.KafkaBroker``), two topics of 4 partitions
 (1,000,000 x 100 B and 200,000 x 1 KiB values; ``--quick``: 50,000 and 10,000), produced once with
@@ -17,6 +18,10 @@ source registered.  For each topic, interleaved rounds (the source order alterna
 Before timing, both sources' rows are checked to be identical: the SHA-256 of the sorted per-row
 ``xxhash64`` of every column (headers included), and the row count.  Prints rows/s (median and
 spread over the rounds) per source and step, and the ratio asyncconsumer / Spark.
+
+``--kept`` runs the source a second time with ``consumerCacheTimeout=5m`` (executors keep their
+consumers between tasks); ``--timings`` logs where each stream's time goes (the source's DEBUG
+``timing:`` lines from every Python process Spark starts, and Spark's per-batch durations).
 
 Spark's Kafka source must match the PySpark version.  When the installed PySpark's
 spark-sql-kafka is not on Maven Central (PySpark 4.3.0, November 2026), the command stops and
@@ -38,6 +43,8 @@ from typing import Any
 
 MAVEN = "https://repo1.maven.org/maven2/org/apache/spark/spark-sql-kafka-0-10_2.13"
 SOURCES = ["asyncconsumer", "kafka"]
+#: ``--kept``: the source again with consumerCacheTimeout=5m (executors keep their consumers between tasks).
+KEPT = "asyncconsumer-kept"
 STEPS = ["batch", "aggregate", "stream"]
 
 
@@ -58,6 +65,47 @@ def kafka_package(version: str) -> str:
             "e.g. pip install 'pyspark[sql]==4.2.0'."
         )
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+
+
+#: ``--timings``: Spark's Python processes (driver planners, executor workers) load this
+#: ``sitecustomize`` and log ``asyncconsumer.spark`` at DEBUG (its ``timing:`` lines) to one file.
+SITECUSTOMIZE = """
+import logging, os
+_handler = logging.FileHandler(os.environ["H2H_TIMINGS_LOG"])
+_handler.setFormatter(logging.Formatter("%(created).3f %(process)d %(message)s"))
+_logger = logging.getLogger("asyncconsumer.spark")
+_logger.addHandler(_handler)
+_logger.setLevel(logging.DEBUG)
+_logger.debug("timing: python process started: %s", " ".join(getattr(__import__("sys"), "argv", [])))
+"""
+
+
+def enable_timings(work: str) -> str:
+    """Before the JVM starts: every Python process Spark starts logs the source's timings to a file."""
+    site = os.path.join(work, "site")
+    os.makedirs(site)
+    with open(os.path.join(site, "sitecustomize.py"), "w") as f:
+        f.write(SITECUSTOMIZE)
+    path = os.path.join(work, "timings.log")
+    open(path, "w").close()
+    os.environ["H2H_TIMINGS_LOG"] = path
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH", "")) if p)
+    return path
+
+
+def show_timings(path: str, offset: int, began: float, query: Any) -> int:
+    """Print the source's timing lines logged since ``offset`` (seconds since the query started) and
+    Spark's own per-batch durations; returns the new offset."""
+    with open(path) as f:
+        f.seek(offset)
+        lines = f.read()
+        offset = f.tell()
+    for line in lines.splitlines():
+        stamp, _, rest = line.partition(" ")
+        log(f"  +{float(stamp) - began:6.2f}s pid {rest}")
+    for p in query.recentProgress:
+        log(f"  batch {p['batchId']}: {p['numInputRows']} rows, durationMs {p['durationMs']}")
+    return offset
 
 
 def session(master: str, package: str, work: str) -> Any:
@@ -94,8 +142,10 @@ def session(master: str, package: str, work: str) -> Any:
 
 def reader(spark: Any, source: str, bootstrap: str, topic: str, *, stream: bool = False) -> Any:
     builder = spark.readStream if stream else spark.read
+    if source == KEPT:
+        builder = builder.option("consumerCacheTimeout", "5m")
     return (
-        builder.format(source)
+        builder.format("asyncconsumer" if source == KEPT else source)
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
@@ -148,9 +198,27 @@ def executor_read(bootstrap: str, topic: str, partitions: int, records: int, col
     return n / (time.perf_counter() - started)
 
 
-def run_step(spark: Any, step: str, source: str, bootstrap: str, topic: str, work: str) -> float:
-    """Seconds for one step."""
+def run_step(
+    spark: Any, step: str, source: str, bootstrap: str, topic: str, work: str, timings: list[Any] | None = None
+) -> float:
+    """Seconds for one step, tried again (twice at most) when PySpark's streaming source runner, a
+    new Python process per query, does not connect back to the JVM in time (on an overloaded
+    machine); ``timings``: [log path, offset] to print the stream's timings."""
+    for attempt in range(3):
+        try:
+            return _run_step(spark, step, source, bootstrap, topic, work, timings)
+        except Exception as exc:
+            if "failed to connect back" not in str(exc) or attempt == 2:
+                raise
+            log(f"{source} {step} {topic}: the Python worker did not connect back in time; again")
+    raise AssertionError("unreachable")
+
+
+def _run_step(
+    spark: Any, step: str, source: str, bootstrap: str, topic: str, work: str, timings: list[Any] | None
+) -> float:
     started = time.perf_counter()
+    began = time.time()
     if step == "batch":
         reader(spark, source, bootstrap, topic).write.format("noop").mode("overwrite").save()
     elif step == "aggregate":
@@ -167,6 +235,9 @@ def run_step(spark: Any, step: str, source: str, bootstrap: str, topic: str, wor
         )
         query.awaitTermination()
         elapsed = time.perf_counter() - started
+        if timings is not None:
+            log(f"{source} stream {topic}: {elapsed:.2f}s; the source's timings and Spark's per batch:")
+            timings[1] = show_timings(timings[0], timings[1], began, query)
         shutil.rmtree(out, ignore_errors=True)
         return elapsed
     return time.perf_counter() - started
@@ -180,6 +251,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of batch,aggregate,stream")
+    parser.add_argument("--timings", action="store_true", help="log where each stream's time goes (DEBUG timings)")
+    parser.add_argument("--kept", action="store_true", help="also run the source with consumerCacheTimeout=5m")
+    parser.add_argument("--no-executor-read", action="store_true", help="skip the executor read outside Spark")
     args = parser.parse_args()
     steps = [s for s in args.steps.split(",") if s]
 
@@ -204,6 +278,7 @@ def main() -> None:
         ds.create_topics(bootstrap, sets)
         for d in sets:
             log(f"producing {d.describe()}: {ds.produce(bootstrap, d):.1f}s")
+        timings = [enable_timings(work), 0] if args.timings else None
         spark = session(args.master, package, work)
         for d in sets:
             hashes = {source: rows_hash(reader(spark, source, bootstrap, d.topic)) for source in SOURCES}
@@ -212,31 +287,39 @@ def main() -> None:
                 sys.exit(f"the sources disagree on {d.topic}: {hashes}")
         results: dict[tuple[str, str, str], list[float]] = {}
         for r in range(args.rounds):
-            for d in sets:  # where the time goes: the executor read alone, columnar and rows
+            for d in sets if not args.no_executor_read else []:  # the executor read alone, columnar and rows
                 for label, columnar in (("executor read, columnar", True), ("executor read, rows", False)):
                     rate = executor_read(bootstrap, d.topic, d.partitions, d.records, columnar)
                     results.setdefault((d.name, label, "asyncconsumer"), []).append(rate)
                     log(f"round {r + 1} {d.name} {label} (no Spark): {rate:,.0f} rows/s")
-            order = SOURCES if r % 2 == 0 else SOURCES[::-1]
+            sources = [*SOURCES, KEPT] if args.kept else SOURCES
+            order = sources[r % len(sources) :] + sources[: r % len(sources)]
+            if r % 2:
+                order.reverse()
             for d in sets:
                 for step in steps:
                     for source in order:
-                        seconds = run_step(spark, step, source, bootstrap, d.topic, work)
+                        seconds = run_step(spark, step, source, bootstrap, d.topic, work, timings)
                         results.setdefault((d.name, step, source), []).append(d.records / seconds)
                         rate = d.records / seconds
                         log(f"round {r + 1} {d.name} {step} {source}: {rate:,.0f} rows/s ({seconds:.2f}s)")
         print(f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({args.master}), {package}; "
               f"{args.rounds} interleaved rounds; rows/s median (min-max); identical rows checked by hash\n")
-        print("| topic | step | asyncconsumer rows/s | Spark Kafka source rows/s | ratio |")
-        print("|---|---|---:|---:|---:|")
+        print("| topic | step | source | rows/s | Spark Kafka source rows/s | ratio |")
+        print("|---|---|---|---:|---:|---:|")
         for d in sets:
             for step in steps:
-                ours, theirs = results[(d.name, step, "asyncconsumer")], results[(d.name, step, "kafka")]
-                print(
-                    f"| {d.describe()} | {step} | {statistics.median(ours):,.0f} ({min(ours):,.0f}-{max(ours):,.0f}) | "
-                    f"{statistics.median(theirs):,.0f} ({min(theirs):,.0f}-{max(theirs):,.0f}) | "
-                    f"{statistics.median(ours) / statistics.median(theirs):.2f}x |"
-                )
+                theirs = results[(d.name, step, "kafka")]
+                for variant in ("asyncconsumer", KEPT) if args.kept else ("asyncconsumer",):
+                    ours = results[(d.name, step, variant)]
+                    print(
+                        f"| {d.describe()} | {step} | {variant} | {statistics.median(ours):,.0f} "
+                        f"({min(ours):,.0f}-{max(ours):,.0f}) | "
+                        f"{statistics.median(theirs):,.0f} ({min(theirs):,.0f}-{max(theirs):,.0f}) | "
+                        f"{statistics.median(ours) / statistics.median(theirs):.2f}x |"
+                    )
+        if args.no_executor_read:
+            return
         print("\nThe source's executor read alone (read_range in one process, partition after partition, no Spark):\n")
         print("| topic | path | rows/s |")
         print("|---|---|---:|")

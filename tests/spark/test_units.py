@@ -143,6 +143,14 @@ def test_trigger_options() -> None:
         assert parse_options(opts(subscribe="t", maxTriggerDelay=raw)).max_trigger_delay_ms == ms
 
 
+def test_consumer_cache_timeout_option() -> None:
+    assert parse_options(opts(subscribe="t")).consumer_cache_timeout_ms == 0  # off unless asked for
+    assert parse_options(opts(subscribe="t", consumerCacheTimeout="30s")).consumer_cache_timeout_ms == 30_000
+    assert parse_options(opts(subscribe="t", consumercachetimeout="0")).consumer_cache_timeout_ms == 0
+    with pytest.raises(SourceOptionError, match="'consumerCacheTimeout' must be a time such as"):
+        parse_options(opts(subscribe="t", consumerCacheTimeout="forever"))
+
+
 def test_java_client_sasl_jaas_config_is_translated() -> None:
     jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" password="s\\"cret";'
     o = parse_options(

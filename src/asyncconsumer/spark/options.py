@@ -57,6 +57,7 @@ _KNOWN = (
     "groupIdPrefix",
     "commitOffsetsToGroup",
     "kafkaConsumer.pollTimeoutMs",
+    "consumerCacheTimeout",
     "fetchOffset.numRetries",
     "fetchOffset.retryIntervalMs",
 )
@@ -69,6 +70,9 @@ _FORBIDDEN_KAFKA = {
     "value.deserializer": "values are always returned as binary; cast or parse them with DataFrame operations",
     "interceptor.classes": "consumer interceptors can change what is read, so Spark does not allow them either",
 }
+#: ``consumerCacheTimeout``'s default: 0, no consumer is kept (a kept consumer read more slowly than
+#: a new one in the benchmarks, docs/spark.md; Spark's own cache keeps its consumers 5 minutes).
+DEFAULT_CONSUMER_CACHE_TIMEOUT_MS = 0
 #: ``maxTriggerDelay``'s default, as in Spark: 15 minutes.
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 # Spark's time strings (JavaUtils.timeStringAsMs): a number and an optional unit; no unit is ms.
@@ -162,6 +166,10 @@ class SourceOptions:
     #: ``groupIdPrefix``); None when nothing is committed, which is the default, as in Spark.
     group_id: str | None = None
     poll_timeout_ms: int = 120_000
+    #: ``consumerCacheTimeout`` (ours): how long an executor's consumer stays open, idle, for the
+    #: next task of its Python worker with the same ``kafka.*`` options; 0 (the default) closes it
+    #: after each task.
+    consumer_cache_timeout_ms: int = DEFAULT_CONSUMER_CACHE_TIMEOUT_MS
 
     @property
     def consumer_properties(self) -> dict[str, str]:
@@ -470,6 +478,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
             _positive_int("kafkaConsumer.pollTimeoutMs", source["kafkaConsumer.pollTimeoutMs"])
             if "kafkaConsumer.pollTimeoutMs" in source
             else 120_000
+        ),
+        consumer_cache_timeout_ms=(
+            _time_ms("consumerCacheTimeout", source["consumerCacheTimeout"])
+            if "consumerCacheTimeout" in source
+            else DEFAULT_CONSUMER_CACHE_TIMEOUT_MS
         ),
     )
 

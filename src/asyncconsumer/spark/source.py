@@ -8,23 +8,26 @@ Where things run:
   streaming offsets (``initialOffset``/``latestOffset``/``prepareForTriggerAvailableNow``) and the
   optional commit of processed offsets to a consumer group.  The batch reader's planning opens a
   short-lived :class:`~asyncconsumer.Consumer` inside ``anyio.run``; a streaming query keeps its
-  driver consumers across micro-batches (:class:`DriverSession`, closed when the query stops).
+  driver consumers across micro-batches (:class:`ConsumerSession`, closed when the query stops).
   Every lookup fetches fresh metadata, so new topics and partitions are seen.
 - **Executors**: :meth:`read` reads exactly one offset range ``[start, end)`` with a Consumer using
   manual ``assign`` + ``seek`` on its own event loop (a blocking portal thread, so that record batches
   can be yielded to Spark while the consumer keeps its connections), and hands Arrow record batches
-  to Spark.
+  to Spark.  With ``consumerCacheTimeout`` set, a Python worker keeps that consumer for its next
+  task (:class:`ExecutorConsumers`).
 
 No consumer group is joined: offsets live in Spark's checkpoint.
 """
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import json
 import logging
 import math
+import os
 import queue
 import threading
 import time
@@ -35,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import anyio
 import anyio.lowlevel
 import pyarrow as pa
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -100,6 +103,27 @@ def report_data_loss(options: SourceOptions, message: str) -> None:
     if options.fail_on_data_loss:
         raise DataLossError(f"asyncconsumer source: {message}. {_DATA_LOSS_HINT}")
     log.warning("asyncconsumer source: %s. Some data may have been lost (failOnDataLoss=false).", message)
+
+
+#: When this module was imported: the debug timings say how long a Python worker had been up.
+_IMPORTED = time.monotonic()
+
+
+@contextlib.contextmanager
+def _timed(what: str) -> Iterator[None]:
+    """Log ``what`` and its duration at DEBUG on ``asyncconsumer.spark`` (``timing: <what> <s>``).
+
+    Where a streaming query's time goes (driver calls, each task's consumer start, first batch and
+    read); nothing is measured unless DEBUG is on for the logger.
+    """
+    if not log.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    began = time.perf_counter()
+    try:
+        yield
+    finally:
+        log.debug("timing: %s %.3f s", what, time.perf_counter() - began)
 
 
 # ------------------------------------------------------------------------------ offset ranges
@@ -387,8 +411,9 @@ def _driver_consumer(options: SourceOptions, **overrides: Any) -> Consumer[Any, 
     settings: dict[str, Any] = {"auto_offset_reset": "none", "enable_auto_commit": False, "group_id": None}
     if "client.id" not in props:
         settings["client_id"] = "asyncconsumer-spark-driver"
-    # The high-watermark probe fetches from the end of the log: answer quickly, fetch little.
-    settings["fetch_max_wait_ms"] = min(50, int(props.get("fetch.max.wait.ms", "50")))
+    # The high-watermark probe fetches from the end of the log for the watermark alone: the broker
+    # answers at once (no waiting for records), with little data.
+    settings["fetch_max_wait_ms"] = 0
     settings["max_partition_fetch_bytes"] = 1024
     settings["fetch_max_bytes"] = 1024 * 1024
     settings.update(overrides)
@@ -412,18 +437,19 @@ def run_on_driver(options: SourceOptions, work: Callable[[OffsetLookup], Awaitab
     return anyio.run(main)
 
 
-class DriverSession:
-    """A consumer kept across a streaming query's micro-batches for the driver's offset planning.
+class ConsumerSession:
+    """A consumer on an event loop of its own, kept across calls: the driver's offset planning for
+    a whole streaming query, an executor's reads for the tasks of one Python worker.
 
     Spark calls a stream reader's driver methods (``initialOffset``, ``latestOffset``,
     ``partitions``, ``commit``) one after another in one long-lived Python worker, each one
-    synchronously.  Rather than a consumer per call (connections, ApiVersions and metadata every
-    micro-batch), the session starts ``make()``'s consumer on an event loop of its own (a blocking
-    portal thread) on first use and runs each call's work there.  Each lookup still asks Kafka
-    afresh: ``partitions``/``topics`` fetch new metadata every time, so new topics and partitions
-    are seen.  A call that fails closes the session (the next one starts a new consumer: nothing
-    half-done is kept); :meth:`close` ends it, and the stream reader's ``stop()`` calls that when
-    the query stops.
+    synchronously, and an executor's Python worker runs its tasks one after another.  Rather than
+    a consumer per call (connections, ApiVersions and metadata every time), the session starts
+    ``make()``'s consumer on an event loop of its own (a blocking portal thread) on first use and
+    runs each call's work there.  Each driver lookup still asks Kafka afresh: ``partitions``/``topics``
+    fetch new metadata every time, so new topics and partitions are seen.  A call that fails closes
+    the session (the next one starts a new consumer: nothing half-done is kept); :meth:`close` ends
+    it, and the stream reader's ``stop()`` calls that when the query stops.
     """
 
     def __init__(self, make: Callable[[], Consumer[Any, Any]]) -> None:
@@ -450,6 +476,7 @@ class DriverSession:
             self.close()
             raise
 
+    @_timed("consumer start (event loop, connection, metadata)")
     def _start(self) -> None:
         stack = contextlib.ExitStack()
         try:
@@ -506,7 +533,7 @@ def _daemon_portal() -> Iterator[BlockingPortal]:
 def lookup_with(
     options: SourceOptions, work: Callable[[OffsetLookup], Awaitable[T]]
 ) -> Callable[[Consumer[Any, Any]], Awaitable[T]]:
-    """``work`` for :meth:`DriverSession.run`: given the session's consumer as an :class:`OffsetLookup`."""
+    """``work`` for :meth:`ConsumerSession.run`: given the session's consumer as an :class:`OffsetLookup`."""
 
     async def run(consumer: Consumer[Any, Any]) -> T:
         return await work(ConsumerOffsetLookup(consumer, read_committed=options.read_committed))
@@ -652,25 +679,208 @@ def _executor_consumer(options: SourceOptions) -> Consumer[Any, Any]:
     settings: dict[str, Any] = {"auto_offset_reset": "none", "enable_auto_commit": False, "group_id": None}
     if "client.id" not in props:
         settings["client_id"] = "asyncconsumer-spark-executor"
+    # A task's range is below the high watermark the driver saw: a fetch waits only past its end,
+    # where nothing is wanted; a fetch long-polling there would delay the next task of a kept consumer.
+    settings["fetch_max_wait_ms"] = min(_EXECUTOR_FETCH_WAIT_MS, int(props.get("fetch.max.wait.ms", "500")))
     return Consumer.from_properties(props, **settings)
 
 
+#: The executors' ``fetch.max.wait.ms`` at most (ms).
+_EXECUTOR_FETCH_WAIT_MS = 50
+#: How many idle consumers an executor's Python worker keeps at most (the least recently used go first).
+EXECUTOR_CACHE_CAPACITY = 8
+
+
+@dataclass(slots=True)
+class _Idle:
+    key: tuple[tuple[str, str], ...]
+    session: ConsumerSession
+    since: float
+    timeout: float
+
+
+class ExecutorConsumers:
+    """The executors' consumers, kept open between the tasks of one Python worker process.
+
+    Spark's own Kafka source caches its consumers per executor; PySpark reuses its Python workers
+    (``spark.python.worker.reuse``, on by default), so with ``consumerCacheTimeout`` set (it is
+    0, off, by default) a worker keeps here, idle, the consumer of a task that read its range to
+    the end, and the next task with the same ``kafka.*`` options
+    takes it instead of connecting again (event loop, connections, ApiVersions, metadata).  The
+    key is the ``kafka.*`` options the consumer is made from; anything else (offsets, headers,
+    ``failOnDataLoss``) is per task.  An idle consumer is closed after ``consumerCacheTimeout``
+    (a daemon thread watches the clock), when more than :data:`EXECUTOR_CACHE_CAPACITY` are idle,
+    and when the process exits normally; with a timeout of 0 every task closes its own.  A task
+    that fails or is stopped early closes its consumer instead of returning it, so a cached
+    consumer never holds a half-read range; each task assigns and seeks its own partition.
+    A forked child starts with an empty cache (the parent's connections stay the parent's).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, capacity: int = EXECUTOR_CACHE_CAPACITY) -> None:
+        self._clock = clock
+        self._capacity = capacity
+        self._idle: list[_Idle] = []  # the least recently returned first
+        self._lock = threading.Condition()
+        self._evictor: threading.Thread | None = None
+        #: Consumers started and consumers handed out again, for tests and the debug timings.
+        self.created = 0
+        self.reused = 0
+
+    @staticmethod
+    def key(options: SourceOptions) -> tuple[tuple[str, str], ...]:
+        """What makes two tasks' consumers interchangeable: the ``kafka.*`` options they are made from."""
+        return tuple(sorted(options.consumer_properties.items()))
+
+    def acquire(self, options: SourceOptions) -> ConsumerSession:
+        """An idle session for ``options`` (the most recently returned), or a new one (not started yet;
+        always with ``consumerCacheTimeout`` 0, which neither takes nor keeps a consumer)."""
+        if options.consumer_cache_timeout_ms <= 0:
+            with self._lock:
+                self.created += 1
+            return ConsumerSession(lambda: _executor_consumer(options))
+        key = self.key(options)
+        with self._lock:
+            expired = self._take_expired()
+            found = next((i for i in range(len(self._idle) - 1, -1, -1) if self._idle[i].key == key), None)
+            idle = self._idle.pop(found) if found is not None else None
+            if idle is not None:
+                self.reused += 1
+            else:
+                self.created += 1
+        _close_all(expired)
+        if idle is not None:
+            return idle.session
+        return ConsumerSession(lambda: _executor_consumer(options))
+
+    def release(self, options: SourceOptions, session: ConsumerSession) -> None:
+        """Keep ``session`` (whose task read its range to the end) for the next task, or close it."""
+        timeout = options.consumer_cache_timeout_ms / 1000
+        if timeout <= 0 or not session.started:
+            session.close()
+            return
+        with self._lock:
+            self._idle.append(_Idle(self.key(options), session, self._clock(), timeout))
+            victims = self._take_expired()
+            while len(self._idle) > self._capacity:
+                victims.append(self._idle.pop(0).session)
+            if self._idle and self._evictor is None:
+                self._evictor = threading.Thread(target=self._evict, name="asyncconsumer-spark-evictor", daemon=True)
+                self._evictor.start()
+            self._lock.notify_all()
+        _close_all(victims)
+
+    @property
+    def idle(self) -> int:
+        """How many consumers are open and idle now."""
+        with self._lock:
+            return len(self._idle)
+
+    def expire(self) -> int:
+        """Close the consumers idle for longer than their timeout; how many were closed."""
+        with self._lock:
+            expired = self._take_expired()
+        _close_all(expired)
+        return len(expired)
+
+    def close(self) -> None:
+        """Close every idle consumer (at exit; harmless when there is none)."""
+        with self._lock:
+            victims = [i.session for i in self._idle]
+            self._idle.clear()
+            self._lock.notify_all()
+        _close_all(victims)
+
+    def forget(self) -> None:
+        """After ``fork()``, in the child: the idle consumers belong to the parent (not closed here)."""
+        self._idle = []
+        self._lock = threading.Condition()
+        self._evictor = None
+
+    def _take_expired(self) -> list[ConsumerSession]:
+        now = self._clock()
+        expired = [i for i in self._idle if now - i.since >= i.timeout]
+        self._idle = [i for i in self._idle if now - i.since < i.timeout]
+        return [i.session for i in expired]
+
+    def _evict(self) -> None:
+        """The evictor thread: closes idle consumers as their time runs out; ends when none is left."""
+        while True:
+            with self._lock:
+                expired = self._take_expired()
+                if not self._idle and not expired:
+                    self._evictor = None
+                    return
+                if not expired:
+                    now = self._clock()
+                    self._lock.wait(min(i.since + i.timeout - now for i in self._idle))
+            _close_all(expired)
+
+
+def _close_all(sessions: list[ConsumerSession]) -> None:
+    for session in sessions:
+        session.close()
+
+
+#: This process's executor consumers (Spark runs each task of a Python worker in its main thread).
+EXECUTOR_CONSUMERS = ExecutorConsumers()
+atexit.register(EXECUTOR_CONSUMERS.close)
+os.register_at_fork(after_in_child=EXECUTOR_CONSUMERS.forget)
+
+
 def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
-    """Arrow record batches with exactly the records of ``offset_range`` (runs on an executor)."""
+    """Arrow record batches with exactly the records of ``offset_range`` (runs on an executor).
+
+    The consumer comes from :data:`EXECUTOR_CONSUMERS` and goes back there when the range was read
+    to the end; on an error, or when Spark stops reading early, it is closed instead.
+    """
     if offset_range.size <= 0:
         return
-    with start_blocking_portal() as portal, portal.wrap_async_context_manager(_executor_consumer(options)) as consumer:
-        reader = RangeReader(
-            consumer,
-            offset_range,
-            fail_on_data_loss=options.fail_on_data_loss,
-            poll_timeout=options.poll_timeout_ms / 1000,
-            include_headers=options.include_headers,
-        )
+    debug = log.isEnabledFor(logging.DEBUG)
+    began = time.perf_counter()
+    session = EXECUTOR_CONSUMERS.acquire(options)
+    cached = session.started
+    reader: RangeReader | None = None
+
+    async def next_batch(consumer: Consumer[Any, Any]) -> pa.RecordBatch | None:
+        nonlocal reader
+        if reader is None:
+            if debug:
+                log.debug(
+                    "timing: task %s pid %d, worker up %.3f s: %s consumer %.3f s",
+                    offset_range,
+                    os.getpid(),
+                    time.monotonic() - _IMPORTED,
+                    "cached" if cached else "new",
+                    time.perf_counter() - began,
+                )
+            reader = RangeReader(
+                consumer,
+                offset_range,
+                fail_on_data_loss=options.fail_on_data_loss,
+                poll_timeout=options.poll_timeout_ms / 1000,
+                include_headers=options.include_headers,
+            )
         # Columnar all the way (Consumer.arrow_batches()'s path): the fetched batches are decoded
         # straight into Arrow buffers, no Python object per record.
-        while (batch := portal.call(reader.next_batch)) is not None:
+        return await reader.next_batch()
+
+    async def park(consumer: Consumer[Any, Any]) -> None:
+        consumer.assign([])  # nothing assigned, nothing fetched, while it waits for the next task
+
+    try:
+        first = True
+        while (batch := session.run(next_batch)) is not None:
+            if first and debug:
+                log.debug("timing: task %s first batch %.3f s", offset_range, time.perf_counter() - began)
+                first = False
             yield batch
+        session.run(park)
+    except BaseException:
+        session.close()  # an error, or Spark stopped reading (GeneratorExit): never reused half-read
+        raise
+    if debug:
+        log.debug("timing: task %s read %.3f s", offset_range, time.perf_counter() - began)
+    EXECUTOR_CONSUMERS.release(options, session)
 
 
 # ----------------------------------------------------------------------------- the source
@@ -699,13 +909,16 @@ class AsyncConsumerDataSource(DataSource):
     def name(cls) -> str:
         return "asyncconsumer"
 
+    @_timed("planner schema")
     def schema(self) -> StructType:
         parsed = parse_options(self.options)  # fails early (at load()) on bad options
         return spark_schema(parsed.include_headers)
 
+    @_timed("planner reader")
     def reader(self, schema: StructType) -> DataSourceReader:
         return KafkaBatchReader(_checked_schema(parse_options(self.options, streaming=False), schema))
 
+    @_timed("planner streamReader")
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(_checked_schema(parse_options(self.options, streaming=True), schema))
 
@@ -774,14 +987,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
         #: The driver's consumers, kept across micro-batches: offset planning, and the commits to
         #: the monitoring group (started when first used; closed by stop()).
-        self._planner = DriverSession(lambda: _driver_consumer(options))
-        self._committer = DriverSession(lambda: _group_consumer(options))
+        self._planner = ConsumerSession(lambda: _driver_consumer(options))
+        self._committer = ConsumerSession(lambda: _group_consumer(options))
 
     def _plan(self, work: Callable[[OffsetLookup], Awaitable[T]]) -> T:
         return self._planner.run(lookup_with(self.options, work))
 
     # -- offsets (driver) -------------------------------------------------------------------------
 
+    @_timed("driver initialOffset")
     def initialOffset(self) -> dict[str, Any]:
         target = self._available_now_target
 
@@ -808,6 +1022,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMinRows(self.options.min_offsets_per_trigger)
         return super().getDefaultReadLimit()
 
+    @_timed("driver prepareForTriggerAvailableNow")
     def prepareForTriggerAvailableNow(self) -> None:
         async def work(lookup: OffsetLookup) -> dict[TopicPartition, int]:
             return await lookup.latest(await lookup.partitions(self.options.subscription))
@@ -815,6 +1030,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now_target = self._plan(work)
         log.info("asyncconsumer source: availableNow reads up to %s", self._available_now_target)
 
+    @_timed("driver latestOffset")
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = _offsets_from_json(start)
         self._commit_processed(begin)
@@ -868,6 +1084,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return _offsets_json(self._last_latest) if self._last_latest is not None else None
 
+    @_timed("driver partitions")
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         begin = _offsets_from_json(start)
         until = _offsets_from_json(end)
@@ -899,6 +1116,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, KafkaInputPartition)
         return read_range(self.options, partition.offset_range)
 
+    @_timed("driver commit")
     def commit(self, end: dict[str, Any]) -> None:
         """Spark finished the batch ending at ``end``: record it in the lag-monitoring group, if any."""
         self._commit_processed(_offsets_from_json(end))
@@ -923,6 +1141,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except Exception as exc:
             log.warning("asyncconsumer source: committing offsets to group %r failed: %s", group_id, exc)
 
+    @_timed("driver stop")
     def stop(self) -> None:
         """The query stopped: close the driver's consumers (Spark calls this in the reader's worker)."""
         self._planner.close()
@@ -941,8 +1160,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         options = self.options
-        self._planner = DriverSession(lambda: _driver_consumer(options))
-        self._committer = DriverSession(lambda: _group_consumer(options))
+        self._planner = ConsumerSession(lambda: _driver_consumer(options))
+        self._committer = ConsumerSession(lambda: _group_consumer(options))
         self.clock_ms = lambda: time.time_ns() // 1_000_000
 
 
@@ -979,3 +1198,6 @@ def offsets_behind_latest(source_progress: Mapping[str, Any]) -> dict[str, str]:
 def register(spark: SparkSession) -> None:
     """Register the ``"asyncconsumer"`` format with ``spark`` (once per session; repeating is harmless)."""
     spark.dataSource.register(AsyncConsumerDataSource)
+
+
+log.debug("timing: asyncconsumer.spark.source imported")
