@@ -411,9 +411,10 @@ def _driver_consumer(options: SourceOptions, **overrides: Any) -> Consumer[Any, 
     settings: dict[str, Any] = {"auto_offset_reset": "none", "enable_auto_commit": False, "group_id": None}
     if "client.id" not in props:
         settings["client_id"] = "asyncconsumer-spark-driver"
-    # The high-watermark probe fetches from the end of the log for the watermark alone: the broker
-    # answers at once (no waiting for records), with little data.
-    settings["fetch_max_wait_ms"] = 0
+    # The high-watermark probe fetches from the end of the log for the watermark alone: answer
+    # quickly, with little data.  Not 0: Tansu answers a Fetch that may not wait with no partition
+    # data (no high watermark), and the probe would give up on it.
+    settings["fetch_max_wait_ms"] = min(50, int(props.get("fetch.max.wait.ms", "50")))
     settings["max_partition_fetch_bytes"] = 1024
     settings["fetch_max_bytes"] = 1024 * 1024
     settings.update(overrides)
