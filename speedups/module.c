@@ -16,6 +16,7 @@ PyObject *str_prefix = NULL;
 PyObject *s_magic, *s_is_control, *s_compression, *s_buf, *s_start, *s_size_in_bytes, *s_record_count,
     *s_base_offset, *s_base_timestamp, *s_timestamp_type, *s_max_timestamp, *s_leader_epoch, *s_topic, *s_partition,
     *s_offset;
+PyObject *s_poller, *s_engine, *s_closed, *s_epoch, *s_paused, *s_revoking, *s_consumed;
 
 /* ------------------------------------------------------------------ bind */
 
@@ -140,7 +141,9 @@ PyInit__speedups(void)
         intern(&s_base_offset, "base_offset") < 0 || intern(&s_base_timestamp, "base_timestamp") < 0 ||
         intern(&s_timestamp_type, "timestamp_type") < 0 || intern(&s_max_timestamp, "max_timestamp") < 0 ||
         intern(&s_leader_epoch, "leader_epoch") < 0 || intern(&s_topic, "topic") < 0 ||
-        intern(&s_partition, "partition") < 0 || intern(&s_offset, "offset") < 0) {
+        intern(&s_partition, "partition") < 0 || intern(&s_offset, "offset") < 0 || intern(&s_poller, "_poller") < 0 ||
+        intern(&s_engine, "_engine") < 0 || intern(&s_closed, "closed") < 0 || intern(&s_epoch, "epoch") < 0 ||
+        intern(&s_paused, "paused") < 0 || intern(&s_revoking, "revoking") < 0 || intern(&s_consumed, "consumed") < 0) {
         return NULL;
     }
     empty_tuple = PyTuple_New(0);
@@ -158,15 +161,9 @@ PyInit__speedups(void)
         Py_DECREF(module);
         return NULL;
     }
-    Py_INCREF(&ColumnBuilderType);
-    if (PyModule_AddObject(module, "ColumnBuilder", (PyObject *)&ColumnBuilderType) < 0) {
-        Py_DECREF(&ColumnBuilderType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    PyTypeObject *types[] = {&RecordStreamType, &ChunkBaseType};
-    const char *type_names[] = {"RecordStream", "ChunkBase"};
-    for (size_t i = 0; i < 2; i++) {
+    PyTypeObject *types[] = {&ColumnBuilderType, &RecordStreamType, &ChunkBaseType};
+    const char *type_names[] = {"ColumnBuilder", "RecordStream", "ChunkBase"};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
         Py_INCREF(types[i]);
         if (PyModule_AddObject(module, type_names[i], (PyObject *)types[i]) < 0) {
             Py_DECREF(types[i]);

@@ -240,8 +240,6 @@ typedef struct {
     PyObject *anext;  /* Consumer.__anext__, the Python method (unbound) */
 } RecordStream;
 
-static PyObject *s_poller, *s_engine, *s_closed, *s_epoch, *s_paused, *s_revoking, *s_consumed;
-
 static void
 stream_dealloc(RecordStream *self)
 {
@@ -422,15 +420,6 @@ stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (!PyCallable_Check(anext)) {
         PyErr_SetString(PyExc_TypeError, "RecordStream: anext must be callable");
         return NULL;
-    }
-    if (s_poller == NULL) {
-        const char *strs[] = {"_poller", "_engine", "closed", "epoch", "paused", "revoking", "consumed"};
-        PyObject **slots[] = {&s_poller, &s_engine, &s_closed, &s_epoch, &s_paused, &s_revoking, &s_consumed};
-        for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
-            if ((*slots[i] = PyUnicode_InternFromString(strs[i])) == NULL) {
-                return NULL;
-            }
-        }
     }
     RecordStream *self = (RecordStream *)type->tp_alloc(type, 0);
     if (self == NULL) {

@@ -70,6 +70,8 @@ INTERNAL extern PyObject *str_prefix; /* "record batch is corrupt: " */
 INTERNAL extern PyObject *s_magic, *s_is_control, *s_compression, *s_buf, *s_start, *s_size_in_bytes,
     *s_record_count, *s_base_offset, *s_base_timestamp, *s_timestamp_type, *s_max_timestamp, *s_leader_epoch,
     *s_topic, *s_partition, *s_offset;
+/* ... and of the consumer, its engine, chunks and partition states, for RecordStream (ready.c). */
+INTERNAL extern PyObject *s_poller, *s_engine, *s_closed, *s_epoch, *s_paused, *s_revoking, *s_consumed;
 
 /* ------------------------------------------------------------------ parsing, per record: the row decoder's
  * and the column builder's shared steps, inlined into each */
