@@ -128,8 +128,6 @@ class ConsumerTool:
     close_timeout: float
     #: The classic protocol with an assignor that is not cooperative: every rebalance revokes everything.
     eager: bool
-    #: The classic protocol with cooperative assignors only.
-    cooperative: bool
     runtime: str
 
 
@@ -163,7 +161,7 @@ def tool_from_args(args: list[str]) -> ConsumerTool:
         sys.stdout.flush()
     from_file = load_properties(PARSER, config_file) if config_file is not None else {}
     try:
-        properties, eager, cooperative = consumer_properties(values, from_file)
+        properties, eager = consumer_properties(values, from_file)
     except ToolConfigError as exc:
         fail_config(PARSER.prog, str(exc))
     return ConsumerTool(
@@ -174,14 +172,13 @@ def tool_from_args(args: list[str]) -> ConsumerTool:
         auto_commit=values["enable_autocommit"],
         close_timeout=max(0, values["close_timeout"]) / 1000,
         eager=eager,
-        cooperative=cooperative,
         runtime=values["runtime"],
     )
 
 
-def consumer_properties(values: dict[str, Any], from_file: dict[str, str]) -> tuple[dict[str, str], bool, bool]:
+def consumer_properties(values: dict[str, Any], from_file: dict[str, str]) -> tuple[dict[str, str], bool]:
     """The Java tool's properties (the file, then the flags on top), checked as the Java client checks
-    them, then mapped to asyncconsumer's: (properties, eager, cooperative)."""
+    them, then mapped to asyncconsumer's: (properties, eager)."""
     protocol = str(values["group_protocol"]).upper()
     if protocol not in REFUSED_WITH:
         raise ToolConfigError(f"--group-protocol {values['group_protocol']!r} is not one of CLASSIC, CONSUMER")
@@ -212,13 +209,12 @@ def consumer_properties(values: dict[str, Any], from_file: dict[str, str]) -> tu
         )
     props = drop_not_applicable(props)
     props["group.protocol"] = protocol.lower()
-    eager = cooperative = False
+    eager = False
     if protocol == "CLASSIC":
         assignors = [_assignor(name) for name in props["partition.assignment.strategy"].split(",")]
         props["partition.assignment.strategy"] = ",".join(assignors)
-        cooperative = all(name == "cooperative-sticky" for name in assignors)
-        eager = not cooperative
-    return props, eager, cooperative
+        eager = not all(name == "cooperative-sticky" for name in assignors)
+    return props, eager
 
 
 def _assignor(name: str) -> str:
