@@ -35,7 +35,6 @@ import pytest
 from support.broker import (
     ENV_KAFKA_VERSION,
     BrokerBackend,
-    BrokerStartError,
     BrokerUnavailable,
     KafkaBackend,
     TansuBroker,
@@ -200,23 +199,6 @@ class ProxiedBroker:
         return _produce(self.bootstrap, topic, records, *args, **kwargs)
 
 
-async def _start_proxied_tansu(proxy: ChaosProxy, workdir: Path, attempts: int = 3) -> TansuBroker:
-    """Tansu listening on a fresh port behind *proxy*.  The port is picked free and then bound by
-    another process, so another test (or the proxy's own ephemeral port) can take it in between:
-    a start that fails is tried again on a new port."""
-    for attempt in range(attempts):
-        backend_port = free_port()
-        proxy.retarget("127.0.0.1", backend_port)
-        try:
-            return await anyio.to_thread.run_sync(
-                functools.partial(start_tansu, workdir, port=backend_port, advertised_port=proxy.port)
-            )
-        except BrokerStartError:
-            if attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
 @pytest.fixture
 def proxied_broker(
     tmp_path_factory: pytest.TempPathFactory,
@@ -229,7 +211,10 @@ def proxied_broker(
     async def factory() -> AsyncIterator[ProxiedBroker]:
         async with ChaosProxy("127.0.0.1", free_port()) as proxy:
             workdir: Path = tmp_path_factory.mktemp("proxied")
-            broker = await _start_proxied_tansu(proxy, workdir)
+            broker = await anyio.to_thread.run_sync(functools.partial(
+                start_tansu, workdir, advertised_port=proxy.port,
+                on_port=lambda port: proxy.retarget("127.0.0.1", port),
+            ))
             try:
                 yield ProxiedBroker(broker=broker, proxy=proxy)
             finally:

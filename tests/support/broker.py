@@ -322,18 +322,23 @@ def start_tansu(
     extra_args: tuple[str, ...] = (),
     timeout: float = 30.0,
     attempts: int = 5,
+    on_port: Callable[[int], None] | None = None,
 ) -> TansuBroker:
     """Start Tansu on ``127.0.0.1:port`` (a free port by default) and wait until it serves metadata.
 
     ``advertised_port`` (default: the listening port) is what the broker puts in metadata; point it
     at a proxy to route all client traffic through that proxy.  Readiness is then checked through
     ``ready_bootstrap``/``ready_client_config`` (default: the advertised address, plaintext).
+    A free port can be taken by another process before Tansu binds it: each attempt picks a new one,
+    and ``on_port`` hears of it first (so that such a proxy forwards to it).
     """
     binary = tansu_binary()
     workdir.mkdir(parents=True, exist_ok=True)
     errors: list[str] = []
     for attempt in range(attempts):
         listen_port = port if port is not None else free_port()
+        if on_port is not None:
+            on_port(listen_port)
         adv_port = advertised_port if advertised_port is not None else listen_port
         log_file = workdir / f"tansu-{listen_port}-{attempt}.log"
         cmd = [
