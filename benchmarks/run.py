@@ -4,7 +4,9 @@ One command: starts the broker (Apache Kafka where Java 17+ is present, else the
 ``--broker`` chooses), creates the topics and produces the data sets once (with confluent-kafka),
 then runs every client in a process of its own (Python readers, and on Apache Kafka the Java
 consumer), interleaved, for several rounds (the order rotates each round), then the group-join and
-memory benchmarks, the share-consumer row (Apache Kafka) and the in-process decoder comparison.
+memory benchmarks, the share-consumer row (Apache Kafka), the steady-state tables (benchmarks/steady.py:
+long reads against the machine's ceiling and the warmed-up Java consumer, 100 B and 1 KiB values;
+Apache Kafka, not with ``--quick``) and the in-process decoder comparison.
 Prints the Markdown report; ``--json``/``--markdown`` also write it to files.
 
 The machine is shared and noisy: compare clients by the ratios from one run, not across runs.
@@ -167,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory benchmark")
     parser.add_argument("--no-join", action="store_true", help="skip the group-join benchmark")
     parser.add_argument("--no-decoder", action="store_true", help="skip the in-process decoder comparison")
+    parser.add_argument("--steady", default="100,1024", metavar="SIZES",
+                        help="value sizes for the steady-state table (benchmarks/steady.py: every read API against "
+                             "the ceiling and the warm JVM, Apache Kafka only, not with --quick); '' for none "
+                             "(default: %(default)s)")
     parser.add_argument("--no-share", action="store_true",
                         help="skip the share-consumer row (Apache Kafka only: ShareConsumer next to Java's)")
     args = parser.parse_args(argv)
@@ -188,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     joins: list[dict[str, Any]] = []
     memory: dict[str, Any] | None = None
     share: dict[str, Any] | None = None
+    steady_runs: list[dict[str, Any]] = []
     produced: dict[str, float] = {}
     java_meta: dict[str, Any] | None = None
     started = time.perf_counter()
@@ -241,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
         if broker.name == "kafka" and not args.no_share:
             share = run_share(broker.bootstrap, args.quick, timeout)
             log(f"share consumer: {share}")
+        if broker.name == "kafka" and not args.quick and args.steady:
+            from . import steady
+
+            for size in (int(s) for s in args.steady.split(",")):
+                text, numbers = steady.measure(broker, steady.dataset_for(size), rounds=2)
+                steady_runs.append({**numbers, "markdown": text})
     finally:
         broker.stop()
     decoder = None
@@ -279,14 +292,16 @@ def main(argv: list[str] | None = None) -> int:
         "share": share,
         "decoder": decoder,
         "notes": notes,
+        "steady": steady_runs,
     }
-    text = markdown(result)
+    text = "\n\n".join([markdown(result), *(steady["markdown"] for steady in steady_runs)])
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     if args.markdown:
         args.markdown.write_text(text + "\n")
     print(text)
-    failed = [r for r in runs + joins if not r["ok"]]
+    steady_reads = [r for steady in steady_runs for client_runs in steady["runs"].values() for r in client_runs]
+    failed = [r for r in runs + joins + steady_reads if not r.get("ok")]
     return 1 if failed or (memory and memory.get("error")) or (share and share.get("error")) else 0
 
 

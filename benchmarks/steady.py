@@ -127,6 +127,46 @@ def table(dataset: ds.Dataset, broker: str, runs: dict[str, list[dict[str, Any]]
     return "\n".join(lines)
 
 
+def dataset_for(value_size: int = 100, records: int | None = None) -> ds.Dataset:
+    """The long topic: 5,000,000 records of ``value_size`` bytes (1 KiB and more: 1,000,000)."""
+    records = records or (5_000_000 if value_size < 1024 else 1_000_000)
+    return ds.Dataset(f"{value_size} B x {records:,}", f"bench-steady-{value_size}b-{records}", records, value_size)
+
+
+def measure(broker: brokers.Broker, dataset: ds.Dataset, clients: list[str] | None = None,
+            rounds: int = 2) -> tuple[str, dict[str, Any]]:
+    """Produce ``dataset`` on ``broker`` (Apache Kafka) and run every reader for ``rounds`` rounds:
+    the Markdown table and the numbers behind it (what ``--json`` writes)."""
+    clients = list(clients or DEFAULT_CLIENTS)
+    notes = []
+    if ceiling.CLIENT in clients and (why := ceiling.missing()):
+        log(why)
+        notes.append(why)
+        clients.remove(ceiling.CLIENT)
+    notes.append(f"load average at the start: {os.getloadavg()[0]:.2f} (2 cores shared)")
+    timeout = 900.0
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in clients}
+    intervals: list[list[float]] = []
+    ds.create_topics(broker.bootstrap, [dataset])
+    log(f"produced {dataset.describe()} in {ds.produce(broker.bootstrap, dataset):.1f}s")
+    brokers.warm_up_groups(broker.bootstrap, dataset.topic)
+    for round_no in range(rounds):
+        order = clients[round_no % len(clients):] + clients[:round_no % len(clients)]
+        for client in order:
+            result = read(client, dataset, broker, timeout)
+            result["load"] = os.getloadavg()[0]
+            runs[client].append(result)
+            rate = (result.get("records_per_s") or 0) / 1e6
+            log(f"round {round_no + 1} {client}: {rate:.2f} M rec/s, load {result['load']:.2f}"
+                + (f" ERROR {result['error']}" if result.get("error") else ""))
+        if java.CLIENT in clients:
+            intervals.append(java_intervals(broker, dataset, timeout))
+            log(f"round {round_no + 1} Java intervals: {[round(r / 1e6, 2) for r in intervals[-1]]} M rec/s")
+    notes.append(f"load average at the end: {os.getloadavg()[0]:.2f}")
+    numbers = {"dataset": dataset.as_dict(), "broker": broker.description, "runs": runs, "java_intervals": intervals}
+    return table(dataset, broker.description, runs, intervals, notes, rounds), numbers
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, help="records to produce and read (default 5,000,000; 1 KiB: 1,000,000)")
@@ -140,42 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [c for c in clients if c not in DEFAULT_CLIENTS and c not in CLIENTS]
     if unknown:
         parser.error(f"unknown clients {unknown}; known: {', '.join(DEFAULT_CLIENTS)}")
-    records = args.records or (5_000_000 if args.value_size < 1024 else 1_000_000)
-    dataset = ds.Dataset(f"{args.value_size} B x {records:,}", f"bench-steady-{args.value_size}b-{records}",
-                         records, args.value_size)
-    notes = []
-    if ceiling.CLIENT in clients and (why := ceiling.missing()):
-        log(why)
-        notes.append(why)
-        clients.remove(ceiling.CLIENT)
-    notes.append(f"load average at the start: {os.getloadavg()[0]:.2f} (2 cores shared)")
-    timeout = 900.0
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in clients}
-    intervals: list[list[float]] = []
+    dataset = dataset_for(args.value_size, args.records)
     broker = brokers.start("kafka", log)
     try:
-        ds.create_topics(broker.bootstrap, [dataset])
-        log(f"produced {dataset.describe()} in {ds.produce(broker.bootstrap, dataset):.1f}s")
-        brokers.warm_up_groups(broker.bootstrap, dataset.topic)
-        for round_no in range(args.rounds):
-            order = clients[round_no % len(clients):] + clients[:round_no % len(clients)]
-            for client in order:
-                result = read(client, dataset, broker, timeout)
-                result["load"] = os.getloadavg()[0]
-                runs[client].append(result)
-                rate = (result.get("records_per_s") or 0) / 1e6
-                log(f"round {round_no + 1} {client}: {rate:.2f} M rec/s, load {result['load']:.2f}"
-                    + (f" ERROR {result['error']}" if result.get("error") else ""))
-            if java.CLIENT in clients:
-                intervals.append(java_intervals(broker, dataset, timeout))
-                log(f"round {round_no + 1} Java intervals: {[round(r / 1e6, 2) for r in intervals[-1]]} M rec/s")
+        text, numbers = measure(broker, dataset, clients, args.rounds)
     finally:
         broker.stop()
-    notes.append(f"load average at the end: {os.getloadavg()[0]:.2f}")
-    print(table(dataset, broker.description, runs, intervals, notes, args.rounds))
+    print(text)
     if args.json:
-        numbers = {"dataset": dataset.as_dict(), "broker": broker.description, "runs": runs,
-                   "java_intervals": intervals}
         args.json.write_text(json.dumps(numbers, indent=2))
     return 0
 
