@@ -1,11 +1,12 @@
 """The PySpark source against Spark's own Kafka source: same broker, same topics, same session.
 
     python -m benchmarks.spark_head_to_head [--quick] [--records-100b N] [--records-1kib N] [--rounds 3]
-        [--steps batch,aggregate,stream] [--kept] [--timings] [--no-executor-read]
+        [--steps batch,aggregate,stream] [--kept] [--timings] [--no-executor-read] [--master standalone]
 
 One Apache Kafka broker (``asyncconsumer.testing.KafkaBroker``), two topics of 4 partitions
 (1,000,000 x 100 B and 200,000 x 1 KiB values; ``--quick``: 50,000 and 10,000), produced once with
-confluent-kafka.  One local SparkSession (``local[2]`` unless ``--master``) with Spark's Kafka
+confluent-kafka.  One SparkSession (``local[2]`` unless ``--master``; ``--master standalone`` starts
+a standalone cluster of a master and two 1-core workers for the run, benchmarks/spark_cluster.py) with Spark's Kafka
 source on the classpath (``org.apache.spark:spark-sql-kafka-0-10_2.13`` of the *installed*
 PySpark's version, from Maven Central through ``spark.jars.packages``) and the asyncconsumer
 source registered.  For each topic, interleaved rounds (the source order alternates) of:
@@ -128,6 +129,8 @@ def session(master: str, package: str, work: str) -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.memory", "2g")
+        .config("spark.executor.memory", "1g")  # standalone: one 1-core executor per worker
+        .config("spark.executor.cores", "1")
         .config("spark.local.dir", os.path.join(work, "local"))
         .config("spark.sql.warehouse.dir", os.path.join(work, "warehouse"))
         .config("spark.python.worker.reuse", "true")
@@ -249,7 +252,9 @@ def main() -> None:
     parser.add_argument("--records-100b", type=int, default=None)
     parser.add_argument("--records-1kib", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--master", default="local[2]",
+                        help="a Spark master URL, or 'standalone': a master and two 1-core workers started from "
+                             "the installed PySpark for this run and stopped by pid (benchmarks/spark_cluster.py)")
     parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of batch,aggregate,stream")
     parser.add_argument("--timings", action="store_true", help="log where each stream's time goes (DEBUG timings)")
     parser.add_argument("--kept", action="store_true", help="also run the source with consumerCacheTimeout=5m")
@@ -271,15 +276,22 @@ def main() -> None:
 
     work = tempfile.mkdtemp(prefix="spark-h2h-")
     broker = KafkaBroker(listeners=("PLAINTEXT",), heap_mb=KAFKA_HEAP_MB).start()
-    spark = None
+    spark = cluster = None
     try:
+        master = args.master
+        if master == "standalone":
+            from .spark_cluster import StandaloneCluster
+
+            cluster = StandaloneCluster(os.path.join(work, "cluster"), workers=2, cores=1).start()
+            master = cluster.url
+            log(f"Spark standalone cluster at {master}: master and 2 workers, pids {cluster.pids}")
         bootstrap = broker.bootstrap
         log(f"Apache Kafka {broker.version} at {bootstrap}; PySpark {pyspark.__version__}; {package}")
         ds.create_topics(bootstrap, sets)
         for d in sets:
             log(f"producing {d.describe()}: {ds.produce(bootstrap, d):.1f}s")
         timings = [enable_timings(work), 0] if args.timings else None
-        spark = session(args.master, package, work)
+        spark = session(master, package, work)
         for d in sets:
             hashes = {source: rows_hash(reader(spark, source, bootstrap, d.topic)) for source in SOURCES}
             log(f"{d.name}: rows and hash {hashes}")
@@ -303,7 +315,8 @@ def main() -> None:
                         results.setdefault((d.name, step, source), []).append(d.records / seconds)
                         rate = d.records / seconds
                         log(f"round {r + 1} {d.name} {step} {source}: {rate:,.0f} rows/s ({seconds:.2f}s)")
-        print(f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({args.master}), {package}; "
+        where = args.master + (f" = {master}" if master != args.master else "")
+        print(f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({where}), {package}; "
               f"{args.rounds} interleaved rounds; rows/s median (min-max); identical rows checked by hash\n")
         print("| topic | step | source | rows/s | Spark Kafka source rows/s | ratio |")
         print("|---|---|---|---:|---:|---:|")
@@ -331,6 +344,8 @@ def main() -> None:
     finally:
         if spark is not None:
             spark.stop()
+        if cluster is not None:
+            cluster.stop()
         broker.stop()
         shutil.rmtree(work, ignore_errors=True)
 
