@@ -14,7 +14,10 @@ source registered.  For each topic, interleaved rounds (the source order alterna
 - **batch**: ``spark.read...load()`` written to the ``noop`` sink;
 - **aggregate**: ``groupBy("partition").count()`` collected;
 - **stream**: ``readStream`` with ``trigger(availableNow=True)`` to Parquet (a fresh directory and
-  checkpoint each time).
+  checkpoint each time);
+- **latency** (``--latency SECONDS``, default 30; 0 skips): a continuously running query per source
+  (default trigger, ``foreachBatch`` sink) on a fresh topic fed 1,000 records/s; the percentiles of
+  each record's produce-to-sink time.
 
 Before timing, both sources' rows are checked to be identical: the SHA-256 of the sorted per-row
 ``xxhash64`` of every column (headers included), and the row count.  Prints rows/s (median and
@@ -47,6 +50,8 @@ SOURCES = ["asyncconsumer", "kafka"]
 #: ``--kept``: the source again with consumerCacheTimeout=5m (executors keep their consumers between tasks).
 KEPT = "asyncconsumer-kept"
 STEPS = ["batch", "aggregate", "stream"]
+#: Records/s fed to the latency query.
+LATENCY_RATE = 1000
 
 
 def log(message: str) -> None:
@@ -246,6 +251,69 @@ def _run_step(
     return time.perf_counter() - started
 
 
+def latency(spark: Any, source: str, bootstrap: str, work: str, rate: int, seconds: float) -> list[float]:
+    """Produce-to-sink latencies (seconds) of a continuously running query: a fresh topic, the
+    query started on it from ``latest`` with the default trigger (each micro-batch as soon as the
+    last one ends) and a ``foreachBatch`` sink that takes each row's Kafka timestamp (librdkafka's
+    CreateTime, set at ``produce()``) from the wall clock when its batch reaches the sink; then
+    ``rate`` records/s of 100 B for ``seconds``.  Records produced in the first 3 s are left out
+    (the query's first batches)."""
+    from confluent_kafka import Producer
+    from pyspark.sql import functions as F
+
+    from . import datasets as ds
+
+    topic = f"h2h-latency-{source}-{time.time_ns()}"
+    ds.create_topics(bootstrap, [ds.Dataset(topic, topic, 0, 100)])
+    seen: list[tuple[int, float]] = []
+
+    def sink(df: Any, _batch: int) -> None:
+        rows = df.select(F.unix_micros("timestamp").alias("t")).collect()
+        now = time.time()
+        seen.extend((row["t"], now) for row in rows)
+
+    out = tempfile.mkdtemp(dir=work, prefix=f"{source}-latency-")
+    builder = spark.readStream
+    if source == KEPT:
+        builder = builder.option("consumerCacheTimeout", "5m")
+    query = (
+        builder.format("asyncconsumer" if source == KEPT else source)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "latest")
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", os.path.join(out, "checkpoint"))
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while query.lastProgress is None and time.monotonic() < deadline:  # the first (empty) batch ran
+            time.sleep(0.2)
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "log_level": 0})
+        value = b"x" * 100
+        started = time.monotonic()
+        warm_until = time.time() + 3
+        sent = 0
+        while (elapsed := time.monotonic() - started) < seconds:
+            due = int(elapsed * rate)
+            while sent < due:
+                producer.produce(topic, value, partition=sent % 4)
+                sent += 1
+            producer.poll(0)
+            time.sleep(0.001)
+        producer.flush(30)
+        deadline = time.monotonic() + 60
+        while len(seen) < sent and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if len(seen) < sent:
+            raise RuntimeError(f"{source}: {len(seen)} of {sent} records reached the sink within 60 s")
+    finally:
+        query.stop()
+        shutil.rmtree(out, ignore_errors=True)
+    return [now - t / 1e6 for t, now in seen if t / 1e6 >= warm_until]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="50,000 x 100 B and 10,000 x 1 KiB")
@@ -258,6 +326,9 @@ def main() -> None:
     parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of batch,aggregate,stream")
     parser.add_argument("--timings", action="store_true", help="log where each stream's time goes (DEBUG timings)")
     parser.add_argument("--kept", action="store_true", help="also run the source with consumerCacheTimeout=5m")
+    parser.add_argument("--latency", type=float, default=30.0, metavar="SECONDS",
+                        help="each round, a continuously running query per source fed 1,000 records/s for this "
+                             "long: produce-to-sink latency percentiles (0: skip; default %(default)s)")
     parser.add_argument("--no-executor-read", action="store_true", help="skip the executor read outside Spark")
     args = parser.parse_args()
     steps = [s for s in args.steps.split(",") if s]
@@ -298,6 +369,7 @@ def main() -> None:
             if len(set(hashes.values())) != 1 or hashes["kafka"][0] != d.records:
                 sys.exit(f"the sources disagree on {d.topic}: {hashes}")
         results: dict[tuple[str, str, str], list[float]] = {}
+        latencies: dict[str, list[float]] = {}
         for r in range(args.rounds):
             for d in sets if not args.no_executor_read else []:  # the executor read alone, columnar and rows
                 for label, columnar in (("executor read, columnar", True), ("executor read, rows", False)):
@@ -315,6 +387,10 @@ def main() -> None:
                         results.setdefault((d.name, step, source), []).append(d.records / seconds)
                         rate = d.records / seconds
                         log(f"round {r + 1} {d.name} {step} {source}: {rate:,.0f} rows/s ({seconds:.2f}s)")
+            for source in order if args.latency > 0 else []:
+                lat = latency(spark, source, bootstrap, work, LATENCY_RATE, args.latency)
+                latencies.setdefault(source, []).extend(lat)
+                log(f"round {r + 1} latency {source}: median {statistics.median(lat) * 1000:.0f} ms of {len(lat)}")
         where = args.master + (f" = {master}" if master != args.master else "")
         print(f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({where}), {package}; "
               f"{args.rounds} interleaved rounds; rows/s median (min-max); identical rows checked by hash\n")
@@ -331,6 +407,15 @@ def main() -> None:
                         f"{statistics.median(theirs):,.0f} ({min(theirs):,.0f}-{max(theirs):,.0f}) | "
                         f"{statistics.median(ours) / statistics.median(theirs):.2f}x |"
                     )
+        if latencies:
+            print(f"\nProduce-to-sink latency of a continuously running query (default trigger, foreachBatch sink), "
+                  f"{LATENCY_RATE:,} records/s of 100 B, {args.latency:.0f} s a round, all rounds together:\n")
+            print("| source | records | p50 ms | p90 ms | p99 ms | max ms |")
+            print("|---|---:|---:|---:|---:|---:|")
+            for source, lat in latencies.items():
+                q = statistics.quantiles(lat, n=100)
+                print(f"| {source} | {len(lat):,} | {q[49] * 1000:.0f} | {q[89] * 1000:.0f} | {q[98] * 1000:.0f} | "
+                      f"{max(lat) * 1000:.0f} |")
         if args.no_executor_read:
             return
         print("\nThe source's executor read alone (read_range in one process, partition after partition, no Spark):\n")
