@@ -28,8 +28,6 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
-import crc32c
-
 from ..errors import CorruptRecordError, RecordError, UnsupportedMagicError
 from ..structs import ConsumerRecord
 from .compression import CODEC_NONE, DEFAULT_MAX_SIZE, decompress
@@ -885,6 +883,8 @@ def _select_crc32c() -> tuple[Callable[[Any], int], bool]:
         speedups: Any = importlib.import_module("asyncconsumer._speedups")
         if getattr(speedups, "HW_CRC32C", False):
             return cast("Callable[[Any], int]", speedups.crc32c), True
+    import crc32c  # here, not at the top: the package's import costs tens of ms (importlib.metadata)
+
     return cast("Callable[[Any], int]", crc32c.crc32c), False
 
 
