@@ -419,7 +419,15 @@ class ShareFetchManager:
                     )
                 if p["error_code"] != 0:
                     if p["error_code"] in REFRESH_METADATA_CODES:
+                        # A moved leader (a broker restarting) or a topic being recreated: new metadata
+                        # sends the partition to its leader, as Java's share consumer does; not the
+                        # application's error.  The node waits the backoff so that a stale leader is
+                        # not asked again at once.
+                        log.debug("share fetch of %s from node %s: %s; refreshing metadata", tp, node,
+                                  error_for_code(p["error_code"], p.get("error_message")))
                         self._metadata.request_update()
+                        self._retry_at[node] = now + self._retry_backoff
+                        continue
                     self._report_error(error_for_code(p["error_code"], p.get("error_message")))
                     continue
                 self._acquired(node, tp, session, p, deadline)
