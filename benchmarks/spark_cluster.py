@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
+from asyncconsumer.testing.broker import free_port
+
 
 class SparkClusterError(RuntimeError):
     """The standalone cluster did not come up (the message names the daemon and its log's tail)."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def spark_home() -> Path:
@@ -49,8 +43,8 @@ class StandaloneCluster:
         self.work_dir = Path(work_dir)
         self.workers, self.cores, self.memory_mb = workers, cores, memory_mb
         self.startup_timeout = startup_timeout
-        self.port = _free_port()
-        self.web_port = _free_port()
+        self.port = free_port()
+        self.web_port = free_port()
         self._procs: list[tuple[str, subprocess.Popen[bytes], Path]] = []
         self._logs: list[IO[bytes]] = []
 
@@ -102,7 +96,7 @@ class StandaloneCluster:
             for i in range(self.workers):
                 self._spawn(f"worker-{i + 1}", "org.apache.spark.deploy.worker.Worker", self.url,
                             "--host", "127.0.0.1", "--cores", str(self.cores), "--memory", f"{self.memory_mb}m",
-                            "--webui-port", str(_free_port()), "--work-dir", str(self.work_dir / "worker"))
+                            "--webui-port", str(free_port()), "--work-dir", str(self.work_dir / "worker"))
             self._wait_alive()
         except BaseException:
             self.stop()

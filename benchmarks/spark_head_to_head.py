@@ -148,7 +148,9 @@ def session(master: str, package: str, work: str) -> Any:
     return spark
 
 
-def reader(spark: Any, source: str, bootstrap: str, topic: str, *, stream: bool = False) -> Any:
+def reader(
+    spark: Any, source: str, bootstrap: str, topic: str, *, stream: bool = False, starting: str = "earliest"
+) -> Any:
     builder = spark.readStream if stream else spark.read
     if source == KEPT:
         builder = builder.option("consumerCacheTimeout", "5m")
@@ -156,7 +158,7 @@ def reader(spark: Any, source: str, bootstrap: str, topic: str, *, stream: bool 
         builder.format("asyncconsumer" if source == KEPT else source)
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
+        .option("startingOffsets", starting)
         .option("includeHeaders", "true")
         .load()
     )
@@ -273,15 +275,8 @@ def latency(spark: Any, source: str, bootstrap: str, work: str, rate: int, secon
         seen.extend((row["t"], now) for row in rows)
 
     out = tempfile.mkdtemp(dir=work, prefix=f"{source}-latency-")
-    builder = spark.readStream
-    if source == KEPT:
-        builder = builder.option("consumerCacheTimeout", "5m")
     query = (
-        builder.format("asyncconsumer" if source == KEPT else source)
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "latest")
-        .load()
+        reader(spark, source, bootstrap, topic, stream=True, starting="latest")
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", os.path.join(out, "checkpoint"))
         .start()
