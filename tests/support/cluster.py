@@ -98,6 +98,24 @@ def leaders(cluster: KafkaCluster, topic: str, *, partitions: int | None = None,
         time.sleep(0.2)
 
 
+def moved_off(cluster: KafkaCluster, topic: str, node: int, partitions: list[int],
+              timeout: float = 30.0) -> dict[int, int]:
+    """Wait until the metadata gives each of ``partitions`` a live leader other than ``node``.
+
+    A killed broker keeps its partitions until its session times out, and each broker applies the
+    controller's change at its own pace, so this asks until the answer shows the move.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        now = leaders(cluster, topic)
+        if all(now.get(p, -1) not in (node, -1) for p in partitions):
+            return now
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic}: partitions {partitions} still not moved off node {node} "
+                                 f"after {timeout}s: {now}")
+        time.sleep(0.2)
+
+
 def coordinator(cluster: KafkaCluster, group: str) -> int:
     client = admin(cluster)
     for _ in range(50):
