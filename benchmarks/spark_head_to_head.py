@@ -303,6 +303,13 @@ def latency(spark: Any, source: str, bootstrap: str, work: str, rate: int, secon
             time.sleep(0.1)
         if len(seen) < sent:
             raise RuntimeError(f"{source}: {len(seen)} of {sent} records reached the sink within 60 s")
+        phases: dict[str, list[int]] = {}
+        for progress in query.recentProgress:
+            if progress["numInputRows"]:
+                for phase, ms in (progress["durationMs"] or {}).items():
+                    phases.setdefault(phase, []).append(ms)
+        log(f"{source}: micro-batches with rows, median ms per phase: "
+            + ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in sorted(phases.items())))
     finally:
         query.stop()
         shutil.rmtree(out, ignore_errors=True)
