@@ -24,7 +24,7 @@ if not _disabled():
     ext_modules.append(
         Extension(
             "asyncconsumer._speedups",
-            sources=[f"speedups/{name}.c" for name in ("module", "records", "columns", "arrow", "crc32c", "ready")],
+            sources=[f"speedups/{name}.c" for name in ("module", "records", "columns", "arrow", "crc32c", "ready", "fields")],
             depends=["speedups/speedups.h"],
             optional=True,
         )

@@ -100,6 +100,11 @@ PyDoc_STRVAR(ready_doc,
              "An awaitable that is already complete: ``await ready(x)`` is ``x``, with no coroutine and\n"
              "no suspension (app/iterators.py has its pure-Python twin).");
 
+PyDoc_STRVAR(slot_fields_doc,
+             "slot_fields(cls) -> None\n\n"
+             "Replace a NamedTuple class's field getters by member descriptors at the tuple items'\n"
+             "offsets: the same values, read by the interpreter without a call (fields.c).");
+
 static PyMethodDef methods[] = {
     {"decode_batch", (PyCFunction)(void (*)(void))decode_batch, METH_FASTCALL, decode_batch_doc},
     {"bind", (PyCFunction)bind, METH_VARARGS, bind_doc},
@@ -110,6 +115,7 @@ static PyMethodDef methods[] = {
     {"arrow_address", (PyCFunction)arrow_address, METH_O, arrow_address_doc},
     {"int32_steps", (PyCFunction)int32_steps, METH_VARARGS, int32_steps_doc},
     {"ready", (PyCFunction)ready, METH_O, ready_doc},
+    {"slot_fields", (PyCFunction)slot_fields, METH_O, slot_fields_doc},
     {NULL, NULL, 0, NULL},
 };
 

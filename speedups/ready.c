@@ -13,6 +13,7 @@
 #include "speedups.h"
 
 #include <stddef.h>
+#include <string.h>
 #include <structmember.h>
 
 typedef struct {
@@ -259,6 +260,91 @@ stream_traverse(RecordStream *self, visitproc visit, void *arg)
     return 0;
 }
 
+/* The partition state's fields the fast path reads and writes for every record (epoch, paused,
+ * revoking, consumed), read straight from their slots.  PartitionState is a slots dataclass: each
+ * field is a member descriptor at a fixed offset in the object.  The offsets are taken once from
+ * the class's own descriptors and trusted only for objects of exactly that class while the class is
+ * unchanged (its version tag, which CPython clears when the class is modified), as the
+ * interpreter's own attribute caches do; anything else takes PyObject_GetAttr. */
+
+enum { SLOT_EPOCH, SLOT_PAUSED, SLOT_REVOKING, SLOT_CONSUMED, NSLOTS };
+
+static struct {
+    PyTypeObject *type; /* a strong reference once resolved */
+    unsigned int version;
+    Py_ssize_t offset[NSLOTS];
+    PyTypeObject *unusable; /* the last class found without such slots (compared, not held) */
+    unsigned int unusable_version;
+} state_slots;
+
+static int find_slots(PyTypeObject *type);
+
+/* 1: the slots of ``state`` are known (state_slots); 0: not (use attributes); -1: error. */
+static int
+resolve_slots(PyObject *state)
+{
+    PyTypeObject *type = Py_TYPE(state);
+    if (type == state_slots.type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+        type->tp_version_tag == state_slots.version) {
+        return 1;
+    }
+    if (type == state_slots.unusable && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
+        type->tp_version_tag == state_slots.unusable_version) {
+        return 0;
+    }
+    int found = find_slots(type);
+    if (found == 0 && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        state_slots.unusable = type;
+        state_slots.unusable_version = type->tp_version_tag;
+    }
+    return found;
+}
+
+static int
+find_slots(PyTypeObject *type)
+{
+    PyObject *names[NSLOTS] = {s_epoch, s_paused, s_revoking, s_consumed};
+    Py_ssize_t offset[NSLOTS];
+    PyObject *dict = type->tp_dict;
+    for (int i = 0; i < NSLOTS; i++) {
+        /* a lookup through the type assigns its version tag (read below) */
+        PyObject *attr = PyObject_GetAttr((PyObject *)type, names[i]);
+        if (attr == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        Py_DECREF(attr);
+        PyObject *descr = dict == NULL ? NULL : PyDict_GetItemWithError(dict, names[i]);
+        if (descr == NULL) {
+            return PyErr_Occurred() ? -1 : 0;
+        }
+        /* a member of this class's layout (a descriptor of another class could sit in the dict) */
+        if (Py_TYPE(descr) != &PyMemberDescr_Type || !PyType_IsSubtype(type, PyDescr_TYPE(descr))) {
+            return 0;
+        }
+        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+        if (member->type != T_OBJECT_EX || (member->flags & READONLY) || member->offset <= 0 ||
+            member->offset + (Py_ssize_t)sizeof(PyObject *) > type->tp_basicsize) {
+            return 0;
+        }
+        offset[i] = member->offset;
+    }
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return 0;
+    }
+    Py_INCREF(type);
+    Py_XSETREF(state_slots.type, type);
+    state_slots.version = type->tp_version_tag;
+    memcpy(state_slots.offset, offset, sizeof(offset));
+    return 1;
+}
+
+#define SLOT(obj, i) (*(PyObject **)((char *)(obj) + state_slots.offset[i]))
+
+/* 1: field ``i`` of ``state`` is ``expected`` (identity); 0: it is not or is unset; -1: error. */
+static int
+slot_is(PyObject *state, int known, int i, PyObject *name, PyObject *expected);
+
 /* 1: attribute ``name`` of ``obj`` is ``expected`` (identity); 0: it is not; -1: error. */
 static int
 attr_is(PyObject *obj, PyObject *name, PyObject *expected)
@@ -270,6 +356,16 @@ attr_is(PyObject *obj, PyObject *name, PyObject *expected)
     int same = value == expected;
     Py_DECREF(value);
     return same;
+}
+
+static int
+slot_is(PyObject *state, int known, int i, PyObject *name, PyObject *expected)
+{
+    if (known) {
+        PyObject *value = SLOT(state, i);
+        return value != NULL && value == expected;
+    }
+    return attr_is(state, name, expected);
 }
 
 /* The record handed out by the fast path (a new reference), NULL to fall back (no error set), or
@@ -308,12 +404,22 @@ fast_record(RecordStream *self)
     if (state == NULL || chunk->epoch == NULL || records == NULL || !PyList_CheckExact(records)) {
         goto done;
     }
-    if ((state_epoch = PyObject_GetAttr(state, s_epoch)) == NULL) {
+    int known = resolve_slots(state);
+    if (known < 0) {
         goto done;
     }
-    ok = PyObject_RichCompareBool(state_epoch, chunk->epoch, Py_EQ);
-    if (ok <= 0 || (ok = attr_is(state, s_paused, Py_False)) <= 0 ||
-        (ok = attr_is(state, s_revoking, Py_False)) <= 0) {
+    if (known) {
+        if ((state_epoch = SLOT(state, SLOT_EPOCH)) == NULL) {
+            goto done;
+        }
+        Py_INCREF(state_epoch);
+    }
+    else if ((state_epoch = PyObject_GetAttr(state, s_epoch)) == NULL) {
+        goto done;
+    }
+    ok = state_epoch == chunk->epoch ? 1 : PyObject_RichCompareBool(state_epoch, chunk->epoch, Py_EQ);
+    if (ok <= 0 || (ok = slot_is(state, known, SLOT_PAUSED, s_paused, Py_False)) <= 0 ||
+        (ok = slot_is(state, known, SLOT_REVOKING, s_revoking, Py_False)) <= 0) {
         goto done;
     }
     Py_ssize_t index = chunk->index;
@@ -335,10 +441,15 @@ fast_record(RecordStream *self)
     if (consumed == NULL) {
         goto done;
     }
-    int failed = PyObject_SetAttr(state, s_consumed, consumed);
-    Py_DECREF(consumed);
-    if (failed < 0) {
-        goto done;
+    if (known) {
+        Py_XSETREF(SLOT(state, SLOT_CONSUMED), consumed); /* the slot takes the reference */
+    }
+    else {
+        int failed = PyObject_SetAttr(state, s_consumed, consumed);
+        Py_DECREF(consumed);
+        if (failed < 0) {
+            goto done;
+        }
     }
     chunk->index = index + 1;
     Py_INCREF(candidate);

@@ -15,6 +15,8 @@
  *                 instruction, carry-less folding with VPCLMULQDQ, a table elsewhere
  *     ready.c     async for: ready(value), an awaitable already complete; ChunkBase, the fields of
  *                 a chunk of records; RecordStream, the common case of Consumer.__anext__ in C
+ *     fields.c    slot_fields(cls): a NamedTuple's field getters as member descriptors, which the
+ *                 interpreter reads without a call (ConsumerRecord, ShareConsumerRecord)
  *     module.c    the module table: bind(), the Python-level functions and their docstrings,
  *                 PyInit__speedups
  *
@@ -410,5 +412,6 @@ INTERNAL extern PyTypeObject ReadyType;
 INTERNAL extern PyTypeObject RecordStreamType;
 INTERNAL extern PyTypeObject ChunkBaseType;
 INTERNAL PyObject *ready(PyObject *module, PyObject *value);
+INTERNAL PyObject *slot_fields(PyObject *module, PyObject *arg);
 
 #endif /* ASYNCCONSUMER_SPEEDUPS_H */

@@ -36,7 +36,7 @@ from asyncconsumer.protocol.record_writer import (
     encode_varint,
 )
 from asyncconsumer.protocol.records import RecordBatch, decode_batch_py, iter_batches
-from asyncconsumer.structs import ConsumerRecord
+from asyncconsumer.structs import ConsumerRecord, ShareConsumerRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -420,6 +420,50 @@ def test_bind_rejects_a_record_type_with_fields() -> None:
         speedups.bind(WithDict, CorruptRecordError, decode_batch_py, records._decompress)
 
 
+# ------------------------------------------------------------------ slot_fields(): the records' field getters
+
+
+@pytest.mark.parametrize("cls", [ConsumerRecord, ShareConsumerRecord])
+def test_record_fields_read_as_member_descriptors_with_the_same_values(cls: type) -> None:
+    """``record.value`` reads the tuple's item through a member descriptor (one load once the
+    interpreter specializes it) instead of collections' ``_tuplegetter``: same values, same
+    read-only fields, same docs, and every NamedTuple behaviour kept."""
+    fields = cls._fields  # type: ignore[attr-defined]
+    values = tuple(f"v{i}".encode() for i in range(len(fields)))
+    record = cls(*values)
+    for i, name in enumerate(fields):
+        descriptor = cls.__dict__[name]
+        assert type(descriptor).__name__ == "member_descriptor", name
+        assert descriptor.__doc__ == f"Alias for field number {i}"
+        assert getattr(record, name) is values[i] is record[i]
+        with pytest.raises(AttributeError):
+            setattr(record, name, b"other")
+    assert record._replace(**{fields[0]: b"new"})[0] == b"new"  # type: ignore[attr-defined]
+    assert record._asdict() == dict(zip(fields, values, strict=True))  # type: ignore[attr-defined]
+    assert pickle.loads(pickle.dumps(record)) == record
+    match record:
+        case cls(first, second):  # type: ignore[misc]
+            assert (first, second) == values[:2]
+
+
+def test_slot_fields_rejects_classes_it_cannot_lay_out() -> None:
+    speedups = importlib.import_module("asyncconsumer._speedups")
+
+    class Extra(tuple):  # type: ignore[type-arg]
+        _fields = ("a",)
+
+    class NotTuple:
+        _fields = ("a",)
+
+    class NoNames(tuple):  # type: ignore[type-arg]
+        __slots__ = ()
+        _fields = (1,)
+
+    for cls in (Extra, NotTuple, NoNames, 3):
+        with pytest.raises(TypeError):
+            speedups.slot_fields(cls)
+
+
 # ------------------------------------------------------------------ ready(): the awaitable async for hands out
 
 
@@ -551,6 +595,63 @@ def test_record_stream_hands_out_what_the_python_anext_does(scenario: str) -> No
         assert [step[1] for step in compiled] == [1, 2, 20, 8, 20, 20]  # a chunk's end: its end position
     else:  # each change after the second record sends the third step to the poll
         assert [step[0] for step in compiled] == [0, 1, "poll"]
+
+
+def test_record_stream_reads_the_partition_state_by_slot_only_for_its_own_unchanged_class() -> None:
+    """The C fast path reads PartitionState's fields straight from their slots.  A subclass that
+    makes a field a property, and the class itself changed after the first record, must be seen
+    as the Python reference sees them: the property's and the new descriptor's values count."""
+    import anyio
+
+    from asyncconsumer import Consumer
+    from asyncconsumer.app.collector import Chunk
+    from asyncconsumer.managers.subscription import PartitionPhase, PartitionState
+    from asyncconsumer.structs import TopicPartition
+
+    class AlwaysPaused(PartitionState):
+        __slots__ = ()
+
+        @property  # type: ignore[misc]
+        def paused(self) -> bool:
+            return True
+
+        @paused.setter
+        def paused(self, value: bool) -> None:
+            pass
+
+    async def steps(state: PartitionState, change: Callable[[], None] = lambda: None) -> list[Any]:
+        consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers="127.0.0.1:9")
+        consumer._new_engine()
+        recs = [ConsumerRecord("t", 0, o, 0, 0, b"k", b"v", [], 1, 2, None) for o in range(4)]
+        consumer._chunks.append(Chunk(state, recs))
+        stream = aiter(consumer)
+        out: list[Any] = []
+        for n in range(3):
+            if n == 1:
+                change()
+            awaitable = anext(stream)
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()
+                out.append("poll")
+                break
+            out.append((await awaitable).offset)
+        return out
+
+    tp = TopicPartition("t", 0)
+    assert anyio.run(steps, PartitionState(tp, PartitionPhase.FETCHING, position=4)) == [0, 1, 2]
+    assert anyio.run(steps, AlwaysPaused(tp, PartitionPhase.FETCHING, position=4)) == ["poll"]
+
+    original = PartitionState.__dict__["revoking"]
+
+    def revoking_by_property() -> None:
+        PartitionState.revoking = property(lambda self: True)  # type: ignore[assignment,method-assign]
+
+    try:
+        got = anyio.run(steps, PartitionState(tp, PartitionPhase.FETCHING, position=4), revoking_by_property)
+    finally:
+        PartitionState.revoking = original  # type: ignore[method-assign]
+    assert got == [0, "poll"]
+    assert anyio.run(steps, PartitionState(tp, PartitionPhase.FETCHING, position=4)) == [0, 1, 2]
 
 
 def test_record_stream_falls_back_for_objects_it_does_not_know() -> None:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from ..errors import CorruptRecordError, RecordError, UnsupportedMagicError
-from ..structs import ConsumerRecord
+from ..structs import ConsumerRecord, ShareConsumerRecord
 from .compression import CODEC_NONE, DEFAULT_MAX_SIZE, decompress
 
 __all__ = [
@@ -854,6 +854,10 @@ def _select_decoder() -> tuple[_Decoder, str, str]:
     try:
         speedups: Any = importlib.import_module("asyncconsumer._speedups")
         speedups.bind(ConsumerRecord, CorruptRecordError, decode_batch_py, _decompress)
+        # The records' field getters as member descriptors: ``record.value`` costs what
+        # ``record[6]`` does (speedups/fields.c).
+        speedups.slot_fields(ConsumerRecord)
+        speedups.slot_fields(ShareConsumerRecord)
     except ImportError as exc:
         if isinstance(exc, ModuleNotFoundError) and exc.name == "asyncconsumer._speedups":
             why = "this install has no compiled decoder: it was built without a C compiler"
