@@ -95,13 +95,16 @@ def test_cache_timeout_zero_closes_each_tasks_consumer(
     assert task(opts, topic, 0, 0, 10) == expected(0, 0, 10)
     assert task(opts, topic, 0, 10, 20) == expected(0, 10, 20)
     assert (cache.created, cache.reused, cache.idle) == (2, 0, 0)
-    # nor does it take one another query's tasks left (and without the option, nothing is kept)
+    # without the option a consumer is kept (5 minutes, as Spark), and a task with a timeout of 0
+    # does not take one another query's tasks left
     default = parse_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic})
+    assert default.consumer_cache_timeout_ms == 300_000
     assert task(default, topic, 0, 20, 30) == expected(0, 20, 30)
-    assert (cache.created, cache.reused, cache.idle) == (3, 0, 0)
+    assert (cache.created, cache.reused, cache.idle) == (3, 0, 1)
     assert task(options(bootstrap, topic), topic, 1, 0, 10) == expected(1, 0, 10)
+    assert (cache.created, cache.reused, cache.idle) == (3, 1, 1)
     assert task(opts, topic, 1, 10, 20) == expected(1, 10, 20)
-    assert (cache.created, cache.reused, cache.idle) == (5, 0, 1)
+    assert (cache.created, cache.reused, cache.idle) == (4, 1, 1)
 
 
 def test_a_task_stopped_early_or_failing_closes_its_consumer(
@@ -200,10 +203,10 @@ def test_streaming_query_with_kept_consumers_writes_every_record_once(
 
 
 def test_fetch_waits_of_the_driver_and_executor_consumers() -> None:
-    """The driver's watermark probe and an executor wait at most 50 ms (an executor only past its
+    """The driver's watermark probe waits at most 50 ms, an executor at most 5 ms (only past its
     range's end), so a kept consumer's next task never queues behind a long poll."""
     opts = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t"})
     assert src._driver_consumer(opts).config.fetch_max_wait_ms == 50
-    assert src._executor_consumer(opts).config.fetch_max_wait_ms == 50
-    quick = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t", "kafka.fetch.max.wait.ms": "10"})
-    assert src._executor_consumer(quick).config.fetch_max_wait_ms == 10
+    assert src._executor_consumer(opts).config.fetch_max_wait_ms == 5
+    quick = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t", "kafka.fetch.max.wait.ms": "2"})
+    assert src._executor_consumer(quick).config.fetch_max_wait_ms == 2

@@ -144,7 +144,7 @@ def test_trigger_options() -> None:
 
 
 def test_consumer_cache_timeout_option() -> None:
-    assert parse_options(opts(subscribe="t")).consumer_cache_timeout_ms == 0  # off unless asked for
+    assert parse_options(opts(subscribe="t")).consumer_cache_timeout_ms == 300_000  # Spark's 5 minutes
     assert parse_options(opts(subscribe="t", consumerCacheTimeout="30s")).consumer_cache_timeout_ms == 30_000
     assert parse_options(opts(subscribe="t", consumercachetimeout="0")).consumer_cache_timeout_ms == 0
     with pytest.raises(SourceOptionError, match="'consumerCacheTimeout' must be a time such as"):

@@ -70,9 +70,9 @@ _FORBIDDEN_KAFKA = {
     "value.deserializer": "values are always returned as binary; cast or parse them with DataFrame operations",
     "interceptor.classes": "consumer interceptors can change what is read, so Spark does not allow them either",
 }
-#: ``consumerCacheTimeout``'s default: 0, no consumer is kept (a kept consumer read more slowly than
-#: a new one in the benchmarks, docs/spark.md; Spark's own cache keeps its consumers 5 minutes).
-DEFAULT_CONSUMER_CACHE_TIMEOUT_MS = 0
+#: ``consumerCacheTimeout``'s default: 5 minutes, as Spark's own consumer cache
+#: (``spark.kafka.consumer.cache.timeout``); 0 closes each task's consumer when the task ends.
+DEFAULT_CONSUMER_CACHE_TIMEOUT_MS = 5 * 60 * 1000
 #: ``maxTriggerDelay``'s default, as in Spark: 15 minutes.
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 # Spark's time strings (JavaUtils.timeStringAsMs): a number and an optional unit; no unit is ms.
