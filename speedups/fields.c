@@ -46,8 +46,7 @@ slot_fields(PyObject *module, PyObject *arg)
         return NULL;
     }
     PyTypeObject *cls = (PyTypeObject *)arg;
-    if (!PyType_IsSubtype(cls, &PyTuple_Type) || cls->tp_basicsize != PyTuple_Type.tp_basicsize ||
-        cls->tp_itemsize != PyTuple_Type.tp_itemsize || cls->tp_dictoffset != 0) {
+    if (!plain_tuple_subclass(cls)) {
         PyErr_SetString(PyExc_TypeError, "slot_fields: the class must be a tuple subclass without extra fields");
         return NULL;
     }

@@ -20,6 +20,13 @@ PyObject *s_poller, *s_engine, *s_closed, *s_epoch, *s_paused, *s_revoking, *s_c
 
 /* ------------------------------------------------------------------ bind */
 
+int
+plain_tuple_subclass(PyTypeObject *t)
+{
+    return PyType_IsSubtype(t, &PyTuple_Type) && t->tp_basicsize == PyTuple_Type.tp_basicsize &&
+           t->tp_itemsize == PyTuple_Type.tp_itemsize && t->tp_dictoffset == 0 && t->tp_weaklistoffset == 0;
+}
+
 static PyObject *
 bind(PyObject *module, PyObject *args)
 {
@@ -31,9 +38,7 @@ bind(PyObject *module, PyObject *args)
     /* Records are allocated as plain tuples of the subtype: only valid when
      * the subclass adds nothing to tuple's layout (NamedTuple sets
      * __slots__ = ()). */
-    if (!PyType_IsSubtype(t, &PyTuple_Type) || t->tp_basicsize != PyTuple_Type.tp_basicsize ||
-        t->tp_itemsize != PyTuple_Type.tp_itemsize || t->tp_dictoffset != 0 || t->tp_weaklistoffset != 0 ||
-        t->tp_alloc == NULL) {
+    if (!plain_tuple_subclass(t) || t->tp_alloc == NULL) {
         PyErr_SetString(PyExc_TypeError, "record_type must be a tuple subclass without extra fields");
         return NULL;
     }

@@ -277,29 +277,8 @@ static struct {
     unsigned int unusable_version;
 } state_slots;
 
-static int find_slots(PyTypeObject *type);
-
-/* 1: the slots of ``state`` are known (state_slots); 0: not (use attributes); -1: error. */
-static int
-resolve_slots(PyObject *state)
-{
-    PyTypeObject *type = Py_TYPE(state);
-    if (type == state_slots.type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
-        type->tp_version_tag == state_slots.version) {
-        return 1;
-    }
-    if (type == state_slots.unusable && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) &&
-        type->tp_version_tag == state_slots.unusable_version) {
-        return 0;
-    }
-    int found = find_slots(type);
-    if (found == 0 && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        state_slots.unusable = type;
-        state_slots.unusable_version = type->tp_version_tag;
-    }
-    return found;
-}
-
+/* Read the slots' offsets from ``type``'s own member descriptors into state_slots: 1 done, 0 the
+ * class has no such slots (use attributes), -1 error. */
 static int
 find_slots(PyTypeObject *type)
 {
@@ -339,11 +318,33 @@ find_slots(PyTypeObject *type)
     return 1;
 }
 
-#define SLOT(obj, i) (*(PyObject **)((char *)(obj) + state_slots.offset[i]))
+/* ``type`` is ``seen``, not modified since its version tag was ``version``. */
+static inline int
+unchanged(PyTypeObject *type, PyTypeObject *seen, unsigned int version)
+{
+    return type == seen && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && type->tp_version_tag == version;
+}
 
-/* 1: field ``i`` of ``state`` is ``expected`` (identity); 0: it is not or is unset; -1: error. */
+/* 1: the slots of ``state`` are known (state_slots); 0: not (use attributes); -1: error. */
 static int
-slot_is(PyObject *state, int known, int i, PyObject *name, PyObject *expected);
+resolve_slots(PyObject *state)
+{
+    PyTypeObject *type = Py_TYPE(state);
+    if (unchanged(type, state_slots.type, state_slots.version)) {
+        return 1;
+    }
+    if (unchanged(type, state_slots.unusable, state_slots.unusable_version)) {
+        return 0;
+    }
+    int found = find_slots(type);
+    if (found == 0 && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        state_slots.unusable = type;
+        state_slots.unusable_version = type->tp_version_tag;
+    }
+    return found;
+}
+
+#define SLOT(obj, i) (*(PyObject **)((char *)(obj) + state_slots.offset[i]))
 
 /* 1: attribute ``name`` of ``obj`` is ``expected`` (identity); 0: it is not; -1: error. */
 static int
@@ -358,6 +359,8 @@ attr_is(PyObject *obj, PyObject *name, PyObject *expected)
     return same;
 }
 
+/* 1: field ``i`` of ``state`` (``name``) is ``expected`` (identity); 0: it is not or is unset; -1:
+ * error.  ``known``: read the slot (resolve_slots said so), else the attribute. */
 static int
 slot_is(PyObject *state, int known, int i, PyObject *name, PyObject *expected)
 {
@@ -417,7 +420,7 @@ fast_record(RecordStream *self)
     else if ((state_epoch = PyObject_GetAttr(state, s_epoch)) == NULL) {
         goto done;
     }
-    ok = state_epoch == chunk->epoch ? 1 : PyObject_RichCompareBool(state_epoch, chunk->epoch, Py_EQ);
+    ok = PyObject_RichCompareBool(state_epoch, chunk->epoch, Py_EQ);
     if (ok <= 0 || (ok = slot_is(state, known, SLOT_PAUSED, s_paused, Py_False)) <= 0 ||
         (ok = slot_is(state, known, SLOT_REVOKING, s_revoking, Py_False)) <= 0) {
         goto done;

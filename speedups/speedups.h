@@ -413,5 +413,7 @@ INTERNAL extern PyTypeObject RecordStreamType;
 INTERNAL extern PyTypeObject ChunkBaseType;
 INTERNAL PyObject *ready(PyObject *module, PyObject *value);
 INTERNAL PyObject *slot_fields(PyObject *module, PyObject *arg);
+/* 1: ``t`` subclasses tuple and adds nothing to its layout (a NamedTuple: __slots__ = ()); else 0. */
+INTERNAL int plain_tuple_subclass(PyTypeObject *t);
 
 #endif /* ASYNCCONSUMER_SPEEDUPS_H */
