@@ -75,13 +75,14 @@ def new_topic(cluster: KafkaCluster, partitions: int = 3, *, config: dict[str, s
     return name
 
 
-def leaders(cluster: KafkaCluster, topic: str, *, partitions: int | None = None,
-            timeout: float = 30.0) -> dict[int, int]:
+def leaders(cluster: KafkaCluster, topic: str, *, partitions: int | None = None, timeout: float = 30.0,
+            until: Callable[[dict[int, int]], bool] | None = None, waiting_for: str = "") -> dict[int, int]:
     """Partition → leader's node id, as the metadata tells it.
 
     Right after a topic's creation the node answering may not know it yet (red in clean-clone CI
     runs twice: an empty partition list), so this asks again until the topic is listed with its
-    partitions (all ``partitions`` of them, each with a leader, when given).
+    partitions (all ``partitions`` of them, each with a leader, when given), and, given ``until``,
+    until the answer satisfies it (``waiting_for`` names what for the timeout's message).
     """
     client = admin(cluster)
     deadline = time.monotonic() + timeout
@@ -89,12 +90,13 @@ def leaders(cluster: KafkaCluster, topic: str, *, partitions: int | None = None,
         md = client.list_topics(topic, timeout=10).topics[topic]
         found = {p.id: p.leader for p in md.partitions.values()}
         if partitions is None:
-            if found and md.error is None:
-                return found
-        elif len(found) == partitions and all(leader >= 0 for leader in found.values()):
+            listed = bool(found) and md.error is None
+        else:
+            listed = len(found) == partitions and all(leader >= 0 for leader in found.values())
+        if listed and (until is None or until(found)):
             return found
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{topic}: metadata lists {found} (error {md.error}) after {timeout}s")
+            raise TimeoutError(f"{topic}: metadata lists {found} (error {md.error}) after {timeout}s{waiting_for}")
         time.sleep(0.2)
 
 
@@ -105,15 +107,9 @@ def moved_off(cluster: KafkaCluster, topic: str, node: int, partitions: list[int
     A killed broker keeps its partitions until its session times out, and each broker applies the
     controller's change at its own pace, so this asks until the answer shows the move.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        now = leaders(cluster, topic)
-        if all(now.get(p, -1) not in (node, -1) for p in partitions):
-            return now
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{topic}: partitions {partitions} still not moved off node {node} "
-                                 f"after {timeout}s: {now}")
-        time.sleep(0.2)
+    return leaders(cluster, topic, timeout=timeout,
+                   until=lambda found: all(found.get(p, -1) not in (node, -1) for p in partitions),
+                   waiting_for=f", waiting for partitions {partitions} to move off node {node}")
 
 
 def coordinator(cluster: KafkaCluster, group: str) -> int:
