@@ -1,7 +1,8 @@
 """The PySpark source against Spark's own Kafka source: same broker, same topics, same session.
 
-    python -m benchmarks.spark_head_to_head [--quick] [--records-100b N] [--records-1kib N] [--rounds 3]
+    python -m benchmarks.spark_head_to_head [--quick] [--records-100b N] [--records-1kib N] [--rounds 3] [--warmup 1]
         [--steps batch,aggregate,stream] [--kept] [--timings] [--no-executor-read] [--master standalone]
+        [--precompile-pyspark]
 
 One Apache Kafka broker (``asyncconsumer.testing.KafkaBroker``), two topics of 4 partitions
 (1,000,000 x 100 B and 200,000 x 1 KiB values; ``--quick``: 50,000 and 10,000), produced once with
@@ -9,7 +10,9 @@ confluent-kafka.  One SparkSession (``local[2]`` unless ``--master``; ``--master
 a standalone cluster of a master and two 1-core workers for the run, benchmarks/spark_cluster.py) with Spark's Kafka
 source on the classpath (``org.apache.spark:spark-sql-kafka-0-10_2.13`` of the *installed*
 PySpark's version, from Maven Central through ``spark.jars.packages``) and the asyncconsumer
-source registered.  For each topic, interleaved rounds (the source order alternates) of:
+source registered.  After ``--warmup`` untimed rounds (each step and source once on the 1 KiB
+topic: the JVM's first query of a kind is slower for whichever source runs it), for each topic,
+interleaved rounds (each source goes first in turn) of:
 
 - **batch**: ``spark.read...load()`` written to the ``noop`` sink;
 - **aggregate**: ``groupBy("partition").count()`` collected;
@@ -18,6 +21,10 @@ source registered.  For each topic, interleaved rounds (the source order alterna
 - **latency** (``--latency SECONDS``, default 30; 0 skips): a continuously running query per source
   (default trigger, ``foreachBatch`` sink) on a fresh topic fed 1,000 records/s; the percentiles of
   each record's produce-to-sink time.
+
+asyncconsumer is byte-compiled first, as ``pip install`` does (from a checkout with
+``PYTHONDONTWRITEBYTECODE`` set, each new Python process Spark starts would compile it again);
+``--precompile-pyspark`` also gives the installed PySpark's own zips bytecode (docs/spark.md).
 
 Before timing, both sources' rows are checked to be identical: the SHA-256 of the sorted per-row
 ``xxhash64`` of every column (headers included), and the row count.  Prints rows/s (median and
@@ -112,6 +119,21 @@ def show_timings(path: str, offset: int, began: float, query: Any) -> int:
     for p in query.recentProgress:
         log(f"  batch {p['batchId']}: {p['numInputRows']} rows, durationMs {p['durationMs']}")
     return offset
+
+
+def byte_compile() -> None:
+    """Byte-compile asyncconsumer where it is imported from, as ``pip install`` does for a wheel.
+
+    Every query starts fresh Python processes (PySpark's planners and its streaming source
+    runner) that import the source; from a source checkout with ``PYTHONDONTWRITEBYTECODE`` set
+    (or a read-only one) each of them would compile every module again, about 0.35 s of CPU per
+    process that an installed package never pays.
+    """
+    import compileall
+
+    import asyncconsumer
+
+    compileall.compile_dir(os.path.dirname(asyncconsumer.__file__), quiet=1)
 
 
 def session(master: str, package: str, work: str) -> Any:
@@ -322,6 +344,8 @@ def main() -> None:
     parser.add_argument("--records-100b", type=int, default=None)
     parser.add_argument("--records-1kib", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed rounds of every step and source on the 1 KiB topic first (default %(default)s)")
     parser.add_argument("--master", default="local[2]",
                         help="a Spark master URL, or 'standalone': a master and two 1-core workers started from "
                              "the installed PySpark for this run and stopped by pid (benchmarks/spark_cluster.py)")
@@ -331,6 +355,9 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=30.0, metavar="SECONDS",
                         help="each round, a continuously running query per source fed 1,000 records/s for this "
                              "long: produce-to-sink latency percentiles (0: skip; default %(default)s)")
+    parser.add_argument("--precompile-pyspark", action="store_true",
+                        help="first add bytecode to the installed PySpark's own zips (changes that installation; "
+                             "python -m asyncconsumer.spark.precompile, docs/spark.md)")
     parser.add_argument("--no-executor-read", action="store_true", help="skip the executor read outside Spark")
     args = parser.parse_args()
     steps = [s for s in args.steps.split(",") if s]
@@ -364,6 +391,12 @@ def main() -> None:
         for d in sets:
             log(f"producing {d.describe()}: {ds.produce(bootstrap, d):.1f}s")
         timings = [enable_timings(work), 0] if args.timings else None
+        byte_compile()
+        if args.precompile_pyspark:
+            from asyncconsumer.spark.precompile import precompile_pyspark
+
+            for z in precompile_pyspark():
+                log(f"precompiled {z.path}: {z.compiled} modules compiled, {z.current} already current")
         spark = session(master, package, work)
         for d in sets:
             hashes = {source: rows_hash(reader(spark, source, bootstrap, d.topic)) for source in SOURCES}
@@ -372,16 +405,19 @@ def main() -> None:
                 sys.exit(f"the sources disagree on {d.topic}: {hashes}")
         results: dict[tuple[str, str, str], list[float]] = {}
         latencies: dict[str, list[float]] = {}
+        sources = [*SOURCES, KEPT] if args.kept else SOURCES
+        for _ in range(args.warmup):  # the JVM's first query of each kind (JIT, Parquet writer) is not timed
+            for step in steps:
+                for source in sources:
+                    seconds = run_step(spark, step, source, bootstrap, sets[-1].topic, work, None)
+                    log(f"warm-up {sets[-1].name} {step} {source}: {seconds:.2f}s (not counted)")
         for r in range(args.rounds):
             for d in sets if not args.no_executor_read else []:  # the executor read alone, columnar and rows
                 for label, columnar in (("executor read, columnar", True), ("executor read, rows", False)):
                     rate = executor_read(bootstrap, d.topic, d.partitions, d.records, columnar)
                     results.setdefault((d.name, label, "asyncconsumer"), []).append(rate)
                     log(f"round {r + 1} {d.name} {label} (no Spark): {rate:,.0f} rows/s")
-            sources = [*SOURCES, KEPT] if args.kept else SOURCES
-            order = sources[r % len(sources) :] + sources[: r % len(sources)]
-            if r % 2:
-                order.reverse()
+            order = sources[r % len(sources) :] + sources[: r % len(sources)]  # each source goes first in turn
             for d in sets:
                 for step in steps:
                     for source in order:
@@ -394,8 +430,10 @@ def main() -> None:
                 latencies.setdefault(source, []).extend(lat)
                 log(f"round {r + 1} latency {source}: median {statistics.median(lat) * 1000:.0f} ms of {len(lat)}")
         where = args.master + (f" = {master}" if master != args.master else "")
-        print(f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({where}), {package}; "
-              f"{args.rounds} interleaved rounds; rows/s median (min-max); identical rows checked by hash\n")
+        zips = "its zips precompiled" if args.precompile_pyspark else "as installed"
+        print(f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({where}; {zips}), {package}; "
+              f"{args.rounds} interleaved rounds after {args.warmup} warm-up; rows/s median (min-max); "
+              "identical rows checked by hash\n")
         print("| topic | step | source | rows/s | Spark Kafka source rows/s | ratio |")
         print("|---|---|---|---:|---:|---:|")
         for d in sets:

@@ -24,8 +24,6 @@ import threading
 import zlib
 from typing import Any
 
-import snappy
-
 from ..errors import CorruptRecordError, UnsupportedCodecError
 
 __all__ = [
@@ -72,9 +70,21 @@ def _too_large(name: str, declared: int | None, max_size: int) -> CorruptRecordE
 
 
 # lz4 and zstandard are optional extras; import lazily so a missing library
-# only matters for the batches that need it.
+# only matters for the batches that need it.  snappy is lazy too, for import time.
 _lz4_frame: Any = None
 _zstd: Any = None
+_snappy: Any = None
+
+
+def _load_snappy() -> Any:
+    """python-snappy (a dependency), imported on the first snappy batch: it loads cramjam, about
+    25 ms that a process reading no snappy data (a Spark planner, a CLI) need not pay."""
+    global _snappy
+    if _snappy is None:
+        import snappy
+
+        _snappy = snappy
+    return _snappy
 
 
 def _load_lz4() -> Any:
@@ -177,7 +187,7 @@ def _snappy_block(block: memoryview, left: int, max_size: int) -> bytes:
         raise CorruptRecordError(
             f"snappy block of {len(block)} bytes declares {size} bytes uncompressed, more than snappy can encode in it"
         )
-    out = bytes(snappy.decompress(block))
+    out = bytes(_load_snappy().decompress(block))
     if len(out) != size:  # the library checks this; never hand out a different size
         raise CorruptRecordError(f"snappy block declares {size} bytes but decodes to {len(out)}")
     return out
@@ -212,11 +222,11 @@ def _snappy_decompress(data: Buffer, max_size: int) -> bytes:
 
 def _snappy_compress(data: Buffer, xerial: bool) -> bytes:
     if not xerial:
-        return bytes(snappy.compress(data))
+        return bytes(_load_snappy().compress(data))
     mv = memoryview(data)
     out = [_XERIAL_HEADER]
     for start in range(0, len(mv), _XERIAL_BLOCK):
-        block = bytes(snappy.compress(mv[start : start + _XERIAL_BLOCK]))
+        block = bytes(_load_snappy().compress(mv[start : start + _XERIAL_BLOCK]))
         out.append(_I32.pack(len(block)))
         out.append(block)
     return b"".join(out)

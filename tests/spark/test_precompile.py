@@ -1,0 +1,143 @@
+"""``asyncconsumer.spark.precompile``: bytecode added to PySpark's zips, imported by Python's zip importer.
+
+Each import is judged in a fresh interpreter whose ``PYTHONPATH`` is only the zip, as Spark's Python
+processes see it: the module's ``__file__`` says whether its ``.pyc`` or its ``.py`` was used.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import stat
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from asyncconsumer.spark.precompile import main, precompile_pyspark, precompile_zip
+
+
+def write_zip(path: Path, entries: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+
+
+def entries(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as z:
+        return {n: z.read(n) for n in z.namelist()}
+
+
+def imported(path_entries: list[Path], statement: str) -> str:
+    """What ``statement`` prints in a fresh interpreter (isolated: no environment) that looks in
+    ``path_entries`` first, as Spark's Python processes look in its zips first."""
+    first = f"import sys; sys.path[:0] = {[str(p) for p in path_entries]}; "
+    done = subprocess.run([sys.executable, "-I", "-c", first + statement], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def package_zip(tmp_path: Path) -> Path:
+    home = tmp_path / "home" / "python" / "lib"
+    home.mkdir(parents=True)
+    path = home / "pkg.zip"
+    write_zip(
+        path,
+        {
+            "pkg/__init__.py": b"from .mod import VALUE\n",
+            "pkg/mod.py": b"VALUE = 1\n",
+            "pkg/broken.py": b"def (:\n",
+            "pkg/data.txt": b"not python",
+        },
+    )
+    return path
+
+
+def test_every_module_gets_a_pyc_that_the_zip_importer_uses(package_zip: Path) -> None:
+    before = entries(package_zip)
+    assert imported([package_zip], "import pkg, pkg.mod; print(pkg.mod.__file__, pkg.VALUE)").endswith("mod.py 1")
+
+    result = precompile_zip(package_zip)
+
+    assert (result.compiled, result.current) == (2, 0)  # broken.py gets none
+    after = entries(package_zip)
+    assert {n: after[n] for n in before} == before  # every original entry unchanged
+    assert set(after) - set(before) == {"pkg/__init__.pyc", "pkg/mod.pyc"}
+    assert after["pkg/mod.pyc"][:4] == importlib.util.MAGIC_NUMBER
+    out = imported([package_zip], "import pkg, pkg.mod; print(pkg.__file__, pkg.mod.__file__, pkg.VALUE)")
+    assert out == f"{package_zip}/pkg/__init__.pyc {package_zip}/pkg/mod.pyc 1"
+
+
+def test_a_second_run_writes_nothing(package_zip: Path) -> None:
+    precompile_zip(package_zip)
+    written = package_zip.stat()
+
+    result = precompile_zip(package_zip)
+
+    assert (result.compiled, result.current) == (0, 2)
+    assert package_zip.stat().st_mtime_ns == written.st_mtime_ns and package_zip.stat().st_ino == written.st_ino
+
+
+def test_a_pyc_that_no_longer_matches_its_source_is_ignored_then_replaced(package_zip: Path) -> None:
+    precompile_zip(package_zip)
+    changed = entries(package_zip)
+    changed["pkg/mod.py"] = b"VALUE = 2\n"  # the source changed, its .pyc did not
+    write_zip(package_zip, changed)
+    assert imported([package_zip], "import pkg.mod; print(pkg.mod.__file__, pkg.VALUE)").endswith("mod.py 2")
+
+    result = precompile_zip(package_zip)
+
+    assert (result.compiled, result.current) == (1, 1)
+    assert imported([package_zip], "import pkg.mod; print(pkg.mod.__file__, pkg.VALUE)").endswith("mod.pyc 2")
+
+
+def test_another_pythons_pyc_is_ignored_on_import_and_replaced(package_zip: Path) -> None:
+    precompile_zip(package_zip)
+    other = entries(package_zip)
+    other["pkg/mod.pyc"] = b"\x00\x00\r\n" + other["pkg/mod.pyc"][4:]  # some other version's magic number
+    write_zip(package_zip, other)
+    assert imported([package_zip], "import pkg.mod; print(pkg.mod.__file__)").endswith("mod.py")
+
+    assert precompile_zip(package_zip).compiled == 1
+    assert imported([package_zip], "import pkg.mod; print(pkg.mod.__file__)").endswith("mod.pyc")
+
+
+def test_the_zips_permissions_are_kept(package_zip: Path) -> None:
+    package_zip.chmod(0o640)
+    precompile_zip(package_zip)
+    assert stat.S_IMODE(package_zip.stat().st_mode) == 0o640
+    assert [p.name for p in package_zip.parent.iterdir()] == ["pkg.zip"]  # no temporary file left
+
+
+def test_a_directory_that_is_not_a_spark_home_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(FileNotFoundError, match=f"no zip files in {tmp_path}/python/lib"):
+        precompile_pyspark(tmp_path)
+    assert main([str(tmp_path)]) == 1
+    assert "is " + str(tmp_path) + " a Spark home?" in capsys.readouterr().err
+
+
+def test_pysparks_own_zips_import_from_bytecode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The installed PySpark's zips (copied): afterwards what a streaming query's Python process
+    imports (PySpark's streaming source runner) comes from bytecode, and behaves the same."""
+    spec = importlib.util.find_spec("pyspark")
+    assert spec is not None and spec.origin is not None
+    lib = Path(spec.origin).parent / "python" / "lib"
+    home = tmp_path / "spark"
+    shutil.copytree(lib, home / "python" / "lib")
+    zips = sorted((home / "python" / "lib").glob("*.zip"))
+    statement = (
+        "import pyspark.sql.streaming.python_streaming_source_runner, pyspark, py4j; "
+        "print(pyspark.__file__, py4j.__file__, pyspark.__version__)"
+    )
+    version = imported(zips, statement).split()[-1]
+
+    assert main([str(home)]) == 0
+
+    report = capsys.readouterr().out
+    assert "pyspark.zip: " in report and "modules compiled, 0 already current" in report
+    pyspark_file, py4j_file, again = imported(zips, statement).split()
+    assert pyspark_file.endswith("pyspark.zip/pyspark/__init__.pyc") and py4j_file.endswith("/py4j/__init__.pyc")
+    assert again == version
