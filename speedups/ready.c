@@ -239,6 +239,7 @@ typedef struct {
     PyObject *consumer;
     PyObject *chunks; /* the collector's deque of chunks: the same object for the consumer's life */
     PyObject *anext;  /* Consumer.__anext__, the Python method (unbound) */
+    Ready *spare;     /* the last Ready handed out: used again once nobody else holds it */
 } RecordStream;
 
 static void
@@ -248,6 +249,7 @@ stream_dealloc(RecordStream *self)
     Py_CLEAR(self->consumer);
     Py_CLEAR(self->chunks);
     Py_CLEAR(self->anext);
+    Py_CLEAR(self->spare);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -439,9 +441,20 @@ fast_record(RecordStream *self)
         goto done;
     }
     /* PartitionState.handed_out(record.offset + 1), as the Python fast path writes it; the index
-     * moves only once that is done (an error leaves the record where it was). */
-    PyObject *consumed = PyLong_FromLongLong(offset + 1);
-    if (consumed == NULL) {
+     * moves only once that is done (an error leaves the record where it was).  That int is
+     * usually the next record's offset (no gap): then that object, rather than a new one. */
+    PyObject *consumed = NULL;
+    PyObject *next = PyList_GET_ITEM(records, index + 1);
+    if (PyTuple_Check(next) && PyTuple_GET_SIZE(next) >= 3 && PyLong_CheckExact(PyTuple_GET_ITEM(next, 2))) {
+        long long next_offset = PyLong_AsLongLong(PyTuple_GET_ITEM(next, 2));
+        if (next_offset == offset + 1) {
+            consumed = Py_NewRef(PyTuple_GET_ITEM(next, 2));
+        }
+        else if (next_offset == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+    }
+    if (consumed == NULL && (consumed = PyLong_FromLongLong(offset + 1)) == NULL) {
         goto done;
     }
     if (known) {
@@ -469,12 +482,20 @@ stream_anext(PyObject *op)
     RecordStream *self = (RecordStream *)op;
     PyObject *record = fast_record(self);
     if (record != NULL) {
-        Ready *ready_obj = PyObject_New(Ready, &ReadyType);
+        /* The previous record's Ready again when only this stream still holds it (the loop has
+         * awaited and dropped it, so nobody can tell): one allocation less per record. */
+        Ready *ready_obj = self->spare;
+        if (ready_obj != NULL && Py_REFCNT(ready_obj) == 1 && ready_obj->value == NULL) {
+            ready_obj->value = record;
+            return Py_NewRef((PyObject *)ready_obj);
+        }
+        ready_obj = PyObject_New(Ready, &ReadyType);
         if (ready_obj == NULL) {
             Py_DECREF(record);
             return NULL;
         }
         ready_obj->value = record;
+        Py_XSETREF(self->spare, (Ready *)Py_NewRef((PyObject *)ready_obj));
         return (PyObject *)ready_obj;
     }
     if (PyErr_Occurred()) {

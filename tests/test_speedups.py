@@ -654,6 +654,49 @@ def test_record_stream_reads_the_partition_state_by_slot_only_for_its_own_unchan
     assert anyio.run(steps, PartitionState(tp, PartitionPhase.FETCHING, position=4)) == [0, 1, 2]
 
 
+def test_record_stream_hands_out_its_awaitable_again_only_once_nobody_else_holds_it() -> None:
+    """The C fast path keeps the last awaitable it handed out and fills it again for the next
+    record when only the stream still holds it (awaited and dropped): never one that someone holds."""
+    import anyio
+
+    from asyncconsumer import Consumer
+    from asyncconsumer.app.collector import Chunk
+    from asyncconsumer.managers.subscription import PartitionPhase, PartitionState
+    from asyncconsumer.structs import TopicPartition
+
+    async def main() -> None:
+        consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers="127.0.0.1:9")
+        consumer._new_engine()
+        state = PartitionState(TopicPartition("t", 0), PartitionPhase.FETCHING, position=8)
+        recs = [ConsumerRecord("t", 0, o, 0, 0, b"k", b"v", [], 1, 2, None) for o in range(8)]
+        consumer._chunks.append(Chunk(state, recs))
+        stream = aiter(consumer)
+
+        held = anext(stream)
+        assert (await held).offset == 0
+        second = anext(stream)  # the first is still held here: a new one
+        assert second is not held
+        assert (await second).offset == 1
+        with pytest.raises(RuntimeError, match="already awaited"):
+            await held  # not filled again behind its holder's back
+        ident = id(second)
+        del second
+        # Had the stream let the second go, this same-sized object would take its memory.
+        blocker = importlib.import_module("asyncconsumer._speedups").ready(None)
+        third = anext(stream)  # the second was awaited and dropped: the same object again
+        assert id(third) == ident and id(blocker) != ident
+        assert (await third).offset == 2
+        pending = anext(stream)  # handed out, never awaited, still held: its record stays its own
+        fourth = anext(stream)
+        assert fourth is not pending
+        assert (await fourth).offset == 4 and (await pending).offset == 3
+        del pending, fourth, third, held, blocker
+        assert [(await anext(stream)).offset for _ in range(3)] == [5, 6, 7]
+        assert state.consumed == 8  # the last record of the chunk (the Python path) ends it
+
+    anyio.run(main)
+
+
 def test_record_stream_falls_back_for_objects_it_does_not_know() -> None:
     import anyio
 
