@@ -105,11 +105,19 @@ def test_another_pythons_pyc_is_ignored_on_import_and_replaced(package_zip: Path
     assert imported([package_zip], "import pkg.mod; print(pkg.mod.__file__)").endswith("mod.pyc")
 
 
-def test_the_zips_permissions_are_kept(package_zip: Path) -> None:
+def test_the_zips_permissions_comment_and_symlink_are_kept(package_zip: Path) -> None:
+    with zipfile.ZipFile(package_zip, "a") as z:
+        z.comment = b"built by spark"
     package_zip.chmod(0o640)
-    precompile_zip(package_zip)
+    link = package_zip.with_name("link.zip")
+    link.symlink_to(package_zip.name)
+
+    assert precompile_zip(link).path == package_zip
+
+    assert link.is_symlink() and "pkg/mod.pyc" in entries(link)
     assert stat.S_IMODE(package_zip.stat().st_mode) == 0o640
-    assert [p.name for p in package_zip.parent.iterdir()] == ["pkg.zip"]  # no temporary file left
+    assert zipfile.ZipFile(package_zip).comment == b"built by spark"
+    assert sorted(p.name for p in package_zip.parent.iterdir()) == ["link.zip", "pkg.zip"]  # no temporary file
 
 
 def test_a_directory_that_is_not_a_spark_home_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

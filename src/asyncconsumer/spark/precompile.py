@@ -74,7 +74,7 @@ def precompile_zip(path: str | os.PathLike[str]) -> PrecompiledZip:
     A ``.py`` that does not compile gets no ``.pyc`` (Python reports its error on import, as
     before).  Nothing is written when no ``.pyc`` is missing or out of date.
     """
-    path = Path(path)
+    path = Path(path).resolve()  # a symlinked zip: its target is rewritten, the link stays
     with zipfile.ZipFile(path) as zin:
         infos = zin.infolist()
         names = {info.filename for info in infos}
@@ -96,6 +96,7 @@ def precompile_zip(path: str | os.PathLike[str]) -> PrecompiledZip:
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w") as zout:
+                zout.comment = zin.comment
                 for info in infos:
                     if info.filename.endswith(".pyc") and info.filename[:-1] in sources:
                         continue  # written below, next to its source
