@@ -125,6 +125,10 @@ def test_a_directory_that_is_not_a_spark_home_is_named(tmp_path: Path, capsys: p
         precompile_pyspark(tmp_path)
     assert main([str(tmp_path)]) == 1
     assert "is " + str(tmp_path) + " a Spark home?" in capsys.readouterr().err
+    (tmp_path / "python" / "lib").mkdir(parents=True)
+    (tmp_path / "python" / "lib" / "pyspark.zip").write_bytes(b"not a zip")
+    assert main([str(tmp_path)]) == 1
+    assert capsys.readouterr().err == "precompile: File is not a zip file\n"
 
 
 def test_pysparks_own_zips_import_from_bytecode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

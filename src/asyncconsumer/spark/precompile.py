@@ -3,8 +3,8 @@
     python -m asyncconsumer.spark.precompile [SPARK_HOME]
 
 Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` and the py4j zip at the front of the
-``PYTHONPATH`` of every Python process it starts (the daemon of each executor, and on the driver a
-new process for each Python data source planning step and for each streaming query).  Those zips
+``PYTHONPATH`` of every Python process it starts (each executor's Python daemon; on the driver the
+processes that plan Python data sources, and a new one for each streaming query).  Those zips
 ship only ``.py`` files, and Python cannot cache the bytecode of a module imported from a zip, so
 each such process compiles the PySpark modules it imports again: about 1 s of CPU on the
 benchmark machine (docs/spark.md), paid before any data source, this one included, runs a line.
@@ -121,7 +121,8 @@ def precompile_pyspark(spark_home: str | os.PathLike[str] | None = None) -> list
     """Precompile every zip in ``<spark_home>/python/lib`` (``pyspark.zip``, the py4j zip).
 
     ``spark_home`` defaults to ``$SPARK_HOME``, else the installed ``pyspark`` package.  Raises
-    :class:`FileNotFoundError` when that directory has no ``python/lib/*.zip``.
+    :class:`FileNotFoundError` when that directory has no ``python/lib/*.zip``, and
+    :class:`zipfile.BadZipFile` for a file there that is not a zip (the zips before it are done).
     """
     home = Path(spark_home) if spark_home is not None else _find_spark_home()
     zips = sorted((home / "python" / "lib").glob("*.zip"))
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         results = precompile_pyspark(args.spark_home)
-    except OSError as exc:
+    except (OSError, zipfile.BadZipFile) as exc:
         print(f"precompile: {exc}", file=sys.stderr)
         return 1
     for r in results:
