@@ -373,6 +373,17 @@ slot_is(PyObject *state, int known, int i, PyObject *name, PyObject *expected)
     return attr_is(state, name, expected);
 }
 
+/* A record's offset (borrowed), or NULL (no error set) when ``record`` is not a tuple with an
+ * exact int at index 2, as the decoder's records are. */
+static PyObject *
+record_offset(PyObject *record)
+{
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 3 || !PyLong_CheckExact(PyTuple_GET_ITEM(record, 2))) {
+        return NULL;
+    }
+    return PyTuple_GET_ITEM(record, 2);
+}
+
 /* The record handed out by the fast path (a new reference), NULL to fall back (no error set), or
  * NULL with an error set. */
 static PyObject *
@@ -433,10 +444,11 @@ fast_record(RecordStream *self)
         goto done;
     }
     PyObject *candidate = PyList_GET_ITEM(records, index);
-    if (!PyTuple_Check(candidate) || PyTuple_GET_SIZE(candidate) < 3 || !PyLong_CheckExact(PyTuple_GET_ITEM(candidate, 2))) {
+    PyObject *offset_obj = record_offset(candidate);
+    if (offset_obj == NULL) {
         goto done;
     }
-    long long offset = PyLong_AsLongLong(PyTuple_GET_ITEM(candidate, 2));
+    long long offset = PyLong_AsLongLong(offset_obj);
     if (offset == -1 && PyErr_Occurred()) {
         goto done;
     }
@@ -444,11 +456,11 @@ fast_record(RecordStream *self)
      * moves only once that is done (an error leaves the record where it was).  That int is
      * usually the next record's offset (no gap): then that object, rather than a new one. */
     PyObject *consumed = NULL;
-    PyObject *next = PyList_GET_ITEM(records, index + 1);
-    if (PyTuple_Check(next) && PyTuple_GET_SIZE(next) >= 3 && PyLong_CheckExact(PyTuple_GET_ITEM(next, 2))) {
-        long long next_offset = PyLong_AsLongLong(PyTuple_GET_ITEM(next, 2));
+    PyObject *next = record_offset(PyList_GET_ITEM(records, index + 1));
+    if (next != NULL) {
+        long long next_offset = PyLong_AsLongLong(next);
         if (next_offset == offset + 1) {
-            consumed = Py_NewRef(PyTuple_GET_ITEM(next, 2));
+            consumed = Py_NewRef(next);
         }
         else if (next_offset == -1 && PyErr_Occurred()) {
             goto done;
