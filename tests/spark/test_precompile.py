@@ -1,7 +1,7 @@
 """``asyncconsumer.spark.precompile``: bytecode added to PySpark's zips, imported by Python's zip importer.
 
-Each import is judged in a fresh interpreter whose ``PYTHONPATH`` is only the zip, as Spark's Python
-processes see it: the module's ``__file__`` says whether its ``.pyc`` or its ``.py`` was used.
+Each import is judged in a fresh isolated interpreter that looks in the zips first, as Spark's Python
+processes do: the module's ``__file__`` says whether its ``.pyc`` or its ``.py`` was used.
 """
 
 from __future__ import annotations

@@ -79,11 +79,10 @@ def precompile_zip(path: str | os.PathLike[str]) -> PrecompiledZip:
         infos = zin.infolist()
         names = {info.filename for info in infos}
         sources = {info.filename: zin.read(info) for info in infos if info.filename.endswith(".py")}
-        current = {
-            name
-            for name, source in sources.items()
-            if name + "c" in names and zin.read(name + "c")[:16] == _header(source)
-        }
+        current: dict[str, bytes] = {}  # .py entry -> its .pyc, already this Python's bytecode of it
+        for name, source in sources.items():
+            if name + "c" in names and (old := zin.read(name + "c"))[:16] == _header(source):
+                current[name] = old
         fresh: dict[str, bytes] = {}
         for name, source in sources.items():
             if name not in current:
@@ -101,14 +100,12 @@ def precompile_zip(path: str | os.PathLike[str]) -> PrecompiledZip:
                     if info.filename.endswith(".pyc") and info.filename[:-1] in sources:
                         continue  # written below, next to its source
                     zout.writestr(info, zin.read(info))
-                    pyc = fresh.get(info.filename)
-                    if pyc is None and info.filename in current:
-                        pyc = zin.read(info.filename + "c")
-                    if pyc is not None:
+                    bytecode = fresh.get(info.filename, current.get(info.filename))
+                    if bytecode is not None:
                         pyc_info = zipfile.ZipInfo(info.filename + "c", info.date_time)
                         pyc_info.compress_type = info.compress_type
                         pyc_info.external_attr = info.external_attr
-                        zout.writestr(pyc_info, pyc)
+                        zout.writestr(pyc_info, bytecode)
             os.chmod(tmp, path.stat().st_mode & 0o7777)
             os.replace(tmp, path)
         except BaseException:
