@@ -39,6 +39,10 @@ class Tally:
     #: What ``payload`` counts: "kv", the bytes of keys and values; "batches", the record batches'
     #: bytes on the wire (a reader that decodes no record cannot know its keys and values).
     payload_kind: str = "kv"
+    #: perf_counter and CPU seconds where the measured stretch starts, when a reader's setup is
+    #: not part of it (``_decode_only``'s fetch); else the harness's own start.
+    started: float = 0.0
+    cpu_started: float = 0.0
 
 
 Reader = Callable[[argparse.Namespace, Tally], None]
@@ -167,14 +171,13 @@ def _asyncconsumer_arrow() -> Reader:
     return read
 
 
-def _fetch_only(args: argparse.Namespace, tally: Tally) -> None:
-    """The floor of our own stack: Fetch requests in a loop on one ``BrokerConnection`` (the
-    consumer's connection code, frame buffers and codec), one in flight, every partition from offset
-    0 with the consumer's default fetch sizes, until every partition reached its high watermark.
-    No record is decoded: each partition's record set is only scanned for its next offset
-    (``scan_batches``, the batch headers) and its bytes counted.  One broker (the benchmark's),
-    which leads every partition; Fetch v12, which names topics (v13+ wants topic ids from Metadata,
-    the same bytes give or take 16)."""
+async def _fetch_loop(args: argparse.Namespace, on_records: Callable[[int, memoryview], bool]) -> None:
+    """Fetch requests in a loop on one ``BrokerConnection`` (the consumer's connection code, frame
+    buffers and codec), one in flight, every partition from offset 0 with the consumer's default
+    fetch sizes, until every partition reached its high watermark or ``on_records(partition,
+    record_set)`` returns False.  The record set is a view into a pooled frame, valid during the
+    call.  One broker (the benchmark's), which leads every partition; Fetch v12, which names topics
+    (v13+ wants topic ids from Metadata, the same bytes give or take 16)."""
     import anyio
 
     from asyncconsumer.config import build_config
@@ -184,57 +187,116 @@ def _fetch_only(args: argparse.Namespace, tally: Tally) -> None:
 
     config = build_config({"bootstrap_servers": args.bootstrap})
     host, _, port = args.bootstrap.rpartition(":")
+    offsets = dict.fromkeys(range(args.partitions), 0)
+    ends: dict[int, int] = {}
+    async with anyio.create_task_group() as tg:
+        conn = BrokerConnection(
+            -1, host, int(port), client_id="bench-fetch-only",
+            request_timeout=config.request_timeout_ms / 1000,
+            setup_timeout=config.socket_connection_setup_timeout_ms / 1000, ssl_context=None,
+            max_frame_bytes=frame_limit(config.fetch_max_bytes), frames=BufferPool(config.fetch_buffer_bytes),
+        )
+        await conn.open(tg.start_soon)
+        version = conn.choose_version("Fetch", max_version=12)
+        more = True
+        while more and any(ends.get(p, 1) > offset for p, offset in offsets.items()):
+            body = {
+                "replica_id": -1, "max_wait_ms": config.fetch_max_wait_ms, "min_bytes": config.fetch_min_bytes,
+                "max_bytes": config.fetch_max_bytes, "isolation_level": 0, "session_id": 0,
+                "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
+                "topics": [{"topic": args.topic, "partitions": [
+                    {"partition": p, "current_leader_epoch": -1, "fetch_offset": offset,
+                     "last_fetched_epoch": -1, "log_start_offset": -1,
+                     "partition_max_bytes": config.max_partition_fetch_bytes}
+                    for p, offset in offsets.items() if ends.get(p, 1) > offset
+                ]}],
+            }
+            response = await conn.request_version("Fetch", version, body, config.fetch_max_wait_ms / 1000)
+            if response["error_code"]:
+                raise RuntimeError(f"Fetch failed: error code {response['error_code']}")
+            for topic in response["responses"]:
+                for p in topic["partitions"]:
+                    if p["error_code"]:
+                        raise RuntimeError(f"Fetch of partition {p['partition_index']}: code {p['error_code']}")
+                    ends[p["partition_index"]] = p["high_watermark"]
+                    records = p["records"]
+                    if not records:
+                        continue
+                    view = memoryview(records)
+                    next_offset, _, _ = scan_batches(view)
+                    if next_offset < 0:
+                        continue
+                    offsets[p["partition_index"]] = next_offset
+                    more = on_records(p["partition_index"], view) and more
+        await conn.aclose()
+        tg.cancel_scope.cancel()
 
-    async def main() -> None:
-        offsets = dict.fromkeys(range(args.partitions), 0)
-        ends: dict[int, int] = {}
-        n = payload = 0
-        async with anyio.create_task_group() as tg:
-            conn = BrokerConnection(
-                -1, host, int(port), client_id="bench-fetch-only",
-                request_timeout=config.request_timeout_ms / 1000,
-                setup_timeout=config.socket_connection_setup_timeout_ms / 1000, ssl_context=None,
-                max_frame_bytes=frame_limit(config.fetch_max_bytes), frames=BufferPool(config.fetch_buffer_bytes),
-            )
-            await conn.open(tg.start_soon)
-            version = conn.choose_version("Fetch", max_version=12)
-            while n < args.count and any(ends.get(p, 1) > offset for p, offset in offsets.items()):
-                body = {
-                    "replica_id": -1, "max_wait_ms": config.fetch_max_wait_ms, "min_bytes": config.fetch_min_bytes,
-                    "max_bytes": config.fetch_max_bytes, "isolation_level": 0, "session_id": 0,
-                    "session_epoch": -1, "rack_id": "", "forgotten_topics_data": [],
-                    "topics": [{"topic": args.topic, "partitions": [
-                        {"partition": p, "current_leader_epoch": -1, "fetch_offset": offset,
-                         "last_fetched_epoch": -1, "log_start_offset": -1,
-                         "partition_max_bytes": config.max_partition_fetch_bytes}
-                        for p, offset in offsets.items() if ends.get(p, 1) > offset
-                    ]}],
-                }
-                response = await conn.request_version("Fetch", version, body, config.fetch_max_wait_ms / 1000)
-                if response["error_code"]:
-                    raise RuntimeError(f"Fetch failed: error code {response['error_code']}")
-                for topic in response["responses"]:
-                    for p in topic["partitions"]:
-                        if p["error_code"]:
-                            raise RuntimeError(f"Fetch of partition {p['partition_index']}: code {p['error_code']}")
-                        ends[p["partition_index"]] = p["high_watermark"]
-                        records = p["records"]
-                        if not records:
-                            continue
-                        next_offset, complete, _ = scan_batches(memoryview(records))
-                        if next_offset < 0:
-                            continue
-                        if n == 0:
-                            tally.first = time.perf_counter()
-                        n += next_offset - offsets[p["partition_index"]]
-                        payload += complete
-                        offsets[p["partition_index"]] = next_offset
-            tally.last = time.perf_counter()
-            await conn.aclose()
-            tg.cancel_scope.cancel()
-        tally.records, tally.payload, tally.payload_kind = n, payload, "batches"
 
-    anyio.run(main)
+def _fetch_only(args: argparse.Namespace, tally: Tally) -> None:
+    """The floor of our own stack: ``_fetch_loop`` until ``count`` records.  No record is decoded:
+    each partition's record set is only scanned for its next offset (``scan_batches``, the batch
+    headers) and its bytes counted."""
+    import anyio
+
+    from asyncconsumer.protocol.records import scan_batches
+
+    n = payload = 0
+    offsets = dict.fromkeys(range(args.partitions), 0)
+
+    def count(partition: int, records: memoryview) -> bool:
+        nonlocal n, payload
+        next_offset, complete, _ = scan_batches(records)
+        if n == 0:
+            tally.first = time.perf_counter()
+        n += next_offset - offsets[partition]
+        payload += complete
+        offsets[partition] = next_offset
+        tally.last = time.perf_counter()
+        return bool(n < args.count)
+
+    anyio.run(_fetch_loop, args, count)
+    tally.records, tally.payload, tally.payload_kind = n, payload, "batches"
+
+
+#: How many bytes of the topic's record sets ``_decode_only`` holds in memory (the first ones).
+DECODE_ONLY_BYTES = 32 * 2**20
+
+
+def _decode_only(args: argparse.Namespace, tally: Tally) -> None:
+    """A row reader's Python work without any I/O: the topic's first ``DECODE_ONLY_BYTES`` of
+    record sets are fetched (``_fetch_loop``, not timed) and copied, then decoded again and again
+    until ``count`` records, each record touched as every reader does.  The clock and the CPU count
+    start after the fetch (``Tally.started``).  The batches are the topic's own, as its producer
+    wrote them; the CRC is checked as the consumer does."""
+    import anyio
+
+    from asyncconsumer.protocol.records import decode_batch, iter_batches
+
+    sets: list[tuple[int, bytes]] = []
+    held = 0
+
+    def keep(partition: int, records: memoryview) -> bool:
+        nonlocal held
+        sets.append((partition, bytes(records)))
+        held += len(records)
+        return held < DECODE_ONLY_BYTES
+
+    anyio.run(_fetch_loop, args, keep)
+    tally.started, tally.cpu_started = time.perf_counter(), _cpu()
+    topic, want = args.topic, args.count
+    n = payload = 0
+    while n < want:
+        for partition, data in sets:
+            for batch in iter_batches(memoryview(data), topic=topic, partition=partition, check_crcs=True):
+                records = decode_batch(batch, topic, partition)
+                for record in records:
+                    payload += len(record.key or b"") + len(record.value or b"")
+                n += len(records)
+            if n >= want:
+                break
+    tally.first = tally.started
+    tally.last = time.perf_counter()
+    tally.records, tally.payload = n, payload
 
 
 # ------------------------------------------------------------------ aiokafka
@@ -403,6 +465,11 @@ CLIENTS: dict[str, tuple[str, str, Callable[[], Reader]]] = {
         "asyncconsumer",
         lambda: _fetch_only,
     ),
+    "asyncconsumer-decode-only": (
+        "asyncconsumer decode + touch, no I/O (Python floor)",
+        "asyncconsumer",
+        lambda: _decode_only,
+    ),
     "asyncconsumer-getmany-py": (
         "asyncconsumer `getmany()`, pure-Python decoder",
         "asyncconsumer",
@@ -463,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # reported, not raised: the driver shows it in the table
         error = f"{type(exc).__name__}: {exc}"
     end = tally.last or time.perf_counter()
-    cpu = _cpu() - cpu0
+    cpu = _cpu() - (tally.cpu_started or cpu0)
+    start = tally.started or start
     wall = end - start
     result = {
         "client": args.client,

@@ -14,6 +14,9 @@ for ``--rounds`` rounds (the order rotates each round):
 - ConsumerPerformance as in the main benchmark (from the partitions being assigned to the last
   record), and again with ``--show-detailed-stats --reporting-interval 500``: the **warm JVM** rate
   is the median of its last three 500 ms intervals (median over the rounds);
+- the **Python floor** of a row reader, ``asyncconsumer-decode-only``: the topic's first 32 MiB of
+  record batches fetched once, then decoded and every record touched again and again, with no I/O
+  and no consumer (the clock starts after the fetch);
 - asyncconsumer ``async for``, ``getmany()``, ``batches()``, ``arrow_batches()`` (defaults) and
   ``getmany()`` on the pure-Python decoder (consumer creation to last record; CPython has no
   warm-up).
@@ -46,7 +49,9 @@ PYTHON_CLIENTS = (
     "asyncconsumer-iter", "asyncconsumer-getmany", "asyncconsumer-batches", "asyncconsumer-arrow",
     "asyncconsumer-getmany-py",
 )
-DEFAULT_CLIENTS = (*CEILINGS, java.CLIENT, *PYTHON_CLIENTS)
+#: A row reader's Python work alone (decode and touch, no I/O): what no row API can beat.
+FLOOR = "asyncconsumer-decode-only"
+DEFAULT_CLIENTS = (*CEILINGS, java.CLIENT, FLOOR, *PYTHON_CLIENTS)
 INTERVAL_MS = 500
 #: The warm JVM's rate: the median of this many last intervals of the detailed-stats run.
 LAST_INTERVALS = 3
