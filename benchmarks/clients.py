@@ -289,9 +289,13 @@ def _decode_only(args: argparse.Namespace, tally: Tally) -> None:
         for partition, data in sets:
             for batch in iter_batches(memoryview(data), topic=topic, partition=partition, check_crcs=True):
                 records = decode_batch(batch, topic, partition)
+                if n + len(records) > want:
+                    records = records[: want - n]
                 for record in records:
                     payload += len(record.key or b"") + len(record.value or b"")
                 n += len(records)
+                if n >= want:
+                    break
             if n >= want:
                 break
     tally.first = tally.started
