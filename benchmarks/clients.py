@@ -282,6 +282,8 @@ def _decode_only(args: argparse.Namespace, tally: Tally) -> None:
         return held < DECODE_ONLY_BYTES
 
     anyio.run(_fetch_loop, args, keep)
+    if not sets:
+        raise RuntimeError(f"{args.topic} has no records to decode")
     tally.started, tally.cpu_started = time.perf_counter(), _cpu()
     topic, want = args.topic, args.count
     n = payload = 0

@@ -69,7 +69,7 @@ def test_a_small_steady_run_reads_every_record(tmp_path: Path) -> None:
         if in_ci():
             raise
         pytest.skip(f"Apache Kafka cannot run here: {exc}")
-    clients = [steady.FETCH_ONLY, "asyncconsumer-iter", "asyncconsumer-arrow"]
+    clients = [steady.FETCH_ONLY, steady.FLOOR, "asyncconsumer-iter", "asyncconsumer-arrow"]
     if ceiling.missing() is None:
         clients.append(ceiling.CLIENT)
     out = tmp_path / "steady.json"
