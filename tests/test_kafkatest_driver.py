@@ -185,14 +185,17 @@ MEMBER = textwrap.dedent("""
     print("a log line on stdout, not JSON", flush=True)
     for event in EVENTS:
         emit(event)
-    while True:
+    while EXIT_CODE is None:
         time.sleep(0.1)
+    sys.exit(EXIT_CODE)
 """)
 
 
-def scripted(events: list[dict[str, Any]], *, ignore_sigterm: bool = False) -> ScriptClient:
+def scripted(events: list[dict[str, Any]], *, ignore_sigterm: bool = False, exit_code: int | None = None
+             ) -> ScriptClient:
+    """A member printing ``events``; then it waits for SIGTERM, or exits with ``exit_code`` unasked."""
     script = MEMBER.replace("EVENTS", repr(json.loads(json.dumps(events)))).replace(
-        "IGNORE_OR_STOP", "signal.SIG_IGN" if ignore_sigterm else "stop")
+        "IGNORE_OR_STOP", "signal.SIG_IGN" if ignore_sigterm else "stop").replace("EXIT_CODE", repr(exit_code))
     return ScriptClient("scripted", "java", script=script)
 
 
@@ -233,6 +236,24 @@ def test_a_broken_invariant_ends_the_next_wait_with_the_event_and_the_trace(tmp_
         assert "consumer-1: AssertionError: Consumed from an unexpected offset (20, 25)" in message
         assert '"minOffset": 25' in message  # the event
         assert '"name":"partitions_assigned"' in message.replace(" ", "")  # the member's trace before it
+    finally:
+        scenario.close()
+
+
+def test_a_wait_on_consumption_ends_at_once_when_every_consumer_has_exited(tmp_path: Path) -> None:
+    scenario = Scenario(FakeCluster(), tmp_path)
+    consumer = VerifiableConsumer(scenario, 1, TOPIC, "g", client=scripted(GOOD, exit_code=1),
+                                  group_protocol="consumer")
+    try:
+        consumer.start(timeout_sec=60)
+        # What the member printed before exiting still counts: this wait succeeds.
+        scenario.wait_until(lambda: consumer.total_consumed() >= 20, 60, "the 20 records", needs=consumer)
+        with pytest.raises(ScenarioFailure, match="every consumer member has exited") as failure:
+            scenario.wait_until(lambda: consumer.total_consumed() >= 21, 600, "Timed out waiting for consumption",
+                                needs=consumer)
+        waited = float(str(failure.value).split("waited ")[1].split("s)")[0])
+        assert waited < 30 and consumer.nodes[0].exit_codes == [1]
+        assert str(failure.value).startswith("Timed out waiting for consumption")
     finally:
         scenario.close()
 

@@ -71,7 +71,7 @@ class ConsumerTest(KafkaTest):
     def await_consumed_messages(self, consumer: VerifiableConsumer, min_messages: int = 1) -> None:
         current = consumer.total_consumed()
         self.scenario.wait_until(lambda: consumer.total_consumed() >= current + min_messages,
-                                 CONSUMPTION_TIMEOUT_SEC, "Timed out waiting for consumption")
+                                 CONSUMPTION_TIMEOUT_SEC, "Timed out waiting for consumption", needs=consumer)
 
     def await_members(self, consumer: VerifiableConsumer, num_consumers: int) -> None:
         self.scenario.wait_until(lambda: len(consumer.joined_nodes()) == num_consumers, 60,
@@ -170,23 +170,23 @@ class ShareConsumerTest(KafkaTest):
                                 timeout: float = 10) -> None:
         current = consumer.total_consumed()
         self.scenario.wait_until(lambda: consumer.total_consumed() >= current + min_messages, timeout,
-                                 "Timed out waiting for consumption")
+                                 "Timed out waiting for consumption", needs=consumer)
 
     def await_consumed_messages_by_a_consumer(self, consumer: VerifiableShareConsumer, node: Any,
                                               min_messages: int = 1, timeout: float = 10) -> None:
         current = consumer.total_consumed_by(node)
         self.scenario.wait_until(lambda: consumer.total_consumed_by(node) >= current + min_messages, timeout,
-                                 "Timed out waiting for consumption")
+                                 "Timed out waiting for consumption", needs=consumer)
 
     def await_unique_consumed_messages(self, consumer: VerifiableShareConsumer, min_messages: int,
                                        timeout: float) -> None:
         self.scenario.wait_until(lambda: consumer.total_unique_consumed() >= min_messages, timeout,
-                                 "Timed out waiting for consumption")
+                                 "Timed out waiting for consumption", needs=consumer)
 
     def await_acknowledged_messages(self, consumer: VerifiableShareConsumer, min_messages: int,
                                     timeout: float) -> None:
         self.scenario.wait_until(lambda: consumer.total_acknowledged() >= min_messages, timeout,
-                                 "Timed out waiting for consumption")
+                                 "Timed out waiting for consumption", needs=consumer)
 
     def await_members(self, consumer: VerifiableShareConsumer, num_consumers: int, timeout: float = 10) -> None:
         self.scenario.wait_until(lambda: len(consumer.alive_nodes()) == num_consumers, timeout,

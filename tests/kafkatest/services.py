@@ -84,6 +84,11 @@ class Member:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    @property
+    def exited(self) -> bool:
+        """Launched, and its last process has exited with its output all read and booked."""
+        return self.process is not None and len(self.exit_codes) == self.launches
+
     def launch(self, command: list[str], env: Mapping[str, str], directory: Path) -> None:
         if self.running:
             raise RuntimeError(f"{self} is still running (pid {self.pid})")
@@ -295,19 +300,29 @@ class Scenario:
             service.raise_errors()
 
     def wait_until(self, condition: Callable[[], bool], timeout_sec: float, err_msg: str | Callable[[], str],
-                   *, backoff_sec: float = 0.1) -> float:
+                   *, backoff_sec: float = 0.1, needs: Service | None = None) -> float:
         """ducktape's ``wait_until``, ended at once by a failed check in any service; returns the
-        seconds it took.  ``timeout_sec`` is kafkatest's figure, scaled by ``timeout_scale``."""
+        seconds it took.  ``timeout_sec`` is kafkatest's figure, scaled by ``timeout_scale``.
+
+        ``needs``: a service whose members must run for ``condition`` to become true (consumption
+        needs the consumers).  Members are started only by the scenario's own thread, which is
+        here, so once every member of it has exited the wait cannot succeed: it fails at once with
+        ducktape's verdict instead of after the whole timeout."""
         start = time.monotonic()
         deadline = start + self.timeout(timeout_sec)
         while True:
             self.raise_errors()
+            # Read before the condition: an exit is booked after the member's last event, so the
+            # condition then sees every event of the members found stopped.
+            stopped = needs is not None and all(node.exited for node in needs.nodes)
             if condition():
                 return time.monotonic() - start
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or stopped:
                 message = err_msg() if callable(err_msg) else err_msg
-                raise ScenarioFailure(f"{message} (waited {now - start:.1f}s)\n{self.diagnostics()}")
+                why = f"every {needs.name} member has exited" if stopped and needs is not None else ""
+                raise ScenarioFailure(f"{message} ({why + ', ' if why else ''}waited {now - start:.1f}s)\n"
+                                      f"{self.diagnostics()}")
             with self._wake:
                 self._wake.wait(min(backoff_sec, deadline - now))
 
