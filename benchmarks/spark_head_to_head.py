@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -118,6 +119,35 @@ def show_timings(path: str, offset: int, began: float, query: Any) -> int:
         log(f"  +{float(stamp) - began:6.2f}s pid {rest}")
     for p in query.recentProgress:
         log(f"  batch {p['batchId']}: {p['numInputRows']} rows, durationMs {p['durationMs']}")
+    return offset
+
+
+#: The executors' ``timing:`` lines of one task (asyncconsumer.spark.source.read_range).
+TASK_TIMING = re.compile(r"timing: task (?P<task>.+?) (?:pid \d+, worker up [\d.]+ s: (?P<kind>cached|new) consumer"
+                         r" (?P<start>[\d.]+) s|first batch (?P<first>[\d.]+) s|read (?P<read>[\d.]+) s)$")
+
+
+def summarize_tasks(path: str, offset: int, source: str) -> int:
+    """Log a summary of the executor tasks' timing lines logged since ``offset``: how many tasks took
+    a kept consumer, and the medians of their consumer start, first batch and whole read; returns
+    the new offset."""
+    with open(path) as f:
+        f.seek(offset)
+        lines = f.read()
+        offset = f.tell()
+    kinds: dict[str, int] = {}
+    seconds: dict[str, list[float]] = {"start": [], "first": [], "read": []}
+    for line in lines.splitlines():
+        if (m := TASK_TIMING.search(line)) is None:
+            continue
+        if m["kind"]:
+            kinds[m["kind"]] = kinds.get(m["kind"], 0) + 1
+        for key, values in seconds.items():
+            if m[key]:
+                values.append(float(m[key]))
+    medians = ", ".join(f"{k} {statistics.median(v) * 1000:.0f} ms" for k, v in seconds.items() if v)
+    log(f"{source}: tasks with a kept consumer {kinds.get('cached', 0)}, with a new one {kinds.get('new', 0)}; "
+        f"medians: {medians or 'no task timings'}")
     return offset
 
 
@@ -275,7 +305,8 @@ def _run_step(
     return time.perf_counter() - started
 
 
-def latency(spark: Any, source: str, bootstrap: str, work: str, rate: int, seconds: float) -> list[float]:
+def latency(spark: Any, source: str, bootstrap: str, work: str, rate: int, seconds: float,
+            timings: list[Any] | None = None) -> list[float]:
     """Produce-to-sink latencies (seconds) of a continuously running query: a fresh topic, the
     query started on it from ``latest`` with the default trigger (each micro-batch as soon as the
     last one ends) and a ``foreachBatch`` sink that takes each row's Kafka timestamp (librdkafka's
@@ -332,6 +363,8 @@ def latency(spark: Any, source: str, bootstrap: str, work: str, rate: int, secon
                     phases.setdefault(phase, []).append(ms)
         log(f"{source}: micro-batches with rows, median ms per phase: "
             + ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in sorted(phases.items())))
+        if timings is not None:
+            timings[1] = summarize_tasks(timings[0], timings[1], source)
     finally:
         query.stop()
         shutil.rmtree(out, ignore_errors=True)
@@ -426,7 +459,8 @@ def main() -> None:
                         rate = d.records / seconds
                         log(f"round {r + 1} {d.name} {step} {source}: {rate:,.0f} rows/s ({seconds:.2f}s)")
             for source in order if args.latency > 0 else []:
-                lat = latency(spark, source, bootstrap, work, LATENCY_RATE, args.latency)
+                lat = latency(spark, source, bootstrap, work, LATENCY_RATE, args.latency,
+                              timings if source != "kafka" else None)
                 latencies.setdefault(source, []).extend(lat)
                 log(f"round {r + 1} latency {source}: median {statistics.median(lat) * 1000:.0f} ms of {len(lat)}")
         where = args.master + (f" = {master}" if master != args.master else "")

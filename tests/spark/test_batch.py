@@ -42,19 +42,23 @@ def test_batch_reads_every_record_exactly_once(
     spark: Any, bootstrap: str, big_topic: tuple[str, list[tuple[int, int, bytes]]]
 ) -> None:
     topic, produced = big_topic
-    df = kafka_read(spark, bootstrap, subscribe=topic)
-    assert df.schema == spark_schema(False)
-    table = df.select("partition", "offset", "value").toArrow()
-    assert table.num_rows == N
-    got = Counter(
-        zip(
-            table.column("partition").to_pylist(),
-            table.column("offset").to_pylist(),
-            table.column("value").to_pylist(),
-            strict=True,
+    # Four ranges of 25,000 records: packed into tasks of 60,000 or more (3 ranges, then the last
+    # one), and one task per range as Spark plans them: the same records either way.
+    for per_task, tasks in (("60000", 2), ("0", PARTITIONS)):
+        df = kafka_read(spark, bootstrap, subscribe=topic, minRecordsPerTask=per_task)
+        assert df.schema == spark_schema(False)
+        assert df.rdd.getNumPartitions() == tasks
+        table = df.select("partition", "offset", "value").toArrow()
+        assert table.num_rows == N
+        got = Counter(
+            zip(
+                table.column("partition").to_pylist(),
+                table.column("offset").to_pylist(),
+                table.column("value").to_pylist(),
+                strict=True,
+            )
         )
-    )
-    assert got == Counter(produced)
+        assert got == Counter(produced)
 
 
 def test_batch_honours_per_partition_offsets_exactly(

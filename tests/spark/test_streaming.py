@@ -155,7 +155,8 @@ def test_driver_consumer_kept_across_micro_batches_and_closed_on_stop(
         began = time.monotonic()
         end = reader.latestOffset(start, ReadAllAvailable())
         assert time.monotonic() - began < 5  # under the high-watermark probe's 10 s: it got its answer
-        planned.append([(p.partition, p.start, p.end) for p in reader.partitions(start, end)])  # type: ignore[attr-defined]
+        tasks = reader.partitions(start, end)
+        planned.append([(r.tp.partition, r.start, r.end) for p in tasks for r in p.offset_ranges])  # type: ignore[attr-defined]
         produce(topic, [(0, None, b"y")] * 5)  # seen by the next call: each lookup asks Kafka afresh
         start = end
     assert planned == [[(0, 0, 20), (1, 0, 20)], [(0, 20, 25)], [(0, 25, 30)]]

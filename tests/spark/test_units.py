@@ -25,6 +25,8 @@ from asyncconsumer.spark.source import (
     KafkaStreamReader,
     OffsetRange,
     RangeReader,
+    pack_ranges,
+    plan_tasks,
     rate_limit,
     resolve_offsets,
     split_ranges,
@@ -38,6 +40,11 @@ TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
 
 def opts(**extra: str) -> dict[str, str]:
     return {**BOOT, **extra}
+
+
+def ranges_of(tasks: Sequence[Any]) -> set[tuple[int, int, int]]:
+    """(partition, start, end) of every range the tasks read."""
+    return {(r.tp.partition, r.start, r.end) for task in tasks for r in task.offset_ranges}
 
 
 # ----------------------------------------------------------------------------------- options
@@ -217,7 +224,17 @@ def test_parsed_options_and_partitions_pickle() -> None:
     clone = pickle.loads(pickle.dumps(reader))
     assert clone.options == o and clone._available_now_target is None
     part = pickle.loads(pickle.dumps(KafkaInputPartition("t", 1, 5, 9)))
-    assert part.offset_range == OffsetRange(TP1, 5, 9)
+    assert part.offset_range == OffsetRange(TP1, 5, 9) and part.offset_ranges == [OffsetRange(TP1, 5, 9)]
+    packed = pickle.loads(pickle.dumps(KafkaInputPartition.of([OffsetRange(TP1, 5, 9), OffsetRange(TP0, 0, 3)])))
+    assert packed.offset_ranges == [OffsetRange(TP1, 5, 9), OffsetRange(TP0, 0, 3)]
+
+
+def test_min_records_per_task_option() -> None:
+    assert parse_options(opts(subscribe="t")).min_records_per_task == 10_000
+    assert parse_options(opts(subscribe="t", minRecordsPerTask="0")).min_records_per_task == 0
+    assert parse_options(opts(subscribe="t", minrecordspertask="500")).min_records_per_task == 500
+    with pytest.raises(SourceOptionError, match="'minRecordsPerTask' must be an integer of 0 or more, got '-1'"):
+        parse_options(opts(subscribe="t", minRecordsPerTask="-1"))
 
 
 # ---------------------------------------------------------------------------------- planning
@@ -239,6 +256,25 @@ def test_split_ranges_cover_each_range_exactly() -> None:
     capped = split_ranges(ranges, max_records_per_partition=300)
     assert max(p.size for p in capped) <= 300
     assert covered(capped) == covered(pieces)
+
+
+def test_small_ranges_are_packed_into_tasks_of_min_records() -> None:
+    """A continuously running query's micro-batches are small; each Python task costs PySpark tens
+    of milliseconds, so small ranges are read together.  Large ranges keep a task each."""
+    tp2, tp3 = TopicPartition("t", 2), TopicPartition("t", 3)
+    small = [OffsetRange(tp, 0, 100) for tp in (TP0, TP1, tp2, tp3)]
+    assert pack_ranges(small, 10_000) == [small]
+    assert pack_ranges(small, 200) == [small[:2], small[2:]]
+    assert pack_ranges(small, 0) == [[r] for r in small]  # 0: one range a task, as Spark
+    mixed = [OffsetRange(TP0, 0, 6000), OffsetRange(TP1, 0, 50_000), OffsetRange(tp2, 0, 5000),
+             OffsetRange(tp3, 0, 10)]
+    assert pack_ranges(mixed, 10_000) == [[mixed[1]], [mixed[0], mixed[2]], [mixed[3]]]
+    tasks = plan_tasks(small, parse_options(opts(subscribe="t")))
+    assert len(tasks) == 1 and tasks[0].offset_ranges == small
+    # Asked-for task sizes are Spark's rules alone: one range a task.
+    for option in ({"minPartitions": "2"}, {"maxRecordsPerPartition": "1000"}, {"minRecordsPerTask": "0"}):
+        tasks = plan_tasks(small, parse_options(opts(subscribe="t", **option)))
+        assert [t.offset_ranges for t in tasks] == [[r] for r in small], option
 
 
 def test_min_partitions_splits_as_spark_does() -> None:
@@ -444,7 +480,7 @@ def test_available_now_start_ignores_what_came_after_the_target(monkeypatch: pyt
     assert end == {"t": {"0": 10, "1": 20}}
     pieces = reader.partitions(start, end)  # raised DataLossError before the fix
     expected = {(0, 0, 10), (1, 0, 20)} if starting == "earliest" else {(0, 10, 10), (1, 20, 20)}
-    assert {(p.partition, p.start, p.end) for p in pieces} <= expected
+    assert {(r.tp.partition, r.start, r.end) for p in pieces for r in p.offset_ranges} <= expected  # type: ignore[attr-defined]
     assert start == ({"t": {"0": 0, "1": 0}} if starting == "earliest" else {"t": {"0": 10, "1": 20}})
 
 
@@ -458,13 +494,13 @@ def test_streaming_picks_up_partitions_added_to_a_topic(
     reader = KafkaStreamReader(parse_options(opts(subscribe="t", startingOffsets="earliest"), streaming=True))
     start = reader.initialOffset()
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
-    assert {(p.partition, p.start, p.end) for p in reader.partitions(start, end)} == {(0, 0, 10), (1, 0, 20)}
+    assert ranges_of(reader.partitions(start, end)) == {(0, 0, 10), (1, 0, 20)}
     lookup.grow()  # partition t-2 added, with three records
     lookup._earliest[TopicPartition("t", 2)] = new_partition_starts_at
     start, end = end, reader.latestOffset(end, reader.getDefaultReadLimit())
     assert end == {"t": {"0": 15, "1": 25, "2": 3}}
     if new_partition_starts_at == 0:
-        pieces = {(p.partition, p.start, p.end) for p in reader.partitions(start, end)}
+        pieces = ranges_of(reader.partitions(start, end))
         assert pieces == {(0, 10, 15), (1, 20, 25), (2, 0, 3)}  # the new partition from its beginning
     else:  # its first records are gone already: data loss, as in Spark
         with pytest.raises(DataLossError, match="added partition t-2 starts at offset 2 instead of 0"):

@@ -58,6 +58,7 @@ _KNOWN = (
     "commitOffsetsToGroup",
     "kafkaConsumer.pollTimeoutMs",
     "consumerCacheTimeout",
+    "minRecordsPerTask",
     "fetchOffset.numRetries",
     "fetchOffset.retryIntervalMs",
 )
@@ -73,6 +74,8 @@ _FORBIDDEN_KAFKA = {
 #: ``consumerCacheTimeout``'s default: 5 minutes, as Spark's own consumer cache
 #: (``spark.kafka.consumer.cache.timeout``); 0 closes each task's consumer when the task ends.
 DEFAULT_CONSUMER_CACHE_TIMEOUT_MS = 5 * 60 * 1000
+#: ``minRecordsPerTask``'s default: ranges smaller than this are read together by one task.
+DEFAULT_MIN_RECORDS_PER_TASK = 10_000
 #: ``maxTriggerDelay``'s default, as in Spark: 15 minutes.
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 # Spark's time strings (JavaUtils.timeStringAsMs): a number and an optional unit; no unit is ms.
@@ -170,6 +173,11 @@ class SourceOptions:
     #: next task of its Python worker with the same ``kafka.*`` options; 0 (the default) closes it
     #: after each task.
     consumer_cache_timeout_ms: int = DEFAULT_CONSUMER_CACHE_TIMEOUT_MS
+    #: ``minRecordsPerTask`` (ours): a read's offset ranges of fewer records than this are packed
+    #: into tasks of at least this many (each Python task costs PySpark tens of milliseconds; a
+    #: continuously running query's micro-batches are small).  0: one task per range, as Spark.
+    #: Not applied when ``minPartitions`` or ``maxRecordsPerPartition`` asks for task sizes.
+    min_records_per_task: int = DEFAULT_MIN_RECORDS_PER_TASK
 
     @property
     def consumer_properties(self) -> dict[str, str]:
@@ -202,6 +210,16 @@ def _positive_int(name: str, raw: str) -> int:
         raise _fail(f"option {name!r} must be a positive integer, got {raw!r}") from None
     if value <= 0:
         raise _fail(f"option {name!r} must be a positive integer, got {raw!r}")
+    return value
+
+
+def _non_negative_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise _fail(f"option {name!r} must be an integer of 0 or more, got {raw!r}") from None
+    if value < 0:
+        raise _fail(f"option {name!r} must be an integer of 0 or more, got {raw!r}")
     return value
 
 
@@ -483,6 +501,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
             _time_ms("consumerCacheTimeout", source["consumerCacheTimeout"])
             if "consumerCacheTimeout" in source
             else DEFAULT_CONSUMER_CACHE_TIMEOUT_MS
+        ),
+        min_records_per_task=(
+            _non_negative_int("minRecordsPerTask", source["minRecordsPerTask"])
+            if "minRecordsPerTask" in source
+            else DEFAULT_MIN_RECORDS_PER_TASK
         ),
     )
 

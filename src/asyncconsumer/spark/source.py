@@ -143,18 +143,63 @@ class OffsetRange:
 
 
 class KafkaInputPartition(InputPartition):
-    """One Spark task: read ``[start, end)`` of ``topic``/``partition``."""
+    """One Spark task: read ``[start, end)`` of ``topic``/``partition``, then each of ``more`` in
+    turn (small ranges packed into one task, ``minRecordsPerTask``)."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
-        super().__init__((topic, partition, start, end))
+    def __init__(self, topic: str, partition: int, start: int, end: int, more: Sequence[OffsetRange] = ()) -> None:
+        rest = tuple((r.tp.topic, r.tp.partition, r.start, r.end) for r in more)
+        super().__init__((topic, partition, start, end, *rest))
         self.topic = topic
         self.partition = partition
         self.start = start
         self.end = end
+        self.more = rest
+
+    @classmethod
+    def of(cls, ranges: Sequence[OffsetRange]) -> KafkaInputPartition:
+        """The task that reads ``ranges`` (one or more) in order."""
+        first = ranges[0]
+        return cls(first.tp.topic, first.tp.partition, first.start, first.end, ranges[1:])
 
     @property
     def offset_range(self) -> OffsetRange:
         return OffsetRange(TopicPartition(self.topic, self.partition), self.start, self.end)
+
+    @property
+    def offset_ranges(self) -> list[OffsetRange]:
+        """Every range this task reads, in order."""
+        return [self.offset_range, *(OffsetRange(TopicPartition(t, p), a, b) for t, p, a, b in self.more)]
+
+
+def plan_tasks(ranges: Sequence[OffsetRange], options: SourceOptions) -> list[KafkaInputPartition]:
+    """The tasks of one read: :func:`split_ranges` (Spark's rules), then, unless ``minPartitions`` or
+    ``maxRecordsPerPartition`` asks for task sizes, the ranges smaller than ``minRecordsPerTask``
+    packed together (:func:`pack_ranges`)."""
+    pieces = split_ranges(ranges, options.min_partitions, options.max_records_per_partition)
+    if options.min_partitions is not None or options.max_records_per_partition is not None:
+        return [KafkaInputPartition.of([r]) for r in pieces]
+    return [KafkaInputPartition.of(group) for group in pack_ranges(pieces, options.min_records_per_task)]
+
+
+def pack_ranges(ranges: Sequence[OffsetRange], min_records: int) -> list[list[OffsetRange]]:
+    """``ranges`` grouped into tasks, in order: a range of ``min_records`` or more is a task of its
+    own; smaller ones are gathered until their group holds ``min_records`` (the last group may hold
+    fewer).  ``min_records`` 0 keeps one range per task."""
+    groups: list[list[OffsetRange]] = []
+    small: list[OffsetRange] = []
+    held = 0
+    for r in ranges:
+        if r.size >= min_records:
+            groups.append([r])
+            continue
+        small.append(r)
+        held += r.size
+        if held >= min_records:
+            groups.append(small)
+            small, held = [], 0
+    if small:
+        groups.append(small)
+    return groups
 
 
 def split_ranges(
@@ -885,6 +930,13 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
     EXECUTOR_CONSUMERS.release(options, session)
 
 
+def read_ranges(options: SourceOptions, task: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+    """A task's record batches: :func:`read_range` of each of its ranges in turn (one consumer, kept
+    between them as between tasks)."""
+    for offset_range in task.offset_ranges:
+        yield from read_range(options, offset_range)
+
+
 # ----------------------------------------------------------------------------- the source
 
 
@@ -942,8 +994,7 @@ class KafkaBatchReader(DataSourceReader):
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
-        ranges = run_on_driver(self.options, self._plan)
-        return [KafkaInputPartition(r.tp.topic, r.tp.partition, r.start, r.end) for r in ranges]
+        return plan_tasks(run_on_driver(self.options, self._plan), self.options)
 
     async def _plan(self, lookup: OffsetLookup) -> list[OffsetRange]:
         o = self.options
@@ -966,13 +1017,12 @@ class KafkaBatchReader(DataSourceReader):
                 "asyncconsumer source: the starting offset is after the ending offset for "
                 + ", ".join(f"{tp} ({start[tp]} > {end[tp]})" for tp in backwards)
             )
-        ranges = [OffsetRange(tp, start[tp], end[tp]) for tp in tps]
-        return split_ranges(ranges, o.min_partitions, o.max_records_per_partition)
+        return [OffsetRange(tp, start[tp], end[tp]) for tp in tps]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, KafkaInputPartition):
             return iter(())  # nothing to read: Spark reads one partition of its own when partitions() is []
-        return read_range(self.options, partition.offset_range)
+        return read_ranges(self.options, partition)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -1111,12 +1161,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
                 continue
             ranges.append(OffsetRange(tp, begin[tp], until[tp]))
-        pieces = split_ranges(ranges, o.min_partitions, o.max_records_per_partition)
-        return [KafkaInputPartition(r.tp.topic, r.tp.partition, r.start, r.end) for r in pieces]
+        return plan_tasks(ranges, o)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaInputPartition)
-        return read_range(self.options, partition.offset_range)
+        return read_ranges(self.options, partition)
 
     @_timed("driver commit")
     def commit(self, end: dict[str, Any]) -> None:
