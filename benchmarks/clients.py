@@ -16,7 +16,7 @@ import os
 import resource
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,13 +171,15 @@ def _asyncconsumer_arrow() -> Reader:
     return read
 
 
-async def _fetch_loop(args: argparse.Namespace, on_records: Callable[[int, memoryview], bool]) -> None:
+async def _fetch_loop(args: argparse.Namespace, on_records: Callable[[int, memoryview, int, int], bool]) -> None:
     """Fetch requests in a loop on one ``BrokerConnection`` (the consumer's connection code, frame
     buffers and codec), one in flight, every partition from offset 0 with the consumer's default
     fetch sizes, until every partition reached its high watermark or ``on_records(partition,
-    record_set)`` returns False.  The record set is a view into a pooled frame, valid during the
-    call.  One broker (the benchmark's), which leads every partition; Fetch v12, which names topics
-    (v13+ wants topic ids from Metadata, the same bytes give or take 16)."""
+    record_set, offsets, complete)`` returns False: how many offsets the record set advanced the
+    partition and the bytes of its complete batches (``scan_batches``, the batch headers).  The
+    record set is a view into a pooled frame, valid during the call.  One broker (the benchmark's),
+    which leads every partition; Fetch v12, which names topics (v13+ wants topic ids from Metadata,
+    the same bytes give or take 16)."""
     import anyio
 
     from asyncconsumer.config import build_config
@@ -223,11 +225,12 @@ async def _fetch_loop(args: argparse.Namespace, on_records: Callable[[int, memor
                     if not records:
                         continue
                     view = memoryview(records)
-                    next_offset, _, _ = scan_batches(view)
+                    next_offset, complete, _ = scan_batches(view)
                     if next_offset < 0:
                         continue
-                    offsets[p["partition_index"]] = next_offset
-                    more = on_records(p["partition_index"], view) and more
+                    partition = p["partition_index"]
+                    advanced, offsets[partition] = next_offset - offsets[partition], next_offset
+                    more = on_records(partition, view, advanced, complete) and more
         await conn.aclose()
         tg.cancel_scope.cancel()
 
@@ -238,19 +241,14 @@ def _fetch_only(args: argparse.Namespace, tally: Tally) -> None:
     headers) and its bytes counted."""
     import anyio
 
-    from asyncconsumer.protocol.records import scan_batches
-
     n = payload = 0
-    offsets = dict.fromkeys(range(args.partitions), 0)
 
-    def count(partition: int, records: memoryview) -> bool:
+    def count(partition: int, records: memoryview, offsets: int, complete: int) -> bool:
         nonlocal n, payload
-        next_offset, complete, _ = scan_batches(records)
         if n == 0:
             tally.first = time.perf_counter()
-        n += next_offset - offsets[partition]
+        n += offsets
         payload += complete
-        offsets[partition] = next_offset
         tally.last = time.perf_counter()
         return bool(n < args.count)
 
@@ -275,7 +273,7 @@ def _decode_only(args: argparse.Namespace, tally: Tally) -> None:
     sets: list[tuple[int, bytes]] = []
     held = 0
 
-    def keep(partition: int, records: memoryview) -> bool:
+    def keep(partition: int, records: memoryview, offsets: int, complete: int) -> bool:
         nonlocal held
         sets.append((partition, bytes(records)))
         held += len(records)
@@ -286,20 +284,22 @@ def _decode_only(args: argparse.Namespace, tally: Tally) -> None:
         raise RuntimeError(f"{args.topic} has no records to decode")
     tally.started, tally.cpu_started = time.perf_counter(), _cpu()
     topic, want = args.topic, args.count
+
+    def decoded() -> Iterator[list[Any]]:  # the held record sets' records, a batch at a time, round and round
+        while True:
+            for partition, data in sets:
+                for batch in iter_batches(memoryview(data), topic=topic, partition=partition, check_crcs=True):
+                    yield decode_batch(batch, topic, partition)
+
     n = payload = 0
-    while n < want:
-        for partition, data in sets:
-            for batch in iter_batches(memoryview(data), topic=topic, partition=partition, check_crcs=True):
-                records = decode_batch(batch, topic, partition)
-                if n + len(records) > want:
-                    records = records[: want - n]
-                for record in records:
-                    payload += len(record.key or b"") + len(record.value or b"")
-                n += len(records)
-                if n >= want:
-                    break
-            if n >= want:
-                break
+    for records in decoded():
+        if n + len(records) > want:
+            records = records[: want - n]
+        for record in records:
+            payload += len(record.key or b"") + len(record.value or b"")
+        n += len(records)
+        if n >= want:
+            break
     tally.first = tally.started
     tally.last = time.perf_counter()
     tally.records, tally.payload = n, payload

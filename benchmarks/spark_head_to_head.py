@@ -107,14 +107,18 @@ def enable_timings(work: str) -> str:
     return path
 
 
+def logged_since(path: str, offset: int) -> tuple[list[str], int]:
+    """The timing log's lines after ``offset``, and the offset after them."""
+    with open(path) as f:
+        f.seek(offset)
+        return f.read().splitlines(), f.tell()
+
+
 def show_timings(path: str, offset: int, began: float, query: Any) -> int:
     """Print the source's timing lines logged since ``offset`` (seconds since the query started) and
     Spark's own per-batch durations; returns the new offset."""
-    with open(path) as f:
-        f.seek(offset)
-        lines = f.read()
-        offset = f.tell()
-    for line in lines.splitlines():
+    lines, offset = logged_since(path, offset)
+    for line in lines:
         stamp, _, rest = line.partition(" ")
         log(f"  +{float(stamp) - began:6.2f}s pid {rest}")
     for p in query.recentProgress:
@@ -131,13 +135,10 @@ def summarize_tasks(path: str, offset: int, source: str) -> int:
     """Log a summary of the executor tasks' timing lines logged since ``offset``: how many tasks took
     a kept consumer, and the medians of their consumer start, first batch and whole read; returns
     the new offset."""
-    with open(path) as f:
-        f.seek(offset)
-        lines = f.read()
-        offset = f.tell()
+    lines, offset = logged_since(path, offset)
     kinds: dict[str, int] = {}
     seconds: dict[str, list[float]] = {"start": [], "first": [], "read": []}
-    for line in lines.splitlines():
+    for line in lines:
         if (m := TASK_TIMING.search(line)) is None:
             continue
         if m["kind"]:

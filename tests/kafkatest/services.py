@@ -320,9 +320,8 @@ class Scenario:
             now = time.monotonic()
             if now >= deadline or stopped:
                 message = err_msg() if callable(err_msg) else err_msg
-                why = f"every {needs.name} member has exited" if stopped and needs is not None else ""
-                raise ScenarioFailure(f"{message} ({why + ', ' if why else ''}waited {now - start:.1f}s)\n"
-                                      f"{self.diagnostics()}")
+                why = f"every {needs.name} member has exited, " if stopped and needs is not None else ""
+                raise ScenarioFailure(f"{message} ({why}waited {now - start:.1f}s)\n{self.diagnostics()}")
             with self._wake:
                 self._wake.wait(min(backoff_sec, deadline - now))
 

@@ -203,24 +203,23 @@ def _bool(name: str, raw: str) -> bool:
     return value == "true"
 
 
-def _positive_int(name: str, raw: str) -> int:
+def _int_at_least(name: str, raw: str, minimum: int, what: str) -> int:
+    """``raw`` as an integer of ``minimum`` or more; else an error saying it must be ``what``."""
     try:
         value = int(raw.strip())
     except ValueError:
-        raise _fail(f"option {name!r} must be a positive integer, got {raw!r}") from None
-    if value <= 0:
-        raise _fail(f"option {name!r} must be a positive integer, got {raw!r}")
+        raise _fail(f"option {name!r} must be {what}, got {raw!r}") from None
+    if value < minimum:
+        raise _fail(f"option {name!r} must be {what}, got {raw!r}")
     return value
+
+
+def _positive_int(name: str, raw: str) -> int:
+    return _int_at_least(name, raw, 1, "a positive integer")
 
 
 def _non_negative_int(name: str, raw: str) -> int:
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise _fail(f"option {name!r} must be an integer of 0 or more, got {raw!r}") from None
-    if value < 0:
-        raise _fail(f"option {name!r} must be an integer of 0 or more, got {raw!r}")
-    return value
+    return _int_at_least(name, raw, 0, "an integer of 0 or more")
 
 
 def _json_object(name: str, raw: str) -> dict[str, Any]:

@@ -176,9 +176,9 @@ def plan_tasks(ranges: Sequence[OffsetRange], options: SourceOptions) -> list[Ka
     ``maxRecordsPerPartition`` asks for task sizes, the ranges smaller than ``minRecordsPerTask``
     packed together (:func:`pack_ranges`)."""
     pieces = split_ranges(ranges, options.min_partitions, options.max_records_per_partition)
-    if options.min_partitions is not None or options.max_records_per_partition is not None:
-        return [KafkaInputPartition.of([r]) for r in pieces]
-    return [KafkaInputPartition.of(group) for group in pack_ranges(pieces, options.min_records_per_task)]
+    sized = options.min_partitions is not None or options.max_records_per_partition is not None
+    per_task = 0 if sized else options.min_records_per_task
+    return [KafkaInputPartition.of(group) for group in pack_ranges(pieces, per_task)]
 
 
 def pack_ranges(ranges: Sequence[OffsetRange], min_records: int) -> list[list[OffsetRange]]:
