@@ -23,9 +23,6 @@ from typing import Any
 #: How many records a batch call asks for, where the API takes a number (confluent-kafka's
 #: ``consume(num_messages)``); asyncconsumer's and aiokafka's getmany use their defaults.
 CONSUME_BATCH = 10_000
-#: Records per ``arrow_batches()`` batch (its default is ``max_poll_records``, 500: a row API's
-#: batch; Arrow's per-batch work wants more, as benchmarks.arrow_read's default).
-ARROW_BATCH = 10_000
 
 
 @dataclass
@@ -138,7 +135,8 @@ def _asyncconsumer(mode: str) -> Reader:
 
 
 def _asyncconsumer_arrow() -> Reader:
-    """``arrow_batches(max_records=ARROW_BATCH)`` (the fetch settings are the defaults).  A batch's
+    """``arrow_batches(include_headers=False)``, otherwise the defaults (10,000 records a batch at
+    most, ``ARROW_BATCH_RECORDS``; the default fetch settings).  A batch's
     keys and values are touched through their Arrow offsets: the bytes a binary column holds are
     its last offset less its first, the columnar counterpart of adding up ``len()``.  pyarrow is
     imported here, before the clock starts, as every client's imports are."""
@@ -156,7 +154,7 @@ def _asyncconsumer_arrow() -> Reader:
         async with consumer:
             consumer.assign([TopicPartition(args.topic, p) for p in range(args.partitions)])
             n = payload = 0
-            async for batch in consumer.arrow_batches(max_records=ARROW_BATCH, include_headers=False):
+            async for batch in consumer.arrow_batches(include_headers=False):
                 if n == 0:
                     tally.first = time.perf_counter()
                 for column in (batch.column("key"), batch.column("value")):

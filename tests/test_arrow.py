@@ -19,7 +19,7 @@ from support.consumers import FAST, tps
 from support.producer import create_topic
 
 from asyncconsumer import ConfigError, Consumer, ConsumerRecord, TopicPartition
-from asyncconsumer.app.arrow import PyArrowMissingError
+from asyncconsumer.app.arrow import ARROW_BATCH_RECORDS, PyArrowMissingError
 from asyncconsumer.errors import RecordError
 from asyncconsumer.metrics import PoolMetrics
 from asyncconsumer.protocol.columnar import COLUMN_DECODER, arrow_schema
@@ -129,6 +129,27 @@ async def test_arrow_batches_without_headers_honour_max_records_and_commit(
         rest = await arrow(c, 500 - handed)
         assert rest[0].column("offset")[0].as_py() == handed
         assert [v.as_py() for b in rest for v in b.column("value")] == [b"x%d" % i for i in range(handed, 500)]
+
+
+async def test_arrow_batches_default_to_columnar_batches_not_max_poll_records(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """Without ``max_records`` a batch holds up to ARROW_BATCH_RECORDS, whatever the row APIs'
+    ``max_poll_records``: Arrow's cost is per batch."""
+    topic = new_topic(1)
+    total = 3000
+    produce(topic, [(0, None, b"v" * 100, None) for _ in range(total)])
+    tp = TopicPartition(topic, 0)
+    async with consumer(bootstrap, max_poll_records=100) as c:
+        c.assign([tp])
+        got = await arrow(c, total)
+        assert sum(b.num_rows for b in got) == total
+        assert max(b.num_rows for b in got) > 100
+        assert all(b.num_rows <= ARROW_BATCH_RECORDS for b in got)
+        await c.seek(tp, 0)
+        with anyio.fail_after(60):
+            one = await c.arrow_batch(tp)
+        assert one is not None and one.num_rows > 100
 
 
 async def test_arrow_batches_and_batches_take_turns_without_loss(

@@ -32,7 +32,7 @@ from ._args import (
     check_topics,
 )
 from ._runtime import current_async_library
-from .app.arrow import require_pyarrow, take_arrow_batch
+from .app.arrow import ARROW_BATCH_RECORDS, require_pyarrow, take_arrow_batch
 from .app.client import ClientBase, bracketed, bracketed_sync
 from .app.collector import Collector, RecordDeserializationError
 from .app.iterators import RecordStream, Steps, ready
@@ -573,14 +573,14 @@ class Consumer(ClientBase, Generic[KT, VT]):
 
         ``batches()`` without a Python object per record: the fetched batches are decoded straight
         into Arrow buffers, in Spark's Kafka source schema.  At most ``max_records`` records per
-        batch (default ``max_poll_records``); ``commit()`` covers every batch handed out.  Keys and
+        batch (default ``ARROW_BATCH_RECORDS``, 10,000); ``commit()`` covers every batch handed out.  Keys and
         values are the raw bytes (deserializers are not applied).  Raises ``PyArrowMissingError``
         when pyarrow is not installed.
         """
         if max_records is not None:
             check_positive_int(max_records, "arrow_batches", "max_records")
         require_pyarrow()
-        limit = max_records or self._batch_limit()
+        limit = max_records or ARROW_BATCH_RECORDS
 
         async def step() -> Any:
             try:
@@ -604,7 +604,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         include_headers: bool = True,
     ) -> Any:
         """One poll as Arrow (docs/arrow.md): up to ``max_records`` records (default
-        ``max_poll_records``) of one partition, of ``partitions`` or any, as a
+        ``ARROW_BATCH_RECORDS``, 10,000) of one partition, of ``partitions`` or any, as a
         ``pyarrow.RecordBatch``; waits up to ``timeout`` seconds (None: until there are some) and
         returns None when the time passes with nothing.  ``arrow_batches()`` a step at a time, for a
         caller that keeps its own loop (the PySpark source's executors).  Raises
@@ -613,7 +613,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
             check_positive_int(max_records, "arrow_batch", "max_records")
         only = set(_check_partitions(partitions, "arrow_batch")) if partitions else None
         require_pyarrow()
-        return await self._take_arrow_batch(max_records or self._batch_limit(), timeout, only, include_headers)
+        return await self._take_arrow_batch(max_records or ARROW_BATCH_RECORDS, timeout, only, include_headers)
 
     async def _take_arrow_batch(
         self, limit: int, timeout: float | None, only: set[TopicPartition] | None, include_headers: bool
