@@ -203,10 +203,12 @@ def test_streaming_query_with_kept_consumers_writes_every_record_once(
 
 
 def test_fetch_waits_of_the_driver_and_executor_consumers() -> None:
-    """The driver's watermark probe waits at most 50 ms, an executor at most 5 ms (only past its
-    range's end), so a kept consumer's next task never queues behind a long poll."""
+    """The driver's watermark probe and an executor wait at most 5 ms (only past the log's or the
+    range's end), so a latest() is quick and a kept consumer's next task never queues behind a
+    long poll."""
     opts = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t"})
-    assert src._driver_consumer(opts).config.fetch_max_wait_ms == 50
+    assert src._driver_consumer(opts).config.fetch_max_wait_ms == 5
     assert src._executor_consumer(opts).config.fetch_max_wait_ms == 5
     quick = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t", "kafka.fetch.max.wait.ms": "2"})
     assert src._executor_consumer(quick).config.fetch_max_wait_ms == 2
+    assert src._driver_consumer(quick).config.fetch_max_wait_ms == 2

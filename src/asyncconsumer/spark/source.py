@@ -86,6 +86,12 @@ _OFFSET_COLUMN = 4
 ARROW_BATCH_ROWS = 8192
 #: How long the driver waits for a fetch to report each partition's high watermark.
 _PROBE_TIMEOUT = 10.0
+#: How often the probe looks for the watermarks while its fetch is out (s): a fetch from the end
+#: of the log brings no records, so each look waits this long.
+_PROBE_POLL = 0.002
+#: The driver's and the executors' ``fetch.max.wait.ms`` at most (ms): neither wants to wait at the
+#: end of a log (the driver's probe wants only the watermark, an executor's range ends below it).
+_FETCH_WAIT_MS = 5
 
 _DATA_LOSS_HINT = (
     "Some data may have been lost because it is not available in Kafka any more: it was aged out by "
@@ -385,7 +391,7 @@ async def _probe_high_watermarks(
     with anyio.move_on_after(_PROBE_TIMEOUT):
         while len(found) < len(tps):
             try:
-                await consumer.getmany(timeout=0.05, max_records=1)
+                await consumer.getmany(timeout=_PROBE_POLL, max_records=1)
             except OffsetOutOfRangeError:
                 break  # the listed end is past the log: the listed values stand
             found.update({tp: m for tp in tps if (m := mark(tp)) is not None})
@@ -458,8 +464,9 @@ def _driver_consumer(options: SourceOptions, **overrides: Any) -> Consumer[Any, 
         settings["client_id"] = "asyncconsumer-spark-driver"
     # The high-watermark probe fetches from the end of the log for the watermark alone: answer
     # quickly, with little data.  Not 0: Tansu answers a Fetch that may not wait with no partition
-    # data (no high watermark), and the probe would give up on it.
-    settings["fetch_max_wait_ms"] = min(50, int(props.get("fetch.max.wait.ms", "50")))
+    # data (no high watermark), and the probe would give up on it.  At 50 ms each latest() took
+    # 128 ms on Apache Kafka (every micro-batch of a running query asks for it), at 5 ms 12 ms.
+    settings["fetch_max_wait_ms"] = min(_FETCH_WAIT_MS, int(props.get("fetch.max.wait.ms", "500")))
     settings["max_partition_fetch_bytes"] = 1024
     settings["fetch_max_bytes"] = 1024 * 1024
     settings.update(overrides)
@@ -728,12 +735,10 @@ def _executor_consumer(options: SourceOptions) -> Consumer[Any, Any]:
     # A task's range is below the high watermark the driver saw: a fetch waits only past its end,
     # where nothing is wanted.  A kept consumer's next task waits for that fetch (one in flight per
     # broker): at 50 ms a kept consumer read 4 ranges in a row at 0.8x a new one's rate, at 5 ms 1.2x.
-    settings["fetch_max_wait_ms"] = min(_EXECUTOR_FETCH_WAIT_MS, int(props.get("fetch.max.wait.ms", "500")))
+    settings["fetch_max_wait_ms"] = min(_FETCH_WAIT_MS, int(props.get("fetch.max.wait.ms", "500")))
     return Consumer.from_properties(props, **settings)
 
 
-#: The executors' ``fetch.max.wait.ms`` at most (ms).
-_EXECUTOR_FETCH_WAIT_MS = 5
 #: How many idle consumers an executor's Python worker keeps at most (the least recently used go first).
 EXECUTOR_CACHE_CAPACITY = 8
 
