@@ -573,9 +573,9 @@ class Consumer(ClientBase, Generic[KT, VT]):
 
         ``batches()`` without a Python object per record: the fetched batches are decoded straight
         into Arrow buffers, in Spark's Kafka source schema.  At most ``max_records`` records per
-        batch (default ``ARROW_BATCH_RECORDS``, 10,000); ``commit()`` covers every batch handed out.  Keys and
-        values are the raw bytes (deserializers are not applied).  Raises ``PyArrowMissingError``
-        when pyarrow is not installed.
+        batch (default ``ARROW_BATCH_RECORDS``, 10,000); ``commit()`` covers every batch handed
+        out.  Keys and values are the raw bytes (deserializers are not applied).  Raises
+        ``PyArrowMissingError`` when pyarrow is not installed.
         """
         if max_records is not None:
             check_positive_int(max_records, "arrow_batches", "max_records")

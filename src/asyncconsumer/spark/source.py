@@ -458,20 +458,25 @@ def _require_all(spec: OffsetSpec, given: Mapping[TopicPartition, int], tps: Seq
 
 
 def _driver_consumer(options: SourceOptions, **overrides: Any) -> Consumer[Any, Any]:
-    props = options.consumer_properties
-    settings: dict[str, Any] = {"auto_offset_reset": "none", "enable_auto_commit": False, "group_id": None}
-    if "client.id" not in props:
-        settings["client_id"] = "asyncconsumer-spark-driver"
     # The high-watermark probe fetches from the end of the log for the watermark alone: answer
-    # quickly, with little data.  Not 0: Tansu answers a Fetch that may not wait with no partition
-    # data (no high watermark), and the probe would give up on it.  With 50 ms a latest() took
+    # quickly (_source_consumer's fetch wait), with little data.  With a 50 ms wait a latest() took
     # 128 ms on Apache Kafka (an idle partition's log end parks the fetch), with 5 ms 36 ms, most
     # of it the ListOffsets answer.
-    settings["fetch_max_wait_ms"] = min(_FETCH_WAIT_MS, int(props.get("fetch.max.wait.ms", "500")))
-    settings["max_partition_fetch_bytes"] = 1024
-    settings["fetch_max_bytes"] = 1024 * 1024
-    settings.update(overrides)
-    return Consumer.from_properties(props, **settings)
+    return _source_consumer(
+        options, "driver", **{"max_partition_fetch_bytes": 1024, "fetch_max_bytes": 1024 * 1024, **overrides}
+    )
+
+
+def _source_consumer(options: SourceOptions, role: str, **settings: Any) -> Consumer[Any, Any]:
+    """A consumer of the driver or an executor (``role``): no group, no offset reset, and fetches
+    that wait at most ``_FETCH_WAIT_MS``.  Not 0: Tansu answers a Fetch that may not wait with no
+    partition data (no high watermark), and the driver's probe would give up on it."""
+    props = options.consumer_properties
+    base: dict[str, Any] = {"auto_offset_reset": "none", "enable_auto_commit": False, "group_id": None}
+    if "client.id" not in props:
+        base["client_id"] = f"asyncconsumer-spark-{role}"
+    base["fetch_max_wait_ms"] = min(_FETCH_WAIT_MS, int(props.get("fetch.max.wait.ms", "500")))
+    return Consumer.from_properties(props, **{**base, **settings})
 
 
 def _group_consumer(options: SourceOptions) -> Consumer[Any, Any]:
@@ -729,15 +734,10 @@ class RangeReader:
 
 
 def _executor_consumer(options: SourceOptions) -> Consumer[Any, Any]:
-    props = options.consumer_properties
-    settings: dict[str, Any] = {"auto_offset_reset": "none", "enable_auto_commit": False, "group_id": None}
-    if "client.id" not in props:
-        settings["client_id"] = "asyncconsumer-spark-executor"
     # A task's range is below the high watermark the driver saw: a fetch waits only past its end,
     # where nothing is wanted.  A kept consumer's next task waits for that fetch (one in flight per
     # broker): at 50 ms a kept consumer read 4 ranges in a row at 0.8x a new one's rate, at 5 ms 1.2x.
-    settings["fetch_max_wait_ms"] = min(_FETCH_WAIT_MS, int(props.get("fetch.max.wait.ms", "500")))
-    return Consumer.from_properties(props, **settings)
+    return _source_consumer(options, "executor")
 
 
 #: How many idle consumers an executor's Python worker keeps at most (the least recently used go first).
