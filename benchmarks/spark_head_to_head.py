@@ -11,7 +11,8 @@ a standalone cluster of a master and two 1-core workers for the run, benchmarks/
 source on the classpath (``org.apache.spark:spark-sql-kafka-0-10_2.13`` of the *installed*
 PySpark's version, from Maven Central through ``spark.jars.packages``) and the asyncconsumer
 source registered.  After ``--warmup`` untimed rounds (each step and source once on the 1 KiB
-topic: the JVM's first query of a kind is slower for whichever source runs it), for each topic,
+topic, and with ``--latency`` an 8 s latency query per source: the JVM's first query of a kind is
+slower for whichever source runs it), for each topic,
 interleaved rounds (each source goes first in turn) of:
 
 - **batch**: ``spark.read...load()`` written to the ``noop`` sink;
@@ -60,6 +61,10 @@ KEPT = "asyncconsumer-kept"
 STEPS = ["batch", "aggregate", "stream"]
 #: Records/s fed to the latency query.
 LATENCY_RATE = 1000
+#: Seconds of the untimed latency query per source in each warm-up round.  Without it, whichever
+#: source ran the session's first ``foreachBatch`` query paid its start-up: a median of 1.0-5.5 s
+#: in round 1 against 0.43-0.46 s in the next rounds.
+WARMUP_LATENCY_SECONDS = 8.0
 
 
 def log(message: str) -> None:
@@ -92,6 +97,10 @@ _logger.addHandler(_handler)
 _logger.setLevel(logging.DEBUG)
 _logger.debug("timing: python process started: %s", " ".join(getattr(__import__("sys"), "argv", [])))
 """
+
+
+#: The environment with which ``enable_timings`` makes a Python process log the timings.
+TIMINGS_ENV = ("H2H_TIMINGS_LOG", "PYTHONPATH")
 
 
 def enable_timings(work: str) -> str:
@@ -127,8 +136,10 @@ def show_timings(path: str, offset: int, began: float, query: Any) -> int:
 
 
 #: The executors' ``timing:`` lines of one task (asyncconsumer.spark.source.read_range).
-TASK_TIMING = re.compile(r"timing: task (?P<task>.+?) (?:pid \d+, worker up [\d.]+ s: (?P<kind>cached|new) consumer"
-                         r" (?P<start>[\d.]+) s|first batch (?P<first>[\d.]+) s|read (?P<read>[\d.]+) s)$")
+TASK_TIMING = re.compile(
+    r"timing: task (?P<task>.+?) (?:pid \d+, worker up [\d.]+ s: (?P<kind>cached|new) consumer"
+    r" (?P<start>[\d.]+) s|first batch (?P<first>[\d.]+) s|read (?P<read>[\d.]+) s)$"
+)
 
 
 def summarize_tasks(path: str, offset: int, source: str) -> int:
@@ -147,8 +158,10 @@ def summarize_tasks(path: str, offset: int, source: str) -> int:
             if m[key]:
                 values.append(float(m[key]))
     medians = ", ".join(f"{k} {statistics.median(v) * 1000:.0f} ms" for k, v in seconds.items() if v)
-    log(f"{source}: tasks with a kept consumer {kinds.get('cached', 0)}, with a new one {kinds.get('new', 0)}; "
-        f"medians: {medians or 'no task timings'}")
+    log(
+        f"{source}: tasks with a kept consumer {kinds.get('cached', 0)}, with a new one {kinds.get('new', 0)}; "
+        f"medians: {medians or 'no task timings'}"
+    )
     return offset
 
 
@@ -175,7 +188,7 @@ def session(master: str, package: str, work: str) -> Any:
 
     from asyncconsumer.spark import register
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("asyncconsumer-head-to-head")
         .config("spark.jars.packages", package)
@@ -194,8 +207,12 @@ def session(master: str, package: str, work: str) -> Any:
         .config("spark.python.worker.reuse", "true")
         # A loaded machine starts Python workers slowly: give them time to connect back.
         .config("spark.python.authenticate.socketTimeout", "300s")
-        .getOrCreate()
     )
+    for name in TIMINGS_ENV if "H2H_TIMINGS_LOG" in os.environ else ():
+        # A standalone cluster's executors were started before --timings set these: give them to
+        # their Python workers too (local mode's have them already).
+        builder = builder.config(f"spark.executorEnv.{name}", os.environ[name])
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
@@ -238,8 +255,9 @@ def executor_read(bootstrap: str, topic: str, partitions: int, records: int, col
     from asyncconsumer.spark.options import parse_options
     from asyncconsumer.structs import TopicPartition
 
-    options = parse_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true"},
-                            streaming=False)
+    options = parse_options(
+        {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true"}, streaming=False
+    )
     n = 0
     started = time.perf_counter()
     for p in range(partitions):
@@ -306,8 +324,9 @@ def _run_step(
     return time.perf_counter() - started
 
 
-def latency(spark: Any, source: str, bootstrap: str, work: str, rate: int, seconds: float,
-            timings: list[Any] | None = None) -> list[float]:
+def latency(
+    spark: Any, source: str, bootstrap: str, work: str, rate: int, seconds: float, timings: list[Any] | None = None
+) -> list[float]:
     """Produce-to-sink latencies (seconds) of a continuously running query: a fresh topic, the
     query started on it from ``latest`` with the default trigger (each micro-batch as soon as the
     last one ends) and a ``foreachBatch`` sink that takes each row's Kafka timestamp (librdkafka's
@@ -362,8 +381,10 @@ def latency(spark: Any, source: str, bootstrap: str, work: str, rate: int, secon
             if progress["numInputRows"]:
                 for phase, ms in (progress["durationMs"] or {}).items():
                     phases.setdefault(phase, []).append(ms)
-        log(f"{source}: micro-batches with rows, median ms per phase: "
-            + ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in sorted(phases.items())))
+        log(
+            f"{source}: micro-batches with rows, median ms per phase: "
+            + ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in sorted(phases.items()))
+        )
         if timings is not None:
             timings[1] = summarize_tasks(timings[0], timings[1], source)
     finally:
@@ -378,20 +399,35 @@ def main() -> None:
     parser.add_argument("--records-100b", type=int, default=None)
     parser.add_argument("--records-1kib", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1,
-                        help="untimed rounds of every step and source on the 1 KiB topic first (default %(default)s)")
-    parser.add_argument("--master", default="local[2]",
-                        help="a Spark master URL, or 'standalone': a master and two 1-core workers started from "
-                             "the installed PySpark for this run and stopped by pid (benchmarks/spark_cluster.py)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed rounds of every step and source on the 1 KiB topic first (default %(default)s)",
+    )
+    parser.add_argument(
+        "--master",
+        default="local[2]",
+        help="a Spark master URL, or 'standalone': a master and two 1-core workers started from "
+        "the installed PySpark for this run and stopped by pid (benchmarks/spark_cluster.py)",
+    )
     parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of batch,aggregate,stream")
     parser.add_argument("--timings", action="store_true", help="log where each stream's time goes (DEBUG timings)")
     parser.add_argument("--kept", action="store_true", help="also run the source with consumerCacheTimeout=5m")
-    parser.add_argument("--latency", type=float, default=30.0, metavar="SECONDS",
-                        help="each round, a continuously running query per source fed 1,000 records/s for this "
-                             "long: produce-to-sink latency percentiles (0: skip; default %(default)s)")
-    parser.add_argument("--precompile-pyspark", action="store_true",
-                        help="first add bytecode to the installed PySpark's own zips (changes that installation; "
-                             "python -m asyncconsumer.spark.precompile, docs/spark.md)")
+    parser.add_argument(
+        "--latency",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="each round, a continuously running query per source fed 1,000 records/s for this "
+        "long: produce-to-sink latency percentiles (0: skip; default %(default)s)",
+    )
+    parser.add_argument(
+        "--precompile-pyspark",
+        action="store_true",
+        help="first add bytecode to the installed PySpark's own zips (changes that installation; "
+        "python -m asyncconsumer.spark.precompile, docs/spark.md)",
+    )
     parser.add_argument("--no-executor-read", action="store_true", help="skip the executor read outside Spark")
     args = parser.parse_args()
     steps = [s for s in args.steps.split(",") if s]
@@ -445,6 +481,9 @@ def main() -> None:
                 for source in sources:
                     seconds = run_step(spark, step, source, bootstrap, sets[-1].topic, work, None)
                     log(f"warm-up {sets[-1].name} {step} {source}: {seconds:.2f}s (not counted)")
+            for source in sources if args.latency > 0 else []:  # the first foreachBatch query is slow too
+                lat = latency(spark, source, bootstrap, work, LATENCY_RATE, WARMUP_LATENCY_SECONDS)
+                log(f"warm-up latency {source}: median {statistics.median(lat) * 1000:.0f} ms (not counted)")
         for r in range(args.rounds):
             for d in sets if not args.no_executor_read else []:  # the executor read alone, columnar and rows
                 for label, columnar in (("executor read, columnar", True), ("executor read, rows", False)):
@@ -460,15 +499,18 @@ def main() -> None:
                         rate = d.records / seconds
                         log(f"round {r + 1} {d.name} {step} {source}: {rate:,.0f} rows/s ({seconds:.2f}s)")
             for source in order if args.latency > 0 else []:
-                lat = latency(spark, source, bootstrap, work, LATENCY_RATE, args.latency,
-                              timings if source != "kafka" else None)
+                lat = latency(
+                    spark, source, bootstrap, work, LATENCY_RATE, args.latency, timings if source != "kafka" else None
+                )
                 latencies.setdefault(source, []).extend(lat)
                 log(f"round {r + 1} latency {source}: median {statistics.median(lat) * 1000:.0f} ms of {len(lat)}")
         where = args.master + (f" = {master}" if master != args.master else "")
         zips = "its zips precompiled" if args.precompile_pyspark else "as installed"
-        print(f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({where}; {zips}), {package}; "
-              f"{args.rounds} interleaved rounds after {args.warmup} warm-up; rows/s median (min-max); "
-              "identical rows checked by hash\n")
+        print(
+            f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({where}; {zips}), {package}; "
+            f"{args.rounds} interleaved rounds after {args.warmup} warm-up; rows/s median (min-max); "
+            "identical rows checked by hash\n"
+        )
         print("| topic | step | source | rows/s | Spark Kafka source rows/s | ratio |")
         print("|---|---|---|---:|---:|---:|")
         for d in sets:
@@ -483,14 +525,18 @@ def main() -> None:
                         f"{statistics.median(ours) / statistics.median(theirs):.2f}x |"
                     )
         if latencies:
-            print(f"\nProduce-to-sink latency of a continuously running query (default trigger, foreachBatch sink), "
-                  f"{LATENCY_RATE:,} records/s of 100 B, {args.latency:.0f} s a round, all rounds together:\n")
+            print(
+                f"\nProduce-to-sink latency of a continuously running query (default trigger, foreachBatch sink), "
+                f"{LATENCY_RATE:,} records/s of 100 B, {args.latency:.0f} s a round, all rounds together:\n"
+            )
             print("| source | records | p50 ms | p90 ms | p99 ms | max ms |")
             print("|---|---:|---:|---:|---:|---:|")
             for source, lat in latencies.items():
                 q = statistics.quantiles(lat, n=100)
-                print(f"| {source} | {len(lat):,} | {q[49] * 1000:.0f} | {q[89] * 1000:.0f} | {q[98] * 1000:.0f} | "
-                      f"{max(lat) * 1000:.0f} |")
+                print(
+                    f"| {source} | {len(lat):,} | {q[49] * 1000:.0f} | {q[89] * 1000:.0f} | {q[98] * 1000:.0f} | "
+                    f"{max(lat) * 1000:.0f} |"
+                )
         if args.no_executor_read:
             return
         print("\nThe source's executor read alone (read_range in one process, partition after partition, no Spark):\n")

@@ -7,6 +7,10 @@ streaming query did reuse their consumers and still wrote every record exactly o
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -212,3 +216,37 @@ def test_fetch_waits_of_the_driver_and_executor_consumers() -> None:
     quick = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t", "kafka.fetch.max.wait.ms": "2"})
     assert src._executor_consumer(quick).config.fetch_max_wait_ms == 2
     assert src._driver_consumer(quick).config.fetch_max_wait_ms == 2
+
+
+#: A Python process that imports the source as a worker's first task does: as one forked by PySpark's
+#: daemon (its ``__main__``) when ``AS_DAEMON`` is set.  Prints the objects frozen and still tracked.
+WORKER = """
+import gc, importlib.machinery, json, os, sys
+if os.environ.get("AS_DAEMON"):
+    sys.modules["__main__"].__spec__ = importlib.machinery.ModuleSpec("pyspark.daemon", None)
+import asyncconsumer.spark.source
+print(json.dumps({"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}))
+"""
+
+
+def _worker_heap(**env: str) -> dict[str, int]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("AS_DAEMON", "SPARK_REUSE_WORKER")}
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER], env={**environ, **env}, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    heap: dict[str, int] = json.loads(done.stdout.splitlines()[-1])
+    return heap
+
+
+def test_a_reused_worker_leaves_its_imports_out_of_the_collection_after_each_task() -> None:
+    """PySpark's daemon runs a full gc.collect() in a reused worker after every task; the source's
+    import freezes what the worker has imported, so that collection scans only what was made since
+    (a twentieth of it or less), and nothing is frozen anywhere else: not in a worker used once, not
+    in the driver's or any other Python process."""
+    reused = _worker_heap(AS_DAEMON="1", SPARK_REUSE_WORKER="1")
+    assert reused["frozen"] > 20_000  # PySpark's, pyarrow's and asyncconsumer's objects
+    assert reused["tracked"] * 20 < reused["frozen"]
+    used_once = _worker_heap(AS_DAEMON="1")
+    assert used_once["frozen"] == 0 and used_once["tracked"] > 20_000
+    assert _worker_heap(SPARK_REUSE_WORKER="1")["frozen"] == 0

@@ -14,7 +14,8 @@ Where things run:
   manual ``assign`` + ``seek`` on its own event loop (a blocking portal thread, so that record batches
   can be yielded to Spark while the consumer keeps its connections), and hands Arrow record batches
   to Spark.  A Python worker keeps that consumer for its next task, for ``consumerCacheTimeout``
-  (5 minutes by default; :class:`ExecutorConsumers`).
+  (5 minutes by default; :class:`ExecutorConsumers`), and leaves the objects of its imports out of
+  the garbage collection PySpark runs after every task (:func:`_freeze_worker_imports`).
 
 No consumer group is joined: offsets live in Spark's checkpoint.
 """
@@ -24,11 +25,13 @@ from __future__ import annotations
 import atexit
 import bisect
 import contextlib
+import gc
 import json
 import logging
 import math
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence, Sized
@@ -1257,4 +1260,33 @@ def register(spark: SparkSession) -> None:
     spark.dataSource.register(AsyncConsumerDataSource)
 
 
+# ------------------------------------------------------------------ the worker's garbage collector
+
+
+def _in_reused_pyspark_worker() -> bool:
+    """Whether this process is a Python worker forked by PySpark's daemon and kept for further tasks
+    (``spark.python.worker.reuse``, on by default): the daemon runs a full ``gc.collect()`` in it
+    after every task."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == "pyspark.daemon" and bool(os.environ.get("SPARK_REUSE_WORKER"))
+
+
+def _freeze_worker_imports() -> bool:
+    """In a reused PySpark worker, leave the objects that exist now out of every later garbage
+    collection (``gc.freeze()``); True if it did.
+
+    Called once, when a worker imports this module for its first task of the source: what exists
+    then is mostly modules (PySpark's, pyarrow's, asyncconsumer's), alive as long as the worker.
+    The full collection PySpark's daemon runs after every task scanned those 55,000-57,000 objects
+    each time: 70-170 ms a task on 2 busy cores, measured, before the worker could start its next
+    task.  Frozen, it scans what was made since, about 2,000 objects: about 1 ms.  Frozen objects
+    are still freed when nothing refers to them; only a reference cycle among them would be kept.
+    """
+    if not _in_reused_pyspark_worker():
+        return False
+    gc.freeze()
+    return True
+
+
+_freeze_worker_imports()
 log.debug("timing: asyncconsumer.spark.source imported")
