@@ -19,9 +19,9 @@ interleaved rounds (each source goes first in turn) of:
 - **aggregate**: ``groupBy("partition").count()`` collected;
 - **stream**: ``readStream`` with ``trigger(availableNow=True)`` to Parquet (a fresh directory and
   checkpoint each time);
-- **latency** (``--latency SECONDS``, default 30; 0 skips): a continuously running query per source
-  (default trigger, ``foreachBatch`` sink) on a fresh topic fed 1,000 records/s; the percentiles of
-  each record's produce-to-sink time.
+- **latency** (``--latency SECONDS``, default 30; 0 skips), in rounds of its own after those: a
+  continuously running query per source (default trigger, ``foreachBatch`` sink) on a fresh topic
+  fed 1,000 records/s; the percentiles of each record's produce-to-sink time.
 
 asyncconsumer is byte-compiled first, as ``pip install`` does (from a checkout with
 ``PYTHONDONTWRITEBYTECODE`` set, each new Python process Spark starts would compile it again);
@@ -393,6 +393,12 @@ def latency(
     return [now - t / 1e6 for t, now in seen if t / 1e6 >= warm_until]
 
 
+def in_turn(sources: list[str], round_index: int) -> list[str]:
+    """The sources in the order of round ``round_index``: each goes first in turn."""
+    first = round_index % len(sources)
+    return sources[first:] + sources[:first]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="50,000 x 100 B and 10,000 x 1 KiB")
@@ -490,15 +496,18 @@ def main() -> None:
                     rate = executor_read(bootstrap, d.topic, d.partitions, d.records, columnar)
                     results.setdefault((d.name, label, "asyncconsumer"), []).append(rate)
                     log(f"round {r + 1} {d.name} {label} (no Spark): {rate:,.0f} rows/s")
-            order = sources[r % len(sources) :] + sources[: r % len(sources)]  # each source goes first in turn
             for d in sets:
                 for step in steps:
-                    for source in order:
+                    for source in in_turn(sources, r):
                         seconds = run_step(spark, step, source, bootstrap, d.topic, work, timings)
                         results.setdefault((d.name, step, source), []).append(d.records / seconds)
                         rate = d.records / seconds
                         log(f"round {r + 1} {d.name} {step} {source}: {rate:,.0f} rows/s ({seconds:.2f}s)")
-            for source in order if args.latency > 0 else []:
+        # The latency rounds come after every other: PySpark stops the idle workers of a worker pool
+        # that had no task for a minute (its planners' too), and a query after a latency round
+        # started new ones (importing PySpark, pyarrow and asyncconsumer again: 2.5 s more, measured).
+        for r in range(args.rounds if args.latency > 0 else 0):
+            for source in in_turn(sources, r):
                 lat = latency(
                     spark, source, bootstrap, work, LATENCY_RATE, args.latency, timings if source != "kafka" else None
                 )
