@@ -1,7 +1,7 @@
 """The PySpark source against Spark's own Kafka source: same broker, same topics, same session.
 
     python -m benchmarks.spark_head_to_head [--quick] [--records-100b N] [--records-1kib N] [--rounds 3] [--warmup 1]
-        [--steps batch,aggregate,stream] [--kept] [--timings] [--no-executor-read] [--master standalone]
+        [--steps batch,aggregate,stream,arriving] [--kept] [--timings] [--no-executor-read] [--master standalone]
         [--precompile-pyspark]
 
 One Apache Kafka broker (``asyncconsumer.testing.KafkaBroker``), two topics of 4 partitions
@@ -18,7 +18,10 @@ interleaved rounds (each source goes first in turn) of:
 - **batch**: ``spark.read...load()`` written to the ``noop`` sink;
 - **aggregate**: ``groupBy("partition").count()`` collected;
 - **stream**: ``readStream`` with ``trigger(availableNow=True)`` to Parquet (a fresh directory and
-  checkpoint each time);
+  checkpoint each time): a backlog, the query's start-up included;
+- **arriving**: the topic's records produced again, into a fresh topic, while a query (default
+  trigger, Parquet sink) already runs on it; from the first ``produce_batch`` call until the last
+  record's micro-batch ended (records that arrive continuously, the start-up left out);
 - **latency** (``--latency SECONDS``, default 30; 0 skips), in rounds of its own after those: a
   continuously running query per source (default trigger, ``foreachBatch`` sink) on a fresh topic
   fed 1,000 records/s; the percentiles of each record's produce-to-sink time.
@@ -44,21 +47,27 @@ says so; run it from a virtualenv with a PySpark whose Kafka source is published
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from datetime import datetime
 from typing import Any
+
+from . import datasets as ds
+from .datasets import Dataset
 
 MAVEN = "https://repo1.maven.org/maven2/org/apache/spark/spark-sql-kafka-0-10_2.13"
 SOURCES = ["asyncconsumer", "kafka"]
 #: ``--kept``: the source again with consumerCacheTimeout=5m (executors keep their consumers between tasks).
 KEPT = "asyncconsumer-kept"
-STEPS = ["batch", "aggregate", "stream"]
+STEPS = ["batch", "aggregate", "stream", "arriving"]
 #: Records/s fed to the latency query.
 LATENCY_RATE = 1000
 #: Seconds of the untimed latency query per source in each warm-up round.  Without it, whichever
@@ -280,26 +289,29 @@ def executor_read(bootstrap: str, topic: str, partitions: int, records: int, col
 
 
 def run_step(
-    spark: Any, step: str, source: str, bootstrap: str, topic: str, work: str, timings: list[Any] | None = None
+    spark: Any, step: str, source: str, bootstrap: str, dataset: Dataset, work: str, timings: list[Any] | None = None
 ) -> float:
     """Seconds for one step, tried again (twice at most) when PySpark's streaming source runner, a
     new Python process per query, does not connect back to the JVM in time (on an overloaded
     machine); ``timings``: [log path, offset] to print the stream's timings."""
     for attempt in range(3):
         try:
-            return _run_step(spark, step, source, bootstrap, topic, work, timings)
+            return _run_step(spark, step, source, bootstrap, dataset, work, timings)
         except Exception as exc:
             if "failed to connect back" not in str(exc) or attempt == 2:
                 raise
-            log(f"{source} {step} {topic}: the Python worker did not connect back in time; again")
+            log(f"{source} {step} {dataset.topic}: the Python worker did not connect back in time; again")
     raise AssertionError("unreachable")
 
 
 def _run_step(
-    spark: Any, step: str, source: str, bootstrap: str, topic: str, work: str, timings: list[Any] | None
+    spark: Any, step: str, source: str, bootstrap: str, dataset: Dataset, work: str, timings: list[Any] | None
 ) -> float:
+    topic = dataset.topic
     started = time.perf_counter()
     began = time.time()
+    if step == "arriving":
+        return arriving(spark, source, bootstrap, dataset, work)
     if step == "batch":
         reader(spark, source, bootstrap, topic).write.format("noop").mode("overwrite").save()
     elif step == "aggregate":
@@ -324,6 +336,63 @@ def _run_step(
     return time.perf_counter() - started
 
 
+def arriving(spark: Any, source: str, bootstrap: str, dataset: Dataset, work: str) -> float:
+    """Seconds for a running query to take in ``dataset``'s records as they are produced: a fresh
+    topic, the query started on it from ``latest`` (default trigger, Parquet sink), and once its
+    first (empty) micro-batch has run, ``dataset.records`` records produced with
+    ``produce_batched``; from the first ``produce_batch`` call to the end of the micro-batch that
+    brought the total to ``dataset.records`` (Spark's progress: its start plus
+    ``triggerExecution``).  The query's start-up is not in it, as for a query that runs for days."""
+    fresh = dataclasses.replace(dataset, topic=f"h2h-arriving-{source}-{time.time_ns()}")
+    ds.create_topics(bootstrap, [fresh])
+    out = tempfile.mkdtemp(dir=work, prefix=f"{source}-arriving-")
+    query = (
+        reader(spark, source, bootstrap, fresh.topic, stream=True, starting="latest")
+        .writeStream.format("parquet")
+        .option("path", os.path.join(out, "data"))
+        .option("checkpointLocation", os.path.join(out, "checkpoint"))
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while query.lastProgress is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        produced: list[float] = []
+        first: list[float] = []  # when the first record was produced
+        producer = threading.Thread(
+            target=lambda: produced.append(
+                ds.produce_batched(bootstrap, fresh, started=lambda: first.append(time.time()))
+            )
+        )
+        producer.start()
+        batches: dict[int, tuple[int, float]] = {}  # batchId: (rows, when it ended, epoch seconds)
+        deadline = time.monotonic() + 300
+        while sum(rows for rows, _ in batches.values()) < fresh.records:
+            if time.monotonic() > deadline or query.exception() is not None:
+                raise RuntimeError(
+                    f"{source}: {sum(r for r, _ in batches.values())} of {fresh.records} arriving records "
+                    f"in the sink within 300 s ({query.exception()})"
+                )
+            for p in query.recentProgress:
+                if p["numInputRows"]:
+                    start = datetime.fromisoformat(p["timestamp"]).timestamp()
+                    batches[p["batchId"]] = (p["numInputRows"], start + p["durationMs"]["triggerExecution"] / 1000)
+            time.sleep(0.05)
+        producer.join()
+        began = first[0]
+        if sum(rows for rows, _ in batches.values()) != fresh.records or not produced:
+            raise RuntimeError(f"{source}: {sum(r for r, _ in batches.values())} rows for {fresh.records} records")
+        seconds = max(end for _, end in batches.values()) - began
+        log(
+            f"{source} arriving {fresh.name}: produced in {produced[0]:.2f} s, in the sink after "
+            f"{seconds:.2f} s, {len(batches)} micro-batches with rows"
+        )
+        return seconds
+    finally:
+        query.stop()
+        shutil.rmtree(out, ignore_errors=True)
+
+
 def latency(
     spark: Any, source: str, bootstrap: str, work: str, rate: int, seconds: float, timings: list[Any] | None = None
 ) -> list[float]:
@@ -335,8 +404,6 @@ def latency(
     (the query's first batches)."""
     from confluent_kafka import Producer
     from pyspark.sql import functions as F
-
-    from . import datasets as ds
 
     topic = f"h2h-latency-{source}-{time.time_ns()}"
     ds.create_topics(bootstrap, [ds.Dataset(topic, topic, 0, 100)])
@@ -417,7 +484,7 @@ def main() -> None:
         help="a Spark master URL, or 'standalone': a master and two 1-core workers started from "
         "the installed PySpark for this run and stopped by pid (benchmarks/spark_cluster.py)",
     )
-    parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of batch,aggregate,stream")
+    parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated subset of " + ",".join(STEPS))
     parser.add_argument("--timings", action="store_true", help="log where each stream's time goes (DEBUG timings)")
     parser.add_argument("--kept", action="store_true", help="also run the source with consumerCacheTimeout=5m")
     parser.add_argument(
@@ -441,7 +508,6 @@ def main() -> None:
     import pyspark
 
     package = kafka_package(pyspark.__version__)
-    from . import datasets as ds
     from .brokers import KAFKA_HEAP_MB
 
     sets = [
@@ -485,7 +551,7 @@ def main() -> None:
         for _ in range(args.warmup):  # the JVM's first query of each kind (JIT, Parquet writer) is not timed
             for step in steps:
                 for source in sources:
-                    seconds = run_step(spark, step, source, bootstrap, sets[-1].topic, work, None)
+                    seconds = run_step(spark, step, source, bootstrap, sets[-1], work, None)
                     log(f"warm-up {sets[-1].name} {step} {source}: {seconds:.2f}s (not counted)")
             for source in sources if args.latency > 0 else []:  # the first foreachBatch query is slow too
                 lat = latency(spark, source, bootstrap, work, LATENCY_RATE, WARMUP_LATENCY_SECONDS)
@@ -499,7 +565,7 @@ def main() -> None:
             for d in sets:
                 for step in steps:
                     for source in in_turn(sources, r):
-                        seconds = run_step(spark, step, source, bootstrap, d.topic, work, timings)
+                        seconds = run_step(spark, step, source, bootstrap, d, work, timings)
                         results.setdefault((d.name, step, source), []).append(d.records / seconds)
                         rate = d.records / seconds
                         log(f"round {r + 1} {d.name} {step} {source}: {rate:,.0f} rows/s ({seconds:.2f}s)")
