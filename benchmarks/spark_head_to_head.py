@@ -189,6 +189,20 @@ def byte_compile() -> None:
     compileall.compile_dir(os.path.dirname(asyncconsumer.__file__), quiet=1)
 
 
+def zips_have_bytecode() -> bool:
+    """Whether the installed PySpark's ``pyspark.zip`` holds bytecode: ``--precompile-pyspark`` adds
+    it and it stays until PySpark is reinstalled, so the table says what the run really had."""
+    import zipfile
+
+    import pyspark
+
+    path = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip")
+    if not os.path.exists(path):
+        return False
+    with zipfile.ZipFile(path) as z:
+        return any(name.endswith(".pyc") for name in z.namelist())
+
+
 def session(master: str, package: str, work: str) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -534,6 +548,8 @@ def main() -> None:
             log(f"producing {d.describe()}: {ds.produce(bootstrap, d):.1f}s")
         timings = [enable_timings(work), 0] if args.timings else None
         byte_compile()
+        if not args.precompile_pyspark and zips_have_bytecode():
+            log("PySpark's zips hold bytecode from an earlier --precompile-pyspark: the results are not 'as installed'")
         if args.precompile_pyspark:
             from asyncconsumer.spark.precompile import precompile_pyspark
 
@@ -580,7 +596,7 @@ def main() -> None:
                 latencies.setdefault(source, []).extend(lat)
                 log(f"round {r + 1} latency {source}: median {statistics.median(lat) * 1000:.0f} ms of {len(lat)}")
         where = args.master + (f" = {master}" if master != args.master else "")
-        zips = "its zips precompiled" if args.precompile_pyspark else "as installed"
+        zips = "its zips precompiled" if zips_have_bytecode() else "as installed"
         print(
             f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({where}; {zips}), {package}; "
             f"{args.rounds} interleaved rounds after {args.warmup} warm-up; rows/s median (min-max); "
