@@ -382,6 +382,8 @@ def arriving(spark: Any, source: str, bootstrap: str, dataset: Dataset, work: st
         batches: dict[int, tuple[int, float]] = {}  # batchId: (rows, when it ended, epoch seconds)
         deadline = time.monotonic() + 300
         while sum(rows for rows, _ in batches.values()) < fresh.records:
+            if not producer.is_alive() and not produced:
+                raise RuntimeError(f"{source}: producing the arriving records failed (the error is printed above)")
             if time.monotonic() > deadline or query.exception() is not None:
                 raise RuntimeError(
                     f"{source}: {sum(r for r, _ in batches.values())} of {fresh.records} arriving records "
