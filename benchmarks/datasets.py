@@ -107,39 +107,49 @@ def _producer(bootstrap: str, dataset: Dataset, queued: int = 1_000_000) -> Any:
     )
 
 
+def _message(i: int, values: list[bytes], partitions: int) -> dict[str, Any]:
+    """Record ``i`` of a data set: a 10-byte key, the next of ``values`` in turn, round-robin partitions."""
+    return {"key": b"%010d" % i, "value": values[i % len(values)], "partition": i % partitions}
+
+
+class _Deliveries:
+    """confluent-kafka's delivery reports of one production (``on_delivery``): the failures, checked
+    once everything is flushed."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self._name = dataset.name
+        self._failures: list[str] = []
+
+    def __call__(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._failures.append(str(err))
+
+    def flush(self, producer: Any) -> None:
+        left = producer.flush(300)
+        if left or self._failures:
+            raise RuntimeError(f"producing {self._name}: {left} undelivered, failures: {self._failures[:3]}")
+
+
 def produce(bootstrap: str, dataset: Dataset) -> float:
     """Produce ``dataset`` (records spread round-robin over its partitions); returns the seconds taken.
 
     confluent-kafka with librdkafka's default batching (batch.size 1 MB, linger.ms 5) and acks=all.
     """
     producer = _producer(bootstrap, dataset)
-    failures: list[str] = []
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None:
-            failures.append(str(err))
-
+    deliveries = _Deliveries(dataset)
     values = sample_values(dataset.value_size)
     started = time.perf_counter()
     parts = dataset.partitions
     for i in range(dataset.records):
         while True:
             try:
-                producer.produce(
-                    dataset.topic,
-                    key=b"%010d" % i,
-                    value=values[i % len(values)],
-                    partition=i % parts,
-                    on_delivery=on_delivery,
-                )
+                producer.produce(dataset.topic, **_message(i, values, parts), on_delivery=deliveries)
                 break
             except BufferError:
                 producer.poll(0.05)
         if i % 10_000 == 0:
             producer.poll(0)
-    left = producer.flush(300)
-    if left or failures:
-        raise RuntimeError(f"producing {dataset.name}: {left} undelivered, failures: {failures[:3]}")
+    deliveries.flush(producer)
     return time.perf_counter() - started
 
 
@@ -153,29 +163,19 @@ def produce_batched(
     messages are built first; ``started`` is called just before the first is produced.  Returns
     the seconds from then until all were delivered."""
     producer = _producer(bootstrap, dataset, queued=dataset.records + chunk)
+    deliveries = _Deliveries(dataset)
     values = sample_values(dataset.value_size)
     parts = dataset.partitions
     chunks = [
-        [
-            {"key": b"%010d" % i, "value": values[i % len(values)], "partition": i % parts}
-            for i in range(first, min(first + chunk, dataset.records))
-        ]
+        [_message(i, values, parts) for i in range(first, min(first + chunk, dataset.records))]
         for first in range(0, dataset.records, chunk)
     ]
-    failures: list[str] = []
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None:
-            failures.append(str(err))
-
     started()
     began = time.perf_counter()
     for messages in chunks:
-        queued = producer.produce_batch(dataset.topic, messages, on_delivery=on_delivery)
+        queued = producer.produce_batch(dataset.topic, messages, on_delivery=deliveries)
         if queued != len(messages):
             raise RuntimeError(f"producing {dataset.name}: {queued} of {len(messages)} records queued")
         producer.poll(0)
-    left = producer.flush(300)
-    if left or failures:
-        raise RuntimeError(f"producing {dataset.name}: {left} undelivered, failures: {failures[:3]}")
+    deliveries.flush(producer)
     return time.perf_counter() - began
