@@ -54,9 +54,9 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -368,45 +368,44 @@ def arriving(spark: Any, source: str, bootstrap: str, dataset: Dataset, work: st
         .start()
     )
     try:
-        deadline = time.monotonic() + 120
-        while query.lastProgress is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        produced: list[float] = []
+        first_batch(query)
         first: list[float] = []  # when the first record was produced
-        producer = threading.Thread(
-            target=lambda: produced.append(
-                ds.produce_batched(bootstrap, fresh, started=lambda: first.append(time.time()))
-            )
-        )
-        producer.start()
-        batches: dict[int, tuple[int, float]] = {}  # batchId: (rows, when it ended, epoch seconds)
-        deadline = time.monotonic() + 300
-        while sum(rows for rows, _ in batches.values()) < fresh.records:
-            if not producer.is_alive() and not produced:
-                raise RuntimeError(f"{source}: producing the arriving records failed (the error is printed above)")
-            if time.monotonic() > deadline or query.exception() is not None:
-                raise RuntimeError(
-                    f"{source}: {sum(r for r, _ in batches.values())} of {fresh.records} arriving records "
-                    f"in the sink within 300 s ({query.exception()})"
-                )
-            for p in query.recentProgress:
-                if p["numInputRows"]:
-                    start = datetime.fromisoformat(p["timestamp"]).timestamp()
-                    batches[p["batchId"]] = (p["numInputRows"], start + p["durationMs"]["triggerExecution"] / 1000)
-            time.sleep(0.05)
-        producer.join()
-        began = first[0]
-        if sum(rows for rows, _ in batches.values()) != fresh.records or not produced:
-            raise RuntimeError(f"{source}: {sum(r for r, _ in batches.values())} rows for {fresh.records} records")
-        seconds = max(end for _, end in batches.values()) - began
+        with ThreadPoolExecutor(1) as pool:
+            producer = pool.submit(ds.produce_batched, bootstrap, fresh, started=lambda: first.append(time.time()))
+            batches: dict[int, tuple[int, float]] = {}  # batchId: (rows, when it ended, epoch seconds)
+            deadline = time.monotonic() + 300
+            while (taken := sum(rows for rows, _ in batches.values())) < fresh.records:
+                if producer.done():
+                    producer.result()  # raises the producer's error, if it failed
+                if time.monotonic() > deadline or query.exception() is not None:
+                    raise RuntimeError(
+                        f"{source}: {taken} of {fresh.records} arriving records in the sink within 300 s "
+                        f"({query.exception()})"
+                    )
+                for p in query.recentProgress:
+                    if p["numInputRows"]:
+                        start = datetime.fromisoformat(p["timestamp"]).timestamp()
+                        batches[p["batchId"]] = (p["numInputRows"], start + p["durationMs"]["triggerExecution"] / 1000)
+                time.sleep(0.05)
+            produced = producer.result()
+        if taken != fresh.records:
+            raise RuntimeError(f"{source}: {taken} rows for {fresh.records} records")
+        seconds = max(end for _, end in batches.values()) - first[0]
         log(
-            f"{source} arriving {fresh.name}: produced in {produced[0]:.2f} s, in the sink after "
+            f"{source} arriving {fresh.name}: produced in {produced:.2f} s, in the sink after "
             f"{seconds:.2f} s, {len(batches)} micro-batches with rows"
         )
         return seconds
     finally:
         query.stop()
         shutil.rmtree(out, ignore_errors=True)
+
+
+def first_batch(query: Any, timeout: float = 120) -> None:
+    """Wait until a query just started on an empty topic has run its first (empty) micro-batch."""
+    deadline = time.monotonic() + timeout
+    while query.lastProgress is None and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def latency(
@@ -438,9 +437,7 @@ def latency(
         .start()
     )
     try:
-        deadline = time.monotonic() + 120
-        while query.lastProgress is None and time.monotonic() < deadline:  # the first (empty) batch ran
-            time.sleep(0.2)
+        first_batch(query)
         producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "log_level": 0})
         value = b"x" * 100
         started = time.monotonic()
