@@ -9,7 +9,8 @@ One Apache Kafka broker (``asyncconsumer.testing.KafkaBroker``), two topics of 4
 confluent-kafka.  One SparkSession (``local[2]`` unless ``--master``; ``--master standalone`` starts
 a standalone cluster of a master and two 1-core workers for the run, benchmarks/spark_cluster.py) with Spark's Kafka
 source on the classpath (``org.apache.spark:spark-sql-kafka-0-10_2.13`` of the *installed*
-PySpark's version, from Maven Central through ``spark.jars.packages``) and the asyncconsumer
+PySpark's version and the jars it adds, resolved from Maven Central by Spark's Ivy and given as
+``spark.jars``: see ``kafka_jars``) and the asyncconsumer
 source registered.  After ``--warmup`` untimed rounds (each step and source once on the 1 KiB
 topic, and with ``--latency`` an 8 s latency query per source: the JVM's first query of a kind is
 slower for whichever source runs it), for each topic,
@@ -52,6 +53,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -93,6 +95,38 @@ def kafka_package(version: str) -> str:
             "e.g. pip install 'pyspark[sql]==4.2.0'."
         )
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+
+
+def kafka_jars(package: str, ivy: str) -> list[str]:
+    """The jars Spark's Kafka source adds to PySpark's own, resolved by Spark's Ivy from Maven Central.
+
+    The session gets them as ``spark.jars``, not ``spark.jars.packages``: for a Python application
+    ``spark.jars.packages`` also puts every resolved jar on the Python path of each Python process
+    Spark starts (so Python code could ship in them), and a new process then reads each jar's
+    directory the first time it imports a module that none of them has (hadoop-client-runtime alone
+    has about 19,000 entries).  In the process PySpark starts for each streaming query, importing
+    asyncconsumer took 0.37-0.60 s with those 11 jars ahead of it on the path against 0.14-0.22 s
+    without.  A job that reads Kafka with this source has no such jars: with them, each of its
+    streaming queries would pay for Spark's source being in the session.
+    """
+    import pyspark
+
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    (ivy_jar,) = (os.path.join(jars, n) for n in os.listdir(jars) if re.fullmatch(r"ivy-[\d.]+\.jar", n))
+    org, name, version = package.split(":")
+    out = os.path.join(ivy, "h2h-jars", version)
+    # [artifact]-[revision].jar: named as in PySpark's jars directory, so the jars it has are seen.
+    command = ["java", "-jar", ivy_jar, "-cache", os.path.join(ivy, "cache"), "-dependency", org, name, version]
+    command += ["-confs", "default", "-types", "jar", "-retrieve", os.path.join(out, "[artifact]-[revision].[ext]")]
+    retrieved = subprocess.run(command, capture_output=True, text=True)
+    if retrieved.returncode != 0:
+        sys.exit(f"resolving {package} with Ivy failed:\n{retrieved.stdout[-3000:]}{retrieved.stderr[-3000:]}")
+
+    def artifact(jar: str) -> str:
+        return jar.rsplit("-", 1)[0]
+
+    has = {artifact(n) for n in os.listdir(jars)}
+    return sorted(os.path.join(out, n) for n in os.listdir(out) if n.endswith(".jar") and artifact(n) not in has)
 
 
 #: ``--timings``: Spark's Python processes (driver planners, executor workers) load this
@@ -203,7 +237,7 @@ def zips_have_bytecode() -> bool:
         return any(name.endswith(".pyc") for name in z.namelist())
 
 
-def session(master: str, package: str, work: str) -> Any:
+def session(master: str, jars: list[str], work: str) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -214,8 +248,7 @@ def session(master: str, package: str, work: str) -> Any:
     builder = (
         SparkSession.builder.master(master)
         .appName("asyncconsumer-head-to-head")
-        .config("spark.jars.packages", package)
-        .config("spark.jars.ivy", os.path.join(os.path.expanduser("~"), ".ivy2.5.2"))
+        .config("spark.jars", ",".join(jars))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
@@ -521,6 +554,7 @@ def main() -> None:
     import pyspark
 
     package = kafka_package(pyspark.__version__)
+    jars = kafka_jars(package, os.path.join(os.path.expanduser("~"), ".ivy2.5.2"))
     from .brokers import KAFKA_HEAP_MB
 
     sets = [
@@ -542,6 +576,7 @@ def main() -> None:
             log(f"Spark standalone cluster at {master}: master and 2 workers, pids {cluster.pids}")
         bootstrap = broker.bootstrap
         log(f"Apache Kafka {broker.version} at {bootstrap}; PySpark {pyspark.__version__}; {package}")
+        log(f"spark.jars: {', '.join(os.path.basename(j) for j in jars)}")
         ds.create_topics(bootstrap, sets)
         for d in sets:
             log(f"producing {d.describe()}: {ds.produce(bootstrap, d):.1f}s")
@@ -554,7 +589,7 @@ def main() -> None:
 
             for z in precompile_pyspark():
                 log(f"precompiled {z.path}: {z.compiled} modules compiled, {z.current} already current")
-        spark = session(master, package, work)
+        spark = session(master, jars, work)
         for d in sets:
             hashes = {source: rows_hash(reader(spark, source, bootstrap, d.topic)) for source in SOURCES}
             log(f"{d.name}: rows and hash {hashes}")
