@@ -7,6 +7,7 @@ processes do: the module's ``__file__`` says whether its ``.pyc`` or its ``.py``
 from __future__ import annotations
 
 import importlib.util
+import logging
 import shutil
 import stat
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncconsumer.spark.precompile import main, precompile_pyspark, precompile_zip
+from asyncconsumer.spark.precompile import is_precompiled, main, precompile_pyspark, precompile_zip
 
 
 def write_zip(path: Path, entries: dict[str, bytes]) -> None:
@@ -153,3 +154,56 @@ def test_pysparks_own_zips_import_from_bytecode(tmp_path: Path, capsys: pytest.C
     pyspark_file, py4j_file, again = imported(zips, statement).split()
     assert pyspark_file.endswith("pyspark.zip/pyspark/__init__.pyc") and py4j_file.endswith("/py4j/__init__.pyc")
     assert again == version
+
+
+@pytest.fixture
+def spark_home(tmp_path: Path) -> Path:
+    """A Spark home whose ``pyspark.zip`` holds only sources, as Spark ships it."""
+    lib = tmp_path / "spark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    write_zip(lib / "pyspark.zip", {"pyspark/__init__.py": b"VERSION = 1\n", "pyspark/sql.py": b"X = 2\n"})
+    return tmp_path / "spark"
+
+
+def test_is_precompiled_tells_a_shipped_zip_from_a_precompiled_one(spark_home: Path, tmp_path: Path) -> None:
+    assert is_precompiled(spark_home) is False
+    precompile_pyspark(spark_home)
+    assert is_precompiled(spark_home) is True
+    # Another Python's bytecode (another magic number) is not this Python's.
+    zip_path = spark_home / "python" / "lib" / "pyspark.zip"
+    changed = entries(zip_path)
+    changed["pyspark/__init__.pyc"] = b"\x00\x00\x0d\x0a" + changed["pyspark/__init__.pyc"][4:]
+    write_zip(zip_path, changed)
+    assert is_precompiled(spark_home) is False
+    assert is_precompiled(tmp_path / "nowhere") is None
+
+
+def test_register_says_once_how_to_start_streaming_queries_faster(
+    spark_home: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import asyncconsumer.spark.source as source
+
+    registered: list[type] = []
+
+    class Registry:
+        def register(self, cls: type) -> None:
+            registered.append(cls)
+
+    class Session:
+        dataSource = Registry()
+
+    monkeypatch.setenv("SPARK_HOME", str(spark_home))
+    monkeypatch.setattr(source, "_PRECOMPILE_CHECKED", False)
+    caplog.set_level(logging.INFO, logger="asyncconsumer.spark")
+    source.register(Session())  # type: ignore[arg-type]
+    source.register(Session())  # type: ignore[arg-type]
+
+    assert registered == [source.AsyncConsumerDataSource] * 2
+    hints = [r.getMessage() for r in caplog.records if "asyncconsumer.spark.precompile" in r.getMessage()]
+    assert len(hints) == 1 and "no bytecode for this Python" in hints[0]
+
+    precompile_pyspark(spark_home)
+    monkeypatch.setattr(source, "_PRECOMPILE_CHECKED", False)
+    caplog.clear()
+    source.register(Session())  # type: ignore[arg-type]
+    assert not [r for r in caplog.records if "precompile" in r.getMessage()]

@@ -33,7 +33,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PrecompiledZip", "main", "precompile_pyspark", "precompile_zip"]
+__all__ = ["PrecompiledZip", "is_precompiled", "main", "precompile_pyspark", "precompile_zip"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +126,22 @@ def precompile_pyspark(spark_home: str | os.PathLike[str] | None = None) -> list
     if not zips:
         raise FileNotFoundError(f"no zip files in {home / 'python' / 'lib'}: is {home} a Spark home?")
     return [precompile_zip(z) for z in zips]
+
+
+def is_precompiled(spark_home: str | os.PathLike[str] | None = None) -> bool | None:
+    """Whether ``<spark_home>/python/lib/pyspark.zip`` holds this Python's current bytecode of
+    PySpark (judged by ``pyspark/__init__.py``'s ``.pyc``); None when there is no such zip.
+
+    ``spark_home`` defaults as for :func:`precompile_pyspark`.  Reads one entry, not the whole zip.
+    """
+    try:
+        home = Path(spark_home) if spark_home is not None else _find_spark_home()
+        with zipfile.ZipFile(home / "python" / "lib" / "pyspark.zip") as z:
+            source = z.read("pyspark/__init__.py")
+            names = set(z.namelist())
+            return "pyspark/__init__.pyc" in names and z.read("pyspark/__init__.pyc")[:16] == _header(source)
+    except (OSError, KeyError, zipfile.BadZipFile):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1256,8 +1256,28 @@ def offsets_behind_latest(source_progress: Mapping[str, Any]) -> dict[str, str]:
 
 
 def register(spark: SparkSession) -> None:
-    """Register the ``"asyncconsumer"`` format with ``spark`` (once per session; repeating is harmless)."""
+    """Register the ``"asyncconsumer"`` format with ``spark`` (once per session; repeating is harmless).
+
+    The first call in a process also logs at INFO when this machine's ``pyspark.zip`` has no
+    bytecode for this Python, with the command that adds it (each streaming query starts a Python
+    process that would otherwise compile PySpark again).
+    """
     spark.dataSource.register(AsyncConsumerDataSource)
+    global _PRECOMPILE_CHECKED
+    if not _PRECOMPILE_CHECKED:
+        _PRECOMPILE_CHECKED = True
+        from .precompile import is_precompiled
+
+        if is_precompiled() is False:
+            log.info(
+                "PySpark's pyspark.zip has no bytecode for this Python: each streaming query's Python "
+                "process compiles PySpark again before its first micro-batch (about 1 s). "
+                "'python -m asyncconsumer.spark.precompile' adds it (docs/spark.md, Faster query start)."
+            )
+
+
+#: Whether :func:`register` has looked at PySpark's zip in this process.
+_PRECOMPILE_CHECKED = False
 
 
 # ------------------------------------------------------------------ the worker's garbage collector
