@@ -104,29 +104,35 @@ def kafka_jars(package: str, ivy: str) -> list[str]:
     ``spark.jars.packages`` also puts every resolved jar on the Python path of each Python process
     Spark starts (so Python code could ship in them), and a new process then reads each jar's
     directory the first time it imports a module that none of them has (hadoop-client-runtime alone
-    has about 19,000 entries).  In the process PySpark starts for each streaming query, importing
-    asyncconsumer took 0.37-0.60 s with those 11 jars ahead of it on the path against 0.14-0.22 s
-    without.  A job that reads Kafka with this source has no such jars: with them, each of its
-    streaming queries would pay for Spark's source being in the session.
+    has about 19,000 entries).  Outside Spark, in a process that imports what PySpark's streaming
+    source runner imports, importing asyncconsumer took 0.37-0.60 s with those 11 jars ahead of it
+    on the path against 0.14-0.22 s without.  A job that reads Kafka with this source has no such
+    jars: with them, each of its streaming queries would pay for Spark's source being in the session.
     """
     import pyspark
 
     jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
-    (ivy_jar,) = (os.path.join(jars, n) for n in os.listdir(jars) if re.fullmatch(r"ivy-[\d.]+\.jar", n))
+    ivy_jars = [os.path.join(jars, n) for n in os.listdir(jars) if re.fullmatch(r"ivy-[\d.]+\.jar", n)]
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if len(ivy_jars) != 1 or not java:
+        sys.exit(f"resolving {package} needs java (JAVA_HOME or PATH) and one ivy-*.jar in {jars}: {ivy_jars}")
     org, name, version = package.split(":")
     out = os.path.join(ivy, "h2h-jars", version)
-    # [artifact]-[revision].jar: named as in PySpark's jars directory, so the jars it has are seen.
-    command = ["java", "-jar", ivy_jar, "-cache", os.path.join(ivy, "cache"), "-dependency", org, name, version]
-    command += ["-confs", "default", "-types", "jar", "-retrieve", os.path.join(out, "[artifact]-[revision].[ext]")]
+    # artifact__revision[__classifier].jar, so the artifact's name is unambiguous; -sync drops what an
+    # earlier resolution left there.
+    pattern = os.path.join(out, "[artifact]__[revision](__[classifier]).[ext]")
+    command = [java, "-jar", ivy_jars[0], "-cache", os.path.join(ivy, "cache"), "-dependency", org, name, version]
+    command += ["-confs", "default", "-types", "jar", "-sync", "-retrieve", pattern]
     retrieved = subprocess.run(command, capture_output=True, text=True)
     if retrieved.returncode != 0:
         sys.exit(f"resolving {package} with Ivy failed:\n{retrieved.stdout[-3000:]}{retrieved.stderr[-3000:]}")
 
-    def artifact(jar: str) -> str:
-        return jar.rsplit("-", 1)[0]
+    def has(artifact: str) -> bool:
+        """Whether PySpark's jars directory has ``artifact`` (any version): not added twice."""
+        return any(re.fullmatch(re.escape(artifact) + r"-\d[^/]*\.jar", n) for n in os.listdir(jars))
 
-    has = {artifact(n) for n in os.listdir(jars)}
-    return sorted(os.path.join(out, n) for n in os.listdir(out) if n.endswith(".jar") and artifact(n) not in has)
+    return sorted(os.path.join(out, n) for n in os.listdir(out) if n.endswith(".jar") and not has(n.split("__")[0]))
 
 
 #: ``--timings``: Spark's Python processes (driver planners, executor workers) load this

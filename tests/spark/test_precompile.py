@@ -176,6 +176,15 @@ def test_is_precompiled_tells_a_shipped_zip_from_a_precompiled_one(spark_home: P
     write_zip(zip_path, changed)
     assert is_precompiled(spark_home) is False
     assert is_precompiled(tmp_path / "nowhere") is None
+    # A zip it cannot read (here a damaged deflate stream: zlib.error) is "cannot tell", not an error.
+    write_zip(zip_path, {"pyspark/__init__.py": b"VERSION = 1\n" * 100})
+    with zipfile.ZipFile(zip_path) as z:
+        info = z.getinfo("pyspark/__init__.py")
+    damaged = bytearray(zip_path.read_bytes())
+    data = info.header_offset + 30 + len(info.filename.encode())  # the local header has no extra field
+    damaged[data : data + 4] = b"\xff\xff\xff\xff"
+    zip_path.write_bytes(bytes(damaged))
+    assert is_precompiled(spark_home) is None
 
 
 def test_register_says_once_how_to_start_streaming_queries_faster(
@@ -201,9 +210,32 @@ def test_register_says_once_how_to_start_streaming_queries_faster(
     assert registered == [source.AsyncConsumerDataSource] * 2
     hints = [r.getMessage() for r in caplog.records if "asyncconsumer.spark.precompile" in r.getMessage()]
     assert len(hints) == 1 and "no bytecode for this Python" in hints[0]
+    assert [r.levelno for r in caplog.records if "precompile" in r.getMessage()] == [logging.INFO]
 
     precompile_pyspark(spark_home)
     monkeypatch.setattr(source, "_PRECOMPILE_CHECKED", False)
     caplog.clear()
     source.register(Session())  # type: ignore[arg-type]
     assert not [r for r in caplog.records if "precompile" in r.getMessage()]
+
+
+def test_pysparks_test_packages_get_no_bytecode(spark_home: Path) -> None:
+    """Spark's processes never import PySpark's test suites; each entry only costs a zip directory
+    re-read (Python 3.11/3.12's ``invalidate_caches()``), so they get no ``.pyc``, and one an earlier
+    run gave them is dropped."""
+    zip_path = spark_home / "python" / "lib" / "pyspark.zip"
+    original = entries(zip_path)
+    original["pyspark/sql/tests/test_x.py"] = b"Y = 3\n"
+    original["pyspark/testing/utils.py"] = b"Z = 4\n"  # a package PySpark imports, not a test suite
+    write_zip(zip_path, original)
+    assert precompile_zip(zip_path).compiled == 4  # the generic function compiles every module
+    assert "pyspark/sql/tests/test_x.pyc" in entries(zip_path)
+
+    (result,) = precompile_pyspark(spark_home)
+
+    after = entries(zip_path)
+    assert result.compiled == 0 and result.current == 3
+    assert "pyspark/sql/tests/test_x.pyc" not in after and after["pyspark/sql/tests/test_x.py"] == b"Y = 3\n"
+    assert {"pyspark/__init__.pyc", "pyspark/sql.pyc", "pyspark/testing/utils.pyc"} <= set(after)
+    assert is_precompiled(spark_home) is True
+    assert precompile_pyspark(spark_home)[0] == result  # nothing left to do: not rewritten again

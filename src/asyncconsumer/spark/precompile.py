@@ -10,13 +10,15 @@ each such process compiles the PySpark modules it imports again: about 1 s of CP
 benchmark machine (docs/spark.md), paid before any data source, this one included, runs a line.
 
 :func:`precompile_pyspark` rewrites each zip with every original entry unchanged plus a ``.pyc``
-beside each ``.py``, compiled by the running interpreter as *checked* hash-based bytecode: Python's
-zip importer uses a ``.pyc`` only when its recorded hash matches its ``.py``, and ignores one made
-by another Python version (it compiles the source then, as before).  So the rewritten zip imports
-exactly the same code, under any Python; run it again after upgrading Python or PySpark.  The zip
-is replaced atomically (a new file renamed over the old one, same permissions); reinstalling
-PySpark restores the original.  This changes files of the PySpark installation: run it where you
-install PySpark (an image build, a cluster bootstrap script), with the Python the workers use.
+beside each ``.py`` outside ``tests`` packages (PySpark's own test suites, never imported by
+Spark's processes, are 70% of pyspark.zip's modules), compiled by the running interpreter
+as *checked* hash-based bytecode: Python's zip importer uses a ``.pyc`` only when its recorded hash
+matches its ``.py``, and ignores one made by another Python version (it compiles the source then,
+as before).  So the rewritten zip imports exactly the same code, under any Python; run it again
+after upgrading Python or PySpark.  The zip is replaced atomically (a new file renamed over the old
+one, same permissions); reinstalling PySpark restores the original.  This changes files of the
+PySpark installation: run it where you install PySpark (an image build, a cluster bootstrap
+script), with the Python the workers use.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,17 +71,24 @@ def _header(source: bytes) -> bytes:
     return importlib.util.MAGIC_NUMBER + _CHECKED_HASH + importlib.util.source_hash(source)
 
 
-def precompile_zip(path: str | os.PathLike[str]) -> PrecompiledZip:
+def precompile_zip(path: str | os.PathLike[str], skip: Callable[[str], bool] | None = None) -> PrecompiledZip:
     """Give every ``.py`` in the zip at ``path`` a checked hash-based ``.pyc`` (see the module docs).
 
     A ``.py`` that does not compile gets no ``.pyc`` (Python reports its error on import, as
-    before).  Nothing is written when no ``.pyc`` is missing or out of date.
+    before).  ``skip(name)`` true for a ``.py`` entry: it gets no ``.pyc``, and one it has is
+    dropped.  Nothing is written when no ``.pyc`` is missing, out of date or to be dropped.
     """
     path = Path(path).resolve()  # a symlinked zip: its target is rewritten, the link stays
     with zipfile.ZipFile(path) as zin:
         infos = zin.infolist()
         names = {info.filename for info in infos}
-        sources = {info.filename: zin.read(info) for info in infos if info.filename.endswith(".py")}
+        skipped = {n for n in names if n.endswith(".py") and skip is not None and skip(n)}
+        dropped = [n for n in skipped if n + "c" in names]
+        sources = {
+            info.filename: zin.read(info)
+            for info in infos
+            if info.filename.endswith(".py") and info.filename not in skipped
+        }
         current: dict[str, bytes] = {}  # .py entry -> its .pyc, already this Python's bytecode of it
         for name, source in sources.items():
             if name + "c" in names and (old := zin.read(name + "c"))[:16] == _header(source):
@@ -90,15 +100,17 @@ def precompile_zip(path: str | os.PathLike[str]) -> PrecompiledZip:
                     warnings.simplefilter("ignore")  # the source's own SyntaxWarnings: Python's to report on import
                     code = compile(source, str(path / name), "exec", dont_inherit=True)
                     fresh[name] = _header(source) + marshal.dumps(code)
-        if not fresh:
+        if not fresh and not dropped:
             return PrecompiledZip(path, 0, len(current))
         fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w") as zout:
                 zout.comment = zin.comment
                 for info in infos:
-                    if info.filename.endswith(".pyc") and info.filename[:-1] in sources:
-                        continue  # written below, next to its source
+                    if info.filename.endswith(".pyc") and (
+                        info.filename[:-1] in sources or info.filename[:-1] in skipped
+                    ):
+                        continue  # written below, next to its source, or dropped
                     zout.writestr(info, zin.read(info))
                     bytecode = fresh.get(info.filename, current.get(info.filename))
                     if bytecode is not None:
@@ -125,22 +137,36 @@ def precompile_pyspark(spark_home: str | os.PathLike[str] | None = None) -> list
     zips = sorted((home / "python" / "lib").glob("*.zip"))
     if not zips:
         raise FileNotFoundError(f"no zip files in {home / 'python' / 'lib'}: is {home} a Spark home?")
-    return [precompile_zip(z) for z in zips]
+    return [precompile_zip(z, skip=_is_test_module) for z in zips]
+
+
+def _is_test_module(name: str) -> bool:
+    """A module of a ``tests`` package (PySpark's own test suites: 840 of pyspark.zip's 1,198 modules).
+
+    Spark's processes never import them, and each entry costs: Python 3.11 and 3.12 re-read a zip's
+    whole directory once per package imported from it whenever ``importlib.invalidate_caches()``
+    runs, as PySpark's does in every new Python process (CPython gh-103200).
+    """
+    return "tests" in name.split("/")[:-1]
 
 
 def is_precompiled(spark_home: str | os.PathLike[str] | None = None) -> bool | None:
-    """Whether ``<spark_home>/python/lib/pyspark.zip`` holds this Python's current bytecode of
-    PySpark (judged by ``pyspark/__init__.py``'s ``.pyc``); None when there is no such zip.
+    """Whether ``<spark_home>/python/lib/pyspark.zip`` holds the running Python's current bytecode
+    of PySpark (judged by ``pyspark/__init__.py`` and its ``.pyc``); None when there is no such zip
+    or it cannot be read.
 
-    ``spark_home`` defaults as for :func:`precompile_pyspark`.  Reads one entry, not the whole zip.
+    ``spark_home`` defaults as for :func:`precompile_pyspark`.
     """
     try:
         home = Path(spark_home) if spark_home is not None else _find_spark_home()
         with zipfile.ZipFile(home / "python" / "lib" / "pyspark.zip") as z:
             source = z.read("pyspark/__init__.py")
-            names = set(z.namelist())
-            return "pyspark/__init__.pyc" in names and z.read("pyspark/__init__.pyc")[:16] == _header(source)
-    except (OSError, KeyError, zipfile.BadZipFile):
+            try:
+                bytecode = z.read("pyspark/__init__.pyc")
+            except KeyError:
+                return False
+            return bytecode[:16] == _header(source)
+    except Exception:  # a probe: a zip it cannot read (damaged, unsupported compression) is "cannot tell"
         return None
 
 

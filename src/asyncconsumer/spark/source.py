@@ -1259,8 +1259,8 @@ def register(spark: SparkSession) -> None:
     """Register the ``"asyncconsumer"`` format with ``spark`` (once per session; repeating is harmless).
 
     The first call in a process also logs at INFO when this machine's ``pyspark.zip`` has no
-    bytecode for this Python, with the command that adds it (each streaming query starts a Python
-    process that would otherwise compile PySpark again).
+    bytecode for the running (driver's) Python, with the command that adds it: each streaming query
+    starts a Python process that would otherwise compile PySpark again.
     """
     spark.dataSource.register(AsyncConsumerDataSource)
     global _PRECOMPILE_CHECKED
@@ -1272,7 +1272,8 @@ def register(spark: SparkSession) -> None:
             log.info(
                 "PySpark's pyspark.zip has no bytecode for this Python: each streaming query's Python "
                 "process compiles PySpark again before its first micro-batch (about 1 s). "
-                "'python -m asyncconsumer.spark.precompile' adds it (docs/spark.md, Faster query start)."
+                "'python -m asyncconsumer.spark.precompile', run with the Python Spark's workers use, "
+                "adds it (docs/spark.md, Faster query start)."
             )
 
 
