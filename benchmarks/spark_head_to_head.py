@@ -112,7 +112,8 @@ def kafka_jars(package: str, ivy: str) -> list[str]:
     import pyspark
 
     jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
-    ivy_jars = [os.path.join(jars, n) for n in os.listdir(jars) if re.fullmatch(r"ivy-[\d.]+\.jar", n)]
+    pyspark_jars = os.listdir(jars)
+    ivy_jars = [os.path.join(jars, n) for n in pyspark_jars if re.fullmatch(r"ivy-[\d.]+\.jar", n)]
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
     if len(ivy_jars) != 1 or not java:
@@ -130,7 +131,7 @@ def kafka_jars(package: str, ivy: str) -> list[str]:
 
     def has(artifact: str) -> bool:
         """Whether PySpark's jars directory has ``artifact`` (any version): not added twice."""
-        return any(re.fullmatch(re.escape(artifact) + r"-\d[^/]*\.jar", n) for n in os.listdir(jars))
+        return any(re.fullmatch(re.escape(artifact) + r"-\d[^/]*\.jar", n) for n in pyspark_jars)
 
     return sorted(os.path.join(out, n) for n in os.listdir(out) if n.endswith(".jar") and not has(n.split("__")[0]))
 
@@ -227,20 +228,6 @@ def byte_compile() -> None:
     import asyncconsumer
 
     compileall.compile_dir(os.path.dirname(asyncconsumer.__file__), quiet=1)
-
-
-def zips_have_bytecode() -> bool:
-    """Whether the installed PySpark's ``pyspark.zip`` holds bytecode: ``--precompile-pyspark`` adds
-    it and it stays until PySpark is reinstalled, so the table says what the run really had."""
-    import zipfile
-
-    import pyspark
-
-    path = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib", "pyspark.zip")
-    if not os.path.exists(path):
-        return False
-    with zipfile.ZipFile(path) as z:
-        return any(name.endswith(".pyc") for name in z.namelist())
 
 
 def session(master: str, jars: list[str], work: str) -> Any:
@@ -588,11 +575,13 @@ def main() -> None:
             log(f"producing {d.describe()}: {ds.produce(bootstrap, d):.1f}s")
         timings = [enable_timings(work), 0] if args.timings else None
         byte_compile()
-        if not args.precompile_pyspark and zips_have_bytecode():
+        # Whether the installed PySpark's zip has this Python's bytecode: --precompile-pyspark adds it
+        # and it stays until PySpark is reinstalled, so the table says what the run really had.
+        from asyncconsumer.spark.precompile import is_precompiled, precompile_pyspark
+
+        if not args.precompile_pyspark and is_precompiled():
             log("PySpark's zips hold bytecode from an earlier --precompile-pyspark: the results are not 'as installed'")
         if args.precompile_pyspark:
-            from asyncconsumer.spark.precompile import precompile_pyspark
-
             for z in precompile_pyspark():
                 log(f"precompiled {z.path}: {z.compiled} modules compiled, {z.current} already current")
         spark = session(master, jars, work)
@@ -636,7 +625,7 @@ def main() -> None:
                 latencies.setdefault(source, []).extend(lat)
                 log(f"round {r + 1} latency {source}: median {statistics.median(lat) * 1000:.0f} ms of {len(lat)}")
         where = args.master + (f" = {master}" if master != args.master else "")
-        zips = "its zips precompiled" if zips_have_bytecode() else "as installed"
+        zips = "its zips precompiled" if is_precompiled() else "as installed"
         print(
             f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({where}; {zips}), {package}; "
             f"{args.rounds} interleaved rounds after {args.warmup} warm-up; rows/s median (min-max); "
