@@ -2,7 +2,7 @@
 
     python -m benchmarks.spark_head_to_head [--quick] [--records-100b N] [--records-1kib N] [--rounds 3] [--warmup 1]
         [--steps batch,aggregate,stream,arriving] [--kept] [--timings] [--no-executor-read] [--master standalone]
-        [--precompile-pyspark]
+        [--precompile-pyspark] [--kafka-option NAME=VALUE ...]
 
 One Apache Kafka broker (``asyncconsumer.testing.KafkaBroker``), two topics of 4 partitions
 (1,000,000 x 100 B and 200,000 x 1 KiB values; ``--quick``: 50,000 and 10,000), produced once with
@@ -35,9 +35,11 @@ Before timing, both sources' rows are checked to be identical: the SHA-256 of th
 ``xxhash64`` of every column (headers included), and the row count.  Prints rows/s (median and
 spread over the rounds) per source and step, and the ratio asyncconsumer / Spark.
 
-``--kept`` runs the source a second time with ``consumerCacheTimeout=5m`` (executors keep their
-consumers between tasks); ``--timings`` logs where each stream's time goes (the source's DEBUG
-``timing:`` lines from every Python process Spark starts, and Spark's per-batch durations).
+``--kafka-option NAME=VALUE`` gives both sources the consumer property ``kafka.NAME`` (repeatable),
+to compare them at the same settings.  ``--kept`` runs the source a second time with
+``consumerCacheTimeout=5m`` (executors keep their consumers between tasks); ``--timings`` logs
+where each stream's time goes (the source's DEBUG ``timing:`` lines from every Python process
+Spark starts, and Spark's per-batch durations).
 
 Spark's Kafka source must match the PySpark version.  When the installed PySpark's
 spark-sql-kafka is not on Maven Central (PySpark 4.3.0, November 2026), the command stops and
@@ -267,12 +269,18 @@ def session(master: str, jars: list[str], work: str) -> Any:
     return spark
 
 
+#: ``--kafka-option`` properties, given to both sources as ``kafka.<name>``.
+KAFKA_OPTIONS: dict[str, str] = {}
+
+
 def reader(
     spark: Any, source: str, bootstrap: str, topic: str, *, stream: bool = False, starting: str = "earliest"
 ) -> Any:
     builder = spark.readStream if stream else spark.read
     if source == KEPT:
         builder = builder.option("consumerCacheTimeout", "5m")
+    for name, value in KAFKA_OPTIONS.items():
+        builder = builder.option(f"kafka.{name}", value)
     return (
         builder.format("asyncconsumer" if source == KEPT else source)
         .option("kafka.bootstrap.servers", bootstrap)
@@ -527,6 +535,14 @@ def main() -> None:
     parser.add_argument("--timings", action="store_true", help="log where each stream's time goes (DEBUG timings)")
     parser.add_argument("--kept", action="store_true", help="also run the source with consumerCacheTimeout=5m")
     parser.add_argument(
+        "--kafka-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a consumer property given to both sources as kafka.NAME (repeatable), to compare them at the "
+        "same settings, e.g. max.partition.fetch.bytes=8388608",
+    )
+    parser.add_argument(
         "--latency",
         type=float,
         default=30.0,
@@ -543,6 +559,11 @@ def main() -> None:
     parser.add_argument("--no-executor-read", action="store_true", help="skip the executor read outside Spark")
     args = parser.parse_args()
     steps = [s for s in args.steps.split(",") if s]
+    for given in args.kafka_option:
+        name, sep, value = given.partition("=")
+        if not sep or not name:
+            parser.error(f"--kafka-option wants NAME=VALUE, got {given!r}")
+        KAFKA_OPTIONS[name.removeprefix("kafka.")] = value
 
     import pyspark
 
@@ -629,7 +650,9 @@ def main() -> None:
         print(
             f"\nApache Kafka {broker.version}, PySpark {pyspark.__version__} ({where}; {zips}), {package}; "
             f"{args.rounds} interleaved rounds after {args.warmup} warm-up; rows/s median (min-max); "
-            "identical rows checked by hash\n"
+            "identical rows checked by hash"
+            + "".join(f"; both sources with kafka.{k}={v}" for k, v in KAFKA_OPTIONS.items())
+            + "\n"
         )
         print("| topic | step | source | rows/s | Spark Kafka source rows/s | ratio |")
         print("|---|---|---|---:|---:|---:|")

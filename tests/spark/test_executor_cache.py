@@ -218,6 +218,45 @@ def test_fetch_waits_of_the_driver_and_executor_consumers() -> None:
     assert src._driver_consumer(quick).config.fetch_max_wait_ms == 2
 
 
+def _largest_fetch(cache: src.ExecutorConsumers, opts: SourceOptions) -> int:
+    """The records size of the largest fetch response of the consumer ``opts``'s last task kept."""
+    session = cache.acquire(opts)
+    try:
+
+        async def largest(consumer: Any) -> int:
+            return int(consumer.metrics().fetch.response_bytes_max)
+
+        return session.run(largest)
+    finally:
+        cache.release(opts, session)
+
+
+@pytest.mark.broker_feature("partition_max_bytes")
+def test_an_executor_fetches_its_range_in_large_pieces_unless_told_otherwise(
+    cache: src.ExecutorConsumers, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """A task reads one partition's range at a time: with the Java default of 1 MiB per partition a
+    fetch, 3 MiB took at least three round trips; the executors ask for up to 8 MiB unless
+    ``kafka.max.partition.fetch.bytes`` says otherwise."""
+    name = new_topic(1)
+    value = b"v" * 1024
+    produce(name, [(0, None, value)] * 3000)
+    rows = task(options(bootstrap, name), name, 0, 0, 3000)
+    assert [offset for _, offset, _ in rows] == list(range(3000))
+    assert _largest_fetch(cache, options(bootstrap, name)) > 2 * 1024 * 1024
+    told = options(bootstrap, name, **{"kafka.max.partition.fetch.bytes": str(1024 * 1024)})
+    assert len(task(told, name, 0, 0, 3000)) == 3000
+    assert _largest_fetch(cache, told) <= 1024 * 1024
+
+
+def test_an_executors_fetch_sizes_follow_the_users_buffer() -> None:
+    """A ``kafka.fetch.buffer.bytes`` below the executors' 8 MiB is the user's choice of sizes: the
+    partition fetch keeps the Java default rather than failing the buffer's check."""
+    given = {"kafka.bootstrap.servers": "localhost:9", "subscribe": "t", "kafka.fetch.buffer.bytes": str(4 << 20)}
+    config = src._executor_consumer(parse_options(given)).config
+    assert (config.fetch_buffer_bytes, config.max_partition_fetch_bytes) == (4 << 20, 1 << 20)
+
+
 #: A Python process that imports the source as a worker's first task does: as one forked by PySpark's
 #: daemon (its ``__main__``) when ``AS_DAEMON`` is set.  Prints the objects frozen and still tracked.
 WORKER = """

@@ -79,6 +79,9 @@ FEATURES = frozenset(
         # departed one: the others then rejoin for ever, nobody computing the assignment)
         "leader_handover",
         "share_groups",  # KIP-932 share groups (ShareGroupHeartbeat, ShareFetch, ShareAcknowledge)
+        # a Fetch answer holds at most a partition's PartitionMaxBytes (past its first batch); Tansu 0.6
+        # answers with all it has
+        "partition_max_bytes",
     }
 )
 
@@ -252,6 +255,7 @@ class TansuBroker:
             "static_rejoin_without_rebalance",
             "leader_handover",
             "share_groups",
+            "partition_max_bytes",
         }
     )
 
