@@ -218,17 +218,22 @@ def test_fetch_waits_of_the_driver_and_executor_consumers() -> None:
     assert src._driver_consumer(quick).config.fetch_max_wait_ms == 2
 
 
-def _largest_fetch(cache: src.ExecutorConsumers, opts: SourceOptions) -> int:
-    """The records size of the largest fetch response of the consumer ``opts``'s last task kept."""
+def _fetched(cache: src.ExecutorConsumers, opts: SourceOptions) -> tuple[int, int]:
+    """(records bytes of all fetch responses, of the largest) of the consumer ``opts``'s last task kept."""
     session = cache.acquire(opts)
     try:
 
-        async def largest(consumer: Any) -> int:
-            return int(consumer.metrics().fetch.response_bytes_max)
+        async def sizes(consumer: Any) -> tuple[int, int]:
+            fetch = consumer.metrics().fetch
+            return int(fetch.response_bytes), int(fetch.response_bytes_max)
 
-        return session.run(largest)
+        return session.run(sizes)
     finally:
         cache.release(opts, session)
+
+
+def _largest_fetch(cache: src.ExecutorConsumers, opts: SourceOptions) -> int:
+    return _fetched(cache, opts)[1]
 
 
 @pytest.mark.broker_feature("partition_max_bytes")
@@ -247,6 +252,26 @@ def test_an_executor_fetches_its_range_in_large_pieces_unless_told_otherwise(
     told = options(bootstrap, name, **{"kafka.max.partition.fetch.bytes": str(1024 * 1024)})
     assert len(task(told, name, 0, 0, 3000)) == 3000
     assert _largest_fetch(cache, told) <= 1024 * 1024
+
+
+@pytest.mark.broker_feature("partition_max_bytes")
+def test_a_slow_task_reads_ahead_a_bounded_amount_past_its_range(
+    cache: src.ExecutorConsumers, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """A consumer reads ahead while Spark is busy with what it got, past the range's end too (what
+    is past it is dropped when the task ends).  At most two 8 MiB fetches' worth is buffered: with
+    the consumer's default 64 MiB buffer a slow task of 8 MiB read the whole 80 MiB partition."""
+    name = new_topic(1)
+    value = b"v" * (16 * 1024)
+    produce(name, [(0, None, value)] * 5000)  # 80 MiB
+    opts = options(bootstrap, name)
+    got = 0
+    for batch in src.read_range(opts, src.OffsetRange(TopicPartition(name, 0), 0, 500)):  # 8 MiB
+        got += batch.num_rows
+        time.sleep(0.5)  # Spark writing what it got
+    assert got == 500
+    total, _ = _fetched(cache, opts)
+    assert total <= (8 + 2 * 8 + 8 + 1) * 1024 * 1024  # the range, the buffer, one in flight
 
 
 def test_an_executors_fetch_sizes_follow_the_users_buffer() -> None:
