@@ -232,10 +232,6 @@ def _fetched(cache: src.ExecutorConsumers, opts: SourceOptions) -> tuple[int, in
         cache.release(opts, session)
 
 
-def _largest_fetch(cache: src.ExecutorConsumers, opts: SourceOptions) -> int:
-    return _fetched(cache, opts)[1]
-
-
 @pytest.mark.broker_feature("partition_max_bytes")
 def test_an_executor_fetches_its_range_in_large_pieces_unless_told_otherwise(
     cache: src.ExecutorConsumers, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
@@ -248,10 +244,10 @@ def test_an_executor_fetches_its_range_in_large_pieces_unless_told_otherwise(
     produce(name, [(0, None, value)] * 3000)
     rows = task(options(bootstrap, name), name, 0, 0, 3000)
     assert [offset for _, offset, _ in rows] == list(range(3000))
-    assert _largest_fetch(cache, options(bootstrap, name)) > 2 * 1024 * 1024
+    assert _fetched(cache, options(bootstrap, name))[1] > 2 * 1024 * 1024
     told = options(bootstrap, name, **{"kafka.max.partition.fetch.bytes": str(1024 * 1024)})
     assert len(task(told, name, 0, 0, 3000)) == 3000
-    assert _largest_fetch(cache, told) <= 1024 * 1024
+    assert _fetched(cache, told)[1] <= 1024 * 1024
 
 
 @pytest.mark.broker_feature("partition_max_bytes")
@@ -260,7 +256,7 @@ def test_a_slow_task_reads_ahead_a_bounded_amount_past_its_range(
 ) -> None:
     """A consumer reads ahead while Spark is busy with what it got, past the range's end too (what
     is past it is dropped when the task ends).  At most two 8 MiB fetches' worth is buffered: with
-    the consumer's default 64 MiB buffer a slow task of 8 MiB read the whole 80 MiB partition."""
+    the consumer's default 64 MiB buffer this task fetched the whole 80 MiB partition."""
     name = new_topic(1)
     value = b"v" * (16 * 1024)
     produce(name, [(0, None, value)] * 5000)  # 80 MiB
