@@ -312,9 +312,8 @@ def executor_read(bootstrap: str, topic: str, partitions: int, records: int, col
     from asyncconsumer.spark.options import parse_options
     from asyncconsumer.structs import TopicPartition
 
-    options = parse_options(
-        {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true"}, streaming=False
-    )
+    given = {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true"}
+    options = parse_options({**given, **{f"kafka.{k}": v for k, v in KAFKA_OPTIONS.items()}}, streaming=False)
     n = 0
     started = time.perf_counter()
     for p in range(partitions):

@@ -569,6 +569,13 @@ _JAAS_ENTRY = re.compile(r"^\s*(?P<module>[\w.$]+)\s+(?:required|requisite|suffi
 _JAAS_OPTION = re.compile(r'([\w.]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s;"]+))')
 
 
+def property_option(key: str) -> str:
+    """The keyword option a property of :func:`from_properties` sets: ``"fetch.max.bytes"`` and
+    ``"fetch_max_bytes"`` are ``"fetch_max_bytes"``, librdkafka's ``"sasl.mechanisms"`` is
+    ``"sasl_mechanism"``.  (Whether it is a known option is :func:`from_properties`' check.)"""
+    return _PROPERTY_ALIASES.get(key, key.replace(".", "_"))
+
+
 def from_properties(properties: Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> ConsumerConfig:
     """Build a config from dotted Java/librdkafka names (``"bootstrap.servers"``).
 
@@ -595,7 +602,7 @@ def from_properties(properties: Mapping[str, Any], overrides: Mapping[str, Any] 
         elif key in ("key.deserializer", "value.deserializer"):
             options[key.replace(".", "_")] = _deserializer(key, raw)
         else:
-            name = _PROPERTY_ALIASES.get(key, key.replace(".", "_"))
+            name = property_option(key)
             if name not in _FIELDS:
                 known = [*JAVA_CONSUMER_PROPERTIES, *_PROPERTY_ALIASES, *_SSL_PROPERTIES]
                 hint = difflib.get_close_matches(key, known, n=1)

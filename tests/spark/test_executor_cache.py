@@ -7,6 +7,7 @@ streaming query did reuse their consumers and still wrote every record exactly o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from asyncconsumer import TopicPartition
+from asyncconsumer.errors import ConfigError
 from asyncconsumer.spark import parse_options
 from asyncconsumer.spark import source as src
 from asyncconsumer.spark.options import SourceOptions
@@ -256,7 +258,8 @@ def test_a_slow_task_reads_ahead_a_bounded_amount_past_its_range(
 ) -> None:
     """A consumer reads ahead while Spark is busy with what it got, past the range's end too (what
     is past it is dropped when the task ends).  At most two 8 MiB fetches' worth is buffered: with
-    the consumer's default 64 MiB buffer this task fetched the whole 80 MiB partition."""
+    8 MiB fetches and the consumer's default 64 MiB buffer this task fetched the whole 80 MiB
+    partition."""
     name = new_topic(1)
     value = b"v" * (16 * 1024)
     produce(name, [(0, None, value)] * 5000)  # 80 MiB
@@ -270,12 +273,37 @@ def test_a_slow_task_reads_ahead_a_bounded_amount_past_its_range(
     assert total <= (8 + 2 * 8 + 8 + 1) * 1024 * 1024  # the range, the buffer, one in flight
 
 
-def test_an_executors_fetch_sizes_follow_the_users_buffer() -> None:
-    """A ``kafka.fetch.buffer.bytes`` below the executors' 8 MiB is the user's choice of sizes: the
-    partition fetch keeps the Java default rather than failing the buffer's check."""
-    given = {"kafka.bootstrap.servers": "localhost:9", "subscribe": "t", "kafka.fetch.buffer.bytes": str(4 << 20)}
-    config = src._executor_consumer(parse_options(given)).config
-    assert (config.fetch_buffer_bytes, config.max_partition_fetch_bytes) == (4 << 20, 1 << 20)
+@pytest.mark.parametrize(
+    ("given", "sizes"),
+    [
+        ({}, (8 << 20, 16 << 20)),
+        # the user's buffer is kept, and a partition fetch fits in it
+        ({"kafka.fetch.buffer.bytes": str(4 << 20)}, (4 << 20, 4 << 20)),
+        ({"kafka.fetch.buffer.bytes": str(100 << 20)}, (8 << 20, 100 << 20)),
+        # the user's partition fetch is kept, and the buffer stays two fetches (not the 64 MiB default)
+        ({"kafka.max.partition.fetch.bytes": str(1 << 20)}, (1 << 20, 16 << 20)),
+        ({"kafka.max.partition.fetch.bytes": str(32 << 20)}, (32 << 20, 64 << 20)),
+        # snake_case spellings, as from_properties takes them, are the user's too
+        (
+            {"kafka.max_partition_fetch_bytes": str(2 << 20), "kafka.fetch_buffer_bytes": str(3 << 20)},
+            (2 << 20, 3 << 20),
+        ),
+    ],
+)
+def test_an_executors_fetch_sizes_keep_what_the_user_gave(given: dict[str, str], sizes: tuple[int, int]) -> None:
+    """What the user gives of ``max.partition.fetch.bytes`` and ``fetch.buffer.bytes`` is kept; what
+    they leave open is 8 MiB a fetch and a buffer of two fetches (16 MiB at least)."""
+    opts = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t", **given})
+    config = src._executor_consumer(opts).config
+    assert (config.max_partition_fetch_bytes, config.fetch_buffer_bytes) == sizes
+
+
+def test_an_executors_fetch_size_that_is_not_a_number_is_named() -> None:
+    opts = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t"})
+    # parse_options checks the kafka.* options already; the executor's sizes must not hide a bad one
+    bad = dataclasses.replace(opts, kafka_params=(*opts.kafka_params, ("max.partition.fetch.bytes", "8M")))
+    with pytest.raises(ConfigError, match="max_partition_fetch_bytes"):
+        src._executor_consumer(bad)
 
 
 #: A Python process that imports the source as a worker's first task does: as one forked by PySpark's

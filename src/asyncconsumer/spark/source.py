@@ -57,6 +57,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from ..config import property_option
 from ..consumer import Consumer
 from ..errors import KafkaError, OffsetOutOfRangeError
 from ..structs import ConsumerRecord, TopicPartition
@@ -751,14 +752,31 @@ def _executor_consumer(options: SourceOptions) -> Consumer[Any, Any]:
     # broker): at 50 ms a kept consumer read 4 ranges in a row at 0.8x a new one's rate, at 5 ms 1.2x.
     # One range's partition at a time: fetch up to _EXECUTOR_PARTITION_FETCH_BYTES of it per round
     # trip (4 x 50,000 x 1 KiB read in one process: 0.26-0.49 s at 1 MiB, 0.10-0.13 s at 8 MiB).
-    if {"max.partition.fetch.bytes", "fetch.buffer.bytes"} & options.consumer_properties.keys():
-        return _source_consumer(options, "executor")  # the user's sizes, as given
-    return _source_consumer(
-        options,
-        "executor",
-        max_partition_fetch_bytes=_EXECUTOR_PARTITION_FETCH_BYTES,
-        fetch_buffer_bytes=_EXECUTOR_FETCH_BUFFER_BYTES,
-    )
+    return _source_consumer(options, "executor", **_executor_fetch_sizes(options.consumer_properties))
+
+
+def _executor_fetch_sizes(props: Mapping[str, str]) -> dict[str, int]:
+    """The executor's fetch sizes the user left open: ``max_partition_fetch_bytes``
+    :data:`_EXECUTOR_PARTITION_FETCH_BYTES` (or the user's buffer, if smaller), and a buffer of two
+    such fetches, at least :data:`_EXECUTOR_FETCH_BUFFER_BYTES`.  A size given but not a number is
+    left to the config's own check, which names it."""
+    given: dict[str, int] = {}
+    for key, value in props.items():
+        name = property_option(key)
+        if name in ("max_partition_fetch_bytes", "fetch_buffer_bytes"):
+            try:
+                given[name] = int(value)
+            except ValueError:
+                return {}
+    sizes: dict[str, int] = {}
+    if "max_partition_fetch_bytes" not in given:
+        sizes["max_partition_fetch_bytes"] = min(
+            _EXECUTOR_PARTITION_FETCH_BYTES, given.get("fetch_buffer_bytes", _EXECUTOR_PARTITION_FETCH_BYTES)
+        )
+    if "fetch_buffer_bytes" not in given:
+        partition = given.get("max_partition_fetch_bytes", _EXECUTOR_PARTITION_FETCH_BYTES)
+        sizes["fetch_buffer_bytes"] = max(2 * partition, _EXECUTOR_FETCH_BUFFER_BYTES)
+    return sizes
 
 
 #: How many idle consumers an executor's Python worker keeps at most (the least recently used go first).
