@@ -96,10 +96,10 @@ _PROBE_POLL = 0.002
 #: The driver's and the executors' ``fetch.max.wait.ms`` at most (ms): neither wants to wait at the
 #: end of a log (the driver's probe wants only the watermark, an executor's range ends below it).
 _FETCH_WAIT_MS = 5
-#: An executor consumer's ``max.partition.fetch.bytes`` unless ``kafka.max.partition.fetch.bytes``
-#: or ``kafka.fetch.buffer.bytes`` is given.  A task reads one partition's range at a time, so the
-#: Java default (1 MiB, a share of ``fetch.max.bytes`` for a consumer of many partitions) would make
-#: it one round trip per MiB.
+#: An executor consumer's ``max.partition.fetch.bytes`` unless ``kafka.max.partition.fetch.bytes`` is
+#: given (and at most a given ``kafka.fetch.buffer.bytes``).  A task reads one partition's range at
+#: a time, so the Java default (1 MiB, a share of ``fetch.max.bytes`` for a consumer of many
+#: partitions) would make it one round trip per MiB.
 _EXECUTOR_PARTITION_FETCH_BYTES = 8 * 1024 * 1024
 #: ... and its ``fetch_buffer_bytes``: one response being read and the next one.  The consumer reads
 #: ahead until this much is buffered, past the range's end too (dropped when the task ends): with
