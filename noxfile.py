@@ -107,7 +107,7 @@ def fmt(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def typecheck(session: nox.Session) -> None:
-    """mypy, configured in pyproject.toml (strict on src/asyncconsumer)."""
+    """mypy, configured in pyproject.toml (strict on src/asyncconsumer and benchmarks/)."""
     session.run("mypy", *session.posargs)
 
 

@@ -47,9 +47,15 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 READERS = ["arrow", "batches", "batches+arrow", "aiokafka+arrow"]
+
+
+class FetchOptions(TypedDict, total=False):
+    """The fetch size a reader's consumer is given, when one is (asyncconsumer and aiokafka name it alike)."""
+
+    max_partition_fetch_bytes: int
 
 
 def log(message: str) -> None:
@@ -78,7 +84,7 @@ def _read(
     from asyncconsumer.spark.arrow import records_to_batch
 
     out: dict[str, Any] = {}
-    fetch = {} if partition_fetch_bytes is None else {"max_partition_fetch_bytes": partition_fetch_bytes}
+    fetch: FetchOptions = {} if partition_fetch_bytes is None else {"max_partition_fetch_bytes": partition_fetch_bytes}
 
     async def ours() -> None:
         consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", **fetch)

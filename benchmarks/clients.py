@@ -145,9 +145,6 @@ def _asyncconsumer_arrow() -> Reader:
 
     from asyncconsumer import Consumer, TopicPartition
 
-    def read(args: argparse.Namespace, tally: Tally) -> None:
-        anyio.run(main, args, tally)
-
     async def main(args: argparse.Namespace, tally: Tally) -> None:
         want = args.count
         consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers=args.bootstrap, auto_offset_reset="earliest")
@@ -165,6 +162,9 @@ def _asyncconsumer_arrow() -> Reader:
                     break
             tally.last = time.perf_counter()
             tally.records, tally.payload = n, payload
+
+    def read(args: argparse.Namespace, tally: Tally) -> None:
+        anyio.run(main, args, tally)
 
     return read
 
@@ -190,13 +190,17 @@ async def _fetch_loop(args: argparse.Namespace, on_records: Callable[[int, memor
     offsets = dict.fromkeys(range(args.partitions), 0)
     ends: dict[int, int] = {}
     async with anyio.create_task_group() as tg:
+
+        def spawn(fn: Callable[..., Any], *fn_args: Any) -> None:  # a Spawn returns None; start_soon, a TaskHandle
+            tg.start_soon(fn, *fn_args)
+
         conn = BrokerConnection(
             -1, host, int(port), client_id="bench-fetch-only",
             request_timeout=config.request_timeout_ms / 1000,
             setup_timeout=config.socket_connection_setup_timeout_ms / 1000, ssl_context=None,
             max_frame_bytes=frame_limit(config.fetch_max_bytes), frames=BufferPool(config.fetch_buffer_bytes),
         )
-        await conn.open(tg.start_soon)
+        await conn.open(spawn)
         version = conn.choose_version("Fetch", max_version=12)
         more = True
         while more and any(ends.get(p, 1) > offset for p, offset in offsets.items()):
@@ -310,7 +314,7 @@ def _aiokafka(mode: str) -> Reader:
     def read(args: argparse.Namespace, tally: Tally) -> None:
         import asyncio
 
-        from aiokafka import AIOKafkaConsumer, TopicPartition  # type: ignore[import-untyped]
+        from aiokafka import AIOKafkaConsumer, TopicPartition
 
         async def main() -> None:
             want = args.count

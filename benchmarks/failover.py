@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 from confluent_kafka import Consumer as LibrdkafkaConsumer
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from asyncconsumer import Consumer
 from asyncconsumer.testing import KafkaCluster

@@ -75,8 +75,8 @@ async def main(args: argparse.Namespace) -> None:
     print("|---|---:|---:|---:|")
     for name, values in runs.items():
         cpu = statistics.median(c for c, _ in values)
-        faults = statistics.median(f for _, f in values)
-        print(f"| {name} | {cpu:.3f} | {mib / cpu:,.0f} | {faults:,.0f} |")
+        median_faults = statistics.median(f for _, f in values)
+        print(f"| {name} | {cpu:.3f} | {mib / cpu:,.0f} | {median_faults:,.0f} |")
 
 
 def cli() -> None:

@@ -69,16 +69,16 @@ def measure(bootstrap: str, dataset: ds.Dataset, rounds: int) -> dict[str, Any]:
     for i in range(rounds * 2):
         variant = order[i % len(order)]
         if variant == "off":
-            otel.telemetry_for = lambda *args: None  # type: ignore[assignment]
+            otel.telemetry_for = lambda *args: None
             provider = None
         else:
-            otel.telemetry_for = real_telemetry_for  # type: ignore[assignment]
+            otel.telemetry_for = real_telemetry_for
             reader = InMemoryMetricReader()
             provider = MeterProvider(metric_readers=[reader])
         try:
             seconds, cpu = anyio.run(read_all, bootstrap, dataset, provider)
         finally:
-            otel.telemetry_for = real_telemetry_for  # type: ignore[assignment]
+            otel.telemetry_for = real_telemetry_for
         if provider is not None:
             data = reader.get_metrics_data()
             assert data is not None and data.resource_metrics, "the SDK saw nothing"

@@ -39,7 +39,7 @@ def _admin(bootstrap: str) -> Any:
 
 
 def create_topic(bootstrap: str, partitions: int) -> str:
-    from confluent_kafka.admin import NewTopic
+    from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
     name = f"share-bench-{uuid.uuid4().hex[:8]}"
     admin = _admin(bootstrap)  # kept alive until the answer is in (a dropped client cancels it)
@@ -48,7 +48,7 @@ def create_topic(bootstrap: str, partitions: int) -> str:
 
 
 def share_group_from_earliest(bootstrap: str) -> str:
-    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource  # type: ignore[attr-defined]
 
     group = f"share-bench-{uuid.uuid4().hex[:8]}"
     entry = ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)

@@ -91,7 +91,7 @@ def table(dataset: ds.Dataset, broker: str, runs: dict[str, list[dict[str, Any]]
     """The Markdown report of one run."""
     labels = {java.CLIENT: java.LABEL, ceiling.CLIENT: ceiling.LABEL} | {n: CLIENTS[n][0] for n in CLIENTS}
     rates = {c: _median(rs, "records_per_s") for c, rs in runs.items() if rs}
-    references = {c: rates[c] for c in CEILINGS if rates.get(c)}
+    references = {c: r for c in CEILINGS if (r := rates.get(c))}
     top = max(references, key=lambda c: references[c]) if references else None
     warm = statistics.median(warm_rate(i) for i in intervals) if intervals else None
     lines = [
