@@ -23,7 +23,7 @@ from asyncconsumer import (
     NoOffsetForPartitionError,
     TopicPartition,
 )
-from asyncconsumer.errors import UnknownTopicOrPartitionError
+from asyncconsumer.errors import ConfigError, ConfigTypeError, IllegalStateError, UnknownTopicOrPartitionError
 
 pytestmark = pytest.mark.anyio
 
@@ -132,6 +132,41 @@ async def test_seek_pause_resume_position(
         assert await c.position(tp0) == 3
         await c.seek_to_end(tp0)
         assert await c.position(tp0) == 20
+
+
+@pytest.mark.broker_feature("partition_max_bytes")
+async def test_fetch_until_stops_the_read_ahead_at_the_end_of_a_range(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """A range read with ``fetch_until()`` fetches the range and the one fetch that reached its end,
+    not the read-ahead a partition gets otherwise (its share of the 64 MiB buffer: all 6.4 MiB)."""
+    topic = new_topic(1)
+    size = 16 * 1024
+    produce(topic, [(0, None, b"v" * size)] * 400)
+    tp = TopicPartition(topic, 0)
+    fetch_bytes = 256 * 1024
+    async with consumer(bootstrap, max_partition_fetch_bytes=fetch_bytes) as c:
+        c.assign([tp])
+        c.fetch_until(tp, 50)
+        await c.seek(tp, 0)
+        got = await read(c, 50)
+        await anyio.sleep(0.5)  # time enough to read ahead, were it allowed
+        fetched = c.metrics().fetch.response_bytes
+    assert [r.offset for r in got] == list(range(50))
+    assert 50 * size <= fetched <= 50 * size + fetch_bytes + 64 * 1024
+
+
+async def test_fetch_until_names_what_is_wrong(bootstrap: str, new_topic: Callable[..., str]) -> None:
+    tp = TopicPartition(new_topic(1), 0)
+    async with consumer(bootstrap) as c:
+        with pytest.raises(IllegalStateError, match=r"fetch_until: partition .* is not assigned"):
+            c.fetch_until(tp, 5)
+        c.assign([tp])
+        with pytest.raises(ConfigError, match=r"fetch_until\(\): offset must be an int >= 0"):
+            c.fetch_until(tp, -1)
+        with pytest.raises(ConfigTypeError, match=r"fetch_until\(\): offset must be an int, got '5'"):
+            c.fetch_until(tp, "5")  # type: ignore[arg-type]
+        c.fetch_until(tp, None)  # no limit: allowed at any time
 
 
 async def test_headers_null_key_and_null_value(

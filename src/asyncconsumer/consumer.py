@@ -314,6 +314,21 @@ class Consumer(ClientBase, Generic[KT, VT]):
             return set()
         return {tp for tp, s in self._engine.subscriptions.partitions.items() if s.paused}
 
+    @bracketed_sync("fetch_until")
+    def fetch_until(self, partition: TopicPartition, offset: int | None) -> None:
+        """Fetch ``partition`` only up to ``offset`` (``None``: no limit, the default).
+
+        For reading a known range: once the partition's fetches reach ``offset`` it is left out
+        of the next ones, so the consumer reads at most one fetch (``max_partition_fetch_bytes``)
+        past the range instead of filling the partition's share of ``fetch_buffer_bytes``.
+        Records at and past ``offset`` that came in the fetch that reached it are still returned,
+        as Kafka serves whole record batches: stop taking them at ``offset`` yourself.  Seeks keep
+        the limit; it lasts until it is changed or the partition is unassigned."""
+        end = None if offset is None else check_offset(offset, "fetch_until")
+        for state in self._states([partition], "fetch_until"):
+            state.fetch_end = end
+        self._running().wake()
+
     @bracketed_sync("highwater")
     def highwater(self, partition: TopicPartition) -> int | None:
         """The high watermark of an assigned partition as of its last fetch response (None before

@@ -190,6 +190,27 @@ def test_paused_partitions_are_not_fetched() -> None:
     assert fetched(s.fetch()) == {T0: 10}
 
 
+def test_a_partition_is_not_fetched_once_it_reaches_its_fetch_limit() -> None:
+    """``Consumer.fetch_until()``: the fetch that reaches the limit may carry the partition past it
+    (whole batches are served); after it the partition is left out until the limit is raised or
+    cleared."""
+    s = Setup()
+    s.start({T0: 10})
+    s.subs.partitions[T0].fetch_end = 12
+    request = s.fetch()
+    assert fetched(request) == {T0: 10}
+    respond(request, {T0: data(T0, records(10, 3), high_watermark=20)})
+    assert s.subs.partitions[T0].fetch_offset == 13
+    assert s.fetches() == []
+    s.subs.partitions[T0].fetch_end = 14
+    request = s.fetch()
+    assert fetched(request) == {T0: 13}
+    respond(request, {T0: data(T0, records(13, 1), high_watermark=20)})
+    assert s.fetches() == []  # 14: at the new limit
+    s.subs.partitions[T0].fetch_end = None
+    assert fetched(s.fetch()) == {T0: 14}
+
+
 def test_unknown_leader_requests_metadata() -> None:
     s = Setup(leaders={T0: (-1, 5)})
     s.start({T0: 0})

@@ -1,7 +1,8 @@
 """The fetch sender: builds Fetch requests and files responses in the buffer.
 
 One fetch in flight per broker.  A partition is fetched when its position is
-known, it is not paused, and it has less than its share of the buffer
+known, it is not paused, its fetch offset is below its ``fetch_until()`` limit
+(if it has one), and it has less than its share of the buffer
 buffered (``fetch_buffer_bytes`` split between the assigned partitions, at
 least ``max_partition_fetch_bytes``).  While the whole buffer is full (it
 counts the response frames it holds, managers/fetch_buffer.py) only the

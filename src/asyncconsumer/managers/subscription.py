@@ -57,6 +57,9 @@ class PartitionState:
     paused: bool = False
     #: Being revoked by the group: no longer fetched nor handed out (PREPARE_REVOCATION).
     revoking: bool = False
+    #: ``Consumer.fetch_until()``: not fetched once ``fetch_offset`` reaches it (None: no limit).
+    #: Seeks keep it; a new assignment of the partition starts without one.
+    fetch_end: int | None = None
     epoch: int = 0
     #: Offset after the last record handed to the application (what ``commit()`` commits).
     consumed: int = -1
@@ -246,7 +249,11 @@ class SubscriptionState:
         return [
             s
             for s in self.partitions.values()
-            if s.phase is PartitionPhase.FETCHING and not s.paused and not s.revoking and s.retry_at <= now
+            if s.phase is PartitionPhase.FETCHING
+            and not s.paused
+            and not s.revoking
+            and s.retry_at <= now
+            and (s.fetch_end is None or s.fetch_offset < s.fetch_end)
         ]
 
     def topics(self) -> set[str]:

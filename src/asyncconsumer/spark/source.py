@@ -101,9 +101,9 @@ _FETCH_WAIT_MS = 5
 #: a time, so the Java default (1 MiB, a share of ``fetch.max.bytes`` for a consumer of many
 #: partitions) would make it one round trip per MiB.
 _EXECUTOR_PARTITION_FETCH_BYTES = 8 * 1024 * 1024
-#: ... and its ``fetch_buffer_bytes``: one response being read and the next one.  The consumer reads
-#: ahead until this much is buffered, past the range's end too (dropped when the task ends): with
-#: the default 64 MiB a slow task read all 100 MiB of a partition for a range of 40 MiB.
+#: ... and its ``fetch_buffer_bytes``: one response being read and the next one (the consumer's
+#: 64 MiB default would let a slow task hold 64 MiB of its range).  Past the range's end a task
+#: fetches nothing more once a fetch has reached it (``Consumer.fetch_until``).
 _EXECUTOR_FETCH_BUFFER_BYTES = 2 * _EXECUTOR_PARTITION_FETCH_BYTES
 
 _DATA_LOSS_HINT = (
@@ -693,6 +693,7 @@ class RangeReader:
             self._started = True
             if not self.done:
                 self._consumer.assign([tp])
+                self._consumer.fetch_until(tp, end)  # no read-ahead past the range
                 await self._consumer.seek(tp, self.position)
         last_progress = time.monotonic()
         while not self.done:
