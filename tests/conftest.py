@@ -278,28 +278,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="append each scenario's outcome and figures to this JSON-lines file")
 
 
-def _names_kafkatest(config: pytest.Config) -> bool:
+def _named_paths(config: pytest.Config) -> set[Path]:
+    """The files and directories the command line names (a test's file for ``file::test``)."""
+    return {Path(config.invocation_params.dir, arg.split("::", 1)[0]).resolve() for arg in config.args}
+
+
+def _names_kafkatest(named: set[Path]) -> bool:
     """Whether the command line points pytest at tests/kafkatest (or a file or test in it)."""
-    for arg in config.args:
-        path = Path(config.invocation_params.dir, arg.split("::", 1)[0]).resolve()
-        if path == KAFKATEST or path.is_relative_to(KAFKATEST):
-            return True
-    return False
+    return any(path == KAFKATEST or path.is_relative_to(KAFKATEST) for path in named)
+
+
+#: ``pytest_terminal_summary``'s line for the ``long`` tests the whole suite left out.
+LONG_REASON = "long scenarios (minutes each): ./dev nox -s long runs them, as does naming their file"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests needing a broker feature run where the broker has it; the others are deselected, and
     ``pytest_terminal_summary`` says why (``group_protocol="consumer"``, KIP-848, never runs on Tansu;
     share groups need Apache Kafka 4.2+, ...).  The kafkatest matrix (tests/kafkatest, hours) runs
-    only when named on the command line (``./dev kafkatest`` does), not as part of the whole suite."""
+    only when named on the command line (``./dev kafkatest`` does), not as part of the whole suite,
+    and so does a test marked ``long`` (its file named: ``./dev nox -s long``)."""
     keep, drop = [], []
     reasons: dict[str, int] = {}
-    run_kafkatest = _names_kafkatest(config)
+    named = _named_paths(config)
+    run_kafkatest = _names_kafkatest(named)
     for item in items:
         if not run_kafkatest and Path(str(item.fspath)).is_relative_to(KAFKATEST):
             drop.append(item)
             continue
         reason = _lacking(item)
+        if reason is None and item.get_closest_marker("long") and Path(str(item.fspath)).resolve() not in named:
+            reason = LONG_REASON
         if reason is None:
             keep.append(item)
         else:
@@ -316,7 +325,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     reasons = config.stash.get(_DESELECTED, {})
     if reasons:
-        terminalreporter.section("deselected: the broker lacks a feature the test needs")
+        terminalreporter.section("deselected: the broker lacks a feature the test needs, or a long scenario")
         for reason, count in sorted(reasons.items()):
             terminalreporter.write_line(f"{count:5d}  {reason}")
 

@@ -142,6 +142,7 @@ async def test_the_group_coordinator_is_killed_commits_are_retried_and_the_rebal
 # Three controlled restarts of a JVM broker, each waited in sync: 110 s alone, and over 300 s once in a
 # loaded local CI run (2 cores, a Spark test on the other worker) with every phase inside its own
 # deadline.  The phases' deadlines catch a stall; this one only bounds the whole.
+@pytest.mark.long  # 3.5 minutes, more under load: ./dev nox -s long
 @pytest.mark.timeout(600)
 async def test_a_rolling_restart_of_all_three_brokers_while_a_group_consumes_and_commits(
     whole: KafkaCluster,
@@ -205,6 +206,7 @@ async def test_a_controlled_shutdown_moves_leadership_before_the_broker_stops_an
 # -- 5. bootstrap servers down -------------------------------------------------------------------
 
 
+@pytest.mark.long  # 3 minutes: ./dev nox -s long
 async def test_a_bootstrap_server_down_at_start_then_every_broker_down_for_20_s_and_back(
     whole: KafkaCluster, caplog: pytest.LogCaptureFixture,
 ) -> None:
