@@ -34,7 +34,9 @@ from asyncconsumer.managers.membership import MembershipManager
 from asyncconsumer.protocol import api
 from asyncconsumer.testing import KafkaBroker
 
-pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.kafka_jvm, pytest.mark.timeout(180)]
+# Its brokers (one JVM at a time, as the Spark tests' one) run on whichever worker is free, not only on
+# the Apache Kafka one (kafka_jvm), which has the most to do.
+pytestmark = [pytest.mark.anyio, pytest.mark.broker, pytest.mark.timeout(180)]
 
 #: What each release's ApiVersions answer is recognised as (``protocol.api.broker_release``).
 RELEASES = {"4.0.2": "Apache Kafka 4.0", "3.9.2": "Apache Kafka 3.9", "3.7.2": "Apache Kafka 3.7-3.8"}
