@@ -322,6 +322,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _group_by_broker(items)
 
 
+#: ``workeroutput`` key of a pytest-xdist worker's deselection counts.
+_WORKER_DESELECTED = "asyncconsumer_deselected"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands its deselection counts to the controller, which collects nothing
+    itself (``pytest_testnodedown`` there)."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[_WORKER_DESELECTED] = dict(session.config.stash.get(_DESELECTED, {}))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """The controller keeps each reason's count from its workers (every worker collects every test,
+    so the counts agree: the largest is kept)."""
+    reasons = node.config.stash.setdefault(_DESELECTED, {})
+    for reason, count in getattr(node, "workeroutput", {}).get(_WORKER_DESELECTED, {}).items():
+        reasons[reason] = max(reasons.get(reason, 0), count)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     reasons = config.stash.get(_DESELECTED, {})
     if reasons:

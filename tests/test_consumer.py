@@ -139,10 +139,11 @@ async def test_fetch_until_stops_the_read_ahead_at_the_end_of_a_range(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
     """A range read with ``fetch_until()`` fetches the range and the one fetch that reached its end,
-    not the read-ahead a partition gets otherwise (its share of the 64 MiB buffer: all 6.4 MiB)."""
+    not the read-ahead a partition gets otherwise (its share of the 64 MiB buffer: all 6.25 MiB)."""
     topic = new_topic(1)
     size = 16 * 1024
-    produce(topic, [(0, None, b"v" * size)] * 400)
+    # batches of 4 records, so that the fetches are max_partition_fetch_bytes, not one larger batch
+    produce(topic, [(0, None, b"v" * size)] * 400, batch_size=64 * 1024)
     tp = TopicPartition(topic, 0)
     fetch_bytes = 256 * 1024
     async with consumer(bootstrap, max_partition_fetch_bytes=fetch_bytes) as c:
@@ -166,7 +167,7 @@ async def test_fetch_until_names_what_is_wrong(bootstrap: str, new_topic: Callab
             c.fetch_until(tp, -1)
         with pytest.raises(ConfigTypeError, match=r"fetch_until\(\): offset must be an int, got '5'"):
             c.fetch_until(tp, "5")  # type: ignore[arg-type]
-        c.fetch_until(tp, None)  # no limit: allowed at any time
+        c.fetch_until(tp, None)  # no limit
 
 
 async def test_headers_null_key_and_null_value(

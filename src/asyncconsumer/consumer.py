@@ -318,12 +318,14 @@ class Consumer(ClientBase, Generic[KT, VT]):
     def fetch_until(self, partition: TopicPartition, offset: int | None) -> None:
         """Fetch ``partition`` only up to ``offset`` (``None``: no limit, the default).
 
-        For reading a known range: once the partition's fetches reach ``offset`` it is left out
-        of the next ones, so the consumer reads at most one fetch (``max_partition_fetch_bytes``)
-        past the range instead of filling the partition's share of ``fetch_buffer_bytes``.
-        Records at and past ``offset`` that came in the fetch that reached it are still returned,
-        as Kafka serves whole record batches: stop taking them at ``offset`` yourself.  Seeks keep
-        the limit; it lasts until it is changed or the partition is unassigned."""
+        For reading a known range: the partition is fetched only while its next fetch offset is
+        below ``offset``, so the consumer reads about one fetch (``max_partition_fetch_bytes``, or
+        one record batch if that is larger) past the range instead of filling the partition's
+        share of ``fetch_buffer_bytes``.  Records at and past ``offset`` that came in the fetch
+        that reached it are still returned, as Kafka serves whole record batches: stop taking them
+        at ``offset`` yourself.  Seeks keep the limit (a seek back below it fetches again), and so
+        does an ``assign()`` that keeps the partition; it lasts until it is changed or the
+        partition is unassigned (with ``subscribe()``, set it again in ``on_partitions_assigned``)."""
         end = None if offset is None else check_offset(offset, "fetch_until")
         for state in self._states([partition], "fetch_until"):
             state.fetch_end = end

@@ -128,6 +128,24 @@ def test_partitions_the_application_holds_are_not_quiet(log: pytest.LogCaptureFi
     assert len(log.messages) == 1 and log.messages[0].startswith("no records fetched for t-1 for 6.5s (broker 2")
 
 
+def test_a_partition_at_its_fetch_limit_is_not_quiet(log: pytest.LogCaptureFixture) -> None:
+    """``Consumer.fetch_until()``: once a fetch reached the limit, the consumer is not expected to
+    fetch the partition however long the application takes with what it has; raised, the clock
+    starts then."""
+    s = Watched()
+    s.start({T0: 0})
+    s.subs.get(T0).fetch_end = 2  # type: ignore[union-attr]
+    respond(s.fetch(), {T0: data(T0, records(0, 3), high_watermark=400)})
+    for _ in range(30):
+        s.check_after(1.0)
+    assert log.messages == []
+    s.subs.get(T0).fetch_end = None  # type: ignore[union-attr]
+    s.check_after(QUIET - 0.5)
+    assert log.messages == []
+    s.check_after(1.0)
+    assert len(log.messages) == 1 and log.messages[0].startswith("no records fetched for t-0 for 6.5s (broker 1")
+
+
 def test_one_warning_per_broker_and_unassigned_partitions_are_forgotten(log: pytest.LogCaptureFixture) -> None:
     s = Watched()
     s.start({T0: 0, TopicPartition("t", 2): 0})  # both on broker 1

@@ -1,8 +1,9 @@
 """No silent stalls: a partition the consumer should be reading, and is not, is named in a WARNING.
 
-A partition is *expected to progress* while it is assigned, not paused, not being revoked, and
-has less than its share of the fetch buffer buffered (with the buffer full: nothing buffered): the
-fetch manager would fetch it, or first look up its position.  Each check, a partition that was not
+A partition is *expected to progress* while it is assigned, not paused, not being revoked, not
+held at its ``Consumer.fetch_until()`` limit, and has less than its share of the fetch buffer
+buffered (with the buffer full: nothing buffered): the fetch manager would fetch it, or first look
+up its position.  Each check, a partition that was not
 expected is quiet from now on; one that was is quiet since the later of that moment and its last
 fetch answered without an error (``FetchManager.answered``).  A partition quiet for longer than
 ``ConsumerConfig.quiet_partition_warning_s`` is *stuck*: one WARNING per broker names the stuck
@@ -87,7 +88,7 @@ class StallWatch:
         stuck: dict[int | None, list[tuple[TopicPartition, float, str]]] = defaultdict(list)
         for tp, state in partitions.items():
             buffered = self._buffer.buffered_bytes(tp)
-            if state.paused or state.revoking or buffered >= share or (full and buffered):
+            if state.paused or state.revoking or state.fetch_limited or buffered >= share or (full and buffered):
                 self._expected_since[tp] = now  # the application holds it, not the consumer
                 if self.warned.pop(tp, None) is not None and buffered:
                     log.info("%s fetched again", tp)

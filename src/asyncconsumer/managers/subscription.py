@@ -57,8 +57,9 @@ class PartitionState:
     paused: bool = False
     #: Being revoked by the group: no longer fetched nor handed out (PREPARE_REVOCATION).
     revoking: bool = False
-    #: ``Consumer.fetch_until()``: not fetched once ``fetch_offset`` reaches it (None: no limit).
-    #: Seeks keep it; a new assignment of the partition starts without one.
+    #: ``Consumer.fetch_until()``: not fetched while ``fetch_offset`` is at or past it (None: no
+    #: limit).  Seeks keep it, and so does an ``assign()`` that keeps the partition; a partition
+    #: unassigned and assigned again starts without one.
     fetch_end: int | None = None
     epoch: int = 0
     #: Offset after the last record handed to the application (what ``commit()`` commits).
@@ -83,6 +84,12 @@ class PartitionState:
     def has_position(self) -> bool:
         """The position is known (while it is being validated too: commits keep covering it)."""
         return self.phase is PartitionPhase.FETCHING or self.phase is PartitionPhase.AWAIT_VALIDATION
+
+    @property
+    def fetch_limited(self) -> bool:
+        """Fetching has reached the ``fetch_until()`` limit: not fetched until it is raised, or a
+        seek or rewind takes the fetch offset back below it."""
+        return self.fetch_end is not None and self.fetch_offset >= self.fetch_end
 
     @property
     def leader_epoch(self) -> int | None:
@@ -253,7 +260,7 @@ class SubscriptionState:
             and not s.paused
             and not s.revoking
             and s.retry_at <= now
-            and (s.fetch_end is None or s.fetch_offset < s.fetch_end)
+            and not s.fetch_limited
         ]
 
     def topics(self) -> set[str]:
