@@ -521,9 +521,13 @@ class FakeConsumer:
         self.offsets, self.log_start, self.chunk = list(offsets), log_start, chunk
         self.pos = 0
         self.seeks: list[int] = []
+        self.fetch_end: int | None = None
 
     def assign(self, tps: Sequence[TopicPartition]) -> None:
         pass
+
+    def fetch_until(self, tp: TopicPartition, offset: int | None) -> None:
+        self.fetch_end = offset
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         self.pos = offset
@@ -587,7 +591,9 @@ def read_all(consumer: FakeConsumer, start: int, end: int, *, fail_on_data_loss:
 
 
 def test_range_reader_reads_exactly_the_range() -> None:
-    assert read_all(FakeConsumer(range(100)), 10, 23) == list(range(10, 23))
+    consumer = FakeConsumer(range(100))
+    assert read_all(consumer, 10, 23) == list(range(10, 23))
+    assert consumer.fetch_end == 23  # no read-ahead past the range
     # gaps (compaction, transaction markers) are not data loss
     assert read_all(FakeConsumer([0, 2, 3, 9, 10, 15]), 1, 10) == [2, 3, 9]
     assert read_all(FakeConsumer(range(100)), 5, 5) == []
