@@ -5,6 +5,7 @@ fake clock)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import pytest
 
@@ -118,14 +119,20 @@ def test_partitions_the_application_holds_are_not_quiet(log: pytest.LogCaptureFi
     s.subs.get(T1).paused = True  # type: ignore[union-attr]
     respond(s.fetch(), {T0: data(T0, records(0, 400), high_watermark=400)})
     assert s.buffer.buffered_bytes(T0) >= s.fetcher.read_ahead_bytes()
+    held_then_let_go(s, log, lambda: setattr(s.subs.partitions[T1], "paused", False), "t-1 for 6.5s (broker 2")
+
+
+def held_then_let_go(s: Watched, log: pytest.LogCaptureFixture, let_go: Callable[[], None], named: str) -> None:
+    """A partition held for 30 s is not quiet; once ``let_go`` the clock starts, and the WARNING
+    names it (``named``: what follows "no records fetched for ") after the bound."""
     for _ in range(30):
         s.check_after(1.0)
     assert log.messages == []
-    s.subs.get(T1).paused = False  # type: ignore[union-attr]
+    let_go()
     s.check_after(QUIET - 0.5)
     assert log.messages == []
     s.check_after(1.0)
-    assert len(log.messages) == 1 and log.messages[0].startswith("no records fetched for t-1 for 6.5s (broker 2")
+    assert len(log.messages) == 1 and log.messages[0].startswith(f"no records fetched for {named}")
 
 
 def test_a_partition_at_its_fetch_limit_is_not_quiet(log: pytest.LogCaptureFixture) -> None:
@@ -136,14 +143,7 @@ def test_a_partition_at_its_fetch_limit_is_not_quiet(log: pytest.LogCaptureFixtu
     s.start({T0: 0})
     s.subs.get(T0).fetch_end = 2  # type: ignore[union-attr]
     respond(s.fetch(), {T0: data(T0, records(0, 3), high_watermark=400)})
-    for _ in range(30):
-        s.check_after(1.0)
-    assert log.messages == []
-    s.subs.get(T0).fetch_end = None  # type: ignore[union-attr]
-    s.check_after(QUIET - 0.5)
-    assert log.messages == []
-    s.check_after(1.0)
-    assert len(log.messages) == 1 and log.messages[0].startswith("no records fetched for t-0 for 6.5s (broker 1")
+    held_then_let_go(s, log, lambda: setattr(s.subs.partitions[T0], "fetch_end", None), "t-0 for 6.5s (broker 1")
 
 
 def test_one_warning_per_broker_and_unassigned_partitions_are_forgotten(log: pytest.LogCaptureFixture) -> None:
