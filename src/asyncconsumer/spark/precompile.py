@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PrecompiledZip", "is_precompiled", "main", "precompile_pyspark", "precompile_zip"]
+__all__ = ["PrecompiledZip", "is_precompiled", "main", "precompile_pyspark", "precompile_zip", "zips_deferred"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +168,26 @@ def is_precompiled(spark_home: str | os.PathLike[str] | None = None) -> bool | N
             return bytecode[:16] == _header(source)
     except Exception:  # a probe: a zip it cannot read (damaged, unsupported compression) is "cannot tell"
         return None
+
+
+def zips_deferred(spark_home: str | os.PathLike[str] | None = None) -> bool:
+    """Whether the asyncconsumer source's Python processes, started with this Python's
+    ``sys.path``, import PySpark from its installed package rather than from
+    ``<spark_home>/python/lib/pyspark.zip`` (``register(spark)``'s ``prefer_installed_pyspark``:
+    the installed ``pyspark`` has the zip's ``version.py``); False when there is no such zip.
+
+    ``spark_home`` defaults as for :func:`precompile_pyspark`.
+    """
+    from ._startup.sitecustomize import defer_spark_zips
+
+    try:
+        home = Path(spark_home) if spark_home is not None else _find_spark_home()
+    except FileNotFoundError:
+        return False
+    zip_path = str(home / "python" / "lib" / "pyspark.zip")
+    if not os.path.isfile(zip_path):
+        return False
+    return zip_path in defer_spark_zips([zip_path, *(p for p in sys.path if p != zip_path)])
 
 
 def main(argv: list[str] | None = None) -> int:
