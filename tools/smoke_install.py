@@ -64,6 +64,8 @@ def bare(decoder: str, checkout: Path | None) -> None:
         importlib.import_module(name)
     check(len(modules) > 40, f"{len(modules)} modules import with the declared dependencies alone")
     check(importlib.resources.files("asyncconsumer").joinpath("py.typed").is_file(), "py.typed is installed")
+    startup = location / "spark" / "_startup" / "sitecustomize.py"  # a directory without __init__.py
+    check(startup.is_file(), "the Spark source's start-up sitecustomize is installed")
     metadata = importlib.metadata.version("asyncconsumer")
     check(asyncconsumer.__version__ == metadata, f"__version__ {asyncconsumer.__version__} == metadata {metadata}")
     from asyncconsumer.protocol import records

@@ -223,3 +223,33 @@ def test_a_streaming_querys_python_processes_import_the_installed_pyspark(spark:
     runner, workers = where_pyspark_comes_from(spark, tmp_path, startup=False)
     assert runner.startswith(zip_path + os.sep)
     assert all(w.startswith(zip_path + os.sep) for w in workers) and workers
+
+
+def test_register_names_the_precompile_command_only_when_new_processes_would_compile_pyspark(
+    install: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    import asyncconsumer.spark.source as source
+
+    class Registry:
+        def register(self, cls: type) -> None:
+            pass
+
+    class Session:  # no sparkContext, as with Spark Connect: registered all the same
+        dataSource = Registry()
+
+    monkeypatch.setenv("SPARK_HOME", str(install["site"] / "pyspark"))
+    monkeypatch.setattr(sys, "path", [str(install["site"]), *sys.path])
+    caplog.set_level(logging.INFO, logger="asyncconsumer.spark")
+
+    def hinted(**options: bool) -> bool:
+        monkeypatch.setattr(source, "_PRECOMPILE_CHECKED", False)
+        caplog.clear()
+        source.register(Session(), **options)  # type: ignore[arg-type]
+        return any("asyncconsumer.spark.precompile" in r.getMessage() for r in caplog.records)
+
+    assert not hinted()  # the zip has no bytecode, but the source's processes will not use it
+    assert hinted(prefer_installed_pyspark=False)
+    (install["site"] / "pyspark" / "version.py").write_text("__version__ = '1.0.0'\n")
+    assert hinted()  # another version installed: the zip is used, and compiled in each process
