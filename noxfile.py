@@ -42,16 +42,12 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *args)
 
 
-#: The files with tests marked ``long`` (minutes each), which the whole suite (``./dev test``, CI)
-#: leaves out.
-LONG_TESTS = ["tests/test_failover.py"]
-
-
 @nox.session(venv_backend="none")
 def long(session: nox.Session) -> None:
     """The tests marked ``long``, scenarios of minutes each that the whole suite leaves out (the
-    rolling restart of a three-node cluster, every broker down and back): ``./dev nox -s long``."""
-    session.run("python", "-m", "pytest", "-m", "long", *LONG_TESTS, *session.posargs)
+    rolling restart of a three-node cluster, every broker down and back): ``./dev nox -s long``.
+    ``-m long`` selects them wherever they are (tests/conftest.py)."""
+    session.run("python", "-m", "pytest", "-m", "long", *session.posargs)
 
 
 @nox.session(venv_backend="none")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -289,7 +290,13 @@ def _names_kafkatest(named: set[Path]) -> bool:
 
 
 #: ``pytest_terminal_summary``'s line for the ``long`` tests the whole suite left out.
-LONG_REASON = "long scenarios (minutes each): ./dev nox -s long runs them, as does naming their file"
+LONG_REASON = "long scenarios (minutes each): ./dev nox -s long runs them, as does naming their file or -m long"
+
+
+def _asks_for_long(config: pytest.Config) -> bool:
+    """Whether ``-m`` selects the ``long`` marker by name (``-m long``, ``-m "long and kafka_jvm"``;
+    not ``-m "not long"``)."""
+    return re.search(r"(?<!not )\blong\b", config.getoption("markexpr", "") or "") is not None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -297,17 +304,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``pytest_terminal_summary`` says why (``group_protocol="consumer"``, KIP-848, never runs on Tansu;
     share groups need Apache Kafka 4.2+, ...).  The kafkatest matrix (tests/kafkatest, hours) runs
     only when named on the command line (``./dev kafkatest`` does), not as part of the whole suite,
-    and so does a test marked ``long`` (its file named: ``./dev nox -s long``)."""
+    and so does a test marked ``long`` (its file named, or ``-m long``: ``./dev nox -s long``)."""
     keep, drop = [], []
     reasons: dict[str, int] = {}
     named = _named_paths(config)
     run_kafkatest = _names_kafkatest(named)
+    run_long = _asks_for_long(config)
     for item in items:
         if not run_kafkatest and Path(str(item.fspath)).is_relative_to(KAFKATEST):
             drop.append(item)
             continue
         reason = _lacking(item)
-        if reason is None and item.get_closest_marker("long") and Path(str(item.fspath)).resolve() not in named:
+        if (
+            reason is None
+            and not run_long
+            and item.get_closest_marker("long")
+            and Path(str(item.fspath)).resolve() not in named
+        ):
             reason = LONG_REASON
         if reason is None:
             keep.append(item)
