@@ -81,12 +81,27 @@ def test_a_zip_stays_first_unless_its_package_is_installed_at_its_version(instal
     (install["site"] / "py4j").rmdir()
     (install["site"] / "py4j.py").write_text("")
     assert defer_spark_zips(path := [*zips, str(install["site"])]) == []
-    # A file of that name that is not a zip: left where it is.
-    (install["site"] / "pyspark" / "version.py").write_text("__version__ = '9.9.9'\n")
-    damaged = install["site"].parent / "damaged" / "pyspark.zip"
-    damaged.parent.mkdir()
-    damaged.write_bytes(b"PK not a zip")
-    assert defer_spark_zips(path := [str(damaged), str(install["site"])]) == []
+
+
+def test_a_spark_distributions_zip_stays_first_even_with_the_same_version_installed(
+    install: dict[str, Path], tmp_path: Path
+) -> None:
+    """A zip outside the installed package (``$SPARK_HOME`` a Spark distribution) may hold a
+    vendor's changes under the same version: only py4j's, checked by its version, goes last."""
+    lib = tmp_path / "opt-spark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    for name in ("pyspark.zip", "py4j.zip"):
+        (lib / install[name].name).write_bytes(install[name].read_bytes())
+    zips = [str(lib / "pyspark.zip"), str(lib / install["py4j.zip"].name)]
+    path = [*zips, str(install["site"])]
+    assert defer_spark_zips(path) == [zips[1]]
+    assert path == [zips[0], str(install["site"]), zips[1]]
+
+
+def test_a_zip_it_cannot_read_stays_first(install: dict[str, Path]) -> None:
+    install["pyspark.zip"].write_bytes(b"PK not a zip")
+    path = [str(install["pyspark.zip"]), str(install["site"])]
+    assert defer_spark_zips(path) == [] and path[0] == str(install["pyspark.zip"])
 
 
 def started(pythonpath: list[Path | str], statement: str) -> str:
@@ -130,18 +145,27 @@ def test_zips_deferred_judges_the_drivers_path(install: dict[str, Path], monkeyp
     assert zips_deferred(install["site"] / "nowhere") is False
 
 
-def test_only_the_source_gets_the_startup_directory(spark: Any) -> None:
+def test_only_the_source_gets_the_startup_directory(spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """register() sets it for the source's Python function alone: the session's environment, which
     every later Python UDF copies, is as before, whatever it held."""
+    from pyspark.sql.datasource import DataSourceRegistration
+
+    import asyncconsumer.spark.source as source
+
     environment = spark.sparkContext.environment
+    seen: list[str | None] = []  # PYTHONPATH while PySpark wraps the source's class
+    monkeypatch.setattr(
+        DataSourceRegistration, "register", lambda self, cls: seen.append(environment.get("PYTHONPATH"))
+    )
     assert "PYTHONPATH" not in environment
-    with _startup_pythonpath(spark):
-        assert environment["PYTHONPATH"] == STARTUP_DIR
+    source.register(spark)
+    source.register(spark, prefer_installed_pyspark=False)
+    assert seen == [STARTUP_DIR, None]
     assert "PYTHONPATH" not in environment
     environment["PYTHONPATH"] = "/mine"
     try:
-        with _startup_pythonpath(spark):
-            assert environment["PYTHONPATH"] == os.pathsep.join([STARTUP_DIR, "/mine"])
+        source.register(spark)
+        assert seen[-1] == os.pathsep.join([STARTUP_DIR, "/mine"])
         assert environment["PYTHONPATH"] == "/mine"
     finally:
         del environment["PYTHONPATH"]
@@ -236,20 +260,28 @@ def test_register_names_the_precompile_command_only_when_new_processes_would_com
         def register(self, cls: type) -> None:
             pass
 
-    class Session:  # no sparkContext, as with Spark Connect: registered all the same
+    class Context:
+        environment: dict[str, str] = {}
+
+    class Session:
+        dataSource = Registry()
+        sparkContext = Context()
+
+    class ConnectSession:  # Spark Connect: no SparkContext, so no start-up directory either
         dataSource = Registry()
 
     monkeypatch.setenv("SPARK_HOME", str(install["site"] / "pyspark"))
     monkeypatch.setattr(sys, "path", [str(install["site"]), *sys.path])
     caplog.set_level(logging.INFO, logger="asyncconsumer.spark")
 
-    def hinted(**options: bool) -> bool:
+    def hinted(session: object = Session(), **options: bool) -> bool:
         monkeypatch.setattr(source, "_PRECOMPILE_CHECKED", False)
         caplog.clear()
-        source.register(Session(), **options)  # type: ignore[arg-type]
+        source.register(session, **options)  # type: ignore[arg-type]
         return any("asyncconsumer.spark.precompile" in r.getMessage() for r in caplog.records)
 
     assert not hinted()  # the zip has no bytecode, but the source's processes will not use it
     assert hinted(prefer_installed_pyspark=False)
+    assert hinted(ConnectSession())
     (install["site"] / "pyspark" / "version.py").write_text("__version__ = '1.0.0'\n")
     assert hinted()  # another version installed: the zip is used, and compiled in each process

@@ -174,7 +174,8 @@ def zips_deferred(spark_home: str | os.PathLike[str] | None = None) -> bool:
     """Whether the asyncconsumer source's Python processes, started with this Python's
     ``sys.path``, import PySpark from its installed package rather than from
     ``<spark_home>/python/lib/pyspark.zip`` (``register(spark)``'s ``prefer_installed_pyspark``:
-    the installed ``pyspark`` has the zip's ``version.py``); False when there is no such zip.
+    the zip is the installed ``pyspark`` package's own, with its ``version.py``); False when there
+    is no such zip.
 
     ``spark_home`` defaults as for :func:`precompile_pyspark`.
     """

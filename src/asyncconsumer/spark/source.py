@@ -1300,8 +1300,9 @@ def register(spark: SparkSession, *, prefer_installed_pyspark: bool = True) -> N
     PySpark and py4j from their installed packages, which have bytecode, instead of Spark's
     ``pyspark.zip`` and py4j zip, which have none, wherever both are the same version: a new
     process then starts about 1 s sooner (docs/spark.md, Faster query start).  It does so by
-    putting a directory with a ``sitecustomize`` first on those processes' ``PYTHONPATH``
-    (``asyncconsumer/spark/_startup``); the ``sitecustomize`` it hides still runs.  Off, the
+    putting a directory with a ``sitecustomize`` (``asyncconsumer/spark/_startup``) on those
+    processes' ``PYTHONPATH``, before everything but Spark's own zips; the ``sitecustomize`` it
+    hides still runs.  Off, the
     source's processes are started like every other Python process of the session.  Needs a
     classic session (``spark.sparkContext``); with Spark Connect the server starts them as usual.
 
@@ -1309,8 +1310,9 @@ def register(spark: SparkSession, *, prefer_installed_pyspark: bool = True) -> N
     (its ``pyspark.zip`` has no bytecode for the driver's Python and is not deferred), with the
     command that adds it.
     """
+    applied = False
     if prefer_installed_pyspark:
-        with _startup_pythonpath(spark):
+        with _startup_pythonpath(spark) as applied:
             spark.dataSource.register(AsyncConsumerDataSource)
     else:
         spark.dataSource.register(AsyncConsumerDataSource)
@@ -1319,7 +1321,7 @@ def register(spark: SparkSession, *, prefer_installed_pyspark: bool = True) -> N
         _PRECOMPILE_CHECKED = True
         from .precompile import is_precompiled, zips_deferred
 
-        if is_precompiled() is False and not (prefer_installed_pyspark and zips_deferred()):
+        if is_precompiled() is False and not (applied and zips_deferred()):
             log.info(
                 "PySpark's pyspark.zip has no bytecode for this Python: each streaming query's Python "
                 "process compiles PySpark again before its first micro-batch (about 1 s). "
@@ -1337,19 +1339,24 @@ STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_startup
 
 
 @contextlib.contextmanager
-def _startup_pythonpath(spark: SparkSession) -> Iterator[None]:
+def _startup_pythonpath(spark: SparkSession) -> Iterator[bool]:
     """While registering: :data:`STARTUP_DIR` first on the ``PYTHONPATH`` that PySpark gives the
     data source's Python processes (``SparkContext.environment``, copied into the source's Python
-    function when it is registered); restored after, so no other Python function gets it."""
+    function when it is registered), restored after; yields whether it could (not with Spark
+    Connect, which has no ``SparkContext`` here).  A Python function another thread wraps in that
+    moment gets the directory too (harmless: its processes start faster, in a pool of their own)."""
+    environment: dict[str, str] | None
     try:
-        environment: dict[str, str] = spark.sparkContext.environment
-    except Exception:  # Spark Connect (no SparkContext here), or a session that is not PySpark's
-        yield
+        environment = spark.sparkContext.environment
+    except Exception:  # Spark Connect, or a session that is not PySpark's
+        environment = None
+    if environment is None:
+        yield False
         return
     before = environment.get("PYTHONPATH")
     environment["PYTHONPATH"] = os.pathsep.join(p for p in (STARTUP_DIR, before) if p)
     try:
-        yield
+        yield True
     finally:
         if before is None:
             environment.pop("PYTHONPATH", None)

@@ -1,8 +1,9 @@
 """Run by Python at the start of each process Spark starts for the asyncconsumer source.
 
 :func:`asyncconsumer.spark.register` puts this file's directory on the ``PYTHONPATH`` of the
-source's Python processes (and of no other), so Python's ``site`` imports this module as
-``sitecustomize`` before the process runs anything else.
+source's Python processes (and of no other).  Spark's own zips come before it there, but they hold
+no ``sitecustomize``, so Python's ``site`` imports this module as ``sitecustomize`` before the
+process runs anything else.
 
 Why: Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` and py4j's zip first on the path of every
 Python process it starts.  Python caches no bytecode for a module imported from a zip, so each new
@@ -11,17 +12,20 @@ one such process on the driver before its first micro-batch.  With PySpark insta
 ``$SPARK_HOME`` is the installed ``pyspark`` package itself: its zip holds the same modules as the
 package directory it sits in, which has their bytecode.
 
-What: :func:`defer_spark_zips` moves each of those zips to the end of ``sys.path`` when the rest of
-the path gives the same package (``pyspark`` or ``py4j``) with a byte-identical ``version.py``;
-otherwise it leaves the path as it is.  Modules only the zip has (PySpark's own test suites) are
-then not importable in these processes, which never import them.  Then the ``sitecustomize`` that
-this one hides, if any, runs as it would have.
+What: :func:`defer_spark_zips` moves ``pyspark.zip`` to the end of ``sys.path`` when the rest of
+the path gives the very ``pyspark`` package the zip sits in (``<package>/python/lib/pyspark.zip``)
+with a byte-identical ``version.py``, and py4j's zip when the rest of the path gives ``py4j`` with
+a byte-identical ``version.py``; otherwise it leaves the path as it is.  Modules that only the zip
+has (PySpark's own test suites, ``pyspark.sql.streaming.benchmark``) are then not importable in
+these processes, which never import them.  Then the ``sitecustomize`` that this one hides, if any,
+runs as it would have, whatever happened before.
 
 Standard library only, and nothing from asyncconsumer: this runs before PySpark is imported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import zipimport
@@ -42,22 +46,29 @@ def _package_of(entry: str) -> str | None:
 
 
 def _same_installed(zip_path: str, package: str, rest: list[str]) -> bool:
-    """Whether ``rest`` gives ``package`` as a directory whose ``version.py`` is the zip's."""
-    spec = PathFinder.find_spec(package, rest)
-    if spec is None or spec.origin is None or os.path.basename(spec.origin) != "__init__.py":
-        return False
+    """Whether ``rest`` gives ``package`` as a directory whose ``version.py`` is the zip's, and for
+    ``pyspark`` the directory the zip sits in (a pip install's ``python/lib/pyspark.zip``: a Spark
+    distribution's zip, even of the same version, may hold a vendor's changes)."""
     try:
-        with open(os.path.join(os.path.dirname(spec.origin), "version.py"), "rb") as f:
+        spec = PathFinder.find_spec(package, rest)
+        if spec is None or spec.origin is None or os.path.basename(spec.origin) != "__init__.py":
+            return False
+        directory = os.path.dirname(spec.origin)
+        own_zip = os.path.join(directory, "python", "lib", "pyspark.zip")
+        if package == "pyspark" and os.path.realpath(zip_path) != os.path.realpath(own_zip):
+            return False
+        with open(os.path.join(directory, "version.py"), "rb") as f:
             installed = f.read()
         in_zip = zipimport.zipimporter(zip_path).get_data(f"{package}/version.py")
-    except Exception:  # a probe before anything else runs: a zip it cannot read stays where it is
+    except Exception:  # a probe before anything else runs: whatever it cannot read stays where it is
         return False
     return installed == in_zip
 
 
 def defer_spark_zips(path: list[str]) -> list[str]:
     """Move Spark's ``pyspark.zip`` and py4j zip to the end of ``path`` (``sys.path``) where the
-    rest of ``path`` has the same version of their package installed; returns the entries moved."""
+    rest of ``path`` has the same package installed (see the module's docs); returns the entries
+    moved."""
     zips = [entry for entry in path if _package_of(entry) is not None]
     rest = [entry for entry in path if entry not in zips]
     moved = [z for z in zips if _same_installed(z, _package_of(z) or "", rest)]
@@ -83,5 +94,6 @@ def _run_hidden_sitecustomize() -> None:
 
 
 if __name__ == "sitecustomize":
-    defer_spark_zips(sys.path)
+    with contextlib.suppress(Exception):  # never in the way of the start, nor of the hidden one
+        defer_spark_zips(sys.path)
     _run_hidden_sitecustomize()
