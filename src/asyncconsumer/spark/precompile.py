@@ -62,6 +62,13 @@ def _find_spark_home() -> Path:
     return Path(spec.origin).parent
 
 
+def _pyspark_zip(spark_home: str | os.PathLike[str] | None) -> Path:
+    """``<spark_home>/python/lib/pyspark.zip``, ``spark_home`` defaulting as for
+    :func:`precompile_pyspark` (:class:`FileNotFoundError` when there is none to default to)."""
+    home = Path(spark_home) if spark_home is not None else _find_spark_home()
+    return home / "python" / "lib" / "pyspark.zip"
+
+
 #: A ``.pyc``'s flags word (PEP 552): hash-based (bit 0), checked against its source (bit 1).
 _CHECKED_HASH = (0b11).to_bytes(4, "little")
 
@@ -158,8 +165,7 @@ def is_precompiled(spark_home: str | os.PathLike[str] | None = None) -> bool | N
     ``spark_home`` defaults as for :func:`precompile_pyspark`.
     """
     try:
-        home = Path(spark_home) if spark_home is not None else _find_spark_home()
-        with zipfile.ZipFile(home / "python" / "lib" / "pyspark.zip") as z:
+        with zipfile.ZipFile(_pyspark_zip(spark_home)) as z:
             source = z.read("pyspark/__init__.py")
             try:
                 bytecode = z.read("pyspark/__init__.pyc")
@@ -182,10 +188,9 @@ def zips_deferred(spark_home: str | os.PathLike[str] | None = None) -> bool:
     from ._startup.sitecustomize import defer_spark_zips
 
     try:
-        home = Path(spark_home) if spark_home is not None else _find_spark_home()
+        zip_path = str(_pyspark_zip(spark_home))
     except FileNotFoundError:
         return False
-    zip_path = str(home / "python" / "lib" / "pyspark.zip")
     if not os.path.isfile(zip_path):
         return False
     return zip_path in defer_spark_zips([zip_path, *(p for p in sys.path if p != zip_path)])

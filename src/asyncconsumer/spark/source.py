@@ -1302,19 +1302,16 @@ def register(spark: SparkSession, *, prefer_installed_pyspark: bool = True) -> N
     process then starts about 1 s sooner (docs/spark.md, Faster query start).  It does so by
     putting a directory with a ``sitecustomize`` (``asyncconsumer/spark/_startup``) on those
     processes' ``PYTHONPATH``, before everything but Spark's own zips; the ``sitecustomize`` it
-    hides still runs.  Off, the
-    source's processes are started like every other Python process of the session.  Needs a
-    classic session (``spark.sparkContext``); with Spark Connect the server starts them as usual.
+    hides still runs.  Off, the source's processes are started like every other Python process of
+    the session.  Needs a classic session (``spark.sparkContext``); with Spark Connect the server
+    starts them as usual.
 
     The first call in a process also logs at INFO when new processes would still compile PySpark
     (its ``pyspark.zip`` has no bytecode for the driver's Python and is not deferred), with the
     command that adds it.
     """
-    applied = False
-    if prefer_installed_pyspark:
-        with _startup_pythonpath(spark) as applied:
-            spark.dataSource.register(AsyncConsumerDataSource)
-    else:
+    startup = _startup_pythonpath(spark) if prefer_installed_pyspark else contextlib.nullcontext(False)
+    with startup as applied:
         spark.dataSource.register(AsyncConsumerDataSource)
     global _PRECOMPILE_CHECKED
     if not _PRECOMPILE_CHECKED:

@@ -54,9 +54,10 @@ def _same_installed(zip_path: str, package: str, rest: list[str]) -> bool:
         if spec is None or spec.origin is None or os.path.basename(spec.origin) != "__init__.py":
             return False
         directory = os.path.dirname(spec.origin)
-        own_zip = os.path.join(directory, "python", "lib", "pyspark.zip")
-        if package == "pyspark" and os.path.realpath(zip_path) != os.path.realpath(own_zip):
-            return False
+        if package == "pyspark":
+            own_zip = os.path.join(directory, "python", "lib", "pyspark.zip")
+            if os.path.realpath(zip_path) != os.path.realpath(own_zip):
+                return False
         with open(os.path.join(directory, "version.py"), "rb") as f:
             installed = f.read()
         in_zip = zipimport.zipimporter(zip_path).get_data(f"{package}/version.py")
@@ -69,9 +70,9 @@ def defer_spark_zips(path: list[str]) -> list[str]:
     """Move Spark's ``pyspark.zip`` and py4j zip to the end of ``path`` (``sys.path``) where the
     rest of ``path`` has the same package installed (see the module's docs); returns the entries
     moved."""
-    zips = [entry for entry in path if _package_of(entry) is not None]
+    zips = {entry: package for entry in path if (package := _package_of(entry)) is not None}
     rest = [entry for entry in path if entry not in zips]
-    moved = [z for z in zips if _same_installed(z, _package_of(z) or "", rest)]
+    moved = [entry for entry, package in zips.items() if _same_installed(entry, package, rest)]
     for entry in moved:
         path.remove(entry)
         path.append(entry)
