@@ -28,7 +28,7 @@ from typing import Any
 
 from benchmarks import brokers
 from benchmarks import datasets as ds
-from benchmarks import run as runner
+from benchmarks import processes as runner
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = ("asyncconsumer-iter", "asyncconsumer-getmany", "asyncconsumer-batches")
@@ -79,7 +79,7 @@ def read_once(client: str, dataset: ds.Dataset, bootstrap: str, src: Path) -> di
         "benchmarks.clients", client, bootstrap=bootstrap, topic=dataset.topic,
         partitions=dataset.partitions, count=dataset.records,
     )
-    env = runner._env({})
+    env = runner.client_env({})
     env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}"
     result = runner.run_json(command, 300, env)
     result["ok"] = not result.get("error") and result.get("records") == dataset.records

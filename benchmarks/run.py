@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,10 +27,9 @@ from typing import Any
 from . import brokers
 from . import datasets as ds
 from . import java as java_client
-from .clients import CLIENT_ENV, CLIENTS
+from .clients import CLIENTS
+from .processes import client_env, log, module_command, run_client, run_json
 from .report import markdown, ratios, summarize
-
-ROOT = Path(__file__).resolve().parent.parent
 
 CLIENT_ORDER = [
     "asyncconsumer-iter",
@@ -45,10 +43,6 @@ CLIENT_ORDER = [
     "asyncconsumer-getmany-py",
 ]
 JOIN_CLIENTS = ["asyncconsumer-join", "aiokafka-join", "confluent-join"]
-
-
-def log(message: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def available_clients(broker: str) -> tuple[list[str], list[str]]:
@@ -75,62 +69,6 @@ def available_clients(broker: str) -> tuple[list[str], list[str]]:
     return out, notes
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def run_json(command: list[str], timeout: float, env: dict[str, str]) -> dict[str, Any]:
-    """Run a benchmark subprocess that prints one JSON object as its last stdout line."""
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f}s"}
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        return {"error": f"exit {proc.returncode}, no result; stderr: {proc.stderr.strip()[-400:]}"}
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
-
-
-def module_command(module: str, *positional: str, **options: object) -> list[str]:
-    """``python -m module positional... --option value...`` (underscores in names become dashes)."""
-    command = [sys.executable, "-m", module, *positional]
-    for name, value in options.items():
-        command += [f"--{name.replace('_', '-')}", str(value)]
-    return command
-
-
-def run_client(
-    client: str, dataset: ds.Dataset, broker: brokers.Broker, timeout: float, count: int | None = None
-) -> dict[str, Any]:
-    """One client's read of ``dataset`` (``count`` records, default all) in a process of its own.
-
-    ``ok``: no error, every record read, and the keys and values add up to the data set's bytes.
-    """
-    want = count or dataset.records
-    if client == java_client.CLIENT:
-        result = java_client.run(broker.handle, dataset, want, timeout)
-    else:
-        command = module_command("benchmarks.clients", client, bootstrap=broker.bootstrap, topic=dataset.topic,
-                                 partitions=dataset.partitions, count=want)
-        result = run_json(command, timeout, _env(CLIENT_ENV.get(client, {})))
-    result.setdefault("client", client)
-    result["dataset"] = dataset.name
-    if not result.get("error"):
-        payload = want * (ds.KEY_SIZE + dataset.value_size)
-        if result.get("records") != want:
-            result["error"] = f"read {result.get('records')} of {want} records"
-        elif result.get("payload_kind", "kv") == "kv" and (
-            abs(result.get("payload_bytes", -1) - payload) > result.get("payload_tolerance", 0)
-        ):
-            result["error"] = f"read {result.get('payload_bytes')} bytes of keys and values, not {payload}"
-    result["ok"] = not result.get("error")
-    return result
-
-
 def run_memory(bootstrap: str, dataset: ds.Dataset, quick: bool, timeout: float) -> dict[str, Any]:
     buffer = 4 * 2**20 if quick else 32 * 2**20
     fetch_max = 2**20 if quick else 4 * 2**20
@@ -139,7 +77,7 @@ def run_memory(bootstrap: str, dataset: ds.Dataset, quick: bool, timeout: float)
     command = module_command("benchmarks.memory", bootstrap=bootstrap, topic=dataset.topic,
                              partitions=dataset.partitions, count=to_read, buffer=buffer, fetch_max=fetch_max,
                              pause=pause, batch=batch)
-    result = run_json(command, timeout, _env({}))
+    result = run_json(command, timeout, client_env({}))
     result.update(backlog=dataset.describe(), pause_ms=pause * 1000, batch=batch)
     return result
 
@@ -149,7 +87,7 @@ def run_share(bootstrap: str, quick: bool, timeout: float) -> dict[str, Any]:
     ShareConsumerPerformance on one topic, each in a share group of its own."""
     records = 20_000 if quick else 200_000
     command = module_command("benchmarks.share", bootstrap=bootstrap, records=records, partitions=4, size=100)
-    result = run_json(command, timeout, _env({}))
+    result = run_json(command, timeout, client_env({}))
     ours = result.get("ours") or {}
     if not result.get("error") and ours.get("records") != records:
         result["error"] = f"the share consumer read {ours.get('records')} of {records} records"

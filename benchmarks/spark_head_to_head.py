@@ -306,9 +306,10 @@ def rows_hash(df: Any) -> tuple[int, str]:
 def executor_read(bootstrap: str, topic: str, partitions: int, records: int, columnar: bool) -> float:
     """Rows/s of the source's executor read (``read_range`` over every partition, one after the
     other, in this process: no Spark), through the columnar path or the old row path."""
-    from asyncconsumer.spark import source as src
+    from asyncconsumer.spark import executor as src
     from asyncconsumer.spark.arrow import records_to_batch
     from asyncconsumer.spark.options import parse_options
+    from asyncconsumer.spark.plan import OffsetRange
     from asyncconsumer.structs import TopicPartition
 
     given = {"kafka.bootstrap.servers": bootstrap, "subscribe": topic, "includeHeaders": "true"}
@@ -316,14 +317,14 @@ def executor_read(bootstrap: str, topic: str, partitions: int, records: int, col
     n = 0
     started = time.perf_counter()
     for p in range(partitions):
-        offset_range = src.OffsetRange(TopicPartition(topic, p), 0, len(range(p, records, partitions)))
+        offset_range = OffsetRange(TopicPartition(topic, p), 0, len(range(p, records, partitions)))
         if columnar:
             n += sum(b.num_rows for b in src.read_range(options, offset_range))
             continue
         import anyio
 
         async def rows(offset_range: Any = offset_range) -> int:
-            async with src._executor_consumer(options) as consumer:
+            async with src.executor_consumer(options) as consumer:
                 reader = src.RangeReader(consumer, offset_range, fail_on_data_loss=True, poll_timeout=60)
                 got = 0
                 while chunk := await reader.next_chunk():

@@ -41,7 +41,7 @@ from typing import Any
 from . import brokers, ceiling, java
 from . import datasets as ds
 from .clients import CLIENTS
-from .run import log, run_client
+from .processes import log, run_client
 
 FETCH_ONLY = "asyncconsumer-fetch-only"
 CEILINGS = (ceiling.CLIENT, FETCH_ONLY)

@@ -175,7 +175,7 @@ def test_from_a_package_import_depends_on_the_package() -> None:
 def test_the_graph_sees_hidden_imports() -> None:
     """An import inside a function counts: a real edge of this package, checked in the graph."""
     graph = import_graph()
-    assert "asyncconsumer.spark.__main__" in graph["asyncconsumer.spark"]  # imported inside run_pipeline()
+    assert "asyncconsumer.spark.source" in graph["asyncconsumer.spark.pipeline"]  # imported inside run_pipeline()
     assert "asyncconsumer.managers.fetch_buffer" in graph["asyncconsumer.app.collector"]
 
 

@@ -23,9 +23,11 @@ import pytest
 
 from asyncconsumer import TopicPartition
 from asyncconsumer.errors import ConfigError
+from asyncconsumer.spark import executor as src
 from asyncconsumer.spark import parse_options
-from asyncconsumer.spark import source as src
+from asyncconsumer.spark.driver import driver_consumer
 from asyncconsumer.spark.options import SourceOptions
+from asyncconsumer.spark.plan import OffsetRange
 
 pytestmark = pytest.mark.spark
 
@@ -48,7 +50,7 @@ def options(bootstrap: str, topic: str, **extra: str) -> SourceOptions:
 def task(opts: SourceOptions, topic: str, partition: int, start: int, end: int) -> list[tuple[int, int, bytes]]:
     """One Spark task: (partition, offset, value) of every row ``read_range`` returns."""
     rows: list[tuple[int, int, bytes]] = []
-    for batch in src.read_range(opts, src.OffsetRange(TopicPartition(topic, partition), start, end)):
+    for batch in src.read_range(opts, OffsetRange(TopicPartition(topic, partition), start, end)):
         columns = batch.to_pydict()
         rows.extend(zip(columns["partition"], columns["offset"], columns["value"], strict=True))
     return rows
@@ -122,7 +124,7 @@ def test_a_task_stopped_early_or_failing_closes_its_consumer(
     assert session.started and cache.reused == 1
     cache.release(opts, session)
     # Spark stops reading (a limit): the generator is closed half-way; the consumer is not kept
-    small = src.read_range(opts, src.OffsetRange(TopicPartition(topic, 0), 0, 300))
+    small = src.read_range(opts, OffsetRange(TopicPartition(topic, 0), 0, 300))
     assert next(small).num_rows > 0
     small.close()
     assert cache.idle == 0 and not session.started
@@ -213,11 +215,11 @@ def test_fetch_waits_of_the_driver_and_executor_consumers() -> None:
     range's end), so a latest() is quick and a kept consumer's next task never queues behind a
     long poll."""
     opts = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t"})
-    assert src._driver_consumer(opts).config.fetch_max_wait_ms == 5
-    assert src._executor_consumer(opts).config.fetch_max_wait_ms == 5
+    assert driver_consumer(opts).config.fetch_max_wait_ms == 5
+    assert src.executor_consumer(opts).config.fetch_max_wait_ms == 5
     quick = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t", "kafka.fetch.max.wait.ms": "2"})
-    assert src._executor_consumer(quick).config.fetch_max_wait_ms == 2
-    assert src._driver_consumer(quick).config.fetch_max_wait_ms == 2
+    assert src.executor_consumer(quick).config.fetch_max_wait_ms == 2
+    assert driver_consumer(quick).config.fetch_max_wait_ms == 2
 
 
 def _fetched(cache: src.ExecutorConsumers, opts: SourceOptions) -> tuple[int, int]:
@@ -265,7 +267,7 @@ def test_a_slow_task_fetches_at_most_one_fetch_past_its_range(
     produce(name, [(0, None, value)] * 5000)  # 80 MiB
     opts = options(bootstrap, name)
     got = 0
-    for batch in src.read_range(opts, src.OffsetRange(TopicPartition(name, 0), 0, 500)):  # 8 MiB
+    for batch in src.read_range(opts, OffsetRange(TopicPartition(name, 0), 0, 500)):  # 8 MiB
         got += batch.num_rows
         time.sleep(0.5)  # Spark writing what it got
     assert got == 500
@@ -294,7 +296,7 @@ def test_an_executors_fetch_sizes_keep_what_the_user_gave(given: dict[str, str],
     """What the user gives of ``max.partition.fetch.bytes`` and ``fetch.buffer.bytes`` is kept; what
     they leave open is 8 MiB a fetch and a buffer of two fetches (16 MiB at least)."""
     opts = parse_options({"kafka.bootstrap.servers": "localhost:9", "subscribe": "t", **given})
-    config = src._executor_consumer(opts).config
+    config = src.executor_consumer(opts).config
     assert (config.max_partition_fetch_bytes, config.fetch_buffer_bytes) == sizes
 
 
@@ -303,7 +305,7 @@ def test_an_executors_fetch_size_that_is_not_a_number_is_named() -> None:
     # parse_options checks the kafka.* options already; the executor's sizes must not hide a bad one
     bad = dataclasses.replace(opts, kafka_params=(*opts.kafka_params, ("max.partition.fetch.bytes", "8M")))
     with pytest.raises(ConfigError, match="max_partition_fetch_bytes"):
-        src._executor_consumer(bad)
+        src.executor_consumer(bad)
 
 
 #: A Python process that imports the source as a worker's first task does: as one forked by PySpark's

@@ -21,7 +21,7 @@ import pytest
 
 from asyncconsumer.spark._startup.sitecustomize import defer_spark_zips
 from asyncconsumer.spark.precompile import zips_deferred
-from asyncconsumer.spark.source import STARTUP_DIR, _startup_pythonpath
+from asyncconsumer.spark.worker import STARTUP_DIR, startup_pythonpath
 
 pytestmark = pytest.mark.spark
 
@@ -210,7 +210,7 @@ def where_pyspark_comes_from(spark: Any, tmp_path: Path, startup: bool) -> tuple
             return Reader()
 
     if startup:
-        with _startup_pythonpath(spark):
+        with startup_pythonpath(spark):
             spark.dataSource.register(WhereFrom)
     else:
         spark.dataSource.register(WhereFrom)

@@ -18,19 +18,19 @@ from asyncconsumer import ConsumerRecord, TopicPartition
 from asyncconsumer.config import from_properties
 from asyncconsumer.errors import OffsetOutOfRangeError
 from asyncconsumer.spark.arrow import arrow_schema, records_to_batch, spark_schema
+from asyncconsumer.spark.driver import resolve_offsets
+from asyncconsumer.spark.executor import RangeReader
 from asyncconsumer.spark.options import EARLIEST, LATEST, SourceOptionError, Subscription, parse_options
-from asyncconsumer.spark.source import (
+from asyncconsumer.spark.plan import (
     DataLossError,
     KafkaInputPartition,
-    KafkaStreamReader,
     OffsetRange,
-    RangeReader,
     pack_ranges,
     plan_tasks,
     rate_limit,
-    resolve_offsets,
     split_ranges,
 )
+from asyncconsumer.spark.source import KafkaStreamReader
 
 pytestmark = pytest.mark.spark
 

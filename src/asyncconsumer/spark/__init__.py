@@ -14,10 +14,8 @@ changes.  Needs PySpark >= 4.2 (Python data sources with streaming admission con
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
 from .options import SourceOptionError, SourceOptions, parse_options
+from .pipeline import run_pipeline
 from .source import (
     AsyncConsumerDataSource,
     DataLossError,
@@ -26,9 +24,6 @@ from .source import (
     offsets_behind_latest,
     register,
 )
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 __all__ = [
     "FORMAT",
@@ -46,21 +41,3 @@ __all__ = [
 
 #: The format name: ``spark.read.format(FORMAT)``.
 FORMAT = AsyncConsumerDataSource.name()
-
-
-def run_pipeline(
-    bootstrap: str,
-    topic: str,
-    output_dir: str,
-    *,
-    progress: Callable[[str], None] = print,
-    spark: SparkSession | None = None,
-    master: str = "local[*]",
-    kafka_options: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """The example pipeline (read ``topic``, aggregate per key per minute, write Parquet); see ``__main__``."""
-    from .__main__ import run_pipeline as _run_pipeline
-
-    return _run_pipeline(
-        bootstrap, topic, output_dir, progress=progress, spark=spark, master=master, kafka_options=kafka_options
-    )
