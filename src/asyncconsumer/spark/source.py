@@ -1,21 +1,21 @@
-"""The ``asyncconsumer`` PySpark data source: batch and streaming readers.
+"""The ``asyncconsumer`` PySpark data source: what Spark calls, and :func:`register`.
 
 Where things run:
 
 - **Driver** (Spark's planner Python workers): option checks, listing the partitions of the
-  subscription and resolving offsets (``earliest``/``latest``/JSON/timestamps), planning one input
-  partition per Kafka offset range (split per ``minPartitions``/``maxRecordsPerPartition``), the
-  streaming offsets (``initialOffset``/``latestOffset``/``prepareForTriggerAvailableNow``) and the
-  optional commit of processed offsets to a consumer group.  The batch reader's planning opens a
-  short-lived :class:`~asyncconsumer.Consumer` inside ``anyio.run``; a streaming query keeps its
-  driver consumers across micro-batches (:class:`ConsumerSession`, closed when the query stops).
+  subscription and resolving offsets (``earliest``/``latest``/JSON/timestamps; :mod:`.driver`),
+  planning one input partition per Kafka offset range (split per ``minPartitions``/
+  ``maxRecordsPerPartition``; :mod:`.plan`), the streaming offsets (``initialOffset``/
+  ``latestOffset``/``prepareForTriggerAvailableNow``) and the optional commit of processed offsets
+  to a consumer group.  The batch reader's planning opens a short-lived
+  :class:`~asyncconsumer.Consumer` inside ``anyio.run``; a streaming query keeps its driver
+  consumers across micro-batches (:class:`~.session.ConsumerSession`, closed when the query stops).
   Every lookup fetches fresh metadata, so new topics and partitions are seen.
-- **Executors**: :meth:`read` reads exactly one offset range ``[start, end)`` with a Consumer using
-  manual ``assign`` + ``seek`` on its own event loop (a blocking portal thread, so that record batches
-  can be yielded to Spark while the consumer keeps its connections), and hands Arrow record batches
-  to Spark.  A Python worker keeps that consumer for its next task, for ``consumerCacheTimeout``
-  (5 minutes by default; :class:`ExecutorConsumers`), and leaves the objects of its imports out of
-  the garbage collection PySpark runs after every task (:func:`freeze_worker_imports`).
+- **Executors**: ``read`` reads exactly one offset range ``[start, end)`` (:mod:`.executor`) with a
+  Consumer using manual ``assign`` + ``seek`` on its own event loop, and hands Arrow record batches
+  to Spark.  A Python worker keeps that consumer for its next task, for ``consumerCacheTimeout``,
+  and leaves the objects of its imports out of the garbage collection PySpark runs after every
+  task (:mod:`.worker`).
 
 No consumer group is joined: offsets live in Spark's checkpoint.
 """
