@@ -141,9 +141,15 @@ def package(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def docs(session: nox.Session) -> None:
     """The docs site (mkdocs.yml) into site/, strict: a broken link or anchor, or a page left out
-    of nav, fails.  ``./dev docs serve`` previews it instead."""
+    of nav, fails.  ``./dev docs serve`` previews it instead; ``./dev docs check`` builds it and
+    checks it in headless Chromium (tools/check_site.py)."""
     session.env["NO_MKDOCS_2_WARNING"] = "1"
     if session.posargs[:1] == ["serve"]:
         session.run("mkdocs", "serve", *session.posargs[1:])
+    elif session.posargs[:1] == ["check"]:
+        # ... then look at it in headless Chromium (tools/check_site.py: search, blank pages, other
+        # hosts, tables and code blocks).
+        session.run("mkdocs", "build", "--strict")
+        session.run("python", "tools/check_site.py", *session.posargs[1:])
     else:
         session.run("mkdocs", "build", "--strict", *session.posargs)

@@ -147,3 +147,9 @@ async def test_the_runtime_is_known_inside_each_event_loop(anyio_backend: str) -
 
 def test_no_runtime_outside_an_event_loop() -> None:
     assert current_async_library() is None
+
+
+def test_the_docs_site_shows_a_pipe_where_github_needs_its_escape() -> None:
+    """GitHub's tables need ``\\|`` inside a code span; the site shows ``|`` there and nowhere else."""
+    page = "| `str \\| None` | a \\| b |\n`x \\| y` outside a table\n"
+    assert mkdocs_hooks.unescape_table_pipes(page) == "| `str | None` | a \\| b |\n`x \\| y` outside a table\n"
