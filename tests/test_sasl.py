@@ -23,6 +23,7 @@ from asyncconsumer.engine.sasl import (
     ScramMechanism,
     TokenCache,
     authenticate,
+    cleartext_warning,
     create_mechanism,
     jwt_claims,
     reauthentication_delay,
@@ -611,10 +612,18 @@ def test_oauthbearer_invalid_extensions(extensions: dict[str, str]) -> None:
         OAuthBearerMechanism("tok", extensions)
 
 
-@pytest.mark.parametrize("token", ["", "two words", "tab\there", "x\x01y", "Bearer abc"])
-def test_oauthbearer_malformed_token(token: str) -> None:
-    with pytest.raises(SaslAuthenticationError, match="malformed"):
+@pytest.mark.parametrize(
+    ("token", "said"),
+    [("", "empty"), ("two words", "9 characters, ' ' at position 3"), ("tab\there", r"'\t' at position 3"),
+     ("x\x01y", r"'\x01' at position 1"), ("Bearer secretvalue", "18 characters, ' ' at position 6"),
+     ("abc=def", "'=' padding before its end")],
+)
+def test_oauthbearer_malformed_token(token: str, said: str) -> None:
+    """The error says what is wrong, never the token: it is a credential."""
+    with pytest.raises(SaslAuthenticationError, match="malformed") as info:
         OAuthBearerMechanism(token)
+    assert said in str(info.value)
+    assert all(part not in str(info.value) for part in token.split() if len(part) > 2)
 
 
 def test_oauthbearer_identity_names_the_subject() -> None:
@@ -781,3 +790,20 @@ async def test_token_cache_shares_one_call() -> None:
         for _ in range(5):
             tg.start_soon(cache.token)
     assert calls == 1
+
+
+@pytest.mark.parametrize(
+    ("protocol", "mechanism", "sends"),
+    [("SASL_PLAINTEXT", "PLAIN", "the password"), ("SASL_PLAINTEXT", "OAUTHBEARER", "the bearer token"),
+     ("SASL_PLAINTEXT", "SCRAM-SHA-256", None), ("SASL_PLAINTEXT", "SCRAM-SHA-512", None),
+     ("SASL_SSL", "PLAIN", None), ("SASL_SSL", "OAUTHBEARER", None)],
+)
+def test_cleartext_warning(protocol: str, mechanism: str, sends: str | None) -> None:
+    """PLAIN's password and OAUTHBEARER's token travel as they are: over SASL_PLAINTEXT, in clear.
+    SCRAM sends only a proof of the password, good for one login; SASL_SSL encrypts everything."""
+    warning = cleartext_warning(protocol, mechanism)
+    if sends is None:
+        assert warning is None
+    else:
+        assert warning is not None and f"sends {sends} to the brokers in clear text" in warning
+        assert "security_protocol='SASL_SSL'" in warning

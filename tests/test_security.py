@@ -11,11 +11,17 @@ import base64
 import functools
 import json
 import logging
+import os
+import pty
 import ssl
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -25,7 +31,7 @@ from support.broker import private_kafka
 from support.producer import create_topic, produce
 from support.proxy import ChaosProxy
 
-from asyncconsumer import Consumer, TopicPartition
+from asyncconsumer import Consumer, ShareConsumer, TopicPartition
 from asyncconsumer.config import SASL_MECHANISMS, OAuthBearerToken
 from asyncconsumer.errors import AuthenticationError, SaslAuthenticationError, TLSHandshakeError
 from asyncconsumer.testing import KafkaBroker
@@ -93,10 +99,17 @@ async def consume_and_commit(consumer: Consumer[bytes, bytes], topic: str, count
 CASES = [("SSL", None)] + [(listener, m) for listener in ("SASL_PLAINTEXT", "SASL_SSL") for m in SASL_MECHANISMS]
 
 
+#: The logins that send their credential in clear, which the consumer warns of once.
+IN_CLEAR = {("SASL_PLAINTEXT", "PLAIN"), ("SASL_PLAINTEXT", "OAUTHBEARER")}
+
+
 @pytest.mark.parametrize(("listener", "mechanism"), CASES, ids=[f"{lst}-{m or 'tls'}" for lst, m in CASES])
 async def test_consume_and_commit_over_secured_listener(
-    apache_kafka: Any, anyio_backend: str, listener: str, mechanism: str | None
+    apache_kafka: Any, anyio_backend: str, listener: str, mechanism: str | None, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Also: PLAIN's password and OAUTHBEARER's token over SASL_PLAINTEXT are warned of, once per consumer
+    (not per connection: it opens several here); SCRAM (no password on the wire) and TLS are not."""
+    caplog.set_level(logging.WARNING, logger="asyncconsumer")
     broker: KafkaBroker = apache_kafka.broker
     topic = new_topic(broker, "secured")
     expected = [f"{listener}-{mechanism}-{i}".encode() for i in range(20)]
@@ -111,6 +124,13 @@ async def test_consume_and_commit_over_secured_listener(
         assert engine is not None
         # The bootstrap, partition leader and group coordinator connections: all logged in.
         assert engine.network.connections_opened >= 2
+    in_clear = [(r.levelno, r.getMessage()) for r in caplog.records if "clear text" in r.getMessage()]
+    if (listener, mechanism) in IN_CLEAR:
+        assert len(in_clear) == 1, in_clear
+        level, text = in_clear[0]
+        assert level == logging.WARNING and "security_protocol='SASL_SSL'" in text, text
+    else:
+        assert in_clear == []
     provider = options.get("sasl_oauth_token_provider")
     if provider is not None:
         # One token served every connection: it was fresh (an hour's lifetime).
@@ -216,7 +236,8 @@ async def test_oauth_token_the_broker_cannot_parse(apache_kafka: Any, anyio_back
 
 async def test_malformed_oauth_token_is_refused_before_sending(apache_kafka: Any, anyio_backend: str) -> None:
     await expect_start_error(
-        SaslAuthenticationError, r"token from sasl_oauth_token_provider is malformed \('Bearer abc'\)",
+        SaslAuthenticationError,
+        r"token from sasl_oauth_token_provider is malformed \(10 characters, ' ' at position 6\)",
         **oauth_options(apache_kafka.broker, lambda: "Bearer abc"),
     )
 
@@ -283,17 +304,186 @@ async def test_plaintext_to_a_tls_listener(apache_kafka: Any, anyio_backend: str
     )
 
 
-# -- KIP-368 re-authentication --------------------------------------------------------------------
+# -- the module's own broker: mutual TLS, short SASL sessions ---------------------------------------
 
 #: The session lifetime the private broker grants (connections.max.reauth.ms).
 REAUTH_MS = 3000
 
 
 @pytest.fixture(scope="module")
-def reauth_broker() -> Iterator[KafkaBroker]:
-    with private_kafka(listeners=("SASL_PLAINTEXT", "SASL_SSL"),
-                       config={"connections.max.reauth.ms": str(REAUTH_MS)}) as broker:
+def own_broker() -> Iterator[KafkaBroker]:
+    """One broker for what the session's cannot do: its SSL listener requires client certificates
+    (mutual TLS), and its SASL listeners end sessions after ``REAUTH_MS`` (KIP-368)."""
+    config = {"connections.max.reauth.ms": str(REAUTH_MS), "listener.name.ssl.ssl.client.auth": "required"}
+    with private_kafka(listeners=("SSL", "SASL_PLAINTEXT", "SASL_SSL"), config=config) as broker:
         yield broker
+
+
+# -- mutual TLS ------------------------------------------------------------------------------------
+
+#: What a broker answers a client certificate it refuses, or none (TLS 1.2 in the handshake, TLS 1.3
+#: with the first read after it).
+CERTIFICATE_REFUSED = r"refused this client's certificate \(TLS alert (SSLV3_ALERT_BAD_CERTIFICATE|\w+CERTIFICATE\w*)\)"
+
+
+def mtls_context(broker: KafkaBroker, *, with_client_cert: bool, version: str = "TLSv1.3") -> ssl.SSLContext:
+    context = broker.ssl_context(with_client_cert=with_client_cert)
+    context.maximum_version = ssl.TLSVersion[version.replace(".", "_")]
+    return context
+
+
+@pytest.mark.parametrize(("client", "version"), [("Consumer", "TLSv1.3"), ("Consumer", "TLSv1.2"),
+                                                 ("ShareConsumer", "TLSv1.3")])
+async def test_mutual_tls_without_a_client_certificate_is_refused_at_once(
+    own_broker: KafkaBroker, anyio_backend: str, caplog: pytest.LogCaptureFixture, client: str, version: str
+) -> None:
+    """As the Java client's SslAuthenticationException: a typed error that is not retried, naming the
+    certificate problem, in well under the request timeout (TLS 1.3 delivers the broker's alert with the
+    first read after the handshake, not from the handshake), and logged once as a failed login."""
+    caplog.set_level(logging.DEBUG, logger="asyncconsumer")
+    cls = Consumer if client == "Consumer" else ShareConsumer
+    options: dict[str, Any] = {
+        "bootstrap_servers": own_broker.bootstrap_for("SSL"), "security_protocol": "SSL",
+        "ssl_context": mtls_context(own_broker, with_client_cert=False, version=version),
+        "group_id": f"g-{uuid.uuid4().hex[:8]}", "request_timeout_ms": REQUEST_TIMEOUT_MS,
+    }
+    started = time.monotonic()
+    with pytest.raises(TLSHandshakeError, match=CERTIFICATE_REFUSED) as info:
+        with anyio.fail_after(REQUEST_TIMEOUT_MS / 1000):
+            async with cls(**options):
+                pass
+    elapsed = time.monotonic() - started
+    assert elapsed < 5, f"the refusal took {elapsed:.1f}s to surface"
+    assert not info.value.retriable and "load_cert_chain" in str(info.value)
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [text for _, text in said if "unreachable" in text or "retrying" in text], said
+    assert [level for level, text in said if "failed authentication" in text] == [logging.ERROR], said
+
+
+async def test_mutual_tls_refusal_after_the_start_is_raised_by_the_next_poll(
+    own_broker: KafkaBroker, anyio_backend: str
+) -> None:
+    """A broker that stops accepting the client's certificate later (a new connection after the start):
+    the next poll raises the refusal, as a Java consumer's poll() throws SslAuthenticationException."""
+    topic = new_topic(own_broker, "mtls")
+    await anyio.to_thread.run_sync(lambda: produce(own_broker.bootstrap, topic, [b"a"]))
+    async with Consumer(
+        bootstrap_servers=own_broker.bootstrap_for("SSL"), security_protocol="SSL",
+        ssl_context=mtls_context(own_broker, with_client_cert=True), auto_offset_reset="earliest",
+        request_timeout_ms=REQUEST_TIMEOUT_MS,
+    ) as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        got: list[bytes] = []
+        with anyio.fail_after(20):
+            while not got:
+                got += [r.value for rs in (await consumer.getmany(timeout=1)).values() for r in rs if r.value]
+        assert got == [b"a"]
+        # From now on the client's connections carry no certificate; the open ones are closed.
+        network = consumer._engine.network  # type: ignore[union-attr]
+        without = mtls_context(own_broker, with_client_cert=False)
+        network._ssl_context = lambda: without  # type: ignore[method-assign]
+        for connection in list(network._connections.values()):
+            await connection.aclose()
+        started = time.monotonic()
+        with pytest.raises(TLSHandshakeError, match=CERTIFICATE_REFUSED):
+            with anyio.fail_after(REQUEST_TIMEOUT_MS / 1000):
+                while True:
+                    await consumer.getmany(timeout=0.5)
+        assert time.monotonic() - started < 5
+
+
+ENCRYPTED_KEY_SCRIPT = textwrap.dedent("""
+    import json, sys, anyio
+    from asyncconsumer import Consumer, TopicPartition
+    from asyncconsumer.config import from_properties
+    from asyncconsumer.errors import ConfigError
+
+    base, variants, topic = json.loads(sys.argv[1])
+    outcome = {}
+    for name, extra in variants.items():
+        try:
+            from_properties({**base, **extra})
+            outcome[name] = "ok"
+        except ConfigError as exc:
+            outcome[name] = str(exc)
+
+    async def read():
+        async with Consumer.from_properties({**base, **variants["pem store"]}, request_timeout_ms=10000) as c:
+            c.assign([TopicPartition(topic, 0)])
+            await c.seek_to_beginning()
+            with anyio.fail_after(30):
+                while True:
+                    for records in (await c.getmany(timeout=1)).values():
+                        return records[0].value.decode()
+
+    outcome["read"] = anyio.run(read)
+    print(json.dumps(outcome))
+""")
+
+
+def test_encrypted_private_keys_use_ssl_key_password_and_never_prompt(own_broker: KafkaBroker, tmp_path: Path) -> None:
+    """A Java PEM key store (``ssl.keystore.type=PEM``), librdkafka's ``ssl.key.location`` and
+    ``ssl.keystore.key`` with an encrypted key: ``ssl.key.password`` decrypts it; without it, or with a
+    wrong one, a ConfigError names ``ssl.key.password``.  Run with a terminal for stdin that nobody types
+    on: a pass phrase prompt would wait there until the test's timeout."""
+    from cryptography.hazmat.primitives import serialization
+
+    tls = own_broker._tls_material()
+    key = serialization.load_pem_private_key(tls.client_key_file.read_bytes(), None)
+    password = "k3y-pa55word"
+    encrypted = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(password.encode()),
+    ).decode()
+    store = tmp_path / "client-store.pem"
+    store.write_text(encrypted + tls.client_cert_file.read_text())
+    key_file = tmp_path / "client.key"
+    key_file.write_text(encrypted)
+    topic = new_topic(own_broker, "pem-store")
+    produce(own_broker.bootstrap, topic, [b"through mutual TLS"])
+    base = {
+        "bootstrap.servers": own_broker.bootstrap_for("SSL"), "security.protocol": "SSL",
+        "ssl.truststore.type": "PEM", "ssl.truststore.location": str(tls.ca_file),
+    }
+    pem_store = {"ssl.keystore.type": "PEM", "ssl.keystore.location": str(store)}
+    variants = {
+        "pem store": {**pem_store, "ssl.key.password": password},
+        "key location": {"ssl.certificate.location": str(tls.client_cert_file), "ssl.key.location": str(key_file),
+                         "ssl.key.password": password},
+        "inline key": {"ssl.keystore.key": encrypted, "ssl.key.password": password,
+                       "ssl.keystore.certificate.chain": tls.client_cert_file.read_text()},
+        "no password": pem_store,
+        "wrong password": {**pem_store, "ssl.key.password": "not-it"},
+    }
+    # stdin is a terminal nobody types on; no controlling terminal (a new session), so OpenSSL's prompt
+    # would read that stdin, and wait.
+    terminal, typist = pty.openpty()
+    try:
+        with subprocess.Popen(
+            [sys.executable, "-c", ENCRYPTED_KEY_SCRIPT, json.dumps([base, variants, topic])],
+            stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        ) as process:
+            try:
+                out, err = process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+                pytest.fail(f"loading the key waited for input (a pass phrase prompt?): {err[-500:]}")
+    finally:
+        os.close(terminal)
+        os.close(typist)
+    assert process.returncode == 0, err[-2000:]
+    assert "pass phrase" not in err, err
+    outcome = json.loads(out)
+    assert outcome["pem store"] == outcome["key location"] == outcome["inline key"] == "ok", outcome
+    assert outcome["read"] == "through mutual TLS"
+    assert f"private key in {store} is encrypted: give its password in ssl.key.password" in outcome["no password"]
+    assert f"cannot decrypt the private key in {store} with ssl.key.password (wrong password?)" in (
+        outcome["wrong password"])
+    assert password not in out + err
+
+
+# -- KIP-368 re-authentication --------------------------------------------------------------------
 
 
 @dataclass
@@ -340,19 +530,19 @@ async def read_across_lifetimes(broker: KafkaBroker, options: dict[str, Any], li
 
 @pytest.mark.parametrize(("listener", "mechanism"), [("SASL_PLAINTEXT", "SCRAM-SHA-256"), ("SASL_SSL", "PLAIN")])
 async def test_reauthentication_keeps_connections(
-    reauth_broker: KafkaBroker, anyio_backend: str, listener: str, mechanism: str
+    own_broker: KafkaBroker, anyio_backend: str, listener: str, mechanism: str
 ) -> None:
-    options = reauth_broker.consumer_options(listener, mechanism=mechanism)  # type: ignore[arg-type]
-    seen = await read_across_lifetimes(reauth_broker, options, lifetimes=4)
+    options = own_broker.consumer_options(listener, mechanism=mechanism)  # type: ignore[arg-type]
+    seen = await read_across_lifetimes(own_broker, options, lifetimes=4)
     assert seen.opened_at_end == seen.opened_after_first_round, "a connection was lost: its session expired"
     # Bootstrap, leader and coordinator connections all re-authenticated (about once per lifetime).
     assert len(seen.reauthentications) >= 2 and min(seen.reauthentications) >= 2, seen
 
 
-async def test_reauthentication_with_fresh_oauth_tokens(reauth_broker: KafkaBroker, anyio_backend: str) -> None:
+async def test_reauthentication_with_fresh_oauth_tokens(own_broker: KafkaBroker, anyio_backend: str) -> None:
     # Tokens live 4 s, so the broker's sessions end with them and re-authentications need new ones.
     provider = CountingProvider(lifetime=4)
-    seen = await read_across_lifetimes(reauth_broker, oauth_options(reauth_broker, provider), lifetimes=4)
+    seen = await read_across_lifetimes(own_broker, oauth_options(own_broker, provider), lifetimes=4)
     assert seen.opened_at_end == seen.opened_after_first_round, "a connection was lost: its session expired"
     assert len(seen.reauthentications) >= 2 and min(seen.reauthentications) >= 2, seen
     assert provider.calls >= 3, provider.calls
@@ -361,13 +551,13 @@ async def test_reauthentication_with_fresh_oauth_tokens(reauth_broker: KafkaBrok
 
 
 async def test_without_reauthentication_the_broker_drops_sessions(
-    reauth_broker: KafkaBroker, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+    own_broker: KafkaBroker, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The control: a client that ignores the session lifetime (as before KIP-368 support) has its
     connections closed by the broker and must reconnect, so the tests above can tell the difference."""
     from asyncconsumer.engine.connection import BrokerConnection
 
     monkeypatch.setattr(BrokerConnection, "_session_started", lambda self, lifetime_ms: None)
-    options = reauth_broker.consumer_options("SASL_PLAINTEXT", mechanism="PLAIN")
-    seen = await read_across_lifetimes(reauth_broker, options, lifetimes=3)
+    options = own_broker.consumer_options("SASL_PLAINTEXT", mechanism="PLAIN")
+    seen = await read_across_lifetimes(own_broker, options, lifetimes=3)
     assert seen.opened_at_end > seen.opened_after_first_round, seen

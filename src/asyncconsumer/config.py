@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol, TypeAlias, TypedDict, get_args, runti
 from ._args import INT32_MAX, INT64_MAX, protocol_string_error
 from .assignors import ASSIGNORS
 from .errors import ConfigError, ConfigTypeError
-from .java_properties import IGNORED, JAVA_CONSUMER_PROPERTIES, REJECTED
+from .java_properties import IGNORED, JAVA_CONSUMER_PROPERTIES, REJECTED, shown
 from .structs import OAuthBearerToken as OAuthBearerToken  # documented as asyncconsumer.config.OAuthBearerToken
 
 Deserializer = Callable[[bytes], Any]
@@ -383,18 +383,18 @@ def _coerce(name: str, value: Any) -> Any:
         return strategies
     if name in _CHOICES:
         if value not in _CHOICES[name]:
-            raise ConfigError(f"{name}={value!r} is not one of {', '.join(map(repr, _CHOICES[name]))}")
+            raise ConfigError(f"{name}={shown(name, value)} is not one of {', '.join(map(repr, _CHOICES[name]))}")
         return value
     annotation = str(field.type)
     if annotation.startswith("bool"):
         if not isinstance(value, bool):
-            raise ConfigTypeError(f"{name} must be True or False, got {value!r}")
+            raise ConfigTypeError(f"{name} must be True or False, got {shown(name, value)}")
         return value
     if annotation.startswith("int"):
         if value is None and "None" in annotation:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigTypeError(f"{name} must be an integer, got {value!r}")
+            raise ConfigTypeError(f"{name} must be an integer, got {shown(name, value)}")
         if name in _POSITIVE and value <= 0:
             raise ConfigError(f"{name} must be > 0, got {value}")
         if name in _NON_NEGATIVE and value < 0:
@@ -409,7 +409,7 @@ def _coerce(name: str, value: Any) -> Any:
         if value is not None and not callable(value) and not _has_token_method(value):
             raise ConfigError(
                 "sasl_oauth_token_provider must be a callable returning a token (str, (token, expires_at) or "
-                f"OAuthBearerToken), or an object with an async token() method, got {value!r}"
+                f"OAuthBearerToken), or an object with an async token() method, got {shown(name, value)}"
             )
         return value
     if name == "meter_provider":
@@ -423,7 +423,7 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"{name} must be callable (bytes -> value), got {value!r}")
         return value
     if value is not None and not isinstance(value, str):
-        raise ConfigTypeError(f"{name} must be a string, got {value!r}")
+        raise ConfigTypeError(f"{name} must be a string, got {shown(name, value)}")
     if value is not None and name in PROTOCOL_STRING_FIELDS:
         why = protocol_string_error(value)
         if why is not None:
@@ -566,7 +566,8 @@ _GSSAPI = (
     "(confluent-kafka) for Kerberos"
 )
 _JAAS_ENTRY = re.compile(r"^\s*(?P<module>[\w.$]+)\s+(?:required|requisite|sufficient|optional)\b(?P<rest>.*)$", re.S)
-_JAAS_OPTION = re.compile(r'([\w.]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s;"]+))')
+_JAAS_OPTION = re.compile(r'\s*([\w.]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s;"]+))')
+_JAAS_NAME = re.compile(r"\s*([\w.]+)\s*=")
 
 
 def property_option(key: str) -> str:
@@ -639,7 +640,7 @@ def _check_ignored(key: str, raw: Any) -> None:
     if key == "metrics.recording.level" and text.upper() not in ("INFO", "DEBUG", "TRACE"):
         raise ConfigError(f"metrics.recording.level must be INFO, DEBUG or TRACE, got {text!r}")
     if key.endswith((".ms", ".bytes", ".samples")) and text and not text.lstrip("-").isdigit():
-        raise ConfigError(f"{key} must be an integer, got {text!r}")
+        raise ConfigError(f"{key} must be an integer, got {shown(key, text)}")
 
 
 def _deserializer(key: str, raw: Any) -> Deserializer | None:
@@ -655,17 +656,35 @@ def _deserializer(key: str, raw: Any) -> Deserializer | None:
 
 
 def _jaas(text: str) -> tuple[str, dict[str, str]]:
-    """(login module's class name without its package, options) of a ``sasl.jaas.config``."""
+    """(login module's class name, options) of a ``sasl.jaas.config``: ``<class> <flag> key=value ... ;``.
+
+    A ``ConfigError`` says where the text cannot be read, naming the option but never showing a
+    value: this text holds the password."""
     match = _JAAS_ENTRY.match(text)
     if match is None:
+        first = text.split(None, 1)[0] if text.strip() else ""
         raise ConfigError(
             "sasl.jaas.config must look like '<LoginModule class> required key=\"value\" ...;', got "
-            f"{text.split(' ', 1)[0]!r}..."
+            + (f"{first!r}..." if re.fullmatch(r"[\w.$]+", first) else "text that does not begin with a class name")
         )
-    values = {
-        k: (quoted.replace('\\"', '"').replace("\\\\", "\\") if quoted or not bare else bare)
-        for k, quoted, bare in _JAAS_OPTION.findall(match.group("rest"))
-    }
+    rest = match.group("rest")
+    values: dict[str, str] = {}
+    position = 0
+    while (option := _JAAS_OPTION.match(rest, position)) is not None:
+        key, quoted, bare = option.groups()
+        values[key] = quoted.replace('\\"', '"').replace("\\\\", "\\") if quoted is not None else bare
+        position = option.end()
+    if rest[position:].strip() not in ("", ";"):
+        name = _JAAS_NAME.match(rest, position)
+        if name is not None:
+            problem = (
+                f"cannot read the value of {name.group(1)!r}: a value in double quotes needs its closing quote, "
+                "one without quotes cannot hold spaces, quotes or ';'"
+            )
+        else:
+            after = f"after {list(values)[-1]!r}" if values else "after the control flag"
+            problem = f"cannot read what comes {after}: expected key=\"value\" pairs, then ';'"
+        raise ConfigError(f"sasl.jaas.config: {problem}")
     return match.group("module"), values
 
 
@@ -750,13 +769,13 @@ def _from_text(name: str, raw: Any) -> Any:
     annotation = str(_FIELDS[name].type)
     if annotation.startswith("bool"):
         if raw.lower() not in ("true", "false"):
-            raise ConfigError(f"{name} must be 'true' or 'false', got {raw!r}")
+            raise ConfigError(f"{name} must be 'true' or 'false', got {shown(name, raw)}")
         return raw.lower() == "true"
     if annotation.startswith("int"):
         try:
             return int(raw)
         except ValueError:
-            raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+            raise ConfigError(f"{name} must be an integer, got {shown(name, raw)}") from None
     if name == "auto_offset_reset":
         return _RESET_ALIASES.get(raw, raw)
     if name == "partition_assignment_strategy":

@@ -72,7 +72,9 @@ class SaslAuthenticationError(AuthenticationError):
 
 class TLSHandshakeError(AuthenticationError):
     """The TLS handshake with a broker failed or did not complete: an untrusted certificate, a host name
-    the certificate does not cover, or no TLS on that port (the message says which)."""
+    the certificate does not cover, the broker refused the client's certificate or its lack of one
+    (mutual TLS), or no TLS on that port (the message says which).  The Java client's
+    ``SslAuthenticationException``."""
 
 
 class ProtocolError(KafkaError):

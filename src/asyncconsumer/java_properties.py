@@ -14,11 +14,26 @@ SASL and SSL settings).  Each is one of:
   value (the Java default) is accepted.
 
 docs/configuration.md lists them for users.
+
+Some hold secrets (:data:`SECRET_PROPERTIES`, and any option named like one: :func:`is_secret`).
+Every message about an option goes through :func:`shown`, which gives the value's type in place
+of a secret's value, so that no error, log line or repr prints one (docs/security.md).
 """
 
 from __future__ import annotations
 
-__all__ = ["APPLIED", "IGNORED", "JAVA_CONSUMER_PROPERTIES", "REJECTED"]
+import re
+
+__all__ = [
+    "APPLIED",
+    "HIDDEN",
+    "IGNORED",
+    "JAVA_CONSUMER_PROPERTIES",
+    "REJECTED",
+    "SECRET_PROPERTIES",
+    "is_secret",
+    "shown",
+]
 
 #: Java property -> what it sets (an option name, or where it goes).
 APPLIED: dict[str, str] = {
@@ -164,3 +179,33 @@ JAVA_CONSUMER_PROPERTIES: dict[str, str] = {
     **dict.fromkeys(IGNORED, "ignored"),
     **dict.fromkeys(REJECTED, "rejected"),
 }
+
+#: Properties whose values are secrets (besides any named like one, see :func:`is_secret`).
+SECRET_PROPERTIES = frozenset({
+    "sasl.jaas.config",
+    "sasl.password",
+    "ssl.key.password",
+    "ssl.keystore.password",
+    "ssl.truststore.password",
+    "ssl.keystore.key",
+    "sasl.oauthbearer.client.credentials.client.secret",
+    "sasl.oauthbearer.assertion.private.key.passphrase",
+})
+#: What a message shows in place of a secret.
+HIDDEN = "[hidden]"
+#: Words that make a name (a property, an option, a JAAS option such as ``clientSecret``) a secret's.
+_SECRET_NAME = re.compile(r"pass(word|wd|phrase)|secret|jaas|token(?!.endpoint)|keystore.key$", re.IGNORECASE)
+
+
+def is_secret(name: str) -> bool:
+    """Whether the property, option or JAAS option ``name`` holds a secret: ``ssl.key.password``,
+    ``sasl_plain_password``, ``sasl.jaas.config``, ``clientSecret``, ``sasl_oauth_token_provider``..."""
+    return name in SECRET_PROPERTIES or _SECRET_NAME.search(name) is not None
+
+
+def shown(name: str, value: object) -> str:
+    """``value`` as a message about ``name`` shows it: its ``repr``, or for a secret only its type
+    (``"a str (hidden)"``)."""
+    if is_secret(name) and value is not None:
+        return f"a {type(value).__name__} {HIDDEN}"
+    return repr(value)

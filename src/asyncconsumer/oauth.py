@@ -26,6 +26,7 @@ import anyio
 import anyio.to_thread
 
 from .errors import ConfigError, KafkaError
+from .java_properties import HIDDEN, is_secret
 from .structs import OAuthBearerToken
 
 __all__ = ["ClientCredentialsTokenProvider", "TokenEndpointError", "unsecured_token"]
@@ -63,11 +64,13 @@ class ClientCredentialsTokenProvider:
         parsed = urllib.parse.urlparse(token_endpoint_url)
         if parsed.scheme not in ("http", "https", "file"):
             raise ConfigError(
-                f"sasl.oauthbearer.token.endpoint.url must be an http(s): or file: URL, got {token_endpoint_url!r}"
+                "sasl.oauthbearer.token.endpoint.url must be an http(s): or file: URL, got "
+                f"{_masked_url(token_endpoint_url)!r}"
             )
         if parsed.scheme != "file" and (not client_id or client_secret is None):
             raise ConfigError("the client-credentials grant needs a client id and a client secret")
         self.url = token_endpoint_url
+        self._shown_url = _masked_url(token_endpoint_url)
         self._client_id = client_id or ""
         self._client_secret = client_secret or ""
         self.scope = scope or None
@@ -78,7 +81,9 @@ class ClientCredentialsTokenProvider:
         self.extensions = dict(extensions or {})
 
     def __repr__(self) -> str:  # no secret in it
-        return f"ClientCredentialsTokenProvider({self.url!r}, client_id={self._client_id!r}, scope={self.scope!r})"
+        return (
+            f"ClientCredentialsTokenProvider({self._shown_url!r}, client_id={self._client_id!r}, scope={self.scope!r})"
+        )
 
     async def token(self) -> OAuthBearerToken:
         """A fresh token (called by the client when a connection authenticates and the last
@@ -92,11 +97,22 @@ class ClientCredentialsTokenProvider:
                 raise
             except (OSError, ValueError) as exc:
                 if wait > self._backoff_max:
-                    raise TokenEndpointError(f"the token endpoint {self.url} failed: {exc}") from exc
+                    raise TokenEndpointError(
+                        f"the token endpoint {self._shown_url} failed: {self._masked(exc)}"
+                    ) from exc
             await anyio.sleep(wait)
             wait *= 2
         expires_at = time.time() + expires_in if expires_in is not None else None
         return OAuthBearerToken(value, expires_at=expires_at, extensions=self.extensions)
+
+    def _masked(self, text: object) -> str:
+        """``text`` (an answer of the endpoint, an error) with the client secret taken out, should the
+        endpoint echo it."""
+        text = str(text)
+        secret = self._client_secret
+        for form in {secret, urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret)} if secret else ():
+            text = text.replace(form, HIDDEN)
+        return text
 
     def _fetch(self) -> tuple[str, float | None]:
         if self.url.startswith("file:"):
@@ -124,14 +140,28 @@ class ClientCredentialsTokenProvider:
             detail = exc.read()[:300].decode("utf-8", errors="replace")
             if 400 <= exc.code < 500:
                 raise TokenEndpointError(
-                    f"the token endpoint {self.url} refused the client ({exc.code}): {detail}"
+                    f"the token endpoint {self._shown_url} refused the client ({exc.code}): {self._masked(detail)}"
                 ) from None
-            raise OSError(f"HTTP {exc.code}: {detail}") from None
+            raise OSError(f"HTTP {exc.code}: {self._masked(detail)}") from None
         token = answer.get("access_token") if isinstance(answer, dict) else None
         if not isinstance(token, str) or not token:
-            raise TokenEndpointError(f"the token endpoint {self.url} answered without an access_token")
+            raise TokenEndpointError(f"the token endpoint {self._shown_url} answered without an access_token")
         expires_in = answer.get("expires_in")
         return token, float(expires_in) if isinstance(expires_in, (int, float)) else None
+
+
+def _masked_url(url: str) -> str:
+    """``url`` as messages show it: a password in it (``https://user:password@host``) and the values
+    of query parameters named like secrets (``client_secret=``) hidden."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:{HIDDEN}@{netloc.rpartition('@')[2]}"
+    query = "&".join(
+        f"{key}={HIDDEN}" if is_secret(key) else f"{key}={value}" if sep else key
+        for key, sep, value in (pair.partition("=") for pair in parts.query.split("&") if pair)
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def unsecured_token(

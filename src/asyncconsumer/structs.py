@@ -122,8 +122,9 @@ class OAuthBearerToken:
     token is a JWT): the client asks the provider for a new token once 80 % of the time from getting it
     to ``expires_at`` has passed.  ``extensions`` are SASL extensions sent with the token (KIP-342),
     such as ``{"logicalCluster": "lkc-1"}``; keys are letters only and ``auth`` is reserved.
+    Its ``repr`` leaves ``value`` out: the token is a credential.
     """
 
-    value: str
+    value: str = dataclasses.field(repr=False)
     expires_at: float | None = None
     extensions: Mapping[str, str] = dataclasses.field(default_factory=dict)

@@ -12,6 +12,13 @@ JKS is read here (its format: trusted certificates, and private keys protected b
 SHA-1 key protector; the store's SHA-1 integrity digest is checked when a password is given).
 PKCS12 is read with the ``cryptography`` package (``pip install cryptography``).  JCEKS and other
 types are rejected: convert them with ``keytool -importkeystore -deststoretype PKCS12``.
+
+A private key may be encrypted (a PEM key store, ``ssl.keystore.key``, librdkafka's
+``ssl.key.location``): ``ssl.key.password`` decrypts it.  Every key goes through
+:func:`load_cert_chain`, which always hands OpenSSL a password callback: without one, OpenSSL
+would ask on the terminal ("Enter PEM pass phrase:") and wait there, or fail with ``EINVAL``
+where there is none.  A key that needs a password nobody gave is a :class:`ConfigError` naming
+``ssl.key.password``.
 """
 
 from __future__ import annotations
@@ -26,10 +33,11 @@ import struct
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import ConfigError
 
-__all__ = ["KeyStore", "load_store", "ssl_context_from_properties"]
+__all__ = ["KeyStore", "load_cert_chain", "load_store", "ssl_context_from_properties"]
 
 _JKS_MAGIC = 0xFEEDFEED
 _JCEKS_MAGIC = 0xCECECECE
@@ -269,7 +277,9 @@ def ssl_context_from_properties(props: Mapping[str, str]) -> ssl.SSLContext:
     key_password = props.get("ssl.key.password")
     try:
         if "ssl.certificate.location" in props:
-            context.load_cert_chain(props["ssl.certificate.location"], props.get("ssl.key.location"), key_password)
+            where = props.get("ssl.key.location") or props["ssl.certificate.location"]
+            load_cert_chain(context, props["ssl.certificate.location"], props.get("ssl.key.location"),
+                            password=key_password, where=where)
         elif "ssl.keystore.location" in props:
             store = load_store(
                 props["ssl.keystore.location"],
@@ -279,15 +289,50 @@ def ssl_context_from_properties(props: Mapping[str, str]) -> ssl.SSLContext:
             )
             if store.key is None:
                 raise ConfigError(f"the key store {props['ssl.keystore.location']} holds no private key")
-            _load_chain(context, store.key, store.chain, None)
+            # JKS and PKCS12 keys come out decrypted; a PEM store's key may still be encrypted.
+            _load_chain(context, store.key, store.chain, key_password, props["ssl.keystore.location"])
         elif "ssl.keystore.key" in props:
             chain = [block for _, block in _pem_blocks(props.get("ssl.keystore.certificate.chain", ""))]
             if not chain:
                 raise ConfigError("ssl.keystore.key needs ssl.keystore.certificate.chain (PEM)")
-            _load_chain(context, props["ssl.keystore.key"], chain, key_password)
+            _load_chain(context, props["ssl.keystore.key"], chain, key_password, "ssl.keystore.key")
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"cannot load the client certificate given in ssl.* properties: {exc}") from exc
     return context
+
+
+def load_cert_chain(
+    context: ssl.SSLContext,
+    certfile: str | Path,
+    keyfile: str | Path | None = None,
+    *,
+    password: str | None,
+    where: str | None = None,
+) -> None:
+    """``context.load_cert_chain(certfile, keyfile)`` that never lets OpenSSL prompt for a pass phrase.
+
+    ``password`` decrypts an encrypted key (``ssl.key.password``); OpenSSL asks for it only when the
+    key is encrypted.  An encrypted key without a password, or with a wrong one, is a
+    :class:`ConfigError` naming ``where`` (the key's file, by default) and ``ssl.key.password``.
+    """
+    where = str(where or keyfile or certfile)
+    asked = False
+
+    def key_password() -> str:
+        nonlocal asked
+        asked = True
+        if password is None:
+            raise ConfigError(f"the private key in {where} is encrypted: give its password in ssl.key.password")
+        return password
+
+    try:
+        context.load_cert_chain(certfile, keyfile, password=key_password)
+    except ssl.SSLError as exc:
+        if asked:  # OpenSSL's "[SSL] PEM lib" says no more
+            raise ConfigError(
+                f"cannot decrypt the private key in {where} with ssl.key.password (wrong password?): {exc}"
+            ) from exc
+        raise
 
 
 def _set_versions(context: ssl.SSLContext, props: Mapping[str, str]) -> None:
@@ -305,13 +350,13 @@ def _set_versions(context: ssl.SSLContext, props: Mapping[str, str]) -> None:
             context.maximum_version = highest
 
 
-def _load_chain(context: ssl.SSLContext, key: str, chain: list[str], password: str | None) -> None:
+def _load_chain(context: ssl.SSLContext, key: str, chain: list[str], password: str | None, where: str) -> None:
     """``load_cert_chain`` from PEM text: through a private temporary file, removed at once."""
     fd, name = tempfile.mkstemp(prefix="asyncconsumer-", suffix=".pem")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(key + "".join(chain))
-        context.load_cert_chain(name, password=password)
+        load_cert_chain(context, name, password=password, where=where)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(name)

@@ -110,7 +110,30 @@ class TLSHandshakeCutOff(KafkaConnectionError):
     """The server hung up during the TLS handshake without a word (retriable: it may be restarting)."""
 
 
+#: TLS alerts by which a server refuses the client's certificate, or its lack of one: the listener
+#: requires mutual TLS (``ssl.client.auth=required``).  Under TLS 1.3 the server checks the client's
+#: certificate after the client has finished its side of the handshake, so the alert comes with
+#: the first read, not from the handshake itself.
+_CERTIFICATE_ALERTS = frozenset({
+    "SSLV3_ALERT_BAD_CERTIFICATE",
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED",
+    "SSLV3_ALERT_CERTIFICATE_REVOKED",
+    "TLSV1_ALERT_UNKNOWN_CA",
+    "TLSV1_ALERT_ACCESS_DENIED",
+})
+
+
 def _tls_error(where: str, exc: ssl.SSLError) -> TLSHandshakeError:
+    if exc.reason in _CERTIFICATE_ALERTS:
+        return TLSHandshakeError(
+            f"the broker at {where} refused this client's certificate (TLS alert {exc.reason}): the listener "
+            "requires mutual TLS, and no client certificate was sent or the broker does not trust it (not signed "
+            "by a CA in the broker's trust store, expired, or not for client authentication); load one with "
+            "ssl_context.load_cert_chain(), or give from_properties ssl.keystore.location"
+        )
     if isinstance(exc, ssl.SSLCertVerificationError):
         hint = ""
         if exc.verify_code in (2, 19, 20, 21):  # unknown issuer, self-signed chain
@@ -353,8 +376,24 @@ class BrokerConnection:
         self._next_correlation_id = (correlation_id + 1) & 0x7FFFFFFF
         return correlation_id, frame
 
-    def _send_failed(self, api: str, exc: BaseException) -> KafkaConnectionError:
+    def _send_failed(self, api: str, exc: BaseException) -> KafkaError:
+        if isinstance(exc, ssl.SSLError):
+            return self._tls_closed(exc)
         return KafkaConnectionError(f"sending {api} to {self.host}:{self.port} failed: {exc}")
+
+    def _tls_closed(self, exc: ssl.SSLError) -> KafkaError:
+        """The error a TLS error after the handshake closes the connection with.  The broker's refusal
+        of the client's certificate (the alert of a mutual-TLS listener, which TLS 1.3 delivers with
+        the first read), or any alert before the connection was set up, is a ``TLSHandshakeError``:
+        not retriable, as a failed handshake.  Later, anything else is a broken connection."""
+        error: KafkaError
+        if exc.reason in _CERTIFICATE_ALERTS or (not self._set_up and "ALERT" in str(exc.reason)):
+            error = _tls_error(f"{self.host}:{self.port}", exc)
+        else:
+            error = KafkaConnectionError(f"connection to {self.host}:{self.port} closed by a TLS error: {exc}")
+        error.__cause__ = exc
+        clear_frame_locals(error)  # it stays on as the closing error: its traceback must not pin a frame
+        return error
 
     def _cut_off(self, api: str) -> KafkaConnectionError:
         """A send cancelled part way through a frame: the connection must close."""
@@ -488,6 +527,8 @@ class BrokerConnection:
         try:
             with self._reader_scope:
                 await self._read_frames(stream)
+        except ssl.SSLError as exc:  # a TLS alert from the broker (an OSError: caught first)
+            self._fail(self._tls_closed(exc))
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self._fail(self._refused_without_login() or KafkaConnectionError(
                 f"connection to {self.host}:{self.port} closed: {str(exc) or 'EOF'}"))

@@ -48,6 +48,7 @@ from .connection import (
     describe_node,
     frame_limit,
 )
+from .sasl import cleartext_warning
 
 log = logging.getLogger("asyncconsumer.network")
 
@@ -152,6 +153,8 @@ class NetworkClient:
         #: The last failed login (fatal, as in the Java client), and whether the loop has taken it.
         self.auth_failure: AuthenticationError | None = None
         self._auth_failure_new = False
+        #: Said once, before the first connection: a login that sends its credential in clear.
+        self._cleartext = cleartext_warning(config.security_protocol, config.sasl_mechanism) if sasl else None
 
     # -- broker addresses -----------------------------------------------------------------------
 
@@ -379,6 +382,9 @@ class NetworkClient:
 
     def _new_connection(self, node_id: int, host: str, port: int) -> BrokerConnection:
         config = self._config
+        if self._cleartext is not None:
+            log.warning("%s", self._cleartext)
+            self._cleartext = None
         sasl = self._sasl
         return BrokerConnection(
             node_id,

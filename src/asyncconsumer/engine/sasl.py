@@ -38,6 +38,7 @@ __all__ = [
     "ScramMechanism",
     "TokenCache",
     "authenticate",
+    "cleartext_warning",
     "create_mechanism",
     "reauthentication_delay",
 ]
@@ -349,6 +350,21 @@ async def authenticate(
     return max(0, int(response.get("session_lifetime_ms") or 0))
 
 
+def cleartext_warning(security_protocol: str, mechanism: str) -> str | None:
+    """What to warn of when a login sends its credential in clear: PLAIN's password or OAUTHBEARER's
+    token over ``SASL_PLAINTEXT``, for anyone on the network path to read and log in with.  None
+    otherwise: SCRAM never sends the password (only a proof of it, good for one login), and
+    ``SASL_SSL`` encrypts everything."""
+    if security_protocol != "SASL_PLAINTEXT" or mechanism not in ("PLAIN", "OAUTHBEARER"):
+        return None
+    what = "the password" if mechanism == "PLAIN" else "the bearer token"
+    return (
+        f"security_protocol='SASL_PLAINTEXT' with sasl_mechanism={mechanism!r} sends {what} to the brokers in "
+        "clear text: anyone who can see the traffic can read it and log in with it. Use security_protocol="
+        "'SASL_SSL' (a SASL_SSL listener), or SCRAM-SHA-512, which never sends the password"
+    )
+
+
 def reauthentication_delay(
     session_lifetime_ms: int, uniform: Callable[[float, float], float] = random.uniform
 ) -> float:
@@ -396,10 +412,9 @@ class OAuthBearerMechanism:
 
     def __init__(self, token: str, extensions: Mapping[str, str] | None = None) -> None:
         if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
-            shown = token if isinstance(token, str) and len(token) <= 40 else f"{str(token)[:40]}..."
             raise SaslAuthenticationError(
-                f"OAUTHBEARER: the token from sasl_oauth_token_provider is malformed ({shown!r}): a bearer token "
-                "is one word of letters, digits and -._~+/ (a JWT, for example)"
+                f"OAUTHBEARER: the token from sasl_oauth_token_provider is malformed ({_malformed(token)}): a bearer "
+                "token is one word of letters, digits and -._~+/ (a JWT, for example); it was not sent"
             )
         extensions = dict(extensions or {})
         for key, value in extensions.items():
@@ -442,6 +457,19 @@ class OAuthBearerMechanism:
     @property
     def complete(self) -> bool:
         return self._state == _OAUTH_DONE
+
+
+def _malformed(token: object) -> str:
+    """What is wrong with a token, without showing it (it is a credential): its length, and the first
+    character a token may not hold (never a letter or a digit)."""
+    if not isinstance(token, str):
+        return f"a {type(token).__name__}, not a str"
+    if not token:
+        return "empty"
+    for at, char in enumerate(token):
+        if not (char.isascii() and (char.isalnum() or char in "-._~+/=")):
+            return f"{len(token)} characters, {char!r} at position {at}"
+    return f"{len(token)} characters, '=' padding before its end"
 
 
 def _describe_oauth_error(challenge: bytes) -> str:

@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ..tls_stores import load_cert_chain
+
 __all__ = ["TLSMaterial", "generate_certs"]
 
 
@@ -35,13 +37,13 @@ class TLSMaterial:
         """A client-side context that trusts only the test CA (hostname checking stays on)."""
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(self.ca_file))
         if with_client_cert:
-            ctx.load_cert_chain(str(self.client_cert_file), str(self.client_key_file))
+            load_cert_chain(ctx, self.client_cert_file, self.client_key_file, password=None)
         return ctx
 
     def server_context(self, *, require_client_cert: bool = False) -> ssl.SSLContext:
         """A server-side context presenting the server cert (optionally demanding a client cert)."""
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(self.ca_file))
-        ctx.load_cert_chain(str(self.server_cert_file), str(self.server_key_file))
+        load_cert_chain(ctx, self.server_cert_file, self.server_key_file, password=None)
         ctx.verify_mode = ssl.CERT_REQUIRED if require_client_cert else ssl.CERT_NONE
         return ctx
 
