@@ -151,6 +151,7 @@ def container_kafka(kafka_image: str, docker_daemon: Any) -> Iterator[ContainerB
 # ----------------------------------------------------------------------------------- CI's test
 
 
+@pytest.mark.kafka_jvm  # a Kafka JVM of its own (in the container): on the Apache Kafka worker
 @pytest.mark.anyio
 async def test_a_group_consumes_and_commits_on_the_container_broker(
     container_kafka: ContainerBroker, anyio_backend: str
@@ -235,6 +236,7 @@ def _started(daemon: Any, image: str, since: float) -> list[str]:
 
 
 @pytest.mark.long
+@pytest.mark.kafka_jvm
 @pytest.mark.timeout(300)
 def test_the_plugin_runs_a_users_tests_on_the_container_broker(kafka_image: str, docker_daemon: Any) -> None:
     """``--kafka-broker=testcontainers:IMAGE``: the plugin starts the container broker for the user's
@@ -264,6 +266,7 @@ SUBSET = [
 
 
 @pytest.mark.long
+@pytest.mark.kafka_jvm
 @pytest.mark.timeout(600)
 def test_the_suites_core_tests_pass_on_the_container_broker(kafka_image: str, docker_daemon: Any) -> None:
     """``ASYNCCONSUMER_TEST_BROKER=kafka ASYNCCONSUMER_KAFKA_IMAGE=IMAGE``: the session's Apache Kafka
@@ -282,6 +285,7 @@ def test_the_suites_core_tests_pass_on_the_container_broker(kafka_image: str, do
 
 
 @pytest.mark.long
+@pytest.mark.kafka_jvm
 def test_a_broker_that_exits_is_a_typed_error_with_its_own_words(kafka_image: str) -> None:
     broker = ContainerBroker(kafka_image, config={"process.roles": "bystander"}, startup_timeout=60)
     with pytest.raises(ContainerBrokerError, match=r"(?s)exited.*bystander"):
