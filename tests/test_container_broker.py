@@ -152,6 +152,7 @@ def container_kafka(kafka_image: str, docker_daemon: Any) -> Iterator[ContainerB
 
 
 @pytest.mark.kafka_jvm  # a Kafka JVM of its own (in the container): on the Apache Kafka worker
+@pytest.mark.timeout(300)  # the first one starts the daemon, builds the image and starts the broker
 @pytest.mark.anyio
 async def test_a_group_consumes_and_commits_on_the_container_broker(
     container_kafka: ContainerBroker, anyio_backend: str

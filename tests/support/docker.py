@@ -209,8 +209,11 @@ def _why_not() -> str | None:
 def start_daemon() -> Daemon:
     """The running daemon, or one started here (see the module's docstring); sets ``DOCKER_HOST`` and
     the testcontainers variables in ``os.environ`` until :meth:`Daemon.stop`."""
+    from testcontainers.core.config import testcontainers_config
     from testcontainers.core.labels import SESSION_ID
 
+    # The variable is read once, at a container's first start: set it here for this process too.
+    testcontainers_config.ryuk_disabled = True
     env = {**os.environ, **TESTCONTAINERS_ENV}
     daemon = Daemon(env=env, session_id=SESSION_ID)
     if shutil.which("docker") is not None and _answers(env):

@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Self
 
 from ._probe import wait_for_metadata
 from .kafka import KAFKA_VERSION, KafkaBrokerError, broker_settings, error_lines, free_ports, new_cluster_id
@@ -223,7 +223,7 @@ class ContainerBroker:
         self.startup_seconds = time.monotonic() - began
         return self
 
-    def _exited_check(self) -> Any:
+    def _exited_check(self) -> Callable[[], str | None]:
         """``wait_for_metadata``'s ``alive``: a message once the container has stopped (asked of
         Docker at most twice a second)."""
         asked = [0.0]
