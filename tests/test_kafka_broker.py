@@ -134,14 +134,14 @@ def test_a_cluster_id_is_never_drawn_with_a_leading_dash(monkeypatch: pytest.Mon
     # 0xF8 in the first byte encodes to "-" in URL-safe base64: a command line reads that as an option
     draws = iter([uuid.UUID(bytes=b"\xf8" + bytes(15)), uuid.UUID(bytes=b"\x1d" + bytes(15))])
     monkeypatch.setattr(kafka_module.uuid, "uuid4", lambda: next(draws))
-    cluster_id = kafka_module._cluster_id()
+    cluster_id = kafka_module.new_cluster_id()
     assert cluster_id == "HQAAAAAAAAAAAAAAAAAAAA"
 
 
 def test_every_listener_serves_records_and_stop_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     _java_or_skip()
     # an id Kafka's own Uuid would never draw, yet the format command must take it (CI once drew one)
-    monkeypatch.setattr(kafka_module, "_cluster_id", lambda: "-Hx5F8YWQDCSc3Eh94JctA")
+    monkeypatch.setattr(kafka_module, "new_cluster_id", lambda: "-Hx5F8YWQDCSc3Eh94JctA")
     broker = KafkaBroker(users={"carol": "carol-pw"}).start()
     try:
         assert broker.startup_seconds is not None and broker.startup_seconds < 90

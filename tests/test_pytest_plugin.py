@@ -33,7 +33,7 @@ def test_entry_point_is_registered() -> None:
     plugins = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
     assert plugins.get("asyncconsumer") == "asyncconsumer.testing.pytest_plugin"
     help_text = run_project("--help").stdout
-    assert "--kafka-broker={tansu,kafka}" in help_text
+    assert "--kafka-broker={tansu,kafka,testcontainers[:IMAGE]}" in help_text
     assert "--kafka-bootstrap=HOST:PORT" in help_text
 
 

@@ -507,9 +507,16 @@ class KafkaBackend:
 
 def start_kafka(**options: Any) -> KafkaBackend:
     """Start a one-node Apache Kafka with every listener (see ``asyncconsumer.testing.KafkaBroker``),
-    of the release ``ASYNCCONSUMER_KAFKA_VERSION`` names unless ``version`` is given."""
+    of the release ``ASYNCCONSUMER_KAFKA_VERSION`` names unless ``version`` is given; with
+    ``ASYNCCONSUMER_KAFKA_IMAGE=IMAGE``, Apache Kafka's image in a container instead (PLAINTEXT only:
+    ``support.docker``)."""
     from asyncconsumer.testing import JavaNotFoundError, KafkaBroker, KafkaBrokerError, KafkaDownloadError
 
+    image = os.environ.get("ASYNCCONSUMER_KAFKA_IMAGE", "").strip()
+    if image and not options:
+        from .docker import start_kafka_container
+
+        return start_kafka_container(image)
     options.setdefault("version", kafka_version_from_env())
     try:
         broker = KafkaBroker(**options).start()

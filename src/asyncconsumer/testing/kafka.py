@@ -195,6 +195,62 @@ def _release(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def broker_settings(nodes: int = 1, version: str = KAFKA_VERSION) -> dict[str, str]:
+    """The ``server.properties`` entries of every test broker, beside its listeners and storage, in a
+    cluster of ``nodes`` brokers running release ``version``: internal topics sized for the cluster,
+    short group timers and quick failover (the settings ``version`` does not know, in
+    :data:`SETTINGS_SINCE`, left out).  The container broker's container gets the same."""
+    replication = str(min(3, nodes))
+    in_sync = str(2 if nodes >= 3 else 1)
+    settings = {
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+        "num.partitions": "1",
+        "default.replication.factor": replication,
+        "min.insync.replicas": in_sync,
+        "offsets.topic.replication.factor": replication,
+        "offsets.topic.num.partitions": "4",
+        "transaction.state.log.replication.factor": replication,
+        "transaction.state.log.min.isr": in_sync,
+        "transaction.state.log.num.partitions": "4",
+        "share.coordinator.state.topic.replication.factor": replication,
+        "share.coordinator.state.topic.min.isr": in_sync,
+        "share.coordinator.state.topic.num.partitions": "4",
+        # Classic groups: no wait for more members before the first assignment.
+        "group.initial.rebalance.delay.ms": "0",
+        "group.min.session.timeout.ms": "2000",
+        # KIP-848 groups: short broker-side timers, assignments at once (4.3's batching off).
+        "group.consumer.min.session.timeout.ms": "2000",
+        "group.consumer.session.timeout.ms": "10000",
+        "group.consumer.min.heartbeat.interval.ms": "500",
+        "group.consumer.heartbeat.interval.ms": "1000",
+        "group.consumer.assignment.interval.ms": "0",
+        # Share groups (KIP-932, on by default in clusters formatted by 4.2+; 4.0 and 4.1 have
+        # them only when enabled: not here, so that those releases are tested without them).
+        "group.share.session.timeout.ms": "10000",
+        "group.share.min.session.timeout.ms": "2000",
+        "group.share.heartbeat.interval.ms": "1000",
+        "group.share.min.heartbeat.interval.ms": "500",
+        "group.share.assignment.interval.ms": "0",
+        "group.share.record.lock.duration.ms": "15000",
+        "group.share.min.record.lock.duration.ms": "1000",
+        # Quick failover and short-lived tests.
+        "controller.quorum.election.timeout.ms": "1000",
+        "controller.quorum.fetch.timeout.ms": "2000",
+        "broker.heartbeat.interval.ms": "500",
+        "broker.session.timeout.ms": "3000",
+        "replica.lag.time.max.ms": "5000",
+        "controlled.shutdown.enable": "true",
+        "leader.imbalance.check.interval.seconds": "5",
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "5000",
+    }
+    release = _release(version)
+    for key, since in SETTINGS_SINCE.items():
+        if release < since:
+            settings.pop(key, None)
+    return settings
+
+
 # --------------------------------------------------------------------------------------- Java
 
 
@@ -361,7 +417,7 @@ def _download(kafka_version: str, target: Path, out: IO[str]) -> None:
 # -------------------------------------------------------------------------------------- nodes
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free loopback ports (bound together, then released, so no two are the same)."""
     sockets = []
     try:
@@ -375,7 +431,7 @@ def _free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _cluster_id() -> str:
+def new_cluster_id() -> str:
     """A random KRaft cluster id: 16 random bytes in URL-safe base64, as Kafka's own ``Uuid``.
 
     Like Kafka's ``Uuid.randomUuid()``, an id starting with ``-`` is drawn again: a command line
@@ -387,12 +443,10 @@ def _cluster_id() -> str:
             return text
 
 
-def _error_lines(log: Path, limit: int = 8) -> str:
-    """The broker's own ERROR/FATAL lines (and 'Caused by' summaries), without stack frames."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
+def error_lines(log: str, limit: int = 8) -> str:
+    """A broker log's own ERROR/FATAL lines (and 'Caused by' summaries), without stack frames; the
+    last lines when there are none."""
+    lines = log.splitlines()
     keep = [
         line.strip()
         for line in lines
@@ -402,6 +456,14 @@ def _error_lines(log: Path, limit: int = 8) -> str:
     if not keep:
         keep = [line.strip() for line in lines if line.strip() and not line.startswith(("\tat ", "\t..."))][-limit:]
     return "\n".join(keep[-limit:]) or "(empty log)"
+
+
+def _error_lines(log: Path, limit: int = 8) -> str:
+    """:func:`error_lines` of a log file."""
+    try:
+        return error_lines(log.read_text(errors="replace"), limit)
+    except OSError:
+        return "(no log)"
 
 
 def _check_address(address: object, node: KafkaNode) -> str:
@@ -719,7 +781,7 @@ class _KafkaProcesses:
                 self._tls_material()
             width = len(dataclasses.fields(_Ports))
             total = self._count + self._controller_count
-            ports = _free_ports(width * total)
+            ports = free_ports(width * total)
             for index in range(total):
                 directory = self._directory / f"node-{index + 1}"
                 directory.mkdir()
@@ -737,7 +799,7 @@ class _KafkaProcesses:
                 # each node before the node tells anyone to go through it.
                 for node in self.nodes:
                     node.advertised_plaintext = _check_address(self._advertise_plaintext(node), node)
-            cluster_id = _cluster_id()
+            cluster_id = new_cluster_id()
             for node in (*self.controllers, *self.nodes):
                 (node.directory / "server.properties").write_text(self._properties(node))
                 self._format(node, cluster_id)
@@ -809,7 +871,6 @@ class _KafkaProcesses:
 
     def _properties(self, node: KafkaNode) -> str:
         count = self._count
-        replication = min(3, count)
         voters = ",".join(f"{n.node_id}@{LOOPBACK}:{n.ports.controller}" for n in self.controllers or self.nodes)
         if node.roles == "controller":
             return self._controller_properties(node, voters)
@@ -840,52 +901,9 @@ class _KafkaProcesses:
             "advertised.listeners": ",".join(advertised),
             "listener.security.protocol.map": ",".join(protocol_map),
             "log.dirs": str(node.directory / "data"),
-            "num.network.threads": "2",
-            "num.io.threads": "4",
-            "num.partitions": "1",
-            "default.replication.factor": str(replication),
-            "min.insync.replicas": str(2 if count >= 3 else 1),
-            "offsets.topic.replication.factor": str(replication),
-            "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": str(replication),
-            "transaction.state.log.min.isr": str(2 if count >= 3 else 1),
-            "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": str(replication),
-            "share.coordinator.state.topic.min.isr": str(2 if count >= 3 else 1),
-            "share.coordinator.state.topic.num.partitions": "4",
-            # Classic groups: no wait for more members before the first assignment.
-            "group.initial.rebalance.delay.ms": "0",
-            "group.min.session.timeout.ms": "2000",
-            # KIP-848 groups: short broker-side timers, assignments at once (4.3's batching off).
-            "group.consumer.min.session.timeout.ms": "2000",
-            "group.consumer.session.timeout.ms": "10000",
-            "group.consumer.min.heartbeat.interval.ms": "500",
-            "group.consumer.heartbeat.interval.ms": "1000",
-            "group.consumer.assignment.interval.ms": "0",
-            # Share groups (KIP-932, on by default in clusters formatted by 4.2+; 4.0 and 4.1 have
-            # them only when enabled: not here, so that those releases are tested without them).
-            "group.share.session.timeout.ms": "10000",
-            "group.share.min.session.timeout.ms": "2000",
-            "group.share.heartbeat.interval.ms": "1000",
-            "group.share.min.heartbeat.interval.ms": "500",
-            "group.share.assignment.interval.ms": "0",
-            "group.share.record.lock.duration.ms": "15000",
-            "group.share.min.record.lock.duration.ms": "1000",
-            # Quick failover and short-lived tests.
-            "controller.quorum.election.timeout.ms": "1000",
-            "controller.quorum.fetch.timeout.ms": "2000",
-            "broker.heartbeat.interval.ms": "500",
-            "broker.session.timeout.ms": "3000",
-            "replica.lag.time.max.ms": "5000",
-            "controlled.shutdown.enable": "true",
-            "leader.imbalance.check.interval.seconds": "5",
-            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "5000",
+            **broker_settings(count, self.version),
             "sasl.enabled.mechanisms": ",".join(SASL_MECHANISMS),
         }
-        release = self.release
-        for key, since in SETTINGS_SINCE.items():
-            if release < since:
-                props.pop(key, None)
         if node.rack is not None:
             props["broker.rack"] = node.rack
             props["replica.selector.class"] = "org.apache.kafka.common.replica.RackAwareReplicaSelector"

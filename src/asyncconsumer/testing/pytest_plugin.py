@@ -3,7 +3,8 @@
 
 Fixtures:
     kafka_broker   (session) the broker: an embedded Tansu by default, Apache Kafka with
-                   ``--kafka-broker=kafka``, an existing cluster with ``--kafka-bootstrap=HOST:PORT``;
+                   ``--kafka-broker=kafka`` (its jars) or ``--kafka-broker=testcontainers[:IMAGE]`` (its
+                   image, in a container), an existing cluster with ``--kafka-bootstrap=HOST:PORT``;
                    ``.bootstrap`` is the address to give ``Consumer(bootstrap_servers=...)``
     kafka_topic    a fresh topic for each test (one partition; ``@pytest.mark.kafka_topic(partitions=3,
                    config={...})`` changes that)
@@ -16,6 +17,7 @@ Records are ``bytes``/``str`` values or ``(partition, key, value[, headers[, tim
 
 from __future__ import annotations
 
+import argparse
 import functools
 import uuid
 from collections.abc import Iterable, Iterator
@@ -43,13 +45,26 @@ class ExistingCluster:
     bootstrap: str
 
 
+def broker_kind(value: str) -> str:
+    """``--kafka-broker``'s value, checked: one of :data:`BROKER_KINDS`, ``testcontainers`` or
+    ``testcontainers:IMAGE``."""
+    kind, colon, image = value.partition(":")
+    if value in BROKER_KINDS or (kind == "testcontainers" and (image.strip() or not colon)):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"{value!r}: choose tansu, kafka, testcontainers or testcontainers:IMAGE (an image name after the colon)"
+    )
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("asyncconsumer", "asyncconsumer Kafka fixtures")
     group.addoption(
         "--kafka-broker",
-        choices=BROKER_KINDS,
+        type=broker_kind,
         default="tansu",
-        help="broker behind the kafka_broker fixture: tansu (embedded, default) or kafka (Apache Kafka; Java 17+)",
+        metavar="{tansu,kafka,testcontainers[:IMAGE]}",
+        help="broker behind the kafka_broker fixture: tansu (embedded, default), kafka (Apache Kafka; Java 17+) "
+        "or testcontainers (Apache Kafka's official image in a container, or IMAGE; needs Docker)",
     )
     group.addoption(
         "--kafka-bootstrap",
@@ -73,6 +88,12 @@ def kafka_broker(request: pytest.FixtureRequest) -> Iterator[RunningBroker]:
         yield ExistingCluster(existing)
         return
     kind = request.config.getoption("--kafka-broker")
+    if kind.startswith("testcontainers"):
+        from .container import KAFKA_IMAGE, ContainerBroker
+
+        with ContainerBroker(kind.partition(":")[2] or KAFKA_IMAGE) as container:
+            yield container
+        return
     if kind == "kafka":
         from . import KafkaBroker
 
