@@ -23,7 +23,7 @@ from asyncconsumer.errors import InvalidGroupIdError
 from asyncconsumer.managers.commit import GroupIdentity
 from asyncconsumer.managers.membership import CallbackKind, MemberState
 
-from .test_consumer_membership import T, Setup
+from .test_consumer_membership import Setup, T
 from .test_membership import (
     FENCED_INSTANCE_ID,
     HEARTBEAT,
