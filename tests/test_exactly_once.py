@@ -342,11 +342,12 @@ def test_a_zombies_transactional_commit_is_refused(
         if survivor is not None:
             survivor.stop()
     result = json.loads(files["result"].read_text())
+    figures = expect_exactly_once(read_committed(bootstrap, output), total)
+    assert result["outcome"].startswith("refused") and "abortable: True" in result["outcome"], result
     # It knew it was no longer a member, yet kept the generation it held the batch under.
     assert result["generation_now"] != holding["generation"]
     assert result["metadata"] == [holding["generation"], holding["member_id"]]
-    assert result["outcome"].startswith("refused") and "abortable: True" in result["outcome"], result
-    print(f"zombie: {holding}, {result}; " + expect_exactly_once(read_committed(bootstrap, output), total))
+    print(f"zombie: {holding}, {result}; {figures}")
 
 
 # -- members killed and restarted mid-stream ---------------------------------------------------------
