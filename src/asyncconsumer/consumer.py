@@ -46,6 +46,7 @@ from .errors import (
     ConfigError,
     ConsumerClosedError,
     IllegalStateError,
+    InvalidGroupIdError,
     KafkaError,
     KafkaTimeoutError,
 )
@@ -56,7 +57,7 @@ from .managers.subscription import PartitionState
 from .metrics import ConsumerMetrics
 from .otel import attach as attach_telemetry
 from .otel import telemetry_for
-from .structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from .structs import ConsumerGroupMetadata, ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 
 log = logging.getLogger("asyncconsumer.consumer")
 
@@ -246,6 +247,33 @@ class Consumer(ClientBase, Generic[KT, VT]):
         if engine is None or engine.membership is None:
             return set()
         return set(engine.membership.topics)
+
+    @bracketed_sync("group_metadata")
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The group metadata a transactional producer commits this consumer's offsets with (KIP-447,
+        Java's ``groupMetadata()``): ``group_id``, the generation (with ``group_protocol="consumer"``
+        the member epoch), the member id and ``group_instance_id``.
+
+        Pass ``group_metadata().for_confluent_kafka()`` to confluent-kafka's
+        ``Producer.send_offsets_to_transaction`` (docs/exactly-once.md).  The broker takes the
+        offsets only while this member is still the group's current owner of the partitions: a
+        member that lost them (fenced, its session or ``max_poll_interval_ms`` expired, a revocation
+        past its deadline) keeps reporting the membership it lost until its next poll, so a
+        transaction with records from before the loss is refused and must be aborted.  Before the
+        member first joined, and with ``assign()``, the generation is -1 and the member id empty.
+
+        Raises ``InvalidGroupIdError`` without a ``group_id`` and ``ConsumerClosedError`` once closed.
+        """
+        group_id = self._config.group_id
+        if group_id is None:
+            raise InvalidGroupIdError(
+                "group_metadata() needs a group_id: offsets are committed for a consumer group")
+        if self._closed:
+            raise ConsumerClosedError("the consumer is closed")
+        membership = self._engine.membership if self._engine is not None else None
+        if membership is None:  # not started yet
+            return ConsumerGroupMetadata(group_id, -1, "", self._config.group_instance_id)
+        return membership.group_metadata()
 
     @bracketed("unsubscribe")
     async def unsubscribe(self, *, timeout: float | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Generic, NamedTuple, TypeVar
 
@@ -128,3 +129,63 @@ class OAuthBearerToken:
     value: str = dataclasses.field(repr=False)
     expires_at: float | None = None
     extensions: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+# -- exactly-once (KIP-447): the group metadata a transactional producer commits offsets with ------
+
+#: librdkafka's serialized consumer group metadata starts with these 7 bytes (format v2).
+_LIBRDKAFKA_CGMD_MAGIC = b"CGMDv2:"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConsumerGroupMetadata:
+    """What a transactional producer sends with the offsets it commits for a consumer (KIP-447), as
+    Java's ``ConsumerGroupMetadata``: ``Consumer.group_metadata()`` returns it.
+
+    The group coordinator accepts the offsets only from the member that owns the partitions now:
+    the generation (the member epoch with ``group_protocol="consumer"``) and the member id must
+    be the group's current ones, so a member that was fenced meanwhile (a zombie) cannot commit.
+    Hand it to your producer: ``for_confluent_kafka()`` for confluent-kafka's
+    ``Producer.send_offsets_to_transaction(offsets, group_metadata)``; aiokafka's
+    ``send_offsets_to_transaction(offsets, group_id)`` takes ``group_id`` alone (that producer sends
+    no generation, so the broker cannot fence a zombie's commit; see docs/exactly-once.md).
+    """
+
+    group_id: str
+    #: The group generation (classic protocol) or the member epoch (KIP-848); -1 before the
+    #: member first joined, and with manual assignment (``assign()``).
+    generation_id: int
+    #: The member id the coordinator knows this member by; ``""`` before it first joined.
+    member_id: str
+    #: ``group_instance_id`` (static membership), or None.
+    group_instance_id: str | None = None
+
+    def for_confluent_kafka(self) -> bytes:
+        """This metadata as confluent-kafka's ``Producer.send_offsets_to_transaction`` takes it:
+        librdkafka's serialized group metadata (format v2), byte for byte what confluent-kafka's own
+        ``Consumer.consumer_group_metadata()`` returns for the same group, generation, member id
+        and instance id.
+
+        Raises ``ValueError`` when a name is not what librdkafka accepts there: printable ASCII
+        (librdkafka's reader refuses anything else; with the classic protocol a member id is the
+        ``client_id`` followed by a UUID, so a ``client_id`` outside printable ASCII shows up here).
+        """
+        names = [("group_id", self.group_id), ("member_id", self.member_id)]
+        if self.group_instance_id is not None:
+            names.append(("group_instance_id", self.group_instance_id))
+        for field, value in names:
+            if not all(" " <= c <= "~" for c in value):
+                raise ValueError(
+                    f"{field} {value!r} cannot go to confluent-kafka's send_offsets_to_transaction: librdkafka "
+                    "takes only printable ASCII there (characters ' ' to '~')")
+        if not -(2**31) <= self.generation_id < 2**31:
+            raise ValueError(f"generation_id {self.generation_id} is not a 32-bit integer")
+        # Layout: the magic, the generation as librdkafka's int32 in this machine's byte order (it
+        # copies the int's memory), then NUL-terminated strings and a null flag for the instance id.
+        out = [_LIBRDKAFKA_CGMD_MAGIC, struct.pack("=i", self.generation_id),
+               self.group_id.encode("ascii"), b"\0", self.member_id.encode("ascii"), b"\0"]
+        if self.group_instance_id is None:
+            out.append(b"\x01")
+        else:
+            out += [b"\x00", self.group_instance_id.encode("ascii"), b"\0"]
+        return b"".join(out)

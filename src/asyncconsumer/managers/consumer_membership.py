@@ -188,6 +188,7 @@ class ConsumerMembershipManager(GroupMemberBase):
 
     def _drop_all(self, now: float) -> None:
         """Give up every partition at once (nobody waits for the LOST callback) and forget the plan."""
+        self._lost_membership()
         self._session += 1
         if self._plan.lost and self._callback is not None:
             # The application was told already (a LOST callback is pending): drop without telling again.
@@ -205,6 +206,7 @@ class ConsumerMembershipManager(GroupMemberBase):
         """Fenced by the coordinator: partitions are lost (no commit), then rejoin with epoch 0."""
         log.warning("group %r member %s: %s; partitions lost, rejoining", self.settings.group_id,
                     self.member_id or "-", error)
+        self._lost_membership()
         self._session += 1
         if forget_member_id:
             self.member_id = ""
@@ -412,6 +414,7 @@ class ConsumerMembershipManager(GroupMemberBase):
         if self.state is MemberState.FENCED or (stale and not self._leaving):
             return
         self.generation = body["member_epoch"]
+        self._joined()
         if body["heartbeat_interval_ms"] > 0:
             self.heartbeat_interval = body["heartbeat_interval_ms"] / 1000
         self._acked = dict(sent)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from ..errors import FencedInstanceIdError, KafkaError, PollIntervalExceededError, error_for_code
-from ..structs import TopicPartition
+from ..structs import ConsumerGroupMetadata, TopicPartition
 from .commit import GroupIdentity
 from .coordinator import CoordinatorManager
 from .membership_types import (
@@ -84,6 +84,10 @@ class GroupMemberBase:
         self._leaving = self._force_leave = self._wait_for_poll = False
         self._leave_reason: str | None = None
         self._error_count = 0  # errors in a row reported to the application (for their backoff)
+        # KIP-447: the generation and member id of the membership the application's records come
+        # from (``group_metadata``), and whether the member lost partitions since it last polled.
+        self._fencing = (-1, "")
+        self._loss_unseen = False
         # The group request in flight (JoinGroup/SyncGroup/LeaveGroup, or the KIP-848 heartbeat),
         # the time before which none is sent, and when the next heartbeat is due.
         self._in_flight = False
@@ -115,6 +119,32 @@ class GroupMemberBase:
         if outside or self.generation < self._first_generation:
             return GroupIdentity(-1, "", self.settings.group_instance_id)
         return GroupIdentity(self.generation, self.member_id, self.settings.group_instance_id)
+
+    # -- exactly-once (KIP-447) --------------------------------------------------------------------
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """What a transactional producer commits the application's offsets with (KIP-447).
+
+        The generation (member epoch) and member id of the latest membership, as Java's consumers
+        report them: never the "no generation, no member id" pair once the member has joined, since
+        the broker takes a transactional commit with that pair without any generation check.  A
+        member that lost its partitions (fenced, session or poll interval expired, a revocation
+        that ran past its deadline) keeps the membership it lost, which the broker refuses, until
+        the application has polled since: what it holds until then came from that membership.
+        """
+        generation, member_id = self._fencing
+        return ConsumerGroupMetadata(self.settings.group_id, generation, member_id, self.settings.group_instance_id)
+
+    def _joined(self) -> None:
+        """A protocol took a new generation (member epoch) and member id: the application's from now
+        on, unless it has not polled since the member lost its partitions."""
+        if not self._loss_unseen and self.generation >= self._first_generation:
+            self._fencing = (self.generation, self.member_id)
+
+    def _lost_membership(self) -> None:
+        """The partitions went without the application giving them up: until it polls again,
+        ``group_metadata`` stays with the membership they were lost from."""
+        self._loss_unseen = True
 
     #: The lowest generation that means "a member": classic starts at 0, KIP-848 epochs at 1.
     _first_generation = 0
@@ -247,6 +277,9 @@ class GroupMemberBase:
         )
 
     def on_poll(self) -> None:
+        if self._loss_unseen:
+            self._loss_unseen = False  # the application hears of the loss in this poll
+            self._joined()
         if self._wait_for_poll:
             self._wait_for_poll = False
             if self.state is MemberState.UNSUBSCRIBED and self.subscribed:
@@ -254,6 +287,7 @@ class GroupMemberBase:
 
     def _drop_all(self, now: float) -> None:
         """Give up every partition at once; the application hears of it (LOST) on its next poll."""
+        self._lost_membership()
         lost = self.owned
         if lost:
             self._subscriptions.remove(lost)
@@ -337,6 +371,8 @@ class GroupMemberBase:
         if not callback.acked:
             log.warning("group %r: %s did not finish within rebalance_timeout_ms; going on without it",
                         self.settings.group_id, callback.kind.value)
+            if callback.kind is not CallbackKind.ASSIGNED:
+                self._lost_membership()  # the partitions go while the application may still work on them
         self._callback = None
         return True
 

@@ -173,6 +173,7 @@ class MembershipManager(GroupMemberBase):
         log.warning("group %r: partitions lost (%s)", self.settings.group_id, reason)
         self._plan = RebalancePlan(revoke=self.owned, lost=True, rejoin_after=True)
         self.generation = -1
+        self._lost_membership()
         self._to(MemberState.LOST)
 
     def _rejoin_due(self) -> bool:
@@ -312,6 +313,7 @@ class MembershipManager(GroupMemberBase):
             self.generation = body["generation_id"]
             self.leader_id = body["leader"]
             self.protocol_name = body["protocol_name"]
+            self._joined()
             log.info("group %r joined: generation %d, member %s%s", settings.group_id, self.generation,
                      self.member_id, " (leader)" if self.leader_id == self.member_id else f", leader {self.leader_id}")
             self._to(MemberState.SYNCING)
