@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -132,7 +132,7 @@ class ProduceClient:
         self._connections[node_id] = connection
         return connection
 
-    def _spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self._group is not None
         self._group.start_soon(fn, *args)
 
