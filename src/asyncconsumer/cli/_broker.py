@@ -24,7 +24,7 @@ from typing import IO, Protocol
 import anyio
 
 from ..testing import EmbeddedBroker, EmbeddedBrokerError, JavaNotFoundError, KafkaBroker, KafkaDownloadError
-from ..testing.kafka import find_java
+from ..testing.kafka import MIN_JAVA, find_java
 from ._client import ProduceClient
 
 DEFAULT_PORT = 9092
@@ -36,9 +36,6 @@ TANSU_LACKS = (
     "answers 0, and a consumer group's join waits session_timeout_ms / 2 (22.5 s by default; "
     "session_timeout_ms=6000 makes it 3 s)."
 )
-#: How to get each broker, for the message when neither can start.
-JAVA_HINT = "install Java 17 or newer (e.g. apt-get install openjdk-17-jre-headless) for Apache Kafka"
-EMBEDDED_HINT = "pip install 'asyncconsumer[testing]' for the embedded broker"
 
 
 class BrokerCommandError(Exception):
@@ -124,14 +121,15 @@ def _start_kafka(port: int) -> tuple[_Running, str]:
 
 
 def _start_embedded(port: int, why: str | None) -> tuple[_Running, str]:
+    """The embedded broker; ``why``: why not Apache Kafka (None: it was asked for)."""
     try:
         broker = EmbeddedBroker(port=port).start()
     except EmbeddedBrokerError as exc:
         if why is None:
-            raise BrokerCommandError(f"{exc} ({EMBEDDED_HINT})") from None
-        raise BrokerCommandError(f"{why}; and {exc}: {JAVA_HINT}, or {EMBEDDED_HINT}") from None
+            raise BrokerCommandError(str(exc)) from None
+        raise BrokerCommandError(f"no broker can start here: {why}, and {exc}") from None
     reason = f" ({why})" if why else ""
-    return broker, f"the embedded Tansu broker{reason}, data in memory.\n{TANSU_LACKS}"
+    return broker, f"the embedded Tansu broker, data in memory{reason}.\n{TANSU_LACKS}"
 
 
 def start(kind: str, port: int) -> tuple[_Running, str]:
@@ -144,8 +142,12 @@ def start(kind: str, port: int) -> tuple[_Running, str]:
     except (JavaNotFoundError, KafkaDownloadError) as exc:
         if kind == "kafka":
             raise BrokerCommandError(str(exc)) from None
-        first = " ".join(str(exc).split(". ")[0].split())
-        return _start_embedded(port, f"not Apache Kafka: {first}")
+        if isinstance(exc, JavaNotFoundError):
+            detail = " ".join(str(exc).split(". ")[0].split())
+            why = f"Apache Kafka needs Java {MIN_JAVA} or newer: {detail}"
+        else:
+            why = f"Apache Kafka's jars could not be downloaded: {' '.join(str(exc).split())}"
+        return _start_embedded(port, why)
 
 
 async def create_topics(bootstrap: str, topics: Sequence[TopicSpec]) -> list[tuple[TopicSpec, bool]]:
