@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING
 from confluent_kafka import Consumer as RdConsumer
-from confluent_kafka import TopicPartition as RdPartition
 from confluent_kafka import Producer as RdProducer
+from confluent_kafka import TopicPartition as RdPartition
 
 pytestmark = pytest.mark.broker
 
