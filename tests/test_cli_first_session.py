@@ -1,7 +1,8 @@
 """``asyncconsumer broker`` and ``asyncconsumer produce``, run as subprocesses: a first session needs
 nothing but this package.  What they write is read back with confluent-kafka (an independent
 client), and keyed records must land where Kafka's own producer puts them (librdkafka's
-``murmur2_random`` partitioner is the Java client's)."""
+``murmur2_random`` partitioner is the Java client's).  ``asyncconsumer broker`` on Apache Kafka is
+run by tests/test_getting_started.py, which starts it as the page says."""
 
 from __future__ import annotations
 
@@ -196,19 +197,6 @@ def test_without_java_auto_starts_the_embedded_broker_and_says_why(tmp_path: Pat
         assert "Started the embedded Tansu broker" in b["out"]
         assert "Apache Kafka needs Java 17 or newer" in b["out"]
         stop(b["proc"], signal.SIGINT)
-
-
-@pytest.mark.kafka_jvm
-def test_kafka_broker_runs_creates_topics_and_stops_on_ctrl_c(apache_kafka: Any) -> None:
-    """(``apache_kafka``: only where the suite runs Apache Kafka, so Java and the jars are there.)"""
-    with broker("--kind", "kafka", "--port", "0", "--topic", "events:2") as b:
-        out = b["out"]
-        assert "Started Apache Kafka 4.4.0" in out and "Topic events: created" in out
-        files = re.search(r"its files, in (\S+),", out)
-        assert files and Path(files.group(1)).is_dir(), out
-        first_session(b["bootstrap"], "events")
-        stop(b["proc"], signal.SIGINT)
-        assert not Path(files.group(1)).exists()
 
 
 def test_a_port_in_use_is_one_line_or_avoided() -> None:
