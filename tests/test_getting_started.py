@@ -85,7 +85,7 @@ def page_blocks(text: str) -> list[Block]:
 def page_broker(block: Block, kind: str) -> Iterator[str]:
     args = shlex.split(block.code)
     proc = subprocess.Popen([*args, "--kind", kind, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True)
+                            stdin=subprocess.DEVNULL, text=True, env=environment())
     try:
         assert proc.stdout is not None
         seen = []
