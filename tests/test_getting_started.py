@@ -45,7 +45,7 @@ PAGE = Path(__file__).parent.parent / "docs" / "getting-started.md"
 ADDRESS = "127.0.0.1:9092"
 #: Seconds a snippet may take (a loop over the consumer: how long it runs before it is stopped).
 SNIPPET_SECONDS = 20.0
-ENDLESS_SECONDS = 3.0
+ENDLESS_SECONDS = 2.0
 
 
 @dataclass
