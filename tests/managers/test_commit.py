@@ -547,3 +547,26 @@ def test_no_auto_commit_without_interval() -> None:
     assert s.commits.next_deadline(s.h.now) == float("inf")
     s.h.advance(3600)
     s.h.assert_idle("OffsetCommit")
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_metadata_dropped_by_the_broker_is_named_once(kept: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Apache Kafka answers OffsetFetch with the metadata committed; a broker that drops it (Tansu)
+    gets one WARNING naming the partition and the metadata's length, never its text."""
+    s = Setup()
+    s.find_coordinator()
+    s.commits.commit(s.clock.now, {T0: OffsetAndMetadata(7, "batch-42-secret")})
+    s.h.take("OffsetCommit").respond(commit_answer({T0: 0}))
+    with caplog.at_level("WARNING", logger="asyncconsumer.commit"):
+        for _ in range(2):
+            waiter = s.commits.fetch_committed([T0])
+            request = s.h.take("OffsetFetch")
+            request.respond(fetch_answer(request.version, {T0: (7, -1, "batch-42-secret" if kept else "")}))
+            assert waiter.result()[T0] == OffsetAndMetadata(7, "batch-42-secret" if kept else "", None)
+    warnings = [r.getMessage() for r in caplog.records]
+    if kept:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1, warnings
+        assert "t-0" in warnings[0] or "'t', partition=0" in warnings[0], warnings
+        assert "15 characters" in warnings[0] and "secret" not in warnings[0], warnings

@@ -18,7 +18,7 @@ from asyncconsumer.managers.subscription import PartitionPhase, SubscriptionStat
 from asyncconsumer.protocol.api import SUPPORTED_VERSIONS
 from asyncconsumer.structs import TopicPartition
 
-from .scripted import FakeClock, Scripted, Sent, load_metadata, metadata_body, new_metadata
+from .scripted import FakeClock, Scripted, Sent, fetch_body, load_metadata, metadata_body, new_metadata
 
 BACKOFF = 0.125  # binary-exact, so clock arithmetic is too
 T0, T1, T2 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("t", 2)
@@ -57,6 +57,27 @@ def answer(offsets: dict[TopicPartition, tuple[int, int, int] | int]) -> dict[st
                      "leader_epoch": epoch}
         by_topic.setdefault(tp.topic, []).append(entry)
     return {"topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()]}
+
+
+def marks(version: int, ends: dict[TopicPartition, int | tuple[int, int]], *, error_code: int = 0) -> dict[str, object]:
+    """A Fetch response stating each partition's high watermark (or ``(high watermark, last stable
+    offset)``), with no records."""
+    parts = {}
+    for tp, end in ends.items():
+        high, stable = end if isinstance(end, tuple) else (end, end)
+        parts[tp] = {"partition_index": tp.partition, "error_code": 0, "high_watermark": high,
+                     "last_stable_offset": stable, "log_start_offset": 0, "aborted_transactions": [],
+                     "preferred_read_replica": -1, "records": b""}
+    return fetch_body(version, parts, error_code=error_code)
+
+
+def confirm(s: Setup, ends: dict[TopicPartition, int | tuple[int, int]], *, node: int | None = None) -> Sent:
+    """Answer the Fetch that confirms ListOffsets(latest) answers with these marks."""
+    sent = s.h.take("Fetch")
+    if node is not None:
+        assert sent.node_id == node
+    sent.respond(marks(sent.version, ends))
+    return sent
 
 
 def by_node(sent: list[Sent]) -> dict[int | None, Sent]:
@@ -108,6 +129,7 @@ def test_not_leader_requests_metadata_and_retries_after_backoff() -> None:
     requests[1].respond(answer({T0: 6}))  # NOT_LEADER_OR_FOLLOWER
     assert not waiter.done()
     metadata = s.h.take("Metadata")  # a metadata update was requested
+    confirm(s, {T1: 7}, node=2)
     s.h.advance(BACKOFF / 2)
     s.h.assert_idle("ListOffsets")
     # Meanwhile the leader moved to node 2.
@@ -117,6 +139,8 @@ def test_not_leader_requests_metadata_and_retries_after_backoff() -> None:
     assert retry.node_id == 2
     assert partitions(retry) == {("t", 0): (LATEST, 8)}  # only the missing partition, new epoch
     retry.respond(answer({T0: (99, -1, 8)}))
+    assert not waiter.done()
+    confirm(s, {T0: 99}, node=2)
     assert waiter.result() == {T0: (99, -1, 8), T1: (7, -1, 6)}
 
 
@@ -234,6 +258,9 @@ def test_reset_looks_up_and_sets_position(strategy: str, timestamp: int) -> None
     assert partitions(request) == {("t", 0): (timestamp, 5)}
     s.h.assert_idle("ListOffsets")  # not twice while in flight
     request.respond(answer({T0: (42, -1, 5)}))
+    if strategy == "latest":
+        assert state.phase is PartitionPhase.AWAIT_RESET  # until a Fetch confirms the end
+        confirm(s, {T0: 42}, node=1)
     assert state.phase is PartitionPhase.FETCHING
     assert (state.position, state.fetch_offset, state.leader_epoch) == (42, 42, 5)
     assert s.errors == []
@@ -296,6 +323,7 @@ def test_new_reset_during_reset_ignores_old_result_and_asks_again() -> None:
     second = s.h.take("ListOffsets")
     assert partitions(second) == {("t", 0): (LATEST, 5)}
     second.respond(answer({T0: (77, -1, 5)}))
+    confirm(s, {T0: 77})
     assert (state.phase, state.position) == (PartitionPhase.FETCHING, 77)
 
 
@@ -352,3 +380,89 @@ def test_reset_waits_for_a_leader() -> None:
     request = s.h.take("ListOffsets")
     assert request.node_id == 2
     assert partitions(request) == {("t", 0): (EARLIEST, 6)}
+
+
+# -- the end of a partition: ListOffsets(latest) confirmed by a Fetch ---------------------------------
+
+
+def test_latest_is_confirmed_by_a_sessionless_fetch_at_the_answer() -> None:
+    """On Apache Kafka the answers agree: the Fetch asks for nothing and the answer stands."""
+    s = Setup()
+    waiter = s.offsets.lookup({T0: LATEST, T2: LATEST})
+    s.h.take("ListOffsets").respond(answer({T0: (42, -1, 5), T2: (7, -1, 7)}))
+    assert not waiter.done()
+    fetch = s.h.take("Fetch")
+    body = fetch.body()
+    assert fetch.node_id == 1
+    assert (body["max_wait_ms"], body["min_bytes"], body["max_bytes"]) == (1, 0, 1)
+    assert (body["session_id"], body["session_epoch"], body["isolation_level"]) == (0, -1, 0)
+    asked = {(p["partition"], p["fetch_offset"], p["current_leader_epoch"], p["partition_max_bytes"])
+             for t in body["topics"] for p in t["partitions"]}
+    assert asked == {(0, 42, 5, 1), (2, 7, 7, 1)}
+    fetch.respond(marks(fetch.version, {T0: 42, T2: 7}))
+    assert waiter.result() == {T0: (42, -1, 5), T2: (7, -1, 7)}
+    assert s.offsets.inexact_nodes == set()
+    s.h.assert_idle()
+
+
+def test_latest_below_the_fetch_high_watermark_takes_the_high_watermark(caplog: pytest.LogCaptureFixture) -> None:
+    """A broker answering the start of the last batch + 1 (Tansu: 5 records in one batch, 1)."""
+    s = Setup()
+    with caplog.at_level("INFO", logger="asyncconsumer.offsets"):
+        for _ in range(2):
+            waiter = s.offsets.lookup({T0: LATEST})
+            s.h.take("ListOffsets").respond(answer({T0: (1, -1, 5)}))
+            confirm(s, {T0: 5})
+            assert waiter.result() == {T0: (5, -1, 5)}
+    assert s.offsets.inexact_nodes == {1}
+    named = [r.getMessage() for r in caplog.records if "ListOffsets(latest)" in r.getMessage()]
+    assert len(named) == 1 and "high watermark 5" in named[0], named  # once per broker
+
+
+def test_latest_reset_lands_on_the_confirmed_end() -> None:
+    s = Setup("latest")
+    s.subs.assign([T0])
+    s.h.take("ListOffsets").respond(answer({T0: (1, -1, 5)}))
+    confirm(s, {T0: 5})
+    state = s.subs.partitions[T0]
+    assert (state.phase, state.position) == (PartitionPhase.FETCHING, 5)
+
+
+def test_read_committed_confirms_with_the_last_stable_offset() -> None:
+    s = Setup(read_committed=True)
+    waiter = s.offsets.lookup({T0: LATEST})
+    s.h.take("ListOffsets").respond(answer({T0: (3, -1, 5)}))
+    fetch = s.h.take("Fetch")
+    assert fetch.body()["isolation_level"] == 1
+    fetch.respond(marks(fetch.version, {T0: (9, 4)}))  # high watermark 9, an open transaction from 4
+    assert waiter.result() == {T0: (4, -1, 5)}
+
+
+def test_a_failed_confirmation_keeps_the_answer_or_what_fetches_saw() -> None:
+    s = Setup()
+    s.subs.assign([T0])
+    s.subs.seek(T0, 0)
+    s.subs.partitions[T0].high_watermark = 9  # a fetch of the consumer's own saw 9
+    waiter = s.offsets.lookup({T0: LATEST, T2: LATEST})
+    s.h.take("ListOffsets").respond(answer({T0: (6, -1, 5), T2: (3, -1, 7)}))
+    s.h.take("Fetch").fail(KafkaConnectionError("cut"))
+    assert waiter.result() == {T0: (9, -1, 5), T2: (3, -1, 7)}
+
+
+def test_a_fetch_error_for_a_partition_keeps_its_answer() -> None:
+    s = Setup()
+    waiter = s.offsets.lookup({T0: LATEST})
+    s.h.take("ListOffsets").respond(answer({T0: (6, -1, 5)}))
+    fetch = s.h.take("Fetch")
+    body = marks(fetch.version, {T0: 99})
+    body["responses"][0]["partitions"][0]["error_code"] = NotLeaderOrFollowerError.code  # type: ignore[index]
+    fetch.respond(body)
+    assert waiter.result() == {T0: (6, -1, 5)}
+
+
+def test_earliest_and_timestamps_are_not_confirmed() -> None:
+    s = Setup()
+    waiter = s.offsets.lookup({T0: EARLIEST, T2: 1000})
+    s.h.take("ListOffsets").respond(answer({T0: (0, -1, 5), T2: (4, 1000, 7)}))
+    assert waiter.result() == {T0: (0, -1, 5), T2: (4, 1000, 7)}
+    s.h.assert_idle("Fetch")

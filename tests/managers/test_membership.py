@@ -1263,3 +1263,27 @@ def test_leaving_before_any_coordinator_answered_needs_none() -> None:
     g.m.poll(g.now)
     assert g.m.state is S.UNSUBSCRIBED
     g.h.assert_idle("LeaveGroup")
+
+
+def test_a_join_held_by_the_coordinator_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A coordinator may hold JoinGroup for long (Tansu: session_timeout_ms / 2, 22.5 s by default):
+    one INFO line says so, so that a member joining for long is not taken for a stuck one."""
+    from asyncconsumer.managers.membership import JOIN_HELD_NOTICE
+
+    g = joining()
+    g.h.take("JoinGroup").respond(join_response(code=MEMBER_ID_REQUIRED, member_id="m-given"))
+    held = g.h.take("JoinGroup")
+    with caplog.at_level(logging.INFO, logger="asyncconsumer.membership"):
+        g.h.advance(JOIN_HELD_NOTICE - 0.5)
+        g.h.assert_idle("JoinGroup")
+        assert not [r for r in caplog.records if "held" in r.getMessage()]
+        assert g.m.next_deadline(g.h.now) == pytest.approx(g.h.now + 0.5)  # the loop wakes for it
+        for _ in range(3):
+            g.h.advance(1.0)
+            g.h.assert_idle("JoinGroup")
+        held.respond(join_response(member_id="m-given"))
+    said = [r.getMessage() for r in caplog.records if "held" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "has held this member's JoinGroup for 6 s" in said[0], said  # noticed at the first poll past 5 s
+    assert f"session_timeout_ms / 2, {g.m.settings.session_timeout_ms / 2000:.1f} s" in said[0], said
+    assert g.m.state is S.SYNCING

@@ -79,6 +79,7 @@ FEATURES = frozenset(
         # departed one: the others then rejoin for ever, nobody computing the assignment)
         "leader_handover",
         "share_groups",  # KIP-932 share groups (ShareGroupHeartbeat, ShareFetch, ShareAcknowledge)
+        "commit_metadata",  # OffsetFetch gives back the metadata committed with an offset (Tansu: "")
         # a Fetch answer holds at most a partition's PartitionMaxBytes (past its first batch); Tansu 0.6
         # answers with all it has
         "partition_max_bytes",
@@ -256,6 +257,7 @@ class TansuBroker:
             "leader_handover",
             "share_groups",
             "partition_max_bytes",
+            "commit_metadata",
         }
     )
 

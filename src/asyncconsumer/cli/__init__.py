@@ -1,7 +1,11 @@
 """``asyncconsumer``: a console consumer and a consumer-group lag report, with the flags of Kafka's
-own tools (``kafka-console-consumer``, ``kafka-consumer-groups --describe``), and Kafka's verifiable
-consumers for its system tests.  See docs/cli.md and docs/verifiable-consumer.md.
+own tools (``kafka-console-consumer``, ``kafka-consumer-groups --describe``), a local broker and a
+line producer for trying things, and Kafka's verifiable consumers for its system tests.  See
+docs/cli.md and docs/verifiable-consumer.md.
 
+    asyncconsumer broker --topic events:3
+    printf 'user-1:hello\n' | asyncconsumer produce --bootstrap-server localhost:9092 --topic events \
+        --property parse.key=true --property key.separator=:
     asyncconsumer consume --bootstrap-server localhost:9092 --topic events --from-beginning --format json
     asyncconsumer lag --bootstrap-server localhost:9092 --group billing
     asyncconsumer verifiable-consumer --bootstrap-server localhost:9092 --topic events --group-id g1
@@ -265,6 +269,68 @@ def lag_command(
     except KafkaError as exc:
         _fail(_one_line(exc))
     _run(lambda interrupt: lag(args, sys.stdout, sys.stderr, interrupt))
+
+
+@main.command("broker")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="The port to listen on (127.0.0.1); 0: a free one.  [default: 9092, or a free port if it is taken]",
+)
+@click.option(
+    "--topic",
+    "topics",
+    multiple=True,
+    metavar="NAME[:PARTITIONS]",
+    help="Create this topic at start (repeatable), e.g. events:3.",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["auto", "kafka", "embedded"]),
+    default="auto",
+    show_default=True,
+    help="kafka: Apache Kafka from its jars (needs Java 17+); embedded: the Tansu broker; auto: Kafka if Java is "
+    "found.",
+)
+def broker_command(port: int | None, topics: tuple[str, ...], kind: str) -> None:
+    """Run a local broker for trying things, until Ctrl-C (prints its bootstrap address)."""
+    from . import _broker
+
+    try:
+        specs = [_broker.TopicSpec.parse(text) for text in topics]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--topic") from None
+    try:
+        status = _broker.serve(kind, port, specs, sys.stdout, sys.stderr)
+    except (_broker.BrokerCommandError, KafkaError, OSError, RuntimeError) as exc:
+        _fail(_one_line(_innermost(exc)))
+    sys.exit(status)
+
+
+@main.command("produce")
+@click.option("--bootstrap-server", "bootstrap_server", required=True, metavar="HOST:PORT[,...]",
+              help="The brokers to connect to (comma-separated).")
+@click.option("--topic", required=True, help="The topic to write to (created if the broker creates topics on use).")
+@click.option("--partition", type=click.IntRange(min=0), default=None,
+              help="Write every record to this partition (default: by key, as Kafka's producer does).")
+@click.option(
+    "--property",
+    "reader_property",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="A line reader property (repeatable): parse.key, key.separator, null.marker, ignore.error.",
+)
+def produce_command(bootstrap_server: str, topic: str, partition: int | None, reader_property: tuple[str, ...]) -> None:
+    """Write each line of stdin as a record (like kafka-console-producer)."""
+    from . import _produce
+
+    try:
+        line_format = _produce.LineFormat.from_properties(parse_pairs(reader_property, "--property"))
+    except (ValueError, KafkaError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--property") from None
+    args = _produce.ProduceArgs(bootstrap=bootstrap_server, topic=topic, partition=partition, line_format=line_format)
+    _run(lambda interrupt: _produce.produce(args, _produce.stdin_bytes(), sys.stderr))
 
 
 #: The verifiable tools parse their own arguments, exactly as the Java tools do (argparse4j's rules).

@@ -5,6 +5,11 @@ client, and later with group membership (``generation`` / ``member_id`` are
 read from ``group_identity`` at send time).  Also moves newly assigned
 partitions out of ``AWAIT_COMMITTED``: a committed offset becomes the
 position, no committed offset means ``AWAIT_RESET``.
+
+Apache Kafka keeps a commit's metadata string with its offset.  A broker that
+answers OffsetFetch with the very offset this consumer committed but without
+the metadata it committed with (Tansu) has dropped it: one WARNING says so,
+naming the partition and the metadata's length (never its text).
 """
 
 from __future__ import annotations
@@ -87,6 +92,9 @@ class CommitManager:
         self._position_fetch_in_flight: set[TopicPartition] = set()
         self._next_auto_commit = float("inf")
         self.last_committed: dict[TopicPartition, int] = {}
+        #: The non-empty metadata of this consumer's last commit per partition (see the module's story).
+        self._metadata_sent: dict[TopicPartition, tuple[int, str]] = {}
+        self._metadata_warned = False
         #: Commits completed and failed (metrics).
         self.commits_done = 0
         self.commit_failures = 0
@@ -265,7 +273,12 @@ class CommitManager:
                     code = p["error_code"]
                     tp = TopicPartition(topic["name"], p["partition_index"])
                     if code == 0:
-                        self.last_committed[tp] = commit.offsets[tp].offset
+                        om = commit.offsets[tp]
+                        self.last_committed[tp] = om.offset
+                        if om.metadata:
+                            self._metadata_sent[tp] = (om.offset, om.metadata)
+                        else:
+                            self._metadata_sent.pop(tp, None)
                         continue
                     if code in COORDINATOR_CODES:
                         commit.last_error = error_for_code(code)
@@ -355,6 +368,7 @@ class CommitManager:
                         result[TopicPartition(t["name"], p["partition_index"])] = OffsetAndMetadata(
                             p["committed_offset"], p["metadata"] or "", epoch if epoch >= 0 else None
                         )
+            self._check_metadata_kept(node, result)
             self._finish_fetch(fetch, result)
 
         def on_error(now: float, error: BaseException) -> None:
@@ -366,6 +380,20 @@ class CommitManager:
                 self._finish_fetch(fetch, error if isinstance(error, KafkaError) else KafkaError(repr(error)))
 
         return UnsentRequest("OffsetFetch", build, on_response, on_error, node_id=node, min_version=1)
+
+    def _check_metadata_kept(self, node: int, result: dict[TopicPartition, OffsetAndMetadata | None]) -> None:
+        if self._metadata_warned:
+            return
+        for tp, om in result.items():
+            sent = self._metadata_sent.get(tp)
+            if om is not None and sent is not None and om.offset == sent[0] and not om.metadata:
+                self._metadata_warned = True
+                log.warning(
+                    "group %r: the coordinator (node %s) answered the offset %d committed for %s without the "
+                    "metadata it was committed with (%d characters): this broker does not keep commit metadata",
+                    self._coordinator.group_id, node, om.offset, tp, len(sent[1]),
+                )
+                return
 
     def _finish_fetch(
         self, fetch: _Fetch, outcome: dict[TopicPartition, OffsetAndMetadata | None] | KafkaError

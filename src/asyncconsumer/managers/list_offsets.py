@@ -4,6 +4,18 @@ Serves ``beginning_offsets``/``end_offsets``/``offsets_for_times`` and moves
 partitions in ``AWAIT_RESET`` to earliest/latest (``auto_offset_reset``).
 Requests go to each partition's leader; leadership errors refresh metadata
 and retry after ``retry_backoff_ms``.
+
+The end of a partition is the high watermark (with ``read_committed``, the
+last stable offset), and a Fetch answer states it for every partition it
+names.  Apache Kafka's ListOffsets(latest) answers exactly that, but a broker
+may answer less (Tansu answers the start of the last batch + 1, inside it), and
+an answer lower than a high watermark a fetch showed is wrong by definition.
+So every ListOffsets(latest) answer is *confirmed*: one sessionless Fetch to
+the same leader at the offset answered (answered at once, one byte asked for:
+on Apache Kafka an empty answer), and the end is the largest of the ListOffsets answer,
+that Fetch's mark and the mark the consumer's own fetches last saw for the
+partition.  A confirmation that fails leaves the ListOffsets answer.  The
+first answer a broker gets wrong is named in one INFO line.
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ from ..errors import (
     error_for_code,
 )
 from ..structs import TopicPartition, by_topic
-from .metadata import MetadataManager
+from .metadata import ZERO_UUID, MetadataManager
 from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, SubscriptionState
 from .waiter import Waiter
@@ -44,6 +56,15 @@ class _Lookup:
     retry_at: float = 0.0
 
 
+@dataclass(eq=False)
+class _Confirmation:
+    """ListOffsets(latest) answers of one leader, waiting for a Fetch to state the partitions' ends."""
+
+    node: int
+    ends: dict[TopicPartition, int]
+    finish: Callable[[float, dict[TopicPartition, int]], None]
+
+
 class ListOffsetsManager:
     def __init__(
         self,
@@ -61,6 +82,9 @@ class ListOffsetsManager:
         self._report_error = report_error
         self._lookups: list[_Lookup] = []
         self._resets_in_flight: set[TopicPartition] = set()
+        self._confirmations: list[_Confirmation] = []
+        #: Brokers whose ListOffsets(latest) answer was below a Fetch's mark (each named once in the log).
+        self.inexact_nodes: set[int] = set()
 
     def lookup(self, timestamps: dict[TopicPartition, int]) -> Waiter[dict[TopicPartition, OffsetResult]]:
         waiter: Waiter[dict[TopicPartition, OffsetResult]] = Waiter()
@@ -89,6 +113,8 @@ class ListOffsetsManager:
     def poll(self, now: float) -> list[UnsentRequest]:
         requests = self._poll_lookups(now)
         requests += self._poll_resets(now)
+        confirmations, self._confirmations = self._confirmations, []
+        requests += [self._confirm_request(c) for c in confirmations]
         return requests
 
     # -- application lookups ----------------------------------------------------------------------
@@ -150,7 +176,7 @@ class ListOffsetsManager:
             lookup.results.update(outcome)
             if len(lookup.results) == len(lookup.timestamps):
                 self._finish(lookup, None)
-            elif not lookup.in_flight:
+            elif any(tp not in lookup.results for tp in parts):  # these are asked again after the backoff
                 lookup.retry_at = now + self._retry_backoff
 
         return handle
@@ -260,10 +286,103 @@ class ListOffsetsManager:
                         fatal = error_for_code(code, f"ListOffsets for {tp}")
             if refresh:
                 self._metadata.request_update()
-            handle(now, fatal if fatal is not None else results)
+            latest = {tp: r[0] for tp, r in results.items() if r is not None and parts[tp] == LATEST}
+            if fatal is not None or not latest:
+                handle(now, fatal if fatal is not None else results)
+                return
+
+            def confirmed(when: float, ends: dict[TopicPartition, int]) -> None:
+                for tp, end in ends.items():
+                    result = results[tp]
+                    assert result is not None
+                    results[tp] = (end, -1, result[2])
+                handle(when, results)
+
+            self._confirmations.append(_Confirmation(node, latest, confirmed))
 
         def on_error(now: float, error: BaseException) -> None:
             self._metadata.request_update()
             handle(now, error if isinstance(error, KafkaError) else KafkaError(repr(error)))
 
         return UnsentRequest("ListOffsets", build, on_response, on_error, node_id=node, min_version=1)
+
+    # -- confirming the end of a partition -----------------------------------------------------------
+
+    def _mark(self, tp: TopicPartition) -> int:
+        """The end the consumer's own fetches last saw for ``tp`` (-1: none)."""
+        state = self._subscriptions.get(tp)
+        if state is None:
+            return -1
+        if self._read_committed and state.last_stable_offset >= 0:
+            return state.last_stable_offset
+        return state.high_watermark
+
+    def _confirm_request(self, confirmation: _Confirmation) -> UnsentRequest:
+        cluster = self._metadata.cluster
+        node, ends = confirmation.node, confirmation.ends
+        grouped = by_topic(ends)
+        ids = {topic: (cluster.topics[topic].topic_id if topic in cluster.topics else ZERO_UUID) for topic in grouped}
+
+        def build(version: int) -> Body:
+            topics = []
+            for topic, tps in grouped.items():
+                partitions = []
+                for tp in tps:
+                    leader = cluster.leader(tp)
+                    partitions.append({
+                        "partition": tp.partition,
+                        "current_leader_epoch": leader.leader_epoch if leader is not None else -1,
+                        "fetch_offset": ends[tp],
+                        "last_fetched_epoch": -1,
+                        "log_start_offset": -1,
+                        "partition_max_bytes": 1,
+                    })
+                key = {"topic_id": ids[topic]} if version >= 13 else {"topic": topic}
+                topics.append({**key, "partitions": partitions})
+            return {
+                "replica_id": -1,
+                # min_bytes 0: answered at once.  Not a 0 ms wait: Tansu answers that with no partitions.
+                "max_wait_ms": 1,
+                "min_bytes": 0,
+                "max_bytes": 1,
+                "isolation_level": int(self._read_committed),
+                "session_id": 0,
+                "session_epoch": -1,
+                "topics": topics,
+                "forgotten_topics_data": [],
+                "rack_id": "",
+            }
+
+        def finish(now: float, marks: dict[TopicPartition, int]) -> None:
+            confirmed = {}
+            for tp, listed in ends.items():
+                best = max(listed, marks.get(tp, -1), self._mark(tp))
+                confirmed[tp] = best
+                if best > listed and node not in self.inexact_nodes:
+                    self.inexact_nodes.add(node)
+                    log.info(
+                        "node %s answered ListOffsets(latest) %d for %s, below the %s %d a Fetch shows: its "
+                        "end offsets are taken from Fetch answers", node, listed, tp,
+                        "last stable offset" if self._read_committed else "high watermark", best,
+                    )
+            confirmation.finish(now, confirmed)
+
+        def on_response(now: float, version: int, body: Body) -> None:
+            marks: dict[TopicPartition, int] = {}
+            for topic in body["responses"] if not body["error_code"] else ():
+                name = topic["topic"] if version < 13 else cluster.topic_name(topic["topic_id"])
+                for p in topic["partitions"]:
+                    tp = TopicPartition(name or "", p["partition_index"])
+                    if tp not in ends or p["error_code"]:
+                        continue
+                    stable = p["last_stable_offset"]
+                    marks[tp] = stable if self._read_committed and stable >= 0 else p["high_watermark"]
+            finish(now, marks)
+
+        def on_error(now: float, error: BaseException) -> None:
+            finish(now, {})  # unconfirmed: the ListOffsets answer (and what fetches saw) stands
+
+        have_ids = all(topic_id != ZERO_UUID for topic_id in ids.values())
+        return UnsentRequest(
+            "Fetch", build, on_response, on_error, node_id=node, min_version=4, max_version=None if have_ids else 12
+        )

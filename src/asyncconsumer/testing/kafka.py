@@ -641,8 +641,12 @@ class _KafkaProcesses:
         advertise_plaintext: PlaintextAddress | None = None,
         version: str = KAFKA_VERSION,
         controllers: int = 0,
+        port: int | None = None,
     ) -> None:
         self._version = check_version(version)
+        if port is not None and (nodes != 1 or not 0 < port < 65536):
+            raise ValueError(f"port={port!r}: a port (1-65535) can be given to one node only")
+        self._port = port
         listeners = tuple(dict.fromkeys(("PLAINTEXT", *listeners)))
         unknown = [name for name in listeners if name not in LISTENERS]
         if unknown:
@@ -785,7 +789,10 @@ class _KafkaProcesses:
             for index in range(total):
                 directory = self._directory / f"node-{index + 1}"
                 directory.mkdir()
-                node = KafkaNode(self, index + 1, _Ports(*ports[width * index: width * (index + 1)]), directory)
+                node_ports = _Ports(*ports[width * index: width * (index + 1)])
+                if self._port is not None and index == 0:
+                    node_ports = dataclasses.replace(node_ports, plaintext=self._port)
+                node = KafkaNode(self, index + 1, node_ports, directory)
                 if index >= self._count:  # brokers are 1..n, isolated controllers n+1..
                     node.roles = "controller"
                     self.controllers.append(node)
@@ -991,7 +998,8 @@ class KafkaBroker(_KafkaProcesses):
     ``OAuthBearerValidatorCallbackHandler``, KIP-768; the URL is also allowed by the JVM property
     ``org.apache.kafka.sasl.oauthbearer.allowed.urls``) instead of with the unsecured validator;
     tokens must name the audience :data:`OAUTH_AUDIENCE` (``"kafka"``) and the issuer
-    :data:`OAUTH_ISSUER` (``"asyncconsumer-tests"``).
+    :data:`OAUTH_ISSUER` (``"asyncconsumer-tests"``).  ``port``: the PLAINTEXT listener's port
+    (default: a free one; a port in use makes :meth:`start` fail with :class:`KafkaStartError`).
 
     :attr:`startup_seconds` is how long :meth:`start` took.  The broker is a real process: stop
     it (``with`` does) or it is stopped when the Python process exits.
@@ -1009,11 +1017,12 @@ class KafkaBroker(_KafkaProcesses):
         heap_mb: int = 768,
         version: str = KAFKA_VERSION,
         oauth_jwks_url: str | None = None,
+        port: int | None = None,
     ) -> None:
         super().__init__(
             nodes=1, listeners=listeners, users=users, config=config, racks=None if rack is None else [rack],
             startup_timeout=startup_timeout, heap_mb=heap_mb, advertise_plaintext=advertise_plaintext,
-            version=version,
+            version=version, port=port,
         )
         self.oauth_jwks_url = oauth_jwks_url
 

@@ -1,0 +1,207 @@
+"""The body of ``asyncconsumer broker``: a local broker for trying things, in the foreground.
+
+It starts Apache Kafka (:class:`~asyncconsumer.testing.KafkaBroker`, one KRaft node with a
+PLAINTEXT listener, from Kafka's jars) where Java 17 or newer is found, else the embedded Tansu
+broker (:class:`~asyncconsumer.testing.EmbeddedBroker`), and says which one and, for Tansu, what
+it lacks.  It listens on ``127.0.0.1``: on port 9092 unless that is taken (then on a free port, and
+it says so) or ``--port`` names another; ``--port`` with a taken port is an error.  Topics named
+with ``--topic NAME[:PARTITIONS]`` are created before the address is printed.  Ctrl-C or SIGTERM
+stops the broker process by its pid and removes its files (Tansu keeps its data in memory).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO, Protocol
+
+import anyio
+
+from ..testing import EmbeddedBroker, EmbeddedBrokerError, JavaNotFoundError, KafkaBroker, KafkaDownloadError
+from ..testing.kafka import MIN_JAVA, find_java
+from ._client import ProduceClient
+
+DEFAULT_PORT = 9092
+LOOPBACK = "127.0.0.1"
+
+#: What the embedded broker lacks, as ``asyncconsumer broker`` says it (docs/testing.md has the list).
+TANSU_LACKS = (
+    "It is not Apache Kafka: no transactions, KIP-848 or share groups, no SASL, offsets_for_times() "
+    "answers 0, and a consumer group's join waits session_timeout_ms / 2 (22.5 s by default; "
+    "session_timeout_ms=6000 makes it 3 s)."
+)
+
+
+class BrokerCommandError(Exception):
+    """Why no broker could be started (one line for the user)."""
+
+
+class _Running(Protocol):
+    @property
+    def bootstrap(self) -> str: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+
+    @classmethod
+    def parse(cls, text: str) -> TopicSpec:
+        name, sep, count = text.rpartition(":")
+        if not sep:
+            name, count = text, "1"
+        if not name or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"{text!r} is not NAME or NAME:PARTITIONS (partitions a number >= 1)")
+        return cls(name, int(count))
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def choose_port(port: int | None, err: IO[str]) -> int:
+    """``port`` if given (taken: an error); else 9092, or a free port when 9092 is taken (said on ``err``)."""
+    if port is not None:
+        if port and not port_free(port):
+            raise BrokerCommandError(f"port {port} on {LOOPBACK} is in use (another broker?): choose another --port")
+        return port or free_port()
+    if port_free(DEFAULT_PORT):
+        return DEFAULT_PORT
+    chosen = free_port()
+    err.write(f"Port {DEFAULT_PORT} is in use (another broker?): listening on port {chosen} instead.\n")
+    return chosen
+
+
+class _Stop(Exception):
+    """Raised in the main thread by SIGINT/SIGTERM."""
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise _Stop(signal.Signals(signum).name)
+
+    if threading.current_thread() is not threading.main_thread():  # tests calling serve() from a thread
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _start_kafka(port: int) -> tuple[_Running, str]:
+    broker = KafkaBroker(listeners=("PLAINTEXT",), port=port, heap_mb=512)
+    broker.start()
+    files = broker.node.directory.parent
+    return broker, f"Apache Kafka {broker.version} (one KRaft node; its files, in {files}, are removed when it stops)"
+
+
+def _start_embedded(port: int, why: str | None) -> tuple[_Running, str]:
+    """The embedded broker; ``why``: why not Apache Kafka (None: it was asked for)."""
+    try:
+        broker = EmbeddedBroker(port=port).start()
+    except EmbeddedBrokerError as exc:
+        if why is None:
+            raise BrokerCommandError(str(exc)) from None
+        raise BrokerCommandError(f"no broker can start here: {why}, and {exc}") from None
+    reason = f" ({why})" if why else ""
+    return broker, f"the embedded Tansu broker, data in memory{reason}.\n{TANSU_LACKS}"
+
+
+def start(kind: str, port: int) -> tuple[_Running, str]:
+    """Start the broker ``kind`` asks for ("auto", "kafka", "embedded"); returns it and its description."""
+    if kind == "embedded":
+        return _start_embedded(port, None)
+    try:
+        find_java()
+        return _start_kafka(port)
+    except (JavaNotFoundError, KafkaDownloadError) as exc:
+        if kind == "kafka":
+            raise BrokerCommandError(str(exc)) from None
+        if isinstance(exc, JavaNotFoundError):
+            detail = " ".join(str(exc).split(". ")[0].split())
+            why = f"Apache Kafka needs Java {MIN_JAVA} or newer: {detail}"
+        else:
+            why = f"Apache Kafka's jars could not be downloaded: {' '.join(str(exc).split())}"
+        return _start_embedded(port, why)
+
+
+async def create_topics(bootstrap: str, topics: Sequence[TopicSpec]) -> list[tuple[TopicSpec, bool]]:
+    results = []
+    async with ProduceClient(bootstrap) as client:
+        for spec in topics:
+            results.append((spec, await client.create_topic(spec.name, spec.partitions)))
+    return results
+
+
+def serve(kind: str, port: int | None, topics: Sequence[TopicSpec], out: IO[str], err: IO[str]) -> int:
+    """Start, create the topics, print the address, and run until SIGINT/SIGTERM; 0 when stopped so."""
+    broker: _Running | None = None
+    with _stop_on_signals():
+        try:
+            broker, description = start(kind, choose_port(port, err))
+            for spec, created in anyio.run(create_topics, broker.bootstrap, topics):
+                state = "created" if created else "exists already"
+                out.write(f"Topic {spec.name}: {state} ({spec.partitions} partition(s) asked for)\n")
+            out.write(f"Started {description}\n")
+            out.write(f"Bootstrap server: {broker.bootstrap}\n")
+            out.write("Stop it with Ctrl-C.\n")
+            out.flush()
+            while True:
+                died = _exited(broker)
+                if died is not None:
+                    raise BrokerCommandError(died)
+                time.sleep(0.5)
+        except _Stop:
+            err.write("Stopping the broker.\n")
+            return 0
+        finally:
+            if broker is not None:
+                with _ignoring_signals():
+                    broker.stop()
+
+
+@contextmanager
+def _ignoring_signals() -> Iterator[None]:
+    """A second Ctrl-C while the broker stops does not leave it running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _exited(broker: _Running) -> str | None:
+    if isinstance(broker, KafkaBroker):
+        return broker.node.exited()
+    if isinstance(broker, EmbeddedBroker) and not broker.alive:
+        return "the embedded broker exited"
+    return None

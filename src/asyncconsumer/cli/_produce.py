@@ -1,0 +1,184 @@
+"""The body of ``asyncconsumer produce``: lines from stdin become records, as with Kafka's
+``kafka-console-producer`` (its ``LineMessageReader``).
+
+Each line (without its ``\\n`` or ``\\r\\n``) is one record's value, its bytes as read; with
+``parse.key=true`` the text before the first ``key.separator`` is the key.  Lines are read as they
+arrive: everything stdin has at a moment goes out in one Produce request (so a pipe is sent in
+large batches, and a line typed at a terminal is sent when Enter is pressed), and the next read
+waits for its answer.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import stat
+import sys
+from dataclasses import dataclass
+from typing import IO
+
+import anyio
+
+from ..errors import KafkaError
+from ..protocol.record_writer import Record
+from ._client import ProduceClient, TopicLayout, partition_for_key
+
+#: ``--property`` names and their defaults (``kafka-console-producer``'s reader properties).
+READER_PROPERTIES = {
+    "parse.key": "false",
+    "key.separator": "\t",
+    "null.marker": None,
+    "ignore.error": "false",
+}
+
+#: Bytes read from stdin at most at once (and so the most one request carries).
+_CHUNK = 1 << 20
+
+
+class ProduceUsageError(KafkaError):
+    """A line the reader cannot take (no key separator with ``parse.key=true``)."""
+
+    retriable = False
+
+
+@dataclass(frozen=True)
+class LineFormat:
+    parse_key: bool = False
+    key_separator: bytes = b"\t"
+    null_marker: bytes | None = None
+    ignore_error: bool = False
+
+    @classmethod
+    def from_properties(cls, properties: dict[str, str]) -> LineFormat:
+        unknown = sorted(set(properties) - set(READER_PROPERTIES))
+        if unknown:
+            raise ValueError(f"unknown property {unknown[0]!r}; known: {', '.join(READER_PROPERTIES)}")
+        separator = properties.get("key.separator", "\t")
+        if not separator:
+            raise ValueError("key.separator is empty")
+        marker = properties.get("null.marker")
+        return cls(
+            parse_key=_boolean(properties, "parse.key"),
+            key_separator=separator.encode(),
+            null_marker=marker.encode() if marker else None,
+            ignore_error=_boolean(properties, "ignore.error"),
+        )
+
+    def record(self, line: bytes, number: int) -> Record:
+        key: bytes | None = None
+        value: bytes | None = line
+        if self.parse_key:
+            key, found, rest = line.partition(self.key_separator)
+            if found:
+                value = rest
+            elif not self.ignore_error:
+                raise ProduceUsageError(
+                    f"no key separator {self.key_separator.decode(errors='replace')!r} on line {number}: "
+                    f"{line[:80].decode(errors='replace')!r}"
+                )
+            else:
+                key, value = None, line
+            if key is not None and key == self.null_marker:
+                key = None
+        if value == self.null_marker:
+            value = None
+        return Record(key, value)
+
+
+def _boolean(properties: dict[str, str], name: str) -> bool:
+    value = properties.get(name, READER_PROPERTIES[name] or "false").strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"{name}={value!r}: expected true or false")
+    return value == "true"
+
+
+@dataclass
+class ProduceArgs:
+    bootstrap: str
+    topic: str
+    partition: int | None
+    line_format: LineFormat
+    request_timeout: float = 30.0
+
+
+class _Lines:
+    """Complete lines from stdin, a chunk at a time; the last line may lack its newline."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._rest = b""
+        self._regular = stat.S_ISREG(os.fstat(fd).st_mode)  # a file: reads never block (and cannot be polled)
+        self.number = 0
+
+    async def next_chunk(self) -> list[bytes] | None:
+        """The lines that are there now (waiting for at least one); None at the end of input."""
+        while True:
+            if not self._regular:
+                await anyio.wait_readable(self._fd)
+            data = os.read(self._fd, _CHUNK)
+            if not data:
+                if self._rest:
+                    lines, self._rest = [self._rest], b""
+                    return self._strip(lines)
+                return None
+            *lines, self._rest = (self._rest + data).split(b"\n")
+            if lines:
+                return self._strip(lines)
+
+    def _strip(self, lines: list[bytes]) -> list[bytes]:
+        self.number += len(lines)
+        return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def assign(
+    records: list[Record], layout: TopicLayout, partition: int | None
+) -> dict[int, list[Record]]:
+    """Per partition, its records: ``partition`` if given, a key's partition as Kafka's producer
+    picks it, and one partition for all keyless records of this batch (sticky)."""
+    if partition is not None:
+        return {partition: records}
+    sticky = random.randrange(layout.partitions)
+    batches: dict[int, list[Record]] = {}
+    for record in records:
+        target = partition_for_key(record.key, layout.partitions) if record.key is not None else sticky
+        batches.setdefault(target, []).append(record)
+    return batches
+
+
+def _records(lines: list[bytes], first_number: int, line_format: LineFormat) -> tuple[list[Record], KafkaError | None]:
+    """The records of ``lines``, up to the first line that cannot be read (and its error)."""
+    records = []
+    for index, line in enumerate(lines):
+        try:
+            records.append(line_format.record(line, first_number + index))
+        except ProduceUsageError as exc:
+            return records, exc
+    return records, None
+
+
+async def produce(args: ProduceArgs, stdin: IO[bytes], err: IO[str]) -> int:
+    reader = _Lines(stdin.fileno())
+    count = 0
+    try:
+        async with ProduceClient(args.bootstrap, request_timeout=args.request_timeout) as client:
+            layout = await client.topic(args.topic)
+            if args.partition is not None and args.partition >= layout.partitions:
+                raise ProduceUsageError(
+                    f"topic {args.topic!r} has {layout.partitions} partition(s): there is no partition {args.partition}"
+                )
+            while (lines := await reader.next_chunk()) is not None:
+                first = reader.number - len(lines) + 1
+                records, failure = _records(lines, first, args.line_format)
+                if records:  # the lines before a bad one go out, as with Kafka's tool
+                    layout = await client.produce(layout, assign(records, layout, args.partition))
+                    count += len(records)
+                if failure is not None:
+                    raise failure
+    finally:
+        err.write(f"Produced a total of {count} messages\n")
+        err.flush()
+    return 0
+
+
+def stdin_bytes() -> IO[bytes]:
+    return sys.stdin.buffer
