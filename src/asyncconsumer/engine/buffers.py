@@ -134,9 +134,9 @@ def size_class(size: int) -> int:
     return -(-size // step) * step
 
 
-def column_pool(max_bytes: int) -> BufferPool:
+def column_pool(max_bytes: int, clock: Callable[[], float] = time.monotonic) -> BufferPool:
     """The pool for ``arrow_batches()``' column blocks (``Collector.column_buffers``)."""
-    return BufferPool(max_bytes, MIN_COLUMN_BYTES, max_spare=1.0, stale_after=COLUMN_STALE_AFTER)
+    return BufferPool(max_bytes, MIN_COLUMN_BYTES, max_spare=1.0, stale_after=COLUMN_STALE_AFTER, clock=clock)
 
 
 class BufferPool:
