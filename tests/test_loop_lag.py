@@ -17,11 +17,15 @@ from typing import Any
 
 import anyio
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry
 from support.share import apache_kafka_bootstrap, share_group  # noqa: F401 (a fixture: bootstrap)
 
 from asyncconsumer import AcknowledgeType, AcquisitionLockExpiredError, Consumer, ShareConsumer
 from asyncconsumer.config import build_config
 from asyncconsumer.engine.loop import Engine
+from asyncconsumer.prometheus import ConsumerCollector
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -65,9 +69,11 @@ async def test_a_member_blocked_past_its_session_timeout_is_told_why_rejoins_and
     topic = new_topic(2)
     produced = {(p, o) for p, o in produce(topic, [(i % 2, None, b"before-%d" % i) for i in range(400)])}
     seen: set[tuple[int, int]] = set()
+    reader, registry = InMemoryMetricReader(), CollectorRegistry()
     async with Consumer(bootstrap_servers=bootstrap, group_id=f"g-{topic}", auto_offset_reset="earliest",
                         session_timeout_ms=3000, heartbeat_interval_ms=300, fetch_max_wait_ms=100,
-                        max_poll_records=50) as consumer:
+                        max_poll_records=50, meter_provider=MeterProvider(metric_readers=[reader])) as consumer:
+        registry.register(ConsumerCollector(consumer, client_id="c"))
         consumer.subscribe([topic])
         joins = 0
         with anyio.fail_after(60):
@@ -81,12 +87,22 @@ async def test_a_member_blocked_past_its_session_timeout_is_told_why_rejoins_and
                 if seen >= produced:
                     break
         metrics = consumer.metrics()
+        data = reader.get_metrics_data()
+        assert data is not None
+        telemetry = {m.name: m.data.data_points[0].value for r in data.resource_metrics for scope in r.scope_metrics
+                     for m in scope.metrics if m.name.startswith("asyncconsumer.loop")}
+        prometheus = {name: registry.get_sample_value(name, {"client_id": "c"}) for name in (
+            "asyncconsumer_event_loop_lag_max_seconds", "asyncconsumer_event_loop_blocks_total")}
     assert seen == produced  # every record read, none lost (some read twice after the rejoin)
     [warning] = blocks(caplog)
     assert float(BLOCKED.match(warning).group(1)) >= 4.0  # type: ignore[union-attr]
     assert "past session_timeout_ms=3000 (the group coordinator drops a member it hears no heartbeat" in warning
     assert "anyio.to_thread.run_sync" in warning
     assert metrics.loop.blocks == 1 and metrics.loop.lag_max >= 4.0
+    assert telemetry["asyncconsumer.loop.blocks"] == 1
+    assert telemetry["asyncconsumer.loop.lag.max"] == metrics.loop.lag_max
+    assert prometheus == {"asyncconsumer_event_loop_lag_max_seconds": metrics.loop.lag_max,
+                          "asyncconsumer_event_loop_blocks_total": 1}
     assert metrics.rebalances.count > joins  # it joined again
     # The WARNING comes first: whoever reads the log sees the cause before what followed from it.
     messages = [r.getMessage() for r in caplog.records]
