@@ -15,8 +15,11 @@ from typing import Any
 import anyio
 import pytest
 
-from asyncconsumer.engine.buffers import MIN_POOLED_BYTES, STALE_AFTER, BufferPool, size_class
+from asyncconsumer import Consumer
+from asyncconsumer.config import build_config
+from asyncconsumer.engine.buffers import IDLE_AFTER, MIN_POOLED_BYTES, STALE_AFTER, BufferPool, column_pool, size_class
 from asyncconsumer.engine.connection import BrokerConnection
+from asyncconsumer.engine.loop import Engine
 from asyncconsumer.managers.fetch_buffer import CompletedFetch
 from asyncconsumer.managers.waiter import Waiter
 from asyncconsumer.protocol import records
@@ -164,6 +167,93 @@ def test_a_buffer_held_for_long_is_not_stale_when_it_comes_back() -> None:
     assert pool.kept == 1 and pool.held_bytes == MiB
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_buffer_idle_for_longer_than_idle_after_is_let_go_at_the_next_trim() -> None:
+    clock = Clock()
+    pool = BufferPool(64 * MiB, clock=clock)
+    view = pool.take(8 * MiB)
+    held = pool.held_bytes
+    clock.now += 100
+    assert pool.trim() == 0 and pool.held_bytes == held  # in use: kept, however long
+    del view
+    clock.now += IDLE_AFTER - 1
+    assert pool.trim() == 0 and pool.kept == 1  # idle since the last trim saw it in use: not long enough
+    clock.now += 2
+    assert pool.trim() == held and (pool.kept, pool.held_bytes, pool.released) == (0, 0, held)
+
+
+def test_a_large_request_lets_go_of_buffers_idle_for_long_too() -> None:
+    clock = Clock()
+    pool = BufferPool(64 * MiB, clock=clock)
+    view = pool.take(8 * MiB)
+    del view
+    clock.now += IDLE_AFTER + 1
+    frame = pool.take(MiB)  # one large request, far fewer than STALE_AFTER
+    assert pool.kept == 1 and pool.held_bytes == MiB and len(frame) == MiB
+
+
+def test_after_a_catch_up_a_steady_trickle_keeps_only_what_it_uses() -> None:
+    """After a rebalance a member catches up with many large responses at once, then reads a trickle:
+    frames under ``min_bytes``, and one of 300 KiB every ten seconds.  The pool must come back to
+    what the trickle uses, however long it lasts (too few large requests to count them stale)."""
+    clock = Clock()
+    pool = BufferPool(114 * MiB, clock=clock)
+    for size in (2 * MiB, 3 * MiB, 5 * MiB, 8 * MiB, 12 * MiB):
+        in_flight = [pool.take(size + i * 4096) for i in range(3)]  # the fetch buffer holds a few
+        del in_flight
+    caught_up = pool.held_bytes
+    assert caught_up > 60 * MiB
+    for second in range(120):
+        clock.now += 1
+        for _ in range(20):
+            small = pool.take(MIN_POOLED_BYTES // 4)
+            assert isinstance(small, bytearray)
+        if second % 10 == 0:
+            steady = pool.take(300 << 10)
+            del steady
+        if second % 5 == 0:
+            pool.trim()  # the background loop, every TRIM_INTERVAL seconds
+    assert pool.kept == 1 and pool.held_bytes == size_class(300 << 10)
+    assert pool.released == caught_up + size_class(300 << 10) - pool.held_bytes
+
+
+def test_the_column_pool_gives_back_idle_buffers_too() -> None:
+    clock = Clock()
+    pool = column_pool(64 * MiB, clock=clock)
+    assert pool.idle_after == IDLE_AFTER
+    block = [pool.take(4 * MiB) for _ in range(4)]
+    del block
+    clock.now += IDLE_AFTER + 1
+    assert pool.trim() == 4 * MiB * 4 and pool.kept == 0
+
+
+@pytest.mark.anyio
+async def test_the_background_loop_has_the_pools_give_back_idle_buffers() -> None:
+    clock = Clock()
+    pool = BufferPool(64 * MiB, clock=clock)
+    view = pool.take(8 * MiB)
+    del view
+    clock.now += IDLE_AFTER + 1
+    engine = Engine(build_config({"bootstrap_servers": "127.0.0.1:1"}))
+    engine.watch_pool(pool)
+    async with anyio.create_task_group() as tg:
+        await tg.start(engine.run)  # its first turn trims, then every TRIM_INTERVAL seconds
+        await anyio.sleep(0.05)
+        engine.stop()
+    assert pool.kept == 0 and pool.released == size_class(8 * MiB)
+    # A consumer's loop looks after its frames and its Arrow columns.
+    consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers="127.0.0.1:1")
+    engine = consumer._new_engine()
+    assert engine._pools == [engine.network.frames, consumer._collector.column_buffers]
+
+
 def test_a_pool_of_no_bytes_keeps_nothing_and_gives_exact_sizes() -> None:
     pool = BufferPool(0)
     frame = pool.take(MiB + 1)
@@ -178,6 +268,8 @@ def test_bad_bounds_are_refused() -> None:
         BufferPool(MiB, max_spare=-0.5)
     with pytest.raises(ValueError, match="stale_after"):
         BufferPool(MiB, stale_after=0)
+    with pytest.raises(ValueError, match="idle_after"):
+        BufferPool(MiB, idle_after=0)
 
 
 # -- through a connection's read path ------------------------------------------------------------

@@ -177,6 +177,11 @@ class ConsumerOptions(TypedDict, total=False):
     #: An OpenTelemetry ``MeterProvider`` the consumer reports its metrics to (docs/metrics.md).
     #: ``None``: the global one when ``opentelemetry-api`` is installed (the ``otel`` extra), else none.
     meter_provider: Any
+    #: The event loop blocked this long or longer (the background loop ran that late: no heartbeats,
+    #: fetches or commits meanwhile) is a block: counted in ``metrics().loop`` and named in a WARNING
+    #: with the deadline it put at risk (session timeout, ``max_poll_interval_ms``, a request's
+    #: timeout) and what to do.  ``None``: no WARNING and no count (the lag is still measured).
+    loop_lag_warning_ms: int | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -228,6 +233,7 @@ class ConsumerConfig:
     sasl_plain_password: str | None = dataclasses.field(default=None, repr=False)
     sasl_oauth_token_provider: OAuthTokenProvider | None = dataclasses.field(default=None, repr=False)
     meter_provider: Any = dataclasses.field(default=None, repr=False)
+    loop_lag_warning_ms: int | None = 1000
 
     @property
     def uses_tls(self) -> bool:
@@ -277,6 +283,7 @@ _POSITIVE = {
     "metadata_max_age_ms",
     "rebalance_commit_wait_ms",
     "max_batch_decompressed_bytes",
+    "loop_lag_warning_ms",
 }
 _NON_NEGATIVE = {
     "fetch_min_bytes",
@@ -311,6 +318,7 @@ LOCAL_INT_LIMITS: dict[str, int] = {
     "reconnect_backoff_max_ms": INT64_MAX,
     "retry_backoff_ms": INT64_MAX,
     "metadata_max_age_ms": INT64_MAX,
+    "loop_lag_warning_ms": INT64_MAX,
 }
 #: String options sent as protocol STRINGs (int16 length, UTF-8).
 PROTOCOL_STRING_FIELDS: dict[str, str] = {

@@ -137,6 +137,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
 
     def _new_engine(self) -> Engine:
         self._engine = Engine(self._config)
+        self._engine.watch_pool(self._collector.column_buffers)  # idle Arrow column buffers go back too
         # OpenTelemetry (asyncconsumer.otel): nothing at all without a meter provider to report to.
         ref = weakref.ref(self)
         telemetry = telemetry_for(

@@ -169,6 +169,9 @@ class PoolMetrics:
     #: Large buffers asked for that a kept buffer served / that got a new buffer.
     reused: int = 0
     allocated: int = 0
+    #: Bytes of buffers the pool let go so far: of sizes that stopped coming, idle for longer
+    #: than ``engine.buffers.IDLE_AFTER`` (30 s), or to make room.
+    released_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +180,22 @@ class BufferMetrics:
 
     frames: PoolMetrics = field(default_factory=PoolMetrics)
     columns: PoolMetrics = field(default_factory=PoolMetrics)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopMetrics:
+    """How late the background loop runs: the event loop's lag (``managers/loop_lag.py``).  The loop
+    is a task on the application's event loop; code that does not yield (a synchronous call,
+    ``time.sleep``) holds it up, and with it heartbeats, fetches and commits."""
+
+    #: How late the loop's latest turn was, in seconds (0: on time).
+    lag: float = 0.0
+    #: The largest lag since the consumer started, in seconds.
+    lag_max: float = 0.0
+    #: Lags of ``loop_lag_warning_ms`` or more (each named in a WARNING, rate-limited), and their
+    #: total in seconds (0 with ``loop_lag_warning_ms=None``).
+    blocks: int = 0
+    blocked_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +219,8 @@ class ConsumerMetrics:
     last_poll_age: float
     #: The memory kept for large buffers (response frames, Arrow columns) and how well it is used again.
     buffers: BufferMetrics = field(default_factory=BufferMetrics)
+    #: How late the background loop runs (a blocked event loop).
+    loop: LoopMetrics = field(default_factory=LoopMetrics)
 
     @property
     def lag(self) -> int:
@@ -282,6 +303,10 @@ class ShareConsumerMetrics:
     acknowledgements: AcknowledgementMetrics
     membership: ShareMembershipMetrics
     connections: ConnectionMetrics
+    #: The memory kept for large response frames (``frames``; a share consumer has no ``columns``).
+    buffers: BufferMetrics = field(default_factory=BufferMetrics)
+    #: How late the background loop runs (a blocked event loop).
+    loop: LoopMetrics = field(default_factory=LoopMetrics)
 
 
 __all__ = [
@@ -294,6 +319,7 @@ __all__ = [
     "FetchMetrics",
     "Latency",
     "LatencyRecorder",
+    "LoopMetrics",
     "PartitionMetrics",
     "PoolMetrics",
     "RebalanceMetrics",

@@ -11,7 +11,10 @@ The instruments follow OpenTelemetry's messaging semantic conventions (docs/metr
   ``messaging.operation.name`` ``"fetch"`` or ``"commit"``; for a ``ShareConsumer``, ShareFetch
   (``"fetch"``) and ShareAcknowledge (``"ack"``, type ``"settle"``) requests;
 - ``kafka.consumer.records_lag`` (observable gauge): per assigned partition, as ``Consumer.metrics()``
-  (not for a ``ShareConsumer``: a share group has no position per member).
+  (not for a ``ShareConsumer``: a share group has no position per member);
+- ``asyncconsumer.loop.lag`` and ``asyncconsumer.loop.lag.max`` (observable gauges, seconds) and
+  ``asyncconsumer.loop.blocks`` (counter, observed): how late the background loop runs, as
+  ``metrics().loop`` (a blocked event loop).
 
 Attributes: ``messaging.system="kafka"``, ``messaging.destination.name``,
 ``messaging.destination.partition.id`` and ``messaging.consumer.group.name`` (with a ``group_id``).
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -99,6 +103,26 @@ class ConsumerTelemetry:
             unit="{message}",
             description="Records between the position and the end of an assigned partition.",
         )
+        #: The background loop whose lag is observed (``attach``).
+        self._loop: weakref.ref[LoopCore] | None = None
+        self.loop_lag = meter.create_observable_gauge(
+            "asyncconsumer.loop.lag",
+            callbacks=[lambda options: self._observe_loop("lag")],
+            unit="s",
+            description="How late the consumer's background loop ran its latest turn (a blocked event loop).",
+        )
+        self.loop_lag_max = meter.create_observable_gauge(
+            "asyncconsumer.loop.lag.max",
+            callbacks=[lambda options: self._observe_loop("max_lag")],
+            unit="s",
+            description="The largest lag of the consumer's background loop since it started.",
+        )
+        self.loop_blocks = meter.create_observable_counter(
+            "asyncconsumer.loop.blocks",
+            callbacks=[lambda options: self._observe_loop("blocks")],
+            unit="{block}",
+            description="Times the event loop was blocked for loop_lag_warning_ms or longer.",
+        )
 
     def partition_attributes(self, tp: TopicPartition) -> Attributes:
         attributes = self._partition_attributes.get(tp)
@@ -127,6 +151,17 @@ class ConsumerTelemetry:
         if error is not None:
             attributes = {**attributes, "error.type": type(error).__name__}
         self.operation_duration.record(seconds, attributes)
+
+    def watch_loop(self, engine: LoopCore) -> None:
+        self._loop = weakref.ref(engine)
+
+    def _observe_loop(self, name: str) -> Iterable[Any]:
+        from opentelemetry.metrics import Observation
+
+        engine = self._loop() if self._loop is not None else None
+        if engine is None or engine.closed:
+            return []
+        return [Observation(getattr(engine.loop_lag, name), self._base)]
 
     def _observe_lag(self, options: Any) -> Iterable[Any]:
         from opentelemetry.metrics import Observation
@@ -165,6 +200,7 @@ def attach(engine: LoopCore, telemetry: ConsumerTelemetry | None) -> None:
     """Connect the instruments to a new engine (no-op for ``None``)."""
     if telemetry is not None:
         engine.network.observe_request = telemetry.request_done
+        telemetry.watch_loop(engine)
 
 
 # -- tracing ----------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .consumer import Consumer
 from .errors import KafkaError
-from .metrics import ConnectionMetrics, ConsumerMetrics, Latency, ShareConsumerMetrics
+from .metrics import BufferMetrics, ConnectionMetrics, ConsumerMetrics, Latency, LoopMetrics, ShareConsumerMetrics
 from .share import ShareConsumer
 
 __all__ = ["ConsumerCollector"]
@@ -80,6 +80,7 @@ class ConsumerCollector(Collector):
         else:
             yield from _share_metrics(snapshot, client_id)
         yield from _connection_metrics(snapshot.connections, client_id)
+        yield from _loop_metrics(snapshot.loop, client_id)
 
 
 def _snapshot(consumer: AnyConsumer) -> ConsumerMetrics | ShareConsumerMetrics | None:
@@ -97,7 +98,6 @@ def _snapshot(consumer: AnyConsumer) -> ConsumerMetrics | ShareConsumerMetrics |
 
 
 def _consumer_metrics(m: ConsumerMetrics, client_id: str) -> Iterator[Metric]:
-    c = [client_id]
     by_partition = ["client_id", "topic", "partition"]
     lag = GaugeMetricFamily("kafka_consumer_fetch_manager_records_lag",
                             "Records between the consumer's position and the end of the partition (Java: records-lag)",
@@ -158,12 +158,7 @@ def _consumer_metrics(m: ConsumerMetrics, client_id: str) -> Iterator[Metric]:
     yield _gauge("kafka_consumer_last_poll_seconds_ago",
                  "Seconds since the application last polled, 0 while a poll waits (Java: last-poll-seconds-ago)",
                  client_id, m.last_poll_age)
-    held = GaugeMetricFamily("asyncconsumer_buffer_pool_held_bytes",
-                             "Memory kept for large buffers (response frames, Arrow columns)",
-                             labels=["client_id", "pool"])
-    held.add_metric([*c, "frames"], m.buffers.frames.held_bytes)
-    held.add_metric([*c, "columns"], m.buffers.columns.held_bytes)
-    yield held
+    yield from _pool_metrics(m.buffers, client_id, ("frames", "columns"))
 
 
 def _share_metrics(m: ShareConsumerMetrics, client_id: str) -> Iterator[Metric]:
@@ -186,6 +181,33 @@ def _share_metrics(m: ShareConsumerMetrics, client_id: str) -> Iterator[Metric]:
     yield _gauge("kafka_consumer_coordinator_assigned_partitions",
                  "Partitions assigned to this member (Java: assigned-partitions)",
                  client_id, len(m.membership.assignment))
+    yield from _pool_metrics(m.buffers, client_id, ("frames",))
+
+
+def _pool_metrics(buffers: BufferMetrics, client_id: str, pools: tuple[str, ...]) -> Iterator[Metric]:
+    held = GaugeMetricFamily("asyncconsumer_buffer_pool_held_bytes",
+                             "Memory kept for large buffers (response frames, Arrow columns)",
+                             labels=["client_id", "pool"])
+    released = CounterMetricFamily("asyncconsumer_buffer_pool_released_bytes",
+                                   "Memory of large buffers given back (sizes that stopped coming, idle for long)",
+                                   labels=["client_id", "pool"])
+    for name in pools:
+        pool = getattr(buffers, name)
+        held.add_metric([client_id, name], pool.held_bytes)
+        released.add_metric([client_id, name], pool.released_bytes)
+    yield held
+    yield released
+
+
+def _loop_metrics(loop: LoopMetrics, client_id: str) -> Iterator[Metric]:
+    yield _gauge("asyncconsumer_event_loop_lag_seconds",
+                 "How late the background loop ran its latest turn (a blocked event loop)", client_id, loop.lag)
+    yield _gauge("asyncconsumer_event_loop_lag_max_seconds",
+                 "The largest lag of the background loop since the consumer started", client_id, loop.lag_max)
+    yield _counter("asyncconsumer_event_loop_blocks",
+                   "Times the event loop was blocked for loop_lag_warning_ms or longer", client_id, loop.blocks)
+    yield _counter("asyncconsumer_event_loop_blocked_seconds",
+                   "Seconds the event loop was blocked, over the blocks counted", client_id, loop.blocked_seconds)
 
 
 def _connection_metrics(connections: ConnectionMetrics, client_id: str) -> Iterator[Metric]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.buffers import BufferPool
+from ..engine.core import LoopCore
 from ..engine.loop import Engine
 from ..engine.network import NetworkClient
 from ..engine.share_loop import ShareEngine
@@ -16,6 +17,7 @@ from ..metrics import (
     ConnectionMetrics,
     ConsumerMetrics,
     FetchMetrics,
+    LoopMetrics,
     PartitionMetrics,
     PoolMetrics,
     RebalanceMetrics,
@@ -78,11 +80,17 @@ def snapshot(engine: Engine, collector: Collector[Any, Any]) -> ConsumerMetrics:
         connections=_connections(network),
         last_poll_age=0.0 if collector.waiting else max(0.0, engine.clock() - engine.last_poll),
         buffers=BufferMetrics(_pool(network.frames), _pool(collector.column_buffers)),
+        loop=_loop(engine),
     )
 
 
 def _pool(pool: BufferPool) -> PoolMetrics:
-    return PoolMetrics(pool.held_bytes, pool.kept, pool.in_use, pool.reused, pool.allocated)
+    return PoolMetrics(pool.held_bytes, pool.kept, pool.in_use, pool.reused, pool.allocated, pool.released)
+
+
+def _loop(engine: LoopCore) -> LoopMetrics:
+    watch = engine.loop_lag
+    return LoopMetrics(watch.lag, watch.max_lag, watch.blocks, watch.blocked_seconds)
 
 
 def share_snapshot(engine: ShareEngine, records_delivered: int) -> ShareConsumerMetrics:
@@ -113,6 +121,8 @@ def share_snapshot(engine: ShareEngine, records_delivered: int) -> ShareConsumer
             assignment_changes=member.assignment_version,
         ),
         connections=_connections(network),
+        buffers=BufferMetrics(frames=_pool(network.frames)),
+        loop=_loop(engine),
     )
 
 

@@ -52,15 +52,26 @@ The rules, all in :meth:`BufferPool.take`:
   columns each): buffers of sizes that stopped coming do not stay.  (A buffer counts as used at
   every request that finds it in use, so an application that holds Arrow batches for a while
   finds their buffers kept.)
+* **Idle for long, let go.**  Counting requests does not give back what a burst left behind once
+  the requests get small: after a rebalance a member catches up with responses of many MiB, then
+  reads its steady trickle in frames under ``min_bytes`` that never reach :meth:`take`'s large
+  path.  So a buffer idle for longer than ``idle_after`` seconds (:data:`IDLE_AFTER`) is let go
+  too, at the next large request or at :meth:`BufferPool.trim`, which the consumer's background
+  loop calls every few seconds (``LoopCore``, engine/core.py) for both pools: a worker that runs for
+  weeks keeps what its steady traffic uses, not what its largest catch-up needed.  The clock is
+  read once per large request and once per trim; a small request costs what it did.
 """
 
 from __future__ import annotations
 
 import mmap
 import sys
+import time
+from collections.abc import Callable
 
 __all__ = [
     "COLUMN_STALE_AFTER",
+    "IDLE_AFTER",
     "MIN_COLUMN_BYTES",
     "MIN_POOLED_BYTES",
     "STALE_AFTER",
@@ -78,6 +89,8 @@ MIN_COLUMN_BYTES = 64 << 10
 STALE_AFTER = 16
 #: The same for column buffers: a block takes several (keys, values, offsets, timestamps, headers).
 COLUMN_STALE_AFTER = 128
+#: An idle buffer not used for this many seconds is let go, however few large requests came.
+IDLE_AFTER = 30.0
 
 
 _PRIVATE: int | None = getattr(mmap, "MAP_PRIVATE", None)  # None: Windows (a bytearray instead)
@@ -121,17 +134,17 @@ def size_class(size: int) -> int:
     return -(-size // step) * step
 
 
-def column_pool(max_bytes: int) -> BufferPool:
+def column_pool(max_bytes: int, clock: Callable[[], float] = time.monotonic) -> BufferPool:
     """The pool for ``arrow_batches()``' column blocks (``Collector.column_buffers``)."""
-    return BufferPool(max_bytes, MIN_COLUMN_BYTES, max_spare=1.0, stale_after=COLUMN_STALE_AFTER)
+    return BufferPool(max_bytes, MIN_COLUMN_BYTES, max_spare=1.0, stale_after=COLUMN_STALE_AFTER, clock=clock)
 
 
 class BufferPool:
     """Buffers of ``min_bytes`` or more, kept up to ``max_bytes`` and used again."""
 
     __slots__ = (
-        "_buffers", "_held", "_tick", "_used", "allocated", "max_bytes", "max_spare", "min_bytes", "reused",
-        "stale_after",
+        "_buffers", "_clock", "_held", "_seen", "_tick", "_used", "allocated", "idle_after", "max_bytes", "max_spare",
+        "min_bytes", "released", "reused", "stale_after",
     )
 
     def __init__(
@@ -141,19 +154,29 @@ class BufferPool:
         *,
         max_spare: float = 0.25,
         stale_after: int = STALE_AFTER,
+        idle_after: float = IDLE_AFTER,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if max_bytes < 0 or min_bytes < 1 or max_spare < 0 or stale_after < 1:
-            raise ValueError("BufferPool(max_bytes >= 0, min_bytes >= 1, max_spare >= 0, stale_after >= 1)")
+        if max_bytes < 0 or min_bytes < 1 or max_spare < 0 or stale_after < 1 or not idle_after > 0:
+            raise ValueError(
+                "BufferPool(max_bytes >= 0, min_bytes >= 1, max_spare >= 0, stale_after >= 1, idle_after > 0)"
+            )
         self.max_bytes = max_bytes if _IDLE is not None else 0
         self.min_bytes = min_bytes
         #: How much larger than a request a kept buffer handed out for it may be, as a fraction.
         self.max_spare = max_spare
         #: An idle buffer not used for this many requests of ``min_bytes`` or more is let go.
         self.stale_after = stale_after
+        #: An idle buffer not used for this many seconds is let go (at a large request or a trim).
+        self.idle_after = idle_after
+        self._clock = clock
         self._buffers: list[bytearray | mmap.mmap] = []  # in use or idle
         self._used: list[int] = []  # when each was last handed out or seen in use, in large requests (``_tick``)
+        self._seen: list[float] = []  # the same, in seconds (``clock``)
         self._held = 0  # the capacity of the kept buffers
         self._tick = 0
+        #: Bytes of buffers let go so far (stale, idle for long, or to make room).
+        self.released = 0
         #: Requests of ``min_bytes`` or more served by a kept buffer / by a new one.
         self.reused = 0
         self.allocated = 0
@@ -178,25 +201,30 @@ class BufferPool:
         if size < self.min_bytes:
             return bytearray(size)
         self._tick = tick = self._tick + 1
-        buffers, used, stale_after = self._buffers, self._used, self.stale_after
+        now = self._clock()
+        buffers, used, seen, stale_after = self._buffers, self._used, self._seen, self.stale_after
+        idle_since = now - self.idle_after
         most = size + int(size * self.max_spare)
         best, best_size = -1, 0
         idle: list[int] = []
         stale: list[int] = []
         # One pass: a buffer in use counts as used now; of the idle ones, the smallest that fits
-        # is the pick, and those idle for more than ``stale_after`` large requests go.
+        # is the pick, and those idle for more than ``stale_after`` large requests or for more than
+        # ``idle_after`` seconds go.
         for i, count in enumerate(_references(buffers)):
             if count != _IDLE:
                 used[i] = tick
+                seen[i] = now
                 continue
             capacity = len(buffers[i])
             if size <= capacity <= most and (best < 0 or capacity < best_size):
                 best, best_size = i, capacity
             idle.append(i)
-            if tick - used[i] > stale_after:
+            if tick - used[i] > stale_after or seen[i] < idle_since:
                 stale.append(i)
         if best >= 0:
             used[best] = tick
+            seen[best] = now
             self.reused += 1
             view = memoryview(buffers[best])[:size]
             if stale:
@@ -219,10 +247,29 @@ class BufferPool:
         buffer = _fresh(capacity)
         buffers.append(buffer)
         used.append(tick)
+        seen.append(now)
         self._held += capacity
         return memoryview(buffer)[:size]
 
+    def trim(self) -> int:
+        """Let go of the buffers idle for longer than ``idle_after`` seconds (those in use count as
+        used now); returns the bytes let go.  The background loop calls it every few seconds."""
+        now = self._clock()
+        seen, idle_since = self._seen, now - self.idle_after
+        stale = []
+        for i, count in enumerate(_references(self._buffers)):
+            if count != _IDLE:
+                seen[i] = now
+            elif seen[i] < idle_since:
+                stale.append(i)
+        held = self._held
+        if stale:
+            self._let_go(stale)
+        return held - self._held
+
     def _let_go(self, indices: list[int]) -> None:
         for i in sorted(set(indices), reverse=True):  # from the back: the indices before stay valid
-            self._held -= len(self._buffers[i])
-            del self._buffers[i], self._used[i]
+            capacity = len(self._buffers[i])
+            self._held -= capacity
+            self.released += capacity
+            del self._buffers[i], self._used[i], self._seen[i]

@@ -5,7 +5,11 @@ A loop is one task that owns the sockets and the request managers. Each turn it 
 application events (closures the public API posts with ``call()``/``post()``), hands completed
 responses to the managers that sent them, lets each subclass do its own per-turn checks
 (``_before_poll``), polls every manager for unsent requests and gives them to the network client,
-then sleeps until the earliest manager deadline or until something wakes it. It never raises into
+then sleeps until the earliest manager deadline or until something wakes it. How late it runs
+again is the event loop's lag (``managers/loop_lag.py``): a loop blocked by the application for long
+enough is named in a WARNING with the deadline it put at risk (``_deadlines``, extended by each
+subclass). Every few seconds it also has the buffer pools give back what they have not used for a
+while (engine/buffers.py: the frame pool, and the consumer's Arrow column pool). It never raises into
 the caller's task group: failures become background events (errors the application side raises at
 its next call), and a bug in the loop itself ends it with ``fatal_error`` set, after which every
 call says so.
@@ -27,15 +31,19 @@ import anyio.abc
 
 from ..config import ConsumerConfig
 from ..errors import ConsumerClosedError, KafkaError, KafkaTimeoutError
+from ..managers.loop_lag import Deadline, LoopLagWatch
 from ..managers.metadata import Cluster, MetadataManager
 from ..managers.requests import Body, RequestManager, UnsentRequest
 from ..managers.waiter import Waiter
 from . import sasl as sasl_module
+from .buffers import BufferPool
 from .connection import BrokerConnection
 from .network import NetworkClient
 
 T = TypeVar("T")
 _MIN_SLEEP = 0.002  # a floor so a wrong deadline can never spin the CPU
+#: How often the loop has the buffer pools give back what they have not used for a while (seconds).
+TRIM_INTERVAL = 5.0
 
 
 class LoopCore:
@@ -68,6 +76,13 @@ class LoopCore:
             config, self._spawn, self._on_complete, sasl=self._authenticate if config.uses_sasl else None, clock=clock
         )
         self.managers: list[RequestManager] = []
+        warn_after = config.loop_lag_warning_ms
+        #: How late the loop runs: the event loop's lag, and the WARNING when it was blocked.
+        self.loop_lag = LoopLagWatch(
+            warn_after=warn_after / 1000 if warn_after is not None else None, deadlines=self._deadlines, log=self.log
+        )
+        self._pools: list[BufferPool] = [self.network.frames]
+        self._next_trim = 0.0
 
     # -- hooks for the subclass -------------------------------------------------------------------
 
@@ -79,6 +94,14 @@ class LoopCore:
 
     def _fail_pending(self, error: BaseException) -> None:
         """The loop ended: fail what the managers still hold for the application."""
+
+    def _deadlines(self) -> list[Deadline]:
+        """What a blocked event loop puts at risk now (asked when it was blocked): the subclass adds
+        its group's deadlines to the requests' own."""
+        timeout = self.config.request_timeout_ms
+        return [Deadline(f"request_timeout_ms={timeout}", timeout / 1000,
+                         "a fetch, commit or other request in flight fails after that long and its connection is "
+                         "closed")]
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -119,8 +142,14 @@ class LoopCore:
 
     async def _loop(self) -> None:
         self._on_start()
+        lag = self.loop_lag
         while not self.closed:
             now = self.clock()
+            lag.ran(now)
+            if now >= self._next_trim:
+                self._next_trim = now + TRIM_INTERVAL
+                for pool in self._pools:
+                    pool.trim()
             self._run_events(now)
             self._run_completions(now)
             self.network.drop_dead_connections()
@@ -135,10 +164,13 @@ class LoopCore:
                 deadline = min(deadline, manager.next_deadline(now))
             if self._woken or self._events or self._completions:
                 self._woken = False
+                lag.due = self.clock()
                 await anyio.lowlevel.checkpoint()
                 continue
-            timeout = max(_MIN_SLEEP, deadline - self.clock())
-            with anyio.move_on_after(min(timeout, 1.0)):
+            start = self.clock()
+            sleep = min(max(_MIN_SLEEP, deadline - start), 1.0)
+            lag.due = start + sleep
+            with anyio.move_on_after(sleep):
                 await self._wake_event.wait()
             self._wake_event = anyio.Event()
             self._woken = False
@@ -146,6 +178,11 @@ class LoopCore:
     def wake(self) -> None:
         self._woken = True
         self._wake_event.set()
+
+    def watch_pool(self, pool: BufferPool) -> None:
+        """Have ``pool`` give back its idle buffers too (every ``TRIM_INTERVAL`` seconds; the pool
+        must be used on this event loop only: the consumer's Arrow column pool)."""
+        self._pools.append(pool)
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         if self._task_group is None:

@@ -30,6 +30,7 @@ from ..managers.coordinator import CoordinatorManager
 from ..managers.fetch import FetchManager
 from ..managers.fetch_buffer import FetchBuffer
 from ..managers.list_offsets import ListOffsetsManager
+from ..managers.loop_lag import Deadline
 from ..managers.membership import CallbackRequest, GroupSettings, MembershipManager
 from ..managers.metadata import Cluster, MetadataManager
 from ..managers.requests import HoldsWaiters, RequestManager
@@ -159,6 +160,36 @@ class Engine(LoopCore):
                 self.report_error(expired)
         self._fall_back_to_classic()
         self.stalls.check(now)
+
+    def _deadlines(self) -> list[Deadline]:
+        """A group member's: no heartbeat while the loop is blocked (classic: this consumer's
+        ``session_timeout_ms``; KIP-848: the broker's session timeout, which it does not tell its
+        members), and ``max_poll_interval_ms``; and the requests' own."""
+        deadlines = super()._deadlines()
+        member, config = self.membership, self.config
+        if member is None or not member.subscribed:
+            return deadlines
+        rejoin = "this member rejoins, and its partitions may have moved to another member meanwhile"
+        if isinstance(member, ConsumerMembershipManager):
+            interval = round(member.heartbeat_interval * 1000)
+            deadlines += [
+                Deadline(f"the group's heartbeat interval of {interval} ms", member.heartbeat_interval,
+                         "no heartbeat was sent meanwhile"),
+                Deadline("the group's session timeout, group.consumer.session.timeout.ms on the broker, 45000 ms "
+                         "by default", 45.0, f"the group coordinator drops a member it hears no heartbeat from "
+                         f"for that long: {rejoin}"),
+            ]
+        else:
+            deadlines += [
+                Deadline(f"heartbeat_interval_ms={config.heartbeat_interval_ms}", config.heartbeat_interval_ms / 1000,
+                         "no heartbeat was sent meanwhile"),
+                Deadline(f"session_timeout_ms={config.session_timeout_ms}", config.session_timeout_ms / 1000,
+                         f"the group coordinator drops a member it hears no heartbeat from for that long: {rejoin}"),
+            ]
+        deadlines.append(Deadline(
+            f"max_poll_interval_ms={config.max_poll_interval_ms}", config.max_poll_interval_ms / 1000,
+            "a member whose application does not poll for that long leaves the group"))
+        return deadlines
 
     def _describe_coordinator(self) -> str:
         coordinator = self.coordinator

@@ -13,6 +13,7 @@ from typing import Any
 from ..config import ConsumerConfig
 from ..errors import KafkaError
 from ..managers.coordinator import CoordinatorManager
+from ..managers.loop_lag import Deadline
 from ..managers.metadata import Cluster, MetadataManager
 from ..managers.share_fetch import ShareAcquireMode, ShareBatch, ShareFetchManager
 from ..managers.share_membership import ShareMembershipManager
@@ -90,6 +91,28 @@ class ShareEngine(LoopCore):
 
     def _fail_pending(self, error: BaseException) -> None:
         self.fetcher.fail_all(error)
+
+    def _deadlines(self) -> list[Deadline]:
+        """A share group member's: no heartbeat while the loop is blocked (the broker's session
+        timeout, which it does not tell its members), and the acquisition lock of the records it
+        holds; and the requests' own."""
+        deadlines = super()._deadlines()
+        member, lock = self.membership, self.fetcher.lock_timeout
+        if not member.is_member:
+            return deadlines
+        interval = round(member.heartbeat_interval * 1000)
+        deadlines += [
+            Deadline(f"the share group's heartbeat interval of {interval} ms", member.heartbeat_interval,
+                     "no heartbeat was sent meanwhile"),
+            Deadline("the share group's session timeout, group.share.session.timeout.ms on the broker, 45000 ms by "
+                     "default", 45.0, "the group coordinator drops a member it hears no heartbeat from for that long: "
+                     "this member joins again, and the records it had acquired go to other members"),
+        ]
+        if lock > 0:
+            deadlines.append(Deadline(
+                f"the acquisition lock of {round(lock * 1000)} ms, the group's share.record.lock.duration.ms", lock,
+                "records acquired and not acknowledged by then go back to the broker, which delivers them again"))
+        return deadlines
 
     @property
     def has_news(self) -> bool:
