@@ -41,7 +41,7 @@ PLACES = {
     "app": "app", "consumer": "app", "share": "app", "streams": "app", "": "app", "otel": "app",
     "prometheus": "app",
     "spark": "integrations", "testing": "integrations", "demo": "integrations", "cli": "integrations",
-    "__main__": "integrations",
+    "__main__": "integrations", "schema_registry": "integrations",
 }
 #: The one cycle allowed: errors.py re-exports the generated classes, which subclass its base class.
 ALLOWED_CYCLES = [frozenset({"asyncconsumer.errors", "asyncconsumer._broker_errors"})]

