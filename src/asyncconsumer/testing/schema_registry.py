@@ -395,8 +395,10 @@ class SchemaRegistry:
         full = CCOMPAT_PATH + path
         total = 0.0
         for line in text.splitlines():
-            if line.startswith("rest_requests_seconds_count{"):
-                labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            # rest_requests_seconds_count{method="GET",path="/apis/ccompat/v7/schemas/ids/{id}",...} 3.0
+            match = re.fullmatch(r"rest_requests_seconds_count\{(.*)\} (\S+)", line.strip())
+            if match is not None:
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
                 if labels.get("method") == method and labels.get("path") == full:
-                    total += float(line.rsplit(" ", 1)[1])
+                    total += float(match.group(2))
         return int(total)
