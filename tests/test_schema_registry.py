@@ -182,7 +182,8 @@ async def test_wire_format_errors_name_the_record(serdes: Serdes) -> None:
             await decode(avro, b'{"json": 1}')
         with pytest.raises(WireFormatError, match="message-index array ends") as caught:
             await decode(ProtobufDeserializer(client), proto[:5] + b"\x04\x80", Context("t", 0, 7, "key"))
-        assert (caught.value.topic, caught.value.partition, caught.value.offset, caught.value.field) == ("t", 0, 7, "key")
+        error = caught.value
+        assert (error.topic, error.partition, error.offset, error.field) == ("t", 0, 7, "key")
         with pytest.raises(UnknownSchemaError, match=r"schema id 987654 is not in the registry.*404.*orders-3") as unk:
             await decode(avro, b"\x00" + struct.pack(">I", 987654) + b"\x02")
         assert isinstance(unk.value, SchemaRegistryError) and unk.value.status == 404 and unk.value.offset == 42
@@ -203,7 +204,9 @@ async def test_registry_error_statuses_are_typed(registry: SchemaRegistry) -> No
 # -- one request per schema id ---------------------------------------------------------------------------
 
 
-async def test_1000_records_of_50_unknown_ids_cost_at_most_50_requests(serdes: Serdes, registry: SchemaRegistry) -> None:
+async def test_1000_records_of_50_unknown_ids_cost_at_most_50_requests(
+    serdes: Serdes, registry: SchemaRegistry
+) -> None:
     from confluent_kafka.schema_registry.avro import AvroSerializer
 
     serializers = []
