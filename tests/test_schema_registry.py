@@ -23,14 +23,16 @@ from typing import Any
 import anyio
 import pytest
 from google.protobuf import json_format
-from support.broker import in_ci
 from support.registry_data import (
+    CTX,
     CUSTOMER_READER,
     TEXT_COMMON_PROTO,
     TEXT_ORDER_PROTO,
     Context,
     Serdes,
     customer,
+    decode,
+    theirs,
 )
 
 from asyncconsumer.schema_registry import (
@@ -46,38 +48,11 @@ from asyncconsumer.schema_registry import (
     WireFormatError,
 )
 from asyncconsumer.schema_registry.client import SingleFlight
-from asyncconsumer.testing import SchemaRegistry, SchemaRegistryTestError
+from asyncconsumer.testing import SchemaRegistry
 
 pytestmark = pytest.mark.anyio
-
-CTX = Context("orders", 3, 42)
-
-
-@pytest.fixture(scope="session")
-def registry(request: pytest.FixtureRequest) -> SchemaRegistry:
-    """The plugin's ``schema_registry``; on a developer's machine without Java or Maven, a skip."""
-    try:
-        return request.getfixturevalue("schema_registry")  # type: ignore[no-any-return]
-    except SchemaRegistryTestError as exc:
-        if in_ci():
-            raise
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="session")
-def serdes(registry: SchemaRegistry, tmp_path_factory: pytest.TempPathFactory) -> Serdes:
-    return Serdes(registry.url, tmp_path_factory.mktemp("proto"))
-
-
-async def decode(deserializer: Any, data: bytes, context: Any = CTX) -> Any:
-    result = deserializer.deserialize(data, context)
-    return await result if inspect.isawaitable(result) else result
-
-
-def theirs(deserializer: Any, data: bytes, topic: str) -> Any:
-    from confluent_kafka.serialization import MessageField, SerializationContext
-
-    return deserializer(data, SerializationContext(topic, MessageField.VALUE))
+#: The fixtures ``registry`` (the session's Apicurio) and ``serdes`` (confluent-kafka's serdes on it).
+pytest_plugins = ["support.registry_fixtures"]
 
 
 # -- agreement with confluent-kafka ---------------------------------------------------------------------

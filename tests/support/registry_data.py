@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import decimal
 import importlib
+import inspect
 import json
 import sys
 import uuid
@@ -253,3 +254,20 @@ class Serdes:
 
     def json_deserializer(self) -> JSONDeserializer:
         return JSONDeserializer(None, schema_registry_client=self.client)
+
+
+# -- fixtures and helpers of the schema registry tests --------------------------------------------------
+
+#: The context ``decode`` passes when none is given.
+CTX = Context("orders", 3, 42)
+
+
+async def decode(deserializer: Any, data: bytes, context: Any = CTX) -> Any:
+    """``deserializer.deserialize(data, context)``, awaited when it returns an awaitable."""
+    result = deserializer.deserialize(data, context)
+    return await result if inspect.isawaitable(result) else result
+
+
+def theirs(deserializer: Any, data: bytes, topic: str) -> Any:
+    """What confluent-kafka's ``deserializer`` makes of a record's value."""
+    return deserializer(data, SerializationContext(topic, MessageField.VALUE))
