@@ -3,16 +3,17 @@
 The layer rule, on the import graph:
 
     base (errors, structs, listener, _args)  <  protocol  <  managers (+ assignors)
-        <  engine (+ config)  <  app (app/, consumer, the package)  <  integrations (spark, testing, demo)
+        <  engine (+ config)  <  app (app/, consumer, the package)
+        <  integrations (spark, testing, demo, cli, schema_registry)
 
 A module may import its own layer and the layers below, never one above, and
 no modules import each other (directly or round a loop), except the generated
 error classes and ``errors``.  Every import counts, also one inside a function
 or under ``TYPE_CHECKING``: hiding an import does not change the design.
 
-The integrations (``spark``, ``cli``, ``testing``, ``demo``) are the package's first users: they use
-only public names, the package's or a documented module's, never a name private to another package
-(``_version``, ``Consumer._next_arrow_batch``).
+The integrations (``spark``, ``cli``, ``testing``, ``demo``, ``schema_registry``) are the package's
+first users: they use only public names, the package's or a documented module's, never a name
+private to another package (``_version``, ``Consumer._next_arrow_batch``).
 
 Errors are named, not numbered: no request manager compares a broker error code with a number of
 its own (it uses the generated sets, ``errors.COORDINATOR_CODES`` ..., or a class's ``code``).

@@ -347,3 +347,13 @@ def test_a_missing_extra_names_the_pip_command(
     monkeypatch.setitem(sys.modules, missing, None)
     with pytest.raises(ImportError, match=rf"pip install 'asyncconsumer\[{extra}\]'"):
         importlib.import_module(name)
+
+
+def test_the_documented_fixture_example(registry: SchemaRegistry) -> None:
+    """docs/testing.md's example, as written there."""
+    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry import SchemaRegistryClient as ConfluentClient
+
+    client = ConfluentClient({"url": registry.url})
+    schema_id = client.register_schema("greetings-value", Schema('"string"', "AVRO"))
+    assert client.get_schema(schema_id).schema_str == '"string"'

@@ -4,8 +4,9 @@
     from asyncconsumer.schema_registry import AvroDeserializer, SchemaRegistryClient
 
     async with SchemaRegistryClient("http://registry:8081") as registry:
-        async with Consumer("orders", bootstrap_servers=..., group_id="billing",
+        async with Consumer(bootstrap_servers=..., group_id="billing",
                             value_deserializer=AvroDeserializer(registry)) as consumer:
+            consumer.subscribe(["orders"])
             async for record in consumer:
                 record.value  # a dict, as confluent-kafka's AvroDeserializer returns it
 
