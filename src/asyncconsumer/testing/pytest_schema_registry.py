@@ -9,10 +9,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from .schema_registry import SchemaRegistry
+if TYPE_CHECKING:
+    from .schema_registry import SchemaRegistry
 
 __all__ = ["schema_registry"]
 
@@ -22,5 +24,7 @@ def schema_registry() -> Iterator[SchemaRegistry]:
     """Apicurio Registry for the session (``.url`` is its Confluent-compatible API), started on a
     free loopback port on first use and stopped at the end; built once with Maven (Java 17+ and
     ``mvn`` needed; see ``asyncconsumer.testing.SchemaRegistry``)."""
+    from .schema_registry import SchemaRegistry  # here: loading the plugin imports nothing heavy
+
     with SchemaRegistry() as registry:
         yield registry
