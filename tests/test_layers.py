@@ -3,16 +3,17 @@
 The layer rule, on the import graph:
 
     base (errors, structs, listener, _args)  <  protocol  <  managers (+ assignors)
-        <  engine (+ config)  <  app (app/, consumer, the package)  <  integrations (spark, testing, demo)
+        <  engine (+ config)  <  app (app/, consumer, the package)
+        <  integrations (spark, testing, demo, cli, schema_registry)
 
 A module may import its own layer and the layers below, never one above, and
 no modules import each other (directly or round a loop), except the generated
 error classes and ``errors``.  Every import counts, also one inside a function
 or under ``TYPE_CHECKING``: hiding an import does not change the design.
 
-The integrations (``spark``, ``cli``, ``testing``, ``demo``) are the package's first users: they use
-only public names, the package's or a documented module's, never a name private to another package
-(``_version``, ``Consumer._next_arrow_batch``).
+The integrations (``spark``, ``cli``, ``testing``, ``demo``, ``schema_registry``) are the package's
+first users: they use only public names, the package's or a documented module's, never a name
+private to another package (``_version``, ``Consumer._next_arrow_batch``).
 
 Errors are named, not numbered: no request manager compares a broker error code with a number of
 its own (it uses the generated sets, ``errors.COORDINATOR_CODES`` ..., or a class's ``code``).
@@ -41,7 +42,7 @@ PLACES = {
     "app": "app", "consumer": "app", "share": "app", "streams": "app", "": "app", "otel": "app",
     "prometheus": "app",
     "spark": "integrations", "testing": "integrations", "demo": "integrations", "cli": "integrations",
-    "__main__": "integrations",
+    "__main__": "integrations", "schema_registry": "integrations",
 }
 #: The one cycle allowed: errors.py re-exports the generated classes, which subclass its base class.
 ALLOWED_CYCLES = [frozenset({"asyncconsumer.errors", "asyncconsumer._broker_errors"})]

@@ -29,11 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-#: Modules that need an extra (pyarrow, confluent-kafka, pyspark, opentelemetry, prometheus_client):
+#: Modules that need an extra (pyarrow, confluent-kafka, pyspark, opentelemetry, prometheus_client, httpx):
 #: the bare install imports everything else.
 NEEDS_EXTRA = ("asyncconsumer.spark", "asyncconsumer.testing.producer", "asyncconsumer.testing.pytest_plugin",
-               "asyncconsumer.testing.certs",
-               "asyncconsumer.prometheus", "asyncconsumer.demo")
+               "asyncconsumer.testing.certs", "asyncconsumer.testing.pytest_schema_registry",
+               "asyncconsumer.prometheus", "asyncconsumer.demo", "asyncconsumer.schema_registry")
 RECORDS = 300
 
 

