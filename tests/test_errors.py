@@ -163,7 +163,7 @@ def _public_exception_classes() -> dict[str, type[BaseException]]:
     for module in (errors, asyncconsumer):
         for name in dir(module):
             value = getattr(module, name)
-            if isinstance(value, type) and issubclass(value, BaseException) and value.__module__.startswith("asyncconsumer"):
+            if isinstance(value, type) and issubclass(value, BaseException):
                 found[name] = value
     return found
 
