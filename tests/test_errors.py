@@ -186,10 +186,10 @@ def test_public_exceptions_say_their_public_module() -> None:
 
 
 def _examples() -> list[KafkaError]:
-    from asyncconsumer import TopicPartition
+    from asyncconsumer import RecordDeserializationError, TopicPartition
 
     tp = TopicPartition("orders", 3)
-    bad = errors.RecordDeserializationError("value_deserializer raised ValueError", topic="orders", partition=3,
+    bad = RecordDeserializationError("value_deserializer raised ValueError", topic="orders", partition=3,
                                             offset=12)
     corrupt = errors.CorruptRecordError("CRC mismatch", topic="orders", partition=3, offset=40)
     corrupt.skip_to = 45
