@@ -232,5 +232,9 @@ def test_a_crashed_fastapi_worker_turns_healthz_to_503(
             time.sleep(0.1)
         assert health.json() == {"status": "worker stopped", "error": "ValueError(\"cannot process {'n': 2}\")"}
         assert client.get("/stats").json() == {"processed": 2, "skipped": 0}
+        shutdown = time.monotonic()
+    # Records were handed out and not committed: close() leaves at once, not after
+    # rebalance_commit_wait_ms (10 s) waiting for commits no worker will make.
+    assert time.monotonic() - shutdown < 5
     [stopped] = [r for r in caplog.records if r.getMessage().startswith("the worker stopped")]
     assert stopped.exc_info is not None and "cannot process" in str(stopped.exc_info[1])

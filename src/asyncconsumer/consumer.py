@@ -160,7 +160,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
             self._closed = True
             return
         engine = self._engine
-        self._closing = True
+        self._closing = self._rebalance.closing = True
         deadline = anyio.current_time() + timeout
         # The last part of the time is kept for stopping the loop and closing connections.
         teardown = min(1.0, timeout / 4)
