@@ -173,6 +173,19 @@ def test_share_worker_example(apache_kafka: Any, run_example: Callable[..., Exam
     check_pill_and_close(example, topic, r"^kafka_consumer_share_fetch_manager_records_consumed_total{[^}]*} 5\.0$")
 
 
+def test_custom_acquire_example(
+    tmp_path: Path, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """The KIP-957 example (no web server, no group): two tasks poll one consumer at once."""
+    topic = new_topic(2)
+    produce(topic, [(i % 2, None, b"%d" % i) for i in range(20)])
+    result = subprocess.run([sys.executable, str(EXAMPLES / "custom_acquire.py"), bootstrap, topic, "20"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result
+    assert result.stdout.startswith("read 20 records; polls by task: {"), result.stdout
+    assert "'poller-0'" in result.stdout and "'poller-1'" in result.stdout, result.stdout
+
+
 def test_forgotten_settings_are_named(tmp_path: Path) -> None:
     """``python fastapi_worker.py`` and ``uvicorn fastapi_worker:app`` without the environment: one
     message naming what to set (not uvicorn's 'Attribute "app" not found'), exit status 1.  Run side
