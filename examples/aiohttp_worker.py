@@ -1,55 +1,130 @@
-"""An aiohttp app with an asyncconsumer background task (asyncio: start()/close()).
+"""An aiohttp app with a consumer-group worker task (asyncio: ``start()``/``close()``).
 
-    python -m examples.aiohttp_worker BOOTSTRAP TOPIC GROUP
+    pip install "asyncconsumer[examples]"
+    KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=orders python path/to/aiohttp_worker.py
 
-``cleanup_ctx`` starts the consumer and a task that iterates it when the app
-starts, and cancels the task and closes the consumer (commit + leave) on
-shutdown.
+Settings (environment): KAFKA_BOOTSTRAP and KAFKA_TOPIC (required), KAFKA_GROUP (default
+"aiohttp-worker"), PORT (default 8080).  Values are JSON; ``handle`` is your processing.
+
+``cleanup_ctx`` starts the consumer and the worker task when the app starts; on shutdown
+(Ctrl-C, SIGTERM) it cancels the task and closes the consumer in a ``finally``, whatever the task
+did.  As in fastapi_worker.py: auto-commit is off and each batch is committed after processing; a
+value that is not JSON (a poison pill) is logged with its topic, partition and offset, committed
+past and skipped; a worker that crashes is logged and ``/healthz`` answers 503.
+
+Endpoints: ``/healthz``, ``/metrics`` (Prometheus' text format), ``/stats``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import sys
+import json
+import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from asyncconsumer import Consumer
+from asyncconsumer import Consumer, KafkaError, RecordDeserializationError, TopicPartition
+from asyncconsumer.prometheus import ConsumerCollector
 
-STATS = web.AppKey("stats", dict)
+log = logging.getLogger("aiohttp_worker")
+
+STATE = web.AppKey("state", dict)
 
 
-def create_app(bootstrap: str, topic: str, group: str, **consumer_options: Any) -> web.Application:
+async def handle(value: Any) -> None:
+    """Your processing of one record's value (None for a tombstone)."""
+
+
+async def work(consumer: Consumer[bytes, Any], state: dict[str, Any]) -> None:
+    try:
+        while True:
+            try:
+                batches = await consumer.getmany(timeout=1.0)
+            except RecordDeserializationError as exc:  # the poison-pill policy: log, commit past, go on
+                log.error("skipping a record that cannot be deserialized: topic=%s partition=%d offset=%d: %r",
+                          exc.topic, exc.partition, exc.offset, exc.__cause__)
+                state["skipped"] += 1
+                tp = TopicPartition(exc.topic, exc.partition)
+                if tp in consumer.assignment():
+                    await consumer.seek(tp, exc.offset + 1)
+                    await consumer.commit({tp: exc.offset + 1})
+                continue
+            for records in batches.values():
+                for record in records:
+                    await handle(record.value)
+                    state["processed"] += 1
+            if batches:
+                await consumer.commit()
+    except Exception as exc:
+        log.exception("the worker stopped; /healthz now answers 503")
+        state["failed"] = exc
+
+
+def create_app(bootstrap: str, topic: str, group: str, **options: Any) -> web.Application:
     app = web.Application()
-    app[STATS] = {"consumed": 0}
-
-    async def consume(consumer: Consumer[bytes, bytes]) -> None:
-        async for _record in consumer:
-            app[STATS]["consumed"] += 1
+    state: dict[str, Any] = {"processed": 0, "skipped": 0, "failed": None, "consumer": None}
+    app[STATE] = state
+    registry = CollectorRegistry()
+    registry.register(ConsumerCollector(lambda: state["consumer"]))
 
     async def consumer_ctx(app: web.Application) -> AsyncIterator[None]:
-        consumer: Consumer[bytes, bytes] = Consumer(
-            bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest", **consumer_options
+        consumer: Consumer[bytes, Any] = Consumer(
+            bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+            auto_offset_reset="earliest", value_deserializer=json.loads, **options,
         )
         await consumer.start()
-        consumer.subscribe([topic])
-        task = asyncio.create_task(consume(consumer))
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await consumer.close()
+        try:
+            consumer.subscribe([topic])
+            state["consumer"] = consumer
+            task = asyncio.create_task(work(consumer, state))
+            try:
+                yield
+            finally:
+                task.cancel()
+                await asyncio.wait([task])  # never raises: work() logged and kept its failure
+        finally:
+            state["consumer"] = None
+            await consumer.close()
+            log.info("the consumer is closed")
+
+    async def healthz(request: web.Request) -> web.Response:
+        if state["failed"] is not None or state["consumer"] is None:
+            return web.json_response({"status": "down", "error": repr(state["failed"])}, status=503)
+        try:
+            m = state["consumer"].metrics()
+        except KafkaError as exc:
+            return web.json_response({"status": "down", "error": str(exc)}, status=503)
+        ok = m.last_poll_age < 60 and m.rebalances.member_state != "fenced"
+        report = {"status": "ok" if ok else "stuck or fenced", "member_state": m.rebalances.member_state}
+        return web.json_response(report, status=200 if ok else 503)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def stats(request: web.Request) -> web.Response:
-        return web.json_response(request.app[STATS])
+        return web.json_response({"processed": state["processed"], "skipped": state["skipped"]})
 
     app.cleanup_ctx.append(consumer_ctx)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/stats", stats)
     return app
 
 
+def _settings() -> tuple[str, str, str]:
+    missing = [name for name in ("KAFKA_BOOTSTRAP", "KAFKA_TOPIC") if not os.environ.get(name)]
+    if missing:
+        raise SystemExit(
+            f"aiohttp_worker: set {' and '.join(missing)} (and optionally KAFKA_GROUP, PORT), e.g.\n"
+            "    KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=orders python aiohttp_worker.py"
+        )
+    return os.environ["KAFKA_BOOTSTRAP"], os.environ["KAFKA_TOPIC"], os.environ.get("KAFKA_GROUP", "aiohttp-worker")
+
+
 if __name__ == "__main__":
-    web.run_app(create_app(*sys.argv[1:4]), host="127.0.0.1", port=8080)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    web.run_app(create_app(*_settings()), host="127.0.0.1", port=int(os.environ.get("PORT", "8080")))

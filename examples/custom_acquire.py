@@ -1,6 +1,6 @@
 """Overriding ``Consumer.acquire`` / ``release`` (the KIP-957 hooks): let several tasks poll.
 
-    python -m examples.custom_acquire BOOTSTRAP TOPIC [COUNT]   (TOPIC needs partitions 0 and 1)
+    python path/to/custom_acquire.py BOOTSTRAP TOPIC [COUNT]   (TOPIC needs partitions 0 and 1)
 
 By default only one task at a time may poll a consumer (``getmany``,
 ``getone``, ``async for``, ``partitions()``); a second task that polls

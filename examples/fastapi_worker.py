@@ -1,23 +1,33 @@
-"""A FastAPI app whose lifespan runs an asyncconsumer worker in the background.
+"""A FastAPI app whose lifespan runs a consumer-group worker in the background.
 
-    uvicorn examples.fastapi_worker:app   (with KAFKA_BOOTSTRAP, KAFKA_TOPIC, KAFKA_GROUP set)
+    pip install "asyncconsumer[examples]"
+    KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=orders python path/to/fastapi_worker.py
+    # or, with uvicorn's own flags:  KAFKA_BOOTSTRAP=... KAFKA_TOPIC=... uvicorn fastapi_worker:app --app-dir path/to
 
-The consumer lives in the lifespan task (its task group is entered there), the
-worker task iterates it, and request handlers read the worker's state.  On
-shutdown the worker is cancelled and the consumer closes: it commits what was
-processed and leaves the group, so the next instance starts where it stopped.
+Settings (environment): KAFKA_BOOTSTRAP and KAFKA_TOPIC (required), KAFKA_GROUP (default
+"api-worker"), PORT (default 8000).  Records' values are JSON; ``handle`` is where your processing
+goes.  docs/getting-started.md shows this code (from ``import json`` to ``create_app``); keep the two alike.
 
-``/healthz`` answers 200 while the worker polls and the member is not fenced out of
-its group, 503 otherwise (a Kubernetes liveness probe); ``/metrics`` is
-``Consumer.metrics()`` in Prometheus' text format through
-``asyncconsumer.prometheus.ConsumerCollector`` (the ``prometheus`` extra; read at each scrape,
-nothing is counted twice; the Java client's metric names).
+- At-least-once: auto-commit is off and the worker commits after processing each batch, so that
+  shutdown never commits a batch whose processing was cut short.
+- Poison pills: a value that is not JSON raises ``RecordDeserializationError`` from ``getmany()``;
+  the worker logs its topic, partition and offset at ERROR, commits past it and goes on (the record
+  is skipped, not retried).  The records before it in the partition were returned and processed.
+- A crashed worker (your ``handle`` raised) is logged with its traceback and ``/healthz`` answers
+  503 from then on, so the orchestrator restarts the instance; it resumes from the last commit.
+- Shutdown (Ctrl-C, SIGTERM): the worker is cancelled and leaving ``async with consumer`` closes the
+  consumer (it leaves the group), whether the worker is running, crashed or never started.
+
+Endpoints: ``/healthz`` (200 while the worker polls and the member is not fenced, else 503: a
+liveness probe), ``/metrics`` (``Consumer.metrics()`` in Prometheus' text format, the Java
+client's metric names), ``/stats`` (records processed and skipped).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,77 +36,152 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from asyncconsumer import Consumer
+from asyncconsumer import CommitFailedError, Consumer, KafkaError, RecordDeserializationError, TopicPartition
 from asyncconsumer.prometheus import ConsumerCollector
+
+log = logging.getLogger("worker")
 
 #: /healthz fails when the worker has not polled for this long (keep it under max_poll_interval_ms).
 POLL_AGE_LIMIT = 60.0
 
 
-def health(consumer: Consumer[Any, Any] | None, worker_failed: BaseException | None) -> tuple[bool, dict[str, Any]]:
-    """Liveness from ``Consumer.metrics()``: the worker polls, and the member is not fenced."""
-    if consumer is None or worker_failed is not None:
-        return False, {"status": "down", "error": repr(worker_failed) if worker_failed else "not started"}
-    m = consumer.metrics()
-    state = m.rebalances.member_state
-    report = {"last_poll_age": round(m.last_poll_age, 3), "member_state": state, "lag": m.lag,
-              "rebalances": m.rebalances.count}
-    problems = []
-    if m.last_poll_age > POLL_AGE_LIMIT:
-        problems.append(f"no poll for {m.last_poll_age:.0f}s")
-    if state == "fenced":
-        problems.append("fenced out of the group")
-    report["status"] = "; ".join(problems) if problems else "ok"
-    return not problems, report
+async def handle(value: Any) -> None:
+    """Your processing of one record's value (None for a tombstone)."""
 
 
-def create_app(bootstrap: str, topic: str, group: str, **consumer_options: Any) -> FastAPI:
-    stats: dict[str, Any] = {"consumed": 0, "last_offset_by_partition": {}}
-    running: dict[str, Any] = {"consumer": None, "failed": None}
+class Worker:
+    """Polls, processes, commits; keeps what /healthz and /stats report."""
 
-    async def work(consumer: Consumer[bytes, bytes]) -> None:
+    def __init__(self, consumer: Consumer[bytes, Any], process: Callable[[Any], Awaitable[None]]) -> None:
+        self.consumer = consumer
+        self.process = process
+        self.processed = 0
+        self.skipped = 0
+        self.failed: Exception | None = None
+
+    async def run(self) -> None:
         try:
-            async for record in consumer:
-                stats["consumed"] += 1
-                stats["last_offset_by_partition"][record.partition] = record.offset
-        except Exception as exc:  # /healthz reports it
-            running["failed"] = exc
+            while True:
+                try:
+                    batches = await self.consumer.getmany(timeout=1.0)
+                except RecordDeserializationError as exc:
+                    await self.skip(exc)
+                    continue
+                for records in batches.values():
+                    for record in records:
+                        await self.process(record.value)
+                        self.processed += 1
+                if batches:
+                    await self.commit()
+        except Exception as exc:  # your handler raised, or a non-retriable Kafka error
+            log.exception("the worker stopped; /healthz now answers 503")
+            self.failed = exc
+
+    async def skip(self, exc: RecordDeserializationError) -> None:
+        """The poison-pill policy: log the record that cannot be deserialized, commit past it, go on."""
+        log.error("skipping a record that cannot be deserialized: topic=%s partition=%d offset=%d: %r",
+                  exc.topic, exc.partition, exc.offset, exc.__cause__)
+        self.skipped += 1
+        tp = TopicPartition(exc.topic, exc.partition)
+        if tp in self.consumer.assignment():  # a rebalance may have moved it meanwhile
+            await self.consumer.seek(tp, exc.offset + 1)
+            await self.commit({tp: exc.offset + 1})
+
+    async def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
+        try:
+            await self.consumer.commit(offsets)
+        except CommitFailedError as exc:  # a rebalance moved the partitions: their new owner goes on
+            log.warning("commit failed: %s", exc)
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            log.warning("commit failed, the next one covers it: %s", exc)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        if self.failed is not None:
+            return False, {"status": "worker stopped", "error": repr(self.failed)}
+        try:
+            m = self.consumer.metrics()
+        except KafkaError as exc:  # closed, or its background loop failed
+            return False, {"status": "consumer down", "error": str(exc)}
+        state = m.rebalances.member_state
+        problems = []
+        if m.last_poll_age > POLL_AGE_LIMIT:
+            problems.append(f"no poll for {m.last_poll_age:.0f}s")
+        if state == "fenced":
+            problems.append("fenced out of the group")
+        report = {"status": "; ".join(problems) or "ok", "member_state": state, "lag": m.lag,
+                  "last_poll_age": round(m.last_poll_age, 3)}
+        return not problems, report
+
+
+def create_app(bootstrap: str, topic: str, group: str, *,
+               process: Callable[[Any], Awaitable[None]] = handle, **options: Any) -> FastAPI:
+    running: dict[str, Worker] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        consumer: Consumer[bytes, bytes] = Consumer(
-            bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest", **consumer_options
+        consumer: Consumer[bytes, Any] = Consumer(
+            bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+            auto_offset_reset="earliest", value_deserializer=json.loads, **options,
         )
-        async with consumer, anyio.create_task_group() as tg:
+        async with consumer, anyio.create_task_group() as tasks:  # leaving it closes the consumer
             consumer.subscribe([topic])
-            running["consumer"] = consumer
-            tg.start_soon(work, consumer)
+            worker = running["worker"] = Worker(consumer, process)
+            tasks.start_soon(worker.run)  # run() catches what it raises: nothing escapes to here
             try:
                 yield
             finally:
-                running["consumer"] = None
-                tg.cancel_scope.cancel()
+                tasks.cancel_scope.cancel()
+        log.info("the consumer is closed")
 
     app = FastAPI(lifespan=lifespan)
     registry = CollectorRegistry()
-    registry.register(ConsumerCollector(lambda: running["consumer"]))
-
-    @app.get("/stats")
-    def read_stats() -> dict[str, Any]:
-        return stats
+    registry.register(ConsumerCollector(lambda: w.consumer if (w := running.get("worker")) else None))
 
     # async handlers: they run on the consumer's event loop (a plain def would run in a thread).
     @app.get("/healthz")
     async def healthz() -> JSONResponse:
-        ok, report = health(running["consumer"], running["failed"])
+        worker = running.get("worker")
+        ok, report = worker.health() if worker else (False, {"status": "not started"})
         return JSONResponse(report, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        worker = running.get("worker")
+        return {"processed": worker.processed, "skipped": worker.skipped} if worker else {}
+
     return app
 
 
-if os.environ.get("KAFKA_BOOTSTRAP"):
-    app = create_app(os.environ["KAFKA_BOOTSTRAP"], os.environ["KAFKA_TOPIC"], os.environ.get("KAFKA_GROUP", "web"))
+def _settings() -> tuple[str, str, str]:
+    import os
+
+    missing = [name for name in ("KAFKA_BOOTSTRAP", "KAFKA_TOPIC") if not os.environ.get(name)]
+    if missing:
+        raise SystemExit(
+            f"fastapi_worker: set {' and '.join(missing)} (and optionally KAFKA_GROUP, PORT), e.g.\n"
+            "    KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=orders python fastapi_worker.py"
+        )
+    return os.environ["KAFKA_BOOTSTRAP"], os.environ["KAFKA_TOPIC"], os.environ.get("KAFKA_GROUP", "api-worker")
+
+
+def __getattr__(name: str) -> Any:
+    """``uvicorn fastapi_worker:app``: the app is made from the environment when uvicorn asks for it."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    app = globals()["app"] = create_app(*_settings())
+    return app
+
+
+if __name__ == "__main__":
+    import os
+
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(*_settings()), host="127.0.0.1", port=int(os.environ.get("PORT", "8000")))

@@ -1,30 +1,49 @@
 """A FastAPI job worker on a share group (KIP-932), acknowledging each job explicitly.
 
-    uvicorn examples.share_worker:app   (with KAFKA_BOOTSTRAP, KAFKA_TOPIC, KAFKA_GROUP set)
+    pip install "asyncconsumer[examples]"
+    KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=jobs python path/to/share_worker.py
+    # or:  KAFKA_BOOTSTRAP=... KAFKA_TOPIC=... uvicorn share_worker:app --app-dir path/to
+
+Settings (environment): KAFKA_BOOTSTRAP and KAFKA_TOPIC (required), KAFKA_GROUP (default
+"workers"), PORT (default 8000).  Share groups need Apache Kafka 4.1 or later.
 
 Run as many instances as you like on the same group: each job (record) is handed to one of
 them at a time.  A job that succeeds is ACCEPTed; one that fails with a retriable error is
 RELEASEd (it comes back, to this or another worker, with ``delivery_count`` one higher); one
-that can never succeed is REJECTed (archived).  A job that takes long RENEWs its lock.  A worker
-that dies holding jobs loses them to the others when their locks run out.
+that can never succeed is REJECTed (archived).  A worker that dies holding jobs loses them to
+the others when their locks run out.
+
+- Poison pills: a job that is not JSON raises ``RecordDeserializationError`` from ``getmany()``;
+  it is logged (topic, partition, offset) and released by the consumer, so it comes back until
+  the group's ``share.delivery.count.limit`` (5 by default) makes the broker archive it.
+- A crashed worker is logged and ``/healthz`` answers 503; shutdown (Ctrl-C, SIGTERM) cancels the
+  worker and leaving ``async with consumer`` releases every job not finished and closes it.
 
 The group must read from the start of the topic for jobs produced before its first member
 joined: ``kafka-configs --bootstrap-server ... --alter --entity-type groups --entity-name workers
 --add-config share.auto.offset.reset=earliest`` (see docs/share-groups.md).
+
+Endpoints: ``/healthz``, ``/metrics`` (Prometheus' text format), ``/stats`` (jobs by outcome).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from asyncconsumer import AcknowledgeType, RecordDeserializationError, ShareConsumer, ShareConsumerRecord
+from asyncconsumer.prometheus import ConsumerCollector
+
+log = logging.getLogger("share_worker")
 
 
 class RetriableJobError(Exception):
@@ -45,6 +64,7 @@ async def run_job(job: dict[str, Any]) -> None:
 
 def create_app(bootstrap: str, topic: str, group: str, *, handler: Job = run_job, **options: Any) -> FastAPI:
     stats: dict[str, Any] = {"done": 0, "released": 0, "rejected": 0, "in_progress": 0, "undecodable": 0}
+    running: dict[str, Any] = {"consumer": None, "failed": None}
 
     async def handle(consumer: ShareConsumer[bytes, dict[str, Any]], record: ShareConsumerRecord[bytes, Any]) -> None:
         stats["in_progress"] += 1
@@ -54,6 +74,7 @@ def create_app(bootstrap: str, topic: str, group: str, *, handler: Job = run_job
             consumer.acknowledge(record, AcknowledgeType.RELEASE)
             stats["released"] += 1
         except Exception:
+            log.exception("job %s-%d@%d failed for good: rejected", record.topic, record.partition, record.offset)
             consumer.acknowledge(record, AcknowledgeType.REJECT)
             stats["rejected"] += 1
         else:
@@ -63,17 +84,23 @@ def create_app(bootstrap: str, topic: str, group: str, *, handler: Job = run_job
             stats["in_progress"] -= 1
 
     async def work(consumer: ShareConsumer[bytes, dict[str, Any]]) -> None:
-        while True:
-            try:
-                batch = await consumer.getmany(timeout=1.0, max_records=10)
-            except RecordDeserializationError:
-                stats["undecodable"] += 1  # released: it is archived once the delivery limit is reached
-                continue
-            # The jobs of one poll run concurrently; every one is acknowledged before the next poll.
-            async with anyio.create_task_group() as tg:
-                for records in batch.values():
-                    for record in records:
-                        tg.start_soon(handle, consumer, record)
+        try:
+            while True:
+                try:
+                    batch = await consumer.getmany(timeout=1.0, max_records=10)
+                except RecordDeserializationError as exc:  # released: archived at the delivery limit
+                    log.error("a job that cannot be deserialized: topic=%s partition=%d offset=%d: %r",
+                              exc.topic, exc.partition, exc.offset, exc.__cause__)
+                    stats["undecodable"] += 1
+                    continue
+                # The jobs of one poll run concurrently; every one is acknowledged before the next poll.
+                async with anyio.create_task_group() as tg:
+                    for records in batch.values():
+                        for record in records:
+                            tg.start_soon(handle, consumer, record)
+        except Exception as exc:
+            log.exception("the worker stopped; /healthz now answers 503")
+            running["failed"] = exc
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,19 +110,58 @@ def create_app(bootstrap: str, topic: str, group: str, *, handler: Job = run_job
         )
         async with consumer, anyio.create_task_group() as tg:
             consumer.subscribe([topic])
+            running["consumer"] = consumer
             tg.start_soon(work, consumer)
-            yield
-            tg.cancel_scope.cancel()
+            try:
+                yield
+            finally:
+                running["consumer"] = None
+                tg.cancel_scope.cancel()
         # Leaving the consumer sent the acknowledgements and released every job not finished.
+        log.info("the consumer is closed")
 
     app = FastAPI(lifespan=lifespan)
+    registry = CollectorRegistry()
+    registry.register(ConsumerCollector(lambda: running["consumer"]))
 
     @app.get("/stats")
-    def read_stats() -> dict[str, Any]:
+    async def read_stats() -> dict[str, Any]:
         return stats
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        if running["failed"] is not None or running["consumer"] is None:
+            return JSONResponse({"status": "down", "error": repr(running["failed"])}, status_code=503)
+        member = running["consumer"].metrics().membership
+        return JSONResponse({"status": "ok", "member_state": member.state, "assignment": len(member.assignment)})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
 
-if os.environ.get("KAFKA_BOOTSTRAP"):
-    app = create_app(os.environ["KAFKA_BOOTSTRAP"], os.environ["KAFKA_TOPIC"], os.environ.get("KAFKA_GROUP", "workers"))
+def _settings() -> tuple[str, str, str]:
+    missing = [name for name in ("KAFKA_BOOTSTRAP", "KAFKA_TOPIC") if not os.environ.get(name)]
+    if missing:
+        raise SystemExit(
+            f"share_worker: set {' and '.join(missing)} (and optionally KAFKA_GROUP, PORT), e.g.\n"
+            "    KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=jobs python share_worker.py"
+        )
+    return os.environ["KAFKA_BOOTSTRAP"], os.environ["KAFKA_TOPIC"], os.environ.get("KAFKA_GROUP", "workers")
+
+
+def __getattr__(name: str) -> Any:
+    """``uvicorn share_worker:app``: the app is made from the environment when uvicorn asks for it."""
+    if name != "app":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    app = globals()["app"] = create_app(*_settings())
+    return app
+
+
+if __name__ == "__main__":
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(*_settings()), host="127.0.0.1", port=int(os.environ.get("PORT", "8000")))

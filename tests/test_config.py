@@ -31,6 +31,11 @@ def test_defaults_follow_kafka() -> None:
         ({"bootstrap_server": "x:1"}, "did you mean 'bootstrap_servers'"),
         ({"bootstrap_servers": ""}, "bootstrap_servers is empty"),
         ({"bootstrap_servers": "host:notaport"}, "is not 'host:port'"),
+        ({"bootstrap_servers": "kafka://127.0.0.1:9092"},
+         "'kafka://127.0.0.1:9092' has a URL scheme (kafka://): bootstrap_servers takes plain 'host:port' addresses, "
+         "such as '127.0.0.1:9092'"),
+        ({"bootstrap_servers": ["a:1", "SASL_SSL://b:9093"]}, "has a URL scheme (SASL_SSL://)"),
+        ({"bootstrap_servers": "host/path:9092"}, "'host/path:9092' is not 'host:port'"),
         ({"auto_offset_reset": "smallest"}, "auto_offset_reset='smallest' is not one of"),
         ({"fetch_max_wait_ms": -1}, "fetch_max_wait_ms must be >= 0"),
         ({"request_timeout_ms": 0}, "request_timeout_ms must be > 0"),

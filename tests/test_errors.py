@@ -153,3 +153,65 @@ def test_the_code_sets_name_their_codes() -> None:
         "SHARE_SESSION_NOT_FOUND", "INVALID_SHARE_SESSION_EPOCH"}
     assert {errors.error_class(c).error_name for c in errors.MEMBER_FATAL_CODES} == {
         "FENCED_INSTANCE_ID", "GROUP_MAX_SIZE_REACHED"}
+
+
+def _public_exception_classes() -> dict[str, type[BaseException]]:
+    """Every exception class a user imports: ``asyncconsumer.errors``' and the package root's."""
+    import asyncconsumer
+
+    found = {}
+    for module in (errors, asyncconsumer):
+        for name in dir(module):
+            value = getattr(module, name)
+            if isinstance(value, type) and issubclass(value, BaseException):
+                found[name] = value
+    return found
+
+
+def test_public_exceptions_say_their_public_module() -> None:
+    """Tracebacks show ``asyncconsumer.errors.X``, not a private module (``_broker_errors``,
+    ``app.collector``) the user cannot import from."""
+    import traceback
+
+    import asyncconsumer
+
+    classes = _public_exception_classes()
+    assert {"UnknownTopicOrPartitionError", "RecordDeserializationError", "PyArrowMissingError"} <= set(classes)
+    wrong = {name: cls.__module__ for name, cls in classes.items() if cls.__module__ != "asyncconsumer.errors"}
+    assert wrong == {}
+    assert asyncconsumer.RecordDeserializationError is errors.RecordDeserializationError
+    line = traceback.format_exception_only(error_for_code(3, "topic 'orders'"))[-1]
+    assert line == "asyncconsumer.errors.UnknownTopicOrPartitionError: [Error 3] UNKNOWN_TOPIC_OR_PARTITION: " \
+                   "topic 'orders'\n"
+
+
+def _examples() -> list[KafkaError]:
+    from asyncconsumer import RecordDeserializationError, TopicPartition
+
+    tp = TopicPartition("orders", 3)
+    bad = RecordDeserializationError("value_deserializer raised ValueError", topic="orders", partition=3,
+                                            offset=12)
+    corrupt = errors.CorruptRecordError("CRC mismatch", topic="orders", partition=3, offset=40)
+    corrupt.skip_to = 45
+    return [
+        error_for_code(3, "topic 'orders'"),
+        UnknownErrorCodeError(9999, "Fetch from node 1"),
+        errors.NoOffsetForPartitionError([tp]),
+        errors.LogTruncationError(tp, 120, 100, 4),
+        bad,
+        corrupt,
+        errors.ConfigTypeError("getmany(): timeout must be a number of seconds or None, got '1'"),
+        errors.ConsumerClosedError("the consumer is closed"),
+        errors.KafkaTimeoutError("metadata request did not complete within 1.0s"),
+    ]
+
+
+@pytest.mark.parametrize("error", _examples(), ids=lambda e: type(e).__name__)
+def test_errors_pickle_with_their_message_and_attributes(error: KafkaError) -> None:
+    """Across processes (multiprocessing, a Spark executor) an error stays what it was."""
+    import pickle
+
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error)
+    assert str(again) == str(error) and again.args == error.args
+    assert vars(again) == vars(error)

@@ -8,10 +8,11 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from support.broker import BrokerBackend, backend_names_from_env
+from support.broker import BrokerBackend, backend_names_from_env, free_port
 
 PROJECT = Path(__file__).parent / "plugin_project"
 
@@ -71,3 +72,20 @@ def test_a_failing_user_test_fails() -> None:
     result = run_project("-k", "test_each_test_had_its_own_topic")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "1 failed" in result.stdout
+
+
+def test_an_unreachable_cluster_ends_the_session_at_once_in_one_line() -> None:
+    """``--kafka-bootstrap`` where nothing listens: one line naming the address, no test run, no
+    librdkafka log, instead of a TimeoutError per test after 30 s each."""
+    port = free_port()
+    started = time.monotonic()
+    result = run_project(f"--kafka-bootstrap=127.0.0.1:{port}")
+    elapsed = time.monotonic() - started
+    output = result.stdout + result.stderr
+    assert result.returncode == pytest.ExitCode.INTERNAL_ERROR, output
+    reason = (f"asyncconsumer pytest plugin: no Kafka broker reachable at --kafka-bootstrap=127.0.0.1:{port} "
+              f"(127.0.0.1:{port}: Connection refused)")
+    [line] = [line for line in output.splitlines() if f"127.0.0.1:{port}" in line]
+    assert reason in line and "Exit" in line, output
+    assert "rdkafka" not in output and "TimeoutError" not in output and "passed" not in output, output
+    assert elapsed < 30, elapsed

@@ -9,7 +9,7 @@
 from . import errors
 from ._version import __version__
 from .config import ConsumerConfig
-from .consumer import Consumer, RecordDeserializationError
+from .consumer import Consumer
 from .errors import (
     AcknowledgementRequiredError,
     AcquisitionLockExpiredError,
@@ -24,6 +24,7 @@ from .errors import (
     NoOffsetForPartitionError,
     PollIntervalExceededError,
     RebalanceCallbackError,
+    RecordDeserializationError,
 )
 from .listener import RebalanceListener
 from .metrics import ConsumerMetrics, PartitionMetrics, ShareConsumerMetrics

@@ -367,6 +367,14 @@ def _servers(value: object) -> tuple[str, ...]:
 
 def parse_host_port(server: str) -> tuple[str, int]:
     """Split 'host:port' ('[::1]:9092' for IPv6); a missing port means 9092."""
+    scheme, sep, rest = server.partition("://")
+    if sep:
+        raise ConfigError(
+            f"bootstrap server {server!r} has a URL scheme ({scheme}://): bootstrap_servers takes plain "
+            f"'host:port' addresses, such as {rest.split('/')[0]!r}; TLS and SASL are chosen by security_protocol"
+        )
+    if "/" in server or any(c.isspace() for c in server):
+        raise ConfigError(f"bootstrap server {server!r} is not 'host:port'")
     host, sep, port = server.rpartition(":")
     if not sep or (host.endswith(":") and not host.startswith("[")):
         host, port = server, "9092"

@@ -14,7 +14,7 @@ import logging
 import re
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
-from typing import Any, Generic, NoReturn, ParamSpec, Unpack, cast, overload
+from typing import Any, Generic, Never, NoReturn, ParamSpec, Unpack, cast, overload
 
 import anyio
 import anyio.abc
@@ -33,8 +33,8 @@ from ._args import (
 )
 from ._runtime import current_async_library
 from .app.arrow import ARROW_BATCH_RECORDS, require_pyarrow, take_arrow_batch
-from .app.client import ClientBase, bracketed, bracketed_sync
-from .app.collector import Collector, RecordDeserializationError
+from .app.client import ClientBase, bracketed, bracketed_sync, check_keyword_only
+from .app.collector import Collector
 from .app.iterators import RecordStream, Steps, ready
 from .app.metrics import snapshot as metrics_snapshot
 from .app.rebalance import RebalanceRunner, RevokeHook, commit_now, consumed_offsets, names
@@ -49,6 +49,7 @@ from .errors import (
     InvalidGroupIdError,
     KafkaError,
     KafkaTimeoutError,
+    RecordDeserializationError,
 )
 from .listener import RebalanceListener
 from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
@@ -85,7 +86,8 @@ class Consumer(ClientBase, Generic[KT, VT]):
     KIND = "consumer"
     POLL_OPERATIONS = _POLL_OPERATIONS
 
-    def __init__(self, **options: Unpack[ConsumerOptions]) -> None:
+    def __init__(self, *args: Never, **options: Unpack[ConsumerOptions]) -> None:
+        check_keyword_only("Consumer", args)
         super().__init__()
         self._config = build_config(options)
         self._engine: Engine | None = None
@@ -94,7 +96,6 @@ class Consumer(ClientBase, Generic[KT, VT]):
         #: Records taken for ``async for``/``batches()`` and not handed out yet (the collector's).
         self._chunks = self._collector.chunks
         self._plain_records = self._config.key_deserializer is None and self._config.value_deserializer is None
-        self._closed = False
         self._closing = False
 
     @classmethod
@@ -110,8 +111,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
 
     async def start(self) -> None:
         """Start without ``async with`` (asyncio only: trio needs a nursery, so use ``async with``)."""
-        if self._engine is not None:
-            raise IllegalStateError("the consumer was already started")
+        self._check_startable()
         if current_async_library() != "asyncio":
             raise IllegalStateError(
                 "start()/close() without 'async with' work on asyncio only; "
@@ -162,7 +162,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
             self._closed = True
             return
         engine = self._engine
-        self._closing = True
+        self._closing = self._rebalance.closing = True
         deadline = anyio.current_time() + timeout
         # The last part of the time is kept for stopping the loop and closing connections.
         teardown = min(1.0, timeout / 4)
@@ -194,6 +194,17 @@ class Consumer(ClientBase, Generic[KT, VT]):
             raise ConsumerClosedError("the consumer is closed")
         self._engine.check_running()
         return self._engine
+
+    def _reading(self, operation: str) -> Engine:
+        """The running loop, for a call that reads records: with nothing assigned or subscribed it
+        would wait forever, so it raises at once, as the Java consumer's ``poll()`` does."""
+        engine = self._running()
+        if not engine.subscriptions.partitions and not (engine.membership is not None and engine.membership.subscribed):
+            raise IllegalStateError(
+                f"{operation}: the consumer is not subscribed to any topics or assigned any partitions; "
+                "call subscribe() or assign() first"
+            )
+        return engine
 
     # -- KIP-957: acquire / release (the default rule is ClientBase's) -----------------------------
 
@@ -571,7 +582,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
             check_positive_int(max_records, "getmany", "max_records")
         limit = max_records or self._batch_limit()
         only = set(_check_partitions(partitions, "getmany")) if partitions else None
-        engine = self._running()
+        engine = self._reading("getmany()")
         self._collector.drop_chunks(engine)
         return await self._collector.poll(engine, only, limit, timeout, mark_consumed=True)
 
@@ -595,6 +606,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         """One ``partitions()`` step, bracketed by acquire/release as a poll."""
         self.acquire("partitions")
         try:
+            self._reading("partitions()")
             return await streams.__anext__()
         except ConsumerClosedError as exc:
             streams.close()
@@ -665,7 +677,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self, limit: int, timeout: float | None, only: set[TopicPartition] | None, include_headers: bool
     ) -> Any:
         """None: ``timeout`` passed with nothing; app/arrow.py does the work."""
-        engine = self._running()
+        engine = self._reading("arrow_batch()")
         self._collector.drop_chunks(engine)  # records taken for async for/batches() go back first
         collector = self._collector
         return await take_arrow_batch(collector, engine, limit, timeout, only=only, include_headers=include_headers)
@@ -721,7 +733,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self.acquire("__anext__")
         collector = self._collector
         try:
-            engine = self._running()
+            engine = self._reading("async for")
             while True:
                 chunk = collector.live_chunk()
                 if chunk is not None:
@@ -744,7 +756,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self.acquire("batches")
         collector = self._collector
         try:
-            engine = self._running()
+            engine = self._reading("batches()")
             while True:
                 chunk = collector.live_chunk()
                 if chunk is not None:

@@ -3,13 +3,20 @@
 ``KafkaError`` is the root.  ``retriable`` tells whether trying the same call
 again may succeed.  Broker error codes map to one named class each
 (``error_for_code``); the classes are generated into ``_broker_errors``.
+
+Every class users meet lives here, or says it does: the generated classes set
+``__module__`` to this module, so a traceback reads
+``asyncconsumer.errors.UnknownTopicOrPartitionError`` and pickle finds the class
+where users import it.  An instance pickles with its attributes as they are
+(``KafkaError.__reduce__``): the subclasses' constructors take other arguments
+than the message they build, so unpickling does not call them again.
 """
 
 from __future__ import annotations
 
 import traceback
 import warnings
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from .structs import TopicPartition
@@ -19,6 +26,18 @@ class KafkaError(Exception):
     """Root of every exception asyncconsumer raises."""
 
     retriable: ClassVar[bool] = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The message and every attribute as they are, without calling ``__init__`` again (its
+        # arguments are not ``self.args``: ``NoOffsetForPartitionError(partitions)``, ...).
+        return (_restore, (type(self), self.args), self.__dict__ or None)
+
+
+def _restore(cls: type[KafkaError], args: tuple[Any, ...]) -> KafkaError:
+    """Unpickle a ``KafkaError`` (see ``KafkaError.__reduce__``)."""
+    error = cls.__new__(cls)
+    error.args = args
+    return error
 
 
 class ConfigError(KafkaError, ValueError):
@@ -104,6 +123,17 @@ class UnsupportedMagicError(RecordError):
 
 class UnsupportedCodecError(RecordError):
     """A batch uses a compression codec that is unknown or whose library is missing."""
+
+
+class RecordDeserializationError(RecordError):
+    """A key or value deserializer raised; the position stays at the failing record.
+
+    ``.topic``, ``.partition`` and ``.offset`` name the record; the deserializer's exception is the
+    ``__cause__``.  ``seek(TopicPartition(topic, partition), offset + 1)`` skips it."""
+
+
+class PyArrowMissingError(KafkaError, ImportError):
+    """Arrow output (``arrow_batches()``) needs pyarrow: ``pip install 'asyncconsumer[arrow]'``."""
 
 
 class CommitFailedError(KafkaError):

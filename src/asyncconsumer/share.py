@@ -20,12 +20,12 @@ import logging
 import typing
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any, Generic, Unpack
+from typing import Any, Generic, Never, Unpack
 
 import anyio
 from typing_extensions import TypeVar
 
-from .app.client import ClientBase, bracketed, bracketed_sync
+from .app.client import ClientBase, bracketed, bracketed_sync, check_keyword_only
 from .app.metrics import share_snapshot
 from .app.share_collector import (
     AcknowledgementCommitCallback,
@@ -35,7 +35,14 @@ from .app.share_collector import (
 )
 from .config import ConsumerConfig, ConsumerOptions, build_config, options_from_properties
 from .engine.share_loop import ShareEngine
-from .errors import ConfigError, ConfigTypeError, ConsumerClosedError, KafkaError, KafkaTimeoutError
+from .errors import (
+    ConfigError,
+    ConfigTypeError,
+    ConsumerClosedError,
+    IllegalStateError,
+    KafkaError,
+    KafkaTimeoutError,
+)
 from .managers.share_fetch import ShareAcquireMode
 from .metrics import ShareConsumerMetrics
 from .otel import attach as attach_telemetry
@@ -67,12 +74,13 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
 
     def __init__(
         self,
-        *,
+        *args: Never,
         share_acknowledgement_mode: ShareAcknowledgementMode = "implicit",
         on_acknowledgement_commit: AcknowledgementCommitCallback | None = None,
         share_acquire_mode: ShareAcquireMode = "batch_optimized",
         **options: Unpack[ConsumerOptions],
     ) -> None:
+        check_keyword_only("ShareConsumer", args)
         if share_acknowledgement_mode not in typing.get_args(ShareAcknowledgementMode):
             raise ConfigError(
                 f"share_acknowledgement_mode must be 'implicit' or 'explicit', not {share_acknowledgement_mode!r}"
@@ -93,7 +101,6 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         self.set_acknowledgement_commit_callback(on_acknowledgement_commit)
         self._engine: ShareEngine | None = None
         self._topics: frozenset[str] = frozenset()
-        self._closed = False
 
     @classmethod
     def from_properties(
@@ -182,6 +189,16 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         engine.check_running()
         return engine
 
+    def _reading(self, operation: str) -> ShareEngine:
+        """The running loop, for a poll: without a subscription it would wait forever, so it raises
+        at once, as the Java share consumer's ``poll()`` does."""
+        engine = self._running()
+        if not self._topics:
+            raise IllegalStateError(
+                f"{operation}: the share consumer is not subscribed to any topics; call subscribe() first"
+            )
+        return engine
+
     # -- subscription ---------------------------------------------------------------------------------
 
     @bracketed_sync("subscribe")
@@ -268,7 +285,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         ``AcknowledgementRequiredError`` if any of them is not acknowledged."""
         collector = self._collector
         limit = max_records or self._config.max_poll_records
-        return collector.hand_out_all(await collector.poll(self._running(), limit, timeout))
+        return collector.hand_out_all(await collector.poll(self._reading("getmany()"), limit, timeout))
 
     def __aiter__(self) -> AsyncIterator[ShareConsumerRecord[KT, VT]]:
         return self
@@ -285,7 +302,8 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         self.acquire("__anext__")
         try:
             if not self._pending:
-                self._pending.extend(await self._collector.poll(self._running(), self._config.max_poll_records, None))
+                engine = self._reading("async for")
+                self._pending.extend(await self._collector.poll(engine, self._config.max_poll_records, None))
             return self._pending.popleft()
         except ConsumerClosedError as exc:
             if self._closed:

@@ -15,7 +15,7 @@ import functools
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ..errors import KafkaError, RecordError, clear_frame_locals
+from ..errors import PyArrowMissingError, RecordError, clear_frame_locals
 from ..protocol.columnar import to_arrow
 from .collector import refetch_bad_batch
 
@@ -34,10 +34,6 @@ __all__ = ["ARROW_BATCH_RECORDS", "PyArrowMissingError", "require_pyarrow", "tak
 #: 2.4x the CPU time a record of 10,000-record ones (docs/arrow.md).  A batch is also bounded by
 #: the fetched data it is decoded from (``max_partition_fetch_bytes``).
 ARROW_BATCH_RECORDS = 10_000
-
-
-class PyArrowMissingError(KafkaError, ImportError):
-    """Arrow output (``arrow_batches()``) needs pyarrow: ``pip install 'asyncconsumer[arrow]'``."""
 
 
 def require_pyarrow() -> Any:

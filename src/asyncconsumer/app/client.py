@@ -5,13 +5,16 @@ their default rule (one polling task at a time).
 ``ClientBase`` is the common base class; each client says which of its operations are polls
 (``POLL_OPERATIONS``) and builds its own loop (``_new_engine``) and first step (``_bootstrap``).
 ``bracketed``/``bracketed_sync`` wrap a public method between ``acquire(operation)`` and
-``release(operation)``.
+``release(operation)``; ``bracketed`` also answers the arguments of other clients that Python
+would refuse with a bare ``TypeError`` (aiokafka's ``timeout_ms=``) with what to write instead, as
+``check_keyword_only`` does for the constructors (aiokafka's topics as positional arguments).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ClassVar, ParamSpec, Self, TypeVar, cast
@@ -21,20 +24,50 @@ import anyio.abc
 
 from .._args import check_timeout
 from ..engine.core import LoopCore
-from ..errors import ConcurrentAccessError, IllegalStateError
+from ..errors import ConcurrentAccessError, ConfigTypeError, ConsumerClosedError, IllegalStateError
 from .rebalance import CALLBACK_OWNER
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
+def check_keyword_only(kind: str, args: tuple[Any, ...]) -> None:
+    """A client's options are keywords only; topics given first (aiokafka's
+    ``AIOKafkaConsumer("events", bootstrap_servers=...)``) get told where they go."""
+    if not args:
+        return
+    given = ", ".join(repr(a) for a in args[:3]) + (", ..." if len(args) > 3 else "")
+    plural = "s" if len(args) > 1 else ""
+    hint = ""
+    if all(isinstance(a, str) for a in args):
+        names = [t for a in args for t in a.split(",") if t]
+        after = "after starting (with a group_id), or assign() partitions" if kind == "Consumer" else "after starting"
+        hint = f"; topics are not options here (aiokafka takes them first): call consumer.subscribe({names!r}) {after}"
+    raise ConfigTypeError(
+        f"{kind}() takes keyword options only (bootstrap_servers=..., group_id=...), "
+        f"got {len(args)} positional argument{plural} ({given}){hint}"
+    )
+
+
+def _no_timeout_ms(method: Callable[..., Any], operation: str) -> str:
+    """What ``timeout_ms=`` (aiokafka's name, in milliseconds) is to be in ``operation()``."""
+    if "timeout" in inspect.signature(method).parameters:
+        return f"{operation}() takes timeout= in seconds, not timeout_ms= (e.g. timeout_ms=500 is timeout=0.5)"
+    return (f"{operation}() has no timeout: bound it with anyio.fail_after(seconds) "
+            "or asyncio.timeout(seconds) (timeout_ms= is aiokafka's)")
+
+
 def bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
     """Run an async public method between ``acquire(operation)`` and ``release(operation)``."""
 
     def decorate(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        timeout_ms_hint = _no_timeout_ms(method, operation)
+
         @functools.wraps(method)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
             self = cast("ClientBase", args[0])
+            if "timeout_ms" in kwargs:
+                raise ConfigTypeError(timeout_ms_hint)
             check_timeout(kwargs.get("timeout"), operation)
             self.acquire(operation)
             try:
@@ -90,6 +123,8 @@ class ClientBase:
         self._runner: Any = None
         self._poller: int | None = None
         self._poll_depth = 0
+        #: ``close()`` was called: the client cannot be started (again).
+        self._closed = False
         # ``async for`` may hand out records already taken without acquire()/release() when they
         # are the default ones: it does not await, so no other task sees the client in between.
         self._default_hooks = type(self).acquire is ClientBase.acquire and type(self).release is ClientBase.release
@@ -112,9 +147,16 @@ class ClientBase:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    async def __aenter__(self) -> Self:
+    def _check_startable(self) -> None:
+        if self._closed:
+            raise ConsumerClosedError(
+                f"the {self.KIND} is closed: a {self.KIND} runs once; create a new {type(self).__name__}"
+            )
         if self._engine is not None:
             raise IllegalStateError(f"the {self.KIND} was already started")
+
+    async def __aenter__(self) -> Self:
+        self._check_startable()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group

@@ -24,7 +24,7 @@ from typing_extensions import TypeVar
 from ..config import ConsumerConfig
 from ..engine.buffers import column_pool
 from ..engine.loop import Engine
-from ..errors import KafkaError, RecordError
+from ..errors import KafkaError, RecordDeserializationError, RecordError
 from ..managers.fetch_buffer import CompletedFetch, Record
 from ..managers.subscription import PartitionState
 from ..structs import ConsumerRecord, TopicPartition
@@ -34,10 +34,6 @@ from .rebalance import RebalanceRunner
 KT = TypeVar("KT", default=bytes)
 VT = TypeVar("VT", default=bytes)
 T = TypeVar("T")
-
-
-class RecordDeserializationError(RecordError):
-    """A key or value deserializer raised; the position stays at the failing record."""
 
 
 class Chunk(ChunkBase if not TYPE_CHECKING else object):  # type: ignore[misc]

@@ -53,6 +53,9 @@ class RebalanceRunner:
         self.revoke_hooks: list[RevokeHook] = []
         #: While a callback runs: the token its task (and tasks it starts) carry in CALLBACK_OWNER.
         self.callback_token: object | None = None
+        #: ``close()`` is under way: the application is done, so the revocation of its leave does not
+        #: wait for manual commits (there is no worker left to make them).
+        self.closing = False
 
     async def run_callbacks(self, engine: Engine, *, raise_errors: bool = True) -> None:
         """Run queued rebalance callbacks here, on the application side, and acknowledge them."""
@@ -151,7 +154,9 @@ class RebalanceRunner:
             return
         # Manual commits: wait for the application's own commits of what it was handed.  A partition
         # it was handed nothing from since its position was set (a reset, a seek) has nothing to wait
-        # for, though no commit names its position.
+        # for, though no commit names its position; nor does anything while closing.
+        if self.closing:
+            return
         partitions_now = engine.subscriptions.partitions
         consumed = {tp: om for tp, om in consumed.items() if partitions_now[tp].handed_out_since_set}
         with anyio.move_on_after(self._config.rebalance_commit_wait_ms / 1000):

@@ -1,9 +1,20 @@
-"""The async bodies of ``asyncconsumer consume`` and ``asyncconsumer lag``."""
+"""The async bodies of ``asyncconsumer consume`` and ``asyncconsumer lag``.
+
+Both start with :func:`open_consumer`: the consumer from the user's properties (an error names
+the dotted property the user typed, ``fetch.max.bytes``, not the option it sets), and a quick look
+at the bootstrap servers.  The library's ``start()`` waits up to ``request.timeout.ms`` for a broker,
+as a service must (its broker may still be starting, or restarting); a person at a terminal who
+typed a wrong port wants to hear it at once.  So when every bootstrap server refuses the connection
+(or its name does not resolve) the tool stops with one line, without waiting; a server that does not
+answer at all is left to the consumer's own wait, which ends with the last error it saw.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -11,8 +22,11 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import anyio
+import anyio.to_thread
 
+from ..config import parse_host_port, property_option
 from ..consumer import Consumer
+from ..errors import ConfigError, NoBrokersAvailableError
 from ..structs import TopicPartition
 from ._format import TextFormat, render_json
 
@@ -95,6 +109,62 @@ async def run_interruptible(body: Callable[[Interrupt], Awaitable[int]]) -> int:
     return EXIT_INTERRUPTED if interrupt.signalled else result
 
 
+#: How long the look at each bootstrap server may take (a server that does not answer in this time
+#: is left to the consumer's own wait).
+PROBE_TIMEOUT = 3.0
+
+
+def _with_property_names(error: ConfigError, properties: Mapping[str, Any]) -> ConfigError:
+    """``error`` naming the dotted properties the user typed (``fetch.max.bytes``) instead of the
+    options they set (``fetch_max_bytes``)."""
+    text = str(error)
+    for key in properties:
+        option = property_option(key)
+        if option != key:
+            text = re.sub(rf"(?<![\w.]){re.escape(option)}(?!\w)", key, text)
+    return ConfigError(text) if text != str(error) else error
+
+
+def new_consumer(properties: Mapping[str, str], overrides: Mapping[str, Any]) -> Consumer[bytes, bytes]:
+    """``Consumer.from_properties``, its errors naming the properties as the user typed them."""
+    try:
+        return Consumer.from_properties(properties, **overrides)
+    except ConfigError as exc:
+        raise _with_property_names(exc, properties) from None
+
+
+def _refusal(server: str) -> str | None:
+    """Why ``server`` refuses a TCP connection at once (None: it accepted, or did not answer in time)."""
+    host, port = parse_host_port(server)
+    try:
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT).close()
+    except TimeoutError:
+        return None
+    except socket.gaierror as exc:
+        return f"cannot resolve {host!r}: {exc.strerror or exc}"
+    except OSError as exc:
+        return (exc.strerror or str(exc)).lower()
+    return None
+
+
+async def check_bootstrap(servers: tuple[str, ...]) -> None:
+    """Raise ``NoBrokersAvailableError`` at once when every bootstrap server refuses (see the module
+    docstring); the servers are tried side by side."""
+    refusals: dict[str, str | None] = {}
+
+    async def look(server: str) -> None:
+        refusals[server] = await anyio.to_thread.run_sync(_refusal, server, abandon_on_cancel=True)
+
+    async with anyio.create_task_group() as group:
+        for server in servers:
+            group.start_soon(look, server)
+    if all(refusals.get(server) is not None for server in servers):
+        details = "; ".join(f"{server}: {refusals[server]}" for server in servers)
+        raise NoBrokersAvailableError(
+            f"no broker reachable (bootstrap_servers={','.join(servers)}): {details}; is a broker running there?"
+        )
+
+
 def _start_offset(text: str) -> int | str:
     if text in ("earliest", "latest"):
         return text
@@ -111,7 +181,8 @@ async def consume(args: ConsumeArgs, out: IO[bytes], err: IO[str], interrupt: In
         overrides["auto_offset_reset"] = "earliest"
     elif "auto.offset.reset" not in args.properties:
         overrides["auto_offset_reset"] = "latest"
-    consumer = Consumer.from_properties(args.properties, **overrides)
+    consumer = new_consumer(args.properties, overrides)
+    await check_bootstrap(consumer.config.bootstrap_servers)
     render = render_json if args.output_format == "json" else args.text_format.render
     progress = _Progress(err, enabled=err.isatty())
     count = 0
@@ -197,7 +268,9 @@ async def group_lag(properties: Mapping[str, str], overrides: Mapping[str, Any],
     """Per partition with a committed offset of ``group``: the committed offset, the log end offset
     (``ListOffsets`` latest, read_uncommitted as in ``kafka-consumer-groups``) and their difference."""
     options = {**overrides, "group_id": group, "enable_auto_commit": False, "isolation_level": "read_uncommitted"}
-    async with Consumer.from_properties(properties, **options) as consumer:
+    consumer = new_consumer(properties, options)
+    await check_bootstrap(consumer.config.bootstrap_servers)
+    async with consumer:
         candidates = []
         for topic in sorted(await consumer.topics()):
             numbers = await consumer.partitions_for_topic(topic) or set()

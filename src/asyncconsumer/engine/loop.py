@@ -32,7 +32,7 @@ from ..managers.fetch_buffer import FetchBuffer
 from ..managers.list_offsets import ListOffsetsManager
 from ..managers.loop_lag import Deadline
 from ..managers.membership import CallbackRequest, GroupSettings, MembershipManager
-from ..managers.metadata import Cluster, MetadataManager
+from ..managers.metadata import Cluster, MetadataManager, MissingTopicWarnings
 from ..managers.requests import HoldsWaiters, RequestManager
 from ..managers.stall_watch import StallWatch
 from ..managers.subscription import SubscriptionState
@@ -58,6 +58,7 @@ class Engine(LoopCore):
         self.subscriptions = SubscriptionState(config.auto_offset_reset, has_group=config.group_id is not None)
         self.buffer = FetchBuffer(config.fetch_buffer_bytes, on_space=self._on_buffer_space, on_data=self.notify_app)
         self._reported_unknown: set[str] = set()
+        self._missing_subscribed = MissingTopicWarnings(f"group {config.group_id!r}")
         retry = config.retry_backoff_ms / 1000
 
         self.metadata = MetadataManager(
@@ -274,6 +275,7 @@ class Engine(LoopCore):
             if self.membership.wants_all_topics:
                 self.membership.update_pattern_topics({n for n, t in cluster.topics.items() if not t.is_internal})
             self.membership.on_metadata()
+            self._missing_subscribed.check(cluster, self.membership.topics if self.membership.pattern is None else ())
         self._report_unreadable(cluster)
         self.wake()
 

@@ -14,7 +14,7 @@ from ..config import ConsumerConfig
 from ..errors import KafkaError
 from ..managers.coordinator import CoordinatorManager
 from ..managers.loop_lag import Deadline
-from ..managers.metadata import Cluster, MetadataManager
+from ..managers.metadata import Cluster, MetadataManager, MissingTopicWarnings
 from ..managers.share_fetch import ShareAcquireMode, ShareBatch, ShareFetchManager
 from ..managers.share_membership import ShareMembershipManager
 from .core import LoopCore
@@ -49,6 +49,7 @@ class ShareEngine(LoopCore):
             topics_of_interest=lambda: set(self.membership.subscription),
             on_update=self._on_metadata,
         )
+        self._missing_subscribed = MissingTopicWarnings(f"share group {config.group_id!r}")
         self.membership = ShareMembershipManager(
             config.group_id,
             self.coordinator,
@@ -87,6 +88,7 @@ class ShareEngine(LoopCore):
 
     def _on_metadata(self, cluster: Cluster) -> None:
         self.network.update_brokers(cluster.brokers)
+        self._missing_subscribed.check(cluster, self.membership.subscription)
         self.wake()
 
     def _fail_pending(self, error: BaseException) -> None:

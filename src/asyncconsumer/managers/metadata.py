@@ -19,7 +19,7 @@ topic was re-created) starts its epochs afresh.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +81,25 @@ class Cluster:
             if topic.topic_id == topic_id:
                 return topic.name
         return None
+
+
+class MissingTopicWarnings:
+    """Topics subscribed by name that the broker says do not exist: a WARNING for each, once (as the
+    Java client logs UNKNOWN_TOPIC_OR_PARTITION for them), and again only if the topic appears and
+    goes again.  Without it a member of a group subscribed to a misspelt topic gets no partitions
+    and no records, without a word.  A pattern's topics are the ones that exist: nothing to warn of.
+    """
+
+    def __init__(self, who: str) -> None:
+        self._who = who
+        self._warned: frozenset[str] = frozenset()
+
+    def check(self, cluster: Cluster, subscribed: Iterable[str]) -> None:
+        missing = frozenset(t for t in subscribed if cluster.topic_missing(t))
+        for topic in sorted(missing - self._warned):
+            log.warning("%s: subscribed topic %r does not exist (UNKNOWN_TOPIC_OR_PARTITION); it gets no "
+                        "partitions until it is created", self._who, topic)
+        self._warned = missing
 
 
 class MetadataManager:

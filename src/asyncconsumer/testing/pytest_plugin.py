@@ -13,18 +13,27 @@ Fixtures:
 
 Records are ``bytes``/``str`` values or ``(partition, key, value[, headers[, timestamp_ms]])`` tuples
 (``partition=None``: the partitioner chooses); see :func:`asyncconsumer.testing.producer.produce`.
+
+No broker, no session: when ``--kafka-bootstrap`` names no server that accepts a connection, or the
+broker to start does not start, the first test that needs ``kafka_broker`` ends the whole session
+with one line naming the address or the cause (``pytest.exit``), instead of every test waiting out
+its own timeout while librdkafka logs each failed connection.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import socket
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import pytest
+
+if TYPE_CHECKING:
+    from .container import ContainerBroker
 
 __all__ = ["ExistingCluster", "KafkaProduce", "RunningBroker"]
 
@@ -80,30 +89,61 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+#: How long the look at each ``--kafka-bootstrap`` server may take.
+PROBE_TIMEOUT = 5.0
+
+
+def _no_session(reason: str) -> NoReturn:
+    """End the test session with one line (exit status 3: pytest's "internal error", as for any
+    session that cannot run; not 1, which says tests ran and failed)."""
+    pytest.exit(f"asyncconsumer pytest plugin: {reason}", returncode=pytest.ExitCode.INTERNAL_ERROR)
+
+
+def _check_reachable(bootstrap: str) -> None:
+    """Return when a server of ``bootstrap`` accepts a TCP connection; else end the session."""
+    from ..config import parse_host_port
+    from ..errors import ConfigError
+
+    problems = []
+    for server in (s.strip() for s in bootstrap.split(",") if s.strip()):
+        try:
+            host, port = parse_host_port(server)
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT).close()
+            return
+        except ConfigError as exc:
+            problems.append(str(exc))
+        except OSError as exc:
+            problems.append(f"{server}: {exc.strerror or exc or type(exc).__name__}")
+    _no_session(f"no Kafka broker reachable at --kafka-bootstrap={bootstrap} ({'; '.join(problems) or 'empty'})")
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(request: pytest.FixtureRequest) -> Iterator[RunningBroker]:
     """The session's Kafka-compatible broker (``.bootstrap``)."""
     existing = request.config.getoption("--kafka-bootstrap")
     if existing:
+        _check_reachable(existing)
         yield ExistingCluster(existing)
         return
     kind = request.config.getoption("--kafka-broker")
+    from . import EmbeddedBroker, EmbeddedBrokerError, KafkaBroker, KafkaBrokerError
+
+    broker: KafkaBroker | EmbeddedBroker | ContainerBroker
     if kind.startswith("testcontainers"):
         from .container import KAFKA_IMAGE, ContainerBroker
 
-        with ContainerBroker(kind.partition(":")[2] or KAFKA_IMAGE) as container:
-            yield container
-        return
-    if kind == "kafka":
-        from . import KafkaBroker
-
-        with KafkaBroker() as kafka:
-            yield kafka
-        return
-    from . import EmbeddedBroker
-
-    with EmbeddedBroker() as tansu:
-        yield tansu
+        broker = ContainerBroker(kind.partition(":")[2] or KAFKA_IMAGE)
+    else:
+        broker = KafkaBroker() if kind == "kafka" else EmbeddedBroker()
+    try:
+        broker.start()
+    except (KafkaBrokerError, EmbeddedBrokerError, ImportError, OSError, TimeoutError) as exc:
+        broker.stop()
+        _no_session(f"the {type(broker).__name__} for kafka_broker did not start: {exc}")
+    try:
+        yield broker
+    finally:
+        broker.stop()
 
 
 def _topic_name(request: pytest.FixtureRequest) -> str:
