@@ -9,7 +9,7 @@
 from . import errors
 from ._version import __version__
 from .config import ConsumerConfig
-from .consumer import Consumer, RecordDeserializationError
+from .consumer import Consumer
 from .errors import (
     AcknowledgementRequiredError,
     AcquisitionLockExpiredError,
@@ -24,6 +24,7 @@ from .errors import (
     NoOffsetForPartitionError,
     PollIntervalExceededError,
     RebalanceCallbackError,
+    RecordDeserializationError,
 )
 from .listener import RebalanceListener
 from .metrics import ConsumerMetrics, PartitionMetrics, ShareConsumerMetrics
@@ -34,8 +35,10 @@ from .structs import (
     LOG_APPEND_TIME,
     AcknowledgeType,
     ConsumerRecord,
+    DeserializationContext,
     OffsetAndMetadata,
     OffsetAndTimestamp,
+    RecordDeserializer,
     ShareConsumerRecord,
     TopicPartition,
 )
@@ -58,6 +61,7 @@ __all__ = [
     "ConsumerConfig",
     "ConsumerMetrics",
     "ConsumerRecord",
+    "DeserializationContext",
     "KafkaConnectionError",
     "KafkaError",
     "KafkaTimeoutError",
@@ -71,6 +75,7 @@ __all__ = [
     "RebalanceCallbackError",
     "RebalanceListener",
     "RecordDeserializationError",
+    "RecordDeserializer",
     "TopicPartition",
     "__version__",
     "errors",

@@ -104,6 +104,21 @@ class UnsupportedCodecError(RecordError):
     """A batch uses a compression codec that is unknown or whose library is missing."""
 
 
+class RecordDeserializationError(RecordError):
+    """A key or value deserializer raised (its exception is the ``__cause__``) for the record at
+    ``.offset``; ``.field`` is ``"key"`` or ``"value"``.  Handled by the consumer's
+    ``on_deserialization_error`` policy: with "raise" (the default) the position stays at that
+    record and ``skip_to`` (``offset + 1``) is where to ``seek()`` to skip it."""
+
+    def __init__(
+        self, message: str, *, topic: str = "", partition: int = -1, offset: int = -1, field: str = ""
+    ) -> None:
+        super().__init__(message, topic=topic, partition=partition, offset=offset)
+        self.skip_to = offset + 1 if offset >= 0 else -1
+        #: Which part of the record could not be deserialized: "key" or "value" ("" if unknown).
+        self.field = field
+
+
 class CommitFailedError(KafkaError):
     """A commit could not be completed (e.g. the partitions are no longer owned)."""
 

@@ -200,6 +200,9 @@ class ConsumerMetrics:
     last_poll_age: float
     #: The memory kept for large buffers (response frames, Arrow columns) and how well it is used again.
     buffers: BufferMetrics = field(default_factory=BufferMetrics)
+    #: Records a deserializer could not read that ``on_deserialization_error`` skipped ("skip", or a
+    #: handler that returned); not in ``records_consumed``.
+    records_skipped: int = 0
 
     @property
     def lag(self) -> int:
@@ -282,6 +285,9 @@ class ShareConsumerMetrics:
     acknowledgements: AcknowledgementMetrics
     membership: ShareMembershipMetrics
     connections: ConnectionMetrics
+    #: Records a deserializer could not read that ``on_deserialization_error`` skipped (rejected:
+    #: "skip", or a handler that returned); not in ``records_delivered``.
+    records_skipped: int = 0
 
 
 __all__ = [

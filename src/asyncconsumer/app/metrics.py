@@ -78,6 +78,7 @@ def snapshot(engine: Engine, collector: Collector[Any, Any]) -> ConsumerMetrics:
         connections=_connections(network),
         last_poll_age=0.0 if collector.waiting else max(0.0, engine.clock() - engine.last_poll),
         buffers=BufferMetrics(_pool(network.frames), _pool(collector.column_buffers)),
+        records_skipped=collector.deserializers.skipped.total(),
     )
 
 
@@ -85,8 +86,9 @@ def _pool(pool: BufferPool) -> PoolMetrics:
     return PoolMetrics(pool.held_bytes, pool.kept, pool.in_use, pool.reused, pool.allocated)
 
 
-def share_snapshot(engine: ShareEngine, records_delivered: int) -> ShareConsumerMetrics:
-    """The share consumer's snapshot (``records_delivered``: counted by the application side)."""
+def share_snapshot(engine: ShareEngine, records_delivered: int, records_skipped: int = 0) -> ShareConsumerMetrics:
+    """The share consumer's snapshot (``records_delivered``, ``records_skipped``: counted by the
+    application side)."""
     fetcher, member, network = engine.fetcher, engine.membership, engine.network
     return ShareConsumerMetrics(
         records_delivered=records_delivered,
@@ -113,6 +115,7 @@ def share_snapshot(engine: ShareEngine, records_delivered: int) -> ShareConsumer
             assignment_changes=member.assignment_version,
         ),
         connections=_connections(network),
+        records_skipped=records_skipped,
     )
 
 
