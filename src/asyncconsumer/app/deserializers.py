@@ -146,8 +146,8 @@ class Deserializers:
               skipped: str, level: int) -> None:
         self.skipped[TopicPartition(record.topic, record.partition)] += 1
         cause = error.__cause__ if error.__cause__ is not None else error
-        self._log.log(level, "%s-%d offset %d %s (%s): %r", record.topic, record.partition, record.offset, what,
-                      skipped, cause)
+        self._log.log(level, "%s-%d offset %d %s (%s): the %s deserializer raised %r", record.topic,
+                      record.partition, record.offset, what, skipped, error.field, cause)
 
 
 __all__ = ["Deserializers", "Raw", "Undeserialized"]

@@ -378,7 +378,7 @@ def _share_record(a: AcquiredRecord, key: Any, value: Any) -> Any:
 
 
 def _release_hint(record: Any) -> str:
-    return "the record was released: it comes back until the group's delivery limit archives it"
+    return "it was released: it comes back until the group's delivery limit archives it"
 
 
 __all__ = [
