@@ -101,7 +101,10 @@ async def read_polls(poll: Callable[[], Awaitable[dict[Any, list[Any]]]], want: 
 # ------------------------------------------------------------------ asyncconsumer
 
 
-def _asyncconsumer(mode: str) -> Reader:
+def _asyncconsumer(mode: str, deserializers: bool = False) -> Reader:
+    """``deserializers``: with ``bytes`` as key and value deserializer (``f(data)``, which returns
+    its argument): what a deserializer costs the consumer, apart from its own work."""
+
     def read(args: argparse.Namespace, tally: Tally) -> None:
         import anyio
 
@@ -109,7 +112,9 @@ def _asyncconsumer(mode: str) -> Reader:
 
         async def main() -> None:
             want = args.count
-            consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers=args.bootstrap, auto_offset_reset="earliest")
+            options: dict[str, Any] = {"key_deserializer": bytes, "value_deserializer": bytes} if deserializers else {}
+            consumer: Consumer[bytes, bytes] = Consumer(
+                bootstrap_servers=args.bootstrap, auto_offset_reset="earliest", **options)
             async with consumer:
                 consumer.assign([TopicPartition(args.topic, p) for p in range(args.partitions)])
                 if mode == "iter":
@@ -468,6 +473,12 @@ CLIENTS: dict[str, tuple[str, str, Callable[[], Reader]]] = {
     "asyncconsumer-getmany": ("asyncconsumer `getmany()`", "asyncconsumer", lambda: _asyncconsumer("getmany")),
     "asyncconsumer-batches": ("asyncconsumer `batches()`", "asyncconsumer", lambda: _asyncconsumer("batches")),
     "asyncconsumer-arrow": ("asyncconsumer `arrow_batches()`", "pyarrow", _asyncconsumer_arrow),
+    "asyncconsumer-iter-deser": (
+        "asyncconsumer `async for`, `bytes` deserializers", "asyncconsumer", lambda: _asyncconsumer("iter", True)),
+    "asyncconsumer-getmany-deser": (
+        "asyncconsumer `getmany()`, `bytes` deserializers", "asyncconsumer", lambda: _asyncconsumer("getmany", True)),
+    "asyncconsumer-batches-deser": (
+        "asyncconsumer `batches()`, `bytes` deserializers", "asyncconsumer", lambda: _asyncconsumer("batches", True)),
     "asyncconsumer-fetch-only": (
         "asyncconsumer Fetch loop, no decoding (ceiling)",
         "asyncconsumer",
