@@ -80,21 +80,31 @@ class Deserializers:
         return that is awaitable.  Raises ``RecordDeserializationError`` (not settled)."""
         key, value = record.key, record.value
         if key is not None and self.key is not None:
-            key = await self._call(self.key, self.key_kind, key, record, "key")
+            key = self._call(self.key, self.key_kind, key, record, "key")
+            if self.key_kind != "plain" and inspect.isawaitable(key):
+                key = await self._wait(key, record, "key")
         if value is not None and self.value is not None:
-            value = await self._call(self.value, self.value_kind, value, record, "value")
+            value = self._call(self.value, self.value_kind, value, record, "value")
+            if self.value_kind != "plain" and inspect.isawaitable(value):
+                value = await self._wait(value, record, "value")
         return record._replace(key=key, value=value)
 
-    async def _call(self, function: Any, kind: DeserializerKind | None, data: bytes, record: Raw,
-                    field: Literal["key", "value"]) -> Any:
+    def _call(self, function: Any, kind: DeserializerKind | None, data: bytes, record: Raw,
+              field: Literal["key", "value"]) -> Any:
+        """The deserializer's result: the value, or (not for ``f(data)``) perhaps an awaitable."""
         try:
             if kind == "plain":
                 return function(data)
             context = DeserializationContext(record.topic, record.partition, record.offset, field, record.headers)
-            result = function.deserialize(data, context) if kind == "object" else function(data, context)
-            if inspect.isawaitable(result):
-                result = await result
-            return result
+            if kind == "object":
+                return function.deserialize(data, context)
+            return function(data, context)
+        except Exception as exc:
+            raise self.failure(record, field, exc) from exc
+
+    async def _wait(self, awaitable: Any, record: Raw, field: str) -> Any:
+        try:
+            return await awaitable
         except Exception as exc:
             raise self.failure(record, field, exc) from exc
 
