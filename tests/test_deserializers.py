@@ -273,6 +273,60 @@ async def test_poison_pills(
             (p, o, f) for p, o, f in POISON}
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize(("api", "kind", "anyio_backend"), [
+    ("iter", "async", "asyncio"), ("batches", "object", "trio"), ("partitions", "async", "trio"),
+    ("getmany", "plain", "asyncio"),
+])
+async def test_skipped_records_last_in_the_partition_move_the_position_and_the_commits_past_them(
+    api: str, kind: str, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any],
+) -> None:
+    """The skipped records come alone, in a poll of their own (produced after the first record was
+    read): nothing is handed out after them, and no fetch response comes after them either
+    (``fetch_until``), which would move the position too."""
+    topic = new_topic(1)
+    produce(topic, [(0, b"k", b'{"n": 0}')])
+    tp = TopicPartition(topic, 0)
+    async with Consumer(bootstrap_servers=bootstrap, group_id=f"g-{topic}", enable_auto_commit=False,
+                        auto_offset_reset="earliest", on_deserialization_error="skip",
+                        **Forms(kind).deserializers(), **FAST) as c:
+        c.assign([tp])
+        c.fetch_until(tp, 3)
+        got: list[ConsumerRecord[Any, Any]] = []
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+
+                async def reader() -> None:
+                    if api == "iter":
+                        async for record in c:
+                            got.append(record)
+                    elif api == "batches":
+                        async for batch in c.batches():
+                            got.extend(batch)
+                    elif api == "partitions":
+                        async for _, stream in c.partitions():
+                            tg.start_soon(read_stream, stream)
+                    else:
+                        while True:
+                            got.extend(r for rs in (await c.getmany(timeout=0.1)).values() for r in rs)
+
+                async def read_stream(stream: Any) -> None:
+                    async for record in stream:
+                        got.append(record)
+
+                tg.start_soon(reader)
+                while not got:  # noqa: ASYNC110 (the reader reads on)
+                    await anyio.sleep(0.02)
+                await anyio.to_thread.run_sync(lambda: produce(topic, [(0, b"k", BAD), (0, b"k", BAD)]))
+                while await c.position(tp) != 3:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()
+            await c.commit()
+            assert await c.committed(tp) == 3
+            assert c.metrics().records_skipped == 2
+    assert [r.offset for r in got] == [0]
+
+
 # -- the consumer's state changes while a deserializer awaits ----------------------------------------------
 
 
