@@ -130,6 +130,10 @@ class ValueObject:
 OnError = Callable[[RecordDeserializationError], Awaitable[None]]
 
 
+async def unexpected(exc: RecordDeserializationError) -> None:
+    raise AssertionError(f"raised with a policy that skips: {exc!r}")
+
+
 async def read(c: Consumer[Any, Any], api: str, want: int, on_error: OnError) -> list[ConsumerRecord[Any, Any]]:
     """Records read with ``api`` until ``want`` arrived and every partition's position is at its
     end, with ``on_error`` for each ``RecordDeserializationError`` raised."""
@@ -325,6 +329,39 @@ async def test_skipped_records_last_in_the_partition_move_the_position_and_the_c
             assert await c.committed(tp) == 3
             assert c.metrics().records_skipped == 2
     assert [r.offset for r in got] == [0]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_skipped_records_are_counted_in_metrics_opentelemetry_and_prometheus(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from prometheus_client import CollectorRegistry
+    from test_otel import points
+    from test_prometheus import labels, scrape
+
+    from asyncconsumer.prometheus import ConsumerCollector
+
+    topic = new_topic(2)
+    produce_records(produce, topic)
+    reader = InMemoryMetricReader()
+    async with Consumer(bootstrap_servers=bootstrap, auto_offset_reset="earliest", value_deserializer=number,
+                        key_deserializer=bytes.decode, on_deserialization_error="skip",
+                        meter_provider=MeterProvider(metric_readers=[reader]), client_id="skipper", **FAST) as c:
+        c.assign(tps(topic, 2))
+        with anyio.fail_after(30):
+            await read(c, "getmany", sum(map(len, GOOD.values())), unexpected)
+        ours = c.metrics()
+        skipped = {int(p.attributes["messaging.destination.partition.id"]): p.value
+                   for p in points(reader, "kafka.consumer.records_skipped")}
+        registry = CollectorRegistry()
+        registry.register(ConsumerCollector(c))
+        exported = scrape(registry)
+    assert ours.records_skipped == 4 and ours.records_consumed == 9
+    assert skipped == {0: 2, 1: 2}
+    assert exported[("asyncconsumer_records_skipped_total", labels(client_id="skipper"))] == 4
 
 
 # -- the consumer's state changes while a deserializer awaits ----------------------------------------------
