@@ -338,7 +338,8 @@ class Collector(Generic[KT, VT]):
     def deserialize(self, engine: Engine, record: Record) -> ConsumerRecord[KT, VT] | None:
         """"lazy" mode: ``record``, just handed out, deserialized; None when the policy skipped it
         (its offset is handed out already, so commits move past it).  With "raise" the position
-        goes back to it and its partition refetches from there."""
+        goes back to it and its partition refetches from there.  (``Deserializers.record``, inlined:
+        ``async for``'s per-record path.)"""
         des = self.deserializers
         key, value = record.key, record.value
         field = "key"
