@@ -35,7 +35,7 @@ from ..errors import ConsumerClosedError, KafkaError, RecordDeserializationError
 from ..managers.fetch_buffer import CompletedFetch, Record
 from ..managers.subscription import PartitionState
 from ..structs import ConsumerRecord, TopicPartition
-from .deserializers import Deserializers, Undeserialized
+from .deserializers import Deserializers, Pending, Undeserialized, replaced
 from .iterators import ChunkBase
 from .rebalance import RebalanceRunner
 
@@ -356,7 +356,7 @@ class Collector(Generic[KT, VT]):
             engine.subscriptions.partitions[record.topic_partition].rewind(record.offset)
             self.forget_buffered(engine, [record.topic_partition])
             raise error from exc
-        return record._replace(key=key, value=value)  # type: ignore[return-value]
+        return replaced(record, key, value)  # type: ignore[no-any-return]
 
     def deserialize_many(
         self, engine: Engine, records: Mapping[TopicPartition, list[Record]]
@@ -416,6 +416,7 @@ class Collector(Generic[KT, VT]):
         skipped is handed out past them now (a partition stream does so once it is idle).  A
         cancelled call puts everything back."""
         des = self.deserializers
+        begin = des.begin
         partitions = engine.subscriptions.partitions
         epochs = {tp: partitions[tp].epoch for tp in records}
         out: dict[TopicPartition, list[Any]] = {}
@@ -425,7 +426,8 @@ class Collector(Generic[KT, VT]):
                 done: list[Any] = []
                 for record in recs:
                     try:
-                        done.append(await des.decode(record))
+                        decoded = begin(record)
+                        done.append(await des.finish(decoded) if type(decoded) is Pending else decoded)
                     except RecordDeserializationError as exc:
                         error = await des.settle(record, exc, SKIPPED)
                         if error is not None:

@@ -21,8 +21,8 @@ from __future__ import annotations
 import inspect
 import logging
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, NamedTuple
 
 from ..config import ConsumerConfig, DeserializerKind, deserializer_kind
 from ..errors import RecordDeserializationError
@@ -32,6 +32,22 @@ from ..structs import ConsumerRecord, DeserializationContext, ShareConsumerRecor
 Raw = ConsumerRecord[bytes, bytes]
 #: A record undeserialized as the policy's handler gets it (a share consumer's, with its delivery).
 Undeserialized = Raw | ShareConsumerRecord[bytes, bytes]
+
+
+class Pending(NamedTuple):
+    """A record whose key or value deserializer returned an awaitable (``Deserializers.begin``)."""
+
+    record: Raw
+    field: Literal["key", "value"]
+    awaitable: Awaitable[Any]
+    #: The key deserialized already, when the value is the one awaited.
+    key: Any
+
+
+def replaced(record: Raw, key: Any, value: Any) -> Any:
+    """``record._replace(key=key, value=value)``, at half the cost (it is paid per record)."""
+    r = record
+    return tuple.__new__(type(r), (r[0], r[1], r[2], r[3], r[4], key, value, r[7], r[8], r[9], r[10]))
 
 
 class Deserializers:
@@ -73,21 +89,45 @@ class Deserializers:
                 value = value_fn(value)
             except Exception as exc:
                 raise self.failure(record, "value", exc) from exc
-        return record._replace(key=key, value=value)
+        return replaced(record, key, value)
 
-    async def decode(self, record: Raw) -> Any:
-        """``record`` with its key and value deserialized, whatever the forms; awaits what they
-        return that is awaitable.  Raises ``RecordDeserializationError`` (not settled)."""
-        key, value = record.key, record.value
+    def begin(self, record: Raw) -> Any:
+        """``record`` deserialized, whatever the forms, when no deserializer returns an awaitable;
+        else a ``Pending`` for ``finish``.  Raises ``RecordDeserializationError`` (not settled).
+        Split from ``finish`` so that a record needing no await costs no coroutine."""
+        key = record.key
         if key is not None and self.key is not None:
             key = self._call(self.key, self.key_kind, key, record, "key")
             if self.key_kind != "plain" and inspect.isawaitable(key):
-                key = await self._wait(key, record, "key")
+                return Pending(record, "key", key, None)
+        value = record.value
         if value is not None and self.value is not None:
             value = self._call(self.value, self.value_kind, value, record, "value")
             if self.value_kind != "plain" and inspect.isawaitable(value):
-                value = await self._wait(value, record, "value")
-        return record._replace(key=key, value=value)
+                return Pending(record, "value", value, key)
+        return replaced(record, key, value)
+
+    async def finish(self, pending: Pending) -> Any:
+        """The record of ``pending`` deserialized: its awaitable awaited, and then (if that was the
+        key's) the value deserialized too."""
+        record = pending.record
+        try:
+            result = await pending.awaitable
+        except Exception as exc:
+            raise self.failure(record, pending.field, exc) from exc
+        if pending.field == "value":
+            return replaced(record, pending.key, result)
+        value = record.value
+        if value is not None and self.value is not None:
+            value = self._call(self.value, self.value_kind, value, record, "value")
+            if self.value_kind != "plain" and inspect.isawaitable(value):
+                return await self.finish(Pending(record, "value", value, result))
+        return replaced(record, result, value)
+
+    async def decode(self, record: Raw) -> Any:
+        """``begin`` and, if it must, ``finish``."""
+        done = self.begin(record)
+        return await self.finish(done) if type(done) is Pending else done
 
     def _call(self, function: Any, kind: DeserializerKind | None, data: bytes, record: Raw,
               field: Literal["key", "value"]) -> Any:
@@ -99,12 +139,6 @@ class Deserializers:
             if kind == "object":
                 return function.deserialize(data, context)
             return function(data, context)
-        except Exception as exc:
-            raise self.failure(record, field, exc) from exc
-
-    async def _wait(self, awaitable: Any, record: Raw, field: str) -> Any:
-        try:
-            return await awaitable
         except Exception as exc:
             raise self.failure(record, field, exc) from exc
 
@@ -160,4 +194,4 @@ class Deserializers:
                       record.partition, record.offset, what, skipped, error.field, cause)
 
 
-__all__ = ["Deserializers", "Raw", "Undeserialized"]
+__all__ = ["Deserializers", "Pending", "Raw", "Undeserialized", "replaced"]
