@@ -5,8 +5,9 @@ bytes into the application's types.
 its form says (``config.deserializer_kind``): ``f(data)``, as it always was, synchronously and with
 no context (``record`` below, the collectors' fast paths); ``obj.deserialize(data, context)`` and
 ``async def f(data, context)`` with a ``DeserializationContext``, the result awaited when it is
-awaitable (``decode``, on the polling task).  ``sync`` says whether a consumer's records never
-need an await: only ``f(data)`` deserializers and a policy of "raise" or "skip".
+awaitable (``begin``, then ``finish`` only when there is something to await, on the polling
+task).  ``sync`` says whether a consumer's records never need an await: only ``f(data)``
+deserializers and a policy of "raise" or "skip".
 
 A deserializer that raises gives a ``RecordDeserializationError`` naming the record and the key or
 value (``failure``), and the ``on_deserialization_error`` policy settles it (``settle``): "raise"
@@ -123,11 +124,6 @@ class Deserializers:
             if self.value_kind != "plain" and inspect.isawaitable(value):
                 return await self.finish(Pending(record, "value", value, result))
         return replaced(record, result, value)
-
-    async def decode(self, record: Raw) -> Any:
-        """``begin`` and, if it must, ``finish``."""
-        done = self.begin(record)
-        return await self.finish(done) if type(done) is Pending else done
 
     def _call(self, function: Any, kind: DeserializerKind | None, data: bytes, record: Raw,
               field: Literal["key", "value"]) -> Any:

@@ -41,7 +41,7 @@ from ..errors import (
 )
 from ..managers.share_fetch import AckResults, AcquiredRecord, ShareBatch
 from ..structs import AcknowledgeType, ShareConsumerRecord, TopicPartition
-from .deserializers import Deserializers
+from .deserializers import Deserializers, Pending
 
 KT = TypeVar("KT", default=bytes)
 VT = TypeVar("VT", default=bytes)
@@ -216,7 +216,9 @@ class ShareCollector(Generic[KT, VT]):
                     break
                 count += 1
                 try:
-                    r = await des.decode(a.record)
+                    r = des.begin(a.record)
+                    if type(r) is Pending:
+                        r = await des.finish(r)
                 except RecordDeserializationError as exc:
                     raw = _share_record(a, a.record.key, a.record.value)
                     error = await des.settle(raw, exc, REJECTED)
