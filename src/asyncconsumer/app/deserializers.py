@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import types
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, NamedTuple
@@ -43,6 +44,24 @@ class Pending(NamedTuple):
     awaitable: Awaitable[Any]
     #: The key deserialized already, when the value is the one awaited.
     key: Any
+
+
+#: Types whose values were not awaitable: a deserializer returns values of a few types, record
+#: after record, and ``inspect.isawaitable`` costs about what building the context does.
+_NOT_AWAITABLE: set[type] = set()
+
+
+def awaitable(value: object) -> bool:
+    """``inspect.isawaitable(value)``, the types of values that are not remembered (but for
+    generators: one may be a generator-based coroutine, another not)."""
+    kind = type(value)
+    if kind in _NOT_AWAITABLE:
+        return False
+    if inspect.isawaitable(value):
+        return True
+    if kind is not types.GeneratorType:
+        _NOT_AWAITABLE.add(kind)
+    return False
 
 
 def replaced(record: Raw, key: Any, value: Any) -> Any:
@@ -99,12 +118,12 @@ class Deserializers:
         key = record.key
         if key is not None and self.key is not None:
             key = self._call(self.key, self.key_kind, key, record, "key")
-            if self.key_kind != "plain" and inspect.isawaitable(key):
+            if self.key_kind != "plain" and awaitable(key):
                 return Pending(record, "key", key, None)
         value = record.value
         if value is not None and self.value is not None:
             value = self._call(self.value, self.value_kind, value, record, "value")
-            if self.value_kind != "plain" and inspect.isawaitable(value):
+            if self.value_kind != "plain" and awaitable(value):
                 return Pending(record, "value", value, key)
         return replaced(record, key, value)
 
@@ -121,7 +140,7 @@ class Deserializers:
         value = record.value
         if value is not None and self.value is not None:
             value = self._call(self.value, self.value_kind, value, record, "value")
-            if self.value_kind != "plain" and inspect.isawaitable(value):
+            if self.value_kind != "plain" and awaitable(value):
                 return await self.finish(Pending(record, "value", value, result))
         return replaced(record, result, value)
 
