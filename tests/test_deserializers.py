@@ -622,3 +622,14 @@ def test_consumer_k_v_carries_the_types_of_the_deserializers() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("options", [{"value_deserializer": bytes}, {"key_deserializer": WithMethod()},
+                                     {"value_deserializer": two}])
+def test_async_for_runs_in_c_only_without_deserializers(options: dict[str, Any]) -> None:
+    from asyncconsumer.app.iterators import RecordStream
+
+    with_deserializers = Consumer(**options)
+    assert with_deserializers.__aiter__() is with_deserializers  # Consumer.__anext__, the Python method
+    if RecordStream is not None:
+        assert type(Consumer().__aiter__()) is RecordStream
