@@ -510,7 +510,8 @@ async def test_a_poll_cancelled_while_a_deserializer_awaits_loses_nothing(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # a rebalance takes seconds: one runtime is enough
+@pytest.mark.broker_feature("fast_join")  # Tansu holds each JoinGroup for seconds: Apache Kafka's run only
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # one runtime is enough: a rebalance takes seconds
 async def test_a_revocation_while_a_deserializer_awaits_hands_out_nothing_of_the_revoked_partition(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
