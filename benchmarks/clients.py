@@ -11,6 +11,7 @@ assigns all partitions from the beginning (no consumer group) and touches every 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -101,7 +102,24 @@ async def read_polls(poll: Callable[[], Awaitable[dict[Any, list[Any]]]], want: 
 # ------------------------------------------------------------------ asyncconsumer
 
 
-def _asyncconsumer(mode: str) -> Reader:
+class _Same:
+    """A deserializer with context that returns the bytes at once (``RecordDeserializer``)."""
+
+    def deserialize(self, data: bytes, context: Any) -> bytes:
+        return data
+
+
+async def _same(data: bytes, context: Any) -> bytes:
+    """An ``async def`` deserializer that returns the bytes (no suspension)."""
+    return data
+
+
+def _asyncconsumer(mode: str, deserializers: str = "") -> Reader:
+    """``deserializers``: key and value deserializers that return the bytes they are given, so the
+    reader measures what a deserializer costs the consumer apart from its own work: "plain"
+    (``bytes``, an ``f(data)``), "object" (a ``RecordDeserializer`` returning the value at once) or
+    "async" (an ``async def f(data, context)``)."""
+
     def read(args: argparse.Namespace, tally: Tally) -> None:
         import anyio
 
@@ -109,7 +127,10 @@ def _asyncconsumer(mode: str) -> Reader:
 
         async def main() -> None:
             want = args.count
-            consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers=args.bootstrap, auto_offset_reset="earliest")
+            function = {"": None, "plain": bytes, "object": _Same(), "async": _same}[deserializers]
+            options: dict[str, Any] = {"key_deserializer": function, "value_deserializer": function}
+            consumer: Consumer[bytes, bytes] = Consumer(
+                bootstrap_servers=args.bootstrap, auto_offset_reset="earliest", **options)
             async with consumer:
                 consumer.assign([TopicPartition(args.topic, p) for p in range(args.partitions)])
                 if mode == "iter":
@@ -468,6 +489,16 @@ CLIENTS: dict[str, tuple[str, str, Callable[[], Reader]]] = {
     "asyncconsumer-getmany": ("asyncconsumer `getmany()`", "asyncconsumer", lambda: _asyncconsumer("getmany")),
     "asyncconsumer-batches": ("asyncconsumer `batches()`", "asyncconsumer", lambda: _asyncconsumer("batches")),
     "asyncconsumer-arrow": ("asyncconsumer `arrow_batches()`", "pyarrow", _asyncconsumer_arrow),
+    **{
+        f"asyncconsumer-{name}": (f"asyncconsumer {label}", "asyncconsumer", functools.partial(_asyncconsumer, *how))
+        for name, (label, *how) in {
+            "iter-deser": ("`async for`, `bytes` deserializers", "iter", "plain"),
+            "getmany-deser": ("`getmany()`, `bytes` deserializers", "getmany", "plain"),
+            "batches-deser": ("`batches()`, `bytes` deserializers", "batches", "plain"),
+            "batches-object": ("`batches()`, deserializers with context returning at once", "batches", "object"),
+            "batches-async": ("`batches()`, `async def` deserializers", "batches", "async"),
+        }.items()
+    },
     "asyncconsumer-fetch-only": (
         "asyncconsumer Fetch loop, no decoding (ceiling)",
         "asyncconsumer",

@@ -3,10 +3,8 @@ registry (Apicurio), read by asyncconsumer and decoded by asyncconsumer.schema_r
 values confluent-kafka's own deserializers return, record for record: on each broker (Tansu,
 Apache Kafka) and each runtime (asyncio, trio).
 
-Until the consumer passes a ``DeserializationContext`` to deserializer objects, the records are read
-as bytes and each deserializer is called with the record's context built here;
-``test_consumer_decodes_with_registry_deserializers`` (skipped, with its reason printed, until the
-consumer side exists) hands the deserializers to the consumer itself.
+Each deserializer is called directly with the record's context built here, and
+``test_consumer_decodes_with_registry_deserializers`` hands one to the consumer itself.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from support.registry_data import (
     theirs,
 )
 
-import asyncconsumer
 from asyncconsumer import Consumer, ConsumerRecord
 from asyncconsumer.schema_registry import (
     AvroDeserializer,
@@ -99,16 +96,6 @@ async def test_topics_of_each_format_decode_as_confluent_decodes_them(
         assert ours["avro"].deserialize(written["avro"][0], context) == customer(0)  # cached: no awaitable
 
 
-HAS_CONTEXT = hasattr(asyncconsumer, "DeserializationContext")
-if not HAS_CONTEXT:
-    print(  # the reason, shown with -s (and in the skip below)
-        "tests/test_schema_registry_consume.py: the consumer does not take deserializer objects yet "
-        "(asyncconsumer.DeserializationContext is missing): the consumer-level test is skipped"
-    )
-
-
-@pytest.mark.skipif(not HAS_CONTEXT, reason="the consumer does not take deserializer objects yet "
-                    "(asyncconsumer.DeserializationContext is missing); remove this skip when it does")
 async def test_consumer_decodes_with_registry_deserializers(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], serdes: Serdes,
     written: dict[str, list[bytes]],

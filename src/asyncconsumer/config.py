@@ -19,11 +19,31 @@ from typing import Any, Literal, Protocol, TypeAlias, TypedDict, get_args, runti
 
 from ._args import INT32_MAX, INT64_MAX, protocol_string_error
 from .assignors import ASSIGNORS
-from .errors import ConfigError, ConfigTypeError
+from .errors import ConfigError, ConfigTypeError, RecordDeserializationError
 from .java_properties import IGNORED, JAVA_CONSUMER_PROPERTIES, REJECTED, shown
+from .structs import ConsumerRecord, DeserializationContext, RecordDeserializer, ShareConsumerRecord
 from .structs import OAuthBearerToken as OAuthBearerToken  # documented as asyncconsumer.config.OAuthBearerToken
 
+#: ``f(data) -> value``: a deserializer without context (``bytes.decode``, ``json.loads``).
 Deserializer = Callable[[bytes], Any]
+#: ``async def f(data, context) -> value``: a deserializer with context, awaited per record.
+AsyncDeserializer = Callable[[bytes, DeserializationContext], Awaitable[Any]]
+#: What ``key_deserializer`` and ``value_deserializer`` accept, told apart in this order: an object
+#: with a ``deserialize(data, context)`` method (a :class:`RecordDeserializer`), a coroutine function
+#: ``(data, context)``, any other callable ``(data)``.
+AnyDeserializer: TypeAlias = "RecordDeserializer[Any] | AsyncDeserializer | Deserializer"
+#: How a deserializer is called: ``"object"`` (``obj.deserialize(data, context)``, awaited when it
+#: returns an awaitable), ``"async"`` (``await f(data, context)``), ``"plain"`` (``f(data)``).
+DeserializerKind = Literal["object", "async", "plain"]
+#: ``on_deserialization_error``'s handler: ``async def handler(record, error)``, given the record
+#: undeserialized (keys and values as bytes; a ``ShareConsumerRecord`` for a share consumer) and the
+#: ``RecordDeserializationError``.  Once it returns, the record counts as skipped.
+DeserializationErrorHandler: TypeAlias = (
+    "Callable[[ConsumerRecord[bytes, bytes], RecordDeserializationError], Awaitable[object]]"
+    " | Callable[[ShareConsumerRecord[bytes, bytes], RecordDeserializationError], Awaitable[object]]"
+)
+#: ``on_deserialization_error``: "raise", "skip" or a handler.
+DeserializationErrorPolicy: TypeAlias = "Literal['raise', 'skip'] | DeserializationErrorHandler"
 
 # The choice options: each list of names once, as a type; the tuples of names come from it.
 SecurityProtocol: TypeAlias = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -134,10 +154,16 @@ class ConsumerOptions(TypedDict, total=False):
     max_batch_decompressed_bytes: int | None
     #: ``topics()`` leaves out internal topics such as ``__consumer_offsets``.
     exclude_internal_topics: bool
-    #: Key bytes to your key type (not called for None keys).
-    key_deserializer: Deserializer | None
-    #: Value bytes to your value type (not called for None values).
-    value_deserializer: Deserializer | None
+    #: Key bytes to your key type (not called for None keys): ``f(data)``, ``async def f(data,
+    #: context)`` or an object with a ``deserialize(data, context)`` method (docs/typed-records.md).
+    key_deserializer: AnyDeserializer | None
+    #: Value bytes to your value type (not called for None values), in the same three forms.
+    value_deserializer: AnyDeserializer | None
+    #: What a record that a deserializer cannot read does: "raise" (``RecordDeserializationError``,
+    #: the position stays at the record), "skip" (a WARNING, counted, the position moves past it; a
+    #: share consumer REJECTs it) or ``async def handler(record, error)`` given the undeserialized
+    #: record (then skipped; if it raises, as "raise").
+    on_deserialization_error: DeserializationErrorPolicy
     # Network.
     #: The time limit of one request (a request that times out closes its connection).
     request_timeout_ms: int
@@ -216,8 +242,9 @@ class ConsumerConfig:
     #: The most one compressed batch may decompress to; ``None``: ``batch_decompress_limit``'s default.
     max_batch_decompressed_bytes: int | None = None
     exclude_internal_topics: bool = True
-    key_deserializer: Deserializer | None = None
-    value_deserializer: Deserializer | None = None
+    key_deserializer: AnyDeserializer | None = None
+    value_deserializer: AnyDeserializer | None = None
+    on_deserialization_error: DeserializationErrorPolicy = "raise"
     request_timeout_ms: int = 30000
     default_api_timeout_ms: int = 60000
     socket_connection_setup_timeout_ms: int = 10000
@@ -435,9 +462,11 @@ def _coerce(name: str, value: Any) -> Any:
             )
         return value
     if name.endswith("_deserializer"):
-        if value is not None and not callable(value):
-            raise ConfigError(f"{name} must be callable (bytes -> value), got {value!r}")
+        if value is not None:
+            deserializer_kind(name, value)
         return value
+    if name == "on_deserialization_error":
+        return _error_policy(value)
     if value is not None and not isinstance(value, str):
         raise ConfigTypeError(f"{name} must be a string, got {shown(name, value)}")
     if value is not None and name in PROTOCOL_STRING_FIELDS:
@@ -445,6 +474,77 @@ def _coerce(name: str, value: Any) -> Any:
         if why is not None:
             raise ConfigError(f"{name} cannot be sent as {PROTOCOL_STRING_FIELDS[name]}: {why}")
     return value
+
+
+def deserializer_kind(name: str, value: object) -> DeserializerKind:
+    """How the deserializer ``value`` of option ``name`` is called (``DeserializerKind``); a
+    ``ConfigTypeError`` naming the option when it is none of the three forms, or cannot take the
+    arguments its form is called with."""
+    method = getattr(value, "deserialize", None)
+    if callable(method):
+        if not _accepts(method, 2):
+            raise ConfigTypeError(
+                f"{name}: {_name(value)}.deserialize cannot be called as deserialize(data, context)"
+                + (" (a class: pass an instance)" if isinstance(value, type) else "")
+            )
+        return "object"
+    if _is_coroutine_function(value):
+        if not _accepts(value, 2):
+            raise ConfigTypeError(
+                f"{name}: the coroutine function {_name(value)} cannot be called as f(data, context); an async "
+                "deserializer takes the bytes and a DeserializationContext"
+            )
+        return "async"
+    if callable(value):
+        if not _accepts(value, 1):
+            raise ConfigTypeError(
+                f"{name}: {_name(value)} cannot be called as f(data); a deserializer with context is an "
+                "'async def f(data, context)' or an object with a deserialize(data, context) method"
+            )
+        return "plain"
+    raise ConfigTypeError(
+        f"{name} must be callable (bytes -> value), an 'async def f(data, context)' or an object with a "
+        f"deserialize(data, context) method, got {value!r:.80}"
+    )
+
+
+def _error_policy(value: object) -> Any:
+    if isinstance(value, str) and value in ("raise", "skip"):
+        return value
+    if _is_coroutine_function(value):
+        if not _accepts(value, 2):
+            raise ConfigTypeError(
+                f"on_deserialization_error: {_name(value)} cannot be called as handler(record, error)"
+            )
+        return value
+    raise ConfigTypeError(
+        "on_deserialization_error must be 'raise', 'skip' or an 'async def handler(record, error)' "
+        f"(a plain function is not awaited: make it async), got {value!r:.80}"
+    )
+
+
+def _is_coroutine_function(value: object) -> bool:
+    """A coroutine function, a ``functools.partial`` of one, or an object with ``async def __call__``."""
+    call = getattr(type(value), "__call__", None)  # noqa: B004 (whether it is a coroutine function)
+    return inspect.iscoroutinefunction(value) or (not inspect.isroutine(value) and inspect.iscoroutinefunction(call))
+
+
+def _accepts(function: object, count: int) -> bool:
+    """``function`` can be called with ``count`` positional arguments (True when its signature is
+    unknown, as for some builtins)."""
+    try:
+        signature = inspect.signature(function)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(*range(count))
+    except TypeError:
+        return False
+    return True
+
+
+def _name(value: object) -> str:
+    return str(getattr(value, "__qualname__", None) or type(value).__qualname__)
 
 
 def _has_token_method(value: object) -> bool:
@@ -659,8 +759,8 @@ def _check_ignored(key: str, raw: Any) -> None:
         raise ConfigError(f"{key} must be an integer, got {shown(key, text)}")
 
 
-def _deserializer(key: str, raw: Any) -> Deserializer | None:
-    if callable(raw) or raw is None:
+def _deserializer(key: str, raw: Any) -> AnyDeserializer | None:
+    if callable(raw) or raw is None or callable(getattr(raw, "deserialize", None)):
         return raw  # type: ignore[no-any-return]
     name = str(raw).strip()
     if name in _DESERIALIZERS:

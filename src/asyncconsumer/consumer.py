@@ -95,7 +95,11 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self._collector: Collector[KT, VT] = Collector(self._config, self._rebalance)
         #: Records taken for ``async for``/``batches()`` and not handed out yet (the collector's).
         self._chunks = self._collector.chunks
-        self._plain_records = self._config.key_deserializer is None and self._config.value_deserializer is None
+        #: No deserializers: ``async for`` may run in C (``RecordStream``).
+        self._plain_records = self._collector.mode == "plain"
+        #: Records in chunks are handed out as they are: no deserializers, or deserialized already
+        #: ("eager" mode, app/collector.py); else each is deserialized as it is handed out.
+        self._ready_records = self._collector.mode != "lazy"
         self._closing = False
 
     @classmethod
@@ -144,6 +148,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
             self._config,
             lambda: c._engine if (c := ref()) is not None else None,
             lambda: c._collector.handed_out() if (c := ref()) is not None else {},
+            lambda: dict(c._collector.deserializers.skipped) if (c := ref()) is not None else {},
         )
         attach_telemetry(self._engine, telemetry)
         return self._engine
@@ -162,7 +167,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
             self._closed = True
             return
         engine = self._engine
-        self._closing = self._rebalance.closing = True
+        self._closing = self._rebalance.closing = self._collector.closing = True
         deadline = anyio.current_time() + timeout
         # The last part of the time is kept for stopping the loop and closing connections.
         teardown = min(1.0, timeout / 4)
@@ -724,9 +729,11 @@ class Consumer(ClientBase, Generic[KT, VT]):
                     # chunk (same epoch: no seek or rewind since), so it is below the position and
                     # after what was handed out before it: the invariant holds.
                     state.consumed = record.offset + 1
-                if self._plain_records:
+                if self._ready_records:
                     return ready(record)
-                return ready(self._collector.deserialize(engine, record))
+                decoded = self._collector.deserialize(engine, record)
+                if decoded is not None:
+                    return ready(decoded)
         return self._next_record()
 
     async def _next_record(self) -> ConsumerRecord[KT, VT]:
@@ -745,7 +752,12 @@ class Consumer(ClientBase, Generic[KT, VT]):
                         collector.handed(chunk.state.tp, chunk.index)
                     else:
                         chunk.state.handed_out(record.offset + 1)
-                    return collector.deserialize(engine, record)
+                    if self._ready_records:
+                        return cast("ConsumerRecord[KT, VT]", record)
+                    decoded = collector.deserialize(engine, record)
+                    if decoded is not None:
+                        return decoded
+                    continue  # skipped
                 await collector.refill(engine, self._batch_limit())
         except ConsumerClosedError as exc:
             self._end_of_iteration(exc)
@@ -762,11 +774,15 @@ class Consumer(ClientBase, Generic[KT, VT]):
                 if chunk is not None:
                     self._chunks.popleft()
                     records = chunk.records[chunk.index:] if chunk.index else chunk.records
+                    tp = chunk.state.tp
                     chunk.state.handed_out(chunk.end)
-                    # Non-empty: a deserializer error on the first record raises, a later one is deferred.
-                    batch = collector.deserialize_many(engine, {chunk.state.tp: records})[chunk.state.tp]
-                    collector.handed(chunk.state.tp, chunk.index + len(batch))
-                    return batch
+                    # A deserializer error on the first record raises, a later one is deferred; empty
+                    # when every record was skipped.
+                    batch = (cast("list[ConsumerRecord[KT, VT]]", records) if self._ready_records
+                             else collector.deserialize_many(engine, {tp: records}).get(tp, []))
+                    collector.handed(tp, chunk.index + len(batch))
+                    if batch:
+                        return batch
                 await collector.refill(engine, limit)
         except ConsumerClosedError as exc:
             self._end_of_iteration(exc)

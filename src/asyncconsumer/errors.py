@@ -126,10 +126,18 @@ class UnsupportedCodecError(RecordError):
 
 
 class RecordDeserializationError(RecordError):
-    """A key or value deserializer raised; the position stays at the failing record.
+    """A key or value deserializer raised (its exception is the ``__cause__``) for the record at
+    ``.offset``; ``.field`` is ``"key"`` or ``"value"``.  Handled by the consumer's
+    ``on_deserialization_error`` policy: with "raise" (the default) the position stays at that
+    record and ``skip_to`` (``offset + 1``) is where to ``seek()`` to skip it."""
 
-    ``.topic``, ``.partition`` and ``.offset`` name the record; the deserializer's exception is the
-    ``__cause__``.  ``seek(TopicPartition(topic, partition), offset + 1)`` skips it."""
+    def __init__(
+        self, message: str, *, topic: str = "", partition: int = -1, offset: int = -1, field: str = ""
+    ) -> None:
+        super().__init__(message, topic=topic, partition=partition, offset=offset)
+        self.skip_to = offset + 1 if offset >= 0 else -1
+        #: Which part of the record could not be deserialized: "key" or "value" ("" if unknown).
+        self.field = field
 
 
 class PyArrowMissingError(KafkaError, ImportError):

@@ -221,6 +221,9 @@ class ConsumerMetrics:
     buffers: BufferMetrics = field(default_factory=BufferMetrics)
     #: How late the background loop runs (a blocked event loop).
     loop: LoopMetrics = field(default_factory=LoopMetrics)
+    #: Records a deserializer could not read that ``on_deserialization_error`` skipped ("skip", or a
+    #: handler that returned); not in ``records_consumed``.
+    records_skipped: int = 0
 
     @property
     def lag(self) -> int:
@@ -307,6 +310,9 @@ class ShareConsumerMetrics:
     buffers: BufferMetrics = field(default_factory=BufferMetrics)
     #: How late the background loop runs (a blocked event loop).
     loop: LoopMetrics = field(default_factory=LoopMetrics)
+    #: Records a deserializer could not read that ``on_deserialization_error`` skipped (rejected:
+    #: "skip", or a handler that returned); not in ``records_delivered``.
+    records_skipped: int = 0
 
 
 __all__ = [

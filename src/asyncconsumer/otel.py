@@ -15,6 +15,8 @@ The instruments follow OpenTelemetry's messaging semantic conventions (docs/metr
 - ``asyncconsumer.loop.lag`` and ``asyncconsumer.loop.lag.max`` (observable gauges, seconds) and
   ``asyncconsumer.loop.blocks`` (counter, observed): how late the background loop runs, as
   ``metrics().loop`` (a blocked event loop).
+- ``kafka.consumer.records_skipped`` (counter, observed): records a deserializer could not read
+  that ``on_deserialization_error`` skipped, per partition.
 
 Attributes: ``messaging.system="kafka"``, ``messaging.destination.name``,
 ``messaging.destination.partition.id`` and ``messaging.consumer.group.name`` (with a ``group_id``).
@@ -67,9 +69,11 @@ class ConsumerTelemetry:
         config: ConsumerConfig,
         engine: Callable[[], Engine | None] | None,
         consumed: Callable[[], Mapping[TopicPartition, int]] = dict,
+        skipped: Callable[[], Mapping[TopicPartition, int]] = dict,
     ) -> None:
         self._engine = engine
         self._consumed = consumed
+        self._skipped = skipped
         self._read_committed = config.isolation_level == "read_committed"
         base: Attributes = {"messaging.system": "kafka"}
         if config.group_id is not None:
@@ -85,6 +89,12 @@ class ConsumerTelemetry:
             callbacks=[self._observe_consumed],
             unit="{message}",
             description="Records handed to the application.",
+        )
+        self.records_skipped = meter.create_observable_counter(
+            "kafka.consumer.records_skipped",
+            callbacks=[self._observe_skipped],
+            unit="{message}",
+            description="Records a deserializer could not read that on_deserialization_error skipped.",
         )
         try:
             self.operation_duration = meter.create_histogram(
@@ -142,6 +152,15 @@ class ConsumerTelemetry:
 
         return [Observation(count, self.partition_attributes(tp)) for tp, count in self._consumed().items()]
 
+    def _observe_skipped(self, options: Any) -> Iterable[Any]:
+        from opentelemetry.metrics import Observation
+
+        return [Observation(count, self._topic_attributes(tp)) for tp, count in self._skipped().items()]
+
+    def _topic_attributes(self, tp: TopicPartition) -> Attributes:
+        """A partition's attributes without the operation (what lag and skips are reported with)."""
+        return {k: v for k, v in self.partition_attributes(tp).items() if not k.startswith("messaging.op")}
+
     def request_done(self, api: str, seconds: float, error: BaseException | None) -> None:
         attributes = self._operation_attributes.get(api)
         if attributes is None:
@@ -174,8 +193,7 @@ class ConsumerTelemetry:
             end = state.last_stable_offset if self._read_committed else state.high_watermark
             if end < 0 or not state.has_position or state.consumed < 0:
                 continue
-            attributes = {k: v for k, v in self.partition_attributes(tp).items() if not k.startswith("messaging.op")}
-            observations.append(Observation(max(0, end - state.consumed), attributes))
+            observations.append(Observation(max(0, end - state.consumed), self._topic_attributes(tp)))
         return observations
 
 
@@ -183,6 +201,7 @@ def telemetry_for(
     config: ConsumerConfig,
     engine: Callable[[], Engine | None] | None,
     consumed: Callable[[], Mapping[TopicPartition, int]] = dict,
+    skipped: Callable[[], Mapping[TopicPartition, int]] = dict,
 ) -> ConsumerTelemetry | None:
     """The consumer's instruments: on ``config.meter_provider``, else on the global ``MeterProvider``
     when ``opentelemetry-api`` is installed; ``None`` (nothing reported) otherwise."""
@@ -193,7 +212,7 @@ def telemetry_for(
         from opentelemetry import metrics
 
         provider = metrics.get_meter_provider()
-    return ConsumerTelemetry(provider, config, engine, consumed)
+    return ConsumerTelemetry(provider, config, engine, consumed, skipped)
 
 
 def attach(engine: LoopCore, telemetry: ConsumerTelemetry | None) -> None:

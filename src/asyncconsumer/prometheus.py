@@ -81,6 +81,9 @@ class ConsumerCollector(Collector):
             yield from _share_metrics(snapshot, client_id)
         yield from _connection_metrics(snapshot.connections, client_id)
         yield from _loop_metrics(snapshot.loop, client_id)
+        yield _counter("asyncconsumer_records_skipped",
+                       "Records a deserializer could not read that on_deserialization_error skipped",
+                       client_id, snapshot.records_skipped)
 
 
 def _snapshot(consumer: AnyConsumer) -> ConsumerMetrics | ShareConsumerMetrics | None:

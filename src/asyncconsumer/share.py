@@ -136,7 +136,8 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         # OpenTelemetry (asyncconsumer.otel): records handed out and request durations; no lag.
         ref = weakref.ref(self)
         telemetry = telemetry_for(
-            config, None, lambda: dict(c._collector.delivered) if (c := ref()) is not None else {}
+            config, None, lambda: dict(c._collector.delivered) if (c := ref()) is not None else {},
+            lambda: dict(c._collector.deserializers.skipped) if (c := ref()) is not None else {},
         )
         attach_telemetry(self._engine, telemetry)
         return self._engine
@@ -234,7 +235,8 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         (docs/metrics.md).  Assembled on each call; cheap, but not meant for a per-record loop.  Like
         ``Consumer.metrics()``, not bracketed by ``acquire``/``release``: a reporting task may call it
         while another task polls."""
-        return share_snapshot(self._running(), sum(self._collector.delivered.values()))
+        collector = self._collector
+        return share_snapshot(self._running(), collector.delivered.total(), collector.deserializers.skipped.total())
 
     # -- acknowledgements -------------------------------------------------------------------------------
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
-from collections.abc import Iterable, Mapping
-from typing import Generic, NamedTuple, TypeVar
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import Generic, Literal, NamedTuple, Protocol, TypeVar
 
 KT = TypeVar("KT")
 VT = TypeVar("VT")
+T_co = TypeVar("T_co", covariant=True)
 
 #: ``ConsumerRecord.timestamp_type`` values (Kafka's batch attribute bit 3).
 CREATE_TIME = 0
@@ -83,6 +84,36 @@ class ShareConsumerRecord(NamedTuple, Generic[KT, VT]):
     @property
     def topic_partition(self) -> TopicPartition:
         return TopicPartition(self.topic, self.partition)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeserializationContext:
+    """Where the bytes a deserializer is given come from: the record's place and headers, and
+    whether they are its key or its value.  Passed to a :class:`RecordDeserializer` and to an
+    ``async def`` deserializer (docs/typed-records.md)."""
+
+    topic: str
+    partition: int
+    offset: int
+    #: Which part of the record is being deserialized.
+    field: Literal["key", "value"]
+    #: The record's headers, as ``ConsumerRecord.headers`` has them.
+    headers: Sequence[tuple[str, bytes | None]]
+
+
+class RecordDeserializer(Protocol[T_co]):
+    """An object that deserializes with the record's context (``key_deserializer=`` or
+    ``value_deserializer=``).
+
+    ``deserialize`` returns the value directly when it can (the fast path: e.g. a schema already
+    cached), or an awaitable when it must wait for something (e.g. one registry request for an
+    unknown schema id; every record and task needing the same id awaits the same in-flight
+    request).  The consumer awaits it on the polling task before it hands the record out.  What it
+    raises (or its awaitable raises) is a ``RecordDeserializationError`` handled by the
+    ``on_deserialization_error`` policy.  Never called for a ``None`` key or value.
+    """
+
+    def deserialize(self, data: bytes, context: DeserializationContext) -> T_co | Awaitable[T_co]: ...
 
 
 class AcknowledgeType(enum.IntEnum):

@@ -6,17 +6,24 @@ by batch and moving each partition's position past what it took.  Records
 taken for ``async for``/``batches()`` wait as chunks until handed out; records
 taken and not handed out (a seek, a pause, a deserializer error, a corrupt
 batch) go back: their partitions rewind and refetch.  Deserializers run here
-too.  It talks to the engine only (``Engine``: subscriptions, the buffer, the
-wake-ups), which every call that needs it is handed, never to ``Consumer`` internals; and to a
-partition's offsets through ``PartitionState``'s vocabulary (``taken``, ``handed_out``,
-``finished``, ``rewind``).
+too (``Deserializers``, app/deserializers.py), in one of three modes: none;
+"lazy", today's ``f(data)`` callables with the "raise" or "skip" policy, each
+record as it is handed out, never awaiting; "eager", deserializers with context
+or a handler policy, the records of a poll as they are taken, awaiting on the
+polling task, after which only the partitions whose state did not change
+meanwhile (no seek, pause, revocation or close) are handed out and the others
+go back by the same rules.  It talks to the engine only (``Engine``:
+subscriptions, the buffer, the wake-ups), which every call that needs it is handed, never to
+``Consumer`` internals; and to a partition's offsets through ``PartitionState``'s vocabulary
+(``taken``, ``handed_out``, ``finished``, ``rewind``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Generic, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, cast
 
 import anyio
 from typing_extensions import TypeVar
@@ -24,16 +31,24 @@ from typing_extensions import TypeVar
 from ..config import ConsumerConfig
 from ..engine.buffers import column_pool
 from ..engine.loop import Engine
-from ..errors import KafkaError, RecordDeserializationError, RecordError
+from ..errors import ConsumerClosedError, KafkaError, RecordDeserializationError, RecordError
 from ..managers.fetch_buffer import CompletedFetch, Record
 from ..managers.subscription import PartitionState
 from ..structs import ConsumerRecord, TopicPartition
+from .deserializers import Deserializers, Pending, Undeserialized, replaced
 from .iterators import ChunkBase
 from .rebalance import RebalanceRunner
 
 KT = TypeVar("KT", default=bytes)
 VT = TypeVar("VT", default=bytes)
 T = TypeVar("T")
+
+log = logging.getLogger("asyncconsumer.consumer")
+#: What skipping an undeserializable record does to it (the log line says so).
+SKIPPED = "the position moves past it"
+#: How records are deserialized: not at all, "lazy" (as they are handed out) or "eager" (as a
+#: poll takes them, awaiting as needed); see the module's docstring.
+DeserializeMode = Literal["plain", "lazy", "eager"]
 
 
 class Chunk(ChunkBase if not TYPE_CHECKING else object):  # type: ignore[misc]
@@ -85,6 +100,10 @@ class Collector(Generic[KT, VT]):
         #: The buffers ``arrow_batches()`` decodes column blocks into, used again once no Arrow
         #: array wraps them (engine/buffers.py), up to ``fetch_buffer_bytes``.
         self.column_buffers = column_pool(config.fetch_buffer_bytes)
+        self.deserializers = des = Deserializers(config, log, _seek_hint)
+        self.mode: DeserializeMode = "plain" if des.plain else "lazy" if des.sync else "eager"
+        #: Set by ``Consumer.close()``: records deserialized while it closed are not handed out.
+        self.closing = False
 
     def handed(self, tp: TopicPartition, count: int) -> None:
         """``count`` records of ``tp`` were handed to the application (called per chunk or poll)."""
@@ -105,18 +124,30 @@ class Collector(Generic[KT, VT]):
     async def poll(self, engine: Engine, only: set[TopicPartition] | None, limit: int, timeout: float | None, *,
                    mark_consumed: bool, return_on_wake: bool = False
                    ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
-        records = await self.take(engine, only, limit, timeout, hand_out=mark_consumed, return_on_wake=return_on_wake)
-        if mark_consumed:
-            for tp in records:
-                # Everything taken is handed out: the position is past it, and past the transaction
-                # markers, aborted batches or compaction gaps the fetch ended with (Java does the same).
-                state = engine.subscriptions.partitions[tp]
-                state.handed_out(state.position)
-            result = self.deserialize_many(engine, records)
-            for tp, recs in result.items():
-                self.handed(tp, len(recs))
-            return result
-        return self.deserialize_many(engine, records)
+        deadline = None if timeout is None else anyio.current_time() + timeout
+        while True:
+            records = await self.take(engine, only, limit, timeout, hand_out=mark_consumed,
+                                      return_on_wake=return_on_wake)
+            if self.mode == "eager":
+                result = await self.decode(engine, records, mark_consumed=mark_consumed, mark_skipped=False)
+            elif mark_consumed:
+                for tp in records:
+                    # Everything taken is handed out: the position is past it, and past the transaction
+                    # markers, aborted batches or compaction gaps the fetch ended with (Java does the same).
+                    state = engine.subscriptions.partitions[tp]
+                    state.handed_out(state.position)
+                result = self.deserialize_many(engine, records)
+                for tp, recs in result.items():
+                    self.handed(tp, len(recs))
+            else:
+                result = self.deserialize_many(engine, records)
+            if result or not records or return_on_wake:
+                return result
+            # Every record taken was skipped (or went back): poll again in the time left.
+            if deadline is not None:
+                timeout = deadline - anyio.current_time()
+                if timeout <= 0:
+                    return result
 
     async def take(self, engine: Engine, only: set[TopicPartition] | None, limit: int,
                    timeout: float | None, *, hand_out: bool = True,
@@ -257,9 +288,13 @@ class Collector(Generic[KT, VT]):
         return None
 
     async def refill(self, engine: Engine, limit: int) -> None:
-        """A poll for ``async for``/``batches()``: the records taken become chunks."""
-        for tp, records in (await self.take(engine, None, limit, None)).items():
-            self.chunks.append(Chunk(engine.subscriptions.partitions[tp], records))
+        """A poll for ``async for``/``batches()``: the records taken become chunks (in "eager" mode
+        deserialized, so they are handed out as they are)."""
+        records: Mapping[TopicPartition, list[Any]] = await self.take(engine, None, limit, None)
+        if self.mode == "eager":
+            records = await self.decode(engine, records, mark_consumed=False, mark_skipped=True)
+        for tp, recs in records.items():
+            self.chunks.append(Chunk(engine.subscriptions.partitions[tp], recs))
 
     def drop_chunks(self, engine: Engine, only: set[TopicPartition] | None = None) -> None:
         """Records taken for ``async for``/``batches()`` but not handed out go back (positions too),
@@ -300,51 +335,154 @@ class Collector(Generic[KT, VT]):
 
     # -- deserializers --------------------------------------------------------------------------------
 
-    def deserialize(self, engine: Engine, record: Record) -> ConsumerRecord[KT, VT]:
-        key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
-        if key_fn is None and value_fn is None:
-            return record  # type: ignore[return-value]  # no deserializers: KT, VT are bytes
+    def deserialize(self, engine: Engine, record: Record) -> ConsumerRecord[KT, VT] | None:
+        """"lazy" mode: ``record``, just handed out, deserialized; None when the policy skipped it
+        (its offset is handed out already, so commits move past it).  With "raise" the position
+        goes back to it and its partition refetches from there.  (``Deserializers.record``, inlined:
+        ``async for``'s per-record path.)"""
+        des = self.deserializers
+        key, value = record.key, record.value
+        field = "key"
         try:
-            key = key_fn(record.key) if key_fn is not None and record.key is not None else record.key
-            value = value_fn(record.value) if value_fn is not None and record.value is not None else record.value
+            if key is not None and des.key is not None:
+                key = des.key(key)
+            field = "value"
+            if value is not None and des.value is not None:
+                value = des.value(value)
         except Exception as exc:
+            error = des.failure(record, field, exc)
+            if des.skip(record, error, SKIPPED):
+                return None
             engine.subscriptions.partitions[record.topic_partition].rewind(record.offset)
             self.forget_buffered(engine, [record.topic_partition])
-            raise RecordDeserializationError(
-                f"deserializing the record failed: {exc!r}; seek past it to skip",
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-            ) from exc
-        return record._replace(key=key, value=value)  # type: ignore[return-value]
+            raise error from exc
+        return replaced(record, key, value)  # type: ignore[no-any-return]
 
     def deserialize_many(
-        self, engine: Engine, records: dict[TopicPartition, list[Record]]
+        self, engine: Engine, records: Mapping[TopicPartition, list[Record]]
     ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
-        if self._config.key_deserializer is None and self._config.value_deserializer is None:
+        """Records taken and handed out, deserialized ("plain" or "lazy" mode): skipped records
+        are left out; at a record to raise for, the records before it are returned and the error
+        comes with the next poll (``deferred_error``), or now when there are none."""
+        if self.mode == "plain":
             return cast("dict[TopicPartition, list[ConsumerRecord[KT, VT]]]", records)
+        decode = self.deserializers.record
         out: dict[TopicPartition, list[ConsumerRecord[KT, VT]]] = {}
         for tp, recs in records.items():
             done: list[ConsumerRecord[KT, VT]] = []
-            try:
-                for record in recs:
-                    done.append(self.deserialize(engine, record))
-            except RecordDeserializationError as exc:
-                # The records before the bad one are handed out now and the error comes with the
-                # next poll (the position stays at the bad record); partitions not reached yet go
-                # back to their first record.
-                self.rewind(engine, {t: rs for t, rs in records.items() if t not in out and t != tp})
-                if done:
-                    out[tp] = done
-                if not out:
-                    raise
-                self.deferred_error = exc
-                return out
-            out[tp] = done
+            for record in recs:
+                try:
+                    done.append(decode(record))
+                except RecordDeserializationError as exc:
+                    if self.deserializers.skip(record, exc, SKIPPED):
+                        continue
+                    # The records before the bad one are handed out now and the error comes with the
+                    # next poll (the position stays at the bad record); partitions not reached yet go
+                    # back to their first record.
+                    engine.subscriptions.partitions[tp].rewind(record.offset)
+                    self.forget_buffered(engine, [tp])
+                    return self._stop(engine, records, out, tp, done, exc)
+            if done:
+                out[tp] = done
         return out
+
+    def _stop(
+        self, engine: Engine, records: Mapping[TopicPartition, list[Any]], out: dict[TopicPartition, list[Any]],
+        tp: TopicPartition, done: list[Any], error: KafkaError,
+    ) -> dict[TopicPartition, list[Any]]:
+        """A record of ``tp`` is to raise for (its partition is back at it): the partitions not
+        reached go back; ``out`` and ``done`` (``tp``'s records before it) are returned and the
+        error deferred to the next poll, or raised now when they are empty."""
+        self.rewind(engine, {t: rs for t, rs in records.items() if t not in out and t != tp})
+        if done:
+            out[tp] = done
+        if not out:
+            raise error
+        self.deferred_error = error
+        return out
+
+    async def decode(
+        self, engine: Engine, records: Mapping[TopicPartition, list[Record]], *, mark_consumed: bool,
+        mark_skipped: bool,
+    ) -> dict[TopicPartition, list[Any]]:
+        """"eager" mode: records just taken from the buffer (not handed out), deserialized on this
+        task, awaiting as needed, under the ``on_deserialization_error`` policy.
+
+        Only afterwards is anything handed out, and only for the partitions whose state did not
+        change meanwhile: a partition seeked, reset or revoked since (its epoch moved) drops its
+        records, a paused or revoking one puts them back (rewinds), as for a chunk (``drop_chunks``).
+        ``mark_consumed`` (``getmany()``): the records returned are handed out; else they wait in
+        chunks or partition streams.  ``mark_skipped`` (chunks): a partition whose records were all
+        skipped is handed out past them now (a partition stream does so once it is idle).  A
+        cancelled call puts everything back."""
+        des = self.deserializers
+        begin = des.begin
+        partitions = engine.subscriptions.partitions
+        epochs = {tp: partitions[tp].epoch for tp in records}
+        out: dict[TopicPartition, list[Any]] = {}
+        failed: tuple[TopicPartition, Record, RecordDeserializationError] | None = None
+        try:
+            for tp, recs in records.items():
+                done: list[Any] = []
+                for record in recs:
+                    try:
+                        decoded = begin(record)
+                        done.append(await des.finish(decoded) if type(decoded) is Pending else decoded)
+                    except RecordDeserializationError as exc:
+                        error = await des.settle(record, exc, SKIPPED)
+                        if error is not None:
+                            failed = (tp, record, error)
+                            break
+                out[tp] = done
+                if failed is not None:
+                    break
+        except BaseException:
+            self._put_back(engine, records, epochs)
+            raise
+        if self.closing:
+            raise ConsumerClosedError("the consumer closed while records were being deserialized")
+        # Nothing awaits from here on: what is handed out is decided against the states as they are.
+        back: dict[TopicPartition, list[Record]] = {}
+        for tp, recs in records.items():
+            state = partitions.get(tp)
+            if state is None or state.epoch != epochs[tp]:
+                out.pop(tp, None)  # seeked, reset or revoked meanwhile: stale, nothing to put back
+            elif tp not in out or state.paused or state.revoking:
+                out.pop(tp, None)  # not reached (after a record to raise for), paused or revoking
+                back[tp] = recs
+        raising = failed is not None and failed[0] in out
+        if failed is not None and raising:
+            tp, record, _ = failed
+            partitions[tp].rewind(record.offset)  # the position stays at the bad record
+            self.forget_buffered(engine, [tp])
+        self.rewind(engine, back)
+        for tp, done in out.items():
+            state = partitions[tp]
+            if mark_consumed:
+                state.handed_out(state.position)
+                self.handed(tp, len(done))
+            elif mark_skipped and not done:
+                state.handed_out(state.position)  # all skipped: commits move past them
+        result = {tp: done for tp, done in out.items() if done}
+        if failed is not None and raising:
+            if not result:
+                raise failed[2]
+            self.deferred_error = failed[2]
+        return result
+
+    def _put_back(self, engine: Engine, records: Mapping[TopicPartition, list[Record]],
+                  epochs: Mapping[TopicPartition, int]) -> None:
+        """Records taken and not handed out go back, for the partitions whose epoch is unchanged."""
+        partitions = engine.subscriptions.partitions
+        self.rewind(engine, {tp: recs for tp, recs in records.items()
+                             if (state := partitions.get(tp)) is not None and state.epoch == epochs[tp]})
 
 
 __all__ = ["Chunk", "Collector", "RecordDeserializationError"]
+
+
+def _seek_hint(record: Undeserialized) -> str:
+    return f"seek({record.topic!r}, {record.partition}) to {record.offset + 1} to skip the record"
 
 
 def refetch_bad_batch(engine: Engine, fetch: CompletedFetch, state: PartitionState, exc: RecordError) -> None:

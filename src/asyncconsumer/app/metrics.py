@@ -81,6 +81,7 @@ def snapshot(engine: Engine, collector: Collector[Any, Any]) -> ConsumerMetrics:
         last_poll_age=0.0 if collector.waiting else max(0.0, engine.clock() - engine.last_poll),
         buffers=BufferMetrics(_pool(network.frames), _pool(collector.column_buffers)),
         loop=_loop(engine),
+        records_skipped=collector.deserializers.skipped.total(),
     )
 
 
@@ -93,8 +94,9 @@ def _loop(engine: LoopCore) -> LoopMetrics:
     return LoopMetrics(watch.lag, watch.max_lag, watch.blocks, watch.blocked_seconds)
 
 
-def share_snapshot(engine: ShareEngine, records_delivered: int) -> ShareConsumerMetrics:
-    """The share consumer's snapshot (``records_delivered``: counted by the application side)."""
+def share_snapshot(engine: ShareEngine, records_delivered: int, records_skipped: int = 0) -> ShareConsumerMetrics:
+    """The share consumer's snapshot (``records_delivered``, ``records_skipped``: counted by the
+    application side)."""
     fetcher, member, network = engine.fetcher, engine.membership, engine.network
     return ShareConsumerMetrics(
         records_delivered=records_delivered,
@@ -123,6 +125,7 @@ def share_snapshot(engine: ShareEngine, records_delivered: int) -> ShareConsumer
         connections=_connections(network),
         buffers=BufferMetrics(frames=_pool(network.frames)),
         loop=_loop(engine),
+        records_skipped=records_skipped,
     )
 
 

@@ -5,21 +5,25 @@ The share consumer's twin of ``collector.py``.  A poll (``poll``) first hands th
 acknowledgement outcomes the loop collected to the application's callback, then settles the last
 poll's records (implicit mode accepts them; explicit mode refuses to poll while any is not
 acknowledged), then takes up to a limit of acquired records from the loop's batches,
-deserializing them; an undecodable record is released (it comes back with a higher delivery
-count).  Every record handed out enters the ledger until it is acknowledged; ``acknowledge``,
-``commit`` and ``close_out`` queue the acknowledgements for the loop, which sends them.  It
+deserializing them (``Deserializers``, app/deserializers.py: synchronously for ``f(data)``
+callables, else awaiting on the polling task, the batches left as they are until nothing awaits
+any more, so that a ``close()`` meanwhile releases them all).  A record no deserializer can read
+goes by the ``on_deserialization_error`` policy: "raise" releases it (it comes back with a higher
+delivery count) and raises; "skip", or a handler that returned, REJECTs it.  Every record
+handed out enters the ledger until it is acknowledged; ``acknowledge``, ``commit`` and
+``close_out`` queue the acknowledgements for the loop, which sends them.  It
 talks to the engine only (``ShareEngine``: its batches, fetcher and wake-ups), never to
 ``ShareConsumer`` internals.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
+import logging
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Literal, NamedTuple, cast
+from typing import Any, Generic, Literal, NamedTuple
 
 import anyio
 from typing_extensions import TypeVar
@@ -29,13 +33,15 @@ from ..engine.share_loop import ShareEngine
 from ..errors import (
     AcknowledgementRequiredError,
     AcquisitionLockExpiredError,
+    ConsumerClosedError,
     IllegalStateError,
     KafkaError,
     KafkaTimeoutError,
+    RecordDeserializationError,
 )
-from ..managers.share_fetch import AckResults, ShareBatch
+from ..managers.share_fetch import AckResults, AcquiredRecord, ShareBatch
 from ..structs import AcknowledgeType, ShareConsumerRecord, TopicPartition
-from .collector import RecordDeserializationError
+from .deserializers import Deserializers, Pending
 
 KT = TypeVar("KT", default=bytes)
 VT = TypeVar("VT", default=bytes)
@@ -62,6 +68,10 @@ AcknowledgementCommitCallback = Callable[[dict[TopicPartition, AcknowledgementRe
 #: A record in the ledger: (topic, partition, offset).
 _Key = tuple[str, int, int]
 
+log = logging.getLogger("asyncconsumer.share")
+#: What skipping an undeserializable record does to it (the log line says so).
+REJECTED = "rejected"
+
 
 def _key(record: ShareConsumerRecord[Any, Any]) -> _Key:
     return record.topic, record.partition, record.offset
@@ -82,6 +92,9 @@ class ShareCollector(Generic[KT, VT]):
         self._renewed: dict[_Key, float] = {}
         #: Records handed to the application, per partition (metrics() and OpenTelemetry).
         self.delivered: Counter[TopicPartition] = Counter()
+        self.deserializers = Deserializers(config, log, _release_hint)
+        #: Set by ``close_out``: records deserialized while the consumer closed are not handed out.
+        self.closing = False
 
     # -- one poll -----------------------------------------------------------------------------------
 
@@ -98,7 +111,11 @@ class ShareCollector(Generic[KT, VT]):
             if error is not None:
                 raise error
             if engine.batches:
-                return self._take(engine, limit)
+                des = self.deserializers
+                taken = self._take(engine, limit) if des.plain or des.sync else await self._take_eager(engine, limit)
+                if taken:
+                    return taken
+                continue  # every record taken was rejected: wait for more
             engine.check_running()
             event = engine.app_event()
             if engine.has_news:
@@ -152,65 +169,109 @@ class ShareCollector(Generic[KT, VT]):
             engine.post(ack)
 
     def _take(self, engine: ShareEngine, limit: int) -> list[ShareConsumerRecord[KT, VT]]:
+        """Up to ``limit`` records, deserialized without awaiting (no deserializers, or ``f(data)``
+        ones with the "raise" or "skip" policy)."""
         out: list[ShareConsumerRecord[KT, VT]] = []
-        counts: dict[int, int] = {}
-        freed: dict[int, int] = {}
-        key_fn, value_fn = self._config.key_deserializer, self._config.value_deserializer
+        taken: list[tuple[ShareBatch, int]] = []
+        acks: list[tuple[TopicPartition, int, AcknowledgeType]] = []
+        des = self.deserializers
+        decode = None if des.plain else des.record
         bad: RecordDeserializationError | None = None
         while engine.batches and len(out) < limit and bad is None:
             batch: ShareBatch = engine.batches[0]
-            taken = 0  # of the batch's records: handed out, or released as undecodable
+            count = 0  # of the batch's records: handed out, or released or rejected as undecodable
             for a in batch.records[: limit - len(out)]:
-                taken += 1
+                count += 1
                 r = a.record
-                key: Any = r.key
-                value: Any = r.value
-                try:
-                    if key_fn is not None and key is not None:
-                        key = key_fn(key)
-                    if value_fn is not None and value is not None:
-                        value = value_fn(value)
-                except Exception as exc:
-                    # Released: it comes back (delivery_count + 1) until the group's delivery
-                    # limit archives it.  The records after it stay for the poll after the error.
-                    bad = RecordDeserializationError(
-                        f"deserializing the record failed: {exc!r}; it was released",
-                        topic=r.topic,
-                        partition=r.partition,
-                        offset=r.offset,
-                    )
-                    engine.post(functools.partial(_release, engine, batch.tp, r.offset))
+                if decode is not None:
+                    try:
+                        r = decode(r)
+                    except RecordDeserializationError as exc:
+                        if des.skip(r, exc, REJECTED):
+                            acks.append((batch.tp, r.offset, AcknowledgeType.REJECT))
+                            continue
+                        # Released: it comes back (delivery_count + 1) until the group's delivery
+                        # limit archives it.  The records after it stay for the poll after the error.
+                        bad = exc
+                        acks.append((batch.tp, r.offset, AcknowledgeType.RELEASE))
+                        break
+                out.append(_share_record(a, r.key, r.value))
+            taken.append((batch, count))
+            self._used(engine, taken[-1:])
+        return self._finish(engine, taken, acks, out, bad)
+
+    async def _take_eager(self, engine: ShareEngine, limit: int) -> list[ShareConsumerRecord[KT, VT]]:
+        """``_take`` for deserializers with context or a handler policy: awaits on this task.  The
+        batches stay as they are until nothing awaits any more: a ``close()`` meanwhile releases
+        them (and this poll hands out nothing), a cancelled poll leaves them for the next one."""
+        out: list[ShareConsumerRecord[KT, VT]] = []
+        taken: list[tuple[ShareBatch, int]] = []
+        acks: list[tuple[TopicPartition, int, AcknowledgeType]] = []
+        des = self.deserializers
+        bad: RecordDeserializationError | None = None
+        for batch in list(engine.batches):
+            count = 0
+            for a in batch.records:
+                if len(out) >= limit or bad is not None:
                     break
-                out.append(
-                    cast(
-                        "ShareConsumerRecord[KT, VT]",
-                        ShareConsumerRecord(
-                            r.topic,
-                            r.partition,
-                            r.offset,
-                            r.timestamp,
-                            r.timestamp_type,
-                            key,
-                            value,
-                            r.serialized_key_size,
-                            r.serialized_value_size,
-                            r.headers,
-                            r.leader_epoch,
-                            a.delivery_count,
-                            a.lock_deadline,
-                        ),
-                    )
-                )
-            del batch.records[:taken]
-            if not batch.records:
+                count += 1
+                try:
+                    r = des.begin(a.record)
+                    if type(r) is Pending:
+                        r = await des.finish(r)
+                except RecordDeserializationError as exc:
+                    raw = _share_record(a, a.record.key, a.record.value)
+                    error = await des.settle(raw, exc, REJECTED)
+                    self._check_open()
+                    if error is None:
+                        acks.append((batch.tp, a.record.offset, AcknowledgeType.REJECT))
+                        continue
+                    bad = error
+                    acks.append((batch.tp, a.record.offset, AcknowledgeType.RELEASE))
+                    break
+                self._check_open()
+                out.append(_share_record(a, r.key, r.value))
+            taken.append((batch, count))
+            if len(out) >= limit or bad is not None:
+                break
+        self._used(engine, taken)
+        return self._finish(engine, taken, acks, out, bad)
+
+    def _check_open(self) -> None:
+        if self.closing:
+            raise ConsumerClosedError("the share consumer closed while records were being deserialized")
+
+    @staticmethod
+    def _used(engine: ShareEngine, taken: list[tuple[ShareBatch, int]]) -> None:
+        """The first records of these batches (the first batches, in order) are taken."""
+        for batch, count in taken:
+            del batch.records[:count]
+            if not batch.records and engine.batches and engine.batches[0] is batch:
                 engine.batches.popleft()
+
+    def _finish(
+        self, engine: ShareEngine, taken: list[tuple[ShareBatch, int]],
+        acks: list[tuple[TopicPartition, int, AcknowledgeType]], out: list[ShareConsumerRecord[KT, VT]],
+        bad: RecordDeserializationError | None,
+    ) -> list[ShareConsumerRecord[KT, VT]]:
+        """Tell the loop what was taken (records and used-up batches per node) and queue the
+        acknowledgements of the undecodable records; raise ``bad`` now when nothing is handed out,
+        else with the next poll."""
+        counts: dict[int, int] = {}
+        freed: dict[int, int] = {}
+        for batch, count in taken:
+            counts[batch.node_id] = counts.get(batch.node_id, 0) + count
+        for batch in {id(batch): batch for batch, _ in taken}.values():
+            if not batch.records:
                 freed[batch.node_id] = freed.get(batch.node_id, 0) + batch.size
-            counts[batch.node_id] = counts.get(batch.node_id, 0) + taken
-        if counts or freed:
+        if counts or freed or acks:
 
             def handed(now: float) -> None:
+                fetcher = engine.fetcher
+                for tp, offset, kind in acks:
+                    fetcher.acknowledge(tp, offset, kind)
                 for node in counts.keys() | freed.keys():
-                    engine.fetcher.records_handed_out(node, counts.get(node, 0), freed.get(node, 0))
+                    fetcher.records_handed_out(node, counts.get(node, 0), freed.get(node, 0))
 
             engine.post(handed)
         if bad is not None and not out:
@@ -287,6 +348,7 @@ class ShareCollector(Generic[KT, VT]):
         """Empty the ledger and what is taken: an event for the loop that acknowledges each (implicit
         mode accepts what was handed out, the rest is released) and starts closing the sessions."""
         implicit = self.mode == "implicit"
+        self.closing = True
         unacked = list(self.unacked.values())
         self.unacked.clear()
         undelivered = list(self.pending)
@@ -309,8 +371,16 @@ class ShareCollector(Generic[KT, VT]):
         return release
 
 
-def _release(engine: ShareEngine, tp: TopicPartition, offset: int, now: float) -> None:
-    engine.fetcher.acknowledge(tp, offset, AcknowledgeType.RELEASE)
+def _share_record(a: AcquiredRecord, key: Any, value: Any) -> Any:
+    """The ``ShareConsumerRecord`` of an acquired record, with this key and value."""
+    r = a.record
+    return ShareConsumerRecord(r.topic, r.partition, r.offset, r.timestamp, r.timestamp_type, key, value,
+                               r.serialized_key_size, r.serialized_value_size, r.headers, r.leader_epoch,
+                               a.delivery_count, a.lock_deadline)
+
+
+def _release_hint(record: Any) -> str:
+    return "it was released: it comes back until the group's delivery limit archives it"
 
 
 __all__ = [
