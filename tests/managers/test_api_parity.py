@@ -23,9 +23,8 @@ from asyncconsumer.managers.subscription import PartitionPhase, SubscriptionStat
 from asyncconsumer.structs import AcknowledgeType, TopicPartition
 
 from .scripted import FakeClock, Scripted, new_metadata
-from .test_consumer_membership import API as HEARTBEAT
-from .test_consumer_membership import T
 from .test_consumer_membership import Setup as Kip848
+from .test_consumer_membership import T
 from .test_list_offsets import answer as offsets_answer
 from .test_list_offsets import marks, partitions
 from .test_membership import T0, T1, Group, tps
