@@ -78,27 +78,27 @@ async def handover_after_close(
             bootstrap, group, consumer_session_timeout_ms=session_s * 1000))
     common = {"group_id": group, "group_protocol": group_protocol, "session_timeout_ms": session_s * 1000,
               "heartbeat_interval_ms": 300}
-    async with consumer(bootstrap, **common) as other, anyio.create_task_group() as tg:
+    async with consumer(bootstrap, **common) as other:
         other.subscribe([topic])
 
-        async def keep_polling() -> None:
+        async def keep_polling() -> None:  # as a real member does: its callbacks run
             while True:
                 await other.getmany(timeout=0.05)
 
-        tg.start_soon(keep_polling)
-        closed_at = 0.0
         async with consumer(bootstrap, **{**common, **closing}) as c:
-            c.subscribe([topic])
-            with anyio.fail_after(30):
-                while not (len(c.assignment()) == 1 and len(other.assignment()) == 1
-                           and c._engine.membership.state is MemberState.STABLE):  # type: ignore[union-attr]
-                    await c.getmany(timeout=0.05)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(keep_polling)
+                c.subscribe([topic])
+                with anyio.fail_after(30):
+                    while not (len(c.assignment()) == 1 and len(other.assignment()) == 1
+                               and c._engine.membership.state is MemberState.STABLE):  # type: ignore[union-attr]
+                        await c.getmany(timeout=0.05)
+                tg.cancel_scope.cancel()
             await c.close(membership=operation)
             closed_at = time.monotonic()
         with anyio.fail_after(session_s + 15):
             while len(other.assignment()) < 2:
-                await anyio.sleep(0.05)
-        tg.cancel_scope.cancel()
+                await other.getmany(timeout=0.05)
     return time.monotonic() - closed_at
 
 
