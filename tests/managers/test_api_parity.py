@@ -100,22 +100,6 @@ def test_kip848_close_leaves_or_stays_as_asked(
     s.no_hb()
 
 
-def test_the_close_choice_does_not_outlive_the_leave() -> None:
-    """An unsubscribe after a member stayed in the group (then joined again) leaves by default."""
-    s = Kip848()
-    s.answer(s.join({T: [0]}, epoch=2), 2)
-    s.m.leave("closing", "remain_in_group")
-    s.no_hb()
-    s.ack()
-    s.no_hb()
-    assert s.state() is S.UNSUBSCRIBED
-    s.answer(s.join({T: [1]}, epoch=4), 4)
-    s.m.leave("unsubscribe")
-    s.no_hb()
-    s.ack()
-    assert s.hb().body()["member_epoch"] == -1
-
-
 # -- enforce_rebalance ---------------------------------------------------------------------------------
 
 

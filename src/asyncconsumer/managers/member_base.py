@@ -457,7 +457,6 @@ class GroupMemberBase:
         """Out of the group (the coordinator answered the leave, or there was nothing to tell it)."""
         self._in_flight = False
         self._leaving = self._force_leave = False
-        self._leave_operation = "default"
         self.member_id, self.generation, self.owned = "", -1, frozenset()
         self._forget_session()
         self._to(MemberState.UNSUBSCRIBED)
