@@ -44,7 +44,8 @@ def none(why: str) -> Row:
 
 
 _PROPERTIES = "`Consumer.from_properties(properties)`"
-_METRICS_PUSH = "none: client metrics are not pushed to the broker (KIP-714); they go to OpenTelemetry (`meter_provider`)"
+_METRICS_PUSH = ("none: client metrics are not pushed to the broker (KIP-714); they go to OpenTelemetry "
+                 "(`meter_provider`)")
 
 #: Java class -> its public method (parameter types by simple name) -> the counterpart here.
 METHODS: dict[str, dict[str, Row]] = {
