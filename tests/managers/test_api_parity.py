@@ -22,13 +22,13 @@ from asyncconsumer.managers.membership import CallbackKind, MemberState
 from asyncconsumer.managers.subscription import PartitionPhase, SubscriptionState
 from asyncconsumer.structs import AcknowledgeType, TopicPartition
 
-from .scripted import FakeClock, Scripted, new_metadata
+from .scripted import FakeClock, Scripted, new_metadata, topic_id
 from .test_consumer_membership import Setup as Kip848
 from .test_consumer_membership import T
 from .test_list_offsets import answer as offsets_answer
 from .test_list_offsets import marks, partitions
 from .test_membership import T0, T1, Group, tps
-from .test_share_engine import P0, engine_with, join
+from .test_share_engine import engine_with, join
 from .test_share_fetch import fetch_answer, partition, records
 from .test_share_membership import answer as share_answer
 from .test_share_membership import make as share_member
@@ -282,10 +282,13 @@ def test_share_unsubscribe_frees_the_fetch_buffer_so_a_new_subscription_fetches(
     leave = h.take("ShareGroupHeartbeat")
     leave.respond(share_answer(-1))
     (forget,) = h.sent("ShareFetch")  # takes the partition out of the session, carrying the releases
-    ack = forget.body()["topics"] or forget.body()["forgotten_topics_data"]
-    assert ack
+    assert [p["acknowledgement_batches"] for t in forget.body()["topics"] for p in t["partitions"]] == [
+        [{"first_offset": 0, "last_offset": 2, "acknowledge_types": [AcknowledgeType.RELEASE]}]]
+    assert forget.body()["forgotten_topics_data"] == [{"topic_id": topic_id("jobs"), "partitions": [0]}]
     forget.respond(fetch_answer())
     engine.membership.subscribe(frozenset({"jobs"}))
     h.take("ShareGroupHeartbeat").respond(share_answer(2, [0]))
-    assert [p["partition_index"] for t in h.take("ShareFetch").body()["topics"] for p in t["partitions"]] == [0]
-    assert P0 == JOBS0
+    # The buffer the released batch held is free again: the new subscription fetches at once.
+    fetch = h.take("ShareFetch")
+    assert [(t["topic_id"], [p["partition_index"] for p in t["partitions"]]) for t in fetch.body()["topics"]] == [
+        (topic_id("jobs"), [0])]
