@@ -32,7 +32,7 @@ from asyncconsumer import (
     ShareConsumer,
     TopicPartition,
 )
-from asyncconsumer.errors import LogTruncationError, OffsetOutOfRangeError
+from asyncconsumer.errors import ConfigError, LogTruncationError, OffsetOutOfRangeError
 from asyncconsumer.managers.member_base import MembershipOperation
 from asyncconsumer.managers.membership import MemberState
 
@@ -311,3 +311,19 @@ async def test_share_a_record_that_cannot_be_deserialized_is_rejected_by_its_coo
         for _ in range(6):
             assert await c.getmany(timeout=0.3) == {}
     assert seen == [0, 2] and [e.offset for e in errors] == [1]
+
+
+# -- bad arguments (no broker) -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["by_duration", "by_duration:", "by_duration:P1W", "by_duration:-PT1H", "hourly"])
+def test_a_by_duration_java_would_refuse_is_a_config_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="auto_offset_reset"):
+        Consumer(auto_offset_reset=value)
+    with pytest.raises(ConfigError, match="auto_offset_reset"):
+        Consumer.from_properties({"auto.offset.reset": value})
+
+
+async def test_close_names_a_membership_choice_it_does_not_know() -> None:
+    with pytest.raises(ConfigError, match="'default', 'leave_group', 'remain_in_group'"):
+        await Consumer().close(membership="leave")  # type: ignore[arg-type]
