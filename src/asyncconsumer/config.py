@@ -21,6 +21,7 @@ from ._args import INT32_MAX, INT64_MAX, protocol_string_error
 from .assignors import ASSIGNORS
 from .errors import ConfigError, ConfigTypeError, RecordDeserializationError
 from .java_properties import IGNORED, JAVA_CONSUMER_PROPERTIES, REJECTED, shown
+from .managers.list_offsets import BY_DURATION, reset_duration_ms
 from .structs import ConsumerRecord, DeserializationContext, RecordDeserializer, ShareConsumerRecord
 from .structs import OAuthBearerToken as OAuthBearerToken  # documented as asyncconsumer.config.OAuthBearerToken
 
@@ -101,8 +102,9 @@ class ConsumerOptions(TypedDict, total=False):
     group_id: str | None
     #: Makes the member static (KIP-345): a restart within ``session_timeout_ms`` keeps its partitions.
     group_instance_id: str | None
-    #: Where to start without a committed offset, and where to go when out of range ("none": raise).
-    auto_offset_reset: OffsetReset
+    #: Where to start without a committed offset, and where to go when out of range ("none": raise;
+    #: ``"by_duration:PT1H"``: the first record of the last hour, KIP-1106, an ISO 8601 duration).
+    auto_offset_reset: OffsetReset | str
     #: Commit what was handed out every ``auto_commit_interval_ms`` and on ``close()``.
     enable_auto_commit: bool
     #: The interval of the periodic auto-commit.
@@ -219,7 +221,7 @@ class ConsumerConfig:
     client_rack: str = ""
     group_id: str | None = None
     group_instance_id: str | None = None
-    auto_offset_reset: OffsetReset = "latest"
+    auto_offset_reset: OffsetReset | str = "latest"
     enable_auto_commit: bool = True
     auto_commit_interval_ms: int = 5000
     session_timeout_ms: int = 45000
@@ -424,9 +426,18 @@ def _coerce(name: str, value: Any) -> Any:
         if not strategies:
             raise ConfigError("partition_assignment_strategy is empty")
         return strategies
+    if name == "auto_offset_reset" and isinstance(value, str) and value.startswith("by_duration"):
+        try:
+            reset_duration_ms(value)
+        except ValueError as exc:
+            detail = exc if value.startswith(BY_DURATION) else "the duration is missing ('by_duration:PT1H')"
+            raise ConfigError(f"auto_offset_reset={value!r}: {detail}") from None
+        return value
     if name in _CHOICES:
         if value not in _CHOICES[name]:
-            raise ConfigError(f"{name}={shown(name, value)} is not one of {', '.join(map(repr, _CHOICES[name]))}")
+            also = " or 'by_duration:<ISO 8601 duration>'" if name == "auto_offset_reset" else ""
+            raise ConfigError(
+                f"{name}={shown(name, value)} is not one of {', '.join(map(repr, _CHOICES[name]))}{also}")
         return value
     annotation = str(field.type)
     if annotation.startswith("bool"):

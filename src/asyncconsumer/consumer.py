@@ -44,6 +44,7 @@ from .engine.loop import Engine
 from .errors import (
     CommitFailedError,
     ConfigError,
+    ConfigTypeError,
     ConsumerClosedError,
     IllegalStateError,
     InvalidGroupIdError,
@@ -53,6 +54,7 @@ from .errors import (
 )
 from .listener import RebalanceListener
 from .managers.list_offsets import EARLIEST, LATEST, OffsetResult
+from .managers.member_base import MEMBERSHIP_OPERATIONS, MembershipOperation
 from .managers.membership import MemberState
 from .managers.subscription import PartitionState
 from .metrics import ConsumerMetrics
@@ -67,6 +69,13 @@ KT = TypeVar("KT", default=bytes)
 VT = TypeVar("VT", default=bytes)
 P = ParamSpec("P")
 R = TypeVar("R")
+
+#: Said once per process (INFO), when a group member starts with the default group_protocol.
+_DEFAULT_PROTOCOL_NOTICE = (
+    "group_protocol is 'classic', the default as in Kafka 4.x's Java client; with Kafka 5.0 (KIP-1274) the "
+    "default becomes 'consumer' (KIP-848). Set group_protocol to keep your choice (docs/groups.md#kafka-50)"
+)
+_default_protocol_said = False
 
 _POLL_OPERATIONS = frozenset(
     {"getmany", "getone", "__anext__", "batches", "partitions", "arrow_batches", "arrow_batch"}
@@ -101,11 +110,15 @@ class Consumer(ClientBase, Generic[KT, VT]):
         #: ("eager" mode, app/collector.py); else each is deserialized as it is handed out.
         self._ready_records = self._collector.mode != "lazy"
         self._closing = False
+        #: group_protocol was chosen, not left to its default (the Kafka 5.0 notice, ``subscribe``).
+        self._protocol_chosen = "group_protocol" in options
 
     @classmethod
     def from_properties(cls, properties: Mapping[str, Any], **options: Unpack[ConsumerOptions]) -> Consumer[Any, Any]:
         """Build from Java/librdkafka dotted names (``{"bootstrap.servers": ...}``); ``options`` override."""
-        return cls(**options_from_properties(properties, options))
+        consumer = cls(**options_from_properties(properties, options))
+        consumer._protocol_chosen = "group.protocol" in properties or "group_protocol" in options
+        return consumer
 
     @property
     def config(self) -> ConsumerConfig:
@@ -157,12 +170,21 @@ class Consumer(ClientBase, Generic[KT, VT]):
         engine = self._running()
         await engine.wait_for_metadata(self._config.request_timeout_ms / 1000)
 
-    async def close(self, timeout: float = 30.0) -> None:
+    async def close(self, timeout: float = 30.0, *, membership: MembershipOperation = "default") -> None:
         """Commit (with auto-commit on), leave, stop the loop and close connections.
 
         Returns within ``timeout`` seconds, whatever the brokers do; safe to call twice.
+        ``membership`` (KIP-1092, Java's ``CloseOptions.GroupMembershipOperation``): ``"default"``
+        (``async with`` too) makes a dynamic member leave the group and keeps a static one
+        (``group_instance_id``) in it; ``"leave_group"`` makes a static member leave too (its
+        partitions move at once); ``"remain_in_group"`` keeps a dynamic member in the group too
+        (its partitions wait for it until its session times out).  Either way the revoke callback
+        runs and auto-commit commits first (docs/groups.md#closing).
         """
         check_timeout(timeout, "close", optional=False)
+        if membership not in MEMBERSHIP_OPERATIONS:
+            raise ConfigError(
+                f"close(): membership must be one of {', '.join(map(repr, MEMBERSHIP_OPERATIONS))}, got {membership!r}")
         if self._closed or self._engine is None:
             self._closed = True
             return
@@ -187,7 +209,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
                         except KafkaError as exc:
                             log.warning("final auto-commit on close failed: %s", exc)
                 if engine.membership is not None and not engine.closed:
-                    await self._leave_group("the consumer is closing", timeout)
+                    await self._leave_group("the consumer is closing", timeout, membership)
         finally:
             self._closed = True
             await self._shutdown(max(0.0, deadline - anyio.current_time()))
@@ -256,6 +278,14 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self._rebalance.listener = listener or RebalanceListener()
         membership.subscribe(names, compiled)
         engine.wake()
+        self._say_default_protocol()
+
+    def _say_default_protocol(self) -> None:
+        """KIP-1274: once per process, that the default group_protocol changes with Kafka 5.0."""
+        global _default_protocol_said
+        if not self._protocol_chosen and not _default_protocol_said:
+            _default_protocol_said = True
+            log.info(_DEFAULT_PROTOCOL_NOTICE)
 
     @bracketed_sync("subscription")
     def subscription(self) -> set[str]:
@@ -297,12 +327,12 @@ class Consumer(ClientBase, Generic[KT, VT]):
         """Give up every partition (the revoke callback runs and offsets are committed) and leave the group."""
         await self._leave_group("unsubscribe", self._timeout(timeout))
 
-    async def _leave_group(self, reason: str, timeout: float) -> None:
+    async def _leave_group(self, reason: str, timeout: float, operation: MembershipOperation = "default") -> None:
         engine = self._running()
         membership = engine.membership
         if membership is None or membership.state in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
             return
-        membership.leave(reason)
+        membership.leave(reason, operation)
         engine.wake()
         with anyio.move_on_after(timeout):
             while membership.state not in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
@@ -312,6 +342,26 @@ class Consumer(ClientBase, Generic[KT, VT]):
                     break
                 with anyio.move_on_after(0.05):
                     await event.wait()
+
+    @bracketed_sync("enforce_rebalance")
+    def enforce_rebalance(self, reason: str | None = None) -> None:
+        """Ask for a rebalance of the group (Java's ``enforceRebalance``): with the classic protocol
+        the member rejoins (``reason`` goes in its JoinGroup, which the broker logs), and the
+        partitions move as the assignors say, through the listener's callbacks on later polls.
+        With ``group_protocol="consumer"`` (KIP-848) the coordinator alone decides when partitions
+        move: the call only logs a warning, as the Java client does.
+
+        Raises ``IllegalStateError`` without a ``group_id`` or a ``subscribe()``.
+        """
+        if reason is not None and not isinstance(reason, str):
+            raise ConfigTypeError(f"enforce_rebalance(): reason must be a str or None, got {reason!r}")
+        engine = self._running()
+        membership = engine.membership
+        if membership is None or not membership.subscribed:
+            raise IllegalStateError(
+                "enforce_rebalance() needs a group subscription: a group_id and subscribe() (not assign())")
+        membership.enforce_rebalance(reason or "rebalance enforced by user")
+        engine.wake()
 
     # -- assignment (plain methods) ---------------------------------------------------------------
 
@@ -389,6 +439,20 @@ class Consumer(ClientBase, Generic[KT, VT]):
         mark = self._states([partition], "last_stable_offset")[0].last_stable_offset
         return mark if mark >= 0 else None
 
+    @bracketed_sync("current_lag")
+    def current_lag(self, partition: TopicPartition) -> int | None:
+        """How many records ``partition`` has past this consumer's position, as of its last fetch
+        response (Java's ``currentLag``): the high watermark, or with ``read_committed`` the last
+        stable offset, minus ``position()``.  No request is sent: None until a fetch response for
+        the partition arrived and while its position is not known (Java's empty ``OptionalLong``).
+        Raises ``IllegalStateError`` for a partition not assigned to this consumer."""
+        state = self._states([partition], "current_lag")[0]
+        read_committed = self._config.isolation_level == "read_committed"
+        end = state.last_stable_offset if read_committed else state.high_watermark
+        if end < 0 or not state.has_position:
+            return None
+        return end - state.consumed
+
     def metrics(self) -> ConsumerMetrics:
         """A snapshot of the consumer's counters: per partition offsets and lag, records and bytes
         handed out, fetches, rebalances, commits, connections, the age of the last poll
@@ -408,13 +472,50 @@ class Consumer(ClientBase, Generic[KT, VT]):
     # -- positions --------------------------------------------------------------------------------
 
     @bracketed("seek")
-    async def seek(self, partition: TopicPartition, offset: int) -> None:
-        """Make ``offset`` the next record returned for ``partition``."""
+    async def seek(self, partition: TopicPartition, offset: int | OffsetAndMetadata) -> None:
+        """Make ``offset`` the next record returned for ``partition``.
+
+        An ``OffsetAndMetadata`` with a ``leader_epoch`` (a committed offset, or one saved from a
+        record's ``leader_epoch``) is checked against the leader's log before fetching, as Java's
+        ``seek(TopicPartition, OffsetAndMetadata)`` does (KIP-320): if the log was truncated under
+        it, the consumer resumes where the log diverged, or with ``auto_offset_reset="none"``
+        raises ``LogTruncationError`` (docs/getting-started.md#log-truncation).  Without an epoch,
+        no check."""
+        epoch: int | None = None
+        if isinstance(offset, OffsetAndMetadata):
+            epoch = offset.leader_epoch
+            if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0):
+                raise ConfigError(f"seek(): leader_epoch must be an int >= 0 or None, got {epoch!r}")
+            offset = offset.offset
         check_offset(offset, "seek")
         state = self._states([partition], "seek")[0]
         engine = self._running()
-        state.set_position(offset)
+        engine.validator.seek(state, offset, epoch)
         self._collector.forget_buffered(engine, [partition])
+
+    @bracketed("seek_to_committed")
+    async def seek_to_committed(
+        self, *partitions: TopicPartition, timeout: float | None = None
+    ) -> dict[TopicPartition, int | None]:
+        """Move each partition (all assigned partitions when none are given) to the group's
+        committed offset, as aiokafka's ``seek_to_committed``; returns the committed offsets (None
+        where there is none: that partition stays where it is).  A committed offset carrying a
+        leader epoch is checked against the leader's log, as on a restart (KIP-320).  Raises
+        ``IllegalStateError`` without a ``group_id`` or for a partition not assigned."""
+        engine = self._running()
+        tps = list(partitions) or list(engine.subscriptions.partitions)
+        self._states(tps, "seek_to_committed")
+        if engine.commits is None:
+            raise IllegalStateError("seek_to_committed() needs a group_id: offsets are committed per consumer group")
+        committed = await self.committed(tps, timeout=timeout)
+        moved = []
+        for tp, om in committed.items():
+            state = engine.subscriptions.get(tp)
+            if om is not None and state is not None:  # (unassigned by a rebalance meanwhile: left alone)
+                engine.validator.seek(state, om.offset, om.leader_epoch)
+                moved.append(tp)
+        self._collector.forget_buffered(engine, moved)
+        return {tp: om.offset if om is not None else None for tp, om in committed.items()}
 
     @bracketed("seek_to_beginning")
     async def seek_to_beginning(self, *partitions: TopicPartition) -> None:

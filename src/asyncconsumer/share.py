@@ -215,6 +215,25 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         if engine is not None and not engine.closed:
             engine.post(lambda now: engine.membership.subscribe(names))
 
+    @bracketed("unsubscribe")
+    async def unsubscribe(self, *, timeout: float | None = None) -> None:
+        """Leave the share group (Java's ``unsubscribe``): the records of the last poll are settled
+        as in ``close()`` (implicit mode accepts them, explicit mode releases those not
+        acknowledged), records fetched and not handed out are released, the acknowledgements are
+        sent and answered, then the member leaves.  ``subscribe()`` joins again later.  Waits up
+        to ``timeout`` seconds (None: ``default_api_timeout_ms``), then raises ``KafkaTimeoutError``."""
+        engine = self._running()
+        seconds = self._config.default_api_timeout_ms / 1000 if timeout is None else timeout
+        self._topics = frozenset()
+        membership = engine.membership
+        with anyio.move_on_after(seconds) as scope:
+            await engine.call(self._collector.close_out(engine, close_sessions=False))
+            await self._collector.commit(engine, seconds)
+            await engine.call(lambda now: membership.unsubscribe())
+            await self._until(engine, lambda: not membership.leaving)
+        if scope.cancelled_caught:
+            raise KafkaTimeoutError(f"unsubscribe() did not complete within {seconds:.1f}s")
+
     @bracketed_sync("subscription")
     def subscription(self) -> set[str]:
         return set(self._topics)
@@ -253,13 +272,55 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
             raise ConfigError(f"on_acknowledgement_commit must be callable, not {callback!r}")
         self._collector.on_commit = callback
 
+    @typing.overload
+    def acknowledge(
+        self, record: ShareConsumerRecord[KT, VT], type: AcknowledgeType = AcknowledgeType.ACCEPT
+    ) -> None: ...
+
+    @typing.overload
+    def acknowledge(self, topic: str, partition: int, offset: int, type: AcknowledgeType, /) -> None: ...
+
     @bracketed_sync("acknowledge")
-    def acknowledge(self, record: ShareConsumerRecord[KT, VT], type: AcknowledgeType = AcknowledgeType.ACCEPT) -> None:
+    def acknowledge(
+        self,
+        record: ShareConsumerRecord[KT, VT] | str,
+        type: AcknowledgeType | int = AcknowledgeType.ACCEPT,
+        offset: int | None = None,
+        kind: AcknowledgeType | None = None,
+    ) -> None:
         """Acknowledge a record handed out by the last poll; sent with the next fetch or ``commit()``.
 
-        RENEW keeps the record acquired (and needs a later ACCEPT/RELEASE/REJECT); a record whose
-        lock already ran out raises ``AcquisitionLockExpiredError`` (the broker gave it back)."""
-        self._collector.acknowledge(self._running(), record, AcknowledgeType(type))
+        ``acknowledge(record, type)``, or by coordinates ``acknowledge(topic, partition, offset,
+        type)`` as Java's ``KafkaShareConsumer``: that form also takes a record of the last poll
+        that could not be deserialized (the poll raised ``RecordDeserializationError`` naming it),
+        which is otherwise released at the next poll: ``AcknowledgeType.REJECT`` keeps it from
+        coming back.  RENEW keeps a record acquired (and needs a later ACCEPT/RELEASE/REJECT); a
+        record whose lock already ran out raises ``AcquisitionLockExpiredError`` (the broker gave
+        it back); anything else raises ``IllegalStateError``."""
+        engine = self._running()
+        if isinstance(record, str):  # (topic, partition, offset, type): ``type`` holds the partition
+            partition = type
+            if isinstance(partition, (bool, AcknowledgeType)) or not isinstance(partition, int):
+                raise ConfigTypeError(f"acknowledge(): partition must be an int, got {partition!r}")
+            if isinstance(offset, bool) or not isinstance(offset, int):
+                raise ConfigTypeError(f"acknowledge(): offset must be an int, got {offset!r}")
+            if kind is None:
+                raise ConfigTypeError("acknowledge(topic, partition, offset, type): the AcknowledgeType is required")
+            self._collector.acknowledge_at(engine, record, partition, offset, AcknowledgeType(kind))
+            return
+        if offset is not None or kind is not None:
+            raise ConfigTypeError("acknowledge() takes (record, type) or (topic, partition, offset, type)")
+        self._collector.acknowledge(engine, record, AcknowledgeType(type))
+
+    @bracketed_sync("acquisition_lock_timeout_ms")
+    def acquisition_lock_timeout_ms(self) -> int | None:
+        """How long the broker locks a record acquired by this member (the group's
+        ``share.record.lock.duration.ms``), in milliseconds, as the broker last said it in a
+        ShareFetch or ShareAcknowledge answer; None before the first (Java's
+        ``acquisitionLockTimeoutMs``)."""
+        engine = self._engine
+        timeout = engine.fetcher.lock_timeout if engine is not None else 0.0
+        return round(timeout * 1000) if timeout > 0 else None
 
     def lock_deadline(self, record: ShareConsumerRecord[KT, VT]) -> float:
         """When ``record``'s acquisition lock runs out (``time.monotonic()`` clock), renewals included."""

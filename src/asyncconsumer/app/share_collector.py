@@ -8,8 +8,10 @@ acknowledged), then takes up to a limit of acquired records from the loop's batc
 deserializing them (``Deserializers``, app/deserializers.py: synchronously for ``f(data)``
 callables, else awaiting on the polling task, the batches left as they are until nothing awaits
 any more, so that a ``close()`` meanwhile releases them all).  A record no deserializer can read
-goes by the ``on_deserialization_error`` policy: "raise" releases it (it comes back with a higher
-delivery count) and raises; "skip", or a handler that returned, REJECTs it.  Every record
+goes by the ``on_deserialization_error`` policy: "raise" raises and releases it at the next poll
+or commit (it comes back with a higher delivery count) unless the application acknowledges it by
+its coordinates first (REJECT, say), as Java's share consumer lets it; "skip", or a handler that
+returned, REJECTs it.  Every record
 handed out enters the ledger until it is acknowledged; ``acknowledge``, ``commit`` and
 ``close_out`` queue the acknowledgements for the loop, which sends them.  It
 talks to the engine only (``ShareEngine``: its batches, fetcher and wake-ups), never to
@@ -90,6 +92,11 @@ class ShareCollector(Generic[KT, VT]):
         self.unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
         #: Lock deadlines moved by RENEW.
         self._renewed: dict[_Key, float] = {}
+        #: Records that could not be deserialized (never handed out), with their acknowledgement:
+        #: RELEASE unless the application acknowledged them by coordinates; sent at the first poll
+        #: after the one that raised the error (``_told``), at ``commit()`` or at ``close()``.
+        self.undecodable: dict[_Key, AcknowledgeType] = {}
+        self._told: set[_Key] = set()
         #: Records handed to the application, per partition (metrics() and OpenTelemetry).
         self.delivered: Counter[TopicPartition] = Counter()
         self.deserializers = Deserializers(config, log, _release_hint)
@@ -109,6 +116,8 @@ class ShareCollector(Generic[KT, VT]):
         while True:
             error = engine.pop_error()
             if error is not None:
+                if isinstance(error, RecordDeserializationError):
+                    self._told.add((error.topic, error.partition, error.offset))
                 raise error
             if engine.batches:
                 des = self.deserializers
@@ -148,6 +157,7 @@ class ShareCollector(Generic[KT, VT]):
         return out
 
     def _begin_poll(self, engine: ShareEngine) -> None:
+        self._send_undecodable(engine, told_only=True)
         if self.mode == "implicit":
             self._accept_delivered(engine)
         elif self.unacked:
@@ -193,7 +203,7 @@ class ShareCollector(Generic[KT, VT]):
                         # Released: it comes back (delivery_count + 1) until the group's delivery
                         # limit archives it.  The records after it stay for the poll after the error.
                         bad = exc
-                        acks.append((batch.tp, r.offset, AcknowledgeType.RELEASE))
+                        self.undecodable[(r.topic, r.partition, r.offset)] = AcknowledgeType.RELEASE
                         break
                 out.append(_share_record(a, r.key, r.value))
             taken.append((batch, count))
@@ -227,7 +237,7 @@ class ShareCollector(Generic[KT, VT]):
                         acks.append((batch.tp, a.record.offset, AcknowledgeType.REJECT))
                         continue
                     bad = error
-                    acks.append((batch.tp, a.record.offset, AcknowledgeType.RELEASE))
+                    self.undecodable[(batch.tp.topic, batch.tp.partition, a.record.offset)] = AcknowledgeType.RELEASE
                     break
                 self._check_open()
                 out.append(_share_record(a, r.key, r.value))
@@ -275,6 +285,7 @@ class ShareCollector(Generic[KT, VT]):
 
             engine.post(handed)
         if bad is not None and not out:
+            self._told.add((bad.topic, bad.partition, bad.offset))
             raise bad
         if bad is not None:
             engine.report_error(bad)
@@ -308,6 +319,39 @@ class ShareCollector(Generic[KT, VT]):
         tp = record.topic_partition
         engine.post(lambda now: engine.fetcher.acknowledge(tp, record.offset, kind))
 
+    def acknowledge_at(self, engine: ShareEngine, topic: str, partition: int, offset: int,
+                       kind: AcknowledgeType) -> None:
+        """Java's ``acknowledge(topic, partition, offset, type)``: a record handed out, or one that
+        could not be deserialized (its RELEASE replaced), named by its coordinates."""
+        key = (topic, partition, offset)
+        record = self.unacked.get(key)
+        if record is not None:
+            self.acknowledge(engine, record, kind)
+        elif key in self.undecodable:
+            if kind == AcknowledgeType.RENEW:
+                raise IllegalStateError(f"{topic}-{partition} offset {offset} could not be deserialized: it can be "
+                                        "accepted, released or rejected, not renewed")
+            self.undecodable[key] = kind
+        else:
+            raise IllegalStateError(
+                f"{topic}-{partition} offset {offset} is neither a record this consumer handed out and has not "
+                "acknowledged yet nor one of the last poll it could not deserialize")
+
+    def _send_undecodable(self, engine: ShareEngine, *, told_only: bool = False) -> None:
+        """Queue the acknowledgements of the records that could not be deserialized (at a poll:
+        only those a poll has raised the error of, so that the application could answer first)."""
+        keys = [k for k in self.undecodable if k in self._told or not told_only]
+        if not keys:
+            return
+        acks = {k: self.undecodable.pop(k) for k in keys}
+        self._told.difference_update(keys)
+
+        def send(now: float) -> None:
+            for (topic, partition, offset), kind in acks.items():
+                engine.fetcher.acknowledge(TopicPartition(topic, partition), offset, kind)
+
+        engine.post(send)
+
     def lock_deadline(self, record: ShareConsumerRecord[KT, VT]) -> float:
         """When ``record``'s acquisition lock runs out (``time.monotonic()`` clock), renewals included."""
         return self._renewed.get(_key(record), record.lock_deadline)
@@ -315,6 +359,7 @@ class ShareCollector(Generic[KT, VT]):
     async def commit(self, engine: ShareEngine, timeout: float) -> AckResults:
         """Send the queued acknowledgements now (implicit mode: accept what was handed out first) and
         wait up to ``timeout`` seconds for each partition's outcome."""
+        self._send_undecodable(engine)
         if self.mode == "implicit":
             self._accept_delivered(engine)
         waiter = await engine.call(lambda now: engine.fetcher.commit())
@@ -344,13 +389,16 @@ class ShareCollector(Generic[KT, VT]):
             if inspect.isawaitable(result):
                 await result
 
-    def close_out(self, engine: ShareEngine) -> Callable[[float], None]:
+    def close_out(self, engine: ShareEngine, *, close_sessions: bool = True) -> Callable[[float], None]:
         """Empty the ledger and what is taken: an event for the loop that acknowledges each (implicit
-        mode accepts what was handed out, the rest is released) and starts closing the sessions."""
+        mode accepts what was handed out, the rest is released) and starts closing the sessions
+        (``close_sessions=False``: ``unsubscribe()``, the sessions stay for a later subscription)."""
+        self._send_undecodable(engine)
         implicit = self.mode == "implicit"
-        self.closing = True
+        self.closing = close_sessions  # (unsubscribe(): polls go on after a new subscribe())
         unacked = list(self.unacked.values())
         self.unacked.clear()
+        self._renewed.clear()
         undelivered = list(self.pending)
         self.pending.clear()
 
@@ -366,7 +414,9 @@ class ShareCollector(Generic[KT, VT]):
                 batch = engine.batches.popleft()
                 for a in batch.records:
                     fetcher.acknowledge(batch.tp, a.record.offset, AcknowledgeType.RELEASE)
-            fetcher.start_closing()
+                fetcher.records_handed_out(batch.node_id, len(batch.records), batch.size)
+            if close_sessions:
+                fetcher.start_closing()
 
         return release
 

@@ -14,6 +14,8 @@ time and tells the coordinator what it owns in its next heartbeat:
         STABLE ◄── ASSIGNING_PARTITIONS (target - owned; callback) ◄── PARTITIONS_REVOKED
 
     leave(): revoke everything ─► LEAVING (epoch -1, or -2 for a static member) ─► UNSUBSCRIBED
+             (close(membership=...), KIP-1092: "leave_group" sends -1 for a static member too;
+              "remain_in_group" sends -2, or for a dynamic member nothing at all)
 
 A sans-I/O state machine with the same public surface as the classic
 :class:`~asyncconsumer.managers.membership.MembershipManager`, so the engine
@@ -164,6 +166,13 @@ class ConsumerMembershipManager(GroupMemberBase):
         if self._unresolved:
             self._needs_reconcile = True
 
+    def enforce_rebalance(self, reason: str) -> None:
+        """Nothing, as in the Java client: with KIP-848 the coordinator alone decides when
+        partitions move, and a member has no way to ask for a rebalance."""
+        log.warning("group %r: enforce_rebalance(%r) does nothing with group_protocol='consumer' (KIP-848: the "
+                    "coordinator decides when partitions move); the Java client ignores it too",
+                    self.settings.group_id, reason)
+
     def request_rejoin(self, reason: str) -> None:
         """The coordinator drives rebalances here; all a member can do is resend its full state."""
         log.info("group %r: resending the full member state (%s)", self.settings.group_id, reason)
@@ -303,12 +312,19 @@ class ConsumerMembershipManager(GroupMemberBase):
         if self.state is MemberState.LEAVING and not self._in_flight and self.generation <= 0:
             self._left()  # never became a member (or fenced meanwhile): nothing to tell the coordinator
             return []
+        static = self.settings.group_instance_id is not None
+        if self.state is MemberState.LEAVING and not self._in_flight and self._remains and not static:
+            # A dynamic member staying (close(membership="remain_in_group"), KIP-1092): no leave
+            # heartbeat; the coordinator keeps it, and its partitions, until its session times out.
+            self._left()
+            return []
         if node is None or self._in_flight or now < self._retry_at:
             return []
         if self.state is MemberState.JOINING:
             return [self._heartbeat_request(node, JOIN_EPOCH)]
         if self.state is MemberState.LEAVING:
-            return [self._heartbeat_request(node, STATIC_LEAVE_EPOCH if self._static_leave else LEAVE_EPOCH)]
+            # -2: a static member stays (KIP-345), its partitions kept for its session; -1: it leaves.
+            return [self._heartbeat_request(node, STATIC_LEAVE_EPOCH if self._remains else LEAVE_EPOCH)]
         if self._heartbeating() and now >= self._next_heartbeat:
             return [self._heartbeat_request(node, self.generation)]
         return []

@@ -1,7 +1,10 @@
 """ListOffsets: offset lookups by timestamp, and position resets.
 
 Serves ``beginning_offsets``/``end_offsets``/``offsets_for_times`` and moves
-partitions in ``AWAIT_RESET`` to earliest/latest (``auto_offset_reset``).
+partitions in ``AWAIT_RESET`` to earliest/latest (``auto_offset_reset``), or
+with ``"by_duration:<ISO 8601 duration>"`` (KIP-1106) to the first record at or
+after that long before now: a ListOffsets by timestamp, and where no record is
+that recent, to latest (a second ListOffsets), as the Java client does.
 Requests go to each partition's leader; leadership errors refresh metadata
 and retry after ``retry_backoff_ms``.
 
@@ -20,7 +23,10 @@ first answer a broker gets wrong is named in one INFO line.
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +48,41 @@ log = logging.getLogger("asyncconsumer.offsets")
 EARLIEST = -2
 LATEST = -1
 _RESET_TIMESTAMPS = {"earliest": EARLIEST, "latest": LATEST}
+
+#: ``auto_offset_reset="by_duration:<duration>"`` (KIP-1106): the prefix, then an ISO 8601 duration
+#: as Java's ``Duration.parse`` reads it: ``PnDTnHnMn.nS`` (days of 24 hours; letters in either
+#: case; each number may carry a sign, the whole too), e.g. ``PT1H``, ``P7D``, ``PT0.5S``.
+BY_DURATION = "by_duration:"
+_ISO_DURATION = re.compile(
+    r"([-+]?)P(?:([-+]?[0-9]+)D)?(T(?:([-+]?[0-9]+)H)?(?:([-+]?[0-9]+)M)?(?:([-+]?[0-9]+)(?:[.,]([0-9]{0,9}))?S)?)?",
+    re.IGNORECASE,
+)
+
+
+@functools.lru_cache(maxsize=16)
+def reset_duration_ms(strategy: str) -> int:
+    """The milliseconds of ``"by_duration:<ISO 8601 duration>"``; ``ValueError`` names what is wrong
+    (the words of Java's ``AutoOffsetResetStrategy``: no duration, one it cannot read, a negative one)."""
+    if not strategy.startswith(BY_DURATION):
+        raise ValueError(f"{strategy!r} is not 'by_duration:<duration>'")
+    text = strategy[len(BY_DURATION):]
+    match = _ISO_DURATION.fullmatch(text)
+    if not text or match is None or match.group(3) == "T" or not any(match.group(i) for i in (2, 3)):
+        raise ValueError(f"cannot read the duration {text!r}: an ISO 8601 duration (PnDTnHnMn.nS) such as PT1H or P7D")
+    sign, days, _, hours, minutes, seconds, fraction = match.groups()
+
+    def number(group: str | None) -> int:
+        return int(group) if group else 0
+
+    nanos = (fraction or "").ljust(9, "0")
+    total_ns = ((number(days) * 24 + number(hours)) * 60 + number(minutes)) * 60 * 10**9
+    whole = number(seconds)
+    total_ns += whole * 10**9 + (-1 if (seconds or "").startswith("-") else 1) * int(nanos or "0")
+    if sign == "-":
+        total_ns = -total_ns
+    if total_ns < 0:
+        raise ValueError(f"the duration {text!r} is negative: by_duration takes a duration back from now")
+    return total_ns // 10**6
 
 #: (offset, timestamp, leader_epoch), or None when no record is at/after the timestamp.
 OffsetResult = tuple[int, int, int | None] | None
@@ -74,9 +115,12 @@ class ListOffsetsManager:
         read_committed: bool,
         retry_backoff: float,
         report_error: Callable[[KafkaError], None],
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._subscriptions = subscriptions
         self._metadata = metadata
+        #: Seconds since the epoch: what "by_duration" resets count back from.
+        self._wall_clock = wall_clock
         self._read_committed = read_committed
         self._retry_backoff = retry_backoff
         self._report_error = report_error
@@ -199,14 +243,15 @@ class ListOffsetsManager:
             tp = state.tp
             if tp in self._resets_in_flight:
                 continue
-            if state.reset_to not in _RESET_TIMESTAMPS:
+            timestamp = self._reset_timestamp(state.reset_to)
+            if timestamp is None:
                 missing.append(tp)
                 continue
             leader = cluster.leader(tp)
             if leader is None:
                 self._metadata.request_update()
                 continue
-            by_leader[leader.leader][tp] = _RESET_TIMESTAMPS[state.reset_to]
+            by_leader[leader.leader][tp] = timestamp
         if missing:
             for tp in missing:
                 self._subscriptions.partitions[tp].retry_at = float("inf")  # until the user seeks
@@ -228,6 +273,11 @@ class ListOffsetsManager:
                 if state is None or state.epoch != epochs[tp] or state.phase is not PartitionPhase.AWAIT_RESET:
                     continue  # seeked or unassigned meanwhile
                 result = outcome.get(tp) if isinstance(outcome, dict) else None
+                if result is None and isinstance(outcome, dict) and tp in outcome and parts[tp] >= 0:
+                    # by_duration: no record that recent; the end of the partition, as Java does.
+                    log.debug("no record of %s since %s: resetting to latest", tp, state.reset_to)
+                    state.reset_to = "latest"
+                    continue
                 if result is None:
                     if isinstance(outcome, KafkaError) and not outcome.retriable:
                         self._report_error(outcome)
@@ -238,6 +288,14 @@ class ListOffsetsManager:
                 state.set_position(offset, leader_epoch)
 
         return handle
+
+    def _reset_timestamp(self, strategy: str | None) -> int | None:
+        """The ListOffsets timestamp of a reset strategy (None: "none", the application must seek)."""
+        if strategy in _RESET_TIMESTAMPS:
+            return _RESET_TIMESTAMPS[strategy]
+        if strategy is not None and strategy.startswith(BY_DURATION):
+            return max(0, int(self._wall_clock() * 1000) - reset_duration_ms(strategy))
+        return None
 
     # -- the request ------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, Literal, get_args
 
 from ..errors import FencedInstanceIdError, KafkaError, PollIntervalExceededError, error_for_code
 from ..structs import ConsumerGroupMetadata, TopicPartition
@@ -41,6 +41,13 @@ _OUTSIDE_REBALANCE = frozenset({MemberState.UNSUBSCRIBED, MemberState.LEAVING, M
 
 #: Longest wait between retries after an error that is reported to the application.
 MAX_ERROR_BACKOFF = 30.0
+
+#: What leaving on ``close()`` does with the membership (KIP-1092, Java's
+#: ``CloseOptions.GroupMembershipOperation`` in lower case): "default" (a dynamic member leaves the
+#: group, a static one stays in it), "leave_group" (either leaves: its partitions move at once) or
+#: "remain_in_group" (either stays: its partitions wait for it until its session times out).
+MembershipOperation = Literal["default", "leave_group", "remain_in_group"]
+MEMBERSHIP_OPERATIONS: tuple[MembershipOperation, ...] = get_args(MembershipOperation)
 
 
 class GroupMemberBase:
@@ -83,6 +90,7 @@ class GroupMemberBase:
         self._plan = RebalancePlan()
         self._leaving = self._force_leave = self._wait_for_poll = False
         self._leave_reason: str | None = None
+        self._leave_operation: MembershipOperation = "default"
         self._error_count = 0  # errors in a row reported to the application (for their backoff)
         # KIP-447: the generation and member id of the membership the application's records come
         # from (``group_metadata``), and whether the member lost partitions since it last polled.
@@ -203,18 +211,24 @@ class GroupMemberBase:
             self.topics = matched
             self._pattern_topics_changed()
 
-    def leave(self, reason: str) -> None:
-        """Unsubscribe or close: give up partitions (callbacks run) and leave the group."""
+    def leave(self, reason: str, operation: MembershipOperation = "default") -> None:
+        """Unsubscribe or close: give up partitions (callbacks run) and leave the group, or with
+        ``operation`` (KIP-1092, on close) stay in it: see :data:`MembershipOperation`."""
         self.topics, self.pattern = frozenset(), None
         if self.state in (MemberState.UNSUBSCRIBED, MemberState.FENCED):
             return
         self._leave_reason = reason
+        self._leave_operation = operation
         self._leaving = True
         if self._drop_rebalance_for_leave():
             self._plan = RebalancePlan(revoke=self.owned)
             self._to(MemberState.PREPARE_REVOCATION)
 
     # -- what a protocol fills in -----------------------------------------------------------------
+
+    def enforce_rebalance(self, reason: str) -> None:
+        """The application asks for a rebalance (``Consumer.enforce_rebalance``)."""
+        raise NotImplementedError
 
     def _join(self) -> None:
         """Start joining the group (from UNSUBSCRIBED; classic also from LEAVING)."""
@@ -428,11 +442,16 @@ class GroupMemberBase:
     # -- leaving ----------------------------------------------------------------------------------
 
     @property
-    def _static_leave(self) -> bool:
-        """A static member leaving on close stays in the group (KIP-345: the coordinator keeps its
-        partitions for session_timeout_ms, so a restart with the same group_instance_id gets them
-        back quietly); one that missed the poll interval leaves for real."""
-        return self.settings.group_instance_id is not None and not self._force_leave
+    def _remains(self) -> bool:
+        """The member on its way out stays in the group: the coordinator keeps its partitions for
+        its session (KIP-345: a restart with the same group_instance_id gets them back quietly).
+        By default a static member stays and a dynamic one leaves; ``close(membership=...)``
+        chooses either (KIP-1092); one that missed the poll interval always leaves."""
+        if self._force_leave:
+            return False
+        if self._leave_operation == "default":
+            return self.settings.group_instance_id is not None
+        return self._leave_operation == "remain_in_group"
 
     def _left(self) -> None:
         """Out of the group (the coordinator answered the leave, or there was nothing to tell it)."""

@@ -102,6 +102,8 @@ class MembershipManager(GroupMemberBase):
         self._sync_assignments: dict[str, bytes] | None = None
         #: When the JoinGroup in flight was sent (None: none, or already said to be held).
         self._join_sent_at: float | None = None
+        #: Why the member rejoins: the next JoinGroup's reason (v8+; broker logs), then forgotten.
+        self._join_reason: str | None = None
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -157,8 +159,13 @@ class MembershipManager(GroupMemberBase):
         ):
             self.request_rejoin("partition count changed")
 
+    def enforce_rebalance(self, reason: str) -> None:
+        """The application asks for a rebalance (Java's ``enforceRebalance``): rejoin, saying why."""
+        self.request_rejoin(reason)
+
     def request_rejoin(self, reason: str) -> None:
         log.info("group %r: rejoining (%s)", self.settings.group_id, reason)
+        self._join_reason = reason
         if self.state is MemberState.STABLE:
             self._start_rebalance(join=True)
         else:
@@ -286,6 +293,7 @@ class MembershipManager(GroupMemberBase):
         self._in_flight = True
         settings = self.settings
         protocols = [{"name": a.name, "metadata": self._subscription(a)} for a in settings.assignors]
+        reason, self._join_reason = self._join_reason, None
 
         def build(version: int) -> Body:
             return {
@@ -296,7 +304,7 @@ class MembershipManager(GroupMemberBase):
                 "group_instance_id": settings.group_instance_id,
                 "protocol_type": "consumer",
                 "protocols": protocols,
-                "reason": None,
+                "reason": reason[:255] if reason is not None else None,  # Kafka's limit (maybeTruncateReason)
             }
 
         def on_response(now: float, version: int, body: Body) -> None:
@@ -508,8 +516,8 @@ class MembershipManager(GroupMemberBase):
     # -- LeaveGroup -------------------------------------------------------------------------------
 
     def _leave(self, now: float, node: int) -> list[UnsentRequest]:
-        if not self.member_id or self._static_leave:
-            self._left()
+        if not self.member_id or self._remains:
+            self._left()  # staying (a static member by default, KIP-1092's remain_in_group): no LeaveGroup
             return []
         self._in_flight = True
         settings, member_id, reason = self.settings, self.member_id, self._leave_reason

@@ -63,6 +63,7 @@ class ShareMembershipManager:
         self._next_heartbeat = 0.0
         self._in_flight = False
         self._leaving = False
+        self._unsubscribing = False
         self.left = False
         self.last_error: KafkaError | None = None
         #: The coordinator has no ShareGroupHeartbeat in common with this client: no more heartbeats.
@@ -73,9 +74,27 @@ class ShareMembershipManager:
     # -- application side -------------------------------------------------------------------------
 
     def subscribe(self, topics: frozenset[str]) -> None:
+        if topics and self.left and self.unsupported is None:
+            # Subscribed again after unsubscribe(): join anew (epoch 0, the same member id).
+            self.left = False
+            self._sent_subscription = None
+            self._next_heartbeat = 0.0
         if topics != self.subscription:
             self.subscription = topics
             self._next_heartbeat = 0.0  # tell the broker now
+
+    def unsubscribe(self) -> None:
+        """Leave the group (epoch -1) and forget the subscription; a later ``subscribe`` joins again
+        (at once if it comes while the leave heartbeat is out)."""
+        self.subscription = frozenset()
+        if not self.left:
+            self.leave()
+            self._unsubscribing = not self.left  # (never joined: out at once)
+
+    @property
+    def leaving(self) -> bool:
+        """The leave heartbeat is still to be sent or answered."""
+        return self._leaving
 
     def leave(self) -> None:
         """Send epoch -1 next (after any heartbeat in flight); ``left`` turns true when it is answered."""
@@ -150,7 +169,7 @@ class ShareMembershipManager:
         def on_error(now: float, error: BaseException) -> None:
             self._in_flight = False
             if leaving:
-                self.left = True  # best effort: the session timeout removes us otherwise
+                self._left_group()  # best effort: the session timeout removes us otherwise
                 return
             if isinstance(error, UnsupportedVersionError):
                 self._unsupported(error)
@@ -159,6 +178,18 @@ class ShareMembershipManager:
             self._next_heartbeat = now + self._retry_backoff
 
         return [UnsentRequest("ShareGroupHeartbeat", build, on_response, on_error, node_id=node)]
+
+    def _left_group(self) -> None:
+        self.left = True
+        self._leaving = False
+        self.epoch = 0
+        if self._assigned_ids:
+            self._assigned_ids = {}
+            self.assignment_version += 1
+        if self._unsubscribing:
+            self._unsubscribing = False
+            if self.subscription:  # subscribed again while leaving: join anew
+                self.subscribe(self.subscription)
 
     def _unsupported(self, error: UnsupportedVersionError) -> None:
         self.unsupported = UnsupportedVersionError(
@@ -172,10 +203,7 @@ class ShareMembershipManager:
     def _handle(self, now: float, body: Body, leaving: bool, topics: list[str] | None) -> None:
         code = body["error_code"]
         if leaving:
-            self.left = True
-            self.epoch = 0
-            self._assigned_ids = {}
-            self.assignment_version += 1
+            self._left_group()
             return
         if code in COORDINATOR_CODES:
             self._coordinator.mark_unknown(now, error_for_code(code, body.get("error_message")))

@@ -19,6 +19,9 @@ read-ahead is dropped, and nothing fetched from the old leader is handed out.
   partition until the application seeks.  An undefined epoch/offset means the
   leader knows nothing that old: reset (or the error), as the Java client does.
 
+A seek with a leader epoch (``Consumer.seek(tp, OffsetAndMetadata)``, ``seek_to_committed``)
+goes through the same check (``seek``), wherever the position was before.
+
 Fetch v12+ answers the same question inline (``diverging_epoch``); the fetch
 manager hands that to ``apply_end_offset``.  Brokers without a usable
 OffsetForLeaderEpoch (below v3, or none at all, like Tansu) are not asked:
@@ -100,6 +103,20 @@ class PositionValidator:
             else:
                 by_node[leader.leader].append(state)
         return [self._request(node, states) for node, states in by_node.items()]
+
+    def seek(self, state: PartitionState, offset: int, leader_epoch: int | None) -> None:
+        """Set the position (the application's seek, or a committed offset it asked for), as
+        Java's ``seek(TopicPartition, OffsetAndMetadata)``: a position given with a leader epoch is
+        checked against the leader's log before fetching goes on, also where the leader already
+        served that offset (the epoch, not the offset, is what may be stale).  An epoch newer than
+        our metadata's asks for fresh metadata first (Java's ``updateLastSeenEpochIfNewer``)."""
+        state.set_position(offset, leader_epoch)
+        if leader_epoch is None:
+            return
+        state.validated_for = None
+        leader = self._metadata.cluster.leader(state.tp)
+        if leader is None or leader_epoch > leader.leader_epoch:
+            self._metadata.request_update()
 
     # -- the outcome ------------------------------------------------------------------------------
 
