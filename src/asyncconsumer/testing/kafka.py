@@ -641,8 +641,11 @@ class _KafkaProcesses:
         advertise_plaintext: PlaintextAddress | None = None,
         version: str = KAFKA_VERSION,
         controllers: int = 0,
+        classpath: Iterable[str | os.PathLike[str]] = (),
     ) -> None:
         self._version = check_version(version)
+        #: Jars or class directories put on the JVMs' class path after Kafka's own (a plugin).
+        self.classpath: tuple[Path, ...] = tuple(Path(entry) for entry in classpath)
         listeners = tuple(dict.fromkeys(("PLAINTEXT", *listeners)))
         unknown = [name for name in listeners if name not in LISTENERS]
         if unknown:
@@ -739,7 +742,7 @@ class _KafkaProcesses:
             f"-Dkafka.logs.dir={self._directory}",
             *([f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={url}"] if (url := self.oauth_jwks_url) else []),
             "-cp",
-            str(self._libs / "*"),
+            os.pathsep.join((str(self._libs / "*"), *map(str, self.classpath))),
             main_class,
             *args,
         ]
@@ -991,7 +994,9 @@ class KafkaBroker(_KafkaProcesses):
     ``OAuthBearerValidatorCallbackHandler``, KIP-768; the URL is also allowed by the JVM property
     ``org.apache.kafka.sasl.oauthbearer.allowed.urls``) instead of with the unsecured validator;
     tokens must name the audience :data:`OAUTH_AUDIENCE` (``"kafka"``) and the issuer
-    :data:`OAUTH_ISSUER` (``"asyncconsumer-tests"``).
+    :data:`OAUTH_ISSUER` (``"asyncconsumer-tests"``).  ``classpath``: jars or class directories
+    put on the broker's class path after Kafka's own, for a plugin that ``config`` names (a
+    ``metric.reporters`` class, an authorizer); the plugin reads its own settings from ``config``.
 
     :attr:`startup_seconds` is how long :meth:`start` took.  The broker is a real process: stop
     it (``with`` does) or it is stopped when the Python process exits.
@@ -1009,11 +1014,12 @@ class KafkaBroker(_KafkaProcesses):
         heap_mb: int = 768,
         version: str = KAFKA_VERSION,
         oauth_jwks_url: str | None = None,
+        classpath: Iterable[str | os.PathLike[str]] = (),
     ) -> None:
         super().__init__(
             nodes=1, listeners=listeners, users=users, config=config, racks=None if rack is None else [rack],
             startup_timeout=startup_timeout, heap_mb=heap_mb, advertise_plaintext=advertise_plaintext,
-            version=version,
+            version=version, classpath=classpath,
         )
         self.oauth_jwks_url = oauth_jwks_url
 
