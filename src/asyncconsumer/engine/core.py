@@ -29,6 +29,7 @@ from ..config import ConsumerConfig
 from ..errors import ConsumerClosedError, KafkaError, KafkaTimeoutError
 from ..managers.metadata import Cluster, MetadataManager
 from ..managers.requests import Body, RequestManager, UnsentRequest
+from ..managers.telemetry import TelemetryManager, resource_attributes
 from ..managers.waiter import Waiter
 from . import sasl as sasl_module
 from .connection import BrokerConnection
@@ -68,6 +69,11 @@ class LoopCore:
             config, self._spawn, self._on_complete, sasl=self._authenticate if config.uses_sasl else None, clock=clock
         )
         self.managers: list[RequestManager] = []
+        #: Client metrics push (KIP-714), a manager the subclass lists; None with enable_metrics_push off.
+        self.telemetry = TelemetryManager(
+            resource=resource_attributes(config.group_id, config.group_instance_id, config.client_rack),
+            group=config.group_id is not None,
+        ) if config.enable_metrics_push else None
 
     # -- hooks for the subclass -------------------------------------------------------------------
 
