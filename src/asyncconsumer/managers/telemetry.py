@@ -381,10 +381,14 @@ class TelemetryManager:
             "compression_type": codec,
             "metrics": data,
         }
-        return [UnsentRequest("PushTelemetry", lambda version: body, self._on_push, self._on_push_error)]
+        return [UnsentRequest(
+            "PushTelemetry", lambda version: body,
+            lambda now, version, answer: self._on_push(now, answer, terminating),
+            lambda now, error: self._on_push_error(now, error, terminating),
+        )]
 
-    def _on_push(self, now: float, version: int, body: Body) -> None:
-        if self.state is S.TERMINATING_PUSH_IN_PROGRESS:
+    def _on_push(self, now: float, body: Body, terminating: bool) -> None:
+        if terminating:
             if not body["error_code"]:
                 self.pushes += 1
             self._move(S.TERMINATED)
@@ -399,8 +403,8 @@ class TelemetryManager:
         self._move(S.PUSH_NEEDED)
         self._next_at = now + self.subscription.interval
 
-    def _on_push_error(self, now: float, error: BaseException) -> None:
-        if self.state is S.TERMINATING_PUSH_IN_PROGRESS:
+    def _on_push_error(self, now: float, error: BaseException, terminating: bool) -> None:
+        if terminating:
             self._move(S.TERMINATED)
         elif self.state is S.PUSH_IN_PROGRESS:
             self._on_failed_request(now, error)
