@@ -22,8 +22,8 @@ change per second, an ``.avg`` the mean over the requests since the last push.
 Errors, as Java's client acts on them: UNKNOWN_SUBSCRIPTION_ID or UNSUPPORTED_COMPRESSION_TYPE ask
 for the subscription again at once; TELEMETRY_TOO_LARGE or THROTTLING_QUOTA_EXCEEDED after the
 interval; a request that got no answer (a lost connection, a time-out) after five minutes;
-UNSUPPORTED_VERSION (a broker before Apache Kafka 3.7, whose ApiVersions answer lists no such
-API), INVALID_REQUEST, INVALID_RECORD or an error code not in this list stop the pushing for
+UNSUPPORTED_VERSION (a broker before Apache Kafka 3.7, or one without a telemetry plugin: its
+ApiVersions answer lists no such API), INVALID_REQUEST, INVALID_RECORD or an error code not in this list stop the pushing for
 good.  :meth:`TelemetryManager.close` (the client is closing) sends one last push marked
 ``terminating``, which the broker takes whatever the interval.
 
@@ -428,7 +428,9 @@ class TelemetryManager:
 
     def _on_failed_request(self, now: float, error: BaseException) -> None:
         if isinstance(error, UnsupportedVersionError):
-            self._stop(str(error))  # the broker has no such API (before Apache Kafka 3.7)
+            # A broker before Apache Kafka 3.7, or one without a telemetry plugin, lists no such API.
+            self._stop(f"the cluster takes no pushed client metrics (no telemetry plugin, or Apache Kafka "
+                       f"before 3.7): {error}")
             return
         log.debug("client metrics push: a request got no answer (%s); asking for the subscription again in %.0f s",
                   error, DEFAULT_PUSH_INTERVAL)
