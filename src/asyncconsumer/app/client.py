@@ -22,7 +22,7 @@ import anyio.abc
 
 from .._args import check_timeout
 from ..engine.core import LoopCore
-from ..errors import ConcurrentAccessError, IllegalStateError
+from ..errors import ConcurrentAccessError, ConsumerClosedError, IllegalStateError
 from .rebalance import CALLBACK_OWNER
 
 P = ParamSpec("P")
@@ -179,8 +179,11 @@ class ClientBase:
         telemetry = engine.telemetry
         if telemetry is None or telemetry.done or engine.closed or engine.fatal_error is not None:
             return
-        engine.post(telemetry.close)
         with anyio.move_on_after(timeout, shield=True):
+            try:
+                await engine.call(telemetry.close)  # done at once without a subscription
+            except ConsumerClosedError:
+                return
             await _until(engine, lambda: telemetry.done)
 
     async def _client_instance_id(self, engine: LoopCore, timeout: float) -> uuid.UUID | None:

@@ -23,9 +23,9 @@ Errors, as Java's client acts on them: UNKNOWN_SUBSCRIPTION_ID or UNSUPPORTED_CO
 for the subscription again at once; TELEMETRY_TOO_LARGE or THROTTLING_QUOTA_EXCEEDED after the
 interval; a request that got no answer (a lost connection, a time-out) after five minutes;
 UNSUPPORTED_VERSION (a broker before Apache Kafka 3.7, or one without a telemetry plugin: its
-ApiVersions answer lists no such API), INVALID_REQUEST, INVALID_RECORD or an error code not in this list stop the pushing for
-good.  :meth:`TelemetryManager.close` (the client is closing) sends one last push marked
-``terminating``, which the broker takes whatever the interval.
+ApiVersions answer lists no such API), INVALID_REQUEST, INVALID_RECORD or an error code not in
+this list stop the pushing for good.  :meth:`TelemetryManager.close` (the client is closing) sends
+one last push marked ``terminating``, which the broker takes whatever the interval.
 
 The states and the moves between them are :data:`TRANSITIONS`.
 """
