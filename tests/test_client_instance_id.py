@@ -41,3 +41,12 @@ async def test_push_off(kafka_backend: BrokerBackend, anyio_backend: str) -> Non
             await consumer.client_instance_id(-1)
     with anyio.fail_after(1), pytest.raises(IllegalStateError, match="not started"):
         await Consumer(bootstrap_servers=kafka_backend.bootstrap).client_instance_id(0)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_java_property(anyio_backend: str) -> None:
+    assert Consumer.from_properties({"enable.metrics.push": "false"}).config.enable_metrics_push is False
+    assert Consumer.from_properties({"enable.metrics.push": "true"}).config.enable_metrics_push is True
+    assert Consumer().config.enable_metrics_push is True  # on by default, as in Java's client
+    with pytest.raises(ConfigError, match="enable_metrics_push must be True or False"):
+        Consumer(enable_metrics_push="yes")  # type: ignore[arg-type]
