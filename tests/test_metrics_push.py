@@ -192,6 +192,8 @@ async def test_the_receiver_gets_the_consumers_metrics(receiver: Receiver, anyio
         assert {name: kind.upper() for name, kind in kinds.items()} == push.java  # Kafka's decoder agrees
         seen.update(kinds)
         for metric in push.metrics:
+            data = getattr(metric, metric.WhichOneof("data"))
+            assert {p.WhichOneof("value") for p in data.data_points} == {"as_double"}  # as Java's
             if metric.WhichOneof("data") == "sum":
                 assert metric.sum.is_monotonic
                 assert metric.sum.aggregation_temporality == metrics_pb2.AGGREGATION_TEMPORALITY_DELTA

@@ -467,13 +467,14 @@ class TelemetryManager:
                 by_name.setdefault((name, kind), []).append(point)
 
         for reading in readings:
+            if reading.kind == "gauge":  # doubles, as Java's measurables push
+                add(reading.name, "gauge", DataPoint(float(reading.value), wall, 0, reading.attributes))
+                continue
             key = (reading.name, reading.attributes)
             last_value, last_count = self._last.get(key, (0, 0))
             self._last[key] = (reading.value, reading.count)
             change = reading.value - last_value
-            if reading.kind == "gauge":
-                add(reading.name, "gauge", DataPoint(reading.value, wall, 0, reading.attributes))
-            elif reading.kind == "mean":
+            if reading.kind == "mean":
                 if reading.count > last_count:  # no events since the last push: no mean to push
                     mean = change / (reading.count - last_count) * reading.scale
                     add(reading.name, "gauge", DataPoint(float(mean), wall, 0, reading.attributes))
