@@ -29,6 +29,7 @@ from support.share import share_group
 
 from asyncconsumer import Consumer
 from asyncconsumer.errors import IllegalStateError
+from asyncconsumer.protocol import compression
 from asyncconsumer.share import ShareConsumer
 from asyncconsumer.testing import KafkaBroker
 from asyncconsumer.testing.kafka import find_java, kafka_libs
@@ -247,3 +248,20 @@ async def test_nothing_arrives_with_push_off(receiver: Receiver, anyio_backend: 
         await wait_for(lambda: len(receiver.pushes(loud)) >= 1, timeout=4 * INTERVAL_MS / 1000 + 10)
     assert time.monotonic() - began < 4 * INTERVAL_MS / 1000 + 10
 
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+async def test_each_compression_the_broker_accepts(
+    receiver: Receiver, codec: str, monkeypatch: pytest.MonkeyPatch, anyio_backend: str
+) -> None:
+    """The broker accepts zstd, lz4, gzip and snappy, in that order; the first this client has a
+    codec for is used.  Each one, alone, through Kafka's own decompression."""
+    wanted = next(number for number, name in compression.CODEC_NAMES.items() if name == codec)
+    monkeypatch.setattr(compression, "has_codec", lambda number: number == wanted)
+    client_id = f"{codec}-pusher-{uuid.uuid4().hex[:6]}"
+    async with Consumer(bootstrap_servers=receiver.broker.bootstrap, client_id=client_id) as consumer:
+        await wait_for(lambda: len(receiver.pushes(client_id)) >= 1)
+        telemetry = consumer._engine.telemetry if consumer._engine is not None else None
+        assert telemetry is not None and telemetry.subscription is not None
+        assert telemetry.subscription.codec == wanted
+    assert "org.apache.kafka.consumer.connection.count" in {m.name for m in receiver.pushes(client_id)[0].metrics}
