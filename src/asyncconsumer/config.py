@@ -202,6 +202,11 @@ class ConsumerOptions(TypedDict, total=False):
     #: method works too.  It must not block: do blocking I/O in a thread.
     sasl_oauth_token_provider: OAuthTokenProvider | None
     # Observability.
+    #: Push the client's metrics to the cluster when the cluster asks for them (KIP-714; Java's
+    #: ``enable.metrics.push``): names and types as Java's consumer pushes them, at the interval of
+    #: the broker's client metrics subscription (docs/metrics.md).  False: never, and
+    #: ``client_instance_id()`` raises ``IllegalStateError``.
+    enable_metrics_push: bool
     #: An OpenTelemetry ``MeterProvider`` the consumer reports its metrics to (docs/metrics.md).
     #: ``None``: the global one when ``opentelemetry-api`` is installed (the ``otel`` extra), else none.
     meter_provider: Any
@@ -261,6 +266,7 @@ class ConsumerConfig:
     sasl_plain_username: str | None = None
     sasl_plain_password: str | None = dataclasses.field(default=None, repr=False)
     sasl_oauth_token_provider: OAuthTokenProvider | None = dataclasses.field(default=None, repr=False)
+    enable_metrics_push: bool = True
     meter_provider: Any = dataclasses.field(default=None, repr=False)
     loop_lag_warning_ms: int | None = 1000
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from typing import Any, Generic, Never, NoReturn, ParamSpec, Unpack, cast, overload
@@ -164,6 +165,9 @@ class Consumer(ClientBase, Generic[KT, VT]):
             lambda: dict(c._collector.deserializers.skipped) if (c := ref()) is not None else {},
         )
         attach_telemetry(self._engine, telemetry)
+        if self._engine.telemetry is not None:  # client metrics push (KIP-714): the numbers of metrics()
+            engine = self._engine
+            self._engine.telemetry.source = lambda: metrics_snapshot(engine, c._collector) if (c := ref()) else None
         return self._engine
 
     async def _bootstrap(self) -> None:
@@ -458,6 +462,19 @@ class Consumer(ClientBase, Generic[KT, VT]):
         handed out, fetches, rebalances, commits, connections, the age of the last poll
         (docs/metrics.md).  Assembled on each call; cheap, but not meant for a per-record loop."""
         return metrics_snapshot(self._running(), self._collector)
+
+    @bracketed("client_instance_id")
+    async def client_instance_id(self, timeout: float | None = None) -> uuid.UUID | None:
+        """The id the cluster gave this consumer for its pushed metrics (KIP-714, Java's
+        ``clientInstanceId(Duration)``): what a broker's telemetry plugin sees the pushes come
+        with, to find this client's metrics there.  Waits up to ``timeout`` seconds
+        (``default_api_timeout_ms`` by default; 0: only what is known now) for the first
+        GetTelemetrySubscriptions answer after start; ``None`` if none came, or the cluster does
+        not take pushed metrics.  Kafka's tools print it as URL-safe base64:
+        ``base64.urlsafe_b64encode(id.bytes).rstrip(b"=")``.  ``IllegalStateError`` with
+        ``enable_metrics_push=False``.  See docs/metrics.md."""
+        check_timeout(timeout, "client_instance_id")
+        return await self._client_instance_id(self._running(), self._timeout(timeout))
 
     def _states(self, partitions: Iterable[TopicPartition], operation: str) -> list[PartitionState]:
         engine = self._running()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import typing
+import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Generic, Never, Unpack
@@ -25,6 +26,7 @@ from typing import Any, Generic, Never, Unpack
 import anyio
 from typing_extensions import TypeVar
 
+from ._args import check_timeout
 from .app.client import ClientBase, bracketed, bracketed_sync, check_keyword_only
 from .app.metrics import share_snapshot
 from .app.share_collector import (
@@ -140,6 +142,11 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
             lambda: dict(c._collector.deserializers.skipped) if (c := ref()) is not None else {},
         )
         attach_telemetry(self._engine, telemetry)
+        if self._engine.telemetry is not None:  # client metrics push (KIP-714): the numbers of metrics()
+            engine = self._engine
+            self._engine.telemetry.source = (
+                lambda: share_snapshot(engine, sum(c._collector.delivered.values())) if (c := ref()) else None
+            )
         return self._engine
 
     async def _bootstrap(self) -> None:
@@ -256,6 +263,16 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         while another task polls."""
         collector = self._collector
         return share_snapshot(self._running(), collector.delivered.total(), collector.deserializers.skipped.total())
+
+    @bracketed("client_instance_id")
+    async def client_instance_id(self, timeout: float | None = None) -> uuid.UUID | None:
+        """The id the cluster gave this share consumer for its pushed metrics (KIP-714, Java's
+        ``KafkaShareConsumer.clientInstanceId(Duration)``), as ``Consumer.client_instance_id``:
+        waits up to ``timeout`` seconds (``default_api_timeout_ms`` by default) for it, ``None``
+        if none came; ``IllegalStateError`` with ``enable_metrics_push=False``."""
+        check_timeout(timeout, "client_instance_id")
+        seconds = self._config.default_api_timeout_ms / 1000 if timeout is None else timeout
+        return await self._client_instance_id(self._running(), seconds)
 
     # -- acknowledgements -------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, ClassVar, ParamSpec, Self, TypeVar, cast
@@ -108,6 +109,16 @@ def _current_task_id() -> int:
     return id(task) if task is not None else anyio.get_current_task().id
 
 
+async def _until(engine: LoopCore, condition: Callable[[], bool]) -> None:
+    """Wait until ``condition()`` holds (checked again whenever the loop handled responses) or the
+    loop stops."""
+    while not engine.closed:
+        event = engine.app_event()
+        if condition():
+            return
+        await event.wait()
+
+
 class ClientBase:
     """The application-side base of ``Consumer`` and ``ShareConsumer``."""
 
@@ -187,16 +198,47 @@ class ClientBase:
                 await task_group.__aexit__(None, None, None)
 
     async def _shutdown(self, timeout: float) -> None:
-        """Stop the loop and wait (at most ``timeout`` seconds) until its connections are closed."""
+        """Stop the loop and wait (at most ``timeout`` seconds) until its connections are closed;
+        the first half of that time may go to the last client metrics push (KIP-714)."""
         engine = self._engine
         if engine is None:
             return
+        began = anyio.current_time()
+        await self._push_final_metrics(engine, timeout / 2)
+        timeout = max(0.0, timeout - (anyio.current_time() - began))
         engine.stop(within=timeout)
         with anyio.move_on_after(timeout, shield=True):
             await engine.wait_stopped()
         runner, self._runner = self._runner, None
         if runner is not None and not runner.done():
             runner.cancel()
+
+    # -- client metrics push (KIP-714) ---------------------------------------------------------------
+
+    @staticmethod
+    async def _push_final_metrics(engine: LoopCore, timeout: float) -> None:
+        """The terminating push, when a subscription is in hand (bounded by ``timeout``)."""
+        telemetry = engine.telemetry
+        if telemetry is None or telemetry.done or engine.closed or engine.fatal_error is not None:
+            return
+        with anyio.move_on_after(timeout, shield=True):
+            try:
+                await engine.call(telemetry.close)  # done at once without a subscription
+            except ConsumerClosedError:
+                return
+            await _until(engine, lambda: telemetry.done)
+
+    async def _client_instance_id(self, engine: LoopCore, timeout: float) -> uuid.UUID | None:
+        """What ``client_instance_id()`` returns: the broker's id for this client, waiting up to
+        ``timeout`` seconds for it; None if it did not come (or the cluster does not do KIP-714)."""
+        telemetry = engine.telemetry
+        if telemetry is None:
+            raise IllegalStateError(
+                f"client metrics push is off (enable_metrics_push=False): this {self.KIND} has no client instance id"
+            )
+        with anyio.move_on_after(timeout):
+            await _until(engine, lambda: telemetry.client_instance_id is not None or telemetry.done)
+        return telemetry.client_instance_id
 
     # -- KIP-957: acquire / release ---------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from ..errors import ConsumerClosedError, KafkaError, KafkaTimeoutError
 from ..managers.loop_lag import Deadline, LoopLagWatch
 from ..managers.metadata import Cluster, MetadataManager
 from ..managers.requests import Body, RequestManager, UnsentRequest
+from ..managers.telemetry import TelemetryManager, resource_attributes
 from ..managers.waiter import Waiter
 from . import sasl as sasl_module
 from .buffers import BufferPool
@@ -83,6 +84,11 @@ class LoopCore:
         )
         self._pools: list[BufferPool] = [self.network.frames]
         self._next_trim = 0.0
+        #: Client metrics push (KIP-714), a manager the subclass lists; None with enable_metrics_push off.
+        self.telemetry = TelemetryManager(
+            resource=resource_attributes(config.group_id, config.group_instance_id, config.client_rack),
+            group=config.group_id is not None,
+        ) if config.enable_metrics_push else None
 
     # -- hooks for the subclass -------------------------------------------------------------------
 

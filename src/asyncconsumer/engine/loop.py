@@ -142,7 +142,8 @@ class Engine(LoopCore):
             leader_of=lambda tp: (leader.leader if (leader := self.metadata.cluster.leader(tp)) else None),
         )
         managers: tuple[RequestManager | None, ...] = (
-            self.metadata, self.coordinator, self.membership, self.commits, self.offsets, self.validator, self.fetcher
+            self.metadata, self.coordinator, self.membership, self.commits, self.offsets, self.validator, self.fetcher,
+            self.telemetry,
         )
         self.managers: list[RequestManager] = [m for m in managers if m is not None]
         holders: tuple[HoldsWaiters | None, ...] = (self.metadata, self.commits, self.offsets)

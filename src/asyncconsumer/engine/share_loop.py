@@ -76,6 +76,8 @@ class ShareEngine(LoopCore):
             acquire_mode=acquire_mode,
         )
         self.managers = [self.metadata, self.coordinator, self.membership, self.fetcher]
+        if self.telemetry is not None:
+            self.managers.append(self.telemetry)
 
     def _assignment(self) -> Any:
         if self.membership.unresolved_topic_ids:

@@ -642,11 +642,14 @@ class _KafkaProcesses:
         version: str = KAFKA_VERSION,
         controllers: int = 0,
         port: int | None = None,
+        classpath: Iterable[str | os.PathLike[str]] = (),
     ) -> None:
         self._version = check_version(version)
         if port is not None and (nodes != 1 or not 0 < port < 65536):
             raise ValueError(f"port={port!r}: a port (1-65535) can be given to one node only")
         self._port = port
+        #: Jars or class directories put on the JVMs' class path after Kafka's own (a plugin).
+        self.classpath: tuple[Path, ...] = tuple(Path(entry) for entry in classpath)
         listeners = tuple(dict.fromkeys(("PLAINTEXT", *listeners)))
         unknown = [name for name in listeners if name not in LISTENERS]
         if unknown:
@@ -743,7 +746,7 @@ class _KafkaProcesses:
             f"-Dkafka.logs.dir={self._directory}",
             *([f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={url}"] if (url := self.oauth_jwks_url) else []),
             "-cp",
-            str(self._libs / "*"),
+            os.pathsep.join((str(self._libs / "*"), *map(str, self.classpath))),
             main_class,
             *args,
         ]
@@ -1000,6 +1003,9 @@ class KafkaBroker(_KafkaProcesses):
     tokens must name the audience :data:`OAUTH_AUDIENCE` (``"kafka"``) and the issuer
     :data:`OAUTH_ISSUER` (``"asyncconsumer-tests"``).  ``port``: the PLAINTEXT listener's port
     (default: a free one; a port in use makes :meth:`start` fail with :class:`KafkaStartError`).
+    ``classpath``: jars or class directories put on the broker's class path after Kafka's own, for
+    a plugin that ``config`` names (a ``metric.reporters`` class, an authorizer); the plugin reads
+    its own settings from ``config``.
 
     :attr:`startup_seconds` is how long :meth:`start` took.  The broker is a real process: stop
     it (``with`` does) or it is stopped when the Python process exits.
@@ -1018,11 +1024,12 @@ class KafkaBroker(_KafkaProcesses):
         version: str = KAFKA_VERSION,
         oauth_jwks_url: str | None = None,
         port: int | None = None,
+        classpath: Iterable[str | os.PathLike[str]] = (),
     ) -> None:
         super().__init__(
             nodes=1, listeners=listeners, users=users, config=config, racks=None if rack is None else [rack],
             startup_timeout=startup_timeout, heap_mb=heap_mb, advertise_plaintext=advertise_plaintext,
-            version=version, port=port,
+            version=version, port=port, classpath=classpath,
         )
         self.oauth_jwks_url = oauth_jwks_url
 
