@@ -44,8 +44,8 @@ def none(why: str) -> Row:
 
 
 _PROPERTIES = "`Consumer.from_properties(properties)`"
-_METRICS_PUSH = ("none: client metrics are not pushed to the broker (KIP-714); they go to OpenTelemetry "
-                 "(`meter_provider`)")
+_EXTRA_METRICS = ("none: the pushed metrics are the consumer's own (`metrics()`); an application's metrics "
+                  "go to OpenTelemetry (`meter_provider`)")
 
 #: Java class -> its public method (parameter types by simple name) -> the counterpart here.
 METHODS: dict[str, dict[str, Row]] = {
@@ -64,7 +64,7 @@ METHODS: dict[str, dict[str, Row]] = {
         "beginningOffsets(Collection)": row("`await beginning_offsets(partitions)`"),
         "beginningOffsets(Collection, Duration)": row("`await beginning_offsets(partitions, timeout=)`",
                                                       "seconds"),
-        "clientInstanceId(Duration)": none(_METRICS_PUSH),
+        "clientInstanceId(Duration)": row("`await client_instance_id(timeout)`", "seconds; a `uuid.UUID` or None"),
         "close()": row("`await close()`", "also on leaving `async with`"),
         "close(CloseOptions)": row(
             '`await close(timeout, membership="default" | "leave_group" | "remain_in_group")`',
@@ -103,7 +103,7 @@ METHODS: dict[str, dict[str, Row]] = {
                               "`partitions()`, `arrow_batches()`", "getmany", "__aiter__", "batches"),
         "position(TopicPartition)": row("`await position(tp)`"),
         "position(TopicPartition, Duration)": row("`await position(tp, timeout=)`"),
-        "registerMetricForSubscription(KafkaMetric)": none(_METRICS_PUSH),
+        "registerMetricForSubscription(KafkaMetric)": none(_EXTRA_METRICS),
         "resume(Collection)": row("`resume(*partitions)`"),
         "seek(TopicPartition, OffsetAndMetadata)": row("`await seek(tp, OffsetAndMetadata(...))`",
                                                        "its leader epoch is validated (KIP-320)"),
@@ -119,7 +119,7 @@ METHODS: dict[str, dict[str, Row]] = {
                                               "coordinator resolves the regex (RE2/J), as here"),
         "subscribe(SubscriptionPattern, ConsumerRebalanceListener)": row("`subscribe(pattern=, listener=)`"),
         "subscription()": row("`subscription()`"),
-        "unregisterMetricFromSubscription(KafkaMetric)": none(_METRICS_PUSH),
+        "unregisterMetricFromSubscription(KafkaMetric)": none(_EXTRA_METRICS),
         "unsubscribe()": row("`await unsubscribe()`"),
         "wakeup()": none("cancel the task that awaits (a cancel scope, `asyncio.Task.cancel()`): the call ends "
                          "and the consumer stays usable"),
@@ -137,7 +137,7 @@ METHODS: dict[str, dict[str, Row]] = {
         "acknowledge(String, int, long, AcknowledgeType)": row("`acknowledge(topic, partition, offset, type)`",
                                                                "also for a record that could not be deserialized"),
         "acquisitionLockTimeoutMs()": row("`acquisition_lock_timeout_ms()`", "None until the broker said it"),
-        "clientInstanceId(Duration)": none(_METRICS_PUSH),
+        "clientInstanceId(Duration)": row("`await client_instance_id(timeout)`", "seconds; a `uuid.UUID` or None"),
         "close()": row("`await close()`", "also on leaving `async with`"),
         "close(Duration)": row("`await close(timeout)`"),
         "commitAsync()": row("`commit()` in a task of its own", "acknowledgements also ride on the next poll",
@@ -147,12 +147,12 @@ METHODS: dict[str, dict[str, Row]] = {
         "metrics()": row("`metrics()`"),
         "poll(Duration)": row("`await getmany(timeout=)`", "also `async for record in consumer`", "getmany",
                               "__aiter__"),
-        "registerMetricForSubscription(KafkaMetric)": none(_METRICS_PUSH),
+        "registerMetricForSubscription(KafkaMetric)": none(_EXTRA_METRICS),
         "setAcknowledgementCommitCallback(AcknowledgementCommitCallback)": row(
             "`set_acknowledgement_commit_callback(callback)`", "or `on_acknowledgement_commit=`"),
         "subscribe(Collection)": row("`subscribe(topics)`"),
         "subscription()": row("`subscription()`"),
-        "unregisterMetricFromSubscription(KafkaMetric)": none(_METRICS_PUSH),
+        "unregisterMetricFromSubscription(KafkaMetric)": none(_EXTRA_METRICS),
         "unsubscribe()": row("`await unsubscribe()`"),
         "wakeup()": none("cancel the task that awaits, as for `Consumer`"),
     },
