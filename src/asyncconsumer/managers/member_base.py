@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import ClassVar, Literal, get_args
 
@@ -50,7 +51,7 @@ MembershipOperation = Literal["default", "leave_group", "remain_in_group"]
 MEMBERSHIP_OPERATIONS: tuple[MembershipOperation, ...] = get_args(MembershipOperation)
 
 
-class GroupMemberBase:
+class GroupMemberBase(ABC):
     #: The ``group_protocol`` setting this manager implements, and its allowed transitions (``membership_types``).
     group_protocol: ClassVar[str]
     allowed_transitions: ClassVar[Transitions]
@@ -224,35 +225,36 @@ class GroupMemberBase:
             self._plan = RebalancePlan(revoke=self.owned)
             self._to(MemberState.PREPARE_REVOCATION)
 
-    # -- what a protocol fills in -----------------------------------------------------------------
+    # -- what a protocol fills in (abstract: a sibling without one cannot be made) -------------
 
+    @abstractmethod
     def enforce_rebalance(self, reason: str) -> None:
         """The application asks for a rebalance (``Consumer.enforce_rebalance``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _join(self) -> None:
         """Start joining the group (from UNSUBSCRIBED; classic also from LEAVING)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _subscription_changed(self) -> None:
         """The application subscribed to other topics while in the group."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _pattern_topics_changed(self) -> None:
         """The topics a regex subscription matches changed."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _drop_rebalance_for_leave(self) -> bool:
         """leave(): forget what the rebalance under way would still do; False when the member is
         already on its way out (what is being revoked goes first, then it leaves)."""
-        raise NotImplementedError
 
     def _after_revocation(self, now: float, revoked: frozenset[TopicPartition]) -> None:
-        """PARTITIONS_REVOKED, the revoked partitions gone: the protocol's bookkeeping."""
+        """PARTITIONS_REVOKED, the revoked partitions gone: the protocol's bookkeeping (none by default)."""
+        return
 
+    @abstractmethod
     def _rejoin_after_revocation(self) -> bool:
         """PARTITIONS_REVOKED, not leaving, nothing to assign: join again now (True) or settle."""
-        raise NotImplementedError
 
     def _rejoin_after_assignment(self) -> bool:
         """ASSIGNING_PARTITIONS acknowledged: join again now (True) or settle in STABLE."""
@@ -262,9 +264,9 @@ class GroupMemberBase:
         """STABLE: start the callback steps again (True), or nothing to do."""
         return False
 
+    @abstractmethod
     def _protocol_deadlines(self, now: float) -> list[float]:
         """When the protocol next needs a turn: a request to send, a retry, a heartbeat."""
-        raise NotImplementedError
 
     # -- liveness ---------------------------------------------------------------------------------
 
@@ -464,4 +466,5 @@ class GroupMemberBase:
             self._join()  # subscribed again meanwhile
 
     def _forget_session(self) -> None:
-        """_left(): what the protocol keeps about the membership that ended."""
+        """_left(): what the protocol keeps about the membership that ended (nothing by default)."""
+        return
