@@ -156,5 +156,5 @@ def test_the_driver_pins_the_latest_version_and_names_a_missing_subject(serdes: 
     assert pinned.value_format is not None and pinned.value_format.version == 1
     missing = parse_options({**BASE, "valueFormat": "avro", "schemaRegistryUrl": serdes.url,
                              "valueSchemaSubject": "no-such-subject-value"})
-    with pytest.raises(SourceOptionError, match="valueFormat=avro with subject 'no-such-subject-value'.*404"):
+    with pytest.raises(SourceOptionError, match=r"valueFormat=avro with subject 'no-such-subject-value'.*404"):
         anyio.run(column_types, missing)
