@@ -568,10 +568,10 @@ def _build(reader: _Reader, writers: dict[int, _Schema], items: list[bytes | Non
     record that fails raises :class:`_BadRecord` with its index."""
     node = reader.node
     target = reader.schema.stripped
-    # A writer schema equal to the reader's is passed as the reader's own object: fastavro then
-    # skips resolution (it compares the two schemas on every call).
+    # A writer schema equal to the reader's is read without a reader schema: no resolution (fastavro
+    # would also compare the two schemas on every call).
     plans = {
-        schema_id: (w.stripped if w.stripped != target else target, target, w.raw_bytes)
+        schema_id: (w.stripped, None if w.stripped == target else target, w.raw_bytes)
         for schema_id, w in writers.items()
     }
     read = fastavro.schemaless_reader

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ..errors import ConfigError
+from ..tls_stores import load_cert_chain
 from .options import ColumnFormat, RegistryOptions, SourceOptionError, SourceOptions
 
 if TYPE_CHECKING:
@@ -126,8 +128,11 @@ def registry_client(registry: RegistryOptions) -> SchemaRegistryClient:
         try:
             context = ssl.create_default_context(cafile=ca)
             if cert is not None:
-                context.load_cert_chain(cert, registry.get("ssl.key.location"), registry.get("ssl.key.password"))
-        except (OSError, ssl.SSLError) as exc:
+                load_cert_chain(
+                    context, cert, registry.get("ssl.key.location"), password=registry.get("ssl.key.password"),
+                    where="schemaRegistry.ssl.key.location",
+                )
+        except (OSError, ssl.SSLError, ConfigError) as exc:
             raise SourceOptionError(f"asyncconsumer source: invalid schemaRegistry.ssl.* option: {exc}") from None
     timeout = registry.get("timeout.ms")
     client: SchemaRegistryClient = module.SchemaRegistryClient(
