@@ -24,7 +24,8 @@ from asyncconsumer.schema_registry.arrow import avro_arrow_type
 from asyncconsumer.spark.arrow import column_types
 from asyncconsumer.spark.options import SourceOptionError, parse_options
 
-pytestmark = pytest.mark.spark
+#: The first test here may start the session's Spark, Apicurio and broker: more than the default 120 s on a loaded machine.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 pytest_plugins = ["support.registry_fixtures"]
 
 COUNT = 10

@@ -57,6 +57,7 @@ from .errors import (
 try:
     import fastavro
     import pyarrow as pa
+    import pyarrow.compute  # Array.cast needs it: imported here, not by a first batch on the event loop
 except ImportError:  # pragma: no cover - depends on the install
     raise ImportError(
         "AvroColumns needs fastavro and pyarrow: pip install 'asyncconsumer[avro,arrow]'"
