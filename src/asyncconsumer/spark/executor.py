@@ -84,7 +84,10 @@ class RangeReader:
     ) -> None:
         self._consumer = consumer
         self._include_headers = include_headers
-        self._formats = key_format, value_format
+        #: ``arrow_batch``'s ``key_format``/``value_format``, when set (keyFormat/valueFormat=avro).
+        self._formats = {
+            name: decoder for name, decoder in (("key_format", key_format), ("value_format", value_format)) if decoder
+        }
         self._range = offset_range
         self._fail_on_data_loss = fail_on_data_loss
         self._poll_timeout = poll_timeout
@@ -117,7 +120,7 @@ class RangeReader:
         async def poll(timeout: float) -> pa.RecordBatch | None:
             batch: pa.RecordBatch | None = await self._consumer.arrow_batch(
                 tp, timeout=timeout, max_records=self._max_records, include_headers=self._include_headers,
-                key_format=self._formats[0], value_format=self._formats[1],
+                **self._formats,
             )
             return batch
 
