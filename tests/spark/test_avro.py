@@ -159,3 +159,33 @@ def test_the_driver_pins_the_latest_version_and_names_a_missing_subject(serdes: 
                              "valueSchemaSubject": "no-such-subject-value"})
     with pytest.raises(SourceOptionError, match=r"valueFormat=avro with subject 'no-such-subject-value'.*404"):
         anyio.run(column_types, missing)
+
+
+def test_registry_tls_options_make_the_client_context(tmp_path: Any) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    from asyncconsumer.spark.arrow import registry_client
+    from asyncconsumer.testing.certs import generate_certs
+
+    tls = generate_certs(tmp_path)
+    key = serialization.load_pem_private_key(tls.client_key_file.read_bytes(), None)
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"key-secret")))
+    tls_options = {
+        **BASE, "valueFormat": "avro", "schemaRegistryUrl": "https://registry:8081",
+        "schemaRegistry.ssl.ca.location": str(tls.ca_file),
+        "schemaRegistry.ssl.certificate.location": str(tls.client_cert_file),
+        "schemaRegistry.ssl.key.location": str(encrypted),
+    }
+    # an encrypted key without its password: an error naming the option, never a pass-phrase prompt
+    without = parse_options(tls_options)
+    assert without.registry is not None
+    with pytest.raises(SourceOptionError, match="schemaRegistry.ssl"):
+        registry_client(without.registry)
+    with_password = parse_options({**tls_options, "schemaRegistry.ssl.key.password": "key-secret"})
+    assert with_password.registry is not None
+    client = registry_client(with_password.registry)
+    assert "key-secret" not in repr(client) and "key-secret" not in repr(with_password)
+    anyio.run(client.aclose)
