@@ -24,7 +24,8 @@ from asyncconsumer.schema_registry.arrow import avro_arrow_type
 from asyncconsumer.spark.arrow import column_types
 from asyncconsumer.spark.options import SourceOptionError, parse_options
 
-#: The first test here may start the session's Spark, Apicurio and broker: more than the default 120 s on a loaded machine.
+#: The first test here may start the session's Spark, Apicurio and broker: on a loaded machine, more
+#: than the default 120 s.
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 pytest_plugins = ["support.registry_fixtures"]
 
@@ -182,7 +183,7 @@ def test_registry_tls_options_make_the_client_context(tmp_path: Any) -> None:
     # an encrypted key without its password: an error naming the option, never a pass-phrase prompt
     without = parse_options(tls_options)
     assert without.registry is not None
-    with pytest.raises(SourceOptionError, match="schemaRegistry.ssl"):
+    with pytest.raises(SourceOptionError, match=r"schemaRegistry\.ssl"):
         registry_client(without.registry)
     with_password = parse_options({**tls_options, "schemaRegistry.ssl.key.password": "key-secret"})
     assert with_password.registry is not None
