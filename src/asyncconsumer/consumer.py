@@ -33,7 +33,7 @@ from ._args import (
     check_topics,
 )
 from ._runtime import current_async_library
-from .app.arrow import ARROW_BATCH_RECORDS, require_pyarrow, take_arrow_batch
+from .app.arrow import ARROW_BATCH_RECORDS, ColumnDecoder, check_column_decoder, require_pyarrow, take_arrow_batch
 from .app.client import ClientBase, bracketed, bracketed_sync, check_keyword_only
 from .app.collector import Collector
 from .app.iterators import RecordStream, Steps, ready
@@ -749,32 +749,44 @@ class Consumer(ClientBase, Generic[KT, VT]):
             check_positive_int(max_records, "batches", "max_records")
         return Steps(functools.partial(self._next_batch, max_records or self._batch_limit()))
 
-    def arrow_batches(self, *, max_records: int | None = None, include_headers: bool = True) -> AsyncIterator[Any]:
+    def arrow_batches(
+        self,
+        *,
+        max_records: int | None = None,
+        include_headers: bool = True,
+        key_format: ColumnDecoder | None = None,
+        value_format: ColumnDecoder | None = None,
+    ) -> AsyncIterator[Any]:
         """Records a partition at a time as ``pyarrow.RecordBatch`` (docs/arrow.md); needs pyarrow.
 
         ``batches()`` without a Python object per record: the fetched batches are decoded straight
         into Arrow buffers, in Spark's Kafka source schema.  At most ``max_records`` records per
         batch (default ``ARROW_BATCH_RECORDS``, 10,000); ``commit()`` covers every batch handed
-        out.  Keys and values are the raw bytes (deserializers are not applied).  Raises
-        ``PyArrowMissingError`` when pyarrow is not installed.
+        out.  Keys and values are the raw bytes (deserializers are not applied), unless
+        ``key_format`` / ``value_format`` (a ``ColumnDecoder``, such as
+        ``asyncconsumer.schema_registry.AvroColumns``) decodes that column into a typed one.
+        Raises ``PyArrowMissingError`` when pyarrow is not installed.
         """
         if max_records is not None:
             check_positive_int(max_records, "arrow_batches", "max_records")
+        formats = (check_column_decoder(key_format, "key_format"), check_column_decoder(value_format, "value_format"))
         require_pyarrow()
         limit = max_records or ARROW_BATCH_RECORDS
 
         async def step() -> Any:
             try:
-                return await self._next_arrow_batch(limit, include_headers)
+                return await self._next_arrow_batch(limit, include_headers, formats)
             except ConsumerClosedError as exc:
                 self._end_of_iteration(exc)
 
         return Steps(step)
 
     @bracketed("arrow_batches")
-    async def _next_arrow_batch(self, limit: int, include_headers: bool) -> Any:
+    async def _next_arrow_batch(
+        self, limit: int, include_headers: bool, formats: tuple[ColumnDecoder | None, ColumnDecoder | None]
+    ) -> Any:
         """One ``arrow_batches()`` step."""
-        return await self._take_arrow_batch(limit, None, None, include_headers)
+        return await self._take_arrow_batch(limit, None, None, include_headers, formats)
 
     @bracketed("arrow_batch")
     async def arrow_batch(
@@ -783,27 +795,40 @@ class Consumer(ClientBase, Generic[KT, VT]):
         timeout: float | None = None,
         max_records: int | None = None,
         include_headers: bool = True,
+        key_format: ColumnDecoder | None = None,
+        value_format: ColumnDecoder | None = None,
     ) -> Any:
         """One poll as Arrow (docs/arrow.md): up to ``max_records`` records (default
         ``ARROW_BATCH_RECORDS``, 10,000) of one partition, of ``partitions`` or any, as a
         ``pyarrow.RecordBatch``; waits up to ``timeout`` seconds (None: until there are some) and
         returns None when the time passes with nothing.  ``arrow_batches()`` a step at a time, for a
-        caller that keeps its own loop (the PySpark source's executors).  Raises
-        ``PyArrowMissingError`` when pyarrow is not installed."""
+        caller that keeps its own loop (the PySpark source's executors); ``key_format`` and
+        ``value_format`` as there.  Raises ``PyArrowMissingError`` when pyarrow is not installed."""
         if max_records is not None:
             check_positive_int(max_records, "arrow_batch", "max_records")
         only = set(_check_partitions(partitions, "arrow_batch")) if partitions else None
+        formats = (check_column_decoder(key_format, "key_format"), check_column_decoder(value_format, "value_format"))
         require_pyarrow()
-        return await self._take_arrow_batch(max_records or ARROW_BATCH_RECORDS, timeout, only, include_headers)
+        return await self._take_arrow_batch(
+            max_records or ARROW_BATCH_RECORDS, timeout, only, include_headers, formats
+        )
 
     async def _take_arrow_batch(
-        self, limit: int, timeout: float | None, only: set[TopicPartition] | None, include_headers: bool
+        self,
+        limit: int,
+        timeout: float | None,
+        only: set[TopicPartition] | None,
+        include_headers: bool,
+        formats: tuple[ColumnDecoder | None, ColumnDecoder | None] = (None, None),
     ) -> Any:
         """None: ``timeout`` passed with nothing; app/arrow.py does the work."""
         engine = self._reading("arrow_batch()")
         self._collector.drop_chunks(engine)  # records taken for async for/batches() go back first
         collector = self._collector
-        return await take_arrow_batch(collector, engine, limit, timeout, only=only, include_headers=include_headers)
+        return await take_arrow_batch(
+            collector, engine, limit, timeout, only=only, include_headers=include_headers,
+            key_format=formats[0], value_format=formats[1],
+        )
 
     @bracketed("getone")
     async def getone(self, *partitions: TopicPartition) -> ConsumerRecord[KT, VT]:

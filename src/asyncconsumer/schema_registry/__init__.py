@@ -19,6 +19,9 @@ The pieces (docs/typed-records.md):
   :class:`JSONSchemaDeserializer` (jsonschema): each a ``deserialize(data, context)`` that returns
   the value directly when the record's schema is cached, and an awaitable only when it must be
   fetched (``_base.py``: the wire format and the compiled-schema cache).
+- :class:`AvroColumns` (``arrow.py``; fastavro and pyarrow): a column of Avro records, as
+  ``Consumer.arrow_batches()`` reads it, decoded into one typed Arrow column (a struct for
+  records), as Spark's ``from_avro`` types it; the PySpark source's ``valueFormat=avro``.
 - The errors (``errors.py``): :class:`SchemaRegistryError` when the registry cannot answer,
   :class:`SerializationError` (and :class:`WireFormatError`, :class:`UnknownSchemaError`) when a
   record cannot be decoded, naming its topic, partition and offset.
@@ -39,16 +42,19 @@ from .errors import (
     SchemaRegistryUnavailableError,
     SerializationError,
     UnknownSchemaError,
+    UnsupportedSchemaError,
     WireFormatError,
 )
 
 if TYPE_CHECKING:
+    from .arrow import AvroColumns
     from .avro import AvroDeserializer
     from .json_schema import JSONSchemaDeserializer
     from .protobuf import ProtobufDeserializer
 
 __all__ = [
     "DEFAULT_TIMEOUT",
+    "AvroColumns",
     "AvroDeserializer",
     "JSONSchemaDeserializer",
     "ProtobufDeserializer",
@@ -60,11 +66,13 @@ __all__ = [
     "SchemaRegistryUnavailableError",
     "SerializationError",
     "UnknownSchemaError",
+    "UnsupportedSchemaError",
     "WireFormatError",
 ]
 
 #: The deserializers, imported on first use: each needs only its own extra.
 _LAZY = {
+    "AvroColumns": ".arrow",
     "AvroDeserializer": ".avro",
     "ProtobufDeserializer": ".protobuf",
     "JSONSchemaDeserializer": ".json_schema",

@@ -31,7 +31,15 @@ from .errors import (
     with_context,
 )
 
-__all__ = ["HEADER_SIZE", "MAGIC_BYTE", "RegistryDeserializer", "SchemaCompileError", "read_message_indexes"]
+__all__ = [
+    "HEADER_SIZE",
+    "MAGIC_BYTE",
+    "RegistryDeserializer",
+    "SchemaCompileError",
+    "read_message_indexes",
+    "schema_id_of",
+    "visit_references",
+]
 
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
@@ -163,31 +171,39 @@ class RegistryDeserializer(Generic[C, T]):
     def _decode(self, compiled: C, data: bytes, context: ContextLike | None, schema_id: int) -> T:
         raise NotImplementedError
 
-    async def _references(
-        self,
-        registered: RegisteredSchema,
-        visit: Callable[[str, RegisteredSchema], None],
-        seen: set[tuple[str, int]] | None = None,
-    ) -> None:
-        """Every schema ``registered`` references, depth first (a reference's own references before
-        it), each once: ``visit(name, schema)``."""
-        seen = set() if seen is None else seen
-        for ref in registered.references:
-            if (ref.subject, ref.version) in seen:
-                continue
-            seen.add((ref.subject, ref.version))
-            try:
-                target = await self.client.get_version(ref.subject, ref.version, format=self._format)
-            except SchemaNotFoundError as exc:
-                raise SchemaCompileError(
-                    f"references {ref.name!r} as subject {ref.subject!r} version {ref.version}, which "
-                    f"the registry does not have ({exc})"
-                ) from exc
-            await self._references(target, visit, seen)
-            visit(ref.name, target)
+    async def _references(self, registered: RegisteredSchema, visit: Callable[[str, RegisteredSchema], None]) -> None:
+        """Every schema ``registered`` references, depth first, each once: ``visit(name, schema)``."""
+        await visit_references(self.client, registered, visit, format=self._format)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.client!r} ({len(self._compiled)} schema(s) compiled)>"
+
+
+async def visit_references(
+    client: SchemaRegistryClient,
+    registered: RegisteredSchema,
+    visit: Callable[[str, RegisteredSchema], None],
+    *,
+    format: str | None = None,
+    seen: set[tuple[str, int]] | None = None,
+) -> None:
+    """Every schema ``registered`` references, depth first (a reference's own references before
+    it), each once: ``visit(name, schema)``.  A reference the registry does not have is a
+    :class:`SchemaCompileError`."""
+    seen = set() if seen is None else seen
+    for ref in registered.references:
+        if (ref.subject, ref.version) in seen:
+            continue
+        seen.add((ref.subject, ref.version))
+        try:
+            target = await client.get_version(ref.subject, ref.version, format=format)
+        except SchemaNotFoundError as exc:
+            raise SchemaCompileError(
+                f"references {ref.name!r} as subject {ref.subject!r} version {ref.version}, which "
+                f"the registry does not have ({exc})"
+            ) from exc
+        await visit_references(client, target, visit, format=format, seen=seen)
+        visit(ref.name, target)
 
 
 class SchemaCompileError(Exception):

@@ -30,7 +30,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the install
     raise ImportError("AvroDeserializer needs fastavro: pip install 'asyncconsumer[avro]'") from None
 
-__all__ = ["AvroDeserializer", "AvroSchema"]
+__all__ = ["AvroDeserializer", "AvroSchema", "load_schema"]
 
 #: A schema as JSON text, or already loaded (``json.loads``'s result).
 AvroSchema = str | Mapping[str, Any] | Sequence[Any]
@@ -38,7 +38,8 @@ AvroSchema = str | Mapping[str, Any] | Sequence[Any]
 _RAW_BYTES = object()
 
 
-def _load(schema: AvroSchema) -> Any:
+def load_schema(schema: AvroSchema) -> Any:
+    """``schema`` as ``json.loads`` gives it (a primitive's bare name, ``"string"``, as it is)."""
     if isinstance(schema, str):
         try:
             return json.loads(schema)
@@ -84,7 +85,7 @@ class AvroDeserializer(RegistryDeserializer[Any, Any]):
         self._reader: Any = None
         if reader_schema is not None:
             try:
-                self._reader = fastavro.parse_schema(_load(reader_schema))
+                self._reader = fastavro.parse_schema(load_schema(reader_schema))
             except Exception as exc:
                 raise ValueError(f"reader_schema is not a valid Avro schema: {exc}") from exc
 
@@ -113,10 +114,10 @@ class AvroDeserializer(RegistryDeserializer[Any, Any]):
         named: dict[str, Any] = {}
 
         def add(name: str, referenced: RegisteredSchema) -> None:
-            fastavro.parse_schema(_load(referenced.schema), named_schemas=named)
+            fastavro.parse_schema(load_schema(referenced.schema), named_schemas=named)
 
         await self._references(registered, add)
-        writer = fastavro.parse_schema(_load(registered.schema), named_schemas=named)
+        writer = fastavro.parse_schema(load_schema(registered.schema), named_schemas=named)
         if _is_bytes(writer):
             return _RAW_BYTES
         return writer

@@ -32,6 +32,7 @@ __all__ = [
     "SchemaRegistryUnavailableError",
     "SerializationError",
     "UnknownSchemaError",
+    "UnsupportedSchemaError",
     "WireFormatError",
 ]
 
@@ -124,6 +125,12 @@ class UnknownSchemaError(SerializationError, SchemaNotFoundError):
         self.url = cause.url
         self.status = cause.status
         self.error_code = cause.error_code
+
+
+class UnsupportedSchemaError(KafkaError, ValueError):
+    """A schema has a type no Arrow column can hold as Spark's ``from_avro`` types it (a recursive
+    record, a decimal of more than 38 digits, a union whose branches decode alike): names the field
+    (``value.address.zip``) and why.  Raised by ``AvroColumns`` for its reader schema."""
 
 
 def where(context: ContextLike | None) -> str:

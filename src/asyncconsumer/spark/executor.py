@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sized
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from ..app.arrow import ColumnDecoder
 from ..config import property_option
 from ..consumer import Consumer
 from ..errors import OffsetOutOfRangeError
 from ..structs import ConsumerRecord
+from .arrow import column_decoders, registry_client, require_avro
 from .options import SourceOptions
 from .plan import DATA_LOSS_HINT, DataLossError, KafkaInputPartition, OffsetRange
 from .session import ConsumerSession, source_consumer
@@ -75,9 +79,15 @@ class RangeReader:
         poll_timeout: float,
         max_records: int = ARROW_BATCH_ROWS,
         include_headers: bool = True,
+        key_format: ColumnDecoder | None = None,
+        value_format: ColumnDecoder | None = None,
     ) -> None:
         self._consumer = consumer
         self._include_headers = include_headers
+        #: ``arrow_batch``'s ``key_format``/``value_format``, when set (keyFormat/valueFormat=avro).
+        self._formats = {
+            name: decoder for name, decoder in (("key_format", key_format), ("value_format", value_format)) if decoder
+        }
         self._range = offset_range
         self._fail_on_data_loss = fail_on_data_loss
         self._poll_timeout = poll_timeout
@@ -109,7 +119,8 @@ class RangeReader:
 
         async def poll(timeout: float) -> pa.RecordBatch | None:
             batch: pa.RecordBatch | None = await self._consumer.arrow_batch(
-                tp, timeout=timeout, max_records=self._max_records, include_headers=self._include_headers
+                tp, timeout=timeout, max_records=self._max_records, include_headers=self._include_headers,
+                **self._formats,
             )
             return batch
 
@@ -189,6 +200,32 @@ class RangeReader:
             await self._consumer.seek(tp, self.position)
 
 
+#: The column decoders of each executor consumer that has ``keyFormat``/``valueFormat`` set
+#: (:func:`executor_session`): made on the consumer's event loop with its registry client, kept
+#: with the consumer between tasks, so each writer schema is fetched once per consumer.
+_DECODERS: weakref.WeakKeyDictionary[Consumer[Any, Any], tuple[ColumnDecoder | None, ColumnDecoder | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@contextlib.asynccontextmanager
+async def executor_session(options: SourceOptions) -> AsyncIterator[Consumer[Any, Any]]:
+    """An executor's consumer, with the schema registry client and column decoders of its
+    ``keyFormat``/``valueFormat`` (closed with it), for a :class:`ConsumerSession`."""
+    async with contextlib.AsyncExitStack() as stack:
+        consumer = await stack.enter_async_context(executor_consumer(options))
+        if options.formats:
+            assert options.registry is not None
+            client = await stack.enter_async_context(registry_client(options.registry))
+            _DECODERS[consumer] = await column_decoders(options, client)
+        yield consumer
+
+
+def column_formats(consumer: Consumer[Any, Any]) -> tuple[ColumnDecoder | None, ColumnDecoder | None]:
+    """The ``(key_format, value_format)`` of an :func:`executor_session`'s consumer."""
+    return _DECODERS.get(consumer, (None, None))
+
+
 def executor_consumer(options: SourceOptions) -> Consumer[Any, Any]:
     # A task's range is below the high watermark the driver saw: a fetch waits only past its end,
     # where nothing is wanted.  A kept consumer's next task waits for that fetch (one in flight per
@@ -263,8 +300,14 @@ class ExecutorConsumers:
 
     @staticmethod
     def key(options: SourceOptions) -> tuple[tuple[str, str], ...]:
-        """What makes two tasks' consumers interchangeable: the ``kafka.*`` options they are made from."""
-        return tuple(sorted(options.consumer_properties.items()))
+        """What makes two tasks' consumers interchangeable: the ``kafka.*`` options they are made from,
+        and the column formats and registry their decoders are made from."""
+        key = tuple(sorted(options.consumer_properties.items()))
+        if options.formats:
+            registry = options.registry
+            formats = (options.key_format, options.value_format, registry and (registry.url, registry.properties))
+            key += (("formats", repr(formats)),)
+        return key
 
     def acquire(self, options: SourceOptions) -> ConsumerSession:
         """An idle session for ``options`` (the most recently returned), or a new one (not started yet;
@@ -272,7 +315,7 @@ class ExecutorConsumers:
         if options.consumer_cache_timeout_ms <= 0:
             with self._lock:
                 self.created += 1
-            return ConsumerSession(lambda: executor_consumer(options))
+            return ConsumerSession(lambda: executor_session(options))
         key = self.key(options)
         with self._lock:
             expired = self._take_expired()
@@ -285,7 +328,7 @@ class ExecutorConsumers:
         _close_all(expired)
         if idle is not None:
             return idle.session
-        return ConsumerSession(lambda: executor_consumer(options))
+        return ConsumerSession(lambda: executor_session(options))
 
     def release(self, options: SourceOptions, session: ConsumerSession) -> None:
         """Keep ``session`` (whose task read its range to the end) for the next task, or close it."""
@@ -372,6 +415,8 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
         return
     debug = log.isEnabledFor(logging.DEBUG)
     began = time.perf_counter()
+    if options.formats:
+        require_avro()  # imported here, not on the consumer's event loop
     session = EXECUTOR_CONSUMERS.acquire(options)
     cached = session.started
     reader: RangeReader | None = None
@@ -388,12 +433,15 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
                     "cached" if cached else "new",
                     time.perf_counter() - began,
                 )
+            key_format, value_format = column_formats(consumer)
             reader = RangeReader(
                 consumer,
                 offset_range,
                 fail_on_data_loss=options.fail_on_data_loss,
                 poll_timeout=options.poll_timeout_ms / 1000,
                 include_headers=options.include_headers,
+                key_format=key_format,
+                value_format=value_format,
             )
         # Columnar all the way (Consumer.arrow_batches()'s path): the fetched batches are decoded
         # straight into Arrow buffers, no Python object per record.

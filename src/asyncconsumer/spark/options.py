@@ -26,7 +26,10 @@ from .java_regex import translate as java_regex_translate
 __all__ = [
     "EARLIEST",
     "LATEST",
+    "REGISTRY_PROPERTIES",
+    "ColumnFormat",
     "OffsetSpec",
+    "RegistryOptions",
     "SourceOptionError",
     "SourceOptions",
     "Subscription",
@@ -61,7 +64,26 @@ _KNOWN = (
     "minRecordsPerTask",
     "fetchOffset.numRetries",
     "fetchOffset.retryIntervalMs",
+    "keyFormat",
+    "valueFormat",
+    "keySchema",
+    "valueSchema",
+    "keySchemaSubject",
+    "valueSchemaSubject",
+    "schemaRegistryUrl",
 )
+#: The ``schemaRegistry.<property>`` options: confluent-kafka's ``SchemaRegistryClient`` settings of
+#: the same names, and what each becomes.  The secrets among them never appear in a repr or an error.
+REGISTRY_PROPERTIES = {
+    "basic.auth.user.info": "'user:password' for HTTP basic authentication (Confluent Cloud: 'key:secret')",
+    "ssl.ca.location": "a PEM file of the CAs to trust instead of the system's",
+    "ssl.certificate.location": "a PEM client certificate (with ssl.key.location)",
+    "ssl.key.location": "the PEM private key of ssl.certificate.location",
+    "ssl.key.password": "the password of ssl.key.location",
+    "timeout.ms": "how long one lookup may take, retries included (default 10000)",
+}
+#: The formats of ``keyFormat`` / ``valueFormat``.
+_FORMATS = ("binary", "avro")
 # The kafka.* parameters Spark rejects (KafkaSourceProvider.validateGeneralOptions): the source
 # manages these itself.
 _FORBIDDEN_KAFKA = {
@@ -148,6 +170,45 @@ class OffsetSpec:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ColumnFormat:
+    """``keyFormat=avro`` / ``valueFormat=avro``: the column is decoded from the schema registry's
+    Avro into a typed one.  Its reader schema is ``schema`` (``valueSchema``, Avro JSON) or the
+    ``subject``'s version (``valueSchemaSubject``, by default ``<topic>-value``): ``version`` None
+    means its latest, which the driver looks up when the query is planned and pins for the
+    executors."""
+
+    field: Literal["key", "value"]
+    schema: str | None = None
+    subject: str | None = None
+    version: int | None = None
+
+    def describe(self) -> str:
+        if self.schema is not None:
+            return f"{self.field}Schema"
+        return f"subject {self.subject!r}" + ("" if self.version is None else f" version {self.version}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RegistryOptions:
+    """``schemaRegistryUrl`` and the ``schemaRegistry.*`` options (:data:`REGISTRY_PROPERTIES`).
+    Its repr shows the URL without credentials and no secret."""
+
+    url: str
+    properties: tuple[tuple[str, str], ...] = ()
+
+    def get(self, name: str) -> str | None:
+        return dict(self.properties).get(name)
+
+    def __repr__(self) -> str:
+        shown = [name for name, _ in self.properties if name not in ("basic.auth.user.info", "ssl.key.password")]
+        secret = [name for name, _ in self.properties if name not in shown]
+        return (
+            f"RegistryOptions(url={_shown_url(self.url)!r}, properties={shown!r}"
+            + (f", secrets={secret!r} (hidden)" if secret else "") + ")"
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SourceOptions:
     """Every option, parsed.  Picklable: it travels with the reader to the executors."""
 
@@ -178,6 +239,16 @@ class SourceOptions:
     #: continuously running query's micro-batches are small).  0: one task per range, as Spark.
     #: Not applied when ``minPartitions`` or ``maxRecordsPerPartition`` asks for task sizes.
     min_records_per_task: int = DEFAULT_MIN_RECORDS_PER_TASK
+    #: ``keyFormat=avro`` / ``valueFormat=avro``: how the column is decoded (None: raw binary).
+    key_format: ColumnFormat | None = None
+    value_format: ColumnFormat | None = None
+    #: The schema registry the formats read from (``schemaRegistryUrl``, ``schemaRegistry.*``).
+    registry: RegistryOptions | None = None
+
+    @property
+    def formats(self) -> tuple[ColumnFormat, ...]:
+        """The columns to decode (none: the key and value stay binary, Spark's Kafka schema)."""
+        return tuple(f for f in (self.key_format, self.value_format) if f is not None)
 
     @property
     def consumer_properties(self) -> dict[str, str]:
@@ -315,15 +386,28 @@ def _parse_spec(options: Mapping[str, str], which: str, strategy: Literal["error
     return None
 
 
-def _canonical_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Split into (Spark-style source options by canonical name, kafka.* params); unknown names fail."""
+def _canonical_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Split into (Spark-style source options by canonical name, kafka.* params, schemaRegistry.*
+    properties); unknown names fail."""
     source: dict[str, str] = {}
     kafka: dict[str, str] = {}
+    registry: dict[str, str] = {}
     for key, value in options.items():
         lower = key.lower()
         text = "" if value is None else str(value)
         if lower.startswith("kafka."):
             kafka[lower[len("kafka.") :]] = text
+            continue
+        if lower.startswith("schemaregistry."):
+            name = lower[len("schemaregistry.") :]
+            if name not in REGISTRY_PROPERTIES:
+                hint = difflib.get_close_matches(name, list(REGISTRY_PROPERTIES), n=1, cutoff=0.6)
+                suggestion = f"; did you mean 'schemaRegistry.{hint[0]}'?" if hint else ""
+                raise _fail(
+                    f"unknown option {key!r}{suggestion} (schema registry settings: "
+                    + ", ".join(f"schemaRegistry.{n}" for n in REGISTRY_PROPERTIES) + ")"
+                )
+            registry[name] = text
             continue
         if lower not in _CANONICAL:
             hint = difflib.get_close_matches(lower, list(_CANONICAL), n=1, cutoff=0.6)
@@ -333,7 +417,7 @@ def _canonical_options(options: Mapping[str, str]) -> tuple[dict[str, str], dict
                 "consumer settings are passed as 'kafka.<property>')"
             )
         source[_CANONICAL[lower]] = text
-    return source, kafka
+    return source, kafka, registry
 
 
 def _check_kafka_params(kafka: dict[str, str]) -> None:
@@ -397,7 +481,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
     ``streaming`` is None when the kind of query is not known yet (``DataSource.schema()``); then only
     the checks common to batch and streaming run.
     """
-    source, kafka = _canonical_options(options)
+    source, kafka, registry_properties = _canonical_options(options)
     _check_kafka_params(kafka)
 
     given = [name for name in _SUBSCRIPTION_OPTIONS if name in source]
@@ -474,6 +558,10 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
     if min_per_trigger is not None and max_per_trigger is not None and min_per_trigger > max_per_trigger:
         raise _fail(f"minOffsetsPerTrigger ({min_per_trigger}) is higher than maxOffsetsPerTrigger ({max_per_trigger})")
 
+    key_format = _column_format(source, "key", subscription)
+    value_format = _column_format(source, "value", subscription)
+    registry = _registry(source, registry_properties, key_format is not None or value_format is not None)
+
     return SourceOptions(
         subscription=subscription,
         kafka_params=tuple(sorted(kafka.items())),
@@ -506,7 +594,76 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None = None) 
             if "minRecordsPerTask" in source
             else DEFAULT_MIN_RECORDS_PER_TASK
         ),
+        key_format=key_format,
+        value_format=value_format,
+        registry=registry,
     )
+
+
+def _column_format(
+    source: Mapping[str, str], field: Literal["key", "value"], subscription: Subscription
+) -> ColumnFormat | None:
+    """``keyFormat``/``valueFormat`` and its reader schema options."""
+    option, schema_option, subject_option = f"{field}Format", f"{field}Schema", f"{field}SchemaSubject"
+    kind = source.get(option, "binary").strip().lower()
+    if kind not in _FORMATS:
+        raise _fail(f"option {option!r} must be one of {', '.join(_FORMATS)}, got {source[option]!r}")
+    if kind == "binary":
+        for name in (schema_option, subject_option):
+            if name in source:
+                raise _fail(f"option {name!r} is for {option}=avro; {option} is binary")
+        return None
+    schema = source.get(schema_option, "").strip() or None
+    subject = source.get(subject_option, "").strip() or None
+    if schema is not None and subject is not None:
+        raise _fail(f"set {schema_option!r} (the reader schema itself) or {subject_option!r}, not both")
+    if schema is not None:
+        try:
+            json.loads(schema)
+        except json.JSONDecodeError:
+            if schema not in ("null", "boolean", "int", "long", "float", "double", "bytes", "string"):
+                raise _fail(f"option {schema_option!r} is not an Avro schema (JSON): {schema[:200]!r}") from None
+        return ColumnFormat(field, schema=schema)
+    if subject is None:
+        topics = {tp.topic for tp in subscription.partitions} if subscription.kind == "assign" else set(
+            subscription.topics)
+        if len(topics) != 1:
+            raise _fail(
+                f"{option}=avro needs {subject_option!r} (the subject whose latest schema the column has) or "
+                f"{schema_option!r} (an Avro schema): {subscription.describe()} reads more than one topic, so "
+                f"there is no single '<topic>-{field}' subject to default to"
+            )
+        subject = f"{next(iter(topics))}-{field}"
+    return ColumnFormat(field, subject=subject)
+
+
+def _shown_url(url: str) -> str:
+    """``url`` with a ``user:password@`` in it replaced by ``***@``."""
+    return re.sub(r"(?<=//)[^/@\s]+@", "***@", url)
+
+
+def _registry(source: Mapping[str, str], properties: dict[str, str], needed: bool) -> RegistryOptions | None:
+    url = source.get("schemaRegistryUrl", "").strip()
+    if not needed:
+        if url or properties:
+            raise _fail(
+                "schemaRegistryUrl and schemaRegistry.* are for keyFormat=avro or valueFormat=avro; neither is set"
+            )
+        return None
+    if not url:
+        raise _fail("keyFormat=avro and valueFormat=avro need 'schemaRegistryUrl' (e.g. 'http://registry:8081')")
+    if not re.match(r"https?://[^/\s]+", url):
+        raise _fail(f"option 'schemaRegistryUrl' must be an http(s) URL, got {_shown_url(url)!r}")
+    if "timeout.ms" in properties:
+        _positive_int("schemaRegistry.timeout.ms", properties["timeout.ms"])
+    for name in ("ssl.certificate.location", "ssl.key.location"):
+        other = "ssl.key.location" if name == "ssl.certificate.location" else "ssl.certificate.location"
+        if name in properties and other not in properties:
+            raise _fail(f"option 'schemaRegistry.{name}' needs 'schemaRegistry.{other}' too")
+    user_info = properties.get("basic.auth.user.info")
+    if user_info is not None and ":" not in user_info:
+        raise _fail("option 'schemaRegistry.basic.auth.user.info' must be 'user:password' (the value is not shown)")
+    return RegistryOptions(url, tuple(sorted(properties.items())))
 
 
 def _group_name(prefix: str, subscription: Subscription) -> str:

@@ -76,7 +76,7 @@ class ConsumerSession:
     it, and the stream reader's ``stop()`` calls that when the query stops.
     """
 
-    def __init__(self, make: Callable[[], Consumer[Any, Any]]) -> None:
+    def __init__(self, make: Callable[[], contextlib.AbstractAsyncContextManager[Consumer[Any, Any]]]) -> None:
         self._make = make
         self._stack: contextlib.ExitStack | None = None
         self._portal: BlockingPortal | None = None

@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -47,7 +48,7 @@ from pyspark.sql.types import StructType
 
 from ..consumer import Consumer
 from ..structs import TopicPartition
-from .arrow import spark_schema
+from .arrow import column_types, spark_schema
 from .driver import OffsetLookup, driver_consumer, group_consumer, lookup_with, resolve_offsets, run_on_driver
 from .executor import read_ranges
 from .options import OffsetSpec, SourceOptionError, SourceOptions, parse_options
@@ -93,7 +94,8 @@ class AsyncConsumerDataSource(DataSource):
     @timed("planner schema")
     def schema(self) -> StructType:
         parsed = parse_options(self.options)  # fails early (at load()) on bad options
-        return spark_schema(parsed.include_headers)
+        _, key_type, value_type = _column_types(parsed)  # keyFormat/valueFormat: from the registry
+        return spark_schema(parsed.include_headers, key_type, value_type)
 
     @timed("planner reader")
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -104,9 +106,26 @@ class AsyncConsumerDataSource(DataSource):
         return KafkaStreamReader(_checked_schema(parse_options(self.options, streaming=True), schema))
 
 
+def _column_types(options: SourceOptions) -> tuple[SourceOptions, Any, Any]:
+    """``keyFormat``/``valueFormat``: the columns' Arrow types, and the options with each
+    subject's version pinned (a registry lookup on the driver; nothing without a format)."""
+    if not options.formats:
+        return options, None, None
+    return anyio.run(column_types, options)
+
+
 def _checked_schema(options: SourceOptions, schema: StructType) -> SourceOptions:
-    expected = spark_schema(options.include_headers)
+    """``options`` (subjects pinned to the versions ``schema`` has) if ``schema`` is the source's."""
+    options, key_type, value_type = _column_types(options)
+    expected = spark_schema(options.include_headers, key_type, value_type)
     if schema != expected:
+        if options.formats:
+            raise SourceOptionError(
+                "asyncconsumer source: the schema differs from the one the registry gives now ("
+                + ", ".join(f.describe() for f in options.formats)
+                + "): a new schema version since load()? Define the DataFrame again; a .schema(...) cannot be "
+                f"given. Expected {expected.simpleString()}, got {schema.simpleString()}"
+            )
         raise SourceOptionError(
             "asyncconsumer source: the source has a fixed schema (Spark's Kafka columns) and cannot be read "
             f"with another one; remove .schema(...). Expected {expected.simpleString()}, got {schema.simpleString()}"
