@@ -561,7 +561,7 @@ def _run_stream_scenario(scenario: str, compiled: bool) -> list[Any]:
         for n in range(6):
             if n == 2:
                 if scenario == "pause":
-                    state.paused = True
+                    state.pause()
                 elif scenario == "seek":
                     state.epoch += 1
                 elif scenario == "revoking":

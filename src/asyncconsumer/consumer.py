@@ -344,13 +344,13 @@ class Consumer(ClientBase, Generic[KT, VT]):
         """Stop returning (and fetching) records for these partitions until ``resume``."""
         states = self._states(partitions, "pause")
         for state in states:
-            state.paused = True
+            state.pause()
         self._collector.drop_chunks(self._running(), {state.tp for state in states})
 
     @bracketed_sync("resume")
     def resume(self, *partitions: TopicPartition) -> None:
         for state in self._states(partitions, "resume"):
-            state.paused = False
+            state.resume()
         self._running().wake()
 
     @bracketed_sync("paused")
@@ -373,7 +373,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         partition is unassigned (with ``subscribe()``, set it again in ``on_partitions_assigned``)."""
         end = None if offset is None else check_offset(offset, "fetch_until")
         for state in self._states([partition], "fetch_until"):
-            state.fetch_end = end
+            state.fetch_until(end)
         self._running().wake()
 
     @bracketed_sync("highwater")
