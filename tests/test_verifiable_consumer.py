@@ -321,6 +321,9 @@ def test_signals_are_handled_before_startup_complete_is_printed(backend: str) ->
         async def __aexit__(self, *exc: object) -> None:
             return None
 
+        async def close(self, timeout: float) -> None:
+            return None
+
     async def session(client: Client, shutdown: object) -> None:
         return None
 
@@ -328,6 +331,40 @@ def test_signals_are_handled_before_startup_complete_is_printed(backend: str) ->
     status = anyio.run(run_tool, Client, session, Watched(sink), "consumer", backend=backend)
     assert status == 0
     assert handlers and handlers[0] not in (signal.SIG_DFL, None), handlers
+    assert [json.loads(line)["name"] for line in sink.getvalue().splitlines()] == [
+        "startup_complete", "shutdown_complete", "shutdown_requested"]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_sessions_error_is_fatal_and_the_client_closes_within_the_close_timeout(
+    backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both tools' sessions leave their error and the close to run_tool: the error is logged as
+    the Java tools' last word, the client is closed once with the tool's close timeout, and the
+    run ends as a shutdown does (status 0, shutdown_complete)."""
+    import anyio
+
+    from asyncconsumer.cli._events import run_tool
+
+    closed: list[float] = []
+
+    class Client:
+        async def __aenter__(self) -> Client:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+        async def close(self, timeout: float) -> None:
+            closed.append(timeout)
+
+    async def session(client: Client, shutdown: object) -> None:
+        raise RuntimeError("the broker said no")
+
+    sink = io.StringIO()
+    status = anyio.run(run_tool, Client, session, Events(sink), "consumer", 7.5, backend=backend)
+    assert status == 0 and closed == [7.5]
+    assert "terminating consumer process: the broker said no" in caplog.text
     assert [json.loads(line)["name"] for line in sink.getvalue().splitlines()] == [
         "startup_complete", "shutdown_complete", "shutdown_requested"]
 
