@@ -50,7 +50,7 @@ slot_fields(PyObject *module, PyObject *arg)
         PyErr_SetString(PyExc_TypeError, "slot_fields: the class must be a tuple subclass without extra fields");
         return NULL;
     }
-    PyObject *fields = PyObject_GetAttrString(arg, "_fields");
+    PyObject *fields = PyObject_GetAttr(arg, s_fields);
     if (fields == NULL) {
         return NULL;
     }

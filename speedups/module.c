@@ -1,6 +1,7 @@
 /*
  * The module table (speedups.h lists the extension's files): the objects bind() gives the decoders,
- * the module's functions with their docstrings, and PyInit__speedups.
+ * the names the extension reads on the package's objects, the module's functions with their
+ * docstrings, and PyInit__speedups.
  */
 
 #include "speedups.h"
@@ -15,8 +16,80 @@ PyObject *str_prefix = NULL;
 
 PyObject *s_magic, *s_is_control, *s_compression, *s_buf, *s_start, *s_size_in_bytes, *s_record_count,
     *s_base_offset, *s_base_timestamp, *s_timestamp_type, *s_max_timestamp, *s_leader_epoch, *s_topic, *s_partition,
-    *s_offset;
-PyObject *s_poller, *s_engine, *s_closed, *s_epoch, *s_paused, *s_revoking, *s_consumed;
+    *s_offset, *s_fields;
+PyObject *s_chunks, *s_owner, *s_engine, *s_task, *s_closed, *s_epoch, *s_paused, *s_revoking, *s_consumed;
+
+/* ------------------------------------------------------------------ the names the extension reads
+ *
+ * Every name the extension looks up on the package's objects, interned once, with where it is
+ * looked up: "module:Class" for an attribute of Class (its instances' or its own), "module:Class()"
+ * for a keyword argument of Class's constructor.  The module exports the table as PYTHON_NAMES;
+ * tests/test_speedups.py reads it from this file and checks every entry against the class, so
+ * that a rename in Python fails that test in every build, not only a read in builds with the
+ * extension.  (ChunkBase's members, ready.c, are app/collector.py's CHUNK_FIELDS; the same test
+ * checks them.)
+ */
+
+static const struct {
+    PyObject **slot;
+    const char *name;
+    const char *owner;
+} python_names[] = {
+    /* a batch's header, as protocol/records.py parsed it (records.c, columns.c) */
+    {&s_magic, "magic", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_is_control, "is_control", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_compression, "compression", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_buf, "_buf", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_start, "_start", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_size_in_bytes, "size_in_bytes", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_record_count, "record_count", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_base_offset, "base_offset", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_base_timestamp, "base_timestamp", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_timestamp_type, "timestamp_type", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_max_timestamp, "max_timestamp", "asyncconsumer.protocol.records:RecordBatch"},
+    {&s_leader_epoch, "leader_epoch", "asyncconsumer.protocol.records:RecordBatch"},
+    /* the error a corrupt batch raises (records.c) */
+    {&s_topic, "topic", "asyncconsumer.errors:CorruptRecordError()"},
+    {&s_partition, "partition", "asyncconsumer.errors:CorruptRecordError()"},
+    {&s_offset, "offset", "asyncconsumer.errors:CorruptRecordError()"},
+    /* the NamedTuple classes slot_fields() lays out (fields.c) */
+    {&s_fields, "_fields", "asyncconsumer.structs:ConsumerRecord"},
+    /* async for: RecordStream (ready.c) reads the collector's FastPath, the consumer's polling task,
+     * its engine and the partitions' states, and writes a state's ``consumed`` */
+    {&s_chunks, "chunks", "asyncconsumer.app.collector:FastPath"},
+    {&s_owner, "owner", "asyncconsumer.app.collector:FastPath"},
+    {&s_engine, "engine", "asyncconsumer.app.collector:FastPath"},
+    {&s_task, "task", "asyncconsumer.app.client:PollOwner"},
+    {&s_closed, "closed", "asyncconsumer.engine.loop:Engine"},
+    {&s_epoch, "epoch", "asyncconsumer.managers.subscription:PartitionState"},
+    {&s_paused, "paused", "asyncconsumer.managers.subscription:PartitionState"},
+    {&s_revoking, "revoking", "asyncconsumer.managers.subscription:PartitionState"},
+    {&s_consumed, "consumed", "asyncconsumer.managers.subscription:PartitionState"},
+};
+
+#define N_PYTHON_NAMES (sizeof(python_names) / sizeof(python_names[0]))
+
+/* Intern every name of the table; PYTHON_NAMES, the table as ((owner, name), ...), or NULL. */
+static PyObject *
+intern_python_names(void)
+{
+    PyObject *table = PyTuple_New((Py_ssize_t)N_PYTHON_NAMES);
+    if (table == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < N_PYTHON_NAMES; i++) {
+        PyObject *name = PyUnicode_InternFromString(python_names[i].name);
+        PyObject *entry = name == NULL ? NULL : Py_BuildValue("(sO)", python_names[i].owner, name);
+        if (entry == NULL) {
+            Py_XDECREF(name);
+            Py_DECREF(table);
+            return NULL;
+        }
+        *python_names[i].slot = name; /* the module keeps this reference for the process's life */
+        PyTuple_SET_ITEM(table, (Py_ssize_t)i, entry);
+    }
+    return table;
+}
 
 /* ------------------------------------------------------------------ bind */
 
@@ -136,25 +209,11 @@ static struct PyModuleDef module_def = {
     NULL,
 };
 
-static int
-intern(PyObject **slot, const char *name)
-{
-    *slot = PyUnicode_InternFromString(name);
-    return *slot == NULL ? -1 : 0;
-}
-
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (intern(&s_magic, "magic") < 0 || intern(&s_is_control, "is_control") < 0 ||
-        intern(&s_compression, "compression") < 0 || intern(&s_buf, "_buf") < 0 || intern(&s_start, "_start") < 0 ||
-        intern(&s_size_in_bytes, "size_in_bytes") < 0 || intern(&s_record_count, "record_count") < 0 ||
-        intern(&s_base_offset, "base_offset") < 0 || intern(&s_base_timestamp, "base_timestamp") < 0 ||
-        intern(&s_timestamp_type, "timestamp_type") < 0 || intern(&s_max_timestamp, "max_timestamp") < 0 ||
-        intern(&s_leader_epoch, "leader_epoch") < 0 || intern(&s_topic, "topic") < 0 ||
-        intern(&s_partition, "partition") < 0 || intern(&s_offset, "offset") < 0 || intern(&s_poller, "_poller") < 0 ||
-        intern(&s_engine, "_engine") < 0 || intern(&s_closed, "closed") < 0 || intern(&s_epoch, "epoch") < 0 ||
-        intern(&s_paused, "paused") < 0 || intern(&s_revoking, "revoking") < 0 || intern(&s_consumed, "consumed") < 0) {
+    PyObject *names = intern_python_names();
+    if (names == NULL) {
         return NULL;
     }
     empty_tuple = PyTuple_New(0);
@@ -162,10 +221,13 @@ PyInit__speedups(void)
     if (empty_tuple == NULL || str_prefix == NULL || PyType_Ready(&ColumnBuilderType) < 0 ||
         PyType_Ready(&ReadyType) < 0 || PyType_Ready(&RecordStreamType) < 0 ||
         PyType_Ready(&ChunkBaseType) < 0) {
+        Py_DECREF(names);
         return NULL;
     }
     PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL) {
+    if (module == NULL || PyModule_AddObject(module, "PYTHON_NAMES", names) < 0) {
+        Py_XDECREF(module);
+        Py_DECREF(names);
         return NULL;
     }
     if (crc_setup(module) < 0) {

@@ -231,24 +231,30 @@ PyTypeObject ChunkBaseType = {
  * in progress, the engine running.  Then it moves the chunk's index and the partition's
  * ``consumed`` past the record, exactly as the Python fast path does, and returns ready(record).
  * Everything else (the last record of a chunk, no chunk, any check failing, any surprise in the
- * objects' types) is handed to ``Consumer.__anext__`` itself, which stays the reference.
+ * objects' types) is ``fallback()``, the consumer's bound ``__anext__``, which stays the reference.
+ *
+ * It reads what the collector's FastPath (app/collector.py) holds, and only that: ``chunks`` and
+ * ``owner`` (the same objects for the collector's life, read once), ``owner.task`` and
+ * ``engine.closed`` (per record).  Every name it reads is in module.c's table (PYTHON_NAMES).
  */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *consumer;
-    PyObject *chunks; /* the collector's deque of chunks: the same object for the consumer's life */
-    PyObject *anext;  /* Consumer.__anext__, the Python method (unbound) */
-    Ready *spare;     /* the last Ready handed out: used again once nobody else holds it */
+    PyObject *fast_path; /* the collector's FastPath: ``engine`` is read from it per record */
+    PyObject *chunks;    /* fast_path.chunks, the collector's deque of chunks */
+    PyObject *owner;     /* fast_path.owner, the consumer's PollOwner */
+    PyObject *fallback;  /* the consumer's bound __anext__ */
+    Ready *spare;        /* the last Ready handed out: used again once nobody else holds it */
 } RecordStream;
 
 static void
 stream_dealloc(RecordStream *self)
 {
     PyObject_GC_UnTrack(self);
-    Py_CLEAR(self->consumer);
+    Py_CLEAR(self->fast_path);
     Py_CLEAR(self->chunks);
-    Py_CLEAR(self->anext);
+    Py_CLEAR(self->owner);
+    Py_CLEAR(self->fallback);
     Py_CLEAR(self->spare);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -256,9 +262,10 @@ stream_dealloc(RecordStream *self)
 static int
 stream_traverse(RecordStream *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->consumer);
+    Py_VISIT(self->fast_path);
     Py_VISIT(self->chunks);
-    Py_VISIT(self->anext);
+    Py_VISIT(self->owner);
+    Py_VISIT(self->fallback);
     return 0;
 }
 
@@ -393,11 +400,11 @@ fast_record(RecordStream *self)
         PyErr_Clear();
         return NULL;
     }
-    int ok = attr_is(self->consumer, s_poller, Py_None);
+    int ok = attr_is(self->owner, s_task, Py_None);
     if (ok <= 0) {
         return NULL;
     }
-    PyObject *engine = PyObject_GetAttr(self->consumer, s_engine);
+    PyObject *engine = PyObject_GetAttr(self->fast_path, s_engine);
     if (engine == NULL) {
         return NULL;
     }
@@ -513,7 +520,7 @@ stream_anext(PyObject *op)
     if (PyErr_Occurred()) {
         return NULL;
     }
-    return PyObject_CallOneArg(self->anext, self->consumer);
+    return PyObject_CallNoArgs(self->fallback);
 }
 
 static PyObject *
@@ -545,8 +552,8 @@ static PyObject *stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
 PyTypeObject RecordStreamType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "asyncconsumer._speedups.RecordStream",
-    .tp_doc = "RecordStream(consumer, chunks, anext): async for over a consumer's records, the common\n"
-              "case of Consumer.__anext__ in C, anything else handed to anext(consumer).",
+    .tp_doc = "RecordStream(fast_path, fallback): async for over a consumer's records, the common\n"
+              "case of Consumer.__anext__ in C (reading the collector's FastPath), anything else fallback().",
     .tp_basicsize = sizeof(RecordStream),
     .tp_dealloc = (destructor)stream_dealloc,
     .tp_traverse = (traverseproc)stream_traverse,
@@ -559,24 +566,30 @@ PyTypeObject RecordStreamType = {
 static PyObject *
 stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    PyObject *consumer, *chunks, *anext;
-    static char *names[] = {"consumer", "chunks", "anext", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:RecordStream", names, &consumer, &chunks, &anext)) {
+    PyObject *fast_path, *fallback;
+    static char *names[] = {"fast_path", "fallback", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:RecordStream", names, &fast_path, &fallback)) {
         return NULL;
     }
-    if (!PyCallable_Check(anext)) {
-        PyErr_SetString(PyExc_TypeError, "RecordStream: anext must be callable");
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "RecordStream: fallback must be callable");
+        return NULL;
+    }
+    PyObject *chunks = PyObject_GetAttr(fast_path, s_chunks);
+    PyObject *owner = chunks == NULL ? NULL : PyObject_GetAttr(fast_path, s_owner);
+    if (owner == NULL) {
+        Py_XDECREF(chunks);
         return NULL;
     }
     RecordStream *self = (RecordStream *)type->tp_alloc(type, 0);
     if (self == NULL) {
+        Py_DECREF(chunks);
+        Py_DECREF(owner);
         return NULL;
     }
-    Py_INCREF(consumer);
-    self->consumer = consumer;
-    Py_INCREF(chunks);
+    self->fast_path = Py_NewRef(fast_path);
     self->chunks = chunks;
-    Py_INCREF(anext);
-    self->anext = anext;
+    self->owner = owner;
+    self->fallback = Py_NewRef(fallback);
     return (PyObject *)self;
 }

@@ -17,11 +17,11 @@
  *                 a chunk of records; RecordStream, the common case of Consumer.__anext__ in C
  *     fields.c    slot_fields(cls): a NamedTuple's field getters as member descriptors, which the
  *                 interpreter reads without a call (ConsumerRecord, ShareConsumerRecord)
- *     module.c    the module table: bind(), the Python-level functions and their docstrings,
- *                 PyInit__speedups
+ *     module.c    the module table: bind(), the names the extension reads on Python objects
+ *                 (PYTHON_NAMES), the Python-level functions and their docstrings, PyInit__speedups
  *
  * This header holds what more than one file uses: the objects bind() gives the decoders, the
- * interned attribute names of RecordBatch, the batch layout, and the per-record parsing helpers
+ * interned names of module.c's table, the batch layout, and the per-record parsing helpers
  * (varints, a record's head and headers, the end checks) that both the row decoder (records.c)
  * and the column builder (columns.c) run for every record.  Those are ``static inline`` here, so
  * that each decoder's per-record loop is compiled in one piece with them: nothing on the
@@ -68,12 +68,16 @@ INTERNAL extern PyObject *decompress_fn;   /* _decompress(batch, codec, topic, p
 INTERNAL extern PyObject *empty_tuple;
 INTERNAL extern PyObject *str_prefix; /* "record batch is corrupt: " */
 
-/* Interned attribute names of RecordBatch (module.c). */
+/* The names the extension reads on the package's objects, interned (module.c's table, PYTHON_NAMES,
+ * says on which class each is read): of RecordBatch, CorruptRecordError's keywords, NamedTuple's
+ * _fields ... */
 INTERNAL extern PyObject *s_magic, *s_is_control, *s_compression, *s_buf, *s_start, *s_size_in_bytes,
     *s_record_count, *s_base_offset, *s_base_timestamp, *s_timestamp_type, *s_max_timestamp, *s_leader_epoch,
-    *s_topic, *s_partition, *s_offset;
-/* ... and of the consumer, its engine, chunks and partition states, for RecordStream (ready.c). */
-INTERNAL extern PyObject *s_poller, *s_engine, *s_closed, *s_epoch, *s_paused, *s_revoking, *s_consumed;
+    *s_topic, *s_partition, *s_offset, *s_fields;
+/* ... and, for RecordStream (ready.c), of the collector's FastPath, the consumer's PollOwner, its engine
+ * and the partitions' states. */
+INTERNAL extern PyObject *s_chunks, *s_owner, *s_engine, *s_task, *s_closed, *s_epoch, *s_paused, *s_revoking,
+    *s_consumed;
 
 /* ------------------------------------------------------------------ parsing, per record: the row decoder's
  * and the column builder's shared steps, inlined into each */

@@ -60,7 +60,7 @@ def test_every_logger_is_under_asyncconsumer_and_documented() -> None:
 def test_no_print_in_the_library() -> None:
     # asyncconsumer.testing prints download and build progress to a stream it is given; demo and
     # spark/precompile are commands.
-    allowed = {"demo.py", "testing/kafka.py", "testing/schema_registry.py", "spark/__main__.py", "spark/precompile.py",
+    allowed = {"demo.py", "testing/_java.py", "testing/schema_registry.py", "spark/__main__.py", "spark/precompile.py",
                "__main__.py", "cli.py"}
     offenders = []
     for path in SRC.rglob("*.py"):

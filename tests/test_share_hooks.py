@@ -86,7 +86,7 @@ async def test_default_rule_refuses_a_second_polling_task_and_allows_nesting() -
     consumer.acquire("getmany")  # nested in one task
     consumer.release("getmany")
     consumer.release("__anext__")
-    assert consumer._poller is None
+    assert consumer._poll_owner.task is None
 
 
 @pytest.mark.parametrize("client", [Consumer, ShareConsumer])
@@ -142,7 +142,7 @@ async def test_every_public_call_is_bracketed_and_a_custom_rule_lets_two_tasks_p
     assert sorted(seen, key=int) == [b"%d" % i for i in range(total)]
     assert set(consumer.polls_by_task) == {"poller-0", "poller-1"}
     assert consumer.active_polls == 0
-    assert consumer._poller is None  # the default rule saw no poll at all
+    assert consumer._poll_owner.task is None  # the default rule saw no poll at all
     operations = [op for kind, op in consumer.calls if kind == "acquire"]
     for operation in ("subscribe", "subscription", "getmany", "acknowledge", "commit"):
         assert operation in operations

@@ -561,13 +561,13 @@ def _run_stream_scenario(scenario: str, compiled: bool) -> list[Any]:
         for n in range(6):
             if n == 2:
                 if scenario == "pause":
-                    state.paused = True
+                    state.pause()
                 elif scenario == "seek":
                     state.epoch += 1
                 elif scenario == "revoking":
                     state.revoking = True
                 elif scenario == "other poller":
-                    consumer._poller = 12345
+                    consumer._poll_owner.task = 12345
                 elif scenario == "closed":
                     engine.closed = True
                 elif scenario == "no chunk":
@@ -700,30 +700,29 @@ def test_record_stream_hands_out_its_awaitable_again_only_once_nobody_else_holds
 def test_record_stream_falls_back_for_objects_it_does_not_know() -> None:
     import anyio
 
+    from asyncconsumer.app.client import PollOwner
+    from asyncconsumer.app.collector import FastPath
     from asyncconsumer.app.iterators import RecordStream
+    from asyncconsumer.app.iterators import ready as iterators_ready
 
     class Plain:
         pass
 
+    class Running:
+        closed = False
+
     async def main() -> None:
         from collections import deque
 
-        class Owner:
-            _poller = None
-
-            class _engine:
-                closed = False
-
         calls: list[Any] = []
 
-        def anext_py(owner: Any) -> Any:
-            calls.append(owner)
+        def fallback() -> Any:
+            calls.append("fallback")
             return iterators_ready("fallback")
 
-        from asyncconsumer.app.iterators import ready as iterators_ready
-
-        owner = Owner()
-        stream = RecordStream(owner, deque([Plain()]), anext_py)  # not a Chunk: the Python method decides
-        assert await anext(stream) == "fallback" and calls == [owner]
+        fast = FastPath(deque([Plain()]), PollOwner())
+        fast.engine = Running()  # type: ignore[assignment]
+        stream = RecordStream(fast, fallback)  # not a Chunk: the Python method decides
+        assert await anext(stream) == "fallback" and calls == ["fallback"]
 
     anyio.run(main)

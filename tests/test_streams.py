@@ -7,9 +7,9 @@ from typing import Any
 import anyio
 import pytest
 
+from asyncconsumer import PartitionStream
 from asyncconsumer.app.streams import PartitionStreams
 from asyncconsumer.managers.subscription import PartitionPhase, PartitionState
-from asyncconsumer.streams import PartitionStream
 from asyncconsumer.structs import ConsumerRecord, TopicPartition
 
 pytestmark = pytest.mark.anyio
@@ -204,3 +204,12 @@ async def test_finish_does_not_wait_for_a_reader_that_cannot_finish(how: str) ->
                 tg.cancel_scope.cancel()
         await streams.finish(5.0)
     assert source.state.consumed == 0  # offset 0 was in hand, never processed: not committed
+
+
+async def test_the_old_module_still_gives_the_class_and_says_where_it_is_now() -> None:
+    """``asyncconsumer.streams`` is deprecated (docs/api-stability.md): it still works and warns."""
+    with pytest.warns(DeprecationWarning, match=r"use asyncconsumer\.PartitionStream"):
+        from asyncconsumer.streams import PartitionStream as old
+    assert old is PartitionStream
+    with pytest.raises(ImportError):
+        from asyncconsumer.streams import PartitionStreams  # noqa: F401 (never there)

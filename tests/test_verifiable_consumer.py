@@ -298,6 +298,22 @@ def test_cooperative_and_consumer_protocol_callbacks_are_printed_as_they_come() 
                            ("partitions_revoked", [1]), ("partitions_assigned", [])]
 
 
+class StartedClient:
+    """A client for ``run_tool`` that starts at once and notes each close's timeout."""
+
+    def __init__(self) -> None:
+        self.closed: list[float] = []
+
+    async def __aenter__(self) -> StartedClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def close(self, timeout: float) -> None:
+        self.closed.append(timeout)
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_signals_are_handled_before_startup_complete_is_printed(backend: str) -> None:
     """kafkatest may stop a node as soon as it printed startup_complete (the JVM's hook is in place by
@@ -314,20 +330,37 @@ def test_signals_are_handled_before_startup_complete_is_printed(backend: str) ->
                 handlers.append(signal.getsignal(signal.SIGTERM))
             super().emit(name, **fields)
 
-    class Client:
-        async def __aenter__(self) -> Client:
-            return self
-
-        async def __aexit__(self, *exc: object) -> None:
-            return None
-
-    async def session(client: Client, shutdown: object) -> None:
+    async def session(client: StartedClient, shutdown: object) -> None:
         return None
 
     sink = io.StringIO()
-    status = anyio.run(run_tool, Client, session, Watched(sink), "consumer", backend=backend)
+    status = anyio.run(run_tool, StartedClient, session, Watched(sink), "consumer", backend=backend)
     assert status == 0
     assert handlers and handlers[0] not in (signal.SIG_DFL, None), handlers
+    assert [json.loads(line)["name"] for line in sink.getvalue().splitlines()] == [
+        "startup_complete", "shutdown_complete", "shutdown_requested"]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_sessions_error_is_fatal_and_the_client_closes_within_the_close_timeout(
+    backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both tools' sessions leave their error and the close to run_tool: the error is logged as
+    the Java tools' last word, the client is closed once with the tool's close timeout, and the
+    run ends as a shutdown does (status 0, shutdown_complete)."""
+    import anyio
+
+    from asyncconsumer.cli._events import run_tool
+
+    client = StartedClient()
+
+    async def session(client: StartedClient, shutdown: object) -> None:
+        raise RuntimeError("the broker said no")
+
+    sink = io.StringIO()
+    status = anyio.run(run_tool, lambda: client, session, Events(sink), "consumer", 7.5, backend=backend)
+    assert status == 0 and client.closed == [7.5]
+    assert "terminating consumer process: the broker said no" in caplog.text
     assert [json.loads(line)["name"] for line in sink.getvalue().splitlines()] == [
         "startup_complete", "shutdown_complete", "shutdown_requested"]
 

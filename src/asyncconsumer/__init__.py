@@ -8,6 +8,7 @@
 
 from . import errors
 from ._version import __version__
+from .app.streams import PartitionStream
 from .config import ConsumerConfig
 from .consumer import Consumer
 from .errors import (
@@ -29,7 +30,6 @@ from .errors import (
 from .listener import RebalanceListener
 from .metrics import ConsumerMetrics, PartitionMetrics, ShareConsumerMetrics
 from .share import AcknowledgementResult, ShareConsumer
-from .streams import PartitionStream
 from .structs import (
     CREATE_TIME,
     LOG_APPEND_TIME,

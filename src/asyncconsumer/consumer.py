@@ -15,6 +15,7 @@ import re
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from types import MethodType
 from typing import Any, Generic, Never, NoReturn, ParamSpec, Unpack, cast, overload
 
 import anyio
@@ -102,9 +103,11 @@ class Consumer(ClientBase, Generic[KT, VT]):
         self._config = build_config(options)
         self._engine: Engine | None = None
         self._rebalance = RebalanceRunner(self._config)
-        self._collector: Collector[KT, VT] = Collector(self._config, self._rebalance)
+        self._collector: Collector[KT, VT] = Collector(self._config, self._rebalance, self._poll_owner)
         #: Records taken for ``async for``/``batches()`` and not handed out yet (the collector's).
         self._chunks = self._collector.chunks
+        #: What ``async for`` reads per record (the collector's; ``RecordStream`` reads it too).
+        self._fast_path = self._collector.fast_path
         #: No deserializers: ``async for`` may run in C (``RecordStream``).
         self._plain_records = self._collector.mode == "plain"
         #: Records in chunks are handed out as they are: no deserializers, or deserialized already
@@ -154,7 +157,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
             raise
 
     def _new_engine(self) -> Engine:
-        self._engine = Engine(self._config)
+        self._engine = self._fast_path.engine = Engine(self._config)
         self._engine.watch_pool(self._collector.column_buffers)  # idle Arrow column buffers go back too
         # OpenTelemetry (asyncconsumer.otel): nothing at all without a meter provider to report to.
         ref = weakref.ref(self)
@@ -398,13 +401,13 @@ class Consumer(ClientBase, Generic[KT, VT]):
         """Stop returning (and fetching) records for these partitions until ``resume``."""
         states = self._states(partitions, "pause")
         for state in states:
-            state.paused = True
+            state.pause()
         self._collector.drop_chunks(self._running(), {state.tp for state in states})
 
     @bracketed_sync("resume")
     def resume(self, *partitions: TopicPartition) -> None:
         for state in self._states(partitions, "resume"):
-            state.paused = False
+            state.resume()
         self._running().wake()
 
     @bracketed_sync("paused")
@@ -427,7 +430,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         partition is unassigned (with ``subscribe()``, set it again in ``on_partitions_assigned``)."""
         end = None if offset is None else check_offset(offset, "fetch_until")
         for state in self._states([partition], "fetch_until"):
-            state.fetch_end = end
+            state.fetch_until(end)
         self._running().wake()
 
     @bracketed_sync("highwater")
@@ -839,9 +842,11 @@ class Consumer(ClientBase, Generic[KT, VT]):
     def __aiter__(self) -> AsyncIterator[ConsumerRecord[KT, VT]]:
         # With the compiled decoder, no deserializers and the default acquire()/release() (all fixed
         # for the consumer's life), __anext__'s common case runs in C (app/iterators.RecordStream),
-        # which hands everything else to __anext__ below: the same records, checks and bookkeeping.
+        # reading the same FastPath, which hands everything else to __anext__ below: the same
+        # records, checks and bookkeeping.
         if RecordStream is not None and self._plain_records and self._default_hooks:
-            return cast("AsyncIterator[ConsumerRecord[KT, VT]]", RecordStream(self, self._chunks, Consumer.__anext__))
+            stream = RecordStream(self._fast_path, MethodType(Consumer.__anext__, self))
+            return cast("AsyncIterator[ConsumerRecord[KT, VT]]", stream)
         return self
 
     def __anext__(self) -> Awaitable[ConsumerRecord[KT, VT]]:
@@ -850,10 +855,12 @@ class Consumer(ClientBase, Generic[KT, VT]):
         # no other task runs in between and there is no acquire()/release() while no other poll
         # is in progress.  The event loop gets its turn (a checkpoint) once per chunk, when the
         # chunks run out and ``_next_record`` polls for more.  Inlined rather than shared with
-        # _next_record: a call here is a fifth of the cost per record.
-        chunks = self._chunks
-        engine = self._engine
-        if chunks and self._poller is None and self._default_hooks and engine is not None and not engine.closed:
+        # _next_record: a call here is a fifth of the cost per record.  What it reads is the
+        # collector's FastPath, as the compiled RecordStream does.
+        fast = self._fast_path
+        chunks = fast.chunks
+        engine = fast.engine
+        if chunks and fast.owner.task is None and self._default_hooks and engine is not None and not engine.closed:
             chunk = chunks[0]
             state = chunk.state
             if state.epoch == chunk.epoch and not state.paused and not state.revoking:
@@ -867,10 +874,11 @@ class Consumer(ClientBase, Generic[KT, VT]):
                     self._collector.handed(state.tp, index)
                 else:
                     chunk.index = index
-                    # PartitionState.handed_out(record.offset + 1), inlined: the one write to a
-                    # partition's offsets outside managers/subscription.py.  The record is of a live
-                    # chunk (same epoch: no seek or rewind since), so it is below the position and
-                    # after what was handed out before it: the invariant holds.
+                    # PartitionState.handed_out(record.offset + 1), inlined (one of the two writes to
+                    # a partition's offsets outside managers/subscription.py; RecordStream's in C is
+                    # the other).  The record is of a live chunk (same epoch: no seek or rewind
+                    # since), so it is below the position and after what was handed out before it:
+                    # the invariant holds.
                     state.consumed = record.offset + 1
                 if self._ready_records:
                     return ready(record)

@@ -372,7 +372,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
 
     async def __anext__(self) -> ShareConsumerRecord[KT, VT]:
         """The next record; when the current batch runs out, the next batch is a poll (see getmany)."""
-        if self._pending and self._default_hooks and self._poller is None:
+        if self._pending and self._default_hooks and self._poll_owner.task is None:
             # Handed out without acquire()/release() (the default ones): no await, so no other
             # task can see the consumer in between.
             return self._collector.hand_out(self._pending.popleft())

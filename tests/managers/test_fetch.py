@@ -186,7 +186,7 @@ def test_request_and_response_at_every_version(version: int) -> None:
 def test_paused_partitions_are_not_fetched() -> None:
     s = Setup()
     s.start({T0: 10, T2: 30})
-    s.subs.partitions[T2].paused = True
+    s.subs.partitions[T2].pause()
     assert fetched(s.fetch()) == {T0: 10}
 
 
@@ -196,18 +196,18 @@ def test_a_partition_is_not_fetched_once_it_reaches_its_fetch_limit() -> None:
     cleared."""
     s = Setup()
     s.start({T0: 10})
-    s.subs.partitions[T0].fetch_end = 12
+    s.subs.partitions[T0].fetch_until(12)
     request = s.fetch()
     assert fetched(request) == {T0: 10}
     respond(request, {T0: data(T0, records(10, 3), high_watermark=20)})
     assert s.subs.partitions[T0].fetch_offset == 13
     assert s.fetches() == []
-    s.subs.partitions[T0].fetch_end = 14
+    s.subs.partitions[T0].fetch_until(14)
     request = s.fetch()
     assert fetched(request) == {T0: 13}
     respond(request, {T0: data(T0, records(13, 1), high_watermark=20)})
     assert s.fetches() == []  # 14: at the new limit
-    s.subs.partitions[T0].fetch_end = None
+    s.subs.partitions[T0].fetch_until(None)
     assert fetched(s.fetch()) == {T0: 14}
 
 

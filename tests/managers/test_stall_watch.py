@@ -116,7 +116,7 @@ def test_partitions_the_application_holds_are_not_quiet(log: pytest.LogCaptureFi
     expected to fetch them, however long that lasts; once it is, the clock starts then."""
     s = Watched(buffer_bytes=4096)
     s.start({T0: 0, T1: 0})
-    s.subs.get(T1).paused = True  # type: ignore[union-attr]
+    s.subs.get(T1).pause()  # type: ignore[union-attr]
     respond(s.fetch(), {T0: data(T0, records(0, 400), high_watermark=400)})
     assert s.buffer.buffered_bytes(T0) >= s.fetcher.read_ahead_bytes()
     held_then_let_go(s, log, lambda: setattr(s.subs.partitions[T1], "paused", False), "t-1 for 6.5s (broker 2")
@@ -141,7 +141,7 @@ def test_a_partition_at_its_fetch_limit_is_not_quiet(log: pytest.LogCaptureFixtu
     starts then."""
     s = Watched()
     s.start({T0: 0})
-    s.subs.get(T0).fetch_end = 2  # type: ignore[union-attr]
+    s.subs.get(T0).fetch_until(2)  # type: ignore[union-attr]
     respond(s.fetch(), {T0: data(T0, records(0, 3), high_watermark=400)})
     held_then_let_go(s, log, lambda: setattr(s.subs.partitions[T0], "fetch_end", None), "t-0 for 6.5s (broker 1")
 

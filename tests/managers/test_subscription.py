@@ -114,7 +114,7 @@ def test_in_phase_and_fetchable_respect_backoff_and_pause() -> None:
     subs.partitions[T1].retry_at = 10.0
     assert [s.tp for s in subs.fetchable(5.0)] == [T0]
     assert [s.tp for s in subs.fetchable(10.0)] == [T0, T1]
-    subs.partitions[T0].paused = True
+    subs.partitions[T0].pause()
     assert [s.tp for s in subs.fetchable(10.0)] == [T1]
     assert [s.tp for s in subs.in_phase(PartitionPhase.AWAIT_RESET, 0.0)] == [T2]
     subs.partitions[T2].retry_at = float("inf")

@@ -119,6 +119,21 @@ async def _until(engine: LoopCore, condition: Callable[[], bool]) -> None:
         await event.wait()
 
 
+class PollOwner:
+    """Which task polls a client now, as the default ``acquire()``/``release()`` keep it (one
+    polling task at a time): ``task``, that task's id (None: no poll in progress), and ``depth``,
+    how many poll calls it is inside (``getone()`` calls ``getmany()``; a callback polls).
+
+    ``async for`` reads ``task`` for every record it hands out without a poll (through the
+    collector's ``FastPath``; the compiled ``RecordStream`` reads it by name)."""
+
+    __slots__ = ("depth", "task")
+
+    def __init__(self) -> None:
+        self.task: int | None = None
+        self.depth = 0
+
+
 class ClientBase:
     """The application-side base of ``Consumer`` and ``ShareConsumer``."""
 
@@ -132,8 +147,8 @@ class ClientBase:
         self._task_group: anyio.abc.TaskGroup | None = None
         #: asyncio only: the loop's task when started with ``start()`` instead of ``async with``.
         self._runner: Any = None
-        self._poller: int | None = None
-        self._poll_depth = 0
+        #: The polling task (the default acquire()/release() rule).
+        self._poll_owner = PollOwner()
         #: ``close()`` was called: the client cannot be started (again).
         self._closed = False
         # ``async for`` may hand out records already taken without acquire()/release() when they
@@ -254,24 +269,26 @@ class ClientBase:
         if operation not in self.POLL_OPERATIONS:
             return
         me = _current_task_id()
-        if self._poller is None or self._poller == me:
-            self._poller = me
-            self._poll_depth += 1
+        owner = self._poll_owner
+        if owner.task is None or owner.task == me:
+            owner.task = me
+            owner.depth += 1
             return
         token = self._callback_token()
         if token is not None and CALLBACK_OWNER.get() is token:
-            self._poll_depth += 1
+            owner.depth += 1
             return
         name = type(self).__name__
         raise ConcurrentAccessError(
-            f"{operation}() called from task {me} while task {self._poller} is polling this {self.KIND}; "
+            f"{operation}() called from task {me} while task {owner.task} is polling this {self.KIND}; "
             f"poll from one task, or override {name}.acquire()/release() (docs/concurrency.md)"
         )
 
     def release(self, operation: str) -> None:
         """Called after every public call (also on error or cancellation)."""
-        if operation not in self.POLL_OPERATIONS or self._poll_depth == 0:
+        owner = self._poll_owner
+        if operation not in self.POLL_OPERATIONS or owner.depth == 0:
             return
-        self._poll_depth -= 1
-        if self._poll_depth == 0:
-            self._poller = None
+        owner.depth -= 1
+        if owner.depth == 0:
+            owner.task = None

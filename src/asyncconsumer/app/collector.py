@@ -15,7 +15,9 @@ meanwhile (no seek, pause, revocation or close) are handed out and the others
 go back by the same rules.  It talks to the engine only (``Engine``:
 subscriptions, the buffer, the wake-ups), which every call that needs it is handed, never to
 ``Consumer`` internals; and to a partition's offsets through ``PartitionState``'s vocabulary
-(``taken``, ``handed_out``, ``finished``, ``rewind``).
+(``taken``, ``handed_out``, ``finished``, ``rewind``).  What ``async for`` reads for each record it
+hands out without a poll, the C extension's ``RecordStream`` included, is one object the collector
+owns (``FastPath``: the chunks, the consumer's polling task, the engine).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..errors import ConsumerClosedError, KafkaError, RecordDeserializationError
 from ..managers.fetch_buffer import CompletedFetch, Record
 from ..managers.subscription import PartitionState
 from ..structs import ConsumerRecord, TopicPartition
+from .client import PollOwner
 from .deserializers import Deserializers, Pending, Undeserialized, replaced
 from .iterators import ChunkBase
 from .rebalance import RebalanceRunner
@@ -51,13 +54,17 @@ SKIPPED = "the position moves past it"
 DeserializeMode = Literal["plain", "lazy", "eager"]
 
 
+#: A chunk's fields: the compiled ``ChunkBase``'s members (speedups/ready.c), else ``Chunk``'s slots.
+CHUNK_FIELDS = ("end", "epoch", "index", "records", "state")
+
+
 class Chunk(ChunkBase if not TYPE_CHECKING else object):  # type: ignore[misc]
     """One partition's records taken from the buffer for ``async for`` or ``batches()``.
 
-    With the C extension its fields live in the compiled ``ChunkBase`` (``async for``'s
-    ``RecordStream`` reads them directly), else in the slots below."""
+    With the C extension its fields (``CHUNK_FIELDS``) live in the compiled ``ChunkBase``
+    (``async for``'s ``RecordStream`` reads them directly), else in slots of its own."""
 
-    __slots__ = () if ChunkBase is not object else ("end", "epoch", "index", "records", "state")
+    __slots__ = () if ChunkBase is not object else CHUNK_FIELDS
 
     state: PartitionState
     epoch: int
@@ -80,15 +87,40 @@ class Chunk(ChunkBase if not TYPE_CHECKING else object):  # type: ignore[misc]
         return state.epoch == self.epoch and not state.paused and not state.revoking
 
 
-class Collector(Generic[KT, VT]):
-    """Takes records from the engine's fetch buffer for one consumer."""
+class FastPath:
+    """What ``async for``'s per-record step reads before it hands out a record it already holds,
+    without a poll (``Consumer.__anext__``, and the compiled ``RecordStream`` by name):
 
-    def __init__(self, config: ConsumerConfig, rebalance: RebalanceRunner) -> None:
+    - ``chunks``: the collector's records taken and not handed out yet;
+    - ``owner``: the consumer's ``PollOwner`` (no other poll may be in progress: ``owner.task``
+      is None);
+    - ``engine``: the consumer's engine, which must be running (not ``engine.closed``); None
+      until the consumer builds it.
+
+    The collector owns it; ``chunks`` and ``owner`` are the same objects for its life and
+    ``engine`` is set once.  speedups/module.c lists every name the extension reads
+    (tests/test_speedups.py checks them against the classes)."""
+
+    __slots__ = ("chunks", "engine", "owner")
+
+    def __init__(self, chunks: deque[Chunk], owner: PollOwner) -> None:
+        self.chunks = chunks
+        self.owner = owner
+        self.engine: Engine | None = None
+
+
+class Collector(Generic[KT, VT]):
+    """Takes records from the engine's fetch buffer for one consumer (``owner``: the consumer's
+    polling task, which ``async for`` checks per record)."""
+
+    def __init__(self, config: ConsumerConfig, rebalance: RebalanceRunner, owner: PollOwner) -> None:
         self._config = config
         self._rebalance = rebalance
         #: Records taken from the buffer for ``async for``/``batches()`` and not handed out yet.
-        #: The deque is the same object for the collector's life (the consumer's fast path holds it).
+        #: The deque is the same object for the collector's life (``fast_path`` holds it).
         self.chunks: deque[Chunk] = deque()
+        #: What ``async for`` reads per record (``FastPath``).
+        self.fast_path = FastPath(self.chunks, owner)
         #: A deserializer error held back for the next poll (the records before it were handed out).
         self.deferred_error: KafkaError | None = None
         #: Records handed out per partition (chunks count when used up or dropped; see ``handed_out``),
@@ -478,7 +510,7 @@ class Collector(Generic[KT, VT]):
                              if (state := partitions.get(tp)) is not None and state.epoch == epochs[tp]})
 
 
-__all__ = ["Chunk", "Collector", "RecordDeserializationError"]
+__all__ = ["Chunk", "Collector", "FastPath", "RecordDeserializationError"]
 
 
 def _seek_hint(record: Undeserialized) -> str:

@@ -1,7 +1,9 @@
 """The async iterators the consumer's read APIs return (``batches()``, ``arrow_batches()``,
 ``partitions()``): each step is one call of a step function (a poll, bracketed by the consumer's
-``acquire()``/``release()``), and ``aclose()`` runs an optional cleanup.  And ``ready``, the
-awaitable ``Consumer.__anext__`` returns for a record it already holds."""
+``acquire()``/``release()``), and ``aclose()`` runs an optional cleanup.  And what ``async for``
+over the consumer itself hands records out with: ``ready``, the awaitable ``Consumer.__anext__``
+returns for a record it already holds, and with the C extension ``RecordStream`` (that step in C,
+reading the collector's ``FastPath``) and ``ChunkBase`` (the fields of a chunk of records)."""
 
 from __future__ import annotations
 
@@ -25,11 +27,15 @@ async def ready_py(value: T) -> T:
 _speedups: Any = importlib.import_module("asyncconsumer._speedups") if records.DECODER == "c" else None
 ready: Callable[[Any], Awaitable[Any]] = cast("Callable[[Any], Awaitable[Any]]", getattr(_speedups, "ready", ready_py))
 
-#: ``RecordStream(consumer, chunks, anext)``, what ``async for record in consumer`` iterates when
-#: the compiled decoder is in use, the consumer has no deserializers and the default
+#: ``RecordStream(fast_path, fallback)``, what ``async for record in consumer`` iterates when the
+#: compiled decoder is in use, the consumer has no deserializers and the default
 #: ``acquire()``/``release()``: ``Consumer.__anext__``'s common case (a record of the first chunk,
-#: not its last, the chunk live, no other poll, the engine running) in C, everything else handed to
-#: ``anext(consumer)``, the Python method, which stays the reference.  None without the extension.
+#: not its last, the chunk live, no other poll, the engine running) in C, reading what
+#: ``fast_path``, the collector's ``app.collector.FastPath``, holds; everything else is
+#: ``fallback()``, the consumer's bound ``__anext__``, which stays the reference.  Like it, the
+#: stream reads the chunks' fields (``ChunkBase``) and their partitions' ``PartitionState``
+#: (``epoch``, ``paused``, ``revoking``), and writes the state's ``consumed``.  None without the
+#: extension.
 RecordStream: Any = getattr(_speedups, "RecordStream", None)
 #: The base of ``app.collector.Chunk``: the compiled ``ChunkBase`` (its fields as a C struct, which
 #: ``RecordStream`` reads directly) with the extension, else ``object``.

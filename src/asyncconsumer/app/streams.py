@@ -233,11 +233,11 @@ class PartitionStreams(Generic[KT, VT]):
             if stream.push():
                 if tp in self._held:
                     self._held.discard(tp)
-                    state.paused = False
+                    state.resume()
                     self._source.wake()
             elif not state.paused:
                 self._held.add(tp)
-                state.paused = True  # back-pressure: stop fetching and returning this partition
+                state.pause()  # back-pressure: stop fetching and returning this partition
 
     async def before_revoke(self, partitions: set[TopicPartition], *, lost: bool) -> None:
         """Stop feeding the streams of ``partitions`` and let their readers finish what they hold,

@@ -14,9 +14,9 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractAsyncContextManager, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, NoReturn, TypeVar
+from typing import IO, Any, NoReturn, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -153,7 +153,17 @@ class Shutdown:
             self._events.emit("shutdown_requested")
 
 
-Client = TypeVar("Client", bound=AbstractAsyncContextManager[Any])
+class ToolClient(Protocol):
+    """What a tool runs: a consumer or a share consumer (``async with``, ``close(timeout)``)."""
+
+    async def __aenter__(self) -> Any: ...
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> Any: ...
+
+    async def close(self, timeout: float) -> None: ...
+
+
+Client = TypeVar("Client", bound=ToolClient)
 
 
 def launch(
@@ -163,6 +173,7 @@ def launch(
     make: Callable[[], Client],
     session: Callable[[Client, Shutdown], Awaitable[None]],
     events: Events,
+    close_timeout: float,
 ) -> NoReturn:
     """Check the settings by building the client once (refused ones end the tool before any event),
     then :func:`run_tool` on ``runtime``; exits with its status."""
@@ -170,7 +181,7 @@ def launch(
         make()
     except KafkaError as exc:
         fail_config(prog, str(exc))
-    raise SystemExit(anyio.run(run_tool, make, session, events, what, backend=runtime))
+    raise SystemExit(anyio.run(run_tool, make, session, events, what, close_timeout, backend=runtime))
 
 
 async def run_tool(
@@ -178,12 +189,14 @@ async def run_tool(
     session: Callable[[Client, Shutdown], Awaitable[None]],
     events: Events,
     what: str,
+    close_timeout: float = 30.0,
 ) -> int:
     """The Java tools' ``run()`` and shutdown hook around ``session``; returns the exit status.
 
     ``startup_complete`` first; then the client is started (again and again while no broker answers,
-    as Java's poll keeps trying) and ``session`` runs (it closes the client); ``shutdown_complete``
-    at the end, whatever happened.  A fatal error is logged and ends the run like a shutdown.
+    as Java's poll keeps trying) and ``session`` runs; ``shutdown_complete`` at the end, whatever
+    happened.  An error of the session is fatal: it is logged and ends the run like a shutdown.
+    Either way the client is closed, within ``close_timeout`` seconds, even when cancelled.
     """
     shutdown = Shutdown(events)
     async with anyio.create_task_group() as tasks:
@@ -196,7 +209,7 @@ async def run_tool(
                     with shutdown.wakeable():  # a signal while starting ends the start
                         async with client:
                             shutdown.disarm()
-                            await session(client, shutdown)
+                            await _run_session(client, shutdown, session, what, close_timeout)
                     break
                 except (KafkaConnectionError, KafkaTimeoutError) as exc:
                     log.warning("no broker answered (%s); trying again", exc)
@@ -210,6 +223,24 @@ async def run_tool(
             tasks.cancel_scope.cancel()
     shutdown.after_exit()
     return shutdown.exit_status
+
+
+async def _run_session(client: Client, shutdown: Shutdown, session: Callable[[Client, Shutdown], Awaitable[None]],
+                       what: str, close_timeout: float) -> None:
+    """``session``, whose errors are fatal (logged), then the client closed within ``close_timeout``."""
+    try:
+        await session(client, shutdown)
+    except Exception as exc:
+        fatal(what, exc)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await client.close(close_timeout)
+
+
+def record_data(events: Events, record: Any) -> None:
+    """``record_data`` (``--verbose``): one record's key and value as text, and where it is."""
+    events.emit("record_data", key=text(record.key), value=text(record.value), topic=record.topic,
+                partition=record.partition, offset=record.offset)
 
 
 def fatal(what: str, exc: BaseException) -> None:

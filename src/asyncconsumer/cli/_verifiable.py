@@ -10,8 +10,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from ..consumer import Consumer
 from ..errors import FencedInstanceIdError, KafkaError
 from ..listener import RebalanceListener
@@ -29,12 +27,11 @@ from ._events import (
     drop_not_applicable,
     fail_config,
     fail_usage,
-    fatal,
     launch,
     load_properties,
     parse_or_exit,
     partition_list,
-    text,
+    record_data,
 )
 from ._javaargs import ArgumentError, Option, ToolParser
 
@@ -143,6 +140,7 @@ def main(args: list[str], verbose_logs: bool = False) -> None:
         lambda: Consumer.from_properties(tool.properties),
         lambda consumer, shutdown: _session(tool, consumer, events, shutdown),
         events,
+        tool.close_timeout,
     )
 
 
@@ -257,28 +255,22 @@ class GroupEvents(RebalanceListener):
 
 
 async def _session(tool: ConsumerTool, consumer: Consumer[Any, Any], events: Events, shutdown: Shutdown) -> None:
-    group = GroupEvents(events, eager=tool.eager)
-    try:
-        consumer.subscribe([tool.topic], listener=group)
-        consumed = 0
-        while not (tool.max_messages >= 0 and consumed >= tool.max_messages) and not shutdown.requested:
-            limit = tool.max_messages - consumed if tool.max_messages >= 0 else None
-            with shutdown.wakeable() as poll:
-                batch = await consumer.getmany(timeout=POLL_SLICE, max_records=limit)
-            if poll.cancelled_caught:
-                break
-            # a batch that came back is reported and committed even if a signal came meanwhile, as
-            # Java's tool does (its wakeup then interrupts the commit, which it makes again)
-            if not batch:
-                continue
-            consumed += _report_batch(batch, events, tool.verbose)
-            if not tool.auto_commit:
-                await _commit(consumer, events, {tp: records[-1].offset + 1 for tp, records in batch.items()})
-    except Exception as exc:
-        fatal("consumer", exc)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await consumer.close(tool.close_timeout)
+    """Poll, report and commit until ``--max-messages`` or a signal (``run_tool`` closes the consumer)."""
+    consumer.subscribe([tool.topic], listener=GroupEvents(events, eager=tool.eager))
+    consumed = 0
+    while not (tool.max_messages >= 0 and consumed >= tool.max_messages) and not shutdown.requested:
+        limit = tool.max_messages - consumed if tool.max_messages >= 0 else None
+        with shutdown.wakeable() as poll:
+            batch = await consumer.getmany(timeout=POLL_SLICE, max_records=limit)
+        if poll.cancelled_caught:
+            break
+        # a batch that came back is reported and committed even if a signal came meanwhile, as
+        # Java's tool does (its wakeup then interrupts the commit, which it makes again)
+        if not batch:
+            continue
+        consumed += _report_batch(batch, events, tool.verbose)
+        if not tool.auto_commit:
+            await _commit(consumer, events, {tp: records[-1].offset + 1 for tp, records in batch.items()})
 
 
 def _report_batch(
@@ -290,10 +282,7 @@ def _report_batch(
     for tp, records in batch.items():
         if verbose:
             for r in records:
-                events.emit(
-                    "record_data", key=text(r.key), value=text(r.value), topic=r.topic, partition=r.partition,
-                    offset=r.offset,
-                )
+                record_data(events, r)
         summaries.append({
             "topic": tp.topic,
             "partition": tp.partition,

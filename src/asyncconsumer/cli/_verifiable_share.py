@@ -27,12 +27,11 @@ from ._events import (
     drop_not_applicable,
     fail_config,
     fail_usage,
-    fatal,
     launch,
     load_properties,
     log,
     parse_or_exit,
-    text,
+    record_data,
 )
 from ._javaargs import ArgumentError, Option, ToolParser
 
@@ -116,6 +115,7 @@ def main(args: list[str], verbose_logs: bool = False) -> None:
         lambda: ShareConsumer.from_properties(tool.properties, on_acknowledgement_commit=state.callback(events)),
         lambda consumer, shutdown: _session(tool, consumer, events, shutdown, state),
         events,
+        CLOSE_SECONDS,
     )
 
 
@@ -226,28 +226,24 @@ class AckState:
 async def _session(
     tool: ShareTool, consumer: ShareConsumer[Any, Any], events: Events, shutdown: Shutdown, state: AckState
 ) -> None:
-    try:
-        async with anyio.create_task_group() as commits:
-            if tool.offset_reset:
-                await _set_offset_reset(tool, events)
-            consumer.subscribe([tool.topic])
-            while not (tool.max_messages >= 0 and state.acknowledged >= tool.max_messages) and not shutdown.requested:
-                with shutdown.wakeable() as poll:
-                    batch = await consumer.getmany(timeout=POLL_SLICE)
-                if poll.cancelled_caught:
-                    break
-                if not batch:
-                    continue
-                _process(tool, consumer, events, state, batch)
-                if tool.mode == "sync":
-                    _log_failures(await consumer.commit(), "synchronously")
-                elif tool.mode == "async":
-                    commits.start_soon(_commit_async, consumer)
-    except Exception as exc:
-        fatal("share consumer", exc)
-    finally:
-        with anyio.CancelScope(shield=True):
-            await consumer.close(CLOSE_SECONDS)
+    """Poll, acknowledge and commit until ``--max-messages`` acknowledged or a signal (``run_tool``
+    closes the consumer)."""
+    async with anyio.create_task_group() as commits:
+        if tool.offset_reset:
+            await _set_offset_reset(tool, events)
+        consumer.subscribe([tool.topic])
+        while not (tool.max_messages >= 0 and state.acknowledged >= tool.max_messages) and not shutdown.requested:
+            with shutdown.wakeable() as poll:
+                batch = await consumer.getmany(timeout=POLL_SLICE)
+            if poll.cancelled_caught:
+                break
+            if not batch:
+                continue
+            _process(tool, consumer, events, state, batch)
+            if tool.mode == "sync":
+                _log_failures(await consumer.commit(), "synchronously")
+            elif tool.mode == "async":
+                commits.start_soon(_commit_async, consumer)
 
 
 def _process(
@@ -264,10 +260,7 @@ def _process(
         summaries.append({"topic": tp.topic, "partition": tp.partition, "count": len(offsets), "offsets": offsets})
         for r in records:
             if tool.verbose:
-                events.emit(
-                    "record_data", key=text(r.key), value=text(r.value), topic=r.topic, partition=r.partition,
-                    offset=r.offset,
-                )
+                record_data(events, r)
             if tool.pattern:
                 consumer.acknowledge(r, state.choose(tp, r.offset))
     events.emit("records_consumed", count=sum(len(records) for records in batch.values()), partitions=summaries)

@@ -19,9 +19,13 @@ Each partition's offsets, once its position is known, keep
 Only this module writes them: the fetch manager says what it fetched (``fetched``), the
 application side speaks a small vocabulary (``taken``, ``handed_out``, ``finished``,
 ``committed_through``, and ``rewind`` to put records back), and seeks, resets and validation set
-the position (``set_position``, ``await_validation``).  Each keeps the order above.  The one
-exception is the consumer's per-record ``async for`` path, which inlines ``handed_out``
-(commented there).
+the position (``set_position``, ``await_validation``).  Each keeps the order above.  The
+exceptions are the two per-record ``async for`` steps, which inline ``handed_out`` for a record
+of a live chunk: ``Consumer.__anext__``, and the C extension's ``RecordStream``
+(speedups/ready.c), which writes ``consumed`` straight into its slot.
+
+What the application asks of a partition has its words too: ``pause``/``resume`` (``paused``:
+neither fetched nor handed out) and ``fetch_until`` (``fetch_end``).
 
 Leader epochs (KIP-320): ``leader_epoch`` is the epoch of the record before
 ``position`` (what a commit carries), ``fetched_epoch`` the one before
@@ -49,6 +53,15 @@ class PartitionPhase(enum.Enum):
 
 @dataclass(slots=True, eq=False)
 class PartitionState:
+    """One assigned partition: its phase, offsets and flags (see the module's docstring).
+
+    Who writes what: the offsets (``position``, ``fetch_offset``, ``consumed``, ``processed``,
+    ``set_at``) only through the methods below, but for ``consumed``, which the per-record
+    ``async for`` steps also write for a record of a live chunk, as ``handed_out`` would:
+    ``Consumer.__anext__`` in Python and ``RecordStream`` in C (speedups/ready.c, at the field's
+    slot; tests/test_speedups_names.py keeps the names it reads and writes in step).  ``paused``
+    and ``fetch_end`` through ``pause``/``resume`` and ``fetch_until``."""
+
     tp: TopicPartition
     phase: PartitionPhase
     position: int = -1
@@ -107,6 +120,21 @@ class PartitionState:
             if start < offset:
                 return epoch
         return self._set_epoch
+
+    # -- what the application asks of the partition ------------------------------------------------
+
+    def pause(self) -> None:
+        """Neither fetched nor handed out until ``resume()`` (``Consumer.pause()``, or a partition
+        stream that is full)."""
+        self.paused = True
+
+    def resume(self) -> None:
+        """Fetched and handed out again after ``pause()``."""
+        self.paused = False
+
+    def fetch_until(self, offset: int | None) -> None:
+        """Fetch only while ``fetch_offset`` is below ``offset`` (None: no limit; see ``fetch_end``)."""
+        self.fetch_end = offset
 
     def set_position(self, offset: int, leader_epoch: int | None = None) -> None:
         # Going back within what the leader already served (the application putting records

@@ -48,8 +48,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from ._java import JavaNotFoundError, cache_dir, file_lock, find_java
 from ._process import parent_death_signal
-from .kafka import JavaNotFoundError, _file_lock, cache_dir, find_java
 
 __all__ = [
     "APICURIO_VERSION",
@@ -174,7 +174,7 @@ def apicurio_runner(*, progress: IO[str] | None = None) -> Path:
     marker = target / ".complete"
     if marker.exists():
         return target / RUNNER
-    with _file_lock(target.with_name(target.name + ".lock")):
+    with file_lock(target.with_name(target.name + ".lock")):
         if not marker.exists():  # another process may have built it while we waited
             _build(target, progress if progress is not None else sys.stderr)
             marker.write_text(APICURIO_VERSION + "\n")
