@@ -111,6 +111,7 @@ class Engine(LoopCore):
                 heartbeat_interval=config.heartbeat_interval_ms / 1000,
                 retry_backoff=retry,
                 assignors=[get_assignor(name) for name in config.partition_assignment_strategy],
+                client_rack=config.client_rack or None,
             )
             self._group_settings = settings
             if config.group_protocol == "consumer":

@@ -19,7 +19,7 @@ topic was re-created) starts its epochs afresh.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,8 @@ class TopicInfo:
     topic_id: bytes
     is_internal: bool
     partitions: dict[int, PartitionInfo]
+    #: Partition -> the broker ids of its replicas (every replica, in sync or not).
+    replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -59,6 +61,8 @@ class Cluster:
     topics: dict[str, TopicInfo] = field(default_factory=dict)
     #: Topics the last response said do not exist (or we may not see), with the error.
     topic_errors: dict[str, KafkaError] = field(default_factory=dict)
+    #: Broker id -> its ``broker.rack``, for the brokers that have one.
+    racks: dict[int, str] = field(default_factory=dict)
 
     def leader(self, tp: TopicPartition) -> PartitionInfo | None:
         topic = self.topics.get(tp.topic)
@@ -75,6 +79,20 @@ class Cluster:
         """The last answer says ``tp`` does not exist: its topic is unknown or has no such partition."""
         topic = self.topics.get(tp.topic)
         return self.topic_missing(tp.topic) or (topic is not None and tp.partition not in topic.partitions)
+
+    def replica_racks(self, topics: Iterable[str]) -> dict[TopicPartition, frozenset[str]]:
+        """The racks of each partition's replicas, for the partitions of ``topics`` (the rack-aware
+        assignors' input); empty when no broker has a rack."""
+        if not self.racks:
+            return {}
+        racks = self.racks
+        result: dict[TopicPartition, frozenset[str]] = {}
+        for name in topics:
+            topic = self.topics.get(name)
+            if topic is not None:
+                for index, replicas in topic.replicas.items():
+                    result[TopicPartition(name, index)] = frozenset(racks[b] for b in replicas if b in racks)
+        return result
 
     def topic_name(self, topic_id: bytes) -> str | None:
         for topic in self.topics.values():
@@ -181,6 +199,7 @@ class MetadataManager:
 
     def _handle(self, now: float, body: Body, everything: bool) -> None:
         brokers = {b["node_id"]: (b["host"], b["port"]) for b in body["brokers"]}
+        racks = {b["node_id"]: b["rack"] for b in body["brokers"] if b.get("rack")}
         topics: dict[str, TopicInfo] = {}
         errors: dict[str, KafkaError] = {}
         for topic in body["topics"]:
@@ -193,11 +212,12 @@ class MetadataManager:
             partitions = {
                 p["partition_index"]: PartitionInfo(p["leader_id"], p["leader_epoch"]) for p in topic["partitions"]
             }
-            topics[name] = TopicInfo(name, topic["topic_id"], topic["is_internal"], partitions)
+            replicas = {p["partition_index"]: tuple(p["replica_nodes"]) for p in topic["partitions"]}
+            topics[name] = TopicInfo(name, topic["topic_id"], topic["is_internal"], partitions, replicas)
         self._keep_newer_epochs(topics)
         if everything:
             self._all_in_flight = False
-            snapshot = Cluster(brokers, topics, errors)
+            snapshot = Cluster(brokers, topics, errors, racks)
             waiters, self._all_topics_waiters = self._all_topics_waiters, []
             for waiter in waiters:
                 waiter.set_result(snapshot)
@@ -208,7 +228,7 @@ class MetadataManager:
         else:
             self._in_flight = False
             self._last_refresh = now
-        self.cluster = Cluster(brokers, topics, errors)
+        self.cluster = Cluster(brokers, topics, errors, racks)
         self.last_error = None
         self.version += 1
         self._on_update(self.cluster)
