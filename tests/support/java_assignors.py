@@ -2,15 +2,17 @@
 ``JavaAssignors.java`` beside this file, compiled with ``javac`` against the jars
 ``asyncconsumer.testing`` downloads for its brokers, runs scenarios given as JSON lines.
 
-    with JavaAssignors(tmp_path) as java:
+    with JavaAssignors() as java:
         java.assign("range", {"t": [["a"], ["b"]]}, {"m1": {"topics": ["t"], "rack": "a"}})
         # -> {"m1": {TopicPartition("t", 0)}, ...}
 
-Needs a JDK (``javac``); :func:`javac` says which, or None.
+Needs a JDK (``javac``); :func:`javac` says which, or None.  The compiled class is kept in the
+package's cache directory (beside the jars), so only the first run pays for ``javac``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -19,7 +21,7 @@ from types import TracebackType
 from typing import Any
 
 from asyncconsumer.structs import TopicPartition
-from asyncconsumer.testing.kafka import find_java, kafka_libs
+from asyncconsumer.testing.kafka import KAFKA_VERSION, cache_dir, find_java, kafka_libs
 
 SOURCE = Path(__file__).with_name("JavaAssignors.java")
 
@@ -34,16 +36,31 @@ def javac() -> str | None:
     return str(beside) if beside.exists() else shutil.which("javac")
 
 
-class JavaAssignors:
-    """One JVM answering assignment scenarios, one line each (a JVM start is ~1 s: share it)."""
-
-    def __init__(self, workdir: Path) -> None:
+def compiled(libs: Path) -> Path:
+    """The directory holding ``JavaAssignors.class``, compiled for this source and release if needed."""
+    digest = hashlib.sha256(SOURCE.read_bytes() + KAFKA_VERSION.encode()).hexdigest()[:16]
+    target = cache_dir() / f"java-assignors-{digest}"
+    if not (target / "JavaAssignors.class").exists():
         compiler = javac()
         if compiler is None:
             raise RuntimeError("javac not found: the Java assignor reference needs a JDK")
-        self._classpath = f"{workdir}:{kafka_libs()}/*"
-        subprocess.run([compiler, "-nowarn", "-d", str(workdir), "-cp", self._classpath, str(SOURCE)],
-                       check=True, capture_output=True, timeout=120)
+        scratch = target.with_name(f"{target.name}.{id(target)}.tmp")
+        scratch.mkdir(parents=True, exist_ok=True)
+        subprocess.run([compiler, "-nowarn", "-d", str(scratch), "-cp", f"{libs}/*", str(SOURCE)],
+                       check=True, capture_output=True, timeout=300)
+        try:
+            scratch.rename(target)
+        except OSError:  # another process compiled it meanwhile
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+class JavaAssignors:
+    """One JVM answering assignment scenarios, one line each (a JVM start is ~1 s: share it)."""
+
+    def __init__(self) -> None:
+        libs = kafka_libs()
+        self._classpath = f"{compiled(libs)}:{libs}/*"
         java, _ = find_java()
         self._proc = subprocess.Popen(
             [java, "-Xmx256m", "-cp", self._classpath, "-Dlog4j2.level=OFF", "JavaAssignors"],
