@@ -65,6 +65,9 @@ class Engine(LoopCore):
             topics_of_interest=self._topics_of_interest,
             on_update=self._on_metadata,
             want_all_topics=self._want_all_topics,
+            bootstrap=self.network,
+            recovery_strategy=config.metadata_recovery_strategy,
+            rebootstrap_trigger=config.metadata_recovery_rebootstrap_trigger_ms / 1000,
         )
         self.callbacks: deque[CallbackRequest] = deque()
         self.last_poll = clock()

@@ -8,6 +8,15 @@ outcome goes to ``on_complete`` — the background loop, which runs the manager'
 handler on its next turn.  Brokers that fail are retried with exponential
 backoff and jitter.
 
+Broker addresses: the ``bootstrap_servers`` until the first metadata, then the
+brokers the metadata names (each metadata answer replaces them; a connection
+to a broker that moved is dropped).  ``rebootstrap()`` goes back to the
+bootstrap servers when the metadata manager decides the known brokers are gone
+(KIP-899/KIP-1102, see ``managers/metadata.py``): it forgets them, closes their
+connections and says so; a bootstrap server's name is resolved again at each
+connection.  Until then, and with ``metadata_recovery_strategy="none"`` always,
+requests go only to the known brokers.
+
 A failed login (``AuthenticationError``: wrong SASL credentials, an untrusted
 certificate) is fatal at once, as in the Java client (``SaslAuthenticationException``
 and ``SslAuthenticationException`` are not retriable there): it is logged as an
@@ -153,6 +162,9 @@ class NetworkClient:
         #: The last failed login (fatal, as in the Java client), and whether the loop has taken it.
         self.auth_failure: AuthenticationError | None = None
         self._auth_failure_new = False
+        #: Rebootstraps so far; a broker's REBOOTSTRAP_REQUIRED not yet taken by the metadata manager.
+        self.rebootstraps = 0
+        self._rebootstrap_requested = False
         #: Said once, before the first connection: a login that sends its credential in clear.
         self._cleartext = cleartext_warning(config.security_protocol, config.sasl_mechanism) if sasl else None
 
@@ -161,10 +173,43 @@ class NetworkClient:
     def update_brokers(self, brokers: dict[int, tuple[str, int]]) -> None:
         """Called with each metadata response; connections to moved brokers are dropped."""
         for node_id, address in brokers.items():
-            old = self._brokers.get(node_id)
-            if old is not None and old != address and node_id in self._connections:
+            connection = self._connections.get(node_id)
+            if connection is not None and (connection.host, connection.port) != address:
                 self._spawn(self._connections.pop(node_id).aclose)
         self._brokers = dict(brokers)
+
+    def known_brokers_unavailable(self) -> bool:
+        """Every broker of the last metadata is out of reach for now: none is connected, and each
+        is being connected to or waits out its reconnect backoff (KIP-899's test)."""
+        if not self._brokers:
+            return False
+        now = self._clock()
+        for node_id in self._brokers:
+            connection = self._connections.get(node_id)
+            if connection is not None and connection.connected:
+                return False
+            if node_id not in self._connecting and self._health.get(node_id, _NodeHealth()).next_attempt <= now:
+                return False
+        return True
+
+    def rebootstrap_requested(self) -> bool:
+        """A broker refused a connection with REBOOTSTRAP_REQUIRED since the last call (KIP-1242)."""
+        requested, self._rebootstrap_requested = self._rebootstrap_requested, False
+        return requested
+
+    def rebootstrap(self, reason: str) -> None:
+        """Forget the known brokers: close their connections (and the bootstrap servers', so that
+        their names are resolved again) and try the bootstrap servers at once."""
+        known = ", ".join(f"{describe_node(n)} at {host}:{port}" for n, (host, port) in sorted(self._brokers.items()))
+        log.warning("going back to bootstrap_servers %s: %s (forgetting %s)",
+                    ",".join(self._config.bootstrap_servers), reason, known or "no broker")
+        for node_id in (*self._brokers, *self._bootstrap):
+            connection = self._connections.pop(node_id, None)
+            if connection is not None:
+                self._spawn(connection.aclose)
+            self._health.pop(node_id, None)
+        self._brokers = {}
+        self.rebootstraps += 1
 
     def register_node(self, node_id: int, host: str, port: int) -> None:
         """An address outside the broker list (the group coordinator's own connection)."""
@@ -184,25 +229,26 @@ class NetworkClient:
         if connected:
             return min(connected, key=lambda n: self._connections[n].in_flight)
         ready = [n for n in candidates if self._health.get(n, _NodeHealth()).next_attempt <= now]
-        if not ready and self._brokers:
-            # Known brokers all in backoff: the bootstrap list may still answer.
-            ready = [n for n in self._bootstrap if self._health.get(n, _NodeHealth()).next_attempt <= now]
         pool = ready or candidates
         return min(pool, key=lambda n: self._health.get(n, _NodeHealth()).next_attempt)
 
     def all_unreachable_error(self) -> KafkaError | None:
-        """If every bootstrap/broker failed its last attempt, the error that says so."""
-        nodes = list(self._brokers) + list(self._bootstrap)
+        """If every broker requests may go to (the known ones, else the bootstrap servers) failed
+        its last attempt, the error that says so."""
+        nodes = list(self._brokers) or list(self._bootstrap)
         if any(n in self._connections for n in nodes):
             return None
-        errors = [h.last_error for n in nodes if (h := self._health.get(n)) is not None and h.last_error]
-        if len(errors) < len(self._bootstrap) and not self._brokers:
+        health = [self._health.get(n) for n in nodes]
+        if not all(h is not None and h.failures for h in health):
             return None
-        if not all(self._health.get(n) and self._health[n].failures for n in self._bootstrap):
-            return None
+        last = next((h.last_error for h in reversed(health) if h is not None and h.last_error), None)
         servers = ", ".join(self._config.bootstrap_servers)
-        last = errors[-1] if errors else None
-        return NoBrokersAvailableError(f"no broker reachable (bootstrap_servers={servers}); last error: {last}")
+        if self._brokers:
+            known = ", ".join(f"{n} at {host}:{port}" for n, (host, port) in sorted(self._brokers.items()))
+            where = f"known brokers {known}; metadata_recovery_strategy={self._config.metadata_recovery_strategy!r}"
+        else:
+            where = f"bootstrap_servers={servers}"
+        return NoBrokersAvailableError(f"no broker reachable ({where}); last error: {last}")
 
     def pop_fatal_error(self) -> KafkaError | None:
         """A login that failed since the last call (None: none did): the application is to hear of
@@ -350,6 +396,9 @@ class NetworkClient:
         finally:
             del self._connecting[node_id]
             event.set()
+        if self.address(node_id) != address:  # the broker moved, or a rebootstrap forgot it, meanwhile
+            self._spawn(connection.aclose)
+            raise KafkaConnectionError(f"{describe_node(node_id)} is no longer at {address[0]}:{address[1]}")
         health.failures = 0
         health.last_error = None
         health.tls_cut_offs = 0

@@ -47,6 +47,9 @@ class ShareEngine(LoopCore):
             retry_backoff=retry,
             topics_of_interest=lambda: set(self.membership.subscription),
             on_update=self._on_metadata,
+            bootstrap=self.network,
+            recovery_strategy=config.metadata_recovery_strategy,
+            rebootstrap_trigger=config.metadata_recovery_rebootstrap_trigger_ms / 1000,
         )
         self.membership = ShareMembershipManager(
             config.group_id,

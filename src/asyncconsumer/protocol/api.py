@@ -64,7 +64,7 @@ CLIENT_MAX_VERSIONS: dict[str, int] = {
     "ConsumerGroupHeartbeat": 1,  # v1 (client-generated member ids, KIP-1082; broker-side regex) is built
     "Fetch": 17,  # v18: a high watermark for replica fetchers (KIP-1166), nothing for consumers
     "ListOffsets": 10,  # v11: earliest pending upload (KIP-1023)
-    "Metadata": 12,  # v13: a top-level error code
+    "Metadata": 13,  # v13: a top-level error code (REBOOTSTRAP_REQUIRED, KIP-1102: managers/metadata.py)
     "OffsetCommit": 9,  # v10: topic ids only
     "OffsetFetch": 9,  # v10: topic ids only
 }

@@ -546,6 +546,23 @@ class KafkaNode:
         if wait:
             self.wait_ready(timeout if timeout is not None else self._owner.startup_timeout, expect_nodes=1)
 
+    def move(self, *, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop the node and start it on new ports, same node id and data: as if it were replaced by
+        a machine at another address.  Its client listeners (and the one it replicates over) move;
+        the quorum's CONTROLLER port stays.  Clients that knew the old address find the node only
+        through fresh metadata, or a bootstrap address that follows it.  A node whose PLAINTEXT
+        listener advertises another address (``advertise_plaintext``) keeps advertising it."""
+        if self.roles == "controller":
+            raise KafkaBrokerError(f"node {self.node_id} is a controller: its port is in every node's voter set")
+        self.stop()
+        fresh = iter(_free_ports(len(dataclasses.fields(_Ports)) - 1))
+        self.ports = _Ports(**{f.name: getattr(self.ports, f.name) if f.name == "controller" else next(fresh)
+                               for f in dataclasses.fields(_Ports)})
+        (self.directory / "server.properties").write_text(self._owner._properties(self))
+        self.launch()
+        if wait:
+            self.wait_ready(timeout if timeout is not None else self._owner.startup_timeout, expect_nodes=1)
+
     def wait_ready(self, timeout: float, *, expect_nodes: int) -> float:
         """Until the node answers Metadata listing ``expect_nodes`` brokers (a controller-only
         node: until its CONTROLLER listener accepts connections)."""
