@@ -550,15 +550,18 @@ class KafkaNode:
         """Stop the node and start it on new ports, same node id and data: as if it were replaced by
         a machine at another address.  Its client listeners (and the one it replicates over) move;
         the quorum's CONTROLLER port stays.  Clients that knew the old address find the node only
-        through fresh metadata, or a bootstrap address that follows it.  A node whose PLAINTEXT
-        listener advertises another address (``advertise_plaintext``) keeps advertising it."""
+        through fresh metadata, or a bootstrap address that follows it.  With ``advertise_plaintext``
+        the function is asked again for the address to advertise (the node's new ports known)."""
         if self.roles == "controller":
             raise KafkaBrokerError(f"node {self.node_id} is a controller: its port is in every node's voter set")
         self.stop()
         fresh = iter(_free_ports(len(dataclasses.fields(_Ports)) - 1))
         self.ports = _Ports(**{f.name: getattr(self.ports, f.name) if f.name == "controller" else next(fresh)
                                for f in dataclasses.fields(_Ports)})
-        (self.directory / "server.properties").write_text(self._owner._properties(self))
+        owner = self._owner
+        if owner._advertise_plaintext is not None:
+            self.advertised_plaintext = _check_address(owner._advertise_plaintext(self), self)
+        (self.directory / "server.properties").write_text(owner._properties(self))
         self.launch()
         if wait:
             self.wait_ready(timeout if timeout is not None else self._owner.startup_timeout, expect_nodes=1)
