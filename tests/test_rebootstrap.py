@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -46,10 +47,36 @@ def anyio_backend() -> str:
     return "asyncio"  # about brokers going away, not the event loop: one backend
 
 
+class Advertised:
+    """What the module's broker advertises: at its start, ``first`` (a forwarder to it, which a test
+    may hand to another cluster); after a move, its own address."""
+
+    def __init__(self, first: ChaosProxy) -> None:
+        self.first: ChaosProxy | None = first
+
+    def __call__(self, node: KafkaNode) -> str:
+        front, self.first = self.first, None
+        if front is None:
+            return f"{LOOPBACK}:{node.ports.plaintext}"
+        front.retarget(LOOPBACK, node.ports.plaintext)
+        return front.address
+
+
 @pytest.fixture(scope="module")
-def broker() -> Iterator[KafkaBroker]:
-    with KafkaBroker(listeners=("PLAINTEXT",)) as kafka:
+async def advertised_front() -> AsyncIterator[ChaosProxy]:
+    async with ChaosProxy(LOOPBACK, 9) as front:
+        yield front
+
+
+@pytest.fixture(scope="module")
+def broker(advertised_front: ChaosProxy) -> Iterator[KafkaBroker]:
+    with KafkaBroker(listeners=("PLAINTEXT",), advertise_plaintext=Advertised(advertised_front)) as kafka:
         yield kafka
+
+
+def known_address(node: KafkaNode) -> str:
+    """Where clients are told the node is."""
+    return node.advertised_plaintext or node.bootstrap
 
 
 async def on_thread(fn: object, *args: object) -> object:
@@ -73,6 +100,44 @@ def messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [m for r in caplog.records if (m := r.getMessage()).startswith(text) or f"; {text}" in m]
 
 
+async def test_a_known_address_handed_to_another_cluster_is_refused_and_reading_goes_on(
+    broker: KafkaBroker, advertised_front: ChaosProxy, apache_kafka: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The address the broker advertised (a forwarder) is handed to a broker of another cluster (the
+    suite's shared broker, node 1 too) while the consumer reads; then the broker moves to new ports
+    and the bootstrap address follows it.  The consumer names the cluster and node it means when it
+    connects (ApiVersions v5, KIP-1242): the other cluster answers REBOOTSTRAP_REQUIRED, so the
+    consumer never takes that cluster's metadata for its own, and reads on once its broker is back.
+    Without the check it joins the other cluster for good (no such topic there) and reads nothing."""
+    caplog.set_level(logging.INFO, logger="asyncconsumer")
+    node = broker.node
+    if known_address(node) != advertised_front.address:
+        pytest.fail("this test must run first in the module: the broker no longer advertises the forwarder")
+    other = apache_kafka.broker.node
+    topic = await on_thread(create_topic, node.bootstrap, f"rb-{uuid.uuid4().hex[:8]}", 1)
+    await on_thread(produce, node.bootstrap, topic, records(0, 10))
+    async with ChaosProxy(LOOPBACK, node.ports.plaintext) as front, Consumer(
+        bootstrap_servers=front.address, group_id=f"g-{topic}", **FAST
+    ) as consumer:
+        consumer.subscribe([topic])
+        seen: list[str] = []
+        await read_until(consumer, seen, 10, 60)
+        assert seen == [str(i) for i in range(10)]
+        advertised_front.retarget(LOOPBACK, other.ports.plaintext)  # the address now leads elsewhere
+        await advertised_front.drop_all()
+        with anyio.move_on_after(4):
+            await read_until(consumer, seen, 11, 4)
+        assert len(seen) == 10
+        assert messages(caplog, GOING_BACK)
+        refused = [r.getMessage() for r in caplog.records if "answered REBOOTSTRAP_REQUIRED" in r.getMessage()]
+        assert refused, "no connection was refused by the other cluster"
+        await on_thread(node.move)  # now the broker advertises its own (new) address
+        front.retarget(LOOPBACK, node.ports.plaintext)
+        await on_thread(produce, node.bootstrap, topic, records(10, 10))
+        await read_until(consumer, seen, 20, 60)
+        assert seen == [str(i) for i in range(20)]  # nothing from the other cluster, nothing twice
+
+
 async def test_the_broker_replaced_at_a_new_address_the_consumer_goes_back_to_bootstrap(
     broker: KafkaBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -87,10 +152,10 @@ async def test_the_broker_replaced_at_a_new_address_the_consumer_goes_back_to_bo
         seen: list[str] = []
         await read_until(consumer, seen, 20, 60)
         assert sorted(seen, key=int) == [str(i) for i in range(20)]
-        old = node.bootstrap
+        old = known_address(node)
         await on_thread(node.move)
         front.retarget(LOOPBACK, node.ports.plaintext)
-        assert node.bootstrap != old
+        assert known_address(node) != old
         await on_thread(produce, node.bootstrap, topic, records(20, 20, 2))
         await read_until(consumer, seen, 40, 60)
         assert sorted(seen, key=int) == [str(i) for i in range(40)]  # every record once
@@ -115,7 +180,7 @@ async def test_with_none_the_consumer_keeps_to_the_old_address_and_says_so(
         seen: list[str] = []
         await read_until(consumer, seen, 10, 60)
         assert seen == [str(i) for i in range(10)]
-        old = node.bootstrap
+        old = known_address(node)
         await on_thread(node.move)
         front.retarget(LOOPBACK, node.ports.plaintext)
         await on_thread(produce, node.bootstrap, topic, records(10, 10))

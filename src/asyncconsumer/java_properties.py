@@ -108,7 +108,7 @@ IGNORED: dict[str, str] = {
     "client.dns.lookup": "every address of a name is tried in turn (what use_all_dns_ips does)",
     "enable.metrics.push": "client metrics go to OpenTelemetry (meter_provider), not to the broker (KIP-714)",
     "internal.throw.on.fetch.stable.offset.unsupported": "a Java client internal",
-    "metadata.cluster.check.enable": "a Java client internal",
+    "metadata.cluster.check.enable": "always on with metadata_recovery_strategy='rebootstrap' (off with 'none')",
     "metric.reporters": "metrics go to OpenTelemetry (meter_provider) and asyncconsumer.prometheus",
     "metrics.num.samples": "metrics go to OpenTelemetry, which does its own aggregation",
     "metrics.recording.level": "every metric is always recorded",

@@ -242,7 +242,7 @@ class Engine(LoopCore):
             self.wake()
 
     def _on_metadata(self, cluster: Cluster) -> None:
-        self.network.update_brokers(cluster.brokers)
+        self.network.update_brokers(cluster.brokers, cluster.cluster_id)
         if self.membership is not None:
             if self.membership.wants_all_topics:
                 self.membership.update_pattern_topics({n for n, t in cluster.topics.items() if not t.is_internal})

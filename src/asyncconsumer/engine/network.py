@@ -15,7 +15,11 @@ bootstrap servers when the metadata manager decides the known brokers are gone
 (KIP-899/KIP-1102, see ``managers/metadata.py``): it forgets them, closes their
 connections and says so; a bootstrap server's name is resolved again at each
 connection.  Until then, and with ``metadata_recovery_strategy="none"`` always,
-requests go only to the known brokers.
+requests go only to the known brokers.  With ``"rebootstrap"``, once the
+cluster id is known and its brokers speak ApiVersions v5, a new connection to a
+known broker names the cluster and broker it means (KIP-1242); a broker that is
+not that one refuses it (``MisroutedConnection``), and ``rebootstrap_requested()``
+tells the metadata manager so.
 
 A failed login (``AuthenticationError``: wrong SASL credentials, an untrusted
 certificate) is fatal at once, as in the Java client (``SaslAuthenticationException``
@@ -47,9 +51,12 @@ from ..errors import (
 )
 from ..managers.requests import Body, UnsentRequest
 from ..metrics import LatencyRecorder
+from ..protocol.api import API_KEYS
 from .buffers import BufferPool
 from .connection import (
+    COORDINATOR_IDS,
     BrokerConnection,
+    MisroutedConnection,
     RefusedBeforeLogin,
     SaslHook,
     Spawn,
@@ -60,6 +67,8 @@ from .connection import (
 from .sasl import cleartext_warning
 
 log = logging.getLogger("asyncconsumer.network")
+
+API_VERSIONS_KEY = API_KEYS["ApiVersions"]
 
 Completion = Callable[[UnsentRequest, int, "Body | None", "BaseException | None"], None]
 #: Called after each timed request: (api, seconds, error or None); OpenTelemetry's operation.duration.
@@ -165,13 +174,20 @@ class NetworkClient:
         #: Rebootstraps so far; a broker's REBOOTSTRAP_REQUIRED not yet taken by the metadata manager.
         self.rebootstraps = 0
         self._rebootstrap_requested = False
+        #: The cluster's id (metadata), and whether its brokers know ApiVersions v5 (the cluster and
+        #: node checks of KIP-1242): both needed before a connection asks a broker to check.
+        self._cluster_id: str | None = None
+        self._check_nodes = False
         #: Said once, before the first connection: a login that sends its credential in clear.
         self._cleartext = cleartext_warning(config.security_protocol, config.sasl_mechanism) if sasl else None
 
     # -- broker addresses -----------------------------------------------------------------------
 
-    def update_brokers(self, brokers: dict[int, tuple[str, int]]) -> None:
-        """Called with each metadata response; connections to moved brokers are dropped."""
+    def update_brokers(self, brokers: dict[int, tuple[str, int]], cluster_id: str | None = None) -> None:
+        """Called with each metadata response; connections to moved brokers are dropped.  With the
+        cluster id, new connections to the brokers check they reach the node meant (KIP-1242)."""
+        if cluster_id:
+            self._cluster_id = cluster_id
         for node_id, address in brokers.items():
             connection = self._connections.get(node_id)
             if connection is not None and (connection.host, connection.port) != address:
@@ -199,14 +215,18 @@ class NetworkClient:
 
     def rebootstrap(self, reason: str) -> None:
         """Forget the known brokers: close their connections (and the bootstrap servers', so that
-        their names are resolved again) and try the bootstrap servers at once."""
+        their names are resolved again) and try the bootstrap servers at once.  A known broker's
+        reconnect backoff is kept: metadata naming it again (a broker that keeps being the wrong
+        one) does not have it retried at once.  Said in a WARNING, at most once a minute (the
+        next one says how many were left out)."""
         known = ", ".join(f"{describe_node(n)} at {host}:{port}" for n, (host, port) in sorted(self._brokers.items()))
-        log.warning("going back to bootstrap_servers %s: %s (forgetting %s)",
-                    ",".join(self._config.bootstrap_servers), reason, known or "no broker")
+        self._warnings.warning("rebootstrap", "going back to bootstrap_servers %s: %s (forgetting %s)",
+                               ",".join(self._config.bootstrap_servers), reason, known or "no broker")
         for node_id in (*self._brokers, *self._bootstrap):
             connection = self._connections.pop(node_id, None)
             if connection is not None:
                 self._spawn(connection.aclose)
+        for node_id in self._bootstrap:
             self._health.pop(node_id, None)
         self._brokers = {}
         self.rebootstraps += 1
@@ -387,6 +407,8 @@ class NetworkClient:
             connection = self._new_connection(node_id, *address)
             await connection.open(self._spawn)
         except KafkaError as exc:
+            if isinstance(exc, MisroutedConnection):
+                self._rebootstrap_requested = True
             error = self._tls_streak(health, exc)
             self._report_failure(node_id, health, address, error)
             self._backoff(node_id, health, error)
@@ -399,6 +421,8 @@ class NetworkClient:
         if self.address(node_id) != address:  # the broker moved, or a rebootstrap forgot it, meanwhile
             self._spawn(connection.aclose)
             raise KafkaConnectionError(f"{describe_node(node_id)} is no longer at {address[0]}:{address[1]}")
+        if connection.api_versions.get(API_VERSIONS_KEY, (0, 0))[1] >= 5:
+            self._check_nodes = True
         health.failures = 0
         health.last_error = None
         health.tls_cut_offs = 0
@@ -446,7 +470,18 @@ class NetworkClient:
             sasl=sasl,
             max_frame_bytes=frame_limit(config.fetch_max_bytes),
             frames=self.frames,
+            expect=self._expect(node_id),
         )
+
+    def _expect(self, node_id: int) -> tuple[str, int] | None:
+        """The (cluster id, broker id) a new connection to ``node_id`` asks the broker to check, as the
+        Java client does with ``metadata.recovery.strategy=rebootstrap``: once the cluster id is known
+        and its brokers can check (not for a bootstrap server: any broker there is right)."""
+        if node_id < 0 or self._cluster_id is None or not self._check_nodes:
+            return None
+        if self._config.metadata_recovery_strategy != "rebootstrap":
+            return None
+        return self._cluster_id, (2**31 - 1 - node_id if node_id > COORDINATOR_IDS else node_id)
 
     def _ssl_context(self) -> Any:
         if not self._config.uses_tls:

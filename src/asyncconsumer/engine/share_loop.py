@@ -88,7 +88,7 @@ class ShareEngine(LoopCore):
         self.notify_app()
 
     def _on_metadata(self, cluster: Cluster) -> None:
-        self.network.update_brokers(cluster.brokers)
+        self.network.update_brokers(cluster.brokers, cluster.cluster_id)
         self.wake()
 
     def _fail_pending(self, error: BaseException) -> None:

@@ -91,6 +91,8 @@ class Cluster:
     topic_errors: dict[str, KafkaError] = field(default_factory=dict)
     #: Broker id -> its ``broker.rack``, for the brokers that have one.
     racks: dict[int, str] = field(default_factory=dict)
+    #: The cluster's id (Metadata v2+), None until known.
+    cluster_id: str | None = None
 
     def leader(self, tp: TopicPartition) -> PartitionInfo | None:
         topic = self.topics.get(tp.topic)
@@ -339,7 +341,7 @@ class MetadataManager:
         self._keep_newer_epochs(topics)
         if everything:
             self._all_in_flight = False
-            snapshot = Cluster(brokers, topics, errors, racks)
+            snapshot = Cluster(brokers, topics, errors, racks, body.get("cluster_id"))
             waiters, self._all_topics_waiters = self._all_topics_waiters, []
             for waiter in waiters:
                 waiter.set_result(snapshot)
@@ -350,7 +352,7 @@ class MetadataManager:
         else:
             self._in_flight = False
             self._last_refresh = now
-        self.cluster = Cluster(brokers, topics, errors, racks)
+        self.cluster = Cluster(brokers, topics, errors, racks, body.get("cluster_id"))
         self._attempt_started = None
         self._said_stuck = self._rebootstrap_required = False
         self.last_error = None

@@ -558,10 +558,7 @@ class KafkaNode:
         fresh = iter(_free_ports(len(dataclasses.fields(_Ports)) - 1))
         self.ports = _Ports(**{f.name: getattr(self.ports, f.name) if f.name == "controller" else next(fresh)
                                for f in dataclasses.fields(_Ports)})
-        owner = self._owner
-        if owner._advertise_plaintext is not None:
-            self.advertised_plaintext = _check_address(owner._advertise_plaintext(self), self)
-        (self.directory / "server.properties").write_text(owner._properties(self))
+        self._owner.configure(self)
         self.launch()
         if wait:
             self.wait_ready(timeout if timeout is not None else self._owner.startup_timeout, expect_nodes=1)
@@ -752,14 +749,11 @@ class _KafkaProcesses:
                     node.roles = "broker"
                 node.rack = self._racks[index] if self._racks is not None else None
                 self.nodes.append(node)
-            if self._advertise_plaintext is not None:
-                # Every port is known now and nothing listens yet: the caller can point a proxy at
-                # each node before the node tells anyone to go through it.
-                for node in self.nodes:
-                    node.advertised_plaintext = _check_address(self._advertise_plaintext(node), node)
             cluster_id = _cluster_id()
+            # Every port is known now and nothing listens yet: with ``advertise_plaintext`` the
+            # caller can point a proxy at each node before the node tells anyone to go through it.
             for node in (*self.controllers, *self.nodes):
-                (node.directory / "server.properties").write_text(self._properties(node))
+                self.configure(node)
                 self._format(node, cluster_id)
             for node in (*self.controllers, *self.nodes):
                 node.launch()
@@ -771,6 +765,13 @@ class _KafkaProcesses:
             raise
         self.startup_seconds = time.monotonic() - began
         return self
+
+    def configure(self, node: KafkaNode) -> None:
+        """Write ``node``'s ``server.properties`` from its ports, first asking ``advertise_plaintext``
+        (if given) for the address its PLAINTEXT listener advertises."""
+        if self._advertise_plaintext is not None and node.roles != "controller":
+            node.advertised_plaintext = _check_address(self._advertise_plaintext(node), node)
+        (node.directory / "server.properties").write_text(self._properties(node))
 
     def _format(self, node: KafkaNode, cluster_id: str) -> None:
         args = ["format", "--config", str(node.directory / "server.properties"), f"--cluster-id={cluster_id}",
