@@ -231,13 +231,13 @@ class MetadataManager:
         return self._last_refresh + self._max_age
 
     def poll(self, now: float) -> list[UnsentRequest]:
-        self._check_recovery(now)
+        topics = self._topics_of_interest()
+        want_all = self._want_all()
+        self._check_recovery(now, bool(topics) or want_all)
         requests = []
         if self._all_topics_waiters and not self._all_in_flight and now >= self._retry_at:
             self._all_in_flight = True
             requests.append(self._request(None, everything=True))
-        topics = self._topics_of_interest()
-        want_all = self._want_all()
         if topics != self._last_topics or want_all != self._last_want_all:
             self._requested = self._new_topics = True
         due = now >= self._due_at()
@@ -256,8 +256,8 @@ class MetadataManager:
         """There is metadata to give up on (and a network client to do it)."""
         return self._bootstrap is not None and bool(self.cluster.brokers)
 
-    def _check_recovery(self, now: float) -> None:
-        sendable = bool(self._topics_of_interest()) or self._want_all() or not self.cluster.brokers
+    def _check_recovery(self, now: float, interested: bool) -> None:
+        sendable = interested or not self.cluster.brokers
         due = sendable and not self._in_flight and now >= self._retry_at and now >= self._due_at()
         if due and self._attempt_started is None:
             self._attempt_started = now
