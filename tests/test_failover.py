@@ -7,13 +7,15 @@ idempotent, so the producer itself adds no duplicates) is read exactly once: the
 (partition, offset, value) triples the producer was told about, none missing, none twice.  A test
 leaves the cluster whole: every node running and every partition with all its replicas in sync.
 The truncation test (7) assigns its partition instead of joining a group: for a moment two of the
-three controller voters are down there.
+three controller voters are down there.  The last test (8) uses the racks: a mixed group with a
+Java member, rack-aware ``range`` (no failover).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pathlib
 import signal
 import time
 import uuid
@@ -39,6 +41,7 @@ from support.cluster import (
 )
 from support.consumers import FAST
 from support.producer import produce
+from support.rack_group import check_rack_aligned_group
 
 from asyncconsumer import Consumer, TopicPartition
 from asyncconsumer.errors import LogTruncationError
@@ -444,3 +447,15 @@ async def test_a_hung_leader_is_named_in_a_warning_within_the_request_timeout_an
             await drain(producer, reader)
             tg.cancel_scope.cancel()
     exactly_once(producer, reader.seen)
+
+
+# -- 8. rack-aware assignment in a mixed group (KIP-881) ------------------------------------------
+
+
+async def test_a_mixed_group_with_java_gets_a_rack_aligned_range_assignment(
+    whole: KafkaCluster, tmp_path: pathlib.Path
+) -> None:
+    """Two members of ours (racks a, b) lead, a Java member (rack c) joins: with ``range`` each gets
+    the partitions of its own rack, and the group stays put.  The whole matrix (every shared
+    assignor, either side leading) is tests/test_rack_aware_kafka.py (long)."""
+    await check_rack_aligned_group(whole, tmp_path, assignor="range", java_leads=False)

@@ -187,7 +187,8 @@ def test_the_file_is_read_first_and_the_flags_win(tmp_path: Path, capsys: pytest
     assert isinstance(made, _verifiable.ConsumerTool), out
     assert made.properties == {
         "group.id": "g", "auto.offset.reset": "earliest", "max.poll.records": "7", "client.id": "me",
-        "group.protocol": "classic", "partition.assignment.strategy": "cooperative-sticky",
+        "metadata.recovery.strategy": "none", "group.protocol": "classic",
+        "partition.assignment.strategy": "cooperative-sticky",
         "session.timeout.ms": "10000", "group.instance.id": "i1", "bootstrap.servers": "localhost:9092",
         "enable.auto.commit": "false",
     }

@@ -85,8 +85,8 @@ def test_properties(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config.write_text("group.id=other\nmax.poll.records=50\nmetadata.recovery.strategy=none\n")
     tool, out, _ = made([*BASE, "--command-config", str(config), "--ack-pattern", " Accept ,REJECT",
                          "--acknowledgement-mode", "ASYNC"], capsys)
-    assert tool.properties == {"group.id": "g", "max.poll.records": "50", "bootstrap.servers": "localhost:9092",
-                               "share.acknowledgement.mode": "explicit"}
+    assert tool.properties == {"group.id": "g", "max.poll.records": "50", "metadata.recovery.strategy": "none",
+                               "bootstrap.servers": "localhost:9092", "share.acknowledgement.mode": "explicit"}
     assert (tool.mode, tool.pattern) == ("async", (AcknowledgeType.ACCEPT, AcknowledgeType.REJECT))
     assert out == ""
     tool, _, _ = made(BASE, capsys)

@@ -52,11 +52,13 @@ SaslMechanism: TypeAlias = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "O
 OffsetReset: TypeAlias = Literal["earliest", "latest", "none"]
 IsolationLevel: TypeAlias = Literal["read_uncommitted", "read_committed"]
 GroupProtocol: TypeAlias = Literal["classic", "consumer"]
+MetadataRecoveryStrategy: TypeAlias = Literal["rebootstrap", "none"]
 SECURITY_PROTOCOLS: tuple[SecurityProtocol, ...] = get_args(SecurityProtocol)
 SASL_MECHANISMS: tuple[SaslMechanism, ...] = get_args(SaslMechanism)
 OFFSET_RESETS: tuple[OffsetReset, ...] = get_args(OffsetReset)
 ISOLATION_LEVELS: tuple[IsolationLevel, ...] = get_args(IsolationLevel)
 GROUP_PROTOCOLS: tuple[GroupProtocol, ...] = get_args(GroupProtocol)
+METADATA_RECOVERY_STRATEGIES: tuple[MetadataRecoveryStrategy, ...] = get_args(MetadataRecoveryStrategy)
 
 
 #: What a token provider may return: the token, ``(token, expires_at)`` as librdkafka's and
@@ -95,7 +97,8 @@ class ConsumerOptions(TypedDict, total=False):
     bootstrap_servers: str | Sequence[str]
     #: Sent in every request header (broker logs and quotas).
     client_id: str
-    #: This client's rack: Fetch's ``rack_id``, and the member's rack with ``group_protocol="consumer"``.
+    #: This client's rack: Fetch's ``rack_id``, and the member's rack in its group (the classic
+    #: subscription's, for the rack-aware assignors; ``group_protocol="consumer"``'s).
     client_rack: str
     # Group and offsets.
     #: The consumer group: needed for ``subscribe()``, ``commit()``, ``committed()`` and auto-commit.
@@ -185,6 +188,14 @@ class ConsumerOptions(TypedDict, total=False):
     retry_backoff_ms: int
     #: The longest between metadata refreshes: a group's leader notices added partitions then.
     metadata_max_age_ms: int
+    #: When no broker the consumer knows can be reached (KIP-899), or none has given it metadata for
+    #: ``metadata_recovery_rebootstrap_trigger_ms``, or one answers REBOOTSTRAP_REQUIRED (KIP-1102):
+    #: "rebootstrap" forgets the brokers it knows and starts again from ``bootstrap_servers``
+    #: (their names resolved again); "none" keeps trying the brokers it knows.
+    metadata_recovery_strategy: MetadataRecoveryStrategy
+    #: With "rebootstrap": how long metadata may be due and not come from any known broker before
+    #: the consumer goes back to ``bootstrap_servers``.
+    metadata_recovery_rebootstrap_trigger_ms: int
     # Security.
     #: Transport and authentication.
     security_protocol: SecurityProtocol
@@ -260,6 +271,8 @@ class ConsumerConfig:
     reconnect_backoff_max_ms: int = 1000
     retry_backoff_ms: int = 100
     metadata_max_age_ms: int = 300000
+    metadata_recovery_strategy: MetadataRecoveryStrategy = "rebootstrap"
+    metadata_recovery_rebootstrap_trigger_ms: int = 300000
     security_protocol: SecurityProtocol = "PLAINTEXT"
     ssl_context: ssl.SSLContext | None = None
     sasl_mechanism: SaslMechanism = "PLAIN"
@@ -326,6 +339,7 @@ _NON_NEGATIVE = {
     "reconnect_backoff_ms",
     "reconnect_backoff_max_ms",
     "retry_backoff_ms",
+    "metadata_recovery_rebootstrap_trigger_ms",
 }
 #: The protocol field each integer option is sent in, and so the largest value it may take.
 PROTOCOL_INT_FIELDS: dict[str, tuple[str, int]] = {
@@ -354,6 +368,7 @@ LOCAL_INT_LIMITS: dict[str, int] = {
     "retry_backoff_ms": INT64_MAX,
     "metadata_max_age_ms": INT64_MAX,
     "loop_lag_warning_ms": INT64_MAX,
+    "metadata_recovery_rebootstrap_trigger_ms": INT64_MAX,
 }
 #: String options sent as protocol STRINGs (int16 length, UTF-8).
 PROTOCOL_STRING_FIELDS: dict[str, str] = {
@@ -379,6 +394,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "security_protocol": SECURITY_PROTOCOLS,
     "sasl_mechanism": SASL_MECHANISMS,
     "group_protocol": GROUP_PROTOCOLS,
+    "metadata_recovery_strategy": METADATA_RECOVERY_STRATEGIES,
 }
 
 
@@ -915,6 +931,8 @@ def _from_text(name: str, raw: Any) -> Any:
         return [_ASSIGNOR_CLASSES.get(part.strip(), part.strip()) for part in raw.split(",") if part.strip()]
     if name == "security_protocol":
         return raw.upper()
+    if name == "metadata_recovery_strategy":  # case-insensitive, as in the Java client
+        return raw.lower()
     if name == "sasl_mechanism":
         return raw.upper()
     return raw

@@ -35,9 +35,11 @@ from ..structs import TopicPartition, by_topic
 
 __all__ = [
     "LATEST_VERSION",
+    "NO_RACKS",
     "Assignor",
     "MemberAssignment",
     "RebalanceProtocol",
+    "ReplicaRacks",
     "Subscription",
     "decode_assignment",
     "decode_subscription",
@@ -52,6 +54,13 @@ _ASSIGNMENT = "ConsumerProtocolAssignment"
 
 #: Highest ConsumerProtocolSubscription / ConsumerProtocolAssignment version we write.
 LATEST_VERSION = 3
+
+#: Partition -> the racks of its replicas (every replica, in sync or not, as in the Java client;
+#: a partition missing here has no known replica rack).  See :mod:`asyncconsumer.assignors.racks`.
+ReplicaRacks = Mapping[TopicPartition, frozenset[str]]
+
+#: No rack information at all: what an assignor is given when the leader knows none.
+NO_RACKS: ReplicaRacks = {}
 
 
 class RebalanceProtocol(enum.Enum):
@@ -125,14 +134,20 @@ class Assignor(ABC):
 
     @abstractmethod
     def assign(
-        self, partitions_per_topic: dict[str, int], subscriptions: dict[str, Subscription]
+        self,
+        partitions_per_topic: dict[str, int],
+        subscriptions: dict[str, Subscription],
+        replica_racks: ReplicaRacks = NO_RACKS,
     ) -> dict[str, MemberAssignment]:
         """Leader side: map every member id in ``subscriptions`` to its assignment.
 
         ``partitions_per_topic`` holds the partition count of every subscribed
         topic the leader has metadata for; topics missing from it are skipped.
-        The result has one entry per member (possibly with no partitions), in
-        the assignor's member order, with each member's partitions sorted.
+        ``replica_racks`` gives the racks of each partition's replicas, for the
+        assignors that prefer members in the same rack (KIP-881); without it
+        they assign as without racks.  The result has one entry per member
+        (possibly with no partitions), in the assignor's member order, with each
+        member's partitions sorted.
         """
 
     def on_assignment(self, assignment: MemberAssignment, generation: int) -> None:  # noqa: B027 - optional hook

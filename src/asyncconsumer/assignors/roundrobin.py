@@ -10,6 +10,8 @@ where it stopped: it does not restart for each topic.  Example, ``t0`` and
 
     C0: t0-0, t0-2, t1-1
     C1: t0-1, t1-0, t1-2
+
+It does not look at racks (the Java client's ``RoundRobinAssignor`` does not either).
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ..structs import TopicPartition
-from .base import Assignor, MemberAssignment, RebalanceProtocol, Subscription, java_string_key, sorted_member_ids
+from .base import (
+    NO_RACKS,
+    Assignor,
+    MemberAssignment,
+    RebalanceProtocol,
+    ReplicaRacks,
+    Subscription,
+    java_string_key,
+    sorted_member_ids,
+)
 
 __all__ = ["RoundRobinAssignor"]
 
@@ -29,8 +40,12 @@ class RoundRobinAssignor(Assignor):
     protocol: ClassVar[RebalanceProtocol] = RebalanceProtocol.EAGER
 
     def assign(
-        self, partitions_per_topic: dict[str, int], subscriptions: dict[str, Subscription]
+        self,
+        partitions_per_topic: dict[str, int],
+        subscriptions: dict[str, Subscription],
+        replica_racks: ReplicaRacks = NO_RACKS,
     ) -> dict[str, MemberAssignment]:
+        # Not rack-aware, as in the Java client: ``replica_racks`` is not looked at.
         order = sorted_member_ids(subscriptions)
         topics_of = {m: set(subscriptions[m].topics) for m in order}
         result: dict[str, list[TopicPartition]] = {m: [] for m in order}

@@ -41,8 +41,28 @@ member.  The owner sees it missing, revokes it and rejoins.  In the follow-up
 rebalance nobody claims it, and it goes to its new member.  A partition is
 never given to a new member while its (winning) owner still holds it.
 
-Not implemented: Java's rack-aware variant (it needs partition replica racks,
-which ``assign`` is not given; without them Java does not use racks either).
+Racks (KIP-881)
+---------------
+When members send their rack and racks can make a difference (see
+:mod:`~asyncconsumer.assignors.racks`), the plan prefers, after balance and
+before stickiness, members in the same rack as one of a partition's replicas,
+as the Java sticky assignors do:
+
+- an owned partition none of whose replicas is in its owner's rack is not kept
+  as owned (it may move to a member in a matching rack; with
+  ``cooperative-sticky`` its owner revokes it first, as any moving partition);
+- when everyone takes the same topics, the partitions left after the owners
+  kept theirs go first to members in a matching rack with room under their
+  quota (the partitions with the fewest such members first, each to the
+  smallest of them), then the rest to whoever has room, the previous owner
+  first;
+- otherwise every partition left goes to the smallest subscribed member in a
+  matching rack, if there is one, before the balancing moves; a move takes,
+  of the partitions it may move, one in the new member's rack if it can.
+
+Without rack information the plan is exactly the one without racks.  Run again
+with every member owning what it was given, the plan gives the same assignment,
+racks or not, so a group does not keep rebalancing.
 """
 
 from __future__ import annotations
@@ -50,12 +70,22 @@ from __future__ import annotations
 import heapq
 import struct
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ..structs import TopicPartition
-from .base import Assignor, MemberAssignment, RebalanceProtocol, Subscription, java_string_key, sorted_member_ids
+from .base import (
+    NO_RACKS,
+    Assignor,
+    MemberAssignment,
+    RebalanceProtocol,
+    ReplicaRacks,
+    Subscription,
+    java_string_key,
+    sorted_member_ids,
+)
+from .racks import member_racks, use_rack_aware_assignment
 
 __all__ = [
     "CooperativeStickyAssignor",
@@ -139,6 +169,34 @@ class _Member:
     topics: frozenset[str]  # subscribed topics that exist and have partitions
     claims: tuple[TopicPartition, ...]
     generation: int
+    rack: str | None = None
+
+
+class _Racks:
+    """Who matches what: members' racks (only when racks can make a difference) and the partitions'
+    replica racks."""
+
+    def __init__(self, members: Sequence[_Member], counts: dict[str, int], replica_racks: ReplicaRacks) -> None:
+        racks = {m.rack for m in members if m.rack}
+        per_partition = {TopicPartition(t, p): replica_racks.get(TopicPartition(t, p), frozenset())
+                         for t, n in counts.items() for p in range(n)} if racks else {}
+        self.active = use_rack_aware_assignment(racks, per_partition)
+        self._member_rack = [m.rack if self.active else None for m in members]
+        self._partition_racks = per_partition if self.active else {}
+
+    def mismatch(self, member: int, tp: TopicPartition) -> bool:
+        """``member`` has a rack and none of ``tp``'s replicas is in it."""
+        rack = self._member_rack[member]
+        return rack is not None and rack not in self._partition_racks.get(tp, ())
+
+    def matches(self, member: int, tp: TopicPartition) -> bool:
+        """``member`` has a rack and a replica of ``tp`` is in it (what rack-aware steps look for)."""
+        rack = self._member_rack[member]
+        return rack is not None and rack in self._partition_racks.get(tp, ())
+
+    def scarcity(self, members: Sequence[int]) -> Callable[[TopicPartition], int]:
+        """Sort key: how many of ``members`` a partition matches (the scarcest first)."""
+        return lambda tp: sum(1 for m in members if self.matches(m, tp))
 
 
 def _resolve_owners(counts: dict[str, int], members: Sequence[_Member]) -> dict[TopicPartition, int]:
@@ -156,32 +214,76 @@ def _resolve_owners(counts: dict[str, int], members: Sequence[_Member]) -> dict[
     return owner
 
 
+class _Quotas:
+    """Every member takes the same topics: each ends with ``quota`` or ``quota + 1`` partitions, and
+    exactly ``extra`` members with ``quota + 1``.  Handing out only to members with :meth:`room`
+    always ends there, whatever the order (the partitions left always fit the room left)."""
+
+    def __init__(self, total: int, n_members: int) -> None:
+        self.quota, self.extra = divmod(total, n_members)
+        self.size = [0] * n_members
+        self.at_max = 0
+
+    def room(self, member: int) -> bool:
+        size = self.size[member]
+        return size < self.quota or (size == self.quota and self.at_max < self.extra)
+
+    def give(self, member: int, plan: list[list[TopicPartition]], tp: TopicPartition) -> None:
+        plan[member].append(tp)
+        self.size[member] += 1
+        if self.size[member] == self.quota + 1:
+            self.at_max += 1
+
+
 def _plan_same_topics(
-    topics: frozenset[str], counts: dict[str, int], owned_by: list[list[TopicPartition]]
+    topics: frozenset[str],
+    counts: dict[str, int],
+    owned_by: list[list[TopicPartition]],
+    owner: dict[TopicPartition, int],
+    racks: _Racks,
 ) -> list[list[TopicPartition]]:
-    """Every member takes the same topics: quotas of ``q`` or ``q + 1``, owners keep up to their quota."""
+    """Every member takes the same topics: owners keep up to their quota (with racks: what is in their
+    rack), the rest goes to members in a matching rack with room, then to anyone with room."""
     n_members = len(owned_by)
     partitions = [TopicPartition(t, p) for t in sorted(topics) for p in range(counts[t])]
-    quota, extra = divmod(len(partitions), n_members)
-    plan: list[list[TopicPartition]] = []
+    quotas = _Quotas(len(partitions), n_members)
+    plan: list[list[TopicPartition]] = [[] for _ in range(n_members)]
     taken: set[TopicPartition] = set()
-    for owned in owned_by:
-        keep = quota
-        if len(owned) > quota and extra > 0:
-            keep += 1
-            extra -= 1
-        kept = owned[:keep]
-        plan.append(kept)
-        taken.update(kept)
-    # Hand out the rest, always to the smallest member (first in member order on ties).  Nobody
-    # ends above quota + 1 and at most ``extra`` members reach it, so the result is balanced.
-    heap = [(len(kept), index) for index, kept in enumerate(plan)]
+    for index, owned in enumerate(owned_by):
+        keepable = [tp for tp in owned if not racks.mismatch(index, tp)]
+        for tp in keepable:
+            if not quotas.room(index):
+                break
+            quotas.give(index, plan, tp)
+            taken.add(tp)
+    left = [tp for tp in partitions if tp not in taken]
+    if racks.active:
+        everyone = range(n_members)
+        for tp in sorted(left, key=racks.scarcity(everyone)):
+            takers = [m for m in everyone if racks.matches(m, tp) and quotas.room(m)]
+            if takers:
+                quotas.give(min(takers, key=lambda m: (quotas.size[m], m)), plan, tp)
+                taken.add(tp)
+        left = [tp for tp in left if tp not in taken]
+    # The rest: to its previous owner if it has room (a partition its owner could not keep for its
+    # rack comes back when nobody in a matching rack has room: running the plan again moves
+    # nothing), else to the smallest member (first in member order on ties).
+    heap = [(size, index) for index, size in enumerate(quotas.size) if quotas.room(index)]
     heapq.heapify(heap)
-    for tp in partitions:
-        if tp not in taken:
+    for tp in left:
+        previous = owner.get(tp)
+        if previous is not None and quotas.room(previous):
+            quotas.give(previous, plan, tp)
+            continue
+        while True:
             size, index = heapq.heappop(heap)
-            plan[index].append(tp)
-            heapq.heappush(heap, (size + 1, index))
+            if size == quotas.size[index] and quotas.room(index):
+                break
+            if quotas.room(index):  # a stale entry: the member grew meanwhile
+                heapq.heappush(heap, (quotas.size[index], index))
+        quotas.give(index, plan, tp)
+        if quotas.room(index):
+            heapq.heappush(heap, (quotas.size[index], index))
     return plan
 
 
@@ -194,12 +296,16 @@ class _Balancer:
     Each move along a chain takes one partition from a member with ``k`` to one
     with ``k - 2`` or fewer, so the sum of squared sizes falls every time and
     the loop ends; it ends exactly when no such chain exists, which for this
-    (convex, flow-like) problem means the sum of squares is minimal.
+    (convex, flow-like) problem means the sum of squares is minimal.  With racks,
+    a move takes a partition in the new holder's rack when it can, else one
+    outside the old holder's rack.
     """
 
-    def __init__(self, topic_members: dict[str, list[int]], n_members: int, owner: dict[TopicPartition, int]) -> None:
+    def __init__(self, topic_members: dict[str, list[int]], n_members: int, owner: dict[TopicPartition, int],
+                 racks: _Racks) -> None:
         self.topic_members = topic_members
         self.owner = owner
+        self.racks = racks
         self.size = [0] * n_members
         # member -> topic -> partitions, as insertion-ordered dicts (O(1) pop, deterministic order)
         self.free: list[dict[str, dict[int, None]]] = [{} for _ in range(n_members)]
@@ -219,11 +325,24 @@ class _Balancer:
     def _has_movable(self, member: int, topic: str, any_partition: bool) -> bool:
         return topic in self.free[member] or (any_partition and topic in self.own[member])
 
+    def _pick(self, held: dict[int, None], topic: str, src: int, dst: int) -> int:
+        """The partition of ``held`` to move from ``src`` to ``dst``: the last one, or with racks
+        the last one in ``dst``'s rack, else the last one outside ``src``'s rack."""
+        if self.racks.active:
+            racks = self.racks
+            for partition in reversed(held):
+                if racks.matches(dst, TopicPartition(topic, partition)):
+                    return partition
+            for partition in reversed(held):
+                if racks.mismatch(src, TopicPartition(topic, partition)):
+                    return partition
+        return next(reversed(held))
+
     def _move(self, src: int, dst: int, topic: str) -> None:
         # Prefer a partition src did not own before: moving it costs no stickiness.
         buckets = self.free[src] if topic in self.free[src] else self.own[src]
         held = buckets[topic]
-        partition = next(reversed(held))
+        partition = self._pick(held, topic, src, dst)
         del held[partition]
         if not held:
             del buckets[topic]
@@ -298,24 +417,29 @@ def _plan_mixed_topics(
     counts: dict[str, int],
     owner: dict[TopicPartition, int],
     owned_by: list[list[TopicPartition]],
+    racks: _Racks,
 ) -> list[list[TopicPartition]]:
     all_topics = sorted({t for m in members for t in m.topics})
     topic_members = {t: [i for i, m in enumerate(members) if t in m.topics] for t in all_topics}
-    balancer = _Balancer(topic_members, len(members), owner)
+    balancer = _Balancer(topic_members, len(members), owner, racks)
     for index, owned in enumerate(owned_by):
         for tp in owned:
-            balancer.add(index, tp)
-    # Unowned partitions, topics with the fewest possible takers first, each to the smallest taker.
+            if not racks.mismatch(index, tp):
+                balancer.add(index, tp)
+    kept = {tp for index, owned in enumerate(owned_by) for tp in owned if not racks.mismatch(index, tp)}
+    # Partitions nobody keeps, topics with the fewest possible takers first, each to the smallest
+    # taker in a matching rack (with racks), else to the smallest taker (its previous owner first
+    # among the smallest).
     for topic in sorted(all_topics, key=lambda t: (len(topic_members[t]), t)):
-        heap = [(balancer.size[m], m) for m in topic_members[topic]]
-        heapq.heapify(heap)
+        takers = topic_members[topic]
         for partition in range(counts[topic]):
             tp = TopicPartition(topic, partition)
-            if tp in owner:
+            if tp in kept:
                 continue
-            size, index = heapq.heappop(heap)
-            balancer.add(index, tp)
-            heapq.heappush(heap, (size + 1, index))
+            matching = [m for m in takers if racks.matches(m, tp)]
+            pool = matching or takers
+            previous = owner.get(tp, -1)
+            balancer.add(min(pool, key=lambda m: (balancer.size[m], m != previous, m)), tp)
     balancer.balance()
     return balancer.plan()
 
@@ -323,7 +447,9 @@ def _plan_mixed_topics(
 _Plan = list[list[TopicPartition]]
 
 
-def _plan(counts: dict[str, int], members: Sequence[_Member]) -> tuple[_Plan, dict[TopicPartition, int]]:
+def _plan(
+    counts: dict[str, int], members: Sequence[_Member], replica_racks: ReplicaRacks
+) -> tuple[_Plan, dict[TopicPartition, int]]:
     """Target partitions per member (by index) and the resolved previous owner of each partition."""
     owner = _resolve_owners(counts, members)
     owned_by: list[list[TopicPartition]] = [[] for _ in members]
@@ -333,9 +459,11 @@ def _plan(counts: dict[str, int], members: Sequence[_Member]) -> tuple[_Plan, di
         owned.sort()
     if not members:
         return [], owner
+    racks = _Racks(members, counts, replica_racks)
     if all(m.topics == members[0].topics for m in members):
-        return _plan_same_topics(members[0].topics, counts, owned_by), owner
-    return _plan_mixed_topics(members, counts, owner, owned_by), owner
+        return _plan_same_topics(members[0].topics, counts, owned_by, owner, racks), owner
+    return _plan_mixed_topics(members, counts, owner, owned_by, racks), owner
+
 
 
 # --- the assignors --------------------------------------------------------------------------
@@ -354,16 +482,20 @@ class _StickyBase(Assignor):
         self._generation = generation
 
     def assign(
-        self, partitions_per_topic: dict[str, int], subscriptions: dict[str, Subscription]
+        self,
+        partitions_per_topic: dict[str, int],
+        subscriptions: dict[str, Subscription],
+        replica_racks: ReplicaRacks = NO_RACKS,
     ) -> dict[str, MemberAssignment]:
         counts = {t: n for t, n in partitions_per_topic.items() if n > 0}
+        racks = member_racks(subscriptions)
         members: list[_Member] = []
         for member_id in sorted_member_ids(subscriptions):
             sub = subscriptions[member_id]
             claims, generation = self._claims(sub)
             topics = frozenset(t for t in sub.topics if t in counts)
-            members.append(_Member(member_id, topics, claims, generation))
-        plan, owner = _plan(counts, members)
+            members.append(_Member(member_id, topics, claims, generation, racks.get(member_id)))
+        plan, owner = _plan(counts, members, replica_racks)
         if self.protocol is RebalanceProtocol.COOPERATIVE:
             # KIP-429: a partition changing owner is withheld until its owner has revoked it.
             plan = [[tp for tp in parts if owner.get(tp, index) == index] for index, parts in enumerate(plan)]

@@ -298,11 +298,8 @@ def load_properties(parser: ToolParser, path: str) -> dict[str, str]:
 
 #: Java client settings that asyncconsumer has no counterpart for and that change nothing it does:
 #: they are left out (with a warning) instead of failing, so that kafkatest's property files work.
-#: ``metadata.recovery.strategy``: asyncconsumer never re-bootstraps (Java's ``none``); the
-#: deserializers: the tools read keys and values as UTF-8 text, as Java's tools force.
+#: The deserializers: the tools read keys and values as UTF-8 text, as Java's tools force.
 NOT_APPLICABLE = frozenset({
-    "metadata.recovery.strategy",
-    "metadata.recovery.rebootstrap.trigger.ms",
     "key.deserializer",
     "value.deserializer",
 })

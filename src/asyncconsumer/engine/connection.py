@@ -24,6 +24,14 @@ takes a request whole in nearly every case; when it takes only part, a task send
 rest while later requests wait for the send lock.  One watchdog task per connection ends
 such requests at their deadlines, as ``request_version()`` does its own: the connection
 closes with a ``KafkaTimeoutError``.
+
+Set-up negotiates API versions.  Given ``expect`` (the cluster id and broker id the connection is
+meant to reach), ApiVersions goes out in v5 with both (KIP-1242): a broker that is another node,
+or in another cluster (an address reused by a replacement machine, a misrouted connection), answers
+REBOOTSTRAP_REQUIRED and the set-up fails with ``MisroutedConnection``; the network client then
+has the consumer go back to its bootstrap servers.  Otherwise ApiVersions goes out in v3.  A
+broker that does not know the version asked answers UNSUPPORTED_VERSION with its own range; the
+request goes again at the highest version both know (v0 before v3).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from ..errors import (
     KafkaError,
     KafkaTimeoutError,
     ProtocolError,
+    RebootstrapRequiredError,
     TLSHandshakeError,
     UnsupportedVersionError,
     clear_frame_locals,
@@ -106,6 +115,12 @@ class RefusedBeforeLogin(KafkaConnectionError):
     """The broker hung up on a connection's first request after ApiVersions, and it did not log in."""
 
 
+class MisroutedConnection(KafkaConnectionError):
+    """The broker at this address answered ApiVersions with REBOOTSTRAP_REQUIRED: it is not the node,
+    or not in the cluster, the connection was meant for (KIP-1242).  Retriable: the network client
+    has the consumer go back to its bootstrap servers (see ``expect``)."""
+
+
 class TLSHandshakeCutOff(KafkaConnectionError):
     """The server hung up during the TLS handshake without a word (retriable: it may be restarting)."""
 
@@ -155,13 +170,13 @@ def describe_node(node_id: int) -> str:
     """A connection id in words: a bootstrap server, a broker, or a group coordinator's connection."""
     if node_id < 0:
         return "bootstrap server"
-    if node_id > _COORDINATOR_IDS:
+    if node_id > COORDINATOR_IDS:
         return f"group coordinator (broker {2**31 - 1 - node_id})"
     return f"broker {node_id}"
 
 
 #: Connection ids above this are group coordinators' own (managers/coordinator.py, ``2**31 - 1 - id``).
-_COORDINATOR_IDS = 2**30
+COORDINATOR_IDS = 2**30
 
 
 class BrokerConnection:
@@ -180,8 +195,11 @@ class BrokerConnection:
         sasl: SaslHook | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         frames: BufferPool | None = None,
+        expect: tuple[str, int] | None = None,
     ) -> None:
         self.node_id = node_id
+        #: (cluster id, broker id) this connection is meant to reach, checked by the broker (KIP-1242).
+        self.expect = expect
         self.host = host
         self.port = port
         self._client_id = client_id
@@ -281,22 +299,39 @@ class BrokerConnection:
             self._set_up = True
         except BaseException as exc:
             await self.aclose()
-            if isinstance(exc, KafkaConnectionError) and not self.api_versions:
+            if isinstance(exc, KafkaConnectionError) and not isinstance(exc, MisroutedConnection) and (
+                    not self.api_versions):
                 # Hanging up on the very first request is how a TLS listener answers plaintext.
                 raise KafkaConnectionError(f"{exc} before answering ApiVersions; {_LISTENER_HINT}") from exc
             raise
 
     async def _negotiate_versions(self) -> None:
         high = protocol.SUPPORTED_VERSIONS["ApiVersions"][1]
-        version = min(high, 3)
-        body: Body = {"client_software_name": "asyncconsumer", "client_software_version": __version__}
-        response = await self.request_version("ApiVersions", version, body)
+        version = min(high, 5 if self.expect is not None else 3)
+        response = await self.request_version("ApiVersions", version, self._api_versions_body(version))
         if response["error_code"] == UnsupportedVersionError.code:
             # The broker is older than our request: it answered in v0 with its own range.
-            response = await self.request_version("ApiVersions", 0, {})
+            theirs = {k["api_key"]: k["max_version"] for k in response["api_keys"]}
+            retry = min(3, theirs.get(protocol.API_KEYS["ApiVersions"], 0), version - 1)
+            retry = retry if retry >= 3 else 0
+            response = await self.request_version("ApiVersions", retry, self._api_versions_body(retry))
+        if response["error_code"] == RebootstrapRequiredError.code and self.expect is not None:
+            cluster, broker = self.expect
+            raise MisroutedConnection(
+                f"{self.host}:{self.port} is not broker {broker} of cluster {cluster}: it answered "
+                "REBOOTSTRAP_REQUIRED (the address leads to another node or cluster now)"
+            )
         if response["error_code"]:
             raise ProtocolError(f"ApiVersions to {self.host}:{self.port} failed with code {response['error_code']}")
         self.api_versions = {k["api_key"]: (k["min_version"], k["max_version"]) for k in response["api_keys"]}
+
+    def _api_versions_body(self, version: int) -> Body:
+        if version < 3:
+            return {}
+        body: Body = {"client_software_name": "asyncconsumer", "client_software_version": __version__}
+        if version >= 5 and self.expect is not None:
+            body["cluster_id"], body["node_id"] = self.expect
+        return body
 
     def choose_version(self, api: str, min_version: int = 0, max_version: int | None = None) -> int:
         """Highest version both sides support, within ``[min_version, max_version]``."""

@@ -67,6 +67,9 @@ class Engine(LoopCore):
             topics_of_interest=self._topics_of_interest,
             on_update=self._on_metadata,
             want_all_topics=self._want_all_topics,
+            bootstrap=self.network,
+            recovery_strategy=config.metadata_recovery_strategy,
+            rebootstrap_trigger=config.metadata_recovery_rebootstrap_trigger_ms / 1000,
         )
         self.callbacks: deque[CallbackRequest] = deque()
         self.last_poll = clock()
@@ -113,6 +116,7 @@ class Engine(LoopCore):
                 heartbeat_interval=config.heartbeat_interval_ms / 1000,
                 retry_backoff=retry,
                 assignors=[get_assignor(name) for name in config.partition_assignment_strategy],
+                client_rack=config.client_rack or None,
             )
             self._group_settings = settings
             if config.group_protocol == "consumer":
@@ -271,7 +275,7 @@ class Engine(LoopCore):
             self.wake()
 
     def _on_metadata(self, cluster: Cluster) -> None:
-        self.network.update_brokers(cluster.brokers)
+        self.network.update_brokers(cluster.brokers, cluster.cluster_id)
         if self.membership is not None:
             if self.membership.wants_all_topics:
                 self.membership.update_pattern_topics({n for n, t in cluster.topics.items() if not t.is_internal})

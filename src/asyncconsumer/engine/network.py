@@ -8,6 +8,19 @@ outcome goes to ``on_complete`` — the background loop, which runs the manager'
 handler on its next turn.  Brokers that fail are retried with exponential
 backoff and jitter.
 
+Broker addresses: the ``bootstrap_servers`` until the first metadata, then the
+brokers the metadata names (each metadata answer replaces them; a connection
+to a broker that moved is dropped).  ``rebootstrap()`` goes back to the
+bootstrap servers when the metadata manager decides the known brokers are gone
+(KIP-899/KIP-1102, see ``managers/metadata.py``): it forgets them, closes their
+connections and says so; a bootstrap server's name is resolved again at each
+connection.  Until then, and with ``metadata_recovery_strategy="none"`` always,
+requests go only to the known brokers.  With ``"rebootstrap"``, once the
+cluster id is known and its brokers speak ApiVersions v5, a new connection to a
+known broker names the cluster and broker it means (KIP-1242); a broker that is
+not that one refuses it (``MisroutedConnection``), and ``rebootstrap_requested()``
+tells the metadata manager so.
+
 A failed login (``AuthenticationError``: wrong SASL credentials, an untrusted
 certificate) is fatal at once, as in the Java client (``SaslAuthenticationException``
 and ``SslAuthenticationException`` are not retriable there): it is logged as an
@@ -38,9 +51,12 @@ from ..errors import (
 )
 from ..managers.requests import Body, UnsentRequest
 from ..metrics import LatencyRecorder
+from ..protocol.api import API_KEYS
 from .buffers import BufferPool
 from .connection import (
+    COORDINATOR_IDS,
     BrokerConnection,
+    MisroutedConnection,
     RefusedBeforeLogin,
     SaslHook,
     Spawn,
@@ -51,6 +67,8 @@ from .connection import (
 from .sasl import cleartext_warning
 
 log = logging.getLogger("asyncconsumer.network")
+
+API_VERSIONS_KEY = API_KEYS["ApiVersions"]
 
 Completion = Callable[[UnsentRequest, int, "Body | None", "BaseException | None"], None]
 #: Called after each timed request: (api, seconds, error or None); OpenTelemetry's operation.duration.
@@ -153,18 +171,65 @@ class NetworkClient:
         #: The last failed login (fatal, as in the Java client), and whether the loop has taken it.
         self.auth_failure: AuthenticationError | None = None
         self._auth_failure_new = False
+        #: Rebootstraps so far; a broker's REBOOTSTRAP_REQUIRED not yet taken by the metadata manager.
+        self.rebootstraps = 0
+        self._rebootstrap_requested = False
+        #: The cluster's id (metadata), and whether its brokers know ApiVersions v5 (the cluster and
+        #: node checks of KIP-1242): both needed before a connection asks a broker to check.
+        self._cluster_id: str | None = None
+        self._check_nodes = False
         #: Said once, before the first connection: a login that sends its credential in clear.
         self._cleartext = cleartext_warning(config.security_protocol, config.sasl_mechanism) if sasl else None
 
     # -- broker addresses -----------------------------------------------------------------------
 
-    def update_brokers(self, brokers: dict[int, tuple[str, int]]) -> None:
-        """Called with each metadata response; connections to moved brokers are dropped."""
+    def update_brokers(self, brokers: dict[int, tuple[str, int]], cluster_id: str | None = None) -> None:
+        """Called with each metadata response; connections to moved brokers are dropped.  With the
+        cluster id, new connections to the brokers check they reach the node meant (KIP-1242)."""
+        if cluster_id:
+            self._cluster_id = cluster_id
         for node_id, address in brokers.items():
-            old = self._brokers.get(node_id)
-            if old is not None and old != address and node_id in self._connections:
+            connection = self._connections.get(node_id)
+            if connection is not None and (connection.host, connection.port) != address:
                 self._spawn(self._connections.pop(node_id).aclose)
         self._brokers = dict(brokers)
+
+    def known_brokers_unavailable(self) -> bool:
+        """Every broker of the last metadata is out of reach for now: none is connected, and each
+        is being connected to or waits out its reconnect backoff (KIP-899's test)."""
+        if not self._brokers:
+            return False
+        now = self._clock()
+        for node_id in self._brokers:
+            connection = self._connections.get(node_id)
+            if connection is not None and connection.connected:
+                return False
+            if node_id not in self._connecting and self._health.get(node_id, _NodeHealth()).next_attempt <= now:
+                return False
+        return True
+
+    def rebootstrap_requested(self) -> bool:
+        """A broker refused a connection with REBOOTSTRAP_REQUIRED since the last call (KIP-1242)."""
+        requested, self._rebootstrap_requested = self._rebootstrap_requested, False
+        return requested
+
+    def rebootstrap(self, reason: str) -> None:
+        """Forget the known brokers: close their connections (and the bootstrap servers', so that
+        their names are resolved again) and try the bootstrap servers at once.  A known broker's
+        reconnect backoff is kept: metadata naming it again (a broker that keeps being the wrong
+        one) does not have it retried at once.  Said in a WARNING, at most once a minute (the
+        next one says how many were left out)."""
+        known = ", ".join(f"{describe_node(n)} at {host}:{port}" for n, (host, port) in sorted(self._brokers.items()))
+        self._warnings.warning("rebootstrap", "going back to bootstrap_servers %s: %s (forgetting %s)",
+                               ",".join(self._config.bootstrap_servers), reason, known or "no broker")
+        for node_id in (*self._brokers, *self._bootstrap):
+            connection = self._connections.pop(node_id, None)
+            if connection is not None:
+                self._spawn(connection.aclose)
+        for node_id in self._bootstrap:
+            self._health.pop(node_id, None)
+        self._brokers = {}
+        self.rebootstraps += 1
 
     def register_node(self, node_id: int, host: str, port: int) -> None:
         """An address outside the broker list (the group coordinator's own connection)."""
@@ -184,25 +249,26 @@ class NetworkClient:
         if connected:
             return min(connected, key=lambda n: self._connections[n].in_flight)
         ready = [n for n in candidates if self._health.get(n, _NodeHealth()).next_attempt <= now]
-        if not ready and self._brokers:
-            # Known brokers all in backoff: the bootstrap list may still answer.
-            ready = [n for n in self._bootstrap if self._health.get(n, _NodeHealth()).next_attempt <= now]
         pool = ready or candidates
         return min(pool, key=lambda n: self._health.get(n, _NodeHealth()).next_attempt)
 
     def all_unreachable_error(self) -> KafkaError | None:
-        """If every bootstrap/broker failed its last attempt, the error that says so."""
-        nodes = list(self._brokers) + list(self._bootstrap)
+        """If every broker requests may go to (the known ones, else the bootstrap servers) failed
+        its last attempt, the error that says so."""
+        nodes = list(self._brokers) or list(self._bootstrap)
         if any(n in self._connections for n in nodes):
             return None
-        errors = [h.last_error for n in nodes if (h := self._health.get(n)) is not None and h.last_error]
-        if len(errors) < len(self._bootstrap) and not self._brokers:
+        health = [self._health.get(n) for n in nodes]
+        if not all(h is not None and h.failures for h in health):
             return None
-        if not all(self._health.get(n) and self._health[n].failures for n in self._bootstrap):
-            return None
+        last = next((h.last_error for h in reversed(health) if h is not None and h.last_error), None)
         servers = ", ".join(self._config.bootstrap_servers)
-        last = errors[-1] if errors else None
-        return NoBrokersAvailableError(f"no broker reachable (bootstrap_servers={servers}); last error: {last}")
+        if self._brokers:
+            known = ", ".join(f"{n} at {host}:{port}" for n, (host, port) in sorted(self._brokers.items()))
+            where = f"known brokers {known}; metadata_recovery_strategy={self._config.metadata_recovery_strategy!r}"
+        else:
+            where = f"bootstrap_servers={servers}"
+        return NoBrokersAvailableError(f"no broker reachable ({where}); last error: {last}")
 
     def pop_fatal_error(self) -> KafkaError | None:
         """A login that failed since the last call (None: none did): the application is to hear of
@@ -341,6 +407,8 @@ class NetworkClient:
             connection = self._new_connection(node_id, *address)
             await connection.open(self._spawn)
         except KafkaError as exc:
+            if isinstance(exc, MisroutedConnection):
+                self._rebootstrap_requested = True
             error = self._tls_streak(health, exc)
             self._report_failure(node_id, health, address, error)
             self._backoff(node_id, health, error)
@@ -350,6 +418,11 @@ class NetworkClient:
         finally:
             del self._connecting[node_id]
             event.set()
+        if self.address(node_id) != address:  # the broker moved, or a rebootstrap forgot it, meanwhile
+            self._spawn(connection.aclose)
+            raise KafkaConnectionError(f"{describe_node(node_id)} is no longer at {address[0]}:{address[1]}")
+        if connection.api_versions.get(API_VERSIONS_KEY, (0, 0))[1] >= 5:
+            self._check_nodes = True
         health.failures = 0
         health.last_error = None
         health.tls_cut_offs = 0
@@ -397,7 +470,18 @@ class NetworkClient:
             sasl=sasl,
             max_frame_bytes=frame_limit(config.fetch_max_bytes),
             frames=self.frames,
+            expect=self._expect(node_id),
         )
+
+    def _expect(self, node_id: int) -> tuple[str, int] | None:
+        """The (cluster id, broker id) a new connection to ``node_id`` asks the broker to check, as the
+        Java client does with ``metadata.recovery.strategy=rebootstrap``: once the cluster id is known
+        and its brokers can check (not for a bootstrap server: any broker there is right)."""
+        if node_id < 0 or self._cluster_id is None or not self._check_nodes:
+            return None
+        if self._config.metadata_recovery_strategy != "rebootstrap":
+            return None
+        return self._cluster_id, (2**31 - 1 - node_id if node_id > COORDINATOR_IDS else node_id)
 
     def _ssl_context(self) -> Any:
         if not self._config.uses_tls:

@@ -48,6 +48,9 @@ class ShareEngine(LoopCore):
             retry_backoff=retry,
             topics_of_interest=lambda: set(self.membership.subscription),
             on_update=self._on_metadata,
+            bootstrap=self.network,
+            recovery_strategy=config.metadata_recovery_strategy,
+            rebootstrap_trigger=config.metadata_recovery_rebootstrap_trigger_ms / 1000,
         )
         self._missing_subscribed = MissingTopicWarnings(f"share group {config.group_id!r}")
         self.membership = ShareMembershipManager(
@@ -89,7 +92,7 @@ class ShareEngine(LoopCore):
         self.notify_app()
 
     def _on_metadata(self, cluster: Cluster) -> None:
-        self.network.update_brokers(cluster.brokers)
+        self.network.update_brokers(cluster.brokers, cluster.cluster_id)
         self._missing_subscribed.check(cluster, self.membership.subscription)
         self.wake()
 

@@ -286,6 +286,7 @@ class MembershipManager(GroupMemberBase):
             user_data=assignor.subscription_user_data(set(topics), list(owned), self.generation),
             owned_partitions=tuple(owned),
             generation_id=self.generation,
+            rack_id=self.settings.client_rack,
         )
         return encode_subscription(sub)
 
@@ -391,7 +392,7 @@ class MembershipManager(GroupMemberBase):
         counts = self._counts(self._group_topics)
         self._partition_counts = counts
         assignor = next(a for a in self.settings.assignors if a.name == self.protocol_name)
-        plan = assignor.assign(counts, subs)
+        plan = assignor.assign(counts, subs, self._metadata.cluster.replica_racks(counts))
         assignments = {member: encode_assignment(a) for member, a in plan.items()}
         self._leader_pending = None
         self._in_flight = True

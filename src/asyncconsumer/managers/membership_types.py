@@ -180,6 +180,8 @@ class GroupSettings:
     heartbeat_interval: float
     retry_backoff: float
     assignors: list[Assignor] = field(default_factory=list)
+    #: The member's ``client_rack`` (None: none), sent in its subscription for rack-aware assignors.
+    client_rack: str | None = None
 
 
 @dataclass

@@ -14,6 +14,33 @@ A broker that has not caught up may answer with a partition's leader epoch
 older than one already seen; that partition keeps what we knew (as in the
 Java client), so leaders and epochs never go back.  A changed topic id (the
 topic was re-created) starts its epochs afresh.
+
+Rebootstrap (KIP-899, KIP-1102)
+-------------------------------
+Once it has metadata, the consumer asks only the brokers that metadata named.
+If they were all replaced (new machines at new addresses while the consumer
+was not looking), none of them will ever answer again.  So, with
+``metadata_recovery_strategy="rebootstrap"`` (the default, as in the Java
+client since 4.0), the manager decides to go back to ``bootstrap_servers``
+when, a refresh being due,
+
+- none of the known brokers can be reached (each is being connected to or
+  waits out its reconnect backoff: ``BootstrapControl.known_brokers_unavailable``),
+- or no metadata has come for ``metadata_recovery_rebootstrap_trigger_ms``
+  since a refresh fell due (a known broker that accepts connections and never
+  answers, say),
+- or a broker answered REBOOTSTRAP_REQUIRED: Metadata v13's top-level error
+  code, or ApiVersions v5's when the broker is not the node, or not in the
+  cluster, the consumer meant to reach (KIP-1242; ``rebootstrap_requested``).
+
+It then forgets the cluster (brokers, leaders: nothing stale is used), tells
+the network client to drop the known brokers and their connections
+(``BootstrapControl.rebootstrap``, which says so in a WARNING) and asks for
+metadata at once, which goes to a bootstrap server, its name resolved again.
+Answers to requests sent before are ignored.  With ``"none"`` it keeps asking
+the brokers it knows, and says once, in a WARNING, that it will not go back.
+The decision is here, sans-I/O, with the time passed in; the I/O is the
+network client's.
 """
 
 from __future__ import annotations
@@ -21,11 +48,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from ..errors import (
     AuthenticationError,
     KafkaError,
+    RebootstrapRequiredError,
     TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
     error_for_code,
@@ -51,6 +79,8 @@ class TopicInfo:
     topic_id: bytes
     is_internal: bool
     partitions: dict[int, PartitionInfo]
+    #: Partition -> the broker ids of its replicas (every replica, in sync or not).
+    replicas: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -59,6 +89,10 @@ class Cluster:
     topics: dict[str, TopicInfo] = field(default_factory=dict)
     #: Topics the last response said do not exist (or we may not see), with the error.
     topic_errors: dict[str, KafkaError] = field(default_factory=dict)
+    #: Broker id -> its ``broker.rack``, for the brokers that have one.
+    racks: dict[int, str] = field(default_factory=dict)
+    #: The cluster's id (Metadata v2+), None until known.
+    cluster_id: str | None = None
 
     def leader(self, tp: TopicPartition) -> PartitionInfo | None:
         topic = self.topics.get(tp.topic)
@@ -75,6 +109,20 @@ class Cluster:
         """The last answer says ``tp`` does not exist: its topic is unknown or has no such partition."""
         topic = self.topics.get(tp.topic)
         return self.topic_missing(tp.topic) or (topic is not None and tp.partition not in topic.partitions)
+
+    def replica_racks(self, topics: Iterable[str]) -> dict[TopicPartition, frozenset[str]]:
+        """The racks of each partition's replicas, for the partitions of ``topics`` (the rack-aware
+        assignors' input); empty when no broker has a rack."""
+        if not self.racks:
+            return {}
+        racks = self.racks
+        result: dict[TopicPartition, frozenset[str]] = {}
+        for name in topics:
+            topic = self.topics.get(name)
+            if topic is not None:
+                for index, replicas in topic.replicas.items():
+                    result[TopicPartition(name, index)] = frozenset(racks[b] for b in replicas if b in racks)
+        return result
 
     def topic_name(self, topic_id: bytes) -> str | None:
         for topic in self.topics.values():
@@ -102,6 +150,25 @@ class MissingTopicWarnings:
         self._warned = missing
 
 
+class BootstrapControl(Protocol):
+    """What the manager asks of the network client to decide on a rebootstrap, and how it starts one."""
+
+    def known_brokers_unavailable(self) -> bool:
+        """Every broker of the last metadata is out of reach for now (none connected; each being
+        connected to or waiting out its reconnect backoff)."""
+
+    def rebootstrap_requested(self) -> bool:
+        """A broker answered a connection's ApiVersions with REBOOTSTRAP_REQUIRED since the last
+        call (KIP-1242): it is not the node, or not in the cluster, the consumer meant."""
+
+    def rebootstrap(self, reason: str) -> None:
+        """Forget the known brokers and their connections, say so (with ``reason``); the next
+        requests go to ``bootstrap_servers``."""
+
+
+RecoveryStrategy = Literal["rebootstrap", "none"]
+
+
 class MetadataManager:
     def __init__(
         self,
@@ -111,6 +178,9 @@ class MetadataManager:
         topics_of_interest: Callable[[], set[str]],
         on_update: Callable[[Cluster], None],
         want_all_topics: Callable[[], bool] = lambda: False,
+        bootstrap: BootstrapControl | None = None,
+        recovery_strategy: RecoveryStrategy = "rebootstrap",
+        rebootstrap_trigger: float = 300.0,
     ) -> None:
         self._want_all = want_all_topics
         self.cluster = Cluster()
@@ -132,6 +202,18 @@ class MetadataManager:
         self.last_error: KafkaError | None = None
         #: Bumped on every response, so waiters know a refresh happened.
         self.version = 0
+        # Rebootstrap (see the module docstring).  Without a ``bootstrap`` control there is nothing
+        # to go back with: the manager never decides to.
+        self._bootstrap = bootstrap
+        self._recovery = recovery_strategy
+        self._trigger = rebootstrap_trigger
+        #: When a refresh fell due with no metadata since (None: metadata came since).
+        self._attempt_started: float | None = None
+        self._rebootstrap_required = False  # a Metadata answer said REBOOTSTRAP_REQUIRED
+        self._epoch = 0  # bumped by a rebootstrap: answers to requests sent before it are dropped
+        self._said_stuck = False  # "none": the warning that we will not go back, said once
+        #: Rebootstraps so far.
+        self.rebootstraps = 0
 
     def request_update(self) -> None:
         self._requested = True
@@ -153,6 +235,8 @@ class MetadataManager:
         sendable = bool(self._topics_of_interest()) or self._want_all() or not self.cluster.brokers
         if sendable and not self._in_flight:
             deadlines.append(max(now, self._retry_at, self._due_at()))
+        if self._attempt_started is not None and self._may_rebootstrap():
+            deadlines.append(max(now, self._attempt_started + self._trigger))
         return min(deadlines)
 
     def _due_at(self) -> float:
@@ -166,12 +250,13 @@ class MetadataManager:
         return self._last_refresh + self._max_age
 
     def poll(self, now: float) -> list[UnsentRequest]:
+        topics = self._topics_of_interest()
+        want_all = self._want_all()
+        self._check_recovery(now, bool(topics) or want_all)
         requests = []
         if self._all_topics_waiters and not self._all_in_flight and now >= self._retry_at:
             self._all_in_flight = True
             requests.append(self._request(None, everything=True))
-        topics = self._topics_of_interest()
-        want_all = self._want_all()
         if topics != self._last_topics or want_all != self._last_want_all:
             self._requested = self._new_topics = True
         due = now >= self._due_at()
@@ -184,22 +269,80 @@ class MetadataManager:
             requests.append(self._request(None if want_all else sorted(topics), everything=False))
         return requests
 
+    # -- rebootstrap -------------------------------------------------------------------------------
+
+    def _may_rebootstrap(self) -> bool:
+        """There is metadata to give up on (and a network client to do it)."""
+        return self._bootstrap is not None and bool(self.cluster.brokers)
+
+    def _check_recovery(self, now: float, interested: bool) -> None:
+        sendable = interested or not self.cluster.brokers
+        due = sendable and not self._in_flight and now >= self._retry_at and now >= self._due_at()
+        if due and self._attempt_started is None:
+            self._attempt_started = now
+        if not self._may_rebootstrap():
+            return
+        assert self._bootstrap is not None
+        reason = None
+        if self._rebootstrap_required or self._bootstrap.rebootstrap_requested():
+            reason = "a broker answered REBOOTSTRAP_REQUIRED"
+        elif self._attempt_started is not None and now - self._attempt_started >= self._trigger:
+            reason = (f"no metadata from any known broker for {now - self._attempt_started:.0f}s "
+                      "(metadata_recovery_rebootstrap_trigger_ms)")
+        elif due and self._bootstrap.known_brokers_unavailable():
+            reason = "none of the known brokers can be reached"
+        if reason is None:
+            return
+        self._rebootstrap_required = False
+        if self._recovery == "rebootstrap":
+            self._rebootstrap(now, reason)
+        elif not self._said_stuck:
+            self._said_stuck = True
+            known = ", ".join(map(str, sorted(self.cluster.brokers)))
+            log.warning("%s (brokers %s); metadata_recovery_strategy='none': not going back to bootstrap_servers, "
+                        "retrying the known brokers", reason, known)
+
+    def _rebootstrap(self, now: float, reason: str) -> None:
+        assert self._bootstrap is not None
+        self.rebootstraps += 1
+        self._epoch += 1
+        self._bootstrap.rebootstrap(reason)
+        self.cluster = Cluster()
+        self._in_flight = self._all_in_flight = False
+        self._requested = self._new_topics = True
+        self._retry_at = now
+        self._attempt_started = now
+
+    # -- requests and answers -----------------------------------------------------------------------
+
     def _request(self, topics: list[str] | None, *, everything: bool) -> UnsentRequest:
+        epoch = self._epoch
+
         def build(version: int) -> Body:
             body: dict[str, Any] = {"allow_auto_topic_creation": False}
             body["topics"] = None if topics is None else [{"name": t, "topic_id": ZERO_UUID} for t in topics]
             return body
 
         def on_response(now: float, version: int, body: Body) -> None:
+            if epoch != self._epoch:
+                return  # sent to a broker given up on by a rebootstrap since
+            code = body.get("error_code", 0)  # top-level, from v13
+            if code:
+                if code == RebootstrapRequiredError.code:
+                    self._rebootstrap_required = True
+                self._handle_error(now, error_for_code(code, "Metadata"), everything)
+                return
             self._handle(now, body, everything)
 
         def on_error(now: float, error: BaseException) -> None:
-            self._handle_error(now, error, everything)
+            if epoch == self._epoch:
+                self._handle_error(now, error, everything)
 
         return UnsentRequest("Metadata", build, on_response, on_error, min_version=1)
 
     def _handle(self, now: float, body: Body, everything: bool) -> None:
         brokers = {b["node_id"]: (b["host"], b["port"]) for b in body["brokers"]}
+        racks = {b["node_id"]: b["rack"] for b in body["brokers"] if b.get("rack")}
         topics: dict[str, TopicInfo] = {}
         errors: dict[str, KafkaError] = {}
         for topic in body["topics"]:
@@ -212,11 +355,12 @@ class MetadataManager:
             partitions = {
                 p["partition_index"]: PartitionInfo(p["leader_id"], p["leader_epoch"]) for p in topic["partitions"]
             }
-            topics[name] = TopicInfo(name, topic["topic_id"], topic["is_internal"], partitions)
+            replicas = {p["partition_index"]: tuple(p["replica_nodes"]) for p in topic["partitions"]}
+            topics[name] = TopicInfo(name, topic["topic_id"], topic["is_internal"], partitions, replicas)
         self._keep_newer_epochs(topics)
         if everything:
             self._all_in_flight = False
-            snapshot = Cluster(brokers, topics, errors)
+            snapshot = Cluster(brokers, topics, errors, racks, body.get("cluster_id"))
             waiters, self._all_topics_waiters = self._all_topics_waiters, []
             for waiter in waiters:
                 waiter.set_result(snapshot)
@@ -227,7 +371,9 @@ class MetadataManager:
         else:
             self._in_flight = False
             self._last_refresh = now
-        self.cluster = Cluster(brokers, topics, errors)
+        self.cluster = Cluster(brokers, topics, errors, racks, body.get("cluster_id"))
+        self._attempt_started = None
+        self._said_stuck = self._rebootstrap_required = False
         self.last_error = None
         self.version += 1
         self._on_update(self.cluster)

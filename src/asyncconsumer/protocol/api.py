@@ -60,11 +60,11 @@ API_NAMES: dict[int, str] = {key: name for name, key in API_KEYS.items()}
 #: OffsetCommit/OffsetFetch v10: topic ids instead of names), so a version is only negotiated
 #: once the code that builds the request has been taught it.  APIs not listed: up to the newest.
 CLIENT_MAX_VERSIONS: dict[str, int] = {
-    "ApiVersions": 4,  # v5: cluster id / node id checks and REBOOTSTRAP_REQUIRED (KIP-1242)
+    "ApiVersions": 5,  # v5 (cluster id / node id checks, KIP-1242) only with them: engine/connection.py
     "ConsumerGroupHeartbeat": 1,  # v1 (client-generated member ids, KIP-1082; broker-side regex) is built
     "Fetch": 17,  # v18: a high watermark for replica fetchers (KIP-1166), nothing for consumers
     "ListOffsets": 10,  # v11: earliest pending upload (KIP-1023)
-    "Metadata": 12,  # v13: a top-level error code
+    "Metadata": 13,  # v13: a top-level error code (REBOOTSTRAP_REQUIRED, KIP-1102: managers/metadata.py)
     "OffsetCommit": 9,  # v10: topic ids only
     "OffsetFetch": 9,  # v10: topic ids only
 }

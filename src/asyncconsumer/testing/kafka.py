@@ -419,6 +419,23 @@ class KafkaNode:
         if wait:
             self.wait_ready(timeout if timeout is not None else self._owner.startup_timeout, expect_nodes=1)
 
+    def move(self, *, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop the node and start it on new ports, same node id and data: as if it were replaced by
+        a machine at another address.  Its client listeners (and the one it replicates over) move;
+        the quorum's CONTROLLER port stays.  Clients that knew the old address find the node only
+        through fresh metadata, or a bootstrap address that follows it.  With ``advertise_plaintext``
+        the function is asked again for the address to advertise (the node's new ports known)."""
+        if self.roles == "controller":
+            raise KafkaBrokerError(f"node {self.node_id} is a controller: its port is in every node's voter set")
+        self.stop()
+        fresh = iter(free_ports(len(dataclasses.fields(_Ports)) - 1))
+        self.ports = _Ports(**{f.name: getattr(self.ports, f.name) if f.name == "controller" else next(fresh)
+                               for f in dataclasses.fields(_Ports)})
+        self._owner.configure(self)
+        self.launch()
+        if wait:
+            self.wait_ready(timeout if timeout is not None else self._owner.startup_timeout, expect_nodes=1)
+
     def wait_ready(self, timeout: float, *, expect_nodes: int) -> float:
         """Until the node answers Metadata listing ``expect_nodes`` brokers (a controller-only
         node: until its CONTROLLER listener accepts connections)."""
@@ -606,14 +623,11 @@ class _KafkaProcesses:
                     node.roles = "broker"
                 node.rack = self._racks[index] if self._racks is not None else None
                 self.nodes.append(node)
-            if self._advertise_plaintext is not None:
-                # Every port is known now and nothing listens yet: the caller can point a proxy at
-                # each node before the node tells anyone to go through it.
-                for node in self.nodes:
-                    node.advertised_plaintext = _check_address(self._advertise_plaintext(node), node)
             cluster_id = new_cluster_id()
+            # Every port is known now and nothing listens yet: with ``advertise_plaintext`` the
+            # caller can point a proxy at each node before the node tells anyone to go through it.
             for node in (*self.controllers, *self.nodes):
-                (node.directory / "server.properties").write_text(self._properties(node))
+                self.configure(node)
                 self._format(node, cluster_id)
             for node in (*self.controllers, *self.nodes):
                 node.launch()
@@ -625,6 +639,13 @@ class _KafkaProcesses:
             raise
         self.startup_seconds = time.monotonic() - began
         return self
+
+    def configure(self, node: KafkaNode) -> None:
+        """Write ``node``'s ``server.properties`` from its ports, first asking ``advertise_plaintext``
+        (if given) for the address its PLAINTEXT listener advertises."""
+        if self._advertise_plaintext is not None and node.roles != "controller":
+            node.advertised_plaintext = _check_address(self._advertise_plaintext(node), node)
+        (node.directory / "server.properties").write_text(self._properties(node))
 
     def _format(self, node: KafkaNode, cluster_id: str) -> None:
         args = ["format", "--config", str(node.directory / "server.properties"), f"--cluster-id={cluster_id}",
