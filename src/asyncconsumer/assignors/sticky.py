@@ -49,8 +49,9 @@ before stickiness, members in the same rack as one of a partition's replicas,
 as the Java sticky assignors do:
 
 - an owned partition none of whose replicas is in its owner's rack is not kept
-  as owned (it may move to a member in a matching rack; with
-  ``cooperative-sticky`` its owner revokes it first, as any moving partition);
+  as owned when a subscribed member is in one of those racks (it may move
+  there; with ``cooperative-sticky`` its owner revokes it first, as any moving
+  partition); when no member is, it stays with its owner;
 - when everyone takes the same topics, the partitions left after the owners
   kept theirs go first to members in a matching rack with room under their
   quota (the partitions with the fewest such members first, each to the
@@ -189,6 +190,12 @@ class _Racks:
         rack = self._member_rack[member]
         return rack is not None and rack not in self._partition_racks.get(tp, ())
 
+    def misplaced(self, member: int, tp: TopicPartition, candidates: Iterable[int]) -> bool:
+        """``member`` owns ``tp`` outside its replicas' racks and one of ``candidates`` is in them:
+        the partition is not kept as owned.  A partition no candidate's rack matches stays with its
+        owner (moving it would gain nothing, and running the plan again would move it back)."""
+        return self.mismatch(member, tp) and any(self.matches(m, tp) for m in candidates)
+
     def matches(self, member: int, tp: TopicPartition) -> bool:
         """``member`` has a rack and a replica of ``tp`` is in it (what rack-aware steps look for)."""
         rack = self._member_rack[member]
@@ -250,7 +257,7 @@ def _plan_same_topics(
     plan: list[list[TopicPartition]] = [[] for _ in range(n_members)]
     taken: set[TopicPartition] = set()
     for index, owned in enumerate(owned_by):
-        keepable = [tp for tp in owned if not racks.mismatch(index, tp)]
+        keepable = [tp for tp in owned if not racks.misplaced(index, tp, range(n_members))]
         for tp in keepable:
             if not quotas.room(index):
                 break
@@ -405,6 +412,60 @@ class _Balancer:
             while self._move_along_chain(any_partition):
                 pass
 
+    def polish_racks(self) -> None:
+        """With racks, once balanced: a partition held outside its replicas' racks goes to a member
+        of the topic in one of them that holds fewer (no less balanced), or is swapped for one that
+        member holds outside its own rack.  Each step puts one more partition in a matching rack,
+        so it ends; and the next rebalance, starting from this plan, finds nothing to do (an owned
+        partition is kept, and balance and this pass move nothing), so a group does not keep
+        rebalancing."""
+        if not self.racks.active:
+            return
+        racks, size = self.racks, self.size
+        moved = True
+        while moved:
+            moved = False
+            for holder in range(len(size)):
+                for tp in self._held(holder):
+                    if not racks.mismatch(holder, tp):
+                        continue
+                    for taker in self.topic_members[tp.topic]:
+                        if taker == holder or not racks.matches(taker, tp):
+                            continue
+                        if size[taker] < size[holder]:
+                            self._take(holder, tp)
+                            self.add(taker, tp)
+                            moved = True
+                            break
+                        back = next((q for q in self._held(taker) if racks.mismatch(taker, q)
+                                     and holder in self.topic_members[q.topic]), None)
+                        if back is not None:
+                            self._take(holder, tp)
+                            self._take(taker, back)
+                            self.add(taker, tp)
+                            self.add(holder, back)
+                            moved = True
+                            break
+                    if moved:
+                        break
+                if moved:
+                    break
+
+    def _held(self, member: int) -> list[TopicPartition]:
+        return [TopicPartition(topic, p) for buckets in (self.free[member], self.own[member])
+                for topic, held in sorted(buckets.items()) for p in held]
+
+    def _take(self, member: int, tp: TopicPartition) -> None:
+        for buckets in (self.free[member], self.own[member]):
+            held = buckets.get(tp.topic)
+            if held is not None and tp.partition in held:
+                del held[tp.partition]
+                if not held:
+                    del buckets[tp.topic]
+                self.size[member] -= 1
+                return
+        raise KeyError(tp)
+
     def plan(self) -> list[list[TopicPartition]]:
         return [
             [TopicPartition(topic, p) for buckets in (free, own) for topic, held in buckets.items() for p in held]
@@ -424,9 +485,8 @@ def _plan_mixed_topics(
     balancer = _Balancer(topic_members, len(members), owner, racks)
     for index, owned in enumerate(owned_by):
         for tp in owned:
-            if not racks.mismatch(index, tp):
-                balancer.add(index, tp)
-    kept = {tp for index, owned in enumerate(owned_by) for tp in owned if not racks.mismatch(index, tp)}
+            balancer.add(index, tp)
+    kept = {tp for owned in owned_by for tp in owned}
     # Partitions nobody keeps, topics with the fewest possible takers first, each to the smallest
     # taker in a matching rack (with racks), else to the smallest taker (its previous owner first
     # among the smallest).
@@ -441,6 +501,7 @@ def _plan_mixed_topics(
             previous = owner.get(tp, -1)
             balancer.add(min(pool, key=lambda m: (balancer.size[m], m != previous, m)), tp)
     balancer.balance()
+    balancer.polish_racks()
     return balancer.plan()
 
 
