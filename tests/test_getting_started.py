@@ -7,6 +7,8 @@ The page is read top to bottom and each fenced block is run by what it is:
   once) and ``--port 0`` (a free port: 9092 may be taken on a shared machine); the address it
   prints replaces ``127.0.0.1:9092`` in every other block.
 - any other shell block: run with bash; it must exit 0.
+- a ``console`` block: a terminal session shown with its output (the web worker's endpoints asked
+  with curl while it runs), not run here; tests/test_examples.py runs that worker's code.
 - a Python program (``asyncio.run(...)`` or ``trio.run(...)``): run as a script.  When a ``text``
   block follows it, that is its output: the program runs until it has printed as many lines
   (programs that read "for as long as the consumer runs" never end by themselves), is then stopped,
@@ -58,6 +60,8 @@ class Block:
     @property
     def kind(self) -> str:
         first = self.code.strip().split("\n", 1)[0]
+        if self.lang == "console":
+            return "shown"
         if self.lang == "sh":
             if first.startswith("pip install"):
                 return "install"
@@ -76,7 +80,7 @@ def page_blocks(text: str) -> list[Block]:
             assert blocks and blocks[-1].kind == "program", f"line {line}: an output block follows a program"
             blocks[-1].output = code.splitlines()
             continue
-        assert lang in ("sh", "python"), f"line {line}: a ```{lang} block (the test runs sh and python)"
+        assert lang in ("sh", "python", "console"), f"line {line}: a ```{lang} block (the test runs sh and python)"
         blocks.append(Block(lang, code, line))
     return blocks
 
@@ -84,7 +88,8 @@ def page_blocks(text: str) -> list[Block]:
 @contextlib.contextmanager
 def page_broker(block: Block, kind: str) -> Iterator[str]:
     args = shlex.split(block.code)
-    proc = subprocess.Popen([*args, "--kind", kind, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # stderr with stdout, as a terminal shows them: progress comes before the address.
+    proc = subprocess.Popen([*args, "--kind", kind, "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True, env=environment())
     try:
         assert proc.stdout is not None
@@ -96,10 +101,13 @@ def page_broker(block: Block, kind: str) -> Iterator[str]:
         text = "".join(seen)
         match = re.search(r"^Bootstrap server: (\S+)$", text, re.MULTILINE)
         assert match, (text, proc.poll())
+        # The JVM's start is slow and silent: the command says it began before the wait, not after.
+        starting = text.find("Starting Apache Kafka ")
+        assert (starting >= 0) == (kind == "kafka") and starting < text.index("Started "), text
         yield match.group(1)
         # Ctrl-C stops it cleanly and removes its data (Apache Kafka's directory; Tansu's is in memory).
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0, proc.stderr.read()  # type: ignore[union-attr]
+        assert proc.wait(60) == 0, proc.stdout.read()
         files = re.search(r"its files, in (\S+),", text)
         assert (files is not None) == (kind == "kafka"), text
         assert files is None or not Path(files.group(1)).exists()

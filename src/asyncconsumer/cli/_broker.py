@@ -24,7 +24,7 @@ from typing import IO, Protocol
 import anyio
 
 from ..testing import EmbeddedBroker, EmbeddedBrokerError, JavaNotFoundError, KafkaBroker, KafkaDownloadError
-from ..testing.kafka import MIN_JAVA, find_java
+from ..testing.kafka import MIN_JAVA, find_java, kafka_libs
 from ._client import ProduceClient
 
 DEFAULT_PORT = 9092
@@ -113,8 +113,13 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _start_kafka(port: int) -> tuple[_Running, str]:
+def _start_kafka(port: int, err: IO[str]) -> tuple[_Running, str]:
     broker = KafkaBroker(listeners=("PLAINTEXT",), port=port, heap_mb=512)
+    kafka_libs(broker.version, progress=err)  # the first start downloads the jars, saying so on err
+    # The JVM takes a while and prints nothing meanwhile: say so before, not only after.
+    err.write(f"Starting Apache Kafka {broker.version} on {LOOPBACK}:{port} (a JVM: 15 to 40 s, "
+              "longer on a busy machine) ...\n")
+    err.flush()
     broker.start()
     files = broker.node.directory.parent
     return broker, f"Apache Kafka {broker.version} (one KRaft node; its files, in {files}, are removed when it stops)"
@@ -132,13 +137,14 @@ def _start_embedded(port: int, why: str | None) -> tuple[_Running, str]:
     return broker, f"the embedded Tansu broker, data in memory{reason}.\n{TANSU_LACKS}"
 
 
-def start(kind: str, port: int) -> tuple[_Running, str]:
-    """Start the broker ``kind`` asks for ("auto", "kafka", "embedded"); returns it and its description."""
+def start(kind: str, port: int, err: IO[str]) -> tuple[_Running, str]:
+    """Start the broker ``kind`` asks for ("auto", "kafka", "embedded"); returns it and its description.
+    Progress (a download, a slow start) goes to ``err``."""
     if kind == "embedded":
         return _start_embedded(port, None)
     try:
         find_java()
-        return _start_kafka(port)
+        return _start_kafka(port, err)
     except (JavaNotFoundError, KafkaDownloadError) as exc:
         if kind == "kafka":
             raise BrokerCommandError(str(exc)) from None
@@ -163,7 +169,7 @@ def serve(kind: str, port: int | None, topics: Sequence[TopicSpec], out: IO[str]
     broker: _Running | None = None
     with _stop_on_signals():
         try:
-            broker, description = start(kind, choose_port(port, err))
+            broker, description = start(kind, choose_port(port, err), err)
             for spec, created in anyio.run(create_topics, broker.bootstrap, topics):
                 state = "created" if created else "exists already"
                 out.write(f"Topic {spec.name}: {state} ({spec.partitions} partition(s) asked for)\n")
