@@ -117,6 +117,7 @@ def test_a_reader_hands_out_every_measured_record(apache_kafka: Any, reader: str
 
 
 @pytest.mark.long
+@pytest.mark.timeout(1500)
 @on_kafka
 @with_confluent
 def test_every_reader_in_both_settings(tmp_path: Path) -> None:

@@ -108,6 +108,7 @@ def test_a_small_steady_run_reads_every_record(tmp_path: Path) -> None:
 
 
 @pytest.mark.long
+@pytest.mark.timeout(1200)
 @pytest.mark.skipif("kafka" not in backend_names_from_env(), reason="benchmarks.steady runs on Apache Kafka only")
 @pytest.mark.skipif(importlib.util.find_spec("confluent_kafka") is None, reason="it produces with confluent-kafka")
 def test_franz_go_reads_every_record_and_reports_its_intervals(tmp_path: Path) -> None:
