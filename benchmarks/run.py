@@ -80,6 +80,9 @@ def run_memory(bootstrap: str, dataset: ds.Dataset, quick: bool, timeout: float)
                              pause=pause, batch=batch)
     result = run_json(command, timeout, client_env({}))
     result.update(backlog=dataset.describe(), pause_ms=pause * 1000, batch=batch)
+    if not result.get("error") and not result.get("within_bound"):
+        result["error"] = (f"memory grew {result.get('growth_mb', 0):.1f} MiB, past fetch_buffer_bytes + "
+                           f"fetch_max_bytes ({result.get('bound_mb', 0):.0f} MiB) + {result.get('slack_mb', 0):.0f}")
     return result
 
 
