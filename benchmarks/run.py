@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             from . import latency
 
             text, numbers = latency.measure(broker, list(latency.READERS), [1000, 50_000], list(latency.SETTINGS),
-                                            seconds=10.0, warm_up=3.0, rounds=1, broker_warm_up=20.0)
+                                            seconds=10.0, warm_up=3.0, rounds=1, broker_warm_up=15.0)
             latency_run = {**numbers, "markdown": text}
     finally:
         broker.stop()

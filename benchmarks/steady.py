@@ -18,6 +18,7 @@ for ``--rounds`` rounds (the order rotates each round):
   says why not): its whole read (client creation to last record), and its **warm** rate, the
   median of its last three intervals of at least 500 ms, counted as ConsumerPerformance counts
   them (one run gives both);
+- confluent-kafka's ``consume()`` (librdkafka, ``fetch.queue.backoff.ms=10``), the Python peer;
 - the **Python floor** of a row reader, ``asyncconsumer-decode-only``: the topic's first 32 MiB of
   record batches fetched once, then decoded and every record touched again and again, with no I/O
   and no consumer (the clock starts after the fetch);
@@ -55,7 +56,9 @@ PYTHON_CLIENTS = (
 )
 #: A row reader's Python work alone (decode and touch, no I/O): what no row API can beat.
 FLOOR = "asyncconsumer-decode-only"
-DEFAULT_CLIENTS = (*CEILINGS, java.CLIENT, franz.CLIENT, FLOOR, *PYTHON_CLIENTS)
+#: The Python peer: librdkafka through confluent-kafka, ``consume()`` with ``fetch.queue.backoff.ms=10``.
+CONFLUENT = "confluent-tuned"
+DEFAULT_CLIENTS = (*CEILINGS, java.CLIENT, franz.CLIENT, CONFLUENT, FLOOR, *PYTHON_CLIENTS)
 INTERVAL_MS = 500
 #: The warm JVM's rate: the median of this many last intervals of the detailed-stats run.
 LAST_INTERVALS = 3
