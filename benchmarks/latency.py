@@ -510,7 +510,36 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, di
                 cells = " | ".join(f"{acked[key] / 1e6:.2f}" for key in ("p50", "p99", "p99.9", "max"))
                 lines.append(f"| producer: produce() to acknowledged | {cells} | | |")
             numbers[f"{setting}/{rate}"] = {**rows, "producer_acked": acked}
-    return "\n".join(lines), numbers
+    return "\n".join(lines + summary(numbers)), numbers
+
+
+def summary(numbers: dict[str, Any]) -> list[str]:
+    """The tables again, one per setting with every rate side by side (docs/performance.md's form)."""
+    rates = sorted({int(key.split("/")[1]) for key in numbers})
+    out: list[str] = []
+
+    def ms(value: float) -> str:
+        return f"{value / 1e6:,.0f}" if value >= 1e9 else f"{value / 1e6:.1f}" if value >= 1e7 else f"{value / 1e6:.2f}"
+
+    for setting in SETTINGS:
+        tables = {rate: numbers.get(f"{setting}/{rate}") for rate in rates}
+        if not any(tables.values()):
+            continue
+        head = " | ".join(f"{rate:,}/s: p50 | p99 | p99.9 | p99 / best peer" for rate in rates)
+        out += ["", f"| reader, `{setting}` | {head} |", "|---|" + "---:|" * 4 * len(rates)]
+        for reader, label in [*READERS.items(), ("producer_acked", "producer: `produce()` to acknowledged")]:
+            cells = []
+            for table in tables.values():
+                table = table or {}
+                row = table.get(reader)
+                if not row or not row["count"]:
+                    cells += ["-"] * 4
+                    continue
+                peers = [table[p]["p99"] for p in PEERS if p in table and table[p]["count"]]
+                best = f"{row['p99'] / min(peers):.2f}" if peers and reader != "producer_acked" else ""
+                cells += [ms(row["p50"]), ms(row["p99"]), ms(row["p99.9"]), best]
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,7 +61,8 @@ def test_report_takes_medians_over_rounds_and_the_best_peer() -> None:
     meta = {"date": "d", "broker": "b", "machine": "m", "python": "3", "warm_up": 1.0, "seconds": 1.0,
             "rounds": 3, "load": (1.0, 2.0)}
     text, numbers = latency.report(results, meta)
-    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in text.splitlines()
+    tables, _, side_by_side = text.partition("| reader, `defaults` |")
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in tables.splitlines()
             if line.startswith("| ")}
     ours = rows[latency.READERS["asyncconsumer-getmany"]]
     assert ours[:2] == ["3.00", "8.00"] and ours[4] == "2.00"  # p99 8 against confluent-kafka's 4
@@ -71,6 +72,11 @@ def test_report_takes_medians_over_rounds_and_the_best_peer() -> None:
     assert rows["producer: produce() to acknowledged"][:2] == ["1.00", "1.00"]
     assert numbers["defaults/1000"]["asyncconsumer-getmany"]["runs"] == 3
     assert "1,000 records/s, defaults" in text and "records/s, low" not in text
+    summary = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in side_by_side.splitlines()
+               if line.startswith("| ")}  # the same, every rate side by side (docs/performance.md's form)
+    assert summary[latency.READERS["asyncconsumer-getmany"]] == ["3.00", "8.00", "9.00", "2.00 |"]
+    assert summary[latency.READERS["asyncconsumer-iter"]] == ["-", "-", "-", "- |"]
+    assert "| reader, `low` |" not in text
 
 
 def _kafka_or_skip() -> None:
