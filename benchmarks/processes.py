@@ -1,9 +1,9 @@
 """Running a benchmark's readers in processes of their own, and the driver's log.
 
-Every reader runs in a fresh subprocess (``python -m benchmarks.clients CLIENT ...``, or Java's
-consumer from Apache Kafka's jars) that prints one JSON object as its last line; :func:`run_client`
-runs one and checks that it read every record and every byte.  Used by benchmarks/run.py,
-benchmarks/steady.py and benchmarks/ab.py.
+Every reader runs in a fresh subprocess (``python -m benchmarks.clients CLIENT ...``, Java's
+consumer from Apache Kafka's jars, or franz-go's reader built from benchmarks/go/franz) that prints
+one JSON object as its last line; :func:`run_client` runs one and checks that it read every record
+and every byte.  Used by benchmarks/run.py, benchmarks/steady.py and benchmarks/ab.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import brokers
+from . import brokers, franz
 from . import datasets as ds
 from . import java as java_client
 from .clients import CLIENT_ENV
@@ -67,6 +67,8 @@ def run_client(
     want = count or dataset.records
     if client == java_client.CLIENT:
         result = java_client.run(broker.handle, dataset, want, timeout)
+    elif client == franz.CLIENT:
+        result = franz.run(broker.bootstrap, dataset, timeout, want)
     else:
         command = module_command("benchmarks.clients", client, bootstrap=broker.bootstrap, topic=dataset.topic,
                                  partitions=dataset.partitions, count=want)

@@ -141,7 +141,10 @@ def _memory_lines(memory: dict[str, Any]) -> list[str]:
         f"**{memory['growth_mb']:.0f} MB** |",
         "",
         "Growth is bounded by fetch_buffer_bytes plus the response being read (a broker may exceed "
-        "fetch_max_bytes by whole record batches) plus the records the application holds.",
+        "fetch_max_bytes by whole record batches) plus the records the application holds: "
+        + (f"within {memory['bound_mb']:.0f} MiB + {memory['slack_mb']:.0f} MiB here."
+           if memory.get("within_bound") else f"**past {memory['bound_mb']:.0f} MiB + {memory['slack_mb']:.0f} MiB "
+           "here**." if "within_bound" in memory else ""),
         "",
     ]
 

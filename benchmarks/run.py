@@ -5,8 +5,9 @@ One command: starts the broker (Apache Kafka where Java 17+ is present, else the
 then runs every client in a process of its own (Python readers, and on Apache Kafka the Java
 consumer), interleaved, for several rounds (the order rotates each round), then the group-join and
 memory benchmarks, the share-consumer row (Apache Kafka), the steady-state tables (benchmarks/steady.py:
-long reads against the machine's ceiling and the warmed-up Java consumer, 100 B and 1 KiB values;
-Apache Kafka, not with ``--quick``) and the in-process decoder comparison.
+long reads against the machine's ceiling, the warmed-up Java consumer and franz-go, 100 B and 1 KiB
+values; Apache Kafka, not with ``--quick``), with ``--latency`` the latency tables
+(benchmarks/latency.py, Apache Kafka) and the in-process decoder comparison.
 Prints the Markdown report; ``--json``/``--markdown`` also write it to files.
 
 The machine is shared and noisy: compare clients by the ratios from one run, not across runs.
@@ -79,6 +80,9 @@ def run_memory(bootstrap: str, dataset: ds.Dataset, quick: bool, timeout: float)
                              pause=pause, batch=batch)
     result = run_json(command, timeout, client_env({}))
     result.update(backlog=dataset.describe(), pause_ms=pause * 1000, batch=batch)
+    if not result.get("error") and not result.get("within_bound"):
+        result["error"] = (f"memory grew {result.get('growth_mb', 0):.1f} MiB, past fetch_buffer_bytes + "
+                           f"fetch_max_bytes ({result.get('bound_mb', 0):.0f} MiB) + {result.get('slack_mb', 0):.0f}")
     return result
 
 
@@ -111,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="value sizes for the steady-state table (benchmarks/steady.py: every read API against "
                              "the ceiling and the warm JVM, Apache Kafka only, not with --quick); '' for none "
                              "(default: %(default)s)")
+    parser.add_argument("--latency", action="store_true",
+                        help="also the latency tables (benchmarks/latency.py with its defaults: every reader at "
+                             "1,000 and 50,000 records/s, default and low-latency settings; Apache Kafka only, "
+                             "about 10 minutes)")
     parser.add_argument("--no-share", action="store_true",
                         help="skip the share-consumer row (Apache Kafka only: ShareConsumer next to Java's)")
     args = parser.parse_args(argv)
@@ -133,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     memory: dict[str, Any] | None = None
     share: dict[str, Any] | None = None
     steady_runs: list[dict[str, Any]] = []
+    latency_run: dict[str, Any] | None = None
     produced: dict[str, float] = {}
     java_meta: dict[str, Any] | None = None
     started = time.perf_counter()
@@ -192,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
             for size in (int(s) for s in args.steady.split(",")):
                 text, numbers = steady.measure(broker, steady.dataset_for(size), rounds=2)
                 steady_runs.append({**numbers, "markdown": text})
+        if broker.name == "kafka" and args.latency:
+            from . import latency
+
+            text, numbers = latency.measure(broker, list(latency.READERS), [1000, 50_000], list(latency.SETTINGS),
+                                            seconds=10.0, warm_up=3.0, rounds=1, broker_warm_up=15.0)
+            latency_run = {**numbers, "markdown": text}
     finally:
         broker.stop()
     decoder = None
@@ -231,8 +246,10 @@ def main(argv: list[str] | None = None) -> int:
         "decoder": decoder,
         "notes": notes,
         "steady": steady_runs,
+        "latency": latency_run,
     }
-    text = "\n\n".join([markdown(result), *(steady["markdown"] for steady in steady_runs)])
+    text = "\n\n".join([markdown(result), *(steady["markdown"] for steady in steady_runs),
+                         *([latency_run["markdown"]] if latency_run else [])])
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     if args.markdown:
@@ -240,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     steady_reads = [r for steady in steady_runs for client_runs in steady["runs"].values() for r in client_runs]
     failed = [r for r in runs + joins + steady_reads if not r.get("ok")]
-    return 1 if failed or (memory and memory.get("error")) or (share and share.get("error")) else 0
+    latency_failed = bool(latency_run and latency_run["errors"])
+    return 1 if failed or latency_failed or (memory and memory.get("error")) or (share and share.get("error")) else 0
 
 
 def _version(dist: str) -> str:

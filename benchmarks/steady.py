@@ -14,6 +14,11 @@ for ``--rounds`` rounds (the order rotates each round):
 - ConsumerPerformance as in the main benchmark (from the partitions being assigned to the last
   record), and again with ``--show-detailed-stats --reporting-interval 500``: the **warm JVM** rate
   is the median of its last three 500 ms intervals (median over the rounds);
+- **franz-go** (Go, ``kgo`` defaults; benchmarks/franz.py builds benchmarks/go/franz, or the row
+  says why not): its whole read (client creation to last record), and its **warm** rate, the
+  median of its last three intervals of at least 500 ms, counted as ConsumerPerformance counts
+  them (one run gives both);
+- confluent-kafka's ``consume()`` (librdkafka, ``fetch.queue.backoff.ms=10``), the Python peer;
 - the **Python floor** of a row reader, ``asyncconsumer-decode-only``: the topic's first 32 MiB of
   record batches fetched once, then decoded and every record touched again and again, with no I/O
   and no consumer (the clock starts after the fetch);
@@ -21,9 +26,9 @@ for ``--rounds`` rounds (the order rotates each round):
   ``getmany()`` on the pure-Python decoder (consumer creation to last record; CPython has no
   warm-up).
 
-The table gives each reader's records/s over the whole read, as a fraction of the ceiling and of the
-warm JVM, CPU time per record (the process's, all threads: the JVM's JIT and GC, librdkafka's
-threads) and peak RSS; medians over the rounds.  ``--json`` keeps every run.
+The table gives each reader's records/s over the whole read, as a fraction of the ceiling, of the
+warm JVM and of franz-go's warm rate, CPU time per record (the process's, all threads: the JVM's
+JIT and GC, librdkafka's threads, Go's runtime) and peak RSS; medians over the rounds.  ``--json`` keeps every run.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import brokers, ceiling, java
+from . import brokers, ceiling, franz, java
 from . import datasets as ds
 from .clients import CLIENTS
 from .processes import log, run_client
@@ -51,7 +56,9 @@ PYTHON_CLIENTS = (
 )
 #: A row reader's Python work alone (decode and touch, no I/O): what no row API can beat.
 FLOOR = "asyncconsumer-decode-only"
-DEFAULT_CLIENTS = (*CEILINGS, java.CLIENT, FLOOR, *PYTHON_CLIENTS)
+#: The Python peer: librdkafka through confluent-kafka, ``consume()`` with ``fetch.queue.backoff.ms=10``.
+CONFLUENT = "confluent-tuned"
+DEFAULT_CLIENTS = (*CEILINGS, java.CLIENT, franz.CLIENT, CONFLUENT, FLOOR, *PYTHON_CLIENTS)
 INTERVAL_MS = 500
 #: The warm JVM's rate: the median of this many last intervals of the detailed-stats run.
 LAST_INTERVALS = 3
@@ -71,8 +78,17 @@ def java_intervals(broker: brokers.Broker, dataset: ds.Dataset, timeout: float) 
 
 
 def warm_rate(intervals: list[float]) -> float:
-    """The warm JVM's rate of one detailed run: the median of its last ``LAST_INTERVALS`` intervals."""
+    """The warm rate of one run's intervals (the JVM's detailed run, franz-go's read): the median of
+    its last ``LAST_INTERVALS`` intervals."""
     return statistics.median(intervals[-LAST_INTERVALS:])
+
+
+def franz_warm(runs: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """franz-go's warm rate (median over the rounds) and its best interval (median of the rounds' best)."""
+    ok = [r["intervals"] for r in runs if r.get("ok") and r.get("intervals")]
+    if not ok:
+        return None
+    return statistics.median(warm_rate(i) for i in ok), statistics.median(max(i) for i in ok)
 
 
 def read(client: str, dataset: ds.Dataset, broker: brokers.Broker, timeout: float) -> dict[str, Any]:
@@ -89,21 +105,26 @@ def _median(runs: list[dict[str, Any]], key: str) -> float | None:
 def table(dataset: ds.Dataset, broker: str, runs: dict[str, list[dict[str, Any]]],
           intervals: list[list[float]], notes: list[str], rounds: int) -> str:
     """The Markdown report of one run."""
-    labels = {java.CLIENT: java.LABEL, ceiling.CLIENT: ceiling.LABEL} | {n: CLIENTS[n][0] for n in CLIENTS}
+    labels = {java.CLIENT: java.LABEL, ceiling.CLIENT: ceiling.LABEL, franz.CLIENT: franz.LABEL} | {
+        n: CLIENTS[n][0] for n in CLIENTS}
     rates = {c: _median(rs, "records_per_s") for c, rs in runs.items() if rs}
     references = {c: r for c in CEILINGS if (r := rates.get(c))}
     top = max(references, key=lambda c: references[c]) if references else None
     warm = statistics.median(warm_rate(i) for i in intervals) if intervals else None
+    go = franz_warm(runs.get(franz.CLIENT, []))
+    go_warm = go[0] if go else None
     lines = [
         f"## Steady state: {dataset.describe()} on {broker}",
         "",
         f"Medians of {rounds} rounds, every reader a fresh process.  Ceiling: "
         + (f"{labels[top]}, {references[top] / 1e6:.2f} M rec/s." if top else "none in this run.")
         + (f"  Warm JVM: the median of ConsumerPerformance's last {LAST_INTERVALS} {INTERVAL_MS} ms intervals "
-           f"(a separate run of the tool, same settings), {warm / 1e6:.2f} M rec/s." if warm else ""),
+           f"(a separate run of the tool, same settings), {warm / 1e6:.2f} M rec/s." if warm else "")
+        + (f"  franz-go warm: the median of its last {LAST_INTERVALS} intervals of {INTERVAL_MS} ms or more, "
+           f"{go_warm / 1e6:.2f} M rec/s." if go_warm else ""),
         "",
-        "| client | records/s | / ceiling | / warm JVM | CPU ns/record | peak RSS |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| client | records/s | / ceiling | / warm JVM | / franz-go warm | CPU ns/record | peak RSS |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
 
     def row(label: str, rate: float | None, cpu: float | None, rss: float | None) -> str:
@@ -111,6 +132,7 @@ def table(dataset: ds.Dataset, broker: str, runs: dict[str, list[dict[str, Any]]
             f"{rate / 1e6:.2f} M" if rate else "-",
             f"{rate / references[top]:.2f}" if rate and top else "-",
             f"{rate / warm:.2f}" if rate and warm else "-",
+            f"{rate / go_warm:.2f}" if rate and go_warm else "-",
             f"{cpu / dataset.records * 1e9:.0f}" if cpu else "-",
             f"{rss:.0f} MB" if rss else "-",
         ]
@@ -120,7 +142,7 @@ def table(dataset: ds.Dataset, broker: str, runs: dict[str, list[dict[str, Any]]
         ok = [r for r in client_runs if r.get("ok")]
         if not ok:
             error = next((r.get("error") for r in client_runs if r.get("error")), "no run")
-            lines.append(f"| {labels[client]} | {error} | | | | |")
+            lines.append(f"| {labels[client]} | {error} | | | | | |")
             continue
         rate, cpu, rss = (_median(ok, key) for key in ("records_per_s", "cpu_s", "peak_rss_mb"))
         lines.append(row(labels[client], rate, cpu, rss))
@@ -128,6 +150,9 @@ def table(dataset: ds.Dataset, broker: str, runs: dict[str, list[dict[str, Any]]
             best = statistics.median(max(i) for i in intervals)
             lines.append(row(f"Java, warm (last {LAST_INTERVALS} intervals; best {best / 1e6:.2f} M)", warm, None,
                              None))
+        if client == franz.CLIENT and go:
+            lines.append(row(f"franz-go, warm (last {LAST_INTERVALS} intervals; best {go[1] / 1e6:.2f} M)", go[0],
+                             None, None))
     lines += ["", *(f"- {note}" for note in notes)] if notes else []
     return "\n".join(lines)
 
@@ -144,10 +169,13 @@ def measure(broker: brokers.Broker, dataset: ds.Dataset, clients: list[str] | No
     the Markdown table and the numbers behind it (what ``--json`` writes)."""
     clients = list(clients or DEFAULT_CLIENTS)
     notes = []
-    if ceiling.CLIENT in clients and (why := ceiling.missing()):
-        log(why)
-        notes.append(why)
-        clients.remove(ceiling.CLIENT)
+    for name, missing in ((ceiling.CLIENT, ceiling.missing), (franz.CLIENT, franz.missing)):
+        if name in clients and (why := missing()):
+            log(why)
+            notes.append(why)
+            clients.remove(name)
+    if franz.CLIENT in clients:
+        notes.append(f"{franz.version()}, built from benchmarks/go/franz")
     notes.append(f"load average at the start: {os.getloadavg()[0]:.2f} (2 cores shared)")
     timeout = 900.0
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in clients}

@@ -1,0 +1,110 @@
+"""Instructions per record of a read, between git revisions: ``python -m benchmarks.instructions``.
+
+    python -m benchmarks.instructions REV [REV...] [--clients asyncconsumer-getmany,...]
+                                      [--value-size 100] [--records 1000000] [--base 100000] [--json F]
+
+Wall-clock A/Bs on this shared 2-core machine move by 10-30% from round to round; instruction
+counts do not.  Each reader (benchmarks/clients.py) of each revision reads the same topic on one
+Apache Kafka broker under ``valgrind --tool=callgrind`` twice, ``--base`` records and ``--records``
+records, and the difference divided by the difference in records is its instructions per record:
+start-up, imports, connecting and the first fetches cancel out.  The reader's process is the only
+one counted (the broker runs outside valgrind), so the count is the same whatever else the
+machine does, up to what depends on timing: how many records a fetch response carries and how
+often the event loop wakes (a few percent; run twice to see it).
+
+The revisions are exported as benchmarks/ab.py does (``git archive``, the compiled decoder built
+for each when its C sources differ from the working tree's); ``WORKTREE`` names the working tree
+as it is, uncommitted changes included.  Needs valgrind (``apt-get install valgrind``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import ab, brokers
+from . import datasets as ds
+from . import processes as runner
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKTREE = "WORKTREE"
+CLIENTS = ("asyncconsumer-getmany", "asyncconsumer-iter")
+_TOTAL = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
+
+
+def instructions(client: str, dataset: ds.Dataset, count: int, bootstrap: str, src: Path | None) -> int:
+    """The instructions (callgrind's Ir) of one read of ``count`` records by ``client``."""
+    with tempfile.TemporaryDirectory(prefix="asyncconsumer-callgrind-") as tmp:
+        out = Path(tmp, "callgrind.out")
+        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--trace-children=no",
+                   *runner.module_command("benchmarks.clients", client, bootstrap=bootstrap, topic=dataset.topic,
+                                          partitions=dataset.partitions, count=count)]
+        env = runner.client_env({})
+        if src is not None:
+            env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}"
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600, check=False)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+        result = json.loads(lines[-1]) if lines else {"error": proc.stderr[-500:]}
+        if result.get("error") or result.get("records") != count:
+            raise RuntimeError(f"{client} read {result.get('records')} of {count}: {result.get('error')}")
+        match = _TOTAL.search(out.read_text(errors="replace"))
+        if match is None:
+            raise RuntimeError(f"no instruction total in callgrind's output: {proc.stderr[-500:]}")
+        return int(match.group(1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.instructions", description=__doc__.split("\n\n")[0])
+    parser.add_argument("revisions", nargs="+", help=f"git revisions, or {WORKTREE} for the working tree as it is")
+    parser.add_argument("--clients", default=",".join(CLIENTS))
+    parser.add_argument("--value-size", type=int, default=100)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--base", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=1, help="repeat every measurement (default 1)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        parser.error("valgrind is not installed (apt-get install valgrind)")
+    clients = args.clients.split(",")
+    dataset = ds.Dataset(f"{args.value_size} B x {args.records:,}", f"bench-instr-{args.value_size}b-{args.records}",
+                         args.records, args.value_size)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="asyncconsumer-instr-") as tmp:
+        trees = {rev: None if rev == WORKTREE else ab.export(rev, Path(tmp, f"rev{i}"))
+                 for i, rev in enumerate(args.revisions)}
+        broker = brokers.start("kafka", runner.log)
+        try:
+            ds.create_topics(broker.bootstrap, [dataset])
+            ds.produce(broker.bootstrap, dataset)
+            for round_no in range(args.rounds):
+                for client in clients:
+                    for rev, src in trees.items():
+                        small = instructions(client, dataset, args.base, broker.bootstrap, src)
+                        large = instructions(client, dataset, args.records, broker.bootstrap, src)
+                        per = (large - small) / (args.records - args.base)
+                        rows.append({"revision": rev, "client": client, "round": round_no, "base": small,
+                                     "whole": large, "per_record": per})
+                        runner.log(f"{client} {rev}: {per:,.1f} instructions a record ({small:,} / {large:,})")
+        finally:
+            broker.stop()
+    print(f"instructions a record, {dataset.describe()} (reads of {args.records:,} less reads of {args.base:,})")
+    first = args.revisions[0]
+    for client in clients:
+        base = [r["per_record"] for r in rows if r["client"] == client and r["revision"] == first]
+        for rev in args.revisions:
+            per = [r["per_record"] for r in rows if r["client"] == client and r["revision"] == rev]
+            ratio = f"  {sum(per) / len(per) / (sum(base) / len(base)):.3f}x {first}" if rev != first else ""
+            print(f"{client:24s} {rev:12s} " + ", ".join(f"{p:,.1f}" for p in per) + ratio)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
