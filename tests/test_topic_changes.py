@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -249,3 +250,26 @@ async def test_partitions_added_under_assign_change_nothing(
         assert {(p, o) for _, p, o in read_once(member.records)} == {(p, o) for p in (0, 1) for o in range(5)}
         assert member.errors == []
         assert await c.partitions_for_topic(topic) == {0, 1, 2, 3}
+
+
+# -- topics created later ---------------------------------------------------------------------------
+
+
+async def test_a_topic_created_after_subscribe_is_read_within_seconds(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """As the Java consumer: a subscribed topic the broker says does not exist is asked for again
+    within about a second, so once created it is assigned and read without waiting
+    ``metadata_max_age_ms`` (left at its default here: 5 minutes)."""
+    topic = f"later-{uuid.uuid4().hex[:10]}"
+    async with Consumer(bootstrap_servers=bootstrap, group_id=f"g-{topic}", **GROUP) as consumer:
+        assert consumer.config.metadata_max_age_ms == 300_000
+        member = Member(consumer)
+        consumer.subscribe([topic], listener=member)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(member.poll_forever)
+            await anyio.sleep(1.5)  # the group has formed without the topic
+            await in_thread(lambda: new_topic(1, name=topic))
+            produce(topic, [(0, None, b"hello")])
+            await until(lambda: member.records == [(topic, 0, 0)], 20, "the record of the topic created later")
+            tg.cancel_scope.cancel()

@@ -205,6 +205,31 @@ def test_topic_error_clears_when_the_topic_appears() -> None:
     assert "a" in manager.cluster.topics
 
 
+def test_a_missing_topic_of_interest_is_asked_for_again_soon_then_less_often() -> None:
+    """A topic created after subscribe() is seen within about a second, not after max_age: the
+    manager asks again after the backoff, doubling it up to a second, and goes back to max_age
+    once the topic exists."""
+    manager = MetadataManager(max_age=MAX_AGE, retry_backoff=0.1, topics_of_interest=Topics("a", "later"),
+                              on_update=lambda cluster: None)
+    h = Scripted(manager)
+    waits = []
+    for _ in range(6):
+        h.take("Metadata").respond(metadata_body(LEADERS, topic_errors={"later": 3}))
+        answered = h.now
+        waits.append(round(manager.next_deadline(h.now) - answered, 3))
+        h.advance(waits[-1])
+    assert waits == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    h.take("Metadata").respond(metadata_body({**LEADERS, TopicPartition("later", 0): (1, 0)}))
+    assert manager.next_deadline(h.now) == h.now + MAX_AGE
+    assert "later" in manager.cluster.topics
+
+
+def test_a_pattern_subscription_does_not_ask_again_for_topics_it_does_not_name() -> None:
+    manager, h, _, _ = make("a")
+    h.take("Metadata").respond(metadata_body(LEADERS, topic_errors={"other": 3}))
+    assert manager.next_deadline(h.now) == h.now + MAX_AGE
+
+
 def test_fetch_all_topics_resolves_waiter() -> None:
     manager, h, _, _ = make("a")
     h.take("Metadata").respond(metadata_body({TopicPartition("a", 0): (1, 0)}))

@@ -7,7 +7,12 @@ to another asked-for refresh waits ``retry_backoff_ms`` from that answer (the
 Java client backs off its metadata refreshes too): a partition that has no
 leader in any answer (its topic was deleted, say) asks again after every
 answer, and that must not become a storm of requests.  New topics of interest
-are asked for at once.  One-shot "all topics" lookups for ``Consumer.topics()``
+are asked for at once.  A topic of interest the broker says does not exist is
+asked for again ``retry_backoff_ms`` after the answer, then after twice that,
+and so on up to :data:`MISSING_TOPIC_BACKOFF_MAX` (as the Java client asks again
+at once on UNKNOWN_TOPIC_OR_PARTITION, within its backoff): a topic created
+after ``subscribe()`` is seen within about a second, not ``metadata_max_age_ms``
+later.  One-shot "all topics" lookups for ``Consumer.topics()``
 share the same request path.
 
 A broker that has not caught up may answer with a partition's leader epoch
@@ -169,6 +174,11 @@ class BootstrapControl(Protocol):
 RecoveryStrategy = Literal["rebootstrap", "none"]
 
 
+#: The longest wait before a topic of interest that does not exist is asked for again (s): Java's
+#: ``retry.backoff.max.ms`` default.
+MISSING_TOPIC_BACKOFF_MAX = 1.0
+
+
 class MetadataManager:
     def __init__(
         self,
@@ -196,6 +206,9 @@ class MetadataManager:
         self._last_refresh = float("-inf")
         self._retry_at = 0.0
         self._last_topics: set[str] = set()
+        #: Topics of interest missing from the last answer: when to ask again, and the wait after that.
+        self._missing_retry: float | None = None
+        self._missing_backoff = 0.0
         self._last_want_all = False
         self._all_topics_waiters: list[Waiter[Cluster]] = []
         self._all_in_flight = False
@@ -247,6 +260,8 @@ class MetadataManager:
             return float("-inf")
         if self._requested:
             return self._last_refresh + self._retry_backoff if self._on_request else float("-inf")
+        if self._missing_retry is not None:
+            return min(self._missing_retry, self._last_refresh + self._max_age)
         return self._last_refresh + self._max_age
 
     def poll(self, now: float) -> list[UnsentRequest]:
@@ -371,12 +386,23 @@ class MetadataManager:
         else:
             self._in_flight = False
             self._last_refresh = now
+            self._backoff_missing(now, errors)
         self.cluster = Cluster(brokers, topics, errors, racks, body.get("cluster_id"))
         self._attempt_started = None
         self._said_stuck = self._rebootstrap_required = False
         self.last_error = None
         self.version += 1
         self._on_update(self.cluster)
+
+    def _backoff_missing(self, now: float, errors: dict[str, KafkaError]) -> None:
+        """Topics of interest the answer says do not exist: ask again soon, each time waiting twice
+        as long, up to :data:`MISSING_TOPIC_BACKOFF_MAX`; none missing: back to the regular age."""
+        if any(isinstance(errors.get(t), UnknownTopicOrPartitionError) for t in self._last_topics):
+            self._missing_backoff = min(max(self._missing_backoff * 2, self._retry_backoff),
+                                        max(MISSING_TOPIC_BACKOFF_MAX, self._retry_backoff))
+            self._missing_retry = now + self._missing_backoff
+        else:
+            self._missing_retry, self._missing_backoff = None, 0.0
 
     def _keep_newer_epochs(self, topics: dict[str, TopicInfo]) -> None:
         for name, topic in topics.items():
