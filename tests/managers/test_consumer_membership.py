@@ -26,7 +26,7 @@ from asyncconsumer.errors import (
 from asyncconsumer.managers.commit import GroupIdentity
 from asyncconsumer.managers.consumer_membership import ConsumerMembershipManager
 from asyncconsumer.managers.coordinator import COORDINATOR_NODE_BASE, CoordinatorManager
-from asyncconsumer.managers.membership import CallbackKind, CallbackRequest, GroupSettings, MemberState
+from asyncconsumer.managers.membership import CallbackKind, CallbackRequest, GroupSettings, MemberHooks, MemberState
 from asyncconsumer.managers.metadata import MetadataManager
 from asyncconsumer.managers.subscription import SubscriptionState
 from asyncconsumer.protocol.api import SUPPORTED_VERSIONS
@@ -63,18 +63,16 @@ class Setup:
         settings = GroupSettings(group_id="g", group_instance_id=instance_id, session_timeout_ms=45000,
                                  rebalance_timeout_ms=REBALANCE_TIMEOUT_MS, heartbeat_interval=3.0,
                                  retry_backoff=BACKOFF)
-        self.m = ConsumerMembershipManager(settings, self.coordinator, self.subs, self.metadata,
-                                           run_callback=self.callbacks.append, drop_buffered=self.dropped.append,
-                                           report_error=self.errors.append, **kwargs)
-        self._ctor_args = (settings, self.coordinator, self.subs, self.metadata)
+        hooks = MemberHooks(self.callbacks.append, self.dropped.append, self.errors.append)
+        self.m = ConsumerMembershipManager(settings, self.coordinator, self.subs, self.metadata, hooks, **kwargs)
+        self._ctor_args = (settings, self.coordinator, self.subs, self.metadata, hooks)
         self.m.client_member_id = "m-1"  # v1 (KIP-1082): the member names itself; the coordinator echoes it
         self.h = Scripted(self.coordinator, self.m, clock=self.clock)
         self.find_coordinator()
 
     def fresh_manager(self) -> ConsumerMembershipManager:
         """Another manager like ``m``, its member id left as it made it."""
-        return ConsumerMembershipManager(*self._ctor_args, run_callback=self.callbacks.append,
-                                         drop_buffered=self.dropped.append, report_error=self.errors.append)
+        return ConsumerMembershipManager(*self._ctor_args)
 
     def find_coordinator(self, node: int = 3) -> None:
         self.h.take("FindCoordinator").at(4).respond({"coordinators": [

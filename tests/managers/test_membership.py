@@ -40,6 +40,7 @@ from asyncconsumer.managers.membership import (
     CallbackKind,
     CallbackRequest,
     GroupSettings,
+    MemberHooks,
     MembershipManager,
     MemberState,
 )
@@ -98,8 +99,7 @@ class Group:
             assignors=[get_assignor(name) for name in assignors],
         )
         self.member = MembershipManager(settings, self.coordinator, self.subs, self.metadata,
-                                        run_callback=self._run_callback, drop_buffered=self._drop,
-                                        report_error=self.errors.append)
+                                        MemberHooks(self._run_callback, self._drop, self.errors.append))
         load_metadata(self.metadata, self.clock, leaders)
         self.h = Scripted(self.coordinator, self.member, clock=self.clock)
 

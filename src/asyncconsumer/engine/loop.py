@@ -31,7 +31,7 @@ from ..managers.fetch import FetchManager
 from ..managers.fetch_buffer import FetchBuffer
 from ..managers.list_offsets import ListOffsetsManager
 from ..managers.loop_lag import Deadline
-from ..managers.membership import CallbackRequest, GroupSettings, MembershipManager
+from ..managers.membership import CallbackRequest, GroupSettings, MemberHooks, MembershipManager
 from ..managers.metadata import Cluster, MetadataManager, MissingTopicWarnings
 from ..managers.requests import HoldsWaiters, RequestManager
 from ..managers.stall_watch import StallWatch
@@ -121,9 +121,8 @@ class Engine(LoopCore):
             self._group_settings = settings
             if config.group_protocol == "consumer":
                 self.membership = ConsumerMembershipManager(
-                    settings, self.coordinator, self.subscriptions, self.metadata,
-                    run_callback=self._queue_callback, drop_buffered=self._drop_buffered,
-                    report_error=self.report_error, rack_id=config.client_rack or None,
+                    settings, self.coordinator, self.subscriptions, self.metadata, self._member_hooks(),
+                    rack_id=config.client_rack or None,
                     server_assignor=config.group_remote_assignor,
                 )
             else:
@@ -220,9 +219,11 @@ class Engine(LoopCore):
     def _classic_membership(self) -> MembershipManager:
         assert self.coordinator is not None
         return MembershipManager(
-            self._group_settings, self.coordinator, self.subscriptions, self.metadata,
-            run_callback=self._queue_callback, drop_buffered=self._drop_buffered, report_error=self.report_error,
+            self._group_settings, self.coordinator, self.subscriptions, self.metadata, self._member_hooks()
         )
+
+    def _member_hooks(self) -> MemberHooks:
+        return MemberHooks(self._queue_callback, self._drop_buffered, self.report_error)
 
     def _group_identity(self) -> GroupIdentity:
         return self.membership.identity() if self.membership is not None else GroupIdentity()

@@ -34,7 +34,6 @@ from __future__ import annotations
 import base64
 import logging
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from ..errors import (
@@ -50,7 +49,13 @@ from ..errors import (
 from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import GroupMemberBase
-from .membership_types import CONSUMER_TRANSITIONS, CallbackRequest, GroupSettings, MemberState, RebalancePlan
+from .membership_types import (
+    CONSUMER_TRANSITIONS,
+    GroupSettings,
+    MemberHooks,
+    MemberState,
+    RebalancePlan,
+)
 from .metadata import MetadataManager
 from .requests import Body, UnsentRequest
 from .subscription import SubscriptionState
@@ -87,15 +92,12 @@ class ConsumerMembershipManager(GroupMemberBase):
         coordinator: CoordinatorManager,
         subscriptions: SubscriptionState,
         metadata: MetadataManager,
+        hooks: MemberHooks,
         *,
-        run_callback: Callable[[CallbackRequest], None],
-        drop_buffered: Callable[[frozenset[TopicPartition]], None],
-        report_error: Callable[[KafkaError], None],
         rack_id: str | None = None,
         server_assignor: str | None = None,
     ) -> None:
-        super().__init__(settings, coordinator, subscriptions, metadata, run_callback=run_callback,
-                         drop_buffered=drop_buffered, report_error=report_error)
+        super().__init__(settings, coordinator, subscriptions, metadata, hooks)
         self.rack_id = rack_id or None
         #: Name of a broker-side assignor ("uniform", "range"); ``None`` lets the coordinator choose.
         self.server_assignor = server_assignor
@@ -202,7 +204,7 @@ class ConsumerMembershipManager(GroupMemberBase):
         if self._plan.lost and self._callback is not None:
             # The application was told already (a LOST callback is pending): drop without telling again.
             self._subscriptions.remove(self.owned)
-            self._drop_buffered(self.owned)
+            self._hooks.drop_buffered(self.owned)
             self.owned = frozenset()
             self._callback = None
         else:
@@ -481,7 +483,7 @@ class ConsumerMembershipManager(GroupMemberBase):
             # UNRELEASED_INSTANCE_ID, UNSUPPORTED_ASSIGNOR, INVALID_REQUEST, GROUP_AUTHORIZATION_FAILED, ...:
             # tell the application, and try again later (with a growing pause so errors do not flood it).
             self._retry_at = self._error_backoff(now)
-            self._report_error(error)
+            self._hooks.report_error(error)
 
     def _unsupported(self, now: float, detail: str) -> None:
         self.unsupported = True

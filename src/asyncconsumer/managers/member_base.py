@@ -17,7 +17,6 @@ import logging
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from typing import ClassVar, Literal, get_args
 
 from ..errors import FencedInstanceIdError, KafkaError, PollIntervalExceededError, error_for_code
@@ -29,6 +28,7 @@ from .membership_types import (
     CallbackRequest,
     GroupSettings,
     IllegalStateTransition,
+    MemberHooks,
     MemberState,
     RebalancePlan,
     Transitions,
@@ -62,18 +62,13 @@ class GroupMemberBase(ABC):
         coordinator: CoordinatorManager,
         subscriptions: SubscriptionState,
         metadata: MetadataManager,
-        *,
-        run_callback: Callable[[CallbackRequest], None],
-        drop_buffered: Callable[[frozenset[TopicPartition]], None],
-        report_error: Callable[[KafkaError], None],
+        hooks: MemberHooks,
     ) -> None:
         self.settings = settings
         self._coordinator = coordinator
         self._subscriptions = subscriptions
         self._metadata = metadata
-        self._run_callback = run_callback
-        self._drop_buffered = drop_buffered
-        self._report_error = report_error
+        self._hooks = hooks
         self.state = MemberState.UNSUBSCRIBED
         self.member_id = ""
         #: Classic: the group generation.  KIP-848: the member epoch (0 while joining).
@@ -307,9 +302,9 @@ class GroupMemberBase(ABC):
         lost = self.owned
         if lost:
             self._subscriptions.remove(lost)
-            self._drop_buffered(lost)
+            self._hooks.drop_buffered(lost)
             deadline = now + self.settings.rebalance_timeout_ms / 1000  # nobody waits for this one
-            self._run_callback(CallbackRequest(CallbackKind.LOST, lost, deadline, self.generation, acked=True))
+            self._hooks.run_callback(CallbackRequest(CallbackKind.LOST, lost, deadline, self.generation, acked=True))
         self.owned = frozenset()
         self._callback = None
         self._plan = RebalancePlan()
@@ -332,7 +327,7 @@ class GroupMemberBase(ABC):
         self.generation = -1
         self._leaving = self._force_leave = False
         self._to(MemberState.FENCED)
-        self._report_error(error)
+        self._hooks.report_error(error)
 
     def _error_backoff(self, now: float) -> float:
         """When to try again after an error reported to the application: the pause grows, so a
@@ -353,7 +348,7 @@ class GroupMemberBase(ABC):
             part = self._subscriptions.get(tp)
             if part is not None:
                 part.revoking = True
-        self._drop_buffered(revoke)
+        self._hooks.drop_buffered(revoke)
         self._ask(now, CallbackKind.LOST if self._plan.lost else CallbackKind.REVOKED, revoke)
         self._to(MemberState.REVOKING_PARTITIONS)
 
@@ -376,7 +371,7 @@ class GroupMemberBase(ABC):
     def _ask(self, now: float, kind: CallbackKind, partitions: frozenset[TopicPartition]) -> None:
         deadline = now + self.settings.rebalance_timeout_ms / 1000
         self._callback = CallbackRequest(kind, partitions, deadline, self.generation)
-        self._run_callback(self._callback)
+        self._hooks.run_callback(self._callback)
 
     def _callback_done(self, now: float) -> bool:
         callback = self._callback

@@ -13,7 +13,8 @@ design (seed 004), on the core it shares with the KIP-848 manager
 Partitions being revoked stop being fetched and lose their buffered records in
 PREPARE_REVOCATION, before the application's revoke callback runs; the loop
 then waits (with a deadline) for the application side to acknowledge each
-callback.  ``FENCED`` is final (another member took our ``group_instance_id``);
+callback.  ``FENCED`` is final (another member took our ``group_instance_id``, or an error the
+member cannot go on from);
 ``LOST`` hands partitions to ``on_partitions_lost`` and rejoins.
 
 A coordinator holds a JoinGroup until the group's members have joined or its
@@ -26,7 +27,6 @@ member shown as joining for long is not taken for a stuck one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from ..assignors import (
@@ -50,7 +50,6 @@ from ..errors import (
     UnknownMemberIdError,
     error_for_code,
 )
-from ..structs import TopicPartition
 from .coordinator import CoordinatorManager
 from .member_base import GroupMemberBase
 from .membership_types import (
@@ -58,6 +57,7 @@ from .membership_types import (
     CallbackKind,
     CallbackRequest,
     GroupSettings,
+    MemberHooks,
     MemberState,
     RebalancePlan,
 )
@@ -65,7 +65,7 @@ from .metadata import MetadataManager
 from .requests import Body, UnsentRequest
 from .subscription import SubscriptionState
 
-__all__ = ["CallbackKind", "CallbackRequest", "GroupSettings", "MemberState", "MembershipManager"]
+__all__ = ["CallbackKind", "CallbackRequest", "GroupSettings", "MemberHooks", "MemberState", "MembershipManager"]
 
 log = logging.getLogger("asyncconsumer.membership")
 
@@ -83,13 +83,9 @@ class MembershipManager(GroupMemberBase):
         coordinator: CoordinatorManager,
         subscriptions: SubscriptionState,
         metadata: MetadataManager,
-        *,
-        run_callback: Callable[[CallbackRequest], None],
-        drop_buffered: Callable[[frozenset[TopicPartition]], None],
-        report_error: Callable[[KafkaError], None],
+        hooks: MemberHooks,
     ) -> None:
-        super().__init__(settings, coordinator, subscriptions, metadata, run_callback=run_callback,
-                         drop_buffered=drop_buffered, report_error=report_error)
+        super().__init__(settings, coordinator, subscriptions, metadata, hooks)
         self.leader_id = ""
         self.protocol_name: str | None = None
         self._heartbeat_in_flight = False
@@ -344,7 +340,7 @@ class MembershipManager(GroupMemberBase):
                     self._retry_at = now + settings.retry_backoff
                 else:  # authorization, a bad setting, ...: tell the application, retry less and less often
                     self._retry_at = self._error_backoff(now)
-                    self._report_error(error)
+                    self._hooks.report_error(error)
                 return
             self._error_count = 0
             self.member_id = body["member_id"]
@@ -444,7 +440,7 @@ class MembershipManager(GroupMemberBase):
                 self._retry_at = now + (settings.retry_backoff if code != RebalanceInProgressError.code else 0)
                 return
             if code:
-                self._report_error(error_for_code(code, f"SyncGroup for group {settings.group_id!r}"))
+                self._hooks.report_error(error_for_code(code, f"SyncGroup for group {settings.group_id!r}"))
                 self._to(MemberState.JOINING)
                 self._retry_at = now + settings.retry_backoff
                 return
@@ -505,7 +501,7 @@ class MembershipManager(GroupMemberBase):
             elif code in COORDINATOR_CODES:
                 self._coordinator.mark_unknown(now, error_for_code(code))
             else:
-                self._report_error(error_for_code(code, f"Heartbeat for group {settings.group_id!r}"))
+                self._hooks.report_error(error_for_code(code, f"Heartbeat for group {settings.group_id!r}"))
 
         def on_error(now: float, error: BaseException) -> None:
             self._heartbeat_in_flight = False

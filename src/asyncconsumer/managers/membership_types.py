@@ -38,12 +38,12 @@ races of their own, each with its reason next to it.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from ..assignors import Assignor
-from ..errors import IllegalStateError
+from ..errors import IllegalStateError, KafkaError
 from ..structs import TopicPartition
 
 
@@ -195,3 +195,16 @@ class RebalancePlan:
     #: The plan ends a rebalance (a SyncGroup answer, a KIP-848 reconciliation): the assigned
     #: callback runs even when nothing is added, as the Java client's does.
     completes: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MemberHooks:
+    """What a membership manager asks of the loop that drives it (``engine.loop.Engine`` gives its
+    own methods); tests give lists' ``append``."""
+
+    #: Hand a rebalance callback to the application side; the loop waits for its ``acked``.
+    run_callback: Callable[[CallbackRequest], None]
+    #: Forget the buffered records of partitions being revoked or lost (before the callback runs).
+    drop_buffered: Callable[[frozenset[TopicPartition]], None]
+    #: An error the application's next poll raises.
+    report_error: Callable[[KafkaError], None]
