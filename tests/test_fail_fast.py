@@ -132,3 +132,37 @@ async def test_a_closed_consumer_says_it_is_closed(bootstrap: str) -> None:
     with pytest.raises(ConsumerClosedError, match="share consumer is closed"):
         await share.__aenter__()
 
+
+
+@pytest.mark.anyio
+async def test_a_read_while_close_leaves_the_group_ends_as_closed(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """``close()`` from another task leaves the group before the consumer is marked closed: a read in
+    that window ends with ``ConsumerClosedError`` (``async for`` stops), never the newcomer's
+    "not subscribed" error (seen in a storm of members closing while they read)."""
+    topic = new_topic(1)
+    produce(topic, [(0, None, b"x")])
+    consumer: Consumer[bytes, bytes] = Consumer(
+        bootstrap_servers=bootstrap, group_id=f"g-{topic}", auto_offset_reset="earliest", **OPTIONS)
+    ended: list[BaseException] = []
+
+    async def read_through_close() -> None:
+        while True:  # every turn of the loop, through close()'s leave, until the read says it is over
+            try:
+                await consumer.getmany(timeout=0)
+            except Exception as exc:  # the test looks at what it was
+                ended.append(exc)
+                return
+            await anyio.lowlevel.checkpoint()
+
+    async with consumer:
+        consumer.subscribe([topic])
+        with anyio.fail_after(30):
+            while not await consumer.getmany(timeout=1):
+                pass
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_through_close)
+            await anyio.sleep(0.05)
+            await consumer.close(timeout=10)
+    assert len(ended) == 1 and isinstance(ended[0], ConsumerClosedError), ended

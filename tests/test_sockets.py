@@ -26,9 +26,13 @@ Peer = Callable[[anyio.abc.SocketStream], Awaitable[None]]
 
 
 @asynccontextmanager
-async def peer(serve: Peer) -> AsyncIterator[tuple[str, int]]:
-    """A listener on loopback that hands each connection to ``serve``; yields its address."""
+async def peer(serve: Peer, receive_buffer: int = 0) -> AsyncIterator[tuple[str, int]]:
+    """A listener on loopback that hands each connection to ``serve``; yields its address.
+    ``receive_buffer``: a fixed SO_RCVBUF for its connections instead of the kernel's autotuning."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    if receive_buffer:
+        raw = listener.extra(anyio.abc.SocketAttribute.raw_socket)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
 
     async def handle(conn: anyio.abc.SocketStream) -> None:
@@ -176,8 +180,12 @@ async def test_a_send_cancelled_half_way_closes_the_stream() -> None:
     async def never_read(conn: anyio.abc.SocketStream) -> None:
         await anyio.sleep(30)
 
-    async with peer(never_read) as (host, port):
+    async with peer(never_read, receive_buffer=64 << 10) as (host, port):
         async with await connect(host, port) as stream:
+            # Small fixed buffers: a host whose loopback autotuning takes hundreds of MiB (seen in CI)
+            # would otherwise take the whole send before the deadline.
+            raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10)
             with anyio.move_on_after(0.3) as scope:
                 await stream.send(b"x" * (256 << 20))  # more than the kernel's buffers take
             assert scope.cancelled_caught

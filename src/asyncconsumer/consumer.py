@@ -234,6 +234,8 @@ class Consumer(ClientBase, Generic[KT, VT]):
         would wait forever, so it raises at once, as the Java consumer's ``poll()`` does."""
         engine = self._running()
         if not engine.subscriptions.partitions and not (engine.membership is not None and engine.membership.subscribed):
+            if self._closing:  # close() from another task has left the group: the read ends as closed
+                raise ConsumerClosedError("the consumer is closing")
             raise IllegalStateError(
                 f"{operation}: the consumer is not subscribed to any topics or assigned any partitions; "
                 "call subscribe() or assign() first"
