@@ -4,13 +4,15 @@
     KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=orders python path/to/aiohttp_worker.py
 
 Settings (environment): KAFKA_BOOTSTRAP and KAFKA_TOPIC (required), KAFKA_GROUP (default
-"aiohttp-worker"), PORT (default 8080).  Values are JSON; ``handle`` is your processing.
+"aiohttp-worker"), KAFKA_SESSION_TIMEOUT_MS (optional), PORT (default 8080).  Values are JSON;
+``handle`` is your processing.
 
 ``cleanup_ctx`` starts the consumer and the worker task when the app starts; on shutdown
 (Ctrl-C, SIGTERM) it cancels the task and closes the consumer in a ``finally``, whatever the task
-did.  As in fastapi_worker.py: auto-commit is off and each batch is committed after processing; a
-value that is not JSON (a poison pill) is logged with its topic, partition and offset, committed
-past and skipped; a worker that crashes is logged and ``/healthz`` answers 503.
+did.  As in fastapi_worker.py: auto-commit is off and each batch is committed after processing; the
+consumer skips a value that is not JSON (a poison pill: ``on_deserialization_error="skip"`` logs
+its topic, partition and offset, counts it and moves past it); a worker that crashes is logged and
+``/healthz`` answers 503.
 
 Endpoints: ``/healthz``, ``/metrics`` (Prometheus' text format), ``/stats``.
 """
@@ -27,7 +29,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from asyncconsumer import Consumer, KafkaError, RecordDeserializationError, TopicPartition
+from asyncconsumer import Consumer, KafkaError
 from asyncconsumer.prometheus import ConsumerCollector
 
 log = logging.getLogger("aiohttp_worker")
@@ -42,17 +44,7 @@ async def handle(value: Any) -> None:
 async def work(consumer: Consumer[bytes, Any], state: dict[str, Any]) -> None:
     try:
         while True:
-            try:
-                batches = await consumer.getmany(timeout=1.0)
-            except RecordDeserializationError as exc:  # the poison-pill policy: log, commit past, go on
-                log.error("skipping a record that cannot be deserialized: topic=%s partition=%d offset=%d: %r",
-                          exc.topic, exc.partition, exc.offset, exc.__cause__)
-                state["skipped"] += 1
-                tp = TopicPartition(exc.topic, exc.partition)
-                if tp in consumer.assignment():
-                    await consumer.seek(tp, exc.offset + 1)
-                    await consumer.commit({tp: exc.offset + 1})
-                continue
+            batches = await consumer.getmany(timeout=1.0)
             for records in batches.values():
                 for record in records:
                     await handle(record.value)
@@ -66,7 +58,7 @@ async def work(consumer: Consumer[bytes, Any], state: dict[str, Any]) -> None:
 
 def create_app(bootstrap: str, topic: str, group: str, **options: Any) -> web.Application:
     app = web.Application()
-    state: dict[str, Any] = {"processed": 0, "skipped": 0, "failed": None, "consumer": None}
+    state: dict[str, Any] = {"processed": 0, "failed": None, "consumer": None}
     app[STATE] = state
     registry = CollectorRegistry()
     registry.register(ConsumerCollector(lambda: state["consumer"]))
@@ -74,7 +66,8 @@ def create_app(bootstrap: str, topic: str, group: str, **options: Any) -> web.Ap
     async def consumer_ctx(app: web.Application) -> AsyncIterator[None]:
         consumer: Consumer[bytes, Any] = Consumer(
             bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-            auto_offset_reset="earliest", value_deserializer=json.loads, **options,
+            auto_offset_reset="earliest", value_deserializer=json.loads, on_deserialization_error="skip",
+            **options,
         )
         await consumer.start()
         try:
@@ -106,7 +99,9 @@ def create_app(bootstrap: str, topic: str, group: str, **options: Any) -> web.Ap
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def stats(request: web.Request) -> web.Response:
-        return web.json_response({"processed": state["processed"], "skipped": state["skipped"]})
+        consumer = state["consumer"]
+        skipped = consumer.metrics().records_skipped if consumer is not None else 0  # the consumer counts them
+        return web.json_response({"processed": state["processed"], "skipped": skipped})
 
     app.cleanup_ctx.append(consumer_ctx)
     app.router.add_get("/healthz", healthz)
@@ -115,16 +110,22 @@ def create_app(bootstrap: str, topic: str, group: str, **options: Any) -> web.Ap
     return app
 
 
-def _settings() -> tuple[str, str, str]:
+def _settings() -> dict[str, Any]:
+    """``create_app``'s arguments, from the environment."""
     missing = [name for name in ("KAFKA_BOOTSTRAP", "KAFKA_TOPIC") if not os.environ.get(name)]
     if missing:
         raise SystemExit(
-            f"aiohttp_worker: set {' and '.join(missing)} (and optionally KAFKA_GROUP, PORT), e.g.\n"
+            f"aiohttp_worker: set {' and '.join(missing)} (and optionally KAFKA_GROUP, KAFKA_SESSION_TIMEOUT_MS,"
+            " PORT), e.g.\n"
             "    KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=orders python aiohttp_worker.py"
         )
-    return os.environ["KAFKA_BOOTSTRAP"], os.environ["KAFKA_TOPIC"], os.environ.get("KAFKA_GROUP", "aiohttp-worker")
+    settings: dict[str, Any] = {"bootstrap": os.environ["KAFKA_BOOTSTRAP"], "topic": os.environ["KAFKA_TOPIC"],
+                                "group": os.environ.get("KAFKA_GROUP", "aiohttp-worker")}
+    if os.environ.get("KAFKA_SESSION_TIMEOUT_MS"):
+        settings["session_timeout_ms"] = int(os.environ["KAFKA_SESSION_TIMEOUT_MS"])
+    return settings
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    web.run_app(create_app(*_settings()), host="127.0.0.1", port=int(os.environ.get("PORT", "8080")))
+    web.run_app(create_app(**_settings()), host="127.0.0.1", port=int(os.environ.get("PORT", "8080")))

@@ -5,14 +5,17 @@
     # or, with uvicorn's own flags:  KAFKA_BOOTSTRAP=... KAFKA_TOPIC=... uvicorn fastapi_worker:app --app-dir path/to
 
 Settings (environment): KAFKA_BOOTSTRAP and KAFKA_TOPIC (required), KAFKA_GROUP (default
-"api-worker"), PORT (default 8000).  Records' values are JSON; ``handle`` is where your processing
-goes.  docs/getting-started.md shows this code (from ``import json`` to ``create_app``); keep the two alike.
+"api-worker"), KAFKA_SESSION_TIMEOUT_MS (default the consumer's 45000: how soon the group hands the
+partitions of an instance that died without leaving to the others), PORT (default 8000).  Records'
+values are JSON; ``handle`` is where your processing goes.  docs/getting-started.md shows this code
+(from ``import json`` to ``create_app``); keep the two alike.
 
 - At-least-once: auto-commit is off and the worker commits after processing each batch, so that
   shutdown never commits a batch whose processing was cut short.
-- Poison pills: a value that is not JSON raises ``RecordDeserializationError`` from ``getmany()``;
-  the worker logs its topic, partition and offset at ERROR, commits past it and goes on (the record
-  is skipped, not retried).  The records before it in the partition were returned and processed.
+- Poison pills: the consumer skips a value that is not JSON (``on_deserialization_error="skip"``):
+  it logs the record's topic, partition and offset at WARNING, counts it (``/stats``' skipped,
+  ``/metrics``' ``asyncconsumer_records_skipped_total``) and moves past it, so the worker's next
+  commit includes it.  The records around it are processed as usual; the bad one is not retried.
 - A crashed worker (your ``handle`` raised) is logged with its traceback and ``/healthz`` answers
   503 from then on, so the orchestrator restarts the instance; it resumes from the last commit.
 - Shutdown (Ctrl-C, SIGTERM): the worker is cancelled and leaving ``async with consumer`` closes the
@@ -36,7 +39,7 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from asyncconsumer import CommitFailedError, Consumer, KafkaError, RecordDeserializationError, TopicPartition
+from asyncconsumer import CommitFailedError, Consumer, KafkaError
 from asyncconsumer.prometheus import ConsumerCollector
 
 log = logging.getLogger("worker")
@@ -56,17 +59,12 @@ class Worker:
         self.consumer = consumer
         self.process = process
         self.processed = 0
-        self.skipped = 0
         self.failed: Exception | None = None
 
     async def run(self) -> None:
         try:
             while True:
-                try:
-                    batches = await self.consumer.getmany(timeout=1.0)
-                except RecordDeserializationError as exc:
-                    await self.skip(exc)
-                    continue
+                batches = await self.consumer.getmany(timeout=1.0)
                 for records in batches.values():
                     for record in records:
                         await self.process(record.value)
@@ -77,25 +75,19 @@ class Worker:
             log.exception("the worker stopped; /healthz now answers 503")
             self.failed = exc
 
-    async def skip(self, exc: RecordDeserializationError) -> None:
-        """The poison-pill policy: log the record that cannot be deserialized, commit past it, go on."""
-        log.error("skipping a record that cannot be deserialized: topic=%s partition=%d offset=%d: %r",
-                  exc.topic, exc.partition, exc.offset, exc.__cause__)
-        self.skipped += 1
-        tp = TopicPartition(exc.topic, exc.partition)
-        if tp in self.consumer.assignment():  # a rebalance may have moved it meanwhile
-            await self.consumer.seek(tp, exc.offset + 1)
-            await self.commit({tp: exc.offset + 1})
-
-    async def commit(self, offsets: dict[TopicPartition, int] | None = None) -> None:
+    async def commit(self) -> None:
         try:
-            await self.consumer.commit(offsets)
+            await self.consumer.commit()
         except CommitFailedError as exc:  # a rebalance moved the partitions: their new owner goes on
             log.warning("commit failed: %s", exc)
         except KafkaError as exc:
             if not exc.retriable:
                 raise
             log.warning("commit failed, the next one covers it: %s", exc)
+
+    def stats(self) -> dict[str, int]:
+        """Records processed, and records skipped as not JSON (the consumer counts those)."""
+        return {"processed": self.processed, "skipped": self.consumer.metrics().records_skipped}
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         if self.failed is not None:
@@ -123,7 +115,8 @@ def create_app(bootstrap: str, topic: str, group: str, *,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         consumer: Consumer[bytes, Any] = Consumer(
             bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-            auto_offset_reset="earliest", value_deserializer=json.loads, **options,
+            auto_offset_reset="earliest", value_deserializer=json.loads, on_deserialization_error="skip",
+            **options,
         )
         async with consumer, anyio.create_task_group() as tasks:  # leaving it closes the consumer
             consumer.subscribe([topic])
@@ -153,28 +146,34 @@ def create_app(bootstrap: str, topic: str, group: str, *,
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         worker = running.get("worker")
-        return {"processed": worker.processed, "skipped": worker.skipped} if worker else {}
+        return worker.stats() if worker else {}
 
     return app
 
 
-def _settings() -> tuple[str, str, str]:
+def _settings() -> dict[str, Any]:
+    """``create_app``'s arguments, from the environment."""
     import os
 
     missing = [name for name in ("KAFKA_BOOTSTRAP", "KAFKA_TOPIC") if not os.environ.get(name)]
     if missing:
         raise SystemExit(
-            f"fastapi_worker: set {' and '.join(missing)} (and optionally KAFKA_GROUP, PORT), e.g.\n"
+            f"fastapi_worker: set {' and '.join(missing)} (and optionally KAFKA_GROUP, KAFKA_SESSION_TIMEOUT_MS,"
+            " PORT), e.g.\n"
             "    KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=orders python fastapi_worker.py"
         )
-    return os.environ["KAFKA_BOOTSTRAP"], os.environ["KAFKA_TOPIC"], os.environ.get("KAFKA_GROUP", "api-worker")
+    settings: dict[str, Any] = {"bootstrap": os.environ["KAFKA_BOOTSTRAP"], "topic": os.environ["KAFKA_TOPIC"],
+                                "group": os.environ.get("KAFKA_GROUP", "api-worker")}
+    if os.environ.get("KAFKA_SESSION_TIMEOUT_MS"):
+        settings["session_timeout_ms"] = int(os.environ["KAFKA_SESSION_TIMEOUT_MS"])
+    return settings
 
 
 def __getattr__(name: str) -> Any:
     """``uvicorn fastapi_worker:app``: the app is made from the environment when uvicorn asks for it."""
     if name != "app":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    app = globals()["app"] = create_app(*_settings())
+    app = globals()["app"] = create_app(**_settings())
     return app
 
 
@@ -184,4 +183,4 @@ if __name__ == "__main__":
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(*_settings()), host="127.0.0.1", port=int(os.environ.get("PORT", "8000")))
+    uvicorn.run(create_app(**_settings()), host="127.0.0.1", port=int(os.environ.get("PORT", "8000")))

@@ -13,9 +13,10 @@ RELEASEd (it comes back, to this or another worker, with ``delivery_count`` one 
 that can never succeed is REJECTed (archived).  A worker that dies holding jobs loses them to
 the others when their locks run out.
 
-- Poison pills: a job that is not JSON raises ``RecordDeserializationError`` from ``getmany()``;
-  it is logged (topic, partition, offset) and released by the consumer, so it comes back until
-  the group's ``share.delivery.count.limit`` (5 by default) makes the broker archive it.
+- Poison pills: the consumer REJECTs a job that is not JSON (``on_deserialization_error="skip"``:
+  no retry can make it JSON), so the broker archives it at once; it logs the record's topic,
+  partition and offset at WARNING and counts it (``/stats``' undecodable, ``/metrics``'
+  ``asyncconsumer_records_skipped_total``).  The worker never sees it.
 - A crashed worker is logged and ``/healthz`` answers 503; shutdown (Ctrl-C, SIGTERM) cancels the
   worker and leaving ``async with consumer`` releases every job not finished and closes it.
 
@@ -40,7 +41,7 @@ from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from asyncconsumer import AcknowledgeType, RecordDeserializationError, ShareConsumer, ShareConsumerRecord
+from asyncconsumer import AcknowledgeType, ShareConsumer, ShareConsumerRecord
 from asyncconsumer.prometheus import ConsumerCollector
 
 log = logging.getLogger("share_worker")
@@ -63,7 +64,7 @@ async def run_job(job: dict[str, Any]) -> None:
 
 
 def create_app(bootstrap: str, topic: str, group: str, *, handler: Job = run_job, **options: Any) -> FastAPI:
-    stats: dict[str, Any] = {"done": 0, "released": 0, "rejected": 0, "in_progress": 0, "undecodable": 0}
+    stats: dict[str, Any] = {"done": 0, "released": 0, "rejected": 0, "in_progress": 0}
     running: dict[str, Any] = {"consumer": None, "failed": None}
 
     async def handle(consumer: ShareConsumer[bytes, dict[str, Any]], record: ShareConsumerRecord[bytes, Any]) -> None:
@@ -86,13 +87,7 @@ def create_app(bootstrap: str, topic: str, group: str, *, handler: Job = run_job
     async def work(consumer: ShareConsumer[bytes, dict[str, Any]]) -> None:
         try:
             while True:
-                try:
-                    batch = await consumer.getmany(timeout=1.0, max_records=10)
-                except RecordDeserializationError as exc:  # released: archived at the delivery limit
-                    log.error("a job that cannot be deserialized: topic=%s partition=%d offset=%d: %r",
-                              exc.topic, exc.partition, exc.offset, exc.__cause__)
-                    stats["undecodable"] += 1
-                    continue
+                batch = await consumer.getmany(timeout=1.0, max_records=10)
                 # The jobs of one poll run concurrently; every one is acknowledged before the next poll.
                 async with anyio.create_task_group() as tg:
                     for records in batch.values():
@@ -106,7 +101,7 @@ def create_app(bootstrap: str, topic: str, group: str, *, handler: Job = run_job
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         consumer: ShareConsumer[bytes, dict[str, Any]] = ShareConsumer(
             bootstrap_servers=bootstrap, group_id=group, share_acknowledgement_mode="explicit",
-            value_deserializer=json.loads, **options,
+            value_deserializer=json.loads, on_deserialization_error="skip", **options,
         )
         async with consumer, anyio.create_task_group() as tg:
             consumer.subscribe([topic])
@@ -126,7 +121,8 @@ def create_app(bootstrap: str, topic: str, group: str, *, handler: Job = run_job
 
     @app.get("/stats")
     async def read_stats() -> dict[str, Any]:
-        return stats
+        consumer = running["consumer"]  # it counts the jobs it rejected as not JSON
+        return {**stats, "undecodable": consumer.metrics().records_skipped if consumer is not None else 0}
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

@@ -4,14 +4,16 @@
     KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=orders python path/to/trio_worker.py
 
 Settings (environment): KAFKA_BOOTSTRAP and KAFKA_TOPIC (required), KAFKA_GROUP (default
-"trio-worker"), PORT (default 8080).  Values are JSON; ``handle`` is your processing.
+"trio-worker"), KAFKA_SESSION_TIMEOUT_MS (optional), PORT (default 8080).  Values are JSON;
+``handle`` is your processing.
 
 On trio a consumer lives in ``async with``: its background loop is a task of the nursery that
 block opens.  The worker, the HTTP server and the signal watcher are tasks of one nursery inside
 it; Ctrl-C or SIGTERM cancels the nursery, and leaving ``async with`` closes the consumer.  As in
-fastapi_worker.py: auto-commit is off and each batch is committed after processing; a value that is
-not JSON (a poison pill) is logged with its topic, partition and offset, committed past and
-skipped; a worker that crashes is logged and ``/healthz`` answers 503.
+fastapi_worker.py: auto-commit is off and each batch is committed after processing; the consumer
+skips a value that is not JSON (a poison pill: ``on_deserialization_error="skip"`` logs its topic,
+partition and offset, counts it and moves past it); a worker that crashes is logged and ``/healthz``
+answers 503.
 
 ``/healthz`` and ``/metrics`` (Prometheus' text format) are served by a few lines of trio below,
 enough for probes and scrapes; an application with an HTTP API would use its web framework.
@@ -24,12 +26,13 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from asyncconsumer import Consumer, KafkaError, RecordDeserializationError, TopicPartition
+from asyncconsumer import Consumer, KafkaError
 from asyncconsumer.prometheus import ConsumerCollector
 
 log = logging.getLogger("trio_worker")
@@ -44,17 +47,7 @@ async def handle(value: Any) -> None:
 async def work(consumer: Consumer[bytes, Any], state: dict[str, Any]) -> None:
     try:
         while True:
-            try:
-                batches = await consumer.getmany(timeout=1.0)
-            except RecordDeserializationError as exc:  # the poison-pill policy: log, commit past, go on
-                log.error("skipping a record that cannot be deserialized: topic=%s partition=%d offset=%d: %r",
-                          exc.topic, exc.partition, exc.offset, exc.__cause__)
-                state["skipped"] += 1
-                tp = TopicPartition(exc.topic, exc.partition)
-                if tp in consumer.assignment():
-                    await consumer.seek(tp, exc.offset + 1)
-                    await consumer.commit({tp: exc.offset + 1})
-                continue
+            batches = await consumer.getmany(timeout=1.0)
             for records in batches.values():
                 for record in records:
                     await handle(record.value)
@@ -84,11 +77,12 @@ async def serve_http(port: int, routes: dict[str, Route]) -> None:
     await trio.serve_tcp(answer, port, host="127.0.0.1")
 
 
-async def main(bootstrap: str, topic: str, group: str, port: int) -> None:
-    state: dict[str, Any] = {"processed": 0, "skipped": 0, "failed": None}
+async def main(bootstrap: str, topic: str, group: str, port: int, **options: Any) -> None:
+    state: dict[str, Any] = {"processed": 0, "failed": None}
     consumer: Consumer[bytes, Any] = Consumer(
         bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-        auto_offset_reset="earliest", value_deserializer=json.loads,
+        auto_offset_reset="earliest", value_deserializer=json.loads, on_deserialization_error="skip",
+        **options,
     )
     registry = CollectorRegistry()
     registry.register(ConsumerCollector(consumer))
@@ -105,11 +99,17 @@ async def main(bootstrap: str, topic: str, group: str, port: int) -> None:
         report = {"status": "ok" if ok else "stuck or fenced", "member_state": m.rebalances.member_state}
         return 200 if ok else 503, "application/json", json.dumps(report).encode()
 
+    def stats() -> tuple[int, str, bytes]:
+        try:
+            skipped = consumer.metrics().records_skipped  # the consumer counts the records it skipped
+        except KafkaError as exc:  # a route that raised would end the nursery: answer instead
+            return 503, "application/json", json.dumps({"status": "consumer down", "error": str(exc)}).encode()
+        return 200, "application/json", json.dumps({"processed": state["processed"], "skipped": skipped}).encode()
+
     routes: dict[str, Route] = {
         "/healthz": healthz,
         "/metrics": lambda: (200, CONTENT_TYPE_LATEST, generate_latest(registry)),
-        "/stats": lambda: (200, "application/json",
-                           json.dumps({"processed": state["processed"], "skipped": state["skipped"]}).encode()),
+        "/stats": stats,
     }
     async with consumer, trio.open_nursery() as nursery:  # leaving it closes the consumer
         consumer.subscribe([topic])
@@ -123,16 +123,23 @@ async def main(bootstrap: str, topic: str, group: str, port: int) -> None:
     log.info("the consumer is closed")
 
 
-def _settings() -> tuple[str, str, str]:
+def _settings() -> dict[str, Any]:
+    """``main``'s arguments, from the environment."""
     missing = [name for name in ("KAFKA_BOOTSTRAP", "KAFKA_TOPIC") if not os.environ.get(name)]
     if missing:
         raise SystemExit(
-            f"trio_worker: set {' and '.join(missing)} (and optionally KAFKA_GROUP, PORT), e.g.\n"
+            f"trio_worker: set {' and '.join(missing)} (and optionally KAFKA_GROUP, KAFKA_SESSION_TIMEOUT_MS,"
+            " PORT), e.g.\n"
             "    KAFKA_BOOTSTRAP=127.0.0.1:9092 KAFKA_TOPIC=orders python trio_worker.py"
         )
-    return os.environ["KAFKA_BOOTSTRAP"], os.environ["KAFKA_TOPIC"], os.environ.get("KAFKA_GROUP", "trio-worker")
+    settings: dict[str, Any] = {"bootstrap": os.environ["KAFKA_BOOTSTRAP"], "topic": os.environ["KAFKA_TOPIC"],
+                                "group": os.environ.get("KAFKA_GROUP", "trio-worker"),
+                                "port": int(os.environ.get("PORT", "8080"))}
+    if os.environ.get("KAFKA_SESSION_TIMEOUT_MS"):
+        settings["session_timeout_ms"] = int(os.environ["KAFKA_SESSION_TIMEOUT_MS"])
+    return settings
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    trio.run(main, *_settings(), int(os.environ.get("PORT", "8080")))
+    trio.run(partial(main, **_settings()))

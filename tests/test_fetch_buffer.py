@@ -6,7 +6,7 @@ import pytest
 
 from asyncconsumer.errors import CorruptRecordError
 from asyncconsumer.managers.fetch_buffer import CompletedFetch, FetchBuffer
-from asyncconsumer.protocol.record_writer import build_batch
+from asyncconsumer.protocol.record_writer import build_batch, build_control_batch
 from asyncconsumer.structs import TopicPartition
 
 TP = TopicPartition("orders", 3)
@@ -93,3 +93,22 @@ def test_a_corrupt_batch_says_where_to_seek_to_skip_it() -> None:
     with pytest.raises(CorruptRecordError) as info:
         fetch.take(100, 3)
     assert fetch.offset_after_batch(info.value.offset) == 7
+
+
+def test_both_walks_report_an_aborted_transaction_the_broker_let_through() -> None:
+    """read_committed with an answer that names no aborted transaction: the rows and the columns
+    hand out the aborted records (as such a broker gives them) and the ABORT marker reports them."""
+    data = b"".join([
+        build_batch([(None, b"a0"), (None, b"a1")], is_transactional=True, producer_id=7, producer_epoch=0),
+        build_control_batch("abort", 7, base_offset=2),
+        batch(3, 1),
+    ])
+    for walk in ("rows", "columns"):
+        unlisted: list[tuple[int, int]] = []
+        fetch = CompletedFetch(TP, 0, 0, memoryview(data), next_offset=-1, check_crcs=True, aborted=[],
+                               on_unlisted_abort=lambda pid, offset: unlisted.append((pid, offset)))
+        if walk == "rows":
+            assert [r.offset for r in fetch.take(100, 0)] == [0, 1, 3]
+        else:
+            assert fetch.take_columns(100, 0, allocate=None).count == 3
+        assert unlisted == [(7, 2)], walk

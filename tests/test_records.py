@@ -609,6 +609,27 @@ def test_aborted_filter_read_uncommitted_and_order() -> None:
     assert kept == [0, 1, 4, 12, 13, 14, 15]
 
 
+def test_aborted_filter_names_aborted_records_it_let_through() -> None:
+    """A broker that names no aborted transaction (Tansu) lets their records through; each ABORT
+    marker after records the filter kept says so.  A broker that names them never causes a call."""
+    log, aborted = _txn_log()
+    unlisted: list[tuple[int, int]] = []
+    flt = AbortedTransactionFilter([], lambda pid, offset: unlisted.append((pid, offset)))
+    kept = [r.offset for b in batches(log) if not flt.should_skip(b) for r in decode_batch(b, TOPIC, PART)]
+    assert kept == [0, 1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 14, 15]
+    assert unlisted == [(2, 10), (3, 11)]  # pid 1's and the later transactions committed
+    flt = AbortedTransactionFilter(aborted, lambda pid, offset: unlisted.append((pid, offset)))
+    unlisted.clear()
+    assert [r.offset for b in batches(log) if not flt.should_skip(b) for r in decode_batch(b, TOPIC, PART)] == [
+        0, 1, 4, 12, 13, 14, 15]
+    assert unlisted == []
+    # An ABORT marker with no records of its transaction before it (they came in an earlier fetch,
+    # or there were none) says nothing.
+    flt = AbortedTransactionFilter([], lambda pid, offset: unlisted.append((pid, offset)))
+    assert [flt.should_skip(b) for b in batches(build_control_batch("abort", 2, base_offset=10))] == [True]
+    assert unlisted == []
+
+
 def test_aborted_filter_batch_spanning_first_offset() -> None:
     # The entry's first offset lies inside the batch: the batch's *last* offset counts.
     batch = build_batch([(b"k", b"a"), (b"k", b"b")], base_offset=10, is_transactional=True, producer_id=5)

@@ -43,6 +43,7 @@ validator as if it had asked.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Callable
@@ -147,6 +148,8 @@ class FetchManager:
         self.last_errors: dict[TopicPartition, BaseException] = {}
         #: Node -> when its fetch in flight was sent.
         self.in_flight_since: dict[int, float] = {}
+        #: Whether a broker was seen letting an aborted transaction through (read_committed; said once).
+        self.unfiltered_aborts_seen = False
 
     def next_deadline(self, now: float) -> float:
         waiting = [s.retry_at for s in self._subscriptions.partitions.values() if s.retry_at > now]
@@ -228,6 +231,23 @@ class FetchManager:
             self._metadata.request_update()  # a broker back since the last metadata: learn its address
             return leader
         return node
+
+    def _unlisted_abort(self, node: int, tp: TopicPartition, producer_id: int, marker_offset: int) -> None:
+        """``node``'s answer for ``tp`` held records of an aborted transaction that it did not name
+        as aborted (they were handed out; its ABORT marker at ``marker_offset`` came after them):
+        the broker does not filter aborted transactions, so read_committed cannot hold on it."""
+        if self.unfiltered_aborts_seen:
+            return
+        self.unfiltered_aborts_seen = True
+        address = self._metadata.cluster.brokers.get(node)
+        broker = f"node {node} ({address[0]}:{address[1]})" if address else f"node {node}"
+        log.warning(
+            "isolation_level='read_committed' does not hold on %s: it answered a fetch of %s with records "
+            "of producer %d's aborted transaction (its ABORT marker is at offset %d) without naming that "
+            "transaction as aborted, so they were handed out as committed.  This broker does not filter "
+            "aborted transactions: read_committed readers get their records too",
+            broker, tp, producer_id, marker_offset,
+        )
 
     def _from_follower(self, tp: TopicPartition, node: int) -> bool:
         """``tp`` was fetched from ``node`` as its preferred read replica: forget that choice."""
@@ -475,9 +495,11 @@ class FetchManager:
             next_offset, complete, epochs = scan_batches(view)
             if next_offset < 0:
                 return
-            aborted = None
+            aborted = unlisted = None
             if self._read_committed:
                 aborted = [(a["producer_id"], a["first_offset"]) for a in (p["aborted_transactions"] or [])]
+                if not self.unfiltered_aborts_seen:
+                    unlisted = functools.partial(self._unlisted_abort, node, tp)
             self._buffer.add(
                 CompletedFetch(
                     tp,
@@ -488,6 +510,7 @@ class FetchManager:
                     check_crcs=self._check_crcs,
                     aborted=aborted,
                     max_decompressed=self._max_decompressed,
+                    on_unlisted_abort=unlisted,
                 )
             )
             state.fetched(next_offset)

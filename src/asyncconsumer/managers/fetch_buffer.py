@@ -52,6 +52,7 @@ class CompletedFetch:
         "_data",
         "_index",
         "_max_decompressed",
+        "_on_unlisted_abort",
         "_pending",
         "epoch",
         "error",
@@ -75,6 +76,7 @@ class CompletedFetch:
         check_crcs: bool,
         aborted: list[tuple[int, int]] | None,
         max_decompressed: int = DEFAULT_MAX_SIZE,
+        on_unlisted_abort: Callable[[int, int], None] | None = None,
     ) -> None:
         self.tp = tp
         self.epoch = epoch
@@ -98,7 +100,9 @@ class CompletedFetch:
             check_crcs=check_crcs,
             max_decompressed=max_decompressed,
         )
-        self._aborted = AbortedTransactionFilter(aborted) if aborted is not None else None
+        #: Called when the broker let an aborted transaction's records through (read_committed).
+        self._on_unlisted_abort = on_unlisted_abort
+        self._aborted = AbortedTransactionFilter(aborted, on_unlisted_abort) if aborted is not None else None
         self._aborted_list = aborted
         self._max_decompressed = max_decompressed
         self._pending: list[Record] = []
@@ -174,6 +178,7 @@ class CompletedFetch:
                 partition=tp.partition,
                 check_crcs=self._check_crcs,
                 aborted=self._aborted_list,
+                on_unlisted_abort=self._on_unlisted_abort,
                 include_headers=include_headers,
                 max_decompressed=self._max_decompressed,
                 allocate=allocate,
@@ -193,7 +198,8 @@ class CompletedFetch:
             check_crcs=self._check_crcs,
             max_decompressed=self._max_decompressed,
         )
-        self._aborted = AbortedTransactionFilter(self._aborted_list) if self._aborted_list is not None else None
+        aborted = self._aborted_list
+        self._aborted = AbortedTransactionFilter(aborted, self._on_unlisted_abort) if aborted is not None else None
         self._pending = []
         self._index = 0
 

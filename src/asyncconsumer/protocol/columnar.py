@@ -449,7 +449,8 @@ class ColumnReader:
     """One partition's fetched record set, handed out as :class:`Columns` (``CompletedFetch.take``'s walk).
 
     ``aborted`` is the fetch response's aborted transactions, ``(producer_id, first_offset)``
-    pairs, for read_committed; ``None`` for read_uncommitted.  ``max_offset`` caps the int32
+    pairs, for read_committed; ``None`` for read_uncommitted.  ``on_unlisted_abort`` is the
+    filter's (:class:`~asyncconsumer.protocol.records.AbortedTransactionFilter`).  ``max_offset`` caps the int32
     offset columns (tests make it small); ``builder`` is the builder class (default
     :data:`ColumnBuilder`) and ``allocate`` its buffer allocator (``"arrow"``:
     :func:`default_allocator`, Arrow's pool when pyarrow is installed; ``None``: bytearrays), asked
@@ -486,6 +487,7 @@ class ColumnReader:
         partition: int,
         check_crcs: bool = True,
         aborted: list[tuple[int, int]] | None = None,
+        on_unlisted_abort: Callable[[int, int], None] | None = None,
         include_headers: bool = True,
         max_offset: int = MAX_OFFSET,
         builder: Any = None,
@@ -501,7 +503,7 @@ class ColumnReader:
         self._pos = 0  # where the batches not read yet start
         self._check_crcs = check_crcs
         self._max_decompressed = max_decompressed
-        self._aborted = AbortedTransactionFilter(aborted) if aborted is not None else None
+        self._aborted = AbortedTransactionFilter(aborted, on_unlisted_abort) if aborted is not None else None
         self._headers = include_headers
         self._max_offset = max_offset
         self._builder = ColumnBuilder if builder is None else builder

@@ -790,15 +790,28 @@ class AbortedTransactionFilter:
     producer's transactional batches are skipped until its ABORT marker.
     Control batches are always skipped; the caller still advances its
     position past every batch (``next_offset_after``), skipped or not.
+
+    A broker names every aborted transaction whose records a fetch answer
+    holds, so a producer's ABORT marker never follows records of that
+    transaction that were kept.  A broker that does not filter (one that names
+    none) lets them through: the marker then calls
+    ``on_unlisted_abort(producer_id, marker_offset)``.
     """
 
-    __slots__ = ("_aborted", "_pending")
+    __slots__ = ("_aborted", "_kept", "_on_unlisted_abort", "_pending")
 
-    def __init__(self, aborted: Iterable[tuple[int, int]] | None) -> None:
+    def __init__(
+        self,
+        aborted: Iterable[tuple[int, int]] | None,
+        on_unlisted_abort: Callable[[int, int], None] | None = None,
+    ) -> None:
         # (first_offset, producer_id) min-heap: entries become active in offset order.
         self._pending = [(first, pid) for pid, first in aborted or ()]
         heapq.heapify(self._pending)
         self._aborted: set[int] = set()
+        #: Producers whose transactional records were kept since their last marker.
+        self._kept: set[int] = set()
+        self._on_unlisted_abort = on_unlisted_abort
 
     def should_skip(self, batch: RecordBatch) -> bool:
         pid = batch.producer_id
@@ -810,8 +823,16 @@ class AbortedTransactionFilter:
             if batch.is_control:
                 if control_record_type(batch) == CONTROL_ABORT:
                     self._aborted.discard(pid)
+                    if pid in self._kept and self._on_unlisted_abort is not None:
+                        self._on_unlisted_abort(pid, batch.base_offset)
+                self._kept.discard(pid)
                 return True
-            return batch.is_transactional and pid in self._aborted
+            if not batch.is_transactional:
+                return False
+            if pid in self._aborted:
+                return True
+            self._kept.add(pid)
+            return False
         return batch.is_control
 
 
