@@ -106,7 +106,7 @@ def test_both_walks_report_an_aborted_transaction_the_broker_let_through() -> No
     for walk in ("rows", "columns"):
         unlisted: list[tuple[int, int]] = []
         fetch = CompletedFetch(TP, 0, 0, memoryview(data), next_offset=-1, check_crcs=True, aborted=[],
-                               on_unlisted_abort=lambda pid, offset: unlisted.append((pid, offset)))
+                               on_unlisted_abort=lambda pid, offset, seen=unlisted: seen.append((pid, offset)))
         if walk == "rows":
             assert [r.offset for r in fetch.take(100, 0)] == [0, 1, 3]
         else:

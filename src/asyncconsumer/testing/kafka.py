@@ -63,7 +63,6 @@ import uuid
 from base64 import urlsafe_b64encode
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from ..config import SASL_MECHANISMS, SECURITY_PROTOCOLS, SecurityProtocol
@@ -82,7 +81,7 @@ from ._java import (
     kafka_libs,
 )
 from ._probe import wait_for_metadata, wait_for_port
-from ._process import parent_death_signal
+from ._process import Service, parent_death_signal, stop_process
 
 if TYPE_CHECKING:
     from .certs import TLSMaterial
@@ -403,15 +402,7 @@ class KafkaNode:
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM: a controlled shutdown (leadership moves away first); SIGKILL after ``timeout`` s."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=30)
+        stop_process(self.process, timeout)
 
     def restart(self, *, wait: bool = True, timeout: float | None = None) -> None:
         """Start the node again (after :meth:`stop` or :meth:`kill`), same ports and data; with
@@ -455,7 +446,7 @@ class KafkaNode:
             ) from None
 
 
-class _KafkaProcesses:
+class _KafkaProcesses(Service):
     """What :class:`KafkaBroker` and :class:`KafkaCluster` share: jars, Java, format, start, stop."""
 
     def __init__(
@@ -679,14 +670,6 @@ class _KafkaProcesses:
         directory, self._directory = self._directory, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     # -- configuration ----------------------------------------------------------------------------
 

@@ -45,11 +45,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Self
 
 from ._java import JavaNotFoundError, cache_dir, file_lock, find_java
-from ._process import parent_death_signal
+from ._process import Service, parent_death_signal, stop_process
 
 __all__ = [
     "APICURIO_VERSION",
@@ -238,7 +237,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class SchemaRegistry:
+class SchemaRegistry(Service):
     """Apicurio Registry on a free loopback port, for tests; Confluent's API at :attr:`url`.
 
     ``port``
@@ -353,36 +352,10 @@ class SchemaRegistry:
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout`` s; its directory is removed."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=30)
+        stop_process(process, timeout)
         directory, self._directory = self._directory, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Self:
-        import anyio.to_thread
-
-        return await anyio.to_thread.run_sync(self.start)
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        import anyio.to_thread
-
-        await anyio.to_thread.run_sync(self.stop)
 
     # -- what tests look at ---------------------------------------------------------------------------
 
