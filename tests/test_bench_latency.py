@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.broker import backend_names_from_env, in_ci
+from support.broker import backend_names_from_env, in_ci, kafka_or_skip
 
 from benchmarks import brokers, franz, latency
 
@@ -79,18 +79,6 @@ def test_report_takes_medians_over_rounds_and_the_best_peer() -> None:
     assert "| reader, `low` |" not in text
 
 
-def _kafka_or_skip() -> None:
-    from asyncconsumer.testing.kafka import find_java, kafka_libs
-
-    try:
-        find_java()
-        kafka_libs()
-    except Exception as exc:
-        if in_ci():
-            raise
-        pytest.skip(f"Apache Kafka cannot run here: {exc}")
-
-
 def _run(tmp_path: Path, *args: str, timeout: float) -> dict[str, Any]:
     out = tmp_path / "latency.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.latency", *args, "--json", str(out)],
@@ -127,7 +115,7 @@ def test_a_reader_hands_out_every_measured_record(apache_kafka: Any, reader: str
 @on_kafka
 @with_confluent
 def test_every_reader_in_both_settings(tmp_path: Path) -> None:
-    _kafka_or_skip()
+    kafka_or_skip()
     if (why := franz.missing()) is not None:
         if in_ci():
             raise AssertionError(why)

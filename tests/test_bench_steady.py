@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.broker import backend_names_from_env, in_ci
+from support.broker import backend_names_from_env, in_ci, kafka_or_skip
 
 from benchmarks import ceiling, franz, java, steady
 from benchmarks import datasets as ds
@@ -79,15 +79,7 @@ def test_without_kcat_the_row_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path:
 @pytest.mark.skipif("kafka" not in backend_names_from_env(), reason="benchmarks.steady runs on Apache Kafka only")
 @pytest.mark.skipif(importlib.util.find_spec("confluent_kafka") is None, reason="it produces with confluent-kafka")
 def test_a_small_steady_run_reads_every_record(tmp_path: Path) -> None:
-    from asyncconsumer.testing.kafka import find_java, kafka_libs
-
-    try:
-        find_java()
-        kafka_libs()
-    except Exception as exc:
-        if in_ci():
-            raise
-        pytest.skip(f"Apache Kafka cannot run here: {exc}")
+    kafka_or_skip()
     clients = [steady.FETCH_ONLY, steady.FLOOR, "asyncconsumer-iter", "asyncconsumer-arrow"]
     if ceiling.missing() is None:
         clients.append(ceiling.CLIENT)

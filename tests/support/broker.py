@@ -124,6 +124,21 @@ def in_ci(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def kafka_or_skip() -> None:
+    """Java and Apache Kafka's jars are here, or the test is skipped (outside CI) or fails (in CI)."""
+    from asyncconsumer.testing.kafka import find_java, kafka_libs
+
+    try:
+        find_java()
+        kafka_libs()
+    except Exception as exc:
+        if in_ci():
+            raise
+        import pytest
+
+        pytest.skip(f"Apache Kafka cannot run here: {exc}")
+
+
 def kafka_version_from_env(environ: Mapping[str, str] = os.environ) -> str:
     """The Apache Kafka release of the session broker: ``ASYNCCONSUMER_KAFKA_VERSION``, else the
     reference; an unknown one is a ``ValueError`` listing the releases ``KafkaBroker`` starts."""

@@ -36,6 +36,7 @@ __all__ = [
     "MAGIC_BYTE",
     "RegistryDeserializer",
     "SchemaCompileError",
+    "compile_once",
     "read_message_indexes",
     "schema_id_of",
     "visit_references",
@@ -131,14 +132,8 @@ class RegistryDeserializer(Generic[C, T]):
     async def _fetch_then_decode(self, data: bytes, context: ContextLike | None, schema_id: int) -> T:
         compiled = self._compiled.get(schema_id)
         if compiled is None:
-            try:
-                compiled = await self._compiling.run(schema_id, lambda: self._fetch_and_compile(schema_id))
-            except SchemaNotFoundError as exc:
-                raise UnknownSchemaError(exc, context, schema_id) from exc
-            except SchemaRegistryError as exc:
-                raise with_context(exc, context) from exc
-            except SchemaCompileError as exc:
-                raise SerializationError(f"schema id {schema_id} {exc}", context, schema_id) from exc.__cause__
+            compiled = await compile_once(
+                self._compiling, schema_id, lambda: self._fetch_and_compile(schema_id), context)
         return self._decode_or_raise(compiled, data, context, schema_id)
 
     async def _fetch_and_compile(self, schema_id: int) -> C:
@@ -177,6 +172,23 @@ class RegistryDeserializer(Generic[C, T]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.client!r} ({len(self._compiled)} schema(s) compiled)>"
+
+
+async def compile_once(
+    flights: SingleFlight[int, C], schema_id: int, fetch: Callable[[], Awaitable[C]], context: ContextLike | None
+) -> C:
+    """``fetch()`` (get ``schema_id`` from the registry and compile it), one call at a time per id
+    whoever asks, its failures as the record's errors: an id the registry does not know is
+    :class:`UnknownSchemaError`, one it cannot give a :class:`SchemaRegistryError` naming the
+    record, and one that does not compile a :class:`SerializationError`."""
+    try:
+        return await flights.run(schema_id, fetch)
+    except SchemaNotFoundError as exc:
+        raise UnknownSchemaError(exc, context, schema_id) from exc
+    except SchemaRegistryError as exc:
+        raise with_context(exc, context) from exc
+    except SchemaCompileError as exc:
+        raise SerializationError(f"schema id {schema_id} {exc}", context, schema_id) from exc.__cause__
 
 
 async def visit_references(

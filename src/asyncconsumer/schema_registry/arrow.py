@@ -41,17 +41,13 @@ from typing import Any
 import anyio
 
 from ..app.arrow import ColumnContext
-from ._base import HEADER_SIZE, MAGIC_BYTE, SchemaCompileError, visit_references
+from ._base import HEADER_SIZE, MAGIC_BYTE, SchemaCompileError, compile_once, visit_references
 from .avro import AvroSchema, load_schema
 from .client import RegisteredSchema, SchemaRegistryClient, SingleFlight
 from .errors import (
-    SchemaNotFoundError,
-    SchemaRegistryError,
     SerializationError,
-    UnknownSchemaError,
     UnsupportedSchemaError,
     WireFormatError,
-    with_context,
 )
 
 try:
@@ -502,14 +498,7 @@ class AvroColumns:
             self._writers[schema_id] = schema
             return schema
 
-        try:
-            return await self._compiling.run(schema_id, fetch)
-        except SchemaNotFoundError as exc:
-            raise UnknownSchemaError(exc, where, schema_id) from exc
-        except SchemaRegistryError as exc:
-            raise with_context(exc, where) from exc
-        except SchemaCompileError as exc:
-            raise SerializationError(f"schema id {schema_id} {exc}", where, schema_id) from exc.__cause__
+        return await compile_once(self._compiling, schema_id, fetch, where)
 
     async def decode_column(self, column: Any, context: ColumnContext) -> Any:
         """``column`` (a pyarrow binary array of records in the wire format, nulls allowed) as one
