@@ -20,8 +20,8 @@ LINT_PATHS = ("src", "tests", "benchmarks", "examples", "tools", "noxfile.py")
 #: (``asyncconsumer.testing.KAFKA_VERSIONS`` less the reference, which ``tests`` runs against).
 OLDER_KAFKA = ("4.0.2", "3.9.2", "3.7.2")
 #: The core, group, offsets and transactions tests.
-VERSION_TESTS = ("tests/test_consumer.py", "tests/test_groups.py", "tests/test_offsets_kafka.py",
-                 "tests/test_transactions.py")
+VERSION_TESTS = ("tests/consumer/test_consumer.py", "tests/groups/test_groups.py",
+                 "tests/consumer/test_offsets_kafka.py", "tests/consumer/test_transactions.py")
 #: ``--quick`` (the CI subset): asyncio only, without the slowest tests (100 k records; groups shared
 #: with librdkafka members; members coming and going under load): those run on the reference.
 QUICK = "not trio and not 100k and not librdkafka_member and not members_come_and_go"
@@ -54,13 +54,13 @@ def long(session: nox.Session) -> None:
 def chaos(session: nox.Session) -> None:
     """Both chaos tests on Apache Kafka under CPU pressure, one seed after another:
     ``./dev nox -s chaos -- [RUNS (5)] [BUSY PROCESSES (4)]`` (seeds 14, 15, ...; see
-    tests/test_cluster_chaos.py and docs/failure-behaviour.md)."""
+    tests/resilience/test_cluster_chaos.py and docs/failure-behaviour.md)."""
     runs = int(session.posargs[0]) if session.posargs else 5
     busy = session.posargs[1] if len(session.posargs) > 1 else "4"
     for seed in range(14, 14 + runs):
         session.log(f"chaos run {seed - 13}/{runs}: seed {seed}, {busy} busy processes")
-        session.run("python", "-m", "pytest", "-q", "-s", "-p", "no:randomly", "tests/test_cluster_chaos.py",
-                    "tests/test_storm_chaos.py", env={"ASYNCCONSUMER_CHAOS_SEED": str(seed),
+        session.run("python", "-m", "pytest", "-q", "-s", "-p", "no:randomly", "tests/resilience/test_cluster_chaos.py",
+                    "tests/groups/test_storm_chaos.py", env={"ASYNCCONSUMER_CHAOS_SEED": str(seed),
                                                       "ASYNCCONSUMER_CPU_PRESSURE": busy,
                                                       "ASYNCCONSUMER_TEST_BROKER": "kafka"})
 
@@ -69,7 +69,7 @@ def chaos(session: nox.Session) -> None:
 def versions(session: nox.Session) -> None:
     """The core, group, offsets and transactions tests against each older Apache Kafka release
     (``OLDER_KAFKA``; one pytest run each, on a broker of that release), then
-    tests/test_broker_versions.py (fallbacks and typed errors where a release lacks a feature).
+    tests/testing/test_broker_versions.py (fallbacks and typed errors where a release lacks a feature).
 
     ``-- --quick`` is the CI subset: asyncio only and without the slowest tests (``QUICK``).
     ``-- 3.9.2`` runs one release; other arguments go to pytest."""
@@ -82,7 +82,7 @@ def versions(session: nox.Session) -> None:
         env = {"ASYNCCONSUMER_TEST_BROKER": "kafka", "ASYNCCONSUMER_KAFKA_VERSION": release}
         session.run("python", "-m", "pytest", *VERSION_TESTS, *(["-k", QUICK] if quick else []), *rest, env=env)
     if not quick and not releases:
-        session.run("python", "-m", "pytest", "tests/test_broker_versions.py", *rest)
+        session.run("python", "-m", "pytest", "tests/testing/test_broker_versions.py", *rest)
 
 
 @nox.session(venv_backend="none")

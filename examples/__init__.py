@@ -1,1 +1,1 @@
-"""Runnable examples (exercised by tests/test_examples.py)."""
+"""Runnable examples (exercised by tests/guides/test_examples.py)."""

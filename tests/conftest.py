@@ -1,4 +1,4 @@
-"""Shared fixtures.  The machinery lives in ``tests/support/``; see ``tests/test_infra.py`` for usage.
+"""Shared fixtures.  The machinery lives in ``tests/support/``; see ``tests/testing/test_infra.py`` for usage.
 
 Fixtures:
     anyio_backend     "asyncio" and "trio" (module scope; a module may override it)

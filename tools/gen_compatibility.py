@@ -7,7 +7,7 @@ with it.  The methods are the tables here (:data:`METHODS`); the properties come
 :mod:`asyncconsumer.java_properties` (``APPLIED``/``IGNORED``/``REJECTED``, the one source), and
 the share consumer's difference from :data:`SHARE_GROUP_UNSUPPORTED`.
 
-Run ``python tools/gen_compatibility.py`` after editing either: tests/test_java_api.py fails while
+Run ``python tools/gen_compatibility.py`` after editing either: tests/consumer/test_java_api.py fails while
 the page is out of date, while a method of the Java jar is missing here (or one here is no longer
 in the jar), and while a Python name given here does not exist.
 """

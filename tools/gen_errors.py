@@ -7,7 +7,7 @@ has them: "retriable" is whether the Java client's exception for the code is a
 4.4.0); ``CODE_SETS`` names the sets of codes the request managers act on
 alike, one set per meaning (``errors.COORDINATOR_CODES``, ...), so no module
 keeps its own copy of the numbers.  Run ``python tools/gen_errors.py`` after
-editing either (tests/test_errors.py fails while the generated file is out of date).
+editing either (tests/protocol/test_errors.py fails while the generated file is out of date).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A member that becomes a zombie mid-transaction (``tests/test_exactly_once.py``), in its own process.
+"""A member that becomes a zombie mid-transaction (``tests/consumer/test_exactly_once.py``), in its own process.
 
 ``python eos_zombie.py CONFIG_JSON``: joins the group, takes one batch, begins a transaction of
 confluent-kafka's producer and writes the batch's output (flushed: it is in the output log, the

@@ -1,4 +1,4 @@
-"""The soak's producer (``tests/test_soak.py``), in its own process: confluent-kafka, a steady rate.
+"""The soak's producer (``tests/resilience/test_soak.py``), in its own process: confluent-kafka, a steady rate.
 
 ``python soak_producer.py BOOTSTRAP TOPIC PARTITIONS RATE VALUE_SIZE OUT STOP``: produces ``RATE``
 records a second (values of ``VALUE_SIZE`` bytes, round-robin over the partitions; acks=all,

@@ -1,4 +1,4 @@
-"""One member of a storm (``tests/test_storm_processes.py``), run in its own process.
+"""One member of a storm (``tests/groups/test_storm_processes.py``), run in its own process.
 
 ``python storm_member.py CONFIG_JSON``: joins the group, reads ``topic`` with one read API
 (``async for``, ``getmany``, ``batches`` or ``partitions``) on asyncio or trio, and appends

@@ -1,4 +1,4 @@
-"""A user's module, checked with mypy --strict by tests/test_deserializers.py (never run).
+"""A user's module, checked with mypy --strict by tests/consumer/test_deserializers.py (never run).
 
 The three forms of deserializer and the ``on_deserialization_error`` policies are accepted,
 ``Consumer[K, V]`` and ``ShareConsumer[K, V]`` type what every read API returns, and what is

@@ -99,7 +99,7 @@ class FastPath:
 
     The collector owns it; ``chunks`` and ``owner`` are the same objects for its life and
     ``engine`` is set once.  speedups/module.c lists every name the extension reads
-    (tests/test_speedups.py checks them against the classes)."""
+    (tests/protocol/test_speedups.py checks them against the classes)."""
 
     __slots__ = ("chunks", "engine", "owner")
 

@@ -59,7 +59,7 @@ class PartitionState:
     ``set_at``) only through the methods below, but for ``consumed``, which the per-record
     ``async for`` steps also write for a record of a live chunk, as ``handed_out`` would:
     ``Consumer.__anext__`` in Python and ``RecordStream`` in C (speedups/ready.c, at the field's
-    slot; tests/test_speedups_names.py keeps the names it reads and writes in step).  ``paused``
+    slot; tests/protocol/test_speedups_names.py keeps the names it reads and writes in step).  ``paused``
     and ``fetch_end`` through ``pause``/``resume`` and ``fetch_until``."""
 
     tp: TopicPartition

@@ -6,7 +6,7 @@ Only the few messages a push needs are written, by hand: ``MetricsData`` > ``Res
 ``Sum`` with its temporality) > ``NumberDataPoint`` (string attributes, start and end time, a
 double or an int64 value).  Fields go out in field-number order and proto3 defaults are left out,
 as protobuf's own serializers write them, so the bytes equal ``opentelemetry-proto``'s for the same
-message (tests/test_otlp.py holds them to that).  The field numbers are those of
+message (tests/protocol/test_otlp.py holds them to that).  The field numbers are those of
 ``opentelemetry/proto/metrics/v1/metrics.proto``, ``resource/v1/resource.proto`` and
 ``common/v1/common.proto``.
 """

@@ -1,0 +1,1 @@
+"""Tests of the benchmarks run small: each reader reads everything and the reports are well formed."""

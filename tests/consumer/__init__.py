@@ -1,0 +1,1 @@
+"""Tests of the Consumer's API on real brokers: reading, offsets, deserializers, configuration, transactions."""

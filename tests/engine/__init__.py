@@ -1,0 +1,1 @@
+"""Tests of the background loop's sockets, connections, buffers and SASL."""

@@ -1,0 +1,1 @@
+"""Tests of consumer groups: assignors, both group protocols, members joining, leaving and killed."""

@@ -1,0 +1,1 @@
+"""Tests of what a user copies: getting-started, the examples, the docs' code blocks, the release."""

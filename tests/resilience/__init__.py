@@ -1,0 +1,1 @@
+"""Tests of brokers killed, partitioned and slowed under a consumer; the long soak."""

@@ -1,0 +1,1 @@
+"""Tests of Schema Registry deserializers on a real registry (Apicurio)."""

@@ -1,0 +1,1 @@
+"""Tests of TLS, mTLS, SASL on Kafka's listeners, ACLs, secrets kept out of every message."""

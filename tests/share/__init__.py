@@ -1,0 +1,1 @@
+"""Tests of share groups (KIP-932): the ShareConsumer on Apache Kafka."""
