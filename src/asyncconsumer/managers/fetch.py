@@ -48,13 +48,14 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import FETCH_SESSION_CODES, REFRESH_METADATA_CODES, KafkaError, OffsetOutOfRangeError, error_for_code
 from ..protocol.compression import DEFAULT_MAX_SIZE
 from ..protocol.records import scan_batches
 from ..structs import TopicPartition, by_topic
 from .fetch_buffer import CompletedFetch, FetchBuffer
-from .metadata import ZERO_UUID, MetadataManager
+from .metadata import ZERO_UUID, MetadataManager, PartitionInfo
 from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, PartitionState, SubscriptionState
 
@@ -64,8 +65,9 @@ log = logging.getLogger("asyncconsumer.fetch")
 DivergenceHandler = Callable[[PartitionState, int, int, int, int], None]
 
 
-@dataclass(frozen=True, slots=True)
-class SessionPartition:
+class SessionPartition(NamedTuple):
+    """What a fetch sends for one partition, and the broker's session remembers (compared as a tuple)."""
+
     fetch_offset: int
     leader_epoch: int
     topic_id: bytes
@@ -175,11 +177,12 @@ class FetchManager:
         full = buffer.full  # then only partitions with nothing buffered are fetched
         cluster = self._metadata.cluster
         share = self.read_ahead_bytes()
-        by_node: dict[int, list[PartitionState]] = defaultdict(list)
+        by_node: dict[int, list[tuple[PartitionState, PartitionInfo]]] = {}
         busy: set[int] = set()  # nodes with a partition whose buffered records are still being read
+        in_flight = self._in_flight_partitions
         for state in self._subscriptions.fetchable(now):
             tp = state.tp
-            if tp in self._in_flight_partitions:
+            if tp in in_flight:
                 continue
             leader = cluster.leader(tp)
             if leader is None:
@@ -187,18 +190,22 @@ class FetchManager:
                 continue
             if state.needs_validation(leader.leader_epoch):
                 continue  # the position validator checks it against this leader first
-            node = self._read_replica(tp, leader.leader, now)
+            node = self._read_replica(tp, leader.leader, now) if self._preferred else leader.leader
             buffered = buffer.buffered_bytes(tp)
             if buffered >= share or (full and buffered):
                 busy.add(node)
                 continue
-            by_node[node].append(state)
+            picked = by_node.get(node)
+            if picked is None:
+                by_node[node] = [(state, leader)]
+            else:
+                picked.append((state, leader))
         requests = []
         held: dict[int, float] = {}
         for node, states in by_node.items():
             if node in self._in_flight_nodes:
                 continue
-            if node in busy and all(self._caught_up(s) for s in states):
+            if node in busy and all(self._caught_up(s) for s, _ in states):
                 since = self._held_since.get(node, now)
                 if now < since + self._max_wait_ms / 1000:
                     held[node] = since
@@ -265,27 +272,46 @@ class FetchManager:
             end = state.last_stable_offset
         return 0 <= end <= state.fetch_offset
 
-    def _request(self, node: int, states: list[PartitionState]) -> UnsentRequest:
+    def _request(self, node: int, picked: list[tuple[PartitionState, PartitionInfo]]) -> UnsentRequest:
         cluster = self._metadata.cluster
-        wanted = {s.tp: (s.fetch_offset, s.epoch) for s in states}
+        topics = cluster.topics
         session = self._sessions[node]
+        # One walk over the partitions: what is fetched from where (``wanted``), what the request
+        # says of each (``entries``, as the broker's session remembers it), and whether the session
+        # must start again: a partition unassigned and assigned again with no request in between (a
+        # new state, no high watermark yet) is still in the broker's session, unchanged; an
+        # incremental response leaves out a partition with no news, so the new state would never
+        # learn its high watermark.  A full fetch answers for every partition.
+        wanted: dict[TopicPartition, tuple[int, int]] = {}
+        entries: dict[TopicPartition, SessionPartition] = {}
+        states: dict[TopicPartition, object] = {}
+        remembered, last_states = session.partitions, session.states
+        reset = False
+        have_ids = True
+        for state, leader in picked:
+            tp = state.tp
+            offset = state.fetch_offset
+            wanted[tp] = (offset, state.epoch)
+            states[tp] = state
+            topic = topics.get(tp.topic)
+            topic_id = topic.topic_id if topic else ZERO_UUID
+            fetched_epoch = state.fetched_epoch
+            entries[tp] = SessionPartition(
+                offset, leader.leader_epoch, topic_id, -1 if fetched_epoch is None else fetched_epoch
+            )
+            if topic_id == ZERO_UUID:
+                have_ids = False
+            if tp in remembered and last_states.get(tp) is not state and state.high_watermark < 0:
+                reset = True
         self.requests += 1
         self._in_flight_nodes.add(node)
         self._in_flight_partitions.update(wanted)
         assignment_id = self._subscriptions.assignment_id
-        # A partition unassigned and assigned again with no request in between (a new state, no high
-        # watermark yet) is still in the broker's session, unchanged; an incremental response leaves
-        # out a partition with no news, so the new state would never learn its high watermark.  A
-        # full fetch answers for every partition.
-        if session.session_id and any(
-            s.tp in session.partitions and session.states.get(s.tp) is not s and s.high_watermark < 0 for s in states
-        ):
+        if reset and session.session_id:
             session.reset()
-        session.states = {s.tp: s for s in states}
-        entries = {tp: self._session_entry(tp, offset) for tp, (offset, _) in wanted.items()}
-        have_ids = all(e.topic_id != ZERO_UUID for e in entries.values()) and all(
-            e.topic_id != ZERO_UUID for tp, e in session.partitions.items() if tp not in wanted
-        )
+        session.states = states
+        if have_ids and not session.partitions.keys() <= wanted.keys():  # partitions to forget: their ids too
+            have_ids = all(e.topic_id != ZERO_UUID for tp, e in session.partitions.items() if tp not in wanted)
         sent: dict[str, object] = {"full": True}
 
         def partition_entry(tp: TopicPartition, version: int) -> dict[str, object]:
@@ -404,19 +430,6 @@ class FetchManager:
             min_version=4,
             max_version=max_version,
             extra_timeout_ms=self._max_wait_ms,
-        )
-
-    def _session_entry(self, tp: TopicPartition, offset: int) -> SessionPartition:
-        cluster = self._metadata.cluster
-        leader = cluster.leader(tp)
-        topic = cluster.topics.get(tp.topic)
-        state = self._subscriptions.get(tp)
-        fetched_epoch = state.fetched_epoch if state is not None else None
-        return SessionPartition(
-            offset,
-            leader.leader_epoch if leader is not None else -1,
-            topic.topic_id if topic else ZERO_UUID,
-            -1 if fetched_epoch is None else fetched_epoch,
         )
 
     def _still_assigned(self, wanted: dict[TopicPartition, tuple[int, int]]) -> bool:
