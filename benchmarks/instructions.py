@@ -38,25 +38,40 @@ CLIENTS = ("asyncconsumer-getmany", "asyncconsumer-iter")
 _TOTAL = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
 
-def instructions(client: str, dataset: ds.Dataset, count: int, bootstrap: str, src: Path | None) -> int:
-    """The instructions (callgrind's Ir) of one read of ``count`` records by ``client``."""
+def callgrind(command: list[str], src: Path | None, timeout: float = 3600) -> tuple[int, dict[str, Any]]:
+    """The instructions (callgrind's Ir) of ``command`` (a benchmark subprocess that prints one JSON
+    object as its last stdout line), run under ``valgrind --tool=callgrind`` with ``src`` (an
+    exported revision's, None: the working tree's) first on ``PYTHONPATH``; and that JSON object."""
     with tempfile.TemporaryDirectory(prefix="asyncconsumer-callgrind-") as tmp:
         out = Path(tmp, "callgrind.out")
-        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--trace-children=no",
-                   *runner.module_command("benchmarks.clients", client, bootstrap=bootstrap, topic=dataset.topic,
-                                          partitions=dataset.partitions, count=count)]
+        full = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--trace-children=no", *command]
         env = runner.client_env({})
         if src is not None:
             env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}"
-        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env, timeout=3600, check=False)
+        proc = subprocess.run(full, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout, check=False)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         result = json.loads(lines[-1]) if lines else {"error": proc.stderr[-500:]}
-        if result.get("error") or result.get("records") != count:
-            raise RuntimeError(f"{client} read {result.get('records')} of {count}: {result.get('error')}")
-        match = _TOTAL.search(out.read_text(errors="replace"))
+        if result.get("error"):
+            raise RuntimeError(f"{command[2:4]}: {result['error']}")
+        match = _TOTAL.search(out.read_text(errors="replace")) if out.exists() else None
         if match is None:
             raise RuntimeError(f"no instruction total in callgrind's output: {proc.stderr[-500:]}")
-        return int(match.group(1))
+        return int(match.group(1)), result
+
+
+def instructions(client: str, dataset: ds.Dataset, count: int, bootstrap: str, src: Path | None) -> int:
+    """The instructions (callgrind's Ir) of one read of ``count`` records by ``client``."""
+    command = runner.module_command("benchmarks.clients", client, bootstrap=bootstrap, topic=dataset.topic,
+                                    partitions=dataset.partitions, count=count)
+    total, result = callgrind(command, src)
+    if result.get("records") != count:
+        raise RuntimeError(f"{client} read {result.get('records')} of {count}")
+    return total
+
+
+def trees(revisions: list[str], into: Path) -> dict[str, Path | None]:
+    """Each revision's exported ``src`` (benchmarks/ab.py), None for ``WORKTREE`` (the tree as it is)."""
+    return {rev: None if rev == WORKTREE else ab.export(rev, into / f"rev{i}") for i, rev in enumerate(revisions)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,15 +91,14 @@ def main(argv: list[str] | None = None) -> int:
                          args.records, args.value_size)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="asyncconsumer-instr-") as tmp:
-        trees = {rev: None if rev == WORKTREE else ab.export(rev, Path(tmp, f"rev{i}"))
-                 for i, rev in enumerate(args.revisions)}
+        exported = trees(args.revisions, Path(tmp))
         broker = brokers.start("kafka", runner.log)
         try:
             ds.create_topics(broker.bootstrap, [dataset])
             ds.produce(broker.bootstrap, dataset)
             for round_no in range(args.rounds):
                 for client in clients:
-                    for rev, src in trees.items():
+                    for rev, src in exported.items():
                         small = instructions(client, dataset, args.base, broker.bootstrap, src)
                         large = instructions(client, dataset, args.records, broker.bootstrap, src)
                         per = (large - small) / (args.records - args.base)
