@@ -762,3 +762,24 @@ def test_the_release_a_brokers_api_versions_match(
     answer = {API_KEYS["ApiVersions"]: apis, API_KEYS["Fetch"]: fetch, API_KEYS["Metadata"]: (0, 12)}
     assert broker_release(answer) == release
     assert broker_release({}) == "Apache Kafka 3.5 or older"
+
+
+def test_runs_of_fixed_width_fields_name_the_field_that_fails() -> None:
+    """Consecutive fixed-width numbers are packed and unpacked by one ``struct`` each (a Fetch
+    request's six header fields); a value that does not pack, or a frame that ends inside the run,
+    is still reported at the field, as field by field."""
+    steps = messages.struct_for("FetchRequest", 17).steps
+    runs = [step.keys for step in steps if isinstance(step, messages.FixedRun)]
+    assert runs == [("max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "session_id", "session_epoch")]
+    body = {"max_wait_ms": 500, "min_bytes": 1, "max_bytes": 2**31, "session_id": 7, "session_epoch": 3}
+    with pytest.raises(ProtocolEncodeError, match=r"^cannot encode Fetch v17 request: max_bytes: "):
+        encode_request("Fetch", 17, body, correlation_id=1, client_id="c")
+    body["max_bytes"] = 1 << 20
+    frame = encode_request("Fetch", 17, body, correlation_id=1, client_id="c")
+    _, decoded = decode_request("Fetch", 17, frame[4:])
+    assert {key: decoded[key] for key in body} == body
+    # The request header (v2): correlation id 4 bytes, client id 2 + 1, no tags; then the body,
+    # cut inside session_id (max_wait_ms 4, min_bytes 4, max_bytes 4, isolation_level 1).
+    cut = 4 + (2 + 2 + 4 + 2 + 1 + 1) + 13 + 2
+    with pytest.raises(ProtocolDecodeError, match=r": session_id: "):
+        decode_request("Fetch", 17, frame[4:cut])

@@ -42,6 +42,7 @@ __all__ = [
     "UUID",
     "Array",
     "Bytes",
+    "Fixed",
     "FrameReader",
     "NullableStruct",
     "ProtocolDecodeError",
@@ -177,7 +178,7 @@ class _Base(Construct):  # type: ignore[misc]  # construct is untyped
         raise SizeofError("variable-size Kafka type", path=path)
 
 
-class _Fixed(FormatField):  # type: ignore[misc]  # construct is untyped
+class Fixed(FormatField):  # type: ignore[misc]  # construct is untyped
     """A big-endian fixed-width number, read straight from a :class:`FrameReader`'s view
     (construct reads a copy of the bytes first, through two more calls) and written with a
     precompiled ``struct``.  Other streams, a frame too short for it and a value that does not
@@ -186,6 +187,8 @@ class _Fixed(FormatField):  # type: ignore[misc]  # construct is untyped
 
     def __init__(self, fmt: str) -> None:
         super().__init__(">", fmt)
+        #: The ``struct`` format character (protocol/messages.py packs runs of fields at once).
+        self.code = fmt
         packer = struct.Struct(">" + fmt)
         self._unpack_from, self._pack = packer.unpack_from, packer.pack
 
@@ -208,13 +211,13 @@ class _Fixed(FormatField):  # type: ignore[misc]  # construct is untyped
 
 
 BOOL = Flag  # any non-zero byte reads as true
-INT8 = _Fixed("b")
-INT16 = _Fixed("h")
-INT32 = _Fixed("l")  # construct spells 4-byte ints l (struct: standard sizes with ">")
-INT64 = _Fixed("q")
-UINT16 = _Fixed("H")
-UINT32 = _Fixed("L")
-FLOAT64 = _Fixed("d")
+INT8 = Fixed("b")
+INT16 = Fixed("h")
+INT32 = Fixed("l")  # construct spells 4-byte ints l (struct: standard sizes with ">")
+INT64 = Fixed("q")
+UINT16 = Fixed("H")
+UINT32 = Fixed("L")
+FLOAT64 = Fixed("d")
 
 
 def _read_length(stream: Any, flexible: bool, wide: bool) -> int:
