@@ -62,6 +62,12 @@ class LoopCore:
         self._errors: deque[KafkaError] = deque()
         self._wake_event = anyio.Event()
         self._woken = False
+        # When the loop is to run its next turn at the latest (its clock; inf while it runs), and
+        # the alarm task that wakes it then: when that task means to look next, and what tells it
+        # to look sooner (see ``_alarm``).
+        self._wake_at = float("inf")
+        self._alarm_at = float("inf")
+        self._rearm = anyio.Event()
         self._app_event = anyio.Event()
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stopped = anyio.Event()
@@ -116,6 +122,7 @@ class LoopCore:
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
+                tg.start_soon(self._alarm)
                 task_status.started()
                 try:
                     await self._loop()
@@ -174,12 +181,35 @@ class LoopCore:
                 await anyio.lowlevel.checkpoint()
                 continue
             start = self.clock()
-            sleep = min(max(_MIN_SLEEP, deadline - start), 1.0)
-            lag.due = start + sleep
-            with anyio.move_on_after(sleep):
-                await self._wake_event.wait()
+            due = lag.due = start + min(max(_MIN_SLEEP, deadline - start), 1.0)
+            self._wake_at = due
+            if due < self._alarm_at:
+                self._rearm.set()
+            await self._wake_event.wait()
+            self._wake_at = float("inf")
             self._wake_event = anyio.Event()
             self._woken = False
+
+    async def _alarm(self) -> None:
+        """Wakes the loop at its ``_wake_at``: the loop sleeps on its wake event alone, without a
+        timeout of its own (a cancel scope and a timer each turn, that is each fetch round trip).
+
+        The loop's next wake time mostly moves later (a second after each turn, or a manager's
+        deadline), so the alarm looks when the time it last saw comes; it sleeps on to the new time
+        if the loop's moved on (or the loop is running, ``inf``), and wakes the loop if it is due.
+        A turn that wants to run sooner than the alarm looks tells it (``_rearm``)."""
+        while True:
+            rearm = self._rearm = anyio.Event()
+            wake_at = self._wake_at
+            delay = wake_at - self.clock()
+            if delay <= 0:
+                self._wake_at = self._alarm_at = float("inf")
+                self.wake()
+                await rearm.wait()
+                continue
+            self._alarm_at = wake_at
+            with anyio.move_on_after(delay):
+                await rearm.wait()
 
     def wake(self) -> None:
         self._woken = True
