@@ -210,17 +210,17 @@ class Collector(Generic[KT, VT]):
         while True:
             engine.app_polled()  # waiting inside a poll is polling (max_poll_interval_ms)
             event = engine.app_event()
-            await self._rebalance.run_callbacks(engine)
+            if engine.callbacks:
+                await self._rebalance.run_callbacks(engine)
             self.raise_background_error(engine)
             got = collect()
             if got or woken:
                 return got
-            remaining = deadline - anyio.current_time()
-            if remaining <= 0:
+            if deadline <= anyio.current_time():
                 return None
             self.waiting += 1  # a poll waiting for records is polling now (metrics: last poll age 0)
             try:
-                with anyio.move_on_after(remaining):
+                with anyio.CancelScope(deadline=deadline):
                     await event.wait()
             finally:
                 self.waiting -= 1
