@@ -783,3 +783,20 @@ def test_runs_of_fixed_width_fields_name_the_field_that_fails() -> None:
     cut = 4 + (2 + 2 + 4 + 2 + 1 + 1) + 13 + 2
     with pytest.raises(ProtocolDecodeError, match=r": session_id: "):
         decode_request("Fetch", 17, frame[4:cut])
+
+
+def test_a_request_header_made_once_carries_each_requests_correlation_id() -> None:
+    """The request header is encoded once per api, version and client id; each frame carries its
+    own correlation id, and bad ones are refused as before."""
+    body = {"topics": [{"name": "t", "partitions": [{"partition_index": 0, "timestamp": -1}]}]}
+    first = encode_request("ListOffsets", 9, body, correlation_id=1, client_id="é")
+    second = encode_request("ListOffsets", 9, body, correlation_id=2**31 - 1, client_id="é")
+    assert first[:8] == second[:8] and first[12:] == second[12:]
+    assert peek_request_header(second[4:]) == (API_KEYS["ListOffsets"], 9, 2**31 - 1)
+    assert decode_request("ListOffsets", 9, first[4:])[0]["client_id"] == "é"
+    other = encode_request("ListOffsets", 9, body, correlation_id=1, client_id=None)
+    assert decode_request("ListOffsets", 9, other[4:])[0]["client_id"] is None
+    with pytest.raises(ProtocolEncodeError, match="correlation_id"):
+        encode_request("ListOffsets", 9, body, correlation_id=2**31, client_id="c")
+    with pytest.raises(ProtocolEncodeError, match="client_id"):
+        encode_request("ListOffsets", 9, body, correlation_id=1, client_id=b"c")  # type: ignore[arg-type]

@@ -345,8 +345,7 @@ class FetchManager:
             topics = by_topic(to_send)
             gone = by_topic(forgotten)
             session_wanted = self._use_sessions and version >= 7
-            return {
-                "replica_id": -1,
+            return {  # replica_id: the codec's default, -1 (a consumer)
                 "max_wait_ms": self._max_wait_ms,
                 "min_bytes": self._min_bytes,
                 "max_bytes": self._max_bytes,

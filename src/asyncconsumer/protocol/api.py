@@ -17,6 +17,7 @@ Bytes after the body are ignored, as the Java client does.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from collections.abc import Mapping
@@ -112,6 +113,7 @@ SUPPORTED_VERSIONS: dict[str, tuple[int, int]] = {
 _DATA_NAMES = frozenset(s["name"] for s in SCHEMAS.values() if s["type"] == "data")
 _SIZE = struct.Struct(">i")
 _HEADER_START = struct.Struct(">hhi")
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 def _message(api: str, kind: str, version: int) -> tuple[str, MessageStruct]:
@@ -142,9 +144,35 @@ def _response_header_version(api: str, version: int) -> int:
     return 1
 
 
-def _encode(parts: list[tuple[MessageStruct, Mapping[str, Any]]], what: str) -> bytes:
+@functools.cache
+def _request_structs(api: str, version: int) -> tuple[MessageStruct, MessageStruct]:
+    """The request header's struct and the body's, for ``api`` at ``version``."""
+    _, body_struct = _message(api, "Request", version)
+    return struct_for("RequestHeader", _request_header_version(api, version)), body_struct
+
+
+@functools.cache
+def _response_structs(api: str, version: int) -> tuple[MessageStruct, MessageStruct]:
+    """The response header's struct and the body's, for ``api`` at ``version``."""
+    _, body_struct = _message(api, "Response", version)
+    return struct_for("ResponseHeader", _response_header_version(api, version)), body_struct
+
+
+@functools.lru_cache(maxsize=256)
+def _request_header(api: str, version: int, client_id: str | None) -> tuple[bytes, bytes]:
+    """A request header as the codec writes it, around its correlation id: (api key and version,
+    the client id and tagged fields).  Only the correlation id differs from request to request."""
+    header_struct, _ = _request_structs(api, version)
+    header = {"request_api_key": API_KEYS[api], "request_api_version": version, "correlation_id": 0,
+              "client_id": client_id}
+    encoded = _encode([(header_struct, header)], f"{api} v{version} request header")[4:]
+    return encoded[:4], encoded[8:]
+
+
+def _encode(parts: list[tuple[MessageStruct, Mapping[str, Any]]], what: str, prefix: bytes = b"") -> bytes:
     stream = io.BytesIO()
     stream.write(b"\0\0\0\0")  # size, patched below
+    stream.write(prefix)
     context = Container()
     try:
         for struct_, obj in parts:
@@ -173,21 +201,25 @@ def encode_request(
     api: str, version: int, body: Mapping[str, Any], *, correlation_id: int, client_id: str | None
 ) -> bytes:
     """Full request frame: int32 size, request header (v1, or v2 when flexible), body."""
-    _, body_struct = _message(api, "Request", version)
+    header_struct, body_struct = _request_structs(api, version)
+    what = f"{api} v{version} request"
+    plain_id = client_id is None or type(client_id) is str
+    if plain_id and type(correlation_id) is int and _INT32_MIN <= correlation_id <= _INT32_MAX:
+        # The header as encoded before for this api, version and client id, with this correlation id.
+        start, rest = _request_header(api, version, client_id)
+        return _encode([(body_struct, body)], what, start + _SIZE.pack(correlation_id) + rest)
     header = {
         "request_api_key": API_KEYS[api],
         "request_api_version": version,
         "correlation_id": correlation_id,
         "client_id": client_id,
     }
-    header_struct = struct_for("RequestHeader", _request_header_version(api, version))
-    return _encode([(header_struct, header), (body_struct, body)], f"{api} v{version} request")
+    return _encode([(header_struct, header), (body_struct, body)], what)
 
 
 def decode_request(api: str, version: int, frame: Frame) -> tuple[dict[str, Any], dict[str, Any]]:
     """Parse a request frame (bytes after the size prefix) into ``(header, body)``."""
-    _, body_struct = _message(api, "Request", version)
-    header_struct = struct_for("RequestHeader", _request_header_version(api, version))
+    header_struct, body_struct = _request_structs(api, version)
     header, body = _decode([header_struct, body_struct], frame, f"{api} v{version} request")
     if (header["request_api_key"], header["request_api_version"]) != (API_KEYS[api], version):
         raise ProtocolDecodeError(
@@ -209,8 +241,7 @@ def encode_response(api: str, version: int, body: Mapping[str, Any], *, correlat
 
 def decode_response(api: str, version: int, frame: Frame) -> dict[str, Any]:
     """Parse a response frame (bytes after the size prefix) and return its body."""
-    _, body_struct = _message(api, "Response", version)
-    header_struct = struct_for("ResponseHeader", _response_header_version(api, version))
+    header_struct, body_struct = _response_structs(api, version)
     try:
         return _decode([header_struct, body_struct], frame, f"{api} v{version} response")[1]
     except ProtocolDecodeError:
