@@ -43,7 +43,7 @@ async def test_a_managers_deadline_wakes_the_loop_with_nothing_else_to_wake_it()
         await tg.start(loop.run)
         await anyio.sleep(0.6)
         loop.stop()
-    assert [t for t in manager.turns if t >= deadline][0] < deadline + 0.45, manager.turns  # not at the 1 s cap
+    assert next(t for t in manager.turns if t >= deadline) < deadline + 0.45, manager.turns  # not at the 1 s cap
     assert len(manager.turns) == 2, manager.turns  # the first turn and the deadline's: no other wake
 
 

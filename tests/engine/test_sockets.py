@@ -109,6 +109,28 @@ async def test_receive_reads_ahead_what_arrived_and_ends_at_the_close() -> None:
     assert got == b"abcdefg"
 
 
+async def test_receive_ready_takes_what_is_there_and_waits_once_otherwise(wakes: list[int]) -> None:
+    go = anyio.Event()
+
+    async def send_twice(conn: anyio.abc.SocketStream) -> None:
+        await conn.send(b"abc")
+        await go.wait()
+        await conn.send(b"defg")
+
+    async with peer(send_twice) as (host, port):
+        async with await connect(host, port) as stream:
+            with anyio.fail_after(10):
+                assert await stream.receive_ready(10) == b"abc"
+                wakes.clear()
+                with anyio.move_on_after(0.1) as scope:  # nothing there: it waits, and is cancelled there
+                    await stream.receive_ready(10)
+                assert scope.cancelled_caught and len(wakes) == 1
+                go.set()
+                assert await stream.receive_ready(10) == b"defg"  # nothing was lost to the cancellation
+                with pytest.raises(anyio.EndOfStream):
+                    await stream.receive_ready(10)
+
+
 async def test_closing_wakes_a_reader_waiting_for_the_rest_of_a_frame() -> None:
     async def stall(conn: anyio.abc.SocketStream) -> None:
         await conn.send(b"x" * 10)

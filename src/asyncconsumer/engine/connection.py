@@ -542,13 +542,14 @@ class BrokerConnection:
         buffer[:filled] = chunk[start:]
         self._chunk, self._pos = _EMPTY, 0
         read_ahead = _READ_CHUNK
+        receive = stream.receive
         if isinstance(stream, SocketStream):
             if size - filled >= _SOCKET_CHUNK:
                 await stream.receive_exactly_into(memoryview(buffer)[filled:])
                 return buffer
-            read_ahead = _SOCKET_CHUNK
+            read_ahead, receive = _SOCKET_CHUNK, stream.receive_ready  # cancelled, the reader closes the stream
         while filled < size:
-            data = memoryview(await stream.receive(read_ahead))
+            data = memoryview(await receive(read_ahead))
             take = min(len(data), size - filled)
             buffer[filled : filled + take] = data[:take]
             filled += take

@@ -94,6 +94,22 @@ class SocketStream(anyio.abc.ByteStream):
             data = self._read_now(self._sock.recv, max_bytes)
         return data
 
+    async def receive_ready(self, max_bytes: int = 65536) -> bytes:
+        """:meth:`receive` for a reader whose cancellation closes the stream anyway (the connection's
+        reader): it reads first and waits only when the kernel holds nothing, so the usual case, a
+        reader waiting for the next response, has no checkpoint before its wait (which is the
+        cancellation point).  Bytes that were already there are taken before a cancellation is
+        seen, and are lost with it: close the stream."""
+        data = self._read_now(self._sock.recv, max_bytes)
+        if data is not None:
+            await anyio.lowlevel.checkpoint()
+            return data
+        while data is None:
+            self._wake_at(1)
+            await wait_readable(self._sock)
+            data = self._read_now(self._sock.recv, max_bytes)
+        return data
+
     async def receive_exactly_into(self, buffer: memoryview) -> None:
         """Fill all of ``buffer``: what the kernel holds now, then the rest in one read once the
         kernel holds all of it (see the module's docstring).  ``EndOfStream`` if the connection

@@ -188,7 +188,7 @@ class FetchManager:
             if leader is None:
                 self._metadata.request_update()
                 continue
-            if state.needs_validation(leader.leader_epoch):
+            if state.validated_for != leader.leader_epoch and state.needs_validation(leader.leader_epoch):
                 continue  # the position validator checks it against this leader first
             node = self._read_replica(tp, leader.leader, now) if self._preferred else leader.leader
             buffered = buffer.buffered_bytes(tp)

@@ -91,6 +91,8 @@ class PositionValidator:
                 if state.phase is _AWAIT:
                     self._metadata.request_update()
                 continue
+            if state.validated_for == leader.leader_epoch and state.phase is not _AWAIT:
+                continue  # vouched for by this leader, not waiting: nothing to do (the common case, each turn)
             if state.needs_validation(leader.leader_epoch):
                 state.await_validation()
                 self._drop_buffered(state.tp)
