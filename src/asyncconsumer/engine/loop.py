@@ -238,7 +238,7 @@ class Engine(LoopCore):
     def _fall_back_to_classic(self) -> None:
         """KIP-848 is not available on this cluster: the classic protocol takes over."""
         old = self.membership
-        if not isinstance(old, ConsumerMembershipManager) or not old.unsupported:
+        if old is None or not isinstance(old, ConsumerMembershipManager) or not old.unsupported:
             return
         log.warning("group_protocol='consumer' is not supported by this cluster (KIP-848 needs Kafka >= 4.0: %s); "
                     "falling back to the classic group protocol", old.unsupported_detail)

@@ -342,8 +342,8 @@ class FetchManager:
             sent["full"] = full
             sent["forgotten"] = forgotten
             sent["version"] = version
-            topics = by_topic(to_send)
-            gone = by_topic(forgotten)
+            topics = by_topic(to_send) if to_send else {}  # a caught-up incremental fetch names none
+            gone = by_topic(forgotten) if forgotten else {}
             session_wanted = self._use_sessions and version >= 7
             return {  # replica_id: the codec's default, -1 (a consumer)
                 "max_wait_ms": self._max_wait_ms,

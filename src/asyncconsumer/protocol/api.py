@@ -191,7 +191,7 @@ def _decode(structs: list[MessageStruct], frame: Frame, what: str) -> list[dict[
     bodies = []
     try:
         for s in structs:  # not a comprehension: its closure would keep ``reader`` (the frame) in a traceback
-            bodies.append(s._parsereport(reader, context, None))
+            bodies.append(s._parse(reader, context, None))  # (construct's _parsereport adds a hook we never set)
         return bodies
     except DECODE_ERRORS as exc:
         raise ProtocolDecodeError(f"cannot decode {what}: {exc}") from None
