@@ -23,6 +23,7 @@ owns (``FastPath``: the chunks, the consumer's polling task, the engine).
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Literal, cast
@@ -220,8 +221,11 @@ class Collector(Generic[KT, VT]):
                 return None
             self.waiting += 1  # a poll waiting for records is polling now (metrics: last poll age 0)
             try:
-                with anyio.CancelScope(deadline=deadline):
+                if deadline == math.inf:  # no timeout (async for, batches()): no cancel scope and timer to set up
                     await event.wait()
+                else:
+                    with anyio.CancelScope(deadline=deadline):
+                        await event.wait()
             finally:
                 self.waiting -= 1
             woken = return_on_wake and event.is_set()
