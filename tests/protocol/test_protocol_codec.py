@@ -769,7 +769,7 @@ def test_runs_of_fixed_width_fields_name_the_field_that_fails() -> None:
     request's six header fields); a value that does not pack, or a frame that ends inside the run,
     is still reported at the field, as field by field."""
     steps = messages.struct_for("FetchRequest", 17).steps
-    runs = [step.keys for step in steps if isinstance(step, messages.FixedRun)]
+    runs = [sub.keys for _, sub, _ in steps if isinstance(sub, messages.FixedRun)]
     assert runs == [("max_wait_ms", "min_bytes", "max_bytes", "isolation_level", "session_id", "session_epoch")]
     body = {"max_wait_ms": 500, "min_bytes": 1, "max_bytes": 2**31, "session_id": 7, "session_epoch": 3}
     with pytest.raises(ProtocolEncodeError, match=r"^cannot encode Fetch v17 request: max_bytes: "):

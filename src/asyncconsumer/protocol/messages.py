@@ -93,15 +93,15 @@ class FixedRun:
         self.pack, self.unpack_from, self.size = packer.pack, packer.unpack_from, packer.size
 
 
-def _runs(positional: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any] | FixedRun]:
-    """``positional`` with each run of two or more fixed-width numbers as one :class:`FixedRun`."""
-    steps: list[tuple[str, Any, Any] | FixedRun] = []
+def _runs(positional: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """``positional`` with each run of two or more fixed-width numbers as one step ``("", FixedRun, None)``."""
+    steps: list[tuple[str, Any, Any]] = []
     run: list[tuple[str, Any, Any]] = []
     for item in [*positional, None]:
         if item is not None and type(item[1]) is Fixed:
             run.append(item)
             continue
-        steps.extend([FixedRun(run)] if len(run) > 1 else run)
+        steps.extend([("", FixedRun(run), None)] if len(run) > 1 else run)
         run = []
         if item is not None:
             steps.append(item)
@@ -217,19 +217,18 @@ class MessageStruct(_Base):
         key = ""
         seen: set[str] | tuple[()] = ()
         try:
-            for step in self.steps:
-                if type(step) is FixedRun:
+            for key, sub, _default in self.steps:
+                if type(sub) is FixedRun:
                     if type(stream) is FrameReader:
                         pos = stream.pos
-                        end = pos + step.size
+                        end = pos + sub.size
                         if end <= stream.end:
                             stream.pos = end
-                            result.update(zip(step.keys, step.unpack_from(stream.view, pos), strict=True))
+                            result.update(zip(sub.keys, sub.unpack_from(stream.view, pos), strict=True))
                             continue
-                    for key, sub, _default in step.fields:  # too short: the field that is missing says so
-                        result[key] = sub._parse(stream, context, path)
+                    for key, field, _default in sub.fields:  # too short: the field that is missing says so
+                        result[key] = field._parse(stream, context, path)
                     continue
-                key, sub, _default = step
                 result[key] = sub._parse(stream, context, path)
             if self.flexible:
                 key = "<tagged fields>"
@@ -277,17 +276,16 @@ class MessageStruct(_Base):
                 )
         key = ""
         try:
-            for step in self.steps:
-                if type(step) is FixedRun:
+            for key, sub, default in self.steps:
+                if type(sub) is FixedRun:
                     try:
-                        data = step.pack(*map(obj.get, step.keys, step.defaults))
+                        data = sub.pack(*map(obj.get, sub.keys, sub.defaults))
                     except struct.error:  # field by field: the one that does not pack raises, named
-                        for key, sub, default in step.fields:
-                            sub._build(obj.get(key, default), stream, context, path)
+                        for key, field, default in sub.fields:
+                            field._build(obj.get(key, default), stream, context, path)
                         raise  # pragma: no cover  (unreachable: one of them raised)
                     stream.write(data)
                     continue
-                key, sub, default = step
                 sub._build(obj.get(key, default), stream, context, path)
             if self.flexible:
                 entries: list[tuple[int, bytes]] = []
