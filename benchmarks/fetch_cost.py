@@ -33,14 +33,12 @@ import io
 import json
 import pstats
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import brokers
 from . import datasets as ds
 from . import processes as runner
-from .instructions import WORKTREE, callgrind, trees
+from .instructions import WORKTREE, callgrind, on_kafka
 
 #: Records produced to each partition (what the reader reads before it is caught up).
 RECORDS_PER_PARTITION = 10
@@ -147,33 +145,25 @@ def main(argv: list[str] | None = None) -> int:
     dataset = ds.Dataset("fetch cost", f"bench-fetch-cost-{args.partitions}p", args.partitions * RECORDS_PER_PARTITION,
                          100, partitions=args.partitions)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="asyncconsumer-fetch-cost-") as tmp:
-        exported = trees(args.revisions, Path(tmp))
-        broker = brokers.start("kafka", runner.log)
-        try:
-            ds.create_topics(broker.bootstrap, [dataset])
-            ds.produce(broker.bootstrap, dataset)
-            for rev, src in exported.items():
-                row: dict[str, Any] = {"revision": rev}
-                if not args.no_callgrind:
-                    ir_small, got_small = callgrind(_command(broker.bootstrap, dataset.topic, args.partitions, small),
-                                                    src)
-                    ir_large, got_large = callgrind(_command(broker.bootstrap, dataset.topic, args.partitions, large),
-                                                    src)
-                    fetches = got_large["fetches"] - got_small["fetches"]
-                    row.update(instructions=(ir_large - ir_small) / fetches, ir_small=ir_small, ir_large=ir_large,
-                               fetches_small=got_small["fetches"], fetches_large=got_large["fetches"])
-                    runner.log(f"{rev}: {row['instructions']:,.0f} instructions a fetch")
-                if args.profile:
-                    got = _calls(_command(broker.bootstrap, dataset.topic, args.partitions, args.profile, True,
-                                          args.top), src)
-                    row.update(calls=got["calls"] / got["fetches"], profiled_fetches=got["fetches"])
-                    runner.log(f"{rev}: {row['calls']:,.0f} calls a fetch")
-                    if got.get("top"):
-                        print(got["top"])
-                rows.append(row)
-        finally:
-            broker.stop()
+    with on_kafka(args.revisions, dataset, "asyncconsumer-fetch-cost-") as (exported, bootstrap):
+        for rev, src in exported.items():
+            row: dict[str, Any] = {"revision": rev}
+            if not args.no_callgrind:
+                ir_small, got_small = callgrind(_command(bootstrap, dataset.topic, args.partitions, small),
+                                                src)
+                ir_large, got_large = callgrind(_command(bootstrap, dataset.topic, args.partitions, large),
+                                                src)
+                fetches = got_large["fetches"] - got_small["fetches"]
+                row.update(instructions=(ir_large - ir_small) / fetches, ir_small=ir_small, ir_large=ir_large,
+                           fetches_small=got_small["fetches"], fetches_large=got_large["fetches"])
+                runner.log(f"{rev}: {row['instructions']:,.0f} instructions a fetch")
+            if args.profile:
+                got = _calls(_command(bootstrap, dataset.topic, args.partitions, args.profile, True, args.top), src)
+                row.update(calls=got["calls"] / got["fetches"], profiled_fetches=got["fetches"])
+                runner.log(f"{rev}: {row['calls']:,.0f} calls a fetch")
+                if got.get("top"):
+                    print(got["top"])
+            rows.append(row)
     print(f"one fetch round trip, {args.partitions} partitions caught up, fetch_max_wait_ms=0")
     print(f"{'revision':12s} {'instructions':>14s} {'calls':>8s}")
     for row in rows:

@@ -20,11 +20,13 @@ as it is, uncommitted changes included.  Needs valgrind (``apt-get install valgr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,21 @@ def trees(revisions: list[str], into: Path) -> dict[str, Path | None]:
     return {rev: None if rev == WORKTREE else ab.export(rev, into / f"rev{i}") for i, rev in enumerate(revisions)}
 
 
+@contextlib.contextmanager
+def on_kafka(revisions: list[str], dataset: ds.Dataset, prefix: str) -> Iterator[tuple[dict[str, Path | None], str]]:
+    """``revisions`` exported (:func:`trees`) and one Apache Kafka broker holding ``dataset``:
+    ``(exported, bootstrap)``; the broker stops and the trees go afterwards."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        exported = trees(revisions, Path(tmp))
+        broker = brokers.start("kafka", runner.log)
+        try:
+            ds.create_topics(broker.bootstrap, [dataset])
+            ds.produce(broker.bootstrap, dataset)
+            yield exported, broker.bootstrap
+        finally:
+            broker.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.instructions", description=__doc__.split("\n\n")[0])
     parser.add_argument("revisions", nargs="+", help=f"git revisions, or {WORKTREE} for the working tree as it is")
@@ -90,23 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     dataset = ds.Dataset(f"{args.value_size} B x {args.records:,}", f"bench-instr-{args.value_size}b-{args.records}",
                          args.records, args.value_size)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="asyncconsumer-instr-") as tmp:
-        exported = trees(args.revisions, Path(tmp))
-        broker = brokers.start("kafka", runner.log)
-        try:
-            ds.create_topics(broker.bootstrap, [dataset])
-            ds.produce(broker.bootstrap, dataset)
-            for round_no in range(args.rounds):
-                for client in clients:
-                    for rev, src in exported.items():
-                        small = instructions(client, dataset, args.base, broker.bootstrap, src)
-                        large = instructions(client, dataset, args.records, broker.bootstrap, src)
-                        per = (large - small) / (args.records - args.base)
-                        rows.append({"revision": rev, "client": client, "round": round_no, "base": small,
-                                     "whole": large, "per_record": per})
-                        runner.log(f"{client} {rev}: {per:,.1f} instructions a record ({small:,} / {large:,})")
-        finally:
-            broker.stop()
+    with on_kafka(args.revisions, dataset, "asyncconsumer-instr-") as (exported, bootstrap):
+        for round_no in range(args.rounds):
+            for client in clients:
+                for rev, src in exported.items():
+                    small = instructions(client, dataset, args.base, bootstrap, src)
+                    large = instructions(client, dataset, args.records, bootstrap, src)
+                    per = (large - small) / (args.records - args.base)
+                    rows.append({"revision": rev, "client": client, "round": round_no, "base": small,
+                                 "whole": large, "per_record": per})
+                    runner.log(f"{client} {rev}: {per:,.1f} instructions a record ({small:,} / {large:,})")
     print(f"instructions a record, {dataset.describe()} (reads of {args.records:,} less reads of {args.base:,})")
     first = args.revisions[0]
     for client in clients:

@@ -128,12 +128,17 @@ async def _read_ours(args: argparse.Namespace, got: Latencies) -> None:
                 if got.done:
                     break
         else:
-            while not got.done:
-                batch = await consumer.getmany(timeout=1.0)
-                now = time.time_ns()
-                for records in batch.values():
-                    for record in records:
-                        got.add(now, record.value)
+            await _getmany_until_done(consumer, got)
+
+
+async def _getmany_until_done(consumer: Any, got: Latencies) -> None:
+    """``getmany()`` until ``got`` has every record; a batch's records are all handed out at once."""
+    while not got.done:
+        batch = await consumer.getmany(timeout=1.0)
+        now = time.time_ns()
+        for records in batch.values():
+            for record in records:
+                got.add(now, record.value)
 
 
 async def _read_share(args: argparse.Namespace, got: Latencies) -> None:
@@ -149,12 +154,7 @@ async def _read_share(args: argparse.Namespace, got: Latencies) -> None:
                 for record in records:
                     got.add(time.time_ns(), record.value)
         print("READY", flush=True)
-        while not got.done:
-            batch = await consumer.getmany(timeout=1.0)
-            now = time.time_ns()
-            for records in batch.values():
-                for record in records:
-                    got.add(now, record.value)
+        await _getmany_until_done(consumer, got)
 
 
 def _read_confluent(args: argparse.Namespace, got: Latencies) -> None:

@@ -5,13 +5,12 @@ adds fails here until the table names it), and every Python name they give exist
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import subprocess
 from typing import Any
 
 import pytest
-from support.paths import ROOT
+from support.paths import tool
 
 from asyncconsumer import Consumer, ShareConsumer
 from asyncconsumer.testing.kafka import find_java, kafka_libs
@@ -46,12 +45,7 @@ public class Api {
 
 
 def _generator() -> Any:
-    path = ROOT / "tools" / "gen_compatibility.py"
-    spec = importlib.util.spec_from_file_location("gen_compatibility", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool("gen_compatibility")
 
 
 @pytest.fixture(scope="module")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import warnings
 from typing import Any
 
 import pytest
-from support.paths import ROOT
+from support.paths import tool
 
 from asyncconsumer import KafkaError, errors
 from asyncconsumer.errors import BrokerResponseError, UnknownErrorCodeError, error_for_code
@@ -105,12 +104,7 @@ def test_the_table_is_the_java_clients(tmp_path: Any) -> None:
 
 
 def _generator() -> Any:
-    path = ROOT / "tools" / "gen_errors.py"
-    spec = importlib.util.spec_from_file_location("gen_errors", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool("gen_errors")
 
 
 def test_the_generated_module_is_what_the_generator_writes() -> None:

@@ -88,11 +88,7 @@ class SocketStream(anyio.abc.ByteStream):
         if data is not None:
             await anyio.lowlevel.cancel_shielded_checkpoint()
             return data
-        while data is None:
-            self._wake_at(1)
-            await wait_readable(self._sock)
-            data = self._read_now(self._sock.recv, max_bytes)
-        return data
+        return await self._receive_when_readable(max_bytes)
 
     async def receive_ready(self, max_bytes: int = 65536) -> bytes:
         """:meth:`receive` for a reader whose cancellation closes the stream anyway (the connection's
@@ -104,11 +100,16 @@ class SocketStream(anyio.abc.ByteStream):
         if data is not None:
             await anyio.lowlevel.checkpoint()
             return data
-        while data is None:
+        return await self._receive_when_readable(max_bytes)
+
+    async def _receive_when_readable(self, max_bytes: int) -> bytes:
+        """The kernel held nothing: wait until it holds a byte (or the stream ends), then read."""
+        while True:
             self._wake_at(1)
             await wait_readable(self._sock)
             data = self._read_now(self._sock.recv, max_bytes)
-        return data
+            if data is not None:
+                return data
 
     async def receive_exactly_into(self, buffer: memoryview) -> None:
         """Fill all of ``buffer``: what the kernel holds now, then the rest in one read once the
