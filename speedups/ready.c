@@ -269,63 +269,25 @@ stream_traverse(RecordStream *self, visitproc visit, void *arg)
     return 0;
 }
 
-/* The partition state's fields the fast path reads and writes for every record (epoch, paused,
- * revoking, consumed), read straight from their slots.  PartitionState is a slots dataclass: each
- * field is a member descriptor at a fixed offset in the object.  The offsets are taken once from
- * the class's own descriptors and trusted only for objects of exactly that class while the class is
- * unchanged (its version tag, which CPython clears when the class is modified), as the
- * interpreter's own attribute caches do; anything else takes PyObject_GetAttr. */
+/* The attributes the fast path reads for every record (``owner.task``, ``fast_path.engine``,
+ * ``engine.closed``, the partition state's ``epoch``, ``paused``, ``revoking``) and the one it
+ * writes (``state.consumed``), read straight from their slots where the class has them: a slot is
+ * a member descriptor at a fixed offset in the object.  One cache per attribute holds the offset
+ * found through the class's MRO and trusts it only for objects of exactly that class while the
+ * class is unchanged (its version tag, which CPython clears when the class or a base is modified),
+ * as the interpreter's own attribute caches do.  A class that looks attributes up its own way
+ * (``__getattribute__``, ``__getattr__``, ``__setattr__``), or keeps the name elsewhere, takes
+ * PyObject_GetAttr / PyObject_SetAttr: the same answer, slower. */
 
-enum { SLOT_EPOCH, SLOT_PAUSED, SLOT_REVOKING, SLOT_CONSUMED, NSLOTS };
-
-static struct {
-    PyTypeObject *type; /* a strong reference once resolved */
-    unsigned int version;
-    Py_ssize_t offset[NSLOTS];
-    PyTypeObject *unusable; /* the last class found without such slots (compared, not held) */
+typedef struct {
+    PyTypeObject *type;     /* the class the offset is for (a strong reference), or NULL */
+    unsigned int version;   /* its version tag then */
+    Py_ssize_t offset;
+    PyTypeObject *unusable; /* the last class found without such a slot (compared, not held) */
     unsigned int unusable_version;
-} state_slots;
+} SlotCache;
 
-/* Read the slots' offsets from ``type``'s own member descriptors into state_slots: 1 done, 0 the
- * class has no such slots (use attributes), -1 error. */
-static int
-find_slots(PyTypeObject *type)
-{
-    PyObject *names[NSLOTS] = {s_epoch, s_paused, s_revoking, s_consumed};
-    Py_ssize_t offset[NSLOTS];
-    PyObject *dict = type->tp_dict;
-    for (int i = 0; i < NSLOTS; i++) {
-        /* a lookup through the type assigns its version tag (read below) */
-        PyObject *attr = PyObject_GetAttr((PyObject *)type, names[i]);
-        if (attr == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
-        Py_DECREF(attr);
-        PyObject *descr = dict == NULL ? NULL : PyDict_GetItemWithError(dict, names[i]);
-        if (descr == NULL) {
-            return PyErr_Occurred() ? -1 : 0;
-        }
-        /* a member of this class's layout (a descriptor of another class could sit in the dict) */
-        if (Py_TYPE(descr) != &PyMemberDescr_Type || !PyType_IsSubtype(type, PyDescr_TYPE(descr))) {
-            return 0;
-        }
-        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type != T_OBJECT_EX || (member->flags & READONLY) || member->offset <= 0 ||
-            member->offset + (Py_ssize_t)sizeof(PyObject *) > type->tp_basicsize) {
-            return 0;
-        }
-        offset[i] = member->offset;
-    }
-    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        return 0;
-    }
-    Py_INCREF(type);
-    Py_XSETREF(state_slots.type, type);
-    state_slots.version = type->tp_version_tag;
-    memcpy(state_slots.offset, offset, sizeof(offset));
-    return 1;
-}
+static SlotCache task_slot, engine_slot, closed_slot, epoch_slot, paused_slot, revoking_slot, consumed_slot;
 
 /* ``type`` is ``seen``, not modified since its version tag was ``version``. */
 static inline int
@@ -334,50 +296,93 @@ unchanged(PyTypeObject *type, PyTypeObject *seen, unsigned int version)
     return type == seen && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && type->tp_version_tag == version;
 }
 
-/* 1: the slots of ``state`` are known (state_slots); 0: not (use attributes); -1: error. */
-static int
-resolve_slots(PyObject *state)
+/* The offset of the writable object slot ``name`` of ``type``'s instances, 0 if it has none. */
+static Py_NO_INLINE Py_ssize_t
+find_slot(PyTypeObject *type, PyObject *name)
 {
-    PyTypeObject *type = Py_TYPE(state);
-    if (unchanged(type, state_slots.type, state_slots.version)) {
-        return 1;
-    }
-    if (unchanged(type, state_slots.unusable, state_slots.unusable_version)) {
+    if (type->tp_getattro != PyObject_GenericGetAttr || type->tp_setattro != PyObject_GenericSetAttr) {
         return 0;
     }
-    int found = find_slots(type);
-    if (found == 0 && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-        state_slots.unusable = type;
-        state_slots.unusable_version = type->tp_version_tag;
+    /* borrowed; a lookup through the type assigns its version tag (read by the caller) */
+    PyObject *descr = _PyType_Lookup(type, name);
+    /* a member of this class's layout (a descriptor of another class could sit in the MRO) */
+    if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type || !PyType_IsSubtype(type, PyDescr_TYPE(descr))) {
+        return 0;
     }
-    return found;
+    PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+    if (member->type != T_OBJECT_EX || (member->flags & READONLY) || member->offset <= 0 ||
+        member->offset + (Py_ssize_t)sizeof(PyObject *) > type->tp_basicsize) {
+        return 0;
+    }
+    return member->offset;
 }
 
-#define SLOT(obj, i) (*(PyObject **)((char *)(obj) + state_slots.offset[i]))
-
-/* 1: attribute ``name`` of ``obj`` is ``expected`` (identity); 0: it is not; -1: error. */
-static int
-attr_is(PyObject *obj, PyObject *name, PyObject *expected)
+/* Where ``obj``'s attribute ``name`` is: its slot's offset, or 0 (use the attribute). */
+HOT Py_ssize_t
+slot_offset(SlotCache *cache, PyObject *obj, PyObject *name)
 {
-    PyObject *value = PyObject_GetAttr(obj, name);
+    PyTypeObject *type = Py_TYPE(obj);
+    if (unchanged(type, cache->type, cache->version)) {
+        return cache->offset;
+    }
+    if (unchanged(type, cache->unusable, cache->unusable_version)) {
+        return 0;
+    }
+    Py_ssize_t offset = find_slot(type, name);
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return 0; /* nothing to trust it by: this once through the attribute */
+    }
+    if (offset > 0) {
+        Py_INCREF(type);
+        Py_XSETREF(cache->type, type);
+        cache->version = type->tp_version_tag;
+        cache->offset = offset;
+    }
+    else {
+        cache->unusable = type;
+        cache->unusable_version = type->tp_version_tag;
+    }
+    return offset;
+}
+
+#define SLOT_AT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* ``obj.name`` (a new reference), or NULL with an error set. */
+HOT PyObject *
+get_attr(SlotCache *cache, PyObject *obj, PyObject *name)
+{
+    Py_ssize_t offset = slot_offset(cache, obj, name);
+    if (offset > 0 && SLOT_AT(obj, offset) != NULL) {
+        return Py_NewRef(SLOT_AT(obj, offset));
+    }
+    return PyObject_GetAttr(obj, name); /* an unset slot raises AttributeError there */
+}
+
+/* ``obj.name = value``, the reference to ``value`` stolen: 0, or -1 with an error set. */
+HOT int
+set_attr(SlotCache *cache, PyObject *obj, PyObject *name, PyObject *value)
+{
+    Py_ssize_t offset = slot_offset(cache, obj, name);
+    if (offset > 0) {
+        Py_XSETREF(SLOT_AT(obj, offset), value); /* the slot takes the reference */
+        return 0;
+    }
+    int failed = PyObject_SetAttr(obj, name, value);
+    Py_DECREF(value);
+    return failed;
+}
+
+/* 1: ``obj.name`` is ``expected`` (identity); 0: it is not; -1: error. */
+HOT int
+attr_is(SlotCache *cache, PyObject *obj, PyObject *name, PyObject *expected)
+{
+    PyObject *value = get_attr(cache, obj, name);
     if (value == NULL) {
         return -1;
     }
     int same = value == expected;
     Py_DECREF(value);
     return same;
-}
-
-/* 1: field ``i`` of ``state`` (``name``) is ``expected`` (identity); 0: it is not or is unset; -1:
- * error.  ``known``: read the slot (resolve_slots said so), else the attribute. */
-static int
-slot_is(PyObject *state, int known, int i, PyObject *name, PyObject *expected)
-{
-    if (known) {
-        PyObject *value = SLOT(state, i);
-        return value != NULL && value == expected;
-    }
-    return attr_is(state, name, expected);
 }
 
 /* A record's offset (borrowed), or NULL (no error set) when ``record`` is not a tuple with an
@@ -400,15 +405,15 @@ fast_record(RecordStream *self)
         PyErr_Clear();
         return NULL;
     }
-    int ok = attr_is(self->owner, s_task, Py_None);
+    int ok = attr_is(&task_slot, self->owner, s_task, Py_None);
     if (ok <= 0) {
         return NULL;
     }
-    PyObject *engine = PyObject_GetAttr(self->fast_path, s_engine);
+    PyObject *engine = get_attr(&engine_slot, self->fast_path, s_engine);
     if (engine == NULL) {
         return NULL;
     }
-    ok = engine != Py_None ? attr_is(engine, s_closed, Py_False) : 0;
+    ok = engine != Py_None ? attr_is(&closed_slot, engine, s_closed, Py_False) : 0;
     Py_DECREF(engine);
     if (ok <= 0) {
         return NULL;
@@ -417,9 +422,14 @@ fast_record(RecordStream *self)
     if (first == NULL) {
         return NULL;
     }
-    if (!PyObject_TypeCheck(first, &ChunkBaseType)) {
-        Py_DECREF(first);
-        return NULL;
+    /* a ChunkBase: app.collector.Chunk, which the last chunk's class (held) usually is */
+    static PyTypeObject *chunk_type = NULL;
+    if (Py_TYPE(first) != chunk_type) {
+        if (!PyObject_TypeCheck(first, &ChunkBaseType)) {
+            Py_DECREF(first);
+            return NULL;
+        }
+        Py_XSETREF(chunk_type, (PyTypeObject *)Py_NewRef(Py_TYPE(first)));
     }
     ChunkBase *chunk = (ChunkBase *)first;
     PyObject *record = NULL, *state_epoch = NULL;
@@ -427,22 +437,12 @@ fast_record(RecordStream *self)
     if (state == NULL || chunk->epoch == NULL || records == NULL || !PyList_CheckExact(records)) {
         goto done;
     }
-    int known = resolve_slots(state);
-    if (known < 0) {
-        goto done;
-    }
-    if (known) {
-        if ((state_epoch = SLOT(state, SLOT_EPOCH)) == NULL) {
-            goto done;
-        }
-        Py_INCREF(state_epoch);
-    }
-    else if ((state_epoch = PyObject_GetAttr(state, s_epoch)) == NULL) {
+    if ((state_epoch = get_attr(&epoch_slot, state, s_epoch)) == NULL) {
         goto done;
     }
     ok = PyObject_RichCompareBool(state_epoch, chunk->epoch, Py_EQ);
-    if (ok <= 0 || (ok = slot_is(state, known, SLOT_PAUSED, s_paused, Py_False)) <= 0 ||
-        (ok = slot_is(state, known, SLOT_REVOKING, s_revoking, Py_False)) <= 0) {
+    if (ok <= 0 || (ok = attr_is(&paused_slot, state, s_paused, Py_False)) <= 0 ||
+        (ok = attr_is(&revoking_slot, state, s_revoking, Py_False)) <= 0) {
         goto done;
     }
     Py_ssize_t index = chunk->index;
@@ -476,15 +476,8 @@ fast_record(RecordStream *self)
     if (consumed == NULL && (consumed = PyLong_FromLongLong(offset + 1)) == NULL) {
         goto done;
     }
-    if (known) {
-        Py_XSETREF(SLOT(state, SLOT_CONSUMED), consumed); /* the slot takes the reference */
-    }
-    else {
-        int failed = PyObject_SetAttr(state, s_consumed, consumed);
-        Py_DECREF(consumed);
-        if (failed < 0) {
-            goto done;
-        }
+    if (set_attr(&consumed_slot, state, s_consumed, consumed) < 0) {
+        goto done;
     }
     chunk->index = index + 1;
     Py_INCREF(candidate);
