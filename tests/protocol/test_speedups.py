@@ -652,6 +652,51 @@ def test_record_stream_reads_the_partition_state_by_slot_only_for_its_own_unchan
     assert anyio.run(steps, PartitionState(tp, PartitionPhase.FETCHING, position=4)) == [0, 1, 2]
 
 
+def test_record_stream_reads_the_engine_and_owner_by_slot_only_while_their_classes_are_unchanged() -> None:
+    """``owner.task`` and ``engine.closed`` are read from their slots too (LoopCore keeps
+    ``closed`` in one): a class changed after the first record (here ``closed`` made a property
+    of the engine's base, as a class patched at run time would be) is seen as Python sees it."""
+    import anyio
+
+    from asyncconsumer import Consumer
+    from asyncconsumer.app.collector import Chunk
+    from asyncconsumer.engine.core import LoopCore
+    from asyncconsumer.managers.subscription import PartitionPhase, PartitionState
+    from asyncconsumer.structs import TopicPartition
+
+    async def steps(change: Callable[[], None]) -> list[Any]:
+        consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers="127.0.0.1:9")
+        consumer._new_engine()
+        state = PartitionState(TopicPartition("t", 0), PartitionPhase.FETCHING, position=4)
+        consumer._chunks.append(Chunk(state, [ConsumerRecord("t", 0, o, 0, 0, b"k", b"v", [], 1, 2, None)
+                                              for o in range(4)]))
+        stream = aiter(consumer)
+        assert type(stream).__name__ == "RecordStream"
+        out: list[Any] = []
+        for n in range(3):
+            if n == 1:
+                change()
+            awaitable = anext(stream)
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()
+                out.append("poll")
+                break
+            out.append((await awaitable).offset)
+        return out
+
+    original = LoopCore.__dict__["closed"]
+
+    def closed_by_property() -> None:
+        LoopCore.closed = property(lambda self: True)  # type: ignore[assignment,method-assign]
+
+    try:
+        got = anyio.run(steps, closed_by_property)
+    finally:
+        LoopCore.closed = original  # type: ignore[method-assign]
+    assert got == [0, "poll"]
+    assert anyio.run(steps, lambda: None) == [0, 1, 2]
+
+
 def test_record_stream_hands_out_its_awaitable_again_only_once_nobody_else_holds_it() -> None:
     """The C fast path keeps the last awaitable it handed out and fills it again for the next
     record when only the stream still holds it (awaited and dropped): never one that someone holds."""
