@@ -13,7 +13,10 @@ runs in a process of its own, one at a time, each on a fresh topic (4 partitions
   offset, implicit acknowledgement);
 - Java's ``KafkaConsumer`` (benchmarks/jvm/LatencyReader.java, compiled with javac against the
   broker's own jars into the cache directory), franz-go (benchmarks/go/franz, see benchmarks/franz.py)
-  and confluent-kafka's ``poll()``: the peers.
+  and confluent-kafka's ``poll()``: the peers;
+- Java's ``KafkaShareConsumer`` (the same LatencyReader, in a share group of its own set up as
+  ours is): what the share consumer's row is measured against (its "p99 / Java share" column),
+  since a share fetch's acquisition and acknowledgements are the broker's work too.
 
 The producer is confluent-kafka (independent of the readers) in this driver process, paced by
 rate: every millisecond or so it sends the records due by then, each stamped just before its
@@ -69,10 +72,14 @@ READERS = {
     "asyncconsumer-getmany": "asyncconsumer `getmany()`",
     "asyncconsumer-share": "asyncconsumer `ShareConsumer.getmany()`",
     "java-consumer": "Java `KafkaConsumer.poll()`",
+    "java-share": "Java `KafkaShareConsumer.poll()`",
     franz.CLIENT: "franz-go `PollFetches()`",
     "confluent-kafka": "confluent-kafka `poll()`",
 }
 PEERS = ("java-consumer", franz.CLIENT, "confluent-kafka")
+#: The share-group readers (each in a share group of its own); and the readers LatencyReader.java runs.
+SHARE_READERS = ("asyncconsumer-share", "java-share")
+JAVA_READERS = ("java-consumer", "java-share")
 SETTINGS = ("defaults", "low")
 JAVA_SOURCE = Path(__file__).resolve().parent / "jvm" / "LatencyReader.java"
 _STAMP = struct.Struct(">qB")
@@ -360,9 +367,11 @@ def _cpu_of(pid: int) -> float | None:
 def reader_command(reader: str, broker: brokers.Broker, topic: str, count: int, out: str, low: bool,
                    java: Path | None, group: str | None) -> list[str]:
     base = ("--bootstrap", broker.bootstrap, "--topic", topic, "--partitions", str(PARTITIONS), "--count", str(count))
-    if reader == "java-consumer":
+    if reader in JAVA_READERS:
         assert java is not None
         extra = [f"fetch.max.wait.ms={LOW_WAIT_MS}"] if low else []
+        if group is not None:
+            extra.append(f"share={group}")
         return java_command(broker.handle, java, broker.bootstrap, topic, str(PARTITIONS), str(count), out, *extra)
     if reader == franz.CLIENT:
         wait = ("--fetch-max-wait-ms", str(LOW_WAIT_MS)) if low else ()
@@ -380,7 +389,7 @@ def measure_one(reader: str, broker: brokers.Broker, rate: int, low: bool, warm_
 
     topic = create_topic(broker.bootstrap)
     count = int(rate * seconds)
-    group = share_group_from_earliest(broker.bootstrap) if reader == "asyncconsumer-share" else None
+    group = share_group_from_earliest(broker.bootstrap) if reader in SHARE_READERS else None
     result: dict[str, Any] = {"reader": reader, "rate": rate, "setting": "low" if low else "defaults",
                               "error": None, "latencies": array.array("q"), "acked": array.array("q")}
     send = producer(broker.bootstrap)
@@ -502,6 +511,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, di
                     lines.append(f"| {READERS[reader]} | {'; '.join(row['errors'])[:200] or 'no run'} | | | | | |")
                     continue
                 ratio = f"{row['p99'] / best:.2f}" if best else "-"
+                ratio += _against_java_share(reader, row, rows)
                 cpu = f"{row['cpu_share'] * 100:.0f}%" if row["cpu_share"] is not None else "-"
                 note = " (some runs failed)" if row["errors"] else ""
                 lines.append(f"| {READERS[reader]}{note} | {row['p50'] / 1e6:.2f} | {row['p99'] / 1e6:.2f} | "
@@ -511,6 +521,15 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, di
                 lines.append(f"| producer: produce() to acknowledged | {cells} | | |")
             numbers[f"{setting}/{rate}"] = {**rows, "producer_acked": acked}
     return "\n".join(lines + summary(numbers)), numbers
+
+
+def _against_java_share(reader: str, row: dict[str, Any], rows: dict[str, Any]) -> str:
+    """For our share consumer's row: its p99 as a ratio of Java's share consumer's, as " (0.95x Java
+    share)"; else ""."""
+    java = rows.get("java-share")
+    if reader != "asyncconsumer-share" or not java or not java["count"]:
+        return ""
+    return f" ({row['p99'] / java['p99']:.2f}x Java share)"
 
 
 def summary(numbers: dict[str, Any]) -> list[str]:
@@ -537,6 +556,7 @@ def summary(numbers: dict[str, Any]) -> list[str]:
                     continue
                 peers = [table[p]["p99"] for p in PEERS if p in table and table[p]["count"]]
                 best = f"{row['p99'] / min(peers):.2f}" if peers and reader != "producer_acked" else ""
+                best += _against_java_share(reader, row, table)
                 cells += [ms(row["p50"]), ms(row["p99"]), ms(row["p99.9"]), best]
             out.append(f"| {label} | " + " | ".join(cells) + " |")
     return out
@@ -584,11 +604,11 @@ def measure(broker: brokers.Broker, readers: list[str], rates: list[int], settin
     readers = list(readers)
     notes: list[str] = []
     java = None
-    if "java-consumer" in readers:
+    if java_readers := [r for r in readers if r in JAVA_READERS]:
         java, why = java_classes(broker.handle)
         if why:
             notes.append(why)
-            readers.remove("java-consumer")
+            readers = [r for r in readers if r not in java_readers]
     if franz.CLIENT in readers and (why := franz.missing()):
         notes.append(why)
         readers.remove(franz.CLIENT)

@@ -57,6 +57,8 @@ def test_report_takes_medians_over_rounds_and_the_best_peer() -> None:
         _result("java-consumer", slow, 0),
         _result("confluent-kafka", fast, 0),
         _result("asyncconsumer-iter", [], 0, error="it broke"),
+        _result("asyncconsumer-share", [5.0] * 98 + [12.0, 13.0], 0),  # p99 12
+        _result("java-share", [5.0] * 98 + [16.0, 17.0], 0),  # p99 16
     ]
     meta = {"date": "d", "broker": "b", "machine": "m", "python": "3", "warm_up": 1.0, "seconds": 1.0,
             "rounds": 3, "load": (1.0, 2.0)}
@@ -70,12 +72,16 @@ def test_report_takes_medians_over_rounds_and_the_best_peer() -> None:
     assert rows[latency.READERS["confluent-kafka"]][4] == "1.00"
     assert rows[latency.READERS["asyncconsumer-iter"]][0].startswith("it broke")
     assert rows["producer: produce() to acknowledged"][:2] == ["1.00", "1.00"]
+    # the share consumer against the best peer, and against Java's share consumer (12 / 16)
+    assert rows[latency.READERS["asyncconsumer-share"]][4] == "3.00 (0.75x Java share)"
+    assert rows[latency.READERS["java-share"]][4] == "4.00"
     assert numbers["defaults/1000"]["asyncconsumer-getmany"]["runs"] == 3
     assert "1,000 records/s, defaults" in text and "records/s, low" not in text
     summary = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in side_by_side.splitlines()
                if line.startswith("| ")}  # the same, every rate side by side (docs/performance.md's form)
     assert summary[latency.READERS["asyncconsumer-getmany"]] == ["3.00", "8.00", "9.00", "2.00 |"]
     assert summary[latency.READERS["asyncconsumer-iter"]] == ["-", "-", "-", "- |"]
+    assert summary[latency.READERS["asyncconsumer-share"]][3] == "3.00 (0.75x Java share) |"
     assert "| reader, `low` |" not in text
 
 
