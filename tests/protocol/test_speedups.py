@@ -595,10 +595,10 @@ def test_record_stream_hands_out_what_the_python_anext_does(scenario: str) -> No
         assert [step[0] for step in compiled] == [0, 1, "poll"]
 
 
-def test_record_stream_reads_the_partition_state_by_slot_only_for_its_own_unchanged_class() -> None:
-    """The C fast path reads PartitionState's fields straight from their slots.  A subclass that
-    makes a field a property, and the class itself changed after the first record, must be seen
-    as the Python reference sees them: the property's and the new descriptor's values count."""
+def _stream_steps(state: Any = None, change: Callable[[], None] = lambda: None) -> list[Any]:
+    """Three steps of ``async for`` (the compiled RecordStream) over one chunk of four records of
+    ``state`` (None: a fetching PartitionState), ``change()`` run before the second: each step's
+    offset, or "poll" where the step fell back to the Python ``__anext__``."""
     import anyio
 
     from asyncconsumer import Consumer
@@ -606,70 +606,12 @@ def test_record_stream_reads_the_partition_state_by_slot_only_for_its_own_unchan
     from asyncconsumer.managers.subscription import PartitionPhase, PartitionState
     from asyncconsumer.structs import TopicPartition
 
-    class AlwaysPaused(PartitionState):
-        __slots__ = ()
-
-        @property  # type: ignore[misc]
-        def paused(self) -> bool:
-            return True
-
-        @paused.setter
-        def paused(self, value: bool) -> None:
-            pass
-
-    async def steps(state: PartitionState, change: Callable[[], None] = lambda: None) -> list[Any]:
+    async def steps() -> list[Any]:
         consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers="127.0.0.1:9")
         consumer._new_engine()
+        chunk_state = state or PartitionState(TopicPartition("t", 0), PartitionPhase.FETCHING, position=4)
         recs = [ConsumerRecord("t", 0, o, 0, 0, b"k", b"v", [], 1, 2, None) for o in range(4)]
-        consumer._chunks.append(Chunk(state, recs))
-        stream = aiter(consumer)
-        out: list[Any] = []
-        for n in range(3):
-            if n == 1:
-                change()
-            awaitable = anext(stream)
-            if inspect.iscoroutine(awaitable):
-                awaitable.close()
-                out.append("poll")
-                break
-            out.append((await awaitable).offset)
-        return out
-
-    tp = TopicPartition("t", 0)
-    assert anyio.run(steps, PartitionState(tp, PartitionPhase.FETCHING, position=4)) == [0, 1, 2]
-    assert anyio.run(steps, AlwaysPaused(tp, PartitionPhase.FETCHING, position=4)) == ["poll"]
-
-    original = PartitionState.__dict__["revoking"]
-
-    def revoking_by_property() -> None:
-        PartitionState.revoking = property(lambda self: True)  # type: ignore[assignment,method-assign]
-
-    try:
-        got = anyio.run(steps, PartitionState(tp, PartitionPhase.FETCHING, position=4), revoking_by_property)
-    finally:
-        PartitionState.revoking = original  # type: ignore[method-assign]
-    assert got == [0, "poll"]
-    assert anyio.run(steps, PartitionState(tp, PartitionPhase.FETCHING, position=4)) == [0, 1, 2]
-
-
-def test_record_stream_reads_the_engine_and_owner_by_slot_only_while_their_classes_are_unchanged() -> None:
-    """``owner.task`` and ``engine.closed`` are read from their slots too (LoopCore keeps
-    ``closed`` in one): a class changed after the first record (here ``closed`` made a property
-    of the engine's base, as a class patched at run time would be) is seen as Python sees it."""
-    import anyio
-
-    from asyncconsumer import Consumer
-    from asyncconsumer.app.collector import Chunk
-    from asyncconsumer.engine.core import LoopCore
-    from asyncconsumer.managers.subscription import PartitionPhase, PartitionState
-    from asyncconsumer.structs import TopicPartition
-
-    async def steps(change: Callable[[], None]) -> list[Any]:
-        consumer: Consumer[bytes, bytes] = Consumer(bootstrap_servers="127.0.0.1:9")
-        consumer._new_engine()
-        state = PartitionState(TopicPartition("t", 0), PartitionPhase.FETCHING, position=4)
-        consumer._chunks.append(Chunk(state, [ConsumerRecord("t", 0, o, 0, 0, b"k", b"v", [], 1, 2, None)
-                                              for o in range(4)]))
+        consumer._chunks.append(Chunk(chunk_state, recs))
         stream = aiter(consumer)
         assert type(stream).__name__ == "RecordStream"
         out: list[Any] = []
@@ -684,17 +626,53 @@ def test_record_stream_reads_the_engine_and_owner_by_slot_only_while_their_class
             out.append((await awaitable).offset)
         return out
 
-    original = LoopCore.__dict__["closed"]
+    return anyio.run(steps)
 
-    def closed_by_property() -> None:
-        LoopCore.closed = property(lambda self: True)  # type: ignore[assignment,method-assign]
 
+def _steps_with_attribute_made_true(cls: type, name: str) -> list[Any]:
+    """:func:`_stream_steps` with ``cls.name`` made a property that is always True after the first
+    record (the class changed at run time), put back afterwards."""
+    original = cls.__dict__[name]
     try:
-        got = anyio.run(steps, closed_by_property)
+        return _stream_steps(change=lambda: setattr(cls, name, property(lambda self: True)))
     finally:
-        LoopCore.closed = original  # type: ignore[method-assign]
-    assert got == [0, "poll"]
-    assert anyio.run(steps, lambda: None) == [0, 1, 2]
+        setattr(cls, name, original)
+
+
+def test_record_stream_reads_the_partition_state_by_slot_only_for_its_own_unchanged_class() -> None:
+    """The C fast path reads PartitionState's fields straight from their slots.  A subclass that
+    makes a field a property, and the class itself changed after the first record, must be seen
+    as the Python reference sees them: the property's and the new descriptor's values count."""
+    from asyncconsumer.managers.subscription import PartitionPhase, PartitionState
+    from asyncconsumer.structs import TopicPartition
+
+    class AlwaysPaused(PartitionState):
+        __slots__ = ()
+
+        @property  # type: ignore[misc]
+        def paused(self) -> bool:
+            return True
+
+        @paused.setter
+        def paused(self, value: bool) -> None:
+            pass
+
+    tp = TopicPartition("t", 0)
+    assert _stream_steps(PartitionState(tp, PartitionPhase.FETCHING, position=4)) == [0, 1, 2]
+    assert _stream_steps(AlwaysPaused(tp, PartitionPhase.FETCHING, position=4)) == ["poll"]
+
+    assert _steps_with_attribute_made_true(PartitionState, "revoking") == [0, "poll"]
+    assert _stream_steps() == [0, 1, 2]
+
+
+def test_record_stream_reads_the_engine_by_slot_only_while_its_class_is_unchanged() -> None:
+    """``engine.closed`` (and ``owner.task``) are read from their slots too (LoopCore keeps
+    ``closed`` in one): a class changed after the first record (here ``closed`` made a property
+    of the engine's base, as a class patched at run time would be) is seen as Python sees it."""
+    from asyncconsumer.engine.core import LoopCore
+
+    assert _steps_with_attribute_made_true(LoopCore, "closed") == [0, "poll"]
+    assert _stream_steps() == [0, 1, 2]
 
 
 def test_record_stream_hands_out_its_awaitable_again_only_once_nobody_else_holds_it() -> None:
