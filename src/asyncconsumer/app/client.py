@@ -125,7 +125,7 @@ class PollOwner:
     how many poll calls it is inside (``getone()`` calls ``getmany()``; a callback polls).
 
     ``async for`` reads ``task`` for every record it hands out without a poll (through the
-    collector's ``FastPath``; the compiled ``RecordStream`` reads it by name)."""
+    collector's ``FastPath``; the compiled ``RecordStream`` reads its slot)."""
 
     __slots__ = ("depth", "task")
 

@@ -90,7 +90,7 @@ class Chunk(ChunkBase if not TYPE_CHECKING else object):  # type: ignore[misc]
 
 class FastPath:
     """What ``async for``'s per-record step reads before it hands out a record it already holds,
-    without a poll (``Consumer.__anext__``, and the compiled ``RecordStream`` by name):
+    without a poll (``Consumer.__anext__``, and the compiled ``RecordStream``, from the slots):
 
     - ``chunks``: the collector's records taken and not handed out yet;
     - ``owner``: the consumer's ``PollOwner`` (no other poll may be in progress: ``owner.task``
