@@ -13,7 +13,6 @@
 #include "speedups.h"
 
 #include <stddef.h>
-#include <string.h>
 #include <structmember.h>
 
 typedef struct {
