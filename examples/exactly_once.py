@@ -134,7 +134,6 @@ async def run(args: argparse.Namespace) -> None:
         group_id=args.group,
         isolation_level="read_committed",  # read only committed transactions (and plain records)
         enable_auto_commit=False,  # offsets are committed by the producer, in each transaction
-        rebalance_safe_commits=False,  # those commits are not the consumer's own: nothing to wait for
         auto_offset_reset="earliest",
     )
     pipeline = Pipeline(consumer, producer, args.output)

@@ -130,8 +130,8 @@ class ConsumerOptions(TypedDict, total=False):
     group_remote_assignor: str | None
     #: Commit what was handed out for revoked partitions before giving them up.
     rebalance_safe_commits: bool
-    #: With manual commits: how long a revocation waits for the application's commits (and for a
-    #: partition stream to drain).
+    #: With manual commits: how long a revocation waits for the group's commits of what was handed
+    #: out (the application's, or its transactional producer's), and for a partition stream to drain.
     rebalance_commit_wait_ms: int
     # Fetching.
     #: The broker holds a Fetch until it has this many bytes (or ``fetch_max_wait_ms`` passes).

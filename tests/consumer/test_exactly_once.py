@@ -227,6 +227,55 @@ async def test_confluent_producer_commits_offsets_with_our_group_metadata(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(("anyio_backend", "group_protocol"), [("asyncio", "classic"), ("trio", "consumer")])
+async def test_a_revocation_counts_the_offsets_the_producer_committed(
+    bootstrap: str, new_topic: Callable[..., str], group_protocol: str
+) -> None:
+    """``rebalance_safe_commits`` (the default) with manual commits: a revocation waits until what
+    was handed out is committed.  The offsets a transactional producer committed count (only the
+    group coordinator sees them), so a member giving its partitions up between two transactions
+    does not wait; one whose last batch was never committed waits ``rebalance_commit_wait_ms``."""
+    topic, output = new_topic(2), new_topic(1)
+    group = group_name(topic)
+    produce(bootstrap, topic, [(i % 2, None, b"%d" % i) for i in range(20)])
+    producer = transactional_producer(bootstrap, f"tx-{topic}")
+    wait_ms = 20_000
+    async with Consumer(bootstrap_servers=bootstrap, group_id=group, group_protocol=group_protocol,
+                        isolation_level="read_committed", enable_auto_commit=False, auto_offset_reset="earliest",
+                        rebalance_commit_wait_ms=wait_ms, **FAST) as consumer:
+        consumer.subscribe([topic])
+        got = 0
+        with anyio.fail_after(30):
+            while got < 20:
+                got += sum(len(records) for records in (await consumer.getmany(timeout=0.5)).values())
+        producer.begin_transaction()
+        producer.produce(output, value=b"processed")
+        offsets = [ConfluentTopicPartition(topic, p, 10) for p in range(2)]
+        metadata = consumer.group_metadata().for_confluent_kafka()
+        await anyio.to_thread.run_sync(producer.send_offsets_to_transaction, offsets, metadata)
+        await anyio.to_thread.run_sync(producer.commit_transaction)
+        started = time.monotonic()
+        await consumer.unsubscribe()  # revokes both partitions
+        took = time.monotonic() - started
+    assert took < wait_ms / 4000, f"the revocation took {took:.1f}s: it waited for commits the producer had made"
+    # The wait is still there for what nobody committed.
+    produce(bootstrap, topic, [(0, None, b"more")])
+    short_ms = 2000
+    async with Consumer(bootstrap_servers=bootstrap, group_id=group, group_protocol=group_protocol,
+                        isolation_level="read_committed", enable_auto_commit=False, auto_offset_reset="earliest",
+                        rebalance_commit_wait_ms=short_ms, **FAST) as consumer:
+        consumer.subscribe([topic])
+        with anyio.fail_after(30):
+            while not await consumer.getmany(timeout=0.5):
+                pass
+        started = time.monotonic()
+        await consumer.unsubscribe()
+        took = time.monotonic() - started
+        assert took >= short_ms / 1000 * 0.9, f"the revocation took {took:.1f}s: it did not wait for a commit"
+        assert await consumer.committed(TopicPartition(topic, 0)) == 10
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # aiokafka is asyncio-only
 @pytest.mark.parametrize("group_protocol", PROTOCOLS)
 async def test_aiokafka_producer_takes_the_group_id(

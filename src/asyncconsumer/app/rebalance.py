@@ -27,6 +27,12 @@ from ..structs import OffsetAndMetadata, TopicPartition
 
 log = logging.getLogger("asyncconsumer.consumer")
 
+#: While a revocation waits for commits of what was handed out: how often it asks the group
+#: coordinator whether they were made elsewhere (a transactional producer's), in seconds.
+GROUP_CHECK_INTERVAL = 0.5
+#: An offset no commit is below (a partition with nothing committed).
+_NONE = OffsetAndMetadata(-1)
+
 #: Set while a consumer callback runs; tasks started inside it inherit it (KIP-957).
 CALLBACK_OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("asyncconsumer_callback", default=None)
 
@@ -152,18 +158,51 @@ class RebalanceRunner:
             if pending:
                 await commit_now(engine, pending, self._config.request_timeout_ms / 1000)
             return
-        # Manual commits: wait for the application's own commits of what it was handed.  A partition
-        # it was handed nothing from since its position was set (a reset, a seek) has nothing to wait
-        # for, though no commit names its position; nor does anything while closing.
+        # Manual commits: wait until what the application was handed is committed, by its own
+        # commits or elsewhere: an exactly-once loop's transactional producer commits the offsets
+        # (TxnOffsetCommit), which only the group coordinator sees, so it is asked at once and then
+        # every GROUP_CHECK_INTERVAL seconds.  A partition the application was handed nothing from
+        # since its position was set (a reset, a seek) has nothing to wait for, though no commit
+        # names its position; nor does anything while closing.
         if self.closing:
             return
         partitions_now = engine.subscriptions.partitions
         consumed = {tp: om for tp, om in consumed.items() if partitions_now[tp].handed_out_since_set}
+        ask_at = engine.clock()
         with anyio.move_on_after(self._config.rebalance_commit_wait_ms / 1000):
-            while any(commits.last_committed.get(tp, -1) < om.offset for tp, om in consumed.items()):
+            while True:
+                consumed = {tp: om for tp, om in consumed.items() if commits.last_committed.get(tp, -1) < om.offset}
+                if not consumed:
+                    return
+                if engine.clock() >= ask_at:
+                    ask_at = engine.clock() + GROUP_CHECK_INTERVAL
+                    committed = await _group_committed(engine, list(consumed))
+                    if committed is None:
+                        ask_at = float("inf")  # the coordinator will not say: wait for our own commits only
+                    consumed = {tp: om for tp, om in consumed.items()
+                                if committed is None or (committed.get(tp) or _NONE).offset < om.offset}
+                    continue
                 event = engine.app_event()
                 with anyio.move_on_after(0.05):
                     await event.wait()
+
+
+async def _group_committed(
+    engine: Engine, partitions: list[TopicPartition]
+) -> dict[TopicPartition, OffsetAndMetadata | None] | None:
+    """The group's committed offsets of ``partitions`` (OffsetFetch, waiting out a transaction
+    still open on them), or None when the coordinator refuses to say (logged)."""
+    commits = engine.commits
+    assert commits is not None
+    waiter = await engine.call(lambda now: commits.fetch_committed(partitions))
+    try:
+        return await waiter.wait()
+    except KafkaError as exc:
+        log.debug("fetching the committed offsets of %s before giving them up failed: %s", names(partitions), exc)
+        return None
+    finally:
+        if not waiter.done():  # cut short (the wait is over): the commit manager drops the lookup
+            waiter.set_exception(KafkaError("no longer wanted"))
 
 
 async def commit_now(engine: Engine, offsets: dict[TopicPartition, OffsetAndMetadata], timeout: float) -> None:
