@@ -121,6 +121,19 @@ def test_in_phase_and_fetchable_respect_backoff_and_pause() -> None:
     assert subs.in_phase(PartitionPhase.AWAIT_RESET, 1e12) == []
 
 
+def test_partitions_being_revoked_are_not_fetched_until_they_leave() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0, T1])
+    subs.seek(T0, 1)
+    subs.seek(T1, 1)
+    subs.begin_revocation([T1, T2])  # T2 is not assigned: nothing to mark
+    assert [s.tp for s in subs.fetchable(0.0)] == [T0]
+    assert subs.partitions[T1].revoking and not subs.partitions[T0].revoking
+    subs.remove([T1])
+    subs.assign([T0, T1])  # assigned again: a new state, fetched once it has a position
+    assert not subs.partitions[T1].revoking
+
+
 def test_lag() -> None:
     subs = SubscriptionState("earliest", has_group=False)
     subs.assign([T0])

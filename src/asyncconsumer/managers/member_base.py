@@ -344,10 +344,7 @@ class GroupMemberBase(ABC):
         if not revoke:
             self._to(MemberState.PARTITIONS_REVOKED)
             return
-        for tp in revoke:
-            part = self._subscriptions.get(tp)
-            if part is not None:
-                part.revoking = True
+        self._subscriptions.begin_revocation(revoke)
         self._hooks.drop_buffered(revoke)
         self._ask(now, CallbackKind.LOST if self._plan.lost else CallbackKind.REVOKED, revoke)
         self._to(MemberState.REVOKING_PARTITIONS)

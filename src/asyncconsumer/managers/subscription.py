@@ -60,7 +60,8 @@ class PartitionState:
     ``async for`` steps also write for a record of a live chunk, as ``handed_out`` would:
     ``Consumer.__anext__`` in Python and ``RecordStream`` in C (speedups/ready.c, at the field's
     slot; tests/protocol/test_speedups_names.py keeps the names it reads and writes in step).  ``paused``
-    and ``fetch_end`` through ``pause``/``resume`` and ``fetch_until``."""
+    and ``fetch_end`` through ``pause``/``resume`` and ``fetch_until``; ``revoking`` through
+    ``SubscriptionState.begin_revocation``."""
 
     tp: TopicPartition
     phase: PartitionPhase
@@ -265,6 +266,14 @@ class SubscriptionState:
 
     def get(self, tp: TopicPartition) -> PartitionState | None:
         return self.partitions.get(tp)
+
+    def begin_revocation(self, tps: Iterable[TopicPartition]) -> None:
+        """The group is taking ``tps`` away (PREPARE_REVOCATION): from now on they are neither
+        fetched nor handed out, until ``remove`` (or a new assignment) drops their states."""
+        for tp in tps:
+            state = self.partitions.get(tp)
+            if state is not None:
+                state.revoking = True
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.partitions[tp].set_position(offset)
