@@ -24,6 +24,7 @@ from confluent_kafka import OFFSET_BEGINNING
 from confluent_kafka import Consumer as RdConsumer
 from confluent_kafka import Producer as RdProducer
 from confluent_kafka import TopicPartition as RdPartition
+from support.producer import create_topic
 
 pytestmark = pytest.mark.broker
 
@@ -106,6 +107,50 @@ def test_produce_partition_plain_lines_and_a_bad_line(bootstrap: str, new_topic:
     result = run("produce", "--bootstrap-server", bootstrap, "--topic", topic, "--partition", "2", stdin=b"x\n")
     assert (result.returncode, result.stderr.splitlines()[-1]) == (
         1, f"asyncconsumer: error: topic {topic!r} has 2 partition(s): there is no partition 2")
+
+
+def read_with_headers(bootstrap: str, topic: str, count: int) -> list[tuple[bytes | None, bytes | None, list[Any]]]:
+    """(key, value, headers) of the first ``count`` records of partition 0, in order (librdkafka)."""
+    consumer = RdConsumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex[:8]}",
+                           "auto.offset.reset": "earliest", "enable.auto.commit": False, "log_level": 3})
+    try:
+        consumer.assign([RdPartition(topic, 0, OFFSET_BEGINNING)])
+        got: list[tuple[bytes | None, bytes | None, list[Any]]] = []
+        deadline = time.monotonic() + 30
+        while len(got) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                got.append((message.key(), message.value(), message.headers() or []))
+        return got
+    finally:
+        consumer.close()
+
+
+def test_produce_headers_as_kafka_console_producer(apache_kafka: Any) -> None:
+    """``parse.headers``: the same lines through Kafka's own ConsoleProducer and through ours give the
+    same records, headers with null values and a null marker for "no headers" included."""
+    bootstrap = apache_kafka.bootstrap
+    lines = (b"h1:v1,h2:NULL\tuser-1:hello\n"
+             b"NULL\tuser-2:NULL\n"
+             b"content-type:json,trace:a:b\tuser-3:{\"n\": 1}\n"
+             b"h3:\tNULL:no key\n")
+    properties = ["parse.key=true", "key.separator=:", "parse.headers=true", "null.marker=NULL"]
+    flags = [arg for prop in properties for arg in ("--property", prop)]
+    ours, theirs = (create_topic(bootstrap, f"headers-{who}-{uuid.uuid4().hex[:8]}", 1, None)
+                    for who in ("ours", "java"))
+    result = run("produce", "--bootstrap-server", bootstrap, "--topic", ours, *flags, stdin=lines)
+    assert (result.returncode, result.stderr) == (0, "Produced a total of 4 messages\n"), result.stderr
+    java = apache_kafka.broker.java_command("org.apache.kafka.tools.ConsoleProducer", "--bootstrap-server", bootstrap,
+                                            "--topic", theirs, *flags)
+    done = subprocess.run(java, input=lines, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    expected = read_with_headers(bootstrap, theirs, 4)
+    assert expected[0] == (b"user-1", b"hello", [("h1", b"v1"), ("h2", None)])  # what Kafka's tool wrote
+    assert read_with_headers(bootstrap, ours, 4) == expected
+    # A header without its key separator ends the command, naming the line.
+    result = run("produce", "--bootstrap-server", bootstrap, "--topic", ours, *flags, stdin=b"h1:v1,oops\tk:v\n")
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == "asyncconsumer: error: no header key separator ':' in 'oops' on line 1"
 
 
 def test_produce_flag_errors_are_one_line() -> None:

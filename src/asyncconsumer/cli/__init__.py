@@ -319,7 +319,8 @@ def broker_command(port: int | None, topics: tuple[str, ...], kind: str) -> None
     "reader_property",
     multiple=True,
     metavar="NAME=VALUE",
-    help="A line reader property (repeatable): parse.key, key.separator, null.marker, ignore.error.",
+    help="A line reader property (repeatable): parse.key, key.separator, parse.headers, headers.delimiter, "
+         "headers.separator, headers.key.separator, null.marker, ignore.error.",
 )
 def produce_command(bootstrap_server: str, topic: str, partition: int | None, reader_property: tuple[str, ...]) -> None:
     """Write each line of stdin as a record (like kafka-console-producer)."""

@@ -2,7 +2,9 @@
 ``kafka-console-producer`` (its ``LineMessageReader``).
 
 Each line (without its ``\\n`` or ``\\r\\n``) is one record's value, its bytes as read; with
-``parse.key=true`` the text before the first ``key.separator`` is the key.  Lines are read as they
+``parse.key=true`` the text before the first ``key.separator`` is the key, and with
+``parse.headers=true`` the text before the first ``headers.delimiter`` comes first and holds the
+headers (``k1:v1,k2:v2``).  Lines are read as they
 arrive: everything stdin has at a moment goes out in one Produce request (so a pipe is sent in
 large batches, and a line typed at a terminal is sent when Enter is pressed), and the next read
 waits for its answer.
@@ -20,23 +22,39 @@ from typing import IO
 import anyio
 
 from ..errors import KafkaError
-from ..protocol.record_writer import Record
+from ..protocol.record_writer import Header, Record
 from ._client import ProduceClient, TopicLayout, partition_for_key
 
 #: ``--property`` names and their defaults (``kafka-console-producer``'s reader properties).
 READER_PROPERTIES = {
     "parse.key": "false",
     "key.separator": "\t",
+    "parse.headers": "false",
+    "headers.delimiter": "\t",
+    "headers.separator": ",",
+    "headers.key.separator": ":",
     "null.marker": None,
     "ignore.error": "false",
 }
+#: Separators that must differ (as ``kafka-console-producer`` requires): otherwise a line could be
+#: read two ways.
+_DISTINCT = [
+    ("headers.delimiter", "headers.separator"),
+    ("headers.delimiter", "headers.key.separator"),
+    ("headers.separator", "headers.key.separator"),
+    ("null.marker", "key.separator"),
+    ("null.marker", "headers.separator"),
+    ("null.marker", "headers.delimiter"),
+    ("null.marker", "headers.key.separator"),
+]
 
 #: Bytes read from stdin at most at once (and so the most one request carries).
 _CHUNK = 1 << 20
 
 
 class ProduceUsageError(KafkaError):
-    """A line the reader cannot take (no key separator with ``parse.key=true``)."""
+    """A line the reader cannot take (no key separator with ``parse.key=true``, no headers
+    delimiter with ``parse.headers=true``, a header without its key separator)."""
 
     retriable = False
 
@@ -45,6 +63,10 @@ class ProduceUsageError(KafkaError):
 class LineFormat:
     parse_key: bool = False
     key_separator: bytes = b"\t"
+    parse_headers: bool = False
+    headers_delimiter: bytes = b"\t"
+    headers_separator: bytes = b","
+    headers_key_separator: bytes = b":"
     null_marker: bytes | None = None
     ignore_error: bool = False
 
@@ -53,36 +75,79 @@ class LineFormat:
         unknown = sorted(set(properties) - set(READER_PROPERTIES))
         if unknown:
             raise ValueError(f"unknown property {unknown[0]!r}; known: {', '.join(READER_PROPERTIES)}")
-        separator = properties.get("key.separator", "\t")
-        if not separator:
-            raise ValueError("key.separator is empty")
-        marker = properties.get("null.marker")
+        given = {**READER_PROPERTIES, **properties}
+        for name in ("key.separator", "headers.delimiter", "headers.separator", "headers.key.separator"):
+            if not given[name]:
+                raise ValueError(f"{name} is empty")
+        for first, second in _DISTINCT:
+            if given[first] is not None and given[first] == given[second]:
+                raise ValueError(f"{first} and {second} may not be equal (both {given[first]!r})")
+        marker = given["null.marker"]
         return cls(
             parse_key=_boolean(properties, "parse.key"),
-            key_separator=separator.encode(),
+            key_separator=_text(given, "key.separator"),
+            parse_headers=_boolean(properties, "parse.headers"),
+            headers_delimiter=_text(given, "headers.delimiter"),
+            headers_separator=_text(given, "headers.separator"),
+            headers_key_separator=_text(given, "headers.key.separator"),
             null_marker=marker.encode() if marker else None,
             ignore_error=_boolean(properties, "ignore.error"),
         )
 
     def record(self, line: bytes, number: int) -> Record:
-        key: bytes | None = None
-        value: bytes | None = line
-        if self.parse_key:
-            key, found, rest = line.partition(self.key_separator)
+        headers: list[Header] = []
+        rest = line
+        if self.parse_headers:
+            text, found, after = line.partition(self.headers_delimiter)
             if found:
-                value = rest
+                rest = after
+                if text != self.null_marker:
+                    headers = [self._header(pair, number) for pair in text.split(self.headers_separator)]
             elif not self.ignore_error:
-                raise ProduceUsageError(
-                    f"no key separator {self.key_separator.decode(errors='replace')!r} on line {number}: "
-                    f"{line[:80].decode(errors='replace')!r}"
-                )
-            else:
-                key, value = None, line
+                raise self._missing("headers delimiter", self.headers_delimiter, line, number)
+        key: bytes | None = None
+        value: bytes | None = rest
+        if self.parse_key:
+            found_key, found, after = rest.partition(self.key_separator)
+            if found:
+                key, value = found_key, after
+            elif not self.ignore_error:
+                raise self._missing("key separator", self.key_separator, line, number)
             if key is not None and key == self.null_marker:
                 key = None
         if value == self.null_marker:
             value = None
-        return Record(key, value)
+        return Record(key, value, headers)
+
+    def _header(self, pair: bytes, number: int) -> Header:
+        """One ``key:value`` of a line's headers (``headers.key.separator``); the value may be the
+        null marker, the key may not (a header key cannot be null)."""
+        key, found, value = pair.partition(self.headers_key_separator)
+        if not found and not self.ignore_error:
+            raise ProduceUsageError(
+                f"no header key separator {_shown(self.headers_key_separator)} in {_shown(pair)} on line {number}")
+        if key == self.null_marker:
+            raise ProduceUsageError(
+                f"header key {_shown(key)} on line {number} is the null marker: a header key cannot be null")
+        try:
+            name = key.decode()
+        except UnicodeDecodeError:
+            raise ProduceUsageError(f"header key {_shown(key)} on line {number} is not UTF-8") from None
+        return name, (None if not found or value == self.null_marker else value)
+
+    @staticmethod
+    def _missing(what: str, separator: bytes, line: bytes, number: int) -> ProduceUsageError:
+        return ProduceUsageError(f"no {what} {_shown(separator)} on line {number}: {_shown(line[:80])}")
+
+
+def _shown(data: bytes) -> str:
+    return repr(data.decode(errors="replace"))
+
+
+def _text(properties: dict[str, str | None], name: str) -> bytes:
+    value = properties[name]
+    assert value is not None
+    return value.encode()
 
 
 def _boolean(properties: dict[str, str], name: str) -> bool:
