@@ -92,6 +92,10 @@ def frame_limit(fetch_max_bytes: int) -> int:
 
 
 _LISTENER_HINT = "is this a Kafka listener? (TLS/SASL port mismatch?)"
+#: Why a connection may end before its first answer: the port speaks TLS, or the listener is a TCP
+#: proxy or load balancer that accepted the connection for a broker that is down.
+_HUNG_UP_HINT = ("a TLS listener hangs up on plaintext (TLS/SASL port mismatch?), and so does a proxy or load "
+                 "balancer in front of a broker that is down")
 
 
 def _looks_like(header: bytes) -> str:
@@ -302,7 +306,7 @@ class BrokerConnection:
             if isinstance(exc, KafkaConnectionError) and not isinstance(exc, MisroutedConnection) and (
                     not self.api_versions):
                 # Hanging up on the very first request is how a TLS listener answers plaintext.
-                raise KafkaConnectionError(f"{exc} before answering ApiVersions; {_LISTENER_HINT}") from exc
+                raise KafkaConnectionError(f"{exc} before answering ApiVersions: {_HUNG_UP_HINT}") from exc
             raise
 
     async def _negotiate_versions(self) -> None:
