@@ -186,3 +186,20 @@ def test_the_docs_check_can_fail() -> None:
     assert documented["fetch_max_bytes"].startswith("`52428800`")
     assert documented["auto_offset_reset"] == '`"latest"`'
     assert documented["sasl_oauth_token_provider"] == "`None`"
+
+
+def test_docs_ignored_table_covers_the_ignored_properties() -> None:
+    """docs/configuration.md sums ``java_properties.IGNORED`` up by hand (``metrics.*``,
+    ``sasl.kerberos.*``...): every ignored property matches a row's pattern, and every pattern an
+    ignored property, so the two cannot drift apart."""
+    from fnmatch import fnmatchcase
+
+    from asyncconsumer.java_properties import IGNORED
+
+    text = (ROOT / "docs/configuration.md").read_text()
+    table = text.split("\nIgnored (", 1)[1].split("\n\n", 2)[1]
+    patterns = [p for line in table.splitlines()[2:] for p in re.findall(r"`([^`]+)`", line.split("|")[1])]
+    assert patterns, "no Ignored table found in docs/configuration.md"
+    unmatched = [name for name in IGNORED if not any(fnmatchcase(name, p) for p in patterns)]
+    stale = [p for p in patterns if not any(fnmatchcase(name, p) for name in IGNORED)]
+    assert (unmatched, stale) == ([], [])
