@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 
 from ..consumer import Consumer
-from ..errors import KafkaError, OffsetOutOfRangeError
+from ..errors import KafkaError
 from ..structs import TopicPartition
 from .options import EARLIEST, LATEST, OffsetSpec, SourceOptionError, SourceOptions, Subscription
 from .session import source_consumer
@@ -25,14 +25,6 @@ from .session import source_consumer
 log = logging.getLogger("asyncconsumer.spark")
 
 T = TypeVar("T")
-
-#: How long the driver waits for a fetch to report each partition's high watermark.
-_PROBE_TIMEOUT = 10.0
-
-
-#: How often the probe looks for the watermarks while its fetch is out (s): a fetch from the end
-#: of the log brings no records, so each look waits this long.
-_PROBE_POLL = 0.002
 
 
 class OffsetLookup(Protocol):
@@ -50,9 +42,8 @@ class OffsetLookup(Protocol):
 class ConsumerOffsetLookup:
     """:class:`OffsetLookup` backed by a started :class:`~asyncconsumer.Consumer` (no group)."""
 
-    def __init__(self, consumer: Consumer[Any, Any], *, read_committed: bool = False) -> None:
+    def __init__(self, consumer: Consumer[Any, Any]) -> None:
         self._consumer = consumer
-        self._read_committed = read_committed
 
     async def partitions(self, subscription: Subscription) -> list[TopicPartition]:
         c = self._consumer
@@ -88,23 +79,13 @@ class ConsumerOffsetLookup:
         return {tp: _checked(found.get(tp, -1), tp, "earliest") for tp in tps}
 
     async def latest(self, tps: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        """The end of each partition: the larger of ListOffsets(latest) and a fetch's high watermark.
-
-        ListOffsets can lag the log end on some Kafka-compatible brokers (Tansu answers with the
-        start of the last batch); a Fetch response carries the true high watermark (or the last
-        stable offset with ``read_committed``), so each partition is fetched once from the listed
-        end and the larger value wins.
-        """
+        """The end of each partition: its high watermark (with ``read_committed``, its last stable
+        offset), as ``end_offsets`` gives it (confirmed by a fetch where a broker answers
+        ListOffsets(latest) below it)."""
         if not tps:
             return {}
-        c = self._consumer
-        listed = await c.end_offsets(tps)
-        watermarks = await _probe_high_watermarks(c, tps, listed, read_committed=self._read_committed)
-        result = {}
-        for tp in tps:
-            best = max(listed.get(tp, -1), watermarks.get(tp, -1))
-            result[tp] = _checked(best, tp, "latest")
-        return result
+        found = await self._consumer.end_offsets(tps)
+        return {tp: _checked(found.get(tp, -1), tp, "latest") for tp in tps}
 
     async def for_times(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, int | None]:
         if not timestamps:
@@ -117,31 +98,6 @@ def _checked(offset: int, tp: TopicPartition, what: str) -> int:
     if offset < 0:
         raise KafkaError(f"could not look up the {what} offset of {tp} (is its leader available?)")
     return offset
-
-
-async def _probe_high_watermarks(
-    consumer: Consumer[Any, Any],
-    tps: Sequence[TopicPartition],
-    listed: Mapping[TopicPartition, int],
-    *,
-    read_committed: bool,
-) -> dict[TopicPartition, int]:
-    # ListOffsets "latest" can lag behind the log end on some brokers (Tansu); the high watermark a
-    # fetch response reports does not.  Fetch once from the listed end of each partition.
-    consumer.assign(tps)
-    for tp in tps:
-        await consumer.seek(tp, max(0, listed.get(tp, 0)))
-    mark = consumer.last_stable_offset if read_committed else consumer.highwater
-    found: dict[TopicPartition, int] = {}
-    with anyio.move_on_after(_PROBE_TIMEOUT):
-        while len(found) < len(tps):
-            try:
-                await consumer.getmany(timeout=_PROBE_POLL, max_records=1)
-            except OffsetOutOfRangeError:
-                break  # the listed end is past the log: the listed values stand
-            found.update({tp: m for tp in tps if (m := mark(tp)) is not None})
-    consumer.assign([])
-    return found
 
 
 async def resolve_offsets(
@@ -203,10 +159,8 @@ def _require_all(spec: OffsetSpec, given: Mapping[TopicPartition, int], tps: Seq
 
 
 def driver_consumer(options: SourceOptions, **overrides: Any) -> Consumer[Any, Any]:
-    # The high-watermark probe fetches from the end of the log for the watermark alone: answer
-    # quickly (source_consumer's fetch wait), with little data.  With a 50 ms wait a latest() took
-    # 128 ms on Apache Kafka (an idle partition's log end parks the fetch), with 5 ms 36 ms, most
-    # of it the ListOffsets answer.
+    # The driver reads no records: it looks offsets up (end_offsets confirms a ListOffsets(latest)
+    # answer with a one-byte fetch of its own).  Small fetch settings keep its buffers small.
     return source_consumer(
         options, "driver", **{"max_partition_fetch_bytes": 1024, "fetch_max_bytes": 1024 * 1024, **overrides}
     )
@@ -224,7 +178,7 @@ def run_on_driver(options: SourceOptions, work: Callable[[OffsetLookup], Awaitab
 
     async def main() -> T:
         async with driver_consumer(options) as consumer:
-            return await work(ConsumerOffsetLookup(consumer, read_committed=options.read_committed))
+            return await work(ConsumerOffsetLookup(consumer))
 
     return anyio.run(main)
 
@@ -235,6 +189,6 @@ def lookup_with(
     """``work`` for :meth:`ConsumerSession.run`: given the session's consumer as an :class:`OffsetLookup`."""
 
     async def run(consumer: Consumer[Any, Any]) -> T:
-        return await work(ConsumerOffsetLookup(consumer, read_committed=options.read_committed))
+        return await work(ConsumerOffsetLookup(consumer))
 
     return run

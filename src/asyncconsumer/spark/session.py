@@ -27,8 +27,8 @@ log = logging.getLogger("asyncconsumer.spark")
 
 T = TypeVar("T")
 
-#: The driver's and the executors' ``fetch.max.wait.ms`` at most (ms): neither wants to wait at the
-#: end of a log (the driver's probe wants only the watermark, an executor's range ends below it).
+#: The driver's and the executors' ``fetch.max.wait.ms`` at most (ms): an executor's range ends
+#: below the end of the log, so it never wants a fetch to wait there.
 _FETCH_WAIT_MS = 5
 
 
@@ -52,7 +52,7 @@ def timed(what: str) -> Iterator[None]:
 def source_consumer(options: SourceOptions, role: str, **settings: Any) -> Consumer[Any, Any]:
     """A consumer of the driver or an executor (``role``): no group, no offset reset, and fetches
     that wait at most ``_FETCH_WAIT_MS``.  Not 0: Tansu answers a Fetch that may not wait with no
-    partition data (no high watermark), and the driver's probe would give up on it."""
+    partition data (no high watermark)."""
     props = options.consumer_properties
     base: dict[str, Any] = {"auto_offset_reset": "none", "enable_auto_commit": False, "group_id": None}
     if "client.id" not in props:
