@@ -133,20 +133,22 @@ def test_produce_headers_as_kafka_console_producer(apache_kafka: Any) -> None:
     lines = (b"h1:v1,h2:NULL\tuser-1:hello\n"
              b"NULL\tuser-2:NULL\n"
              b"content-type:json,trace:a:b\tuser-3:{\"n\": 1}\n"
-             b"h3:\tNULL:no key\n")
+             b"h3:\tNULL:no key\n"
+             b"h4:x,\tuser-5:a trailing separator\n"
+             b",\tuser-6:separators only\n")
     properties = ["parse.key=true", "key.separator=:", "parse.headers=true", "null.marker=NULL"]
     flags = [arg for prop in properties for arg in ("--property", prop)]
     ours, theirs = (create_topic(bootstrap, f"headers-{who}-{uuid.uuid4().hex[:8]}", 1, None)
                     for who in ("ours", "java"))
     result = run("produce", "--bootstrap-server", bootstrap, "--topic", ours, *flags, stdin=lines)
-    assert (result.returncode, result.stderr) == (0, "Produced a total of 4 messages\n"), result.stderr
+    assert (result.returncode, result.stderr) == (0, "Produced a total of 6 messages\n"), result.stderr
     java = apache_kafka.broker.java_command("org.apache.kafka.tools.ConsoleProducer", "--bootstrap-server", bootstrap,
                                             "--topic", theirs, *flags)
     done = subprocess.run(java, input=lines, capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    expected = read_with_headers(bootstrap, theirs, 4)
+    expected = read_with_headers(bootstrap, theirs, 6)
     assert expected[0] == (b"user-1", b"hello", [("h1", b"v1"), ("h2", None)])  # what Kafka's tool wrote
-    assert read_with_headers(bootstrap, ours, 4) == expected
+    assert read_with_headers(bootstrap, ours, 6) == expected
     # A header without its key separator ends the command, naming the line.
     result = run("produce", "--bootstrap-server", bootstrap, "--topic", ours, *flags, stdin=b"h1:v1,oops\tk:v\n")
     assert result.returncode == 1

@@ -102,7 +102,7 @@ class LineFormat:
             if found:
                 rest = after
                 if text != self.null_marker:
-                    headers = [self._header(pair, number) for pair in text.split(self.headers_separator)]
+                    headers = [self._header(pair, number) for pair in self._pairs(text)]
             elif not self.ignore_error:
                 raise self._missing("headers delimiter", self.headers_delimiter, line, number)
         key: bytes | None = None
@@ -118,6 +118,14 @@ class LineFormat:
         if value == self.null_marker:
             value = None
         return Record(key, value, headers)
+
+    def _pairs(self, text: bytes) -> list[bytes]:
+        """A line's headers split at ``headers.separator``, without the empty ones at the end (as
+        Java's ``String.split`` drops them: ``a:1,`` is one header)."""
+        pairs = text.split(self.headers_separator)
+        while len(pairs) > 1 and not pairs[-1]:
+            pairs.pop()
+        return pairs if pairs != [b""] or not text else []
 
     def _header(self, pair: bytes, number: int) -> Header:
         """One ``key:value`` of a line's headers (``headers.key.separator``); the value may be the
