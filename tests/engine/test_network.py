@@ -578,8 +578,9 @@ async def test_a_peer_that_hangs_up_on_api_versions_gets_the_same_hint() -> None
         conn = connection(listener.extra(anyio.abc.SocketAttribute.local_port))
         with anyio.fail_after(5), pytest.raises(KafkaConnectionError) as caught:
             await conn.open(spawner(tg))
-        assert ("closed: EOF before answering ApiVersions: a TLS listener hangs up on plaintext (TLS/SASL port "
-                "mismatch?), and so does a proxy or load balancer in front of a broker that is down") in str(caught.value)
+        expected = ("closed: EOF before answering ApiVersions: a TLS listener hangs up on plaintext (TLS/SASL port "
+                    "mismatch?), and so does a proxy or load balancer in front of a broker that is down")
+        assert expected in str(caught.value)
         tg.cancel_scope.cancel()
 
 
