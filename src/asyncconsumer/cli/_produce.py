@@ -120,12 +120,15 @@ class LineFormat:
         return Record(key, value, headers)
 
     def _pairs(self, text: bytes) -> list[bytes]:
-        """A line's headers split at ``headers.separator``, without the empty ones at the end (as
-        Java's ``String.split`` drops them: ``a:1,`` is one header)."""
+        """A line's headers split at ``headers.separator``, without the empty ones at the end, as
+        Java's ``String.split`` splits them: ``a:1,`` is one header and ``,`` none, while empty
+        headers text is one empty header (without its key separator)."""
+        if not text:
+            return [text]
         pairs = text.split(self.headers_separator)
-        while len(pairs) > 1 and not pairs[-1]:
+        while pairs and not pairs[-1]:
             pairs.pop()
-        return pairs if pairs != [b""] or not text else []
+        return pairs
 
     def _header(self, pair: bytes, number: int) -> Header:
         """One ``key:value`` of a line's headers (``headers.key.separator``); the value may be the
