@@ -30,8 +30,6 @@ log = logging.getLogger("asyncconsumer.consumer")
 #: While a revocation waits for commits of what was handed out: how often it asks the group
 #: coordinator whether they were made elsewhere (a transactional producer's), in seconds.
 GROUP_CHECK_INTERVAL = 0.5
-#: An offset no commit is below (a partition with nothing committed).
-_NONE = OffsetAndMetadata(-1)
 
 #: Set while a consumer callback runs; tasks started inside it inherit it (KIP-957).
 CALLBACK_OWNER: contextvars.ContextVar[object | None] = contextvars.ContextVar("asyncconsumer_callback", default=None)
@@ -179,8 +177,8 @@ class RebalanceRunner:
                     committed = await _group_committed(engine, list(consumed))
                     if committed is None:
                         ask_at = float("inf")  # the coordinator will not say: wait for our own commits only
-                    consumed = {tp: om for tp, om in consumed.items()
-                                if committed is None or (committed.get(tp) or _NONE).offset < om.offset}
+                    consumed = {tp: om for tp, om in consumed.items() if committed is None
+                                or (group := committed.get(tp)) is None or group.offset < om.offset}
                     continue
                 event = engine.app_event()
                 with anyio.move_on_after(0.05):
