@@ -1,10 +1,12 @@
 """The background loop's sleep (engine/core.py): it waits on its wake event alone, and its alarm
 task wakes it at the earliest manager deadline (or after a second), sooner when a turn asks for
-sooner than the alarm meant to look."""
+sooner than the alarm meant to look.  And its hand-over: an application waiting for news takes a
+turn's responses before the managers build the next requests."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -72,3 +74,90 @@ async def test_the_loop_sleeps_a_second_at_most() -> None:
         loop.stop()
     first = manager.turns[0]
     assert any(first + 0.9 <= t < first + 1.35 for t in manager.turns), manager.turns
+
+
+# -- a waiting application takes a turn's responses before the next requests are built ------------
+
+
+class _Logged:
+    """A manager that notes each poll in a shared log; it never has a deadline."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def poll(self, now: float) -> list[UnsentRequest]:
+        self.log.append("poll")
+        return []
+
+    def next_deadline(self, now: float) -> float:
+        return float("inf")
+
+
+def _response(log: list[str]) -> UnsentRequest:
+    def on_error(now: float, error: BaseException) -> None:
+        raise AssertionError(error)
+
+    return UnsentRequest("Fetch", lambda version: {}, lambda now, version, body: log.append("filed"), on_error)
+
+
+async def _waiting_app(loop: LoopCore, log: list[str], then: Callable[[], None] = lambda: None) -> None:
+    await loop.app_event().wait()
+    log.append("app")
+    then()
+
+
+async def _one_response(loop: LoopCore, log: list[str], app: Callable[[], None] | None) -> list[str]:
+    """The log of a loop's turns around one response, with an application task waiting for news
+    (``app`` run when it wakes) or none; from the response on."""
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        if app is not None:
+            tg.start_soon(_waiting_app, loop, log, app)
+        await anyio.sleep(0.05)  # the loop's first turn is done; it sleeps, the application waits
+        log.clear()
+        loop._on_complete(_response(log), 0, {}, None)
+        await anyio.sleep(0.05)
+        loop.stop()
+    return log
+
+
+def _new_loop(log: list[str]) -> LoopCore:
+    loop = LoopCore(build_config({"bootstrap_servers": "127.0.0.1:1"}))
+    loop.managers = [_Logged(log)]
+    return loop
+
+
+#: Scenarios run this often: trio runs the tasks of one step in a random order, so an order that
+#: held by chance would fail one of these.
+TRIES = 6
+
+
+async def test_a_waiting_application_takes_the_response_before_the_next_requests_are_built() -> None:
+    for _ in range(TRIES):
+        log: list[str] = []
+        assert await _one_response(_new_loop(log), log, lambda: None) == ["filed", "app", "poll"]
+
+
+async def test_what_the_application_does_meanwhile_is_seen_by_the_same_turn() -> None:
+    """Its ``wake()`` (a partition's buffer room, a seek) costs no turn of its own."""
+    for _ in range(TRIES):
+        log: list[str] = []
+        loop = _new_loop(log)
+        assert await _one_response(loop, log, loop.wake) == ["filed", "app", "poll"]
+
+
+async def test_with_no_application_waiting_the_turn_goes_straight_on() -> None:
+    log: list[str] = []
+    assert await _one_response(_new_loop(log), log, None) == ["filed", "poll"]
+
+
+async def test_a_stop_while_the_application_takes_its_turn_ends_the_loop_at_once() -> None:
+    log: list[str] = []
+    loop = _new_loop(log)
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        tg.start_soon(_waiting_app, loop, log, loop.stop)
+        await anyio.sleep(0.05)
+        loop._on_complete(_response(log), 0, {}, None)
+        with anyio.fail_after(0.5):  # not the loop's one-second sleep
+            await loop.wait_stopped()

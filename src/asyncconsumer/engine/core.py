@@ -3,16 +3,17 @@
 
 A loop is one task that owns the sockets and the request managers. Each turn it runs queued
 application events (closures the public API posts with ``call()``/``post()``), hands completed
-responses to the managers that sent them, lets each subclass do its own per-turn checks
-(``_before_poll``), polls every manager for unsent requests and gives them to the network client,
-then sleeps until the earliest manager deadline or until something wakes it. How late it runs
-again is the event loop's lag (``managers/loop_lag.py``): a loop blocked by the application for long
-enough is named in a WARNING with the deadline it put at risk (``_deadlines``, extended by each
-subclass). Every few seconds it also has the buffer pools give back what they have not used for a
-while (engine/buffers.py: the frame pool, and the consumer's Arrow column pool). It never raises into
-the caller's task group: failures become background events (errors the application side raises at
-its next call), and a bug in the loop itself ends it with ``fatal_error`` set, after which every
-call says so.
+responses to the managers that sent them (and yields once if the application was waiting for news,
+so it takes the records before the next requests are built: ``_hand_over``), lets each subclass do
+its own per-turn checks (``_before_poll``), polls every manager for unsent requests and gives them
+to the network client, then sleeps until the earliest manager deadline or until something wakes it.
+How late it runs again is the event loop's lag (``managers/loop_lag.py``): a loop blocked by the
+application for long enough is named in a WARNING with the deadline it put at risk (``_deadlines``,
+extended by each subclass). Every few seconds it also has the buffer pools give back what they have
+not used for a while (engine/buffers.py: the frame pool, and the consumer's Arrow column pool). It
+never raises into the caller's task group: failures become background events (errors the application
+side raises at its next call), and a bug in the loop itself ends it with ``fatal_error`` set, after
+which every call says so.
 
 The subclass builds its managers and lists them in ``managers``; everything else, including SASL
 logins on new connections, is here.
@@ -29,6 +30,7 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 import anyio.abc
 
+from .._runtime import current_async_library
 from ..config import ConsumerConfig
 from ..errors import ConsumerClosedError, KafkaError, KafkaTimeoutError
 from ..managers.loop_lag import Deadline, LoopLagWatch
@@ -159,6 +161,7 @@ class LoopCore:
 
     async def _loop(self) -> None:
         self._on_start()
+        self._hand_over_yields = 2 if current_async_library() == "trio" else 1
         lag = self.loop_lag
         while not self.closed:
             now = self.clock()
@@ -168,7 +171,11 @@ class LoopCore:
                 for pool in self._pools:
                     pool.trim()
             self._run_events(now)
-            self._run_completions(now)
+            if self._completions:
+                app_waits = self._app_event.statistics().tasks_waiting > 0
+                self._run_completions(now)
+                if app_waits:
+                    now = await self._hand_over()
             self.network.drop_dead_connections()
             failed_login = self.network.pop_fatal_error()
             if failed_login is not None:
@@ -193,6 +200,31 @@ class LoopCore:
             self._wake_at = float("inf")
             self._wake_event = anyio.Event()
             self._woken = False
+
+    async def _hand_over(self) -> float:
+        """The application was waiting for news and this turn's responses brought some: let it take
+        them before the managers build and send the next requests, which would otherwise run
+        first.  A consumer that has caught up gets its next records that much sooner (a poll's
+        wake-up does not wait for the next fetch's encoding and send); the fetch goes out at the
+        application's next ``await``, and on a backlog the application is rarely waiting, so
+        there the next fetch still goes out before the records are worked through.  What the
+        application does meanwhile (taking records frees buffer room, a seek, a commit) is seen by
+        the rest of this turn, so the ``wake()`` it may call is not another turn; events and
+        completions it queued still are.  asyncio runs the woken poll before the loop that
+        yielded after waking it; trio runs the tasks of one step in either order, so there the
+        loop yields twice (the poll runs in the first step after, the loop again in the second).
+        Returns the time after."""
+        lag = self.loop_lag
+        lag.due = self.clock()
+        for _ in range(self._hand_over_yields):
+            await anyio.lowlevel.checkpoint()
+        now = self.clock()
+        lag.ran(now)
+        if not self.closed:
+            self._woken = False
+            if self._wake_event.is_set():
+                self._wake_event = anyio.Event()
+        return now
 
     async def _alarm(self) -> None:
         """Wakes the loop at its ``_wake_at``: the loop sleeps on its wake event alone, without a
