@@ -3,17 +3,17 @@
 
 A loop is one task that owns the sockets and the request managers. Each turn it runs queued
 application events (closures the public API posts with ``call()``/``post()``), hands completed
-responses to the managers that sent them (and yields once if the application was waiting for news,
-so it takes the records before the next requests are built: ``_hand_over``), lets each subclass do
-its own per-turn checks (``_before_poll``), polls every manager for unsent requests and gives them
-to the network client, then sleeps until the earliest manager deadline or until something wakes it.
-How late it runs again is the event loop's lag (``managers/loop_lag.py``): a loop blocked by the
-application for long enough is named in a WARNING with the deadline it put at risk (``_deadlines``,
-extended by each subclass). Every few seconds it also has the buffer pools give back what they have
-not used for a while (engine/buffers.py: the frame pool, and the consumer's Arrow column pool). It
-never raises into the caller's task group: failures become background events (errors the application
-side raises at its next call), and a bug in the loop itself ends it with ``fatal_error`` set, after
-which every call says so.
+responses to the managers that sent them (and, in the consumer's loop, yields if the application was
+waiting for news, so it takes the records before the next requests are built: ``_hand_over``), lets
+each subclass do its own per-turn checks (``_before_poll``), polls every manager for unsent requests
+and gives them to the network client, then sleeps until the earliest manager deadline or until
+something wakes it. How late it runs again is the event loop's lag (``managers/loop_lag.py``): a
+loop blocked by the application for long enough is named in a WARNING with the deadline it put at
+risk (``_deadlines``, extended by each subclass). Every few seconds it also has the buffer pools
+give back what they have not used for a while (engine/buffers.py: the frame pool, and the consumer's
+Arrow column pool). It never raises into the caller's task group: failures become background events
+(errors the application side raises at its next call), and a bug in the loop itself ends it with
+``fatal_error`` set, after which every call says so.
 
 The subclass builds its managers and lists them in ``managers``; everything else, including SASL
 logins on new connections, is here.
@@ -57,6 +57,9 @@ class LoopCore:
     #: What the errors call this loop's owner ("consumer", "share consumer").
     OWNER: ClassVar[str] = "consumer"
     log: ClassVar[logging.Logger] = logging.getLogger("asyncconsumer.engine")
+    #: Whether a turn whose responses an application task was waiting for yields to it before the
+    #: managers run (``_hand_over``).
+    HAND_OVER: ClassVar[bool] = True
     #: Built by the subclass (both loops keep cluster metadata).
     metadata: MetadataManager
 
@@ -174,7 +177,7 @@ class LoopCore:
             if self._completions:
                 app_waits = self._app_event.statistics().tasks_waiting > 0
                 self._run_completions(now)
-                if app_waits:
+                if app_waits and self.HAND_OVER:
                     now = await self._hand_over()
             self.network.drop_dead_connections()
             failed_login = self.network.pop_fatal_error()

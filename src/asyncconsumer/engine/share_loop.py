@@ -25,6 +25,9 @@ log = logging.getLogger("asyncconsumer.share")
 class ShareEngine(LoopCore):
     OWNER = "share consumer"
     log = log
+    # Not measured better here: a node is fetched from only once its records are handed out, and in
+    # three interleaved rounds at 1,000 records/s the share consumer's p50 was no lower with it.
+    HAND_OVER = False
 
     def __init__(
         self,
