@@ -3,10 +3,9 @@
 The consumer needs to know this in three places: ``Consumer.start()`` without ``async with`` works
 on asyncio only, a per-partition stream remembers the coroutine of the task that reads it, and the
 background loop yields twice on trio where once does on asyncio to let a waiting poll run first
-(engine/core.py, ``LoopCore._hand_over``).  anyio
-no longer installs ``sniffio`` (from 4.16), so the answer comes from the two runtimes' own public
-calls: trio is asked only when it has been imported (a trio program always has), asyncio
-otherwise.
+(engine/core.py, ``LoopCore._hand_over``). anyio no longer installs ``sniffio`` (from 4.16), so the
+answer comes from the two runtimes' own public calls: trio is asked only when it has been imported
+(a trio program always has), asyncio otherwise.
 """
 
 from __future__ import annotations

@@ -151,6 +151,17 @@ async def test_with_no_application_waiting_the_turn_goes_straight_on() -> None:
     assert await _one_response(_new_loop(log), log, None) == ["filed", "poll"]
 
 
+class _NoHandOver(LoopCore):
+    HAND_OVER = False  # as the share consumer's loop
+
+
+async def test_a_loop_without_the_hand_over_polls_its_managers_first() -> None:
+    log: list[str] = []
+    loop = _NoHandOver(build_config({"bootstrap_servers": "127.0.0.1:1"}))
+    loop.managers = [_Logged(log)]
+    assert await _one_response(loop, log, lambda: None) == ["filed", "poll", "app"]
+
+
 async def test_a_stop_while_the_application_takes_its_turn_ends_the_loop_at_once() -> None:
     log: list[str] = []
     loop = _new_loop(log)
