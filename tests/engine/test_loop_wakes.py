@@ -151,6 +151,26 @@ async def test_with_no_application_waiting_the_turn_goes_straight_on() -> None:
     assert await _one_response(_new_loop(log), log, None) == ["filed", "poll"]
 
 
+class _Checked(LoopCore):
+    """A loop whose per-turn checks are logged too."""
+
+    log_: list[str]
+
+    def _before_poll(self, now: float) -> None:
+        self.log_.append("checks")
+
+
+async def test_the_application_sees_the_turn_after_its_checks() -> None:
+    """The subclass's checks may settle what a response reported (a KIP-848 member's fallback to the
+    classic protocol takes back the "not supported" error): the application sees it settled."""
+    for _ in range(TRIES):
+        log: list[str] = []
+        loop = _Checked(build_config({"bootstrap_servers": "127.0.0.1:1"}))
+        loop.log_ = log
+        loop.managers = [_Logged(log)]
+        assert await _one_response(loop, log, lambda: None) == ["filed", "checks", "app", "poll"]
+
+
 class _NoHandOver(LoopCore):
     HAND_OVER = False  # as the share consumer's loop
 

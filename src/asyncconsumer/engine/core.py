@@ -3,17 +3,17 @@
 
 A loop is one task that owns the sockets and the request managers. Each turn it runs queued
 application events (closures the public API posts with ``call()``/``post()``), hands completed
-responses to the managers that sent them (and, in the consumer's loop, yields if the application was
-waiting for news, so it takes the records before the next requests are built: ``_hand_over``), lets
-each subclass do its own per-turn checks (``_before_poll``), polls every manager for unsent requests
-and gives them to the network client, then sleeps until the earliest manager deadline or until
-something wakes it. How late it runs again is the event loop's lag (``managers/loop_lag.py``): a
-loop blocked by the application for long enough is named in a WARNING with the deadline it put at
-risk (``_deadlines``, extended by each subclass). Every few seconds it also has the buffer pools
-give back what they have not used for a while (engine/buffers.py: the frame pool, and the consumer's
-Arrow column pool). It never raises into the caller's task group: failures become background events
-(errors the application side raises at its next call), and a bug in the loop itself ends it with
-``fatal_error`` set, after which every call says so.
+responses to the managers that sent them, lets each subclass do its own per-turn checks
+(``_before_poll``), yields (in the consumer's loop) if the application was waiting for news, so it
+takes the records before the next requests are built (``_hand_over``), polls every manager for
+unsent requests and gives them to the network client, then sleeps until the earliest manager
+deadline or until something wakes it. How late it runs again is the event loop's lag
+(``managers/loop_lag.py``): a loop blocked by the application for long enough is named in a WARNING
+with the deadline it put at risk (``_deadlines``, extended by each subclass). Every few seconds it
+also has the buffer pools give back what they have not used for a while (engine/buffers.py: the
+frame pool, and the consumer's Arrow column pool). It never raises into the caller's task group:
+failures become background events (errors the application side raises at its next call), and a bug
+in the loop itself ends it with ``fatal_error`` set, after which every call says so.
 
 The subclass builds its managers and lists them in ``managers``; everything else, including SASL
 logins on new connections, is here.
@@ -174,16 +174,17 @@ class LoopCore:
                 for pool in self._pools:
                     pool.trim()
             self._run_events(now)
+            hand_over = False
             if self._completions:
-                app_waits = self._app_event.statistics().tasks_waiting > 0
+                hand_over = self.HAND_OVER and self._app_event.statistics().tasks_waiting > 0
                 self._run_completions(now)
-                if app_waits and self.HAND_OVER:
-                    now = await self._hand_over()
             self.network.drop_dead_connections()
             failed_login = self.network.pop_fatal_error()
             if failed_login is not None:
                 self.report_once(failed_login)  # fatal at once, as in the Java client
             self._before_poll(now)
+            if hand_over:  # after _before_poll: the application sees what it settled (a fallback's error gone)
+                now = await self._hand_over()
             deadline = float("inf")
             for manager in self.managers:
                 for request in manager.poll(now):
