@@ -121,8 +121,8 @@ async def _one_response(loop: LoopCore, log: list[str], app: Callable[[], None] 
     return log
 
 
-def _new_loop(log: list[str]) -> LoopCore:
-    loop = LoopCore(build_config({"bootstrap_servers": "127.0.0.1:1"}))
+def _new_loop(log: list[str], kind: type[LoopCore] = LoopCore) -> LoopCore:
+    loop = kind(build_config({"bootstrap_servers": "127.0.0.1:1"}))
     loop.managers = [_Logged(log)]
     return loop
 
@@ -152,12 +152,12 @@ async def test_with_no_application_waiting_the_turn_goes_straight_on() -> None:
 
 
 class _Checked(LoopCore):
-    """A loop whose per-turn checks are logged too."""
-
-    log_: list[str]
+    """A loop whose per-turn checks are logged too (in its manager's log)."""
 
     def _before_poll(self, now: float) -> None:
-        self.log_.append("checks")
+        manager = self.managers[0]
+        assert isinstance(manager, _Logged)
+        manager.log.append("checks")
 
 
 async def test_the_application_sees_the_turn_after_its_checks() -> None:
@@ -165,10 +165,7 @@ async def test_the_application_sees_the_turn_after_its_checks() -> None:
     classic protocol takes back the "not supported" error): the application sees it settled."""
     for _ in range(TRIES):
         log: list[str] = []
-        loop = _Checked(build_config({"bootstrap_servers": "127.0.0.1:1"}))
-        loop.log_ = log
-        loop.managers = [_Logged(log)]
-        assert await _one_response(loop, log, lambda: None) == ["filed", "checks", "app", "poll"]
+        assert await _one_response(_new_loop(log, _Checked), log, lambda: None) == ["filed", "checks", "app", "poll"]
 
 
 class _NoHandOver(LoopCore):
@@ -177,9 +174,7 @@ class _NoHandOver(LoopCore):
 
 async def test_a_loop_without_the_hand_over_polls_its_managers_first() -> None:
     log: list[str] = []
-    loop = _NoHandOver(build_config({"bootstrap_servers": "127.0.0.1:1"}))
-    loop.managers = [_Logged(log)]
-    assert await _one_response(loop, log, lambda: None) == ["filed", "poll", "app"]
+    assert await _one_response(_new_loop(log, _NoHandOver), log, lambda: None) == ["filed", "poll", "app"]
 
 
 async def test_a_stop_while_the_application_takes_its_turn_ends_the_loop_at_once() -> None:

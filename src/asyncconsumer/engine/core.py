@@ -202,8 +202,7 @@ class LoopCore:
                 self._rearm.set()
             await self._wake_event.wait()
             self._wake_at = float("inf")
-            self._wake_event = anyio.Event()
-            self._woken = False
+            self._take_wake()
 
     async def _hand_over(self) -> float:
         """The application was waiting for news and this turn's responses brought some: let it take
@@ -225,10 +224,14 @@ class LoopCore:
         now = self.clock()
         lag.ran(now)
         if not self.closed:
-            self._woken = False
-            if self._wake_event.is_set():
-                self._wake_event = anyio.Event()
+            self._take_wake()
         return now
+
+    def _take_wake(self) -> None:
+        """What woke the loop is being seen by the turn that runs now: the next wake needs a new call."""
+        self._woken = False
+        if self._wake_event.is_set():
+            self._wake_event = anyio.Event()
 
     async def _alarm(self) -> None:
         """Wakes the loop at its ``_wake_at``: the loop sleeps on its wake event alone, without a
