@@ -40,6 +40,22 @@ def test_assign_keeps_state_of_kept_partitions_and_bumps_assignment_id() -> None
     assert subs.topics() == {"t"}
 
 
+def test_topics_follow_every_assignment_change() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    assert subs.topics() == set()
+    u0 = TopicPartition("u", 0)
+    subs.assign([T0, u0])
+    assert subs.topics() == {"t", "u"}
+    subs.remove([T0])
+    assert subs.topics() == {"u"}
+    subs.add([T1])
+    assert subs.topics() == {"t", "u"}
+    subs.topics().add("changed by a caller")  # a copy: the state's own set is not the caller's
+    assert subs.topics() == {"t", "u"}
+    subs.assign([])
+    assert subs.topics() == set()
+
+
 def test_same_assignment_does_not_bump() -> None:
     subs = SubscriptionState("earliest", has_group=False)
     subs.assign([T0, T1])

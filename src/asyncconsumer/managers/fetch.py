@@ -74,6 +74,11 @@ class SessionPartition(NamedTuple):
     last_fetched_epoch: int = -1
 
 
+#: Makes a :class:`SessionPartition` from a tuple of its four fields in C: a fetch makes one for
+#: each partition it names.
+_new_entry = tuple.__new__
+
+
 @dataclass(slots=True)
 class FetchSession:
     """KIP-227 session state for one broker."""
@@ -175,23 +180,24 @@ class FetchManager:
     def poll(self, now: float) -> list[UnsentRequest]:
         buffer = self._buffer
         full = buffer.full  # then only partitions with nothing buffered are fetched
-        cluster = self._metadata.cluster
+        leaders = self._metadata.cluster.leaders
         share = self.read_ahead_bytes()
         by_node: dict[int, list[tuple[PartitionState, PartitionInfo]]] = {}
         busy: set[int] = set()  # nodes with a partition whose buffered records are still being read
         in_flight = self._in_flight_partitions
+        buffered_by_tp = buffer.bytes_by_partition
         for state in self._subscriptions.fetchable(now):
             tp = state.tp
             if tp in in_flight:
                 continue
-            leader = cluster.leader(tp)
+            leader = leaders.get(tp)
             if leader is None:
                 self._metadata.request_update()
                 continue
             if state.validated_for != leader.leader_epoch and state.needs_validation(leader.leader_epoch):
                 continue  # the position validator checks it against this leader first
             node = self._read_replica(tp, leader.leader, now) if self._preferred else leader.leader
-            buffered = buffer.buffered_bytes(tp)
+            buffered = buffered_by_tp.get(tp, 0)
             if buffered >= share or (full and buffered):
                 busy.add(node)
                 continue
@@ -296,12 +302,13 @@ class FetchManager:
             topic = topics.get(tp.topic)
             topic_id = topic.topic_id if topic else ZERO_UUID
             fetched_epoch = state.fetched_epoch
-            entries[tp] = SessionPartition(
-                offset, leader.leader_epoch, topic_id, -1 if fetched_epoch is None else fetched_epoch
+            entries[tp] = _new_entry(  # SessionPartition(...) without its Python-level __new__
+                SessionPartition,
+                (offset, leader.leader_epoch, topic_id, -1 if fetched_epoch is None else fetched_epoch),
             )
             if topic_id == ZERO_UUID:
                 have_ids = False
-            if tp in remembered and last_states.get(tp) is not state and state.high_watermark < 0:
+            if state.high_watermark < 0 and tp in remembered and last_states.get(tp) is not state:
                 reset = True
         self.requests += 1
         self._in_flight_nodes.add(node)
@@ -398,8 +405,7 @@ class FetchManager:
                     if tp in wanted:
                         unnamed.discard(tp)
                         self._handle_partition(now, tp, wanted[tp], entries[tp].leader_epoch, p, node)
-            for tp in unnamed:
-                self.answered[tp] = now
+            self.answered.update(dict.fromkeys(unnamed, now))
             size = self.response_bytes - before
             if size > self.response_bytes_max:
                 self.response_bytes_max = size

@@ -21,7 +21,7 @@ for most responses: docs/performance.md.)  The partitions' read-ahead shares
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from ..errors import RecordError
@@ -252,6 +252,12 @@ class FetchBuffer:
 
     def buffered_bytes(self, tp: TopicPartition) -> int:
         return self._bytes_by_tp.get(tp, 0)
+
+    @property
+    def bytes_by_partition(self) -> Mapping[TopicPartition, int]:
+        """:meth:`buffered_bytes` of every partition with some (the others are absent), for a walk
+        over many partitions; a view, not a copy: read it, do not keep it."""
+        return self._bytes_by_tp
 
     def add(self, fetch: CompletedFetch) -> None:
         self._fetches.append(fetch)

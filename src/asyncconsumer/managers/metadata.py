@@ -98,13 +98,25 @@ class Cluster:
     racks: dict[int, str] = field(default_factory=dict)
     #: The cluster's id (Metadata v2+), None until known.
     cluster_id: str | None = None
+    _leaders: dict[TopicPartition, PartitionInfo] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def leaders(self) -> dict[TopicPartition, PartitionInfo]:
+        """Partition -> its leader, for every partition that has one: what the managers look up
+        for each partition each turn (one ``get``).  Made at the first use; a ``Cluster`` is a
+        snapshot, never changed once made (each metadata answer makes a new one)."""
+        leaders = self._leaders
+        if leaders is None:
+            leaders = self._leaders = {
+                TopicPartition(name, index): info
+                for name, topic in self.topics.items()
+                for index, info in topic.partitions.items()
+                if info.leader >= 0
+            }
+        return leaders
 
     def leader(self, tp: TopicPartition) -> PartitionInfo | None:
-        topic = self.topics.get(tp.topic)
-        if topic is None:
-            return None
-        info = topic.partitions.get(tp.partition)
-        return info if info is not None and info.leader >= 0 else None
+        return self.leaders.get(tp)
 
     def topic_missing(self, topic: str) -> bool:
         """The last answer says the broker does not know ``topic`` (deleted, or not created yet)."""

@@ -234,9 +234,11 @@ class SubscriptionState:
     def __init__(self, default_reset: str, has_group: bool) -> None:
         self.default_reset = default_reset
         self.has_group = has_group
+        #: The assignment: changed only by :meth:`assign` (and :meth:`add`/:meth:`remove` through it).
         self.partitions: dict[TopicPartition, PartitionState] = {}
         #: Bumped on every assignment change; fetches started before are stale.
         self.assignment_id = 0
+        self._topics: frozenset[str] = frozenset()  # the assignment's topics (asked for each turn)
 
     def _initial_phase(self) -> PartitionPhase:
         return PartitionPhase.AWAIT_COMMITTED if self.has_group else PartitionPhase.AWAIT_RESET
@@ -253,6 +255,7 @@ class SubscriptionState:
         }
         if removed or len(kept) != len(wanted):
             self.assignment_id += 1
+        self._topics = frozenset(tp.topic for tp in wanted)
         return removed
 
     def add(self, tps: Iterable[TopicPartition]) -> None:
@@ -290,15 +293,16 @@ class SubscriptionState:
         return [s for s in self.partitions.values() if s.phase is phase and s.retry_at <= now]
 
     def fetchable(self, now: float) -> list[PartitionState]:
-        return [
+        fetching = PartitionPhase.FETCHING
+        return [  # the fetch manager's walk, each turn: fetch_limited written out
             s
             for s in self.partitions.values()
-            if s.phase is PartitionPhase.FETCHING
+            if s.phase is fetching
             and not s.paused
             and not s.revoking
             and s.retry_at <= now
-            and not s.fetch_limited
+            and (s.fetch_end is None or s.fetch_offset < s.fetch_end)
         ]
 
     def topics(self) -> set[str]:
-        return {tp.topic for tp in self.partitions}
+        return set(self._topics)

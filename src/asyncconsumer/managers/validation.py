@@ -81,12 +81,12 @@ class PositionValidator:
         return min((s.retry_at for s in waiting if now < s.retry_at < float("inf")), default=float("inf"))
 
     def poll(self, now: float) -> list[UnsentRequest]:
-        cluster = self._metadata.cluster
+        leaders = self._metadata.cluster.leaders
         by_node: dict[int, list[PartitionState]] = defaultdict(list)
         for state in self._subscriptions.partitions.values():
             if state.revoking:
                 continue  # about to go: its commit must not wait for a validation
-            leader = cluster.leader(state.tp)
+            leader = leaders.get(state.tp)
             if leader is None:
                 if state.phase is _AWAIT:
                     self._metadata.request_update()
