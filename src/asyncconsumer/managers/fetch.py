@@ -48,7 +48,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final
 
 from ..errors import FETCH_SESSION_CODES, REFRESH_METADATA_CODES, KafkaError, OffsetOutOfRangeError, error_for_code
 from ..protocol.compression import DEFAULT_MAX_SIZE
@@ -65,18 +65,15 @@ log = logging.getLogger("asyncconsumer.fetch")
 DivergenceHandler = Callable[[PartitionState, int, int, int, int], None]
 
 
-class SessionPartition(NamedTuple):
-    """What a fetch sends for one partition, and the broker's session remembers (compared as a tuple)."""
-
-    fetch_offset: int
-    leader_epoch: int
-    topic_id: bytes
-    last_fetched_epoch: int = -1
-
-
-#: Makes a :class:`SessionPartition` from a tuple of its four fields in C: a fetch makes one for
-#: each partition it names.
-_new_entry = tuple.__new__
+#: What a fetch sends for one partition, and the broker's session remembers, compared as a tuple:
+#: ``(fetch_offset, leader_epoch, topic_id, last_fetched_epoch)``, read by the indexes below.  A
+#: plain tuple: a fetch makes one for each partition it covers, and a ``NamedTuple`` costs several
+#: times as much to make.
+SessionPartition = tuple[int, int, bytes, int]
+FETCH_OFFSET: Final = 0
+LEADER_EPOCH: Final = 1
+TOPIC_ID: Final = 2
+LAST_FETCHED_EPOCH: Final = 3
 
 
 @dataclass(slots=True)
@@ -302,10 +299,7 @@ class FetchManager:
             topic = topics.get(tp.topic)
             topic_id = topic.topic_id if topic else ZERO_UUID
             fetched_epoch = state.fetched_epoch
-            entries[tp] = _new_entry(  # SessionPartition(...) without its Python-level __new__
-                SessionPartition,
-                (offset, leader.leader_epoch, topic_id, -1 if fetched_epoch is None else fetched_epoch),
-            )
+            entries[tp] = (offset, leader.leader_epoch, topic_id, -1 if fetched_epoch is None else fetched_epoch)
             if topic_id == ZERO_UUID:
                 have_ids = False
             if state.high_watermark < 0 and tp in remembered and last_states.get(tp) is not state:
@@ -318,15 +312,16 @@ class FetchManager:
             session.reset()
         session.states = states
         if have_ids and not session.partitions.keys() <= wanted.keys():  # partitions to forget: their ids too
-            have_ids = all(e.topic_id != ZERO_UUID for tp, e in session.partitions.items() if tp not in wanted)
+            have_ids = all(e[TOPIC_ID] != ZERO_UUID for tp, e in session.partitions.items() if tp not in wanted)
         sent: dict[str, object] = {"full": True}
 
         def partition_entry(tp: TopicPartition, version: int) -> dict[str, object]:
+            entry = entries[tp]
             return {
                 "partition": tp.partition,
-                "current_leader_epoch": entries[tp].leader_epoch,
-                "fetch_offset": entries[tp].fetch_offset,
-                "last_fetched_epoch": entries[tp].last_fetched_epoch if version >= 12 else -1,
+                "current_leader_epoch": entry[LEADER_EPOCH],
+                "fetch_offset": entry[FETCH_OFFSET],
+                "last_fetched_epoch": entry[LAST_FETCHED_EPOCH] if version >= 12 else -1,
                 "log_start_offset": -1,
                 "partition_max_bytes": self._partition_max_bytes,
             }
@@ -334,7 +329,7 @@ class FetchManager:
         def topic_key(tp: TopicPartition, version: int) -> dict[str, object]:
             if version >= 13:
                 known = entries.get(tp) or session.partitions[tp]
-                return {"topic_id": known.topic_id}
+                return {"topic_id": known[TOPIC_ID]}
             return {"topic": tp.topic}
 
         def build(version: int) -> Body:
@@ -404,7 +399,7 @@ class FetchManager:
                     tp = TopicPartition(name, p["partition_index"])
                     if tp in wanted:
                         unnamed.discard(tp)
-                        self._handle_partition(now, tp, wanted[tp], entries[tp].leader_epoch, p, node)
+                        self._handle_partition(now, tp, wanted[tp], entries[tp][LEADER_EPOCH], p, node)
             self.answered.update(dict.fromkeys(unnamed, now))
             size = self.response_bytes - before
             if size > self.response_bytes_max:
