@@ -339,8 +339,10 @@ class FetchManager:
                 forgotten: list[TopicPartition] = []
             else:
                 # Re-send a partition when anything the broker remembers for it changed (offset, epoch).
-                to_send = [tp for tp in wanted if session.partitions.get(tp) != entries[tp]]
-                forgotten = [tp for tp in session.partitions if tp not in wanted]
+                in_session = session.partitions
+                known = in_session.get
+                to_send = [tp for tp, entry in entries.items() if known(tp) != entry]  # entries: wanted's keys
+                forgotten = [] if in_session.keys() <= wanted.keys() else [tp for tp in in_session if tp not in wanted]
             sent["full"] = full
             sent["forgotten"] = forgotten
             sent["version"] = version
