@@ -421,6 +421,9 @@ class ShareCollector(Generic[KT, VT]):
         return release
 
 
+_new_tuple = tuple.__new__
+
+
 def _share_record(a: AcquiredRecord, key: Any, value: Any) -> Any:
     """The ``ShareConsumerRecord`` of an acquired record, with this key and value (made by
     ``tuple.__new__``, as ``NamedTuple._make`` does, without the class's Python-level ``__new__``:
@@ -430,9 +433,6 @@ def _share_record(a: AcquiredRecord, key: Any, value: Any) -> Any:
         r.topic, r.partition, r.offset, r.timestamp, r.timestamp_type, key, value, r.serialized_key_size,
         r.serialized_value_size, r.headers, r.leader_epoch, a.delivery_count, a.lock_deadline,
     ))
-
-
-_new_tuple = tuple.__new__
 
 
 def _release_hint(record: Any) -> str:
