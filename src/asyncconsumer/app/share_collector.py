@@ -421,15 +421,12 @@ class ShareCollector(Generic[KT, VT]):
         return release
 
 
-_new_tuple = tuple.__new__
-
-
 def _share_record(a: AcquiredRecord, key: Any, value: Any) -> Any:
     """The ``ShareConsumerRecord`` of an acquired record, with this key and value (made by
-    ``tuple.__new__``, as ``NamedTuple._make`` does, without the class's Python-level ``__new__``:
-    half the cost of a record)."""
+    ``tuple.__new__``, as ``NamedTuple._make`` and ``deserializers.replaced`` do, without the
+    class's Python-level ``__new__``: half the cost of a record)."""
     r = a.record
-    return _new_tuple(ShareConsumerRecord, (
+    return tuple.__new__(ShareConsumerRecord, (
         r.topic, r.partition, r.offset, r.timestamp, r.timestamp_type, key, value, r.serialized_key_size,
         r.serialized_value_size, r.headers, r.leader_epoch, a.delivery_count, a.lock_deadline,
     ))
