@@ -294,7 +294,7 @@ class SubscriptionState:
 
     def fetchable(self, now: float) -> list[PartitionState]:
         fetching = PartitionPhase.FETCHING
-        return [  # the fetch manager's walk, each turn: fetch_limited written out
+        return [  # each turn, every partition: PartitionState.fetch_limited written out (its call costs ~250 ns here)
             s
             for s in self.partitions.values()
             if s.phase is fetching
