@@ -6,6 +6,7 @@ close half way or not read at all; the consumer's own use of the stream runs in 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import socket
 import sys
@@ -53,14 +54,28 @@ def payload(size: int) -> bytes:
 def wakes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the stream's waits for the socket to be readable."""
     counted: list[int] = []
-    wait = sockets.wait_readable
+    wait = SocketStream._wait_readable
 
-    async def counting(obj: Any) -> None:
+    async def counting(self: SocketStream) -> None:
         counted.append(1)
-        await wait(obj)
+        await wait(self)
 
-    monkeypatch.setattr(sockets, "wait_readable", counting)
+    monkeypatch.setattr(SocketStream, "_wait_readable", counting)
     return counted
+
+
+def count_watches(calls: list[str], monkeypatch: pytest.MonkeyPatch) -> asyncio.AbstractEventLoop:
+    """Record the running asyncio loop's ``add_reader``/``remove_reader`` calls in ``calls``."""
+    loop = asyncio.get_running_loop()
+    for name in ("add_reader", "remove_reader"):
+        method = getattr(loop, name)
+
+        def counted(*args: Any, _name: str = name, _method: Any = method) -> Any:
+            calls.append(_name)
+            return _method(*args)
+
+        monkeypatch.setattr(loop, name, counted)
+    return loop
 
 
 async def test_a_frame_sent_in_pieces_is_read_whole_with_one_wake(wakes: list[int]) -> None:
@@ -129,6 +144,56 @@ async def test_receive_ready_takes_what_is_there_and_waits_once_otherwise(wakes:
                 assert await stream.receive_ready(10) == b"defg"  # nothing was lost to the cancellation
                 with pytest.raises(anyio.EndOfStream):
                     await stream.receive_ready(10)
+
+
+async def test_each_response_wakes_the_reader_once(wakes: list[int]) -> None:
+    """Request and response in turn, as a consumer and its broker: one wait per response, none
+    woken for nothing (on asyncio the loop's report after a wake predates the reader's read)."""
+
+    async def answer_each(conn: anyio.abc.SocketStream) -> None:
+        while await conn.receive(1):
+            await anyio.sleep(0.005)  # the reader is waiting when the answer comes
+            await conn.send(b"answer")
+
+    async with peer(answer_each) as (host, port):
+        async with await connect(host, port) as stream:
+            with anyio.fail_after(10):
+                for _ in range(10):
+                    await stream.send(b"?")
+                    assert await stream.receive_ready(100) == b"answer"
+    assert len(wakes) == 10
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio: anyio's wait_readable, as before
+async def test_asyncio_watches_the_socket_from_one_wait_to_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ``add_reader`` for many waits; the watch ends when the socket is readable and nobody
+    waits (it would be reported every turn), and with the stream."""
+    watches: list[str] = []
+
+    async def answer_each(conn: anyio.abc.SocketStream) -> None:
+        while await conn.receive(1):
+            await anyio.sleep(0.005)
+            await conn.send(b"answer")
+
+    async with peer(answer_each) as (host, port):
+        stream = await connect(host, port)
+        loop = count_watches(watches, monkeypatch)
+        fd = stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
+        with anyio.fail_after(10):
+            for _ in range(5):
+                await stream.send(b"?")
+                assert await stream.receive_ready(100) == b"answer"
+            assert watches == ["add_reader"]
+            await stream.send(b"?")  # the answer comes while nobody waits: the watch ends
+            await anyio.sleep(0.1)
+            assert watches == ["add_reader", "remove_reader"]
+            assert await stream.receive_ready(100) == b"answer"  # read at once, no wait
+            await stream.send(b"?")
+            assert await stream.receive_ready(100) == b"answer"  # waits: watched again
+            assert watches == ["add_reader", "remove_reader", "add_reader"]
+        await stream.aclose()
+        assert watches[-1] == "remove_reader"
+        assert not loop.remove_reader(fd)  # nothing left watching the closed socket's descriptor
 
 
 async def test_closing_wakes_a_reader_waiting_for_the_rest_of_a_frame() -> None:

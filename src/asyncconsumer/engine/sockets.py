@@ -7,8 +7,10 @@ from a broker still sending it arrived in hundreds of such pieces, each then cop
 response's frame buffer (engine/buffers.py): work that both ``batches()`` and ``arrow_batches()``
 pay, in proportion to the bytes fetched.
 
-:class:`SocketStream` is the socket, non-blocking, driven by ``anyio.wait_readable`` and
-``anyio.wait_writable`` (the same on asyncio and trio).  :meth:`SocketStream.receive_exactly_into`
+:class:`SocketStream` is the socket, non-blocking, driven by ``anyio.wait_writable`` and, for
+reading, ``anyio.wait_readable`` on trio; on asyncio the loop keeps watching the socket from one
+wait of the reader to the next (``add_reader`` once, not an ``epoll_ctl`` pair per response, which
+cost ~20 µs of each response's way to the application).  :meth:`SocketStream.receive_exactly_into`
 fills a frame's buffer: it takes what the kernel already holds, then sets the socket's receive
 low-water mark (``SO_RCVLOWAT``) to the bytes still missing, so the event loop wakes the reader once,
 when the rest of the frame is there (or the connection ends), and one ``recv_into`` copies it
@@ -37,6 +39,7 @@ whichever attempt it was).  The caller's set-up timeout bounds the whole attempt
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import math
 import os
@@ -49,6 +52,8 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 from anyio import notify_closing, wait_readable, wait_writable
+
+from .._runtime import current_async_library
 
 __all__ = ["NEXT_ADDRESS_AFTER", "SocketStream", "connect"]
 
@@ -72,7 +77,7 @@ class SocketStream(anyio.abc.ByteStream):
     once :meth:`aclose` was called, also in a task waiting to read or write then.
     """
 
-    __slots__ = ("_closed", "_low_water", "_sock")
+    __slots__ = ("_closed", "_loop", "_low_water", "_sock", "_stale", "_waiter", "_watching")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -80,6 +85,14 @@ class SocketStream(anyio.abc.ByteStream):
         self._closed = False
         #: The socket's receive low-water mark as last set; 0 where the platform has none.
         self._low_water = 1 if _SO_RCVLOWAT is not None else 0
+        #: The asyncio loop that watches the socket for the reader (None: anyio's ``wait_readable``).
+        self._loop = _asyncio_loop()
+        #: The reader's wait for the socket to be readable, while it waits (asyncio).
+        self._waiter: asyncio.Future[None] | None = None
+        #: The loop watches the socket (``add_reader``) and calls :meth:`_readable`.
+        self._watching = False
+        #: The loop's next report may predate the woken reader's read (see :meth:`_readable`).
+        self._stale = False
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` bytes, at least one, as soon as the kernel holds any."""
@@ -106,10 +119,53 @@ class SocketStream(anyio.abc.ByteStream):
         """The kernel held nothing: wait until it holds a byte (or the stream ends), then read."""
         while True:
             self._wake_at(1)
-            await wait_readable(self._sock)
+            await self._wait_readable()
             data = self._read_now(self._sock.recv, max_bytes)
             if data is not None:
                 return data
+
+    async def _wait_readable(self) -> None:
+        """Until the socket is readable (at its low-water mark).  On asyncio the loop keeps watching
+        the socket from one wait to the next: anyio's ``wait_readable`` adds the socket to the
+        loop's ``epoll`` set and removes it again for every wait (two ``epoll_ctl`` calls and a
+        handle, ~20 µs on a response's way to the application).  The watch ends when the socket is
+        readable and nobody waits (level-triggered, it would be reported every turn), or with the
+        stream.  A wake may still find nothing to read: the callers read and wait again then."""
+        loop = self._loop
+        if loop is None:
+            await wait_readable(self._sock)
+            return
+        self._check_open()
+        waiter = self._waiter = loop.create_future()
+        if not self._watching:
+            loop.add_reader(self._sock.fileno(), self._readable)
+            self._watching = True
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def _readable(self) -> None:
+        """The loop saw the socket readable: wake the reader, or stop watching if none waits.
+
+        The report after a wake is passed over: the loop polls before it runs the woken reader, so
+        that report was made before the reader read what woke it, and would wake its next wait
+        for nothing (a turn and a read).  If the socket is still readable, level-triggered, the
+        loop reports it again at its next poll."""
+        if self._stale:
+            self._stale = False
+            return
+        waiter = self._waiter
+        if waiter is None:
+            self._unwatch()
+        elif not waiter.done():
+            waiter.set_result(None)
+            self._stale = True
+
+    def _unwatch(self) -> None:
+        if self._watching and self._loop is not None:
+            self._watching = False
+            self._loop.remove_reader(self._sock.fileno())
 
     async def receive_exactly_into(self, buffer: memoryview) -> None:
         """Fill all of ``buffer``: what the kernel holds now, then the rest in one read once the
@@ -121,7 +177,7 @@ class SocketStream(anyio.abc.ByteStream):
             filled += self._read_now(self._sock.recv_into, buffer[filled:]) or 0
             if filled < size:
                 self._wake_at(size - filled)
-                await wait_readable(self._sock)
+                await self._wait_readable()
                 waited = True
         if not waited:
             await anyio.lowlevel.cancel_shielded_checkpoint()
@@ -216,12 +272,26 @@ class SocketStream(anyio.abc.ByteStream):
     def _close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._unwatch()  # before the socket closes: its descriptor may be reused at once
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(anyio.ClosedResourceError())
             notify_closing(self._sock)  # a task waiting to read or write gets ClosedResourceError
             self._sock.close()
 
     def _check_open(self) -> None:
         if self._closed:
             raise anyio.ClosedResourceError
+
+
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop, if it can watch a socket for a reader (``add_reader``: the
+    selector loops and uvloop; not Windows' proactor); None on trio or outside a loop."""
+    if current_async_library() != "asyncio":
+        return None
+    loop = asyncio.get_running_loop()
+    proactor: Any = getattr(asyncio, "ProactorEventLoop", ())
+    return None if isinstance(loop, proactor) else loop
 
 
 async def connect(host: str, port: int) -> SocketStream:
