@@ -146,6 +146,20 @@ async def test_what_the_application_does_meanwhile_is_seen_by_the_same_turn() ->
         assert await _one_response(loop, log, loop.wake) == ["filed", "app", "poll"]
 
 
+async def test_the_application_let_in_is_told_once_that_the_loop_runs_next() -> None:
+    """``loop_runs_next()``: a poll right after a hand-over need not yield for the loop first
+    (app/collector.py); once, so a poll that keeps finding records still lets it run."""
+    for _ in range(TRIES):
+        log: list[str] = []
+        loop = _new_loop(log)
+
+        def asks(log: list[str] = log, loop: LoopCore = loop) -> None:
+            log.extend(f"next {loop.loop_runs_next()}" for _ in range(2))
+
+        assert await _one_response(loop, log, asks) == ["filed", "app", "next True", "next False", "poll"]
+        assert not loop.loop_runs_next()  # and not outside a hand-over
+
+
 async def test_with_no_application_waiting_the_turn_goes_straight_on() -> None:
     log: list[str] = []
     assert await _one_response(_new_loop(log), log, None) == ["filed", "poll"]

@@ -201,9 +201,17 @@ class Collector(Generic[KT, VT]):
         something (falsy: nothing yet), waiting up to ``timeout`` seconds (None: no limit) for the
         background loop's news; None when the time is up (or, with ``return_on_wake``, on news)."""
         self._mark_processed(engine)
-        # Let the background loop run before taking buffered records: it sends the next fetch
-        # (read-ahead) and reads the sockets while the application works through this batch.
-        await anyio.lowlevel.checkpoint()
+        # Let the background loop run before the application works through what this poll takes:
+        # it sends the next fetch (read-ahead) and reads the sockets meanwhile.  Right after a
+        # hand-over (engine/core.py) the loop runs as soon as this task waits or yields, so a poll
+        # that finds nothing and waits needs no turn of its own first (at low rates, one turn of
+        # the event loop a fetch); one that takes records yields once it has them, shielded
+        # (cancelled there, records taken would be lost).
+        yield_after = engine.loop_runs_next()
+        if yield_after:
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        else:
+            await anyio.lowlevel.checkpoint()
         # The timeout bounds the wait for records only: a rebalance callback that runs inside this
         # call has its own deadline (rebalance_timeout_ms) and is not cut short by a short poll.
         deadline = anyio.current_time() + (float("inf") if timeout is None else timeout)
@@ -216,6 +224,8 @@ class Collector(Generic[KT, VT]):
             self.raise_background_error(engine)
             got = collect()
             if got or woken:
+                if got and yield_after:
+                    await anyio.lowlevel.cancel_shielded_checkpoint()
                 return got
             if deadline <= anyio.current_time():
                 return None
@@ -228,6 +238,7 @@ class Collector(Generic[KT, VT]):
                         await event.wait()
             finally:
                 self.waiting -= 1
+            yield_after = False  # the wait let the loop run
             woken = return_on_wake and event.is_set()
 
     def raise_background_error(self, engine: Engine) -> None:

@@ -78,6 +78,9 @@ class LoopCore:
         self._alarm_at = float("inf")
         self._rearm = anyio.Event()
         self._app_event = anyio.Event()
+        #: A hand-over is under way: the loop runs again right after the application task it let
+        #: in (``loop_runs_next``).
+        self._handing_over = False
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stopped = anyio.Event()
         self.fatal_error: BaseException | None = None
@@ -219,8 +222,12 @@ class LoopCore:
         Returns the time after."""
         lag = self.loop_lag
         lag.due = self.clock()
-        for _ in range(self._hand_over_yields):
-            await anyio.lowlevel.checkpoint()
+        self._handing_over = True
+        try:
+            for _ in range(self._hand_over_yields):
+                await anyio.lowlevel.checkpoint()
+        finally:
+            self._handing_over = False
         now = self.clock()
         lag.ran(now)
         if not self.closed:
@@ -357,6 +364,15 @@ class LoopCore:
 
     def notify_app(self) -> None:
         self._app_event.set()
+
+    def loop_runs_next(self) -> bool:
+        """The loop is handing over (``_hand_over``) and runs again as soon as the calling task
+        waits or yields: a poll need not yield to let it run first.  True once per hand-over, so
+        a task that keeps finding records still lets the loop run between its polls."""
+        if self._handing_over:
+            self._handing_over = False
+            return True
+        return False
 
     def app_event(self) -> anyio.Event:
         if self._app_event.is_set():
