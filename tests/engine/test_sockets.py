@@ -196,6 +196,29 @@ async def test_asyncio_watches_the_socket_from_one_wait_to_the_next(monkeypatch:
         assert not loop.remove_reader(fd)  # nothing left watching the closed socket's descriptor
 
 
+@pytest.mark.parametrize("anyio_backend", [pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop")])
+async def test_uvloop_waits_as_anyio_does(monkeypatch: pytest.MonkeyPatch, wakes: list[int]) -> None:
+    """The watch relies on the order of asyncio's own loop (it polls, runs what the last turn
+    scheduled, then the poll's callbacks): uvloop waits through anyio's ``wait_readable``, which
+    watches the socket for one wait at a time."""
+    watches: list[str] = []
+
+    async def answer_each(conn: anyio.abc.SocketStream) -> None:
+        while await conn.receive(1):
+            await anyio.sleep(0.02)
+            await conn.send(b"answer")
+
+    async with peer(answer_each) as (host, port):
+        async with await connect(host, port) as stream:
+            count_watches(watches, monkeypatch)
+            with anyio.fail_after(10):
+                for _ in range(3):
+                    await stream.send(b"?")
+                    assert await stream.receive_ready(100) == b"answer"
+            assert 1 <= len(wakes) <= 3
+            assert watches == ["add_reader", "remove_reader"] * len(wakes)  # a pair for every wait
+
+
 async def test_closing_wakes_a_reader_waiting_for_the_rest_of_a_frame() -> None:
     async def stall(conn: anyio.abc.SocketStream) -> None:
         await conn.send(b"x" * 10)

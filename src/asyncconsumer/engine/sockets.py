@@ -8,17 +8,17 @@ response's frame buffer (engine/buffers.py): work that both ``batches()`` and ``
 pay, in proportion to the bytes fetched.
 
 :class:`SocketStream` is the socket, non-blocking, driven by ``anyio.wait_writable`` and, for
-reading, ``anyio.wait_readable`` on trio; on asyncio the loop keeps watching the socket from one
-wait of the reader to the next (``add_reader`` once, not an ``epoll_ctl`` pair per response, which
-cost ~20 µs of each response's way to the application).  :meth:`SocketStream.receive_exactly_into`
-fills a frame's buffer: it takes what the kernel already holds, then sets the socket's receive
-low-water mark (``SO_RCVLOWAT``) to the bytes still missing, so the event loop wakes the reader once,
-when the rest of the frame is there (or the connection ends), and one ``recv_into`` copies it
-straight into the buffer.  The kernel caps the mark at half its largest receive buffer and grows
-the socket's buffer to hold it; a frame larger than that arrives in a few reads.  The mark is used
-on Linux only; elsewhere, or where the kernel refuses it, the reader wakes for every piece, as
-before.  Small frames and frame headers are read ahead in chunks of up to 64 KiB
-(:meth:`SocketStream.receive`), with the mark at one byte.
+reading, ``anyio.wait_readable``, except on asyncio's own selector loop, which keeps watching the
+socket from one wait of the reader to the next (``add_reader`` once, not an ``epoll_ctl`` pair per
+response, which cost ~20 µs of each response's way to the application).
+:meth:`SocketStream.receive_exactly_into` fills a frame's buffer: it takes what the kernel already
+holds, then sets the socket's receive low-water mark (``SO_RCVLOWAT``) to the bytes still missing,
+so the event loop wakes the reader once, when the rest of the frame is there (or the connection
+ends), and one ``recv_into`` copies it straight into the buffer. The kernel caps the mark at half
+its largest receive buffer and grows the socket's buffer to hold it; a frame larger than that
+arrives in a few reads. The mark is used on Linux only; elsewhere, or where the kernel refuses it,
+the reader wakes for every piece, as before. Small frames and frame headers are read ahead in chunks
+of up to 64 KiB (:meth:`SocketStream.receive`), with the mark at one byte.
 
 Checkpoints follow anyio's streams: a call is a cancellation point *before* it takes or sends
 anything, and lets other tasks run.  Two calls can lose bytes when cancelled part way, and both
@@ -85,7 +85,7 @@ class SocketStream(anyio.abc.ByteStream):
         self._closed = False
         #: The socket's receive low-water mark as last set; 0 where the platform has none.
         self._low_water = 1 if _SO_RCVLOWAT is not None else 0
-        #: The asyncio loop that watches the socket for the reader (None: anyio's ``wait_readable``).
+        #: asyncio's selector loop, which watches the socket for the reader (None: anyio's ``wait_readable``).
         self._loop = _asyncio_loop()
         #: The reader's wait for the socket to be readable, while it waits (asyncio).
         self._waiter: asyncio.Future[None] | None = None
@@ -285,13 +285,13 @@ class SocketStream(anyio.abc.ByteStream):
 
 
 def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
-    """The running asyncio loop, if it can watch a socket for a reader (``add_reader``: the
-    selector loops and uvloop; not Windows' proactor); None on trio or outside a loop."""
+    """The running loop if it is asyncio's own selector loop, whose order :meth:`SocketStream._readable`
+    relies on (it polls, then runs what the last turn scheduled, then the poll's callbacks); None on
+    trio, uvloop, Windows' proactor loop or outside a loop (anyio's ``wait_readable`` then)."""
     if current_async_library() != "asyncio":
         return None
     loop = asyncio.get_running_loop()
-    proactor: Any = getattr(asyncio, "ProactorEventLoop", ())
-    return None if isinstance(loop, proactor) else loop
+    return loop if isinstance(loop, asyncio.SelectorEventLoop) else None
 
 
 async def connect(host: str, port: int) -> SocketStream:
