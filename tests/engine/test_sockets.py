@@ -146,21 +146,33 @@ async def test_receive_ready_takes_what_is_there_and_waits_once_otherwise(wakes:
                     await stream.receive_ready(10)
 
 
+def answer_each(delay: float) -> Peer:
+    """A peer that answers each one-byte request ``delay`` seconds later, as a broker answers a
+    consumer's fetch (long enough for the reader to be waiting when the answer comes, even on a
+    loaded machine)."""
+
+    async def serve(conn: anyio.abc.SocketStream) -> None:
+        while await conn.receive(1):
+            await anyio.sleep(delay)
+            await conn.send(b"answer")
+
+    return serve
+
+
+async def ask(stream: SocketStream, times: int) -> None:
+    """Request and take the answer, ``times`` times in turn."""
+    for _ in range(times):
+        await stream.send(b"?")
+        assert await stream.receive_ready(100) == b"answer"
+
+
 async def test_each_response_wakes_the_reader_once(wakes: list[int]) -> None:
     """Request and response in turn, as a consumer and its broker: one wait per response, none
     woken for nothing (on asyncio the loop's report after a wake predates the reader's read)."""
-
-    async def answer_each(conn: anyio.abc.SocketStream) -> None:
-        while await conn.receive(1):
-            await anyio.sleep(0.02)  # the reader is waiting when the answer comes
-            await conn.send(b"answer")
-
-    async with peer(answer_each) as (host, port):
+    async with peer(answer_each(0.02)) as (host, port):
         async with await connect(host, port) as stream:
             with anyio.fail_after(10):
-                for _ in range(10):
-                    await stream.send(b"?")
-                    assert await stream.receive_ready(100) == b"answer"
+                await ask(stream, 10)
     assert len(wakes) <= 10  # one each (fewer only if a stalled reader found the answer there already)
 
 
@@ -169,27 +181,18 @@ async def test_asyncio_watches_the_socket_from_one_wait_to_the_next(monkeypatch:
     """One ``add_reader`` for many waits; the watch ends when the socket is readable and nobody
     waits (it would be reported every turn), and with the stream."""
     watches: list[str] = []
-
-    async def answer_each(conn: anyio.abc.SocketStream) -> None:
-        while await conn.receive(1):
-            await anyio.sleep(0.05)  # the reader waits by then (even on a loaded machine)
-            await conn.send(b"answer")
-
-    async with peer(answer_each) as (host, port):
+    async with peer(answer_each(0.05)) as (host, port):
         stream = await connect(host, port)
         loop = count_watches(watches, monkeypatch)
         fd = stream.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
         with anyio.fail_after(10):
-            for _ in range(5):
-                await stream.send(b"?")
-                assert await stream.receive_ready(100) == b"answer"
+            await ask(stream, 5)
             assert watches == ["add_reader"]
             await stream.send(b"?")  # the answer comes while nobody waits: the watch ends
             await anyio.sleep(0.3)
             assert watches == ["add_reader", "remove_reader"]
             assert await stream.receive_ready(100) == b"answer"  # read at once, no wait
-            await stream.send(b"?")
-            assert await stream.receive_ready(100) == b"answer"  # waits: watched again
+            await ask(stream, 1)  # waits: watched again
             assert watches == ["add_reader", "remove_reader", "add_reader"]
         await stream.aclose()
         assert watches[-1] == "remove_reader"
@@ -202,19 +205,11 @@ async def test_uvloop_waits_as_anyio_does(monkeypatch: pytest.MonkeyPatch, wakes
     scheduled, then the poll's callbacks): uvloop waits through anyio's ``wait_readable``, which
     watches the socket for one wait at a time."""
     watches: list[str] = []
-
-    async def answer_each(conn: anyio.abc.SocketStream) -> None:
-        while await conn.receive(1):
-            await anyio.sleep(0.02)
-            await conn.send(b"answer")
-
-    async with peer(answer_each) as (host, port):
+    async with peer(answer_each(0.02)) as (host, port):
         async with await connect(host, port) as stream:
             count_watches(watches, monkeypatch)
             with anyio.fail_after(10):
-                for _ in range(3):
-                    await stream.send(b"?")
-                    assert await stream.receive_ready(100) == b"answer"
+                await ask(stream, 3)
             assert 1 <= len(wakes) <= 3
             assert watches == ["add_reader", "remove_reader"] * len(wakes)  # a pair for every wait
 
