@@ -1,11 +1,11 @@
 """``python -m benchmarks.steady``: its report's arithmetic, kcat or Go missing, and small real runs.
 
 Not a performance test: no threshold on speed.  The report is checked on made-up runs (the ceiling
-is the faster reference, the warm JVM and franz-go's warm rate the median of their last three
-intervals); without kcat or Go the run says so instead of failing; and a small run on Apache Kafka
-reads every record with the references and the read APIs it adds (the Fetch loop, ``async for``,
-``arrow_batches()``).  franz-go's reader, built with Go (a minute of CPU the first time), reads in
-a ``long`` test.
+is the faster reference, the warm JVM and franz-go's warm rate the median of the last three
+intervals of their warm reads, which read a longer topic of their own); without kcat or Go the run
+says so instead of failing; and a small run on Apache Kafka reads every record with the references
+and the read APIs it adds (the Fetch loop, ``async for``, ``arrow_batches()``).  franz-go's reader,
+built with Go (a minute of CPU the first time), reads in a ``long`` test.
 """
 
 from __future__ import annotations
@@ -32,7 +32,11 @@ def _run(client: str, rate: float, cpu: float = 1.0, ok: bool = True) -> dict[st
 
 def test_report_ratios_use_the_faster_reference_and_the_last_three_intervals() -> None:
     dataset = ds.Dataset("t", "t", 1_000_000, 100)
-    go_runs = [  # warm: the median over the rounds of median(last three) = median(3, 1) = 2 M
+    go_runs = [  # whole reads: their own intervals do not make the warm rate
+        {**_run(franz.CLIENT, 1e6), "intervals": [90e6, 90e6, 90e6]},
+        {**_run(franz.CLIENT, 0.8e6), "intervals": [90e6, 90e6, 90e6]},
+    ]
+    go_warm_runs = [  # warm reads: the median over the rounds of median(last three) = median(3, 1) = 2 M
         {**_run(franz.CLIENT, 1e6), "intervals": [0.5e6, 1e6, 2e6, 4e6, 3e6]},
         {**_run(franz.CLIENT, 0.8e6), "intervals": [6e6, 1e6, 1e6, 1e6]},
         {**_run(franz.CLIENT, 0, ok=False), "intervals": [50e6, 50e6, 50e6]},  # a failed run does not count
@@ -46,7 +50,7 @@ def test_report_ratios_use_the_faster_reference_and_the_last_three_intervals() -
         "asyncconsumer-iter": [_run("asyncconsumer-iter", 0, ok=False)],
     }
     intervals = [[0.1e6, 9e6, 1e6, 2e6, 3e6], [5e6, 1e6, 1e6, 1e6]]  # warm: median(2, 1) = 1.5 M
-    report = steady.table(dataset, "a broker", runs, intervals, ["a note"], 1)
+    report = steady.table(dataset, "a broker", runs, intervals, ["a note"], 1, go_warm_runs)
     lines = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines() if line.startswith("| ")}
     assert "4.00 M rec/s" in report and "1.50 M rec/s" in report and "franz-go warm" in report
     assert lines["asyncconsumer `batches()`"].split(" | ")[1:6] == ["2.00 M", "0.50", "1.33", "1.00", "500"]
@@ -58,6 +62,17 @@ def test_report_ratios_use_the_faster_reference_and_the_last_three_intervals() -
     go_warm = next(line for label, line in lines.items() if label.startswith("franz-go, warm"))
     assert "best 5.00 M" in go_warm and "| 2.00 M | 0.50 | 1.33 | 1.00 |" in go_warm
     assert "- a note" in report
+
+
+def test_the_warm_reads_read_a_longer_topic_and_say_when_they_were_short() -> None:
+    dataset = ds.Dataset("100 B", "bench-steady", 5_000_000, 100)
+    warm = steady.warm_dataset(dataset)
+    assert warm.topic != dataset.topic and warm.records == steady.WARM_FACTOR * dataset.records
+    assert (warm.value_size, warm.partitions, warm.compression) == (100, dataset.partitions, "none")
+    enough = [1e6] * steady.MIN_WARM_INTERVALS
+    assert steady.short_warm_reads("the JVM", [enough, enough]) is None
+    note = steady.short_warm_reads("the JVM", [enough, [1e6, 2e6, 3e6], [1e6] * 4])
+    assert note is not None and "the JVM's warm reads had 3 intervals" in note
 
 
 def test_without_go_the_franz_row_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -121,4 +136,8 @@ def test_franz_go_reads_every_record_and_reports_its_intervals(tmp_path: Path) -
     assert run["records_per_s"] > 0 and run["cpu_s"] > 0 and run["peak_rss_mb"] > 0
     assert run["intervals"] and all(rate > 0 for rate in run["intervals"]), run
     assert run["warm_records_per_s"] == steady.warm_rate(run["intervals"])
+    numbers = json.loads(out.read_text())
+    (warm_run,) = numbers["franz_warm_runs"]  # the warm read: the longer topic, its own intervals
+    assert warm_run["ok"] and warm_run["records"] == steady.WARM_FACTOR * 2_000_000, warm_run
+    assert len(warm_run["intervals"]) > len(run["intervals"])
     assert "franz-go, warm (last 3 intervals" in proc.stdout
