@@ -11,14 +11,12 @@ pay, in proportion to the bytes fetched.
 reading, ``anyio.wait_readable``, except on asyncio's own selector loop, which keeps watching the
 socket from one wait of the reader to the next (``add_reader`` once, not an ``epoll_ctl`` pair per
 response, which cost ~20 µs of each response's way to the application).
-:meth:`SocketStream.receive_exactly_into` fills a frame's buffer: it takes what the kernel already
-holds, then sets the socket's receive low-water mark (``SO_RCVLOWAT``) to the bytes still missing,
-so the event loop wakes the reader once, when the rest of the frame is there (or the connection
-ends), and one ``recv_into`` copies it straight into the buffer. The kernel caps the mark at half
-its largest receive buffer and grows the socket's buffer to hold it; a frame larger than that
-arrives in a few reads. The mark is used on Linux only; elsewhere, or where the kernel refuses it,
-the reader wakes for every piece, as before. Small frames and frame headers are read ahead in chunks
-of up to 64 KiB (:meth:`SocketStream.receive`), with the mark at one byte.
+:meth:`SocketStream.receive_exactly_into` fills a frame's buffer: each ``recv_into`` copies what
+the kernel holds straight into the buffer, and the reader waits for more until it is full. (The
+socket's receive low-water mark, ``SO_RCVLOWAT``, set to the bytes still missing would wake the
+reader once a frame instead of once a piece, but on Linux it held a broker's sending up for
+milliseconds at a time: a backlog of 1 KiB records read at half the rate.) Small frames and frame
+headers are read ahead in chunks of up to 64 KiB (:meth:`SocketStream.receive`).
 
 Checkpoints follow anyio's streams: a call is a cancellation point *before* it takes or sends
 anything, and lets other tasks run.  Two calls can lose bytes when cancelled part way, and both
@@ -44,7 +42,6 @@ import errno
 import math
 import os
 import socket
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -62,11 +59,6 @@ _Got = TypeVar("_Got", bytes, int)
 
 #: Seconds :func:`connect` waits for an address to answer before it also tries the next one.
 NEXT_ADDRESS_AFTER = 0.25
-#: The receive low-water mark, where it is known to wake a poller as used here: on Linux, ``recv``
-#: returns what the kernel holds even below the mark, and a FIN, an error or memory pressure still
-#: wake it.  (The BSDs make a non-blocking read below the mark fail instead.)
-_SO_RCVLOWAT: int | None = getattr(socket, "SO_RCVLOWAT", None) if sys.platform.startswith("linux") else None
-
 
 class SocketStream(anyio.abc.ByteStream):
     """A connected TCP socket as an anyio byte stream, plus :meth:`receive_exactly_into`.
@@ -77,14 +69,12 @@ class SocketStream(anyio.abc.ByteStream):
     once :meth:`aclose` was called, also in a task waiting to read or write then.
     """
 
-    __slots__ = ("_closed", "_loop", "_low_water", "_sock", "_stale", "_waiter", "_watching")
+    __slots__ = ("_closed", "_loop", "_sock", "_stale", "_waiter", "_watching")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self._sock = sock
         self._closed = False
-        #: The socket's receive low-water mark as last set; 0 where the platform has none.
-        self._low_water = 1 if _SO_RCVLOWAT is not None else 0
         #: asyncio's selector loop, which watches the socket for the reader (None: anyio's ``wait_readable``).
         self._loop = _asyncio_loop()
         #: The reader's wait for the socket to be readable, while it waits (asyncio).
@@ -118,14 +108,13 @@ class SocketStream(anyio.abc.ByteStream):
     async def _receive_when_readable(self, max_bytes: int) -> bytes:
         """The kernel held nothing: wait until it holds a byte (or the stream ends), then read."""
         while True:
-            self._wake_at(1)
             await self._wait_readable()
             data = self._read_now(self._sock.recv, max_bytes)
             if data is not None:
                 return data
 
     async def _wait_readable(self) -> None:
-        """Until the socket is readable (at its low-water mark).  asyncio's own selector loop keeps
+        """Until the socket is readable.  asyncio's own selector loop keeps
         watching the socket from one wait to the next; elsewhere anyio's ``wait_readable``, which
         adds the socket to the loop's ``epoll`` set and removes it again for every wait (two
         ``epoll_ctl`` calls and a handle, ~20 µs on a response's way to the application).  The
@@ -169,15 +158,14 @@ class SocketStream(anyio.abc.ByteStream):
             self._loop.remove_reader(self._sock.fileno())
 
     async def receive_exactly_into(self, buffer: memoryview) -> None:
-        """Fill all of ``buffer``: what the kernel holds now, then the rest in one read once the
-        kernel holds all of it (see the module's docstring).  ``EndOfStream`` if the connection
-        ends first.  Cancelled part way, the bytes already read are gone: close the stream."""
+        """Fill all of ``buffer``: what the kernel holds now, then each piece as it arrives, read
+        straight into the buffer.  ``EndOfStream`` if the connection ends first.  Cancelled part
+        way, the bytes already read are gone: close the stream."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         filled, size, waited = 0, len(buffer), False
         while filled < size:
             filled += self._read_now(self._sock.recv_into, buffer[filled:]) or 0
             if filled < size:
-                self._wake_at(size - filled)
                 await self._wait_readable()
                 waited = True
         if not waited:
@@ -259,16 +247,6 @@ class SocketStream(anyio.abc.ByteStream):
     def closed(self) -> bool:
         """Closed: by :meth:`aclose`, or by a :meth:`send` cancelled half way through a frame."""
         return self._closed
-
-    def _wake_at(self, size: int) -> None:
-        """Have the event loop report the socket readable once it holds ``size`` bytes (or ends)."""
-        if self._low_water and size != self._low_water:
-            try:
-                self._sock.setsockopt(socket.SOL_SOCKET, _SO_RCVLOWAT, size)  # type: ignore[arg-type]
-            except OSError:  # not on this platform: wake for every piece, as anyio's streams do
-                self._low_water = 0
-            else:
-                self._low_water = size
 
     def _close(self) -> None:
         if not self._closed:
