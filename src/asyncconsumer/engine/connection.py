@@ -533,8 +533,8 @@ class BrokerConnection:
         frames under a quarter of their chunk: the fetch buffer counts a response's own bytes, so a
         view must not pin much more than that (a small fetch could otherwise hold a whole chunk).
         On a plaintext socket the rest of a frame of ``_SOCKET_CHUNK`` or more is not read in
-        chunks: the socket fills the frame's buffer itself, waking the reader once when all of it
-        is there (``SocketStream.receive_exactly_into``).
+        chunks: each piece goes from the socket straight into the frame's buffer as it arrives
+        (``SocketStream.receive_exactly_into``).
         """
         chunk, start = self._chunk, self._pos
         end = start + size
