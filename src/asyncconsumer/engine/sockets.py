@@ -114,13 +114,12 @@ class SocketStream(anyio.abc.ByteStream):
                 return data
 
     async def _wait_readable(self) -> None:
-        """Until the socket is readable.  asyncio's own selector loop keeps
-        watching the socket from one wait to the next; elsewhere anyio's ``wait_readable``, which
-        adds the socket to the loop's ``epoll`` set and removes it again for every wait (two
-        ``epoll_ctl`` calls and a handle, ~20 µs on a response's way to the application).  The
-        watch ends when the socket is readable and nobody waits (level-triggered, it would be
-        reported every turn), or with the stream.  A wake may still find nothing to read: the
-        callers read and wait again then."""
+        """Until the socket is readable.  asyncio's own selector loop keeps watching the socket
+        from one wait to the next; elsewhere anyio's ``wait_readable``, which adds the socket to
+        the loop's ``epoll`` set and removes it again for every wait (two ``epoll_ctl`` calls and
+        a handle, ~20 µs on a response's way to the application).  The watch ends when the socket
+        is readable and nobody waits (level-triggered, it would be reported every turn), or with
+        the stream.  A wake may still find nothing to read: the callers read and wait again then."""
         loop = self._loop
         if loop is None:
             await wait_readable(self._sock)
