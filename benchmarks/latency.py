@@ -32,7 +32,10 @@ setting: ``fetch_max_wait_ms`` (Java ``fetch.max.wait.ms``, librdkafka ``fetch.w
 kgo ``FetchMaxWait``) at ``LOW_WAIT_MS``.  The report gives p50, p99, p99.9 and the maximum of
 every reader (each the median of the rounds'), each reader's p99 as a ratio of the best peer's, its
 CPU use over the measured seconds, and the producer's own produce-to-acknowledged latency (the
-part no reader can avoid).
+part no reader can avoid): over every run, and beside each reader the producer's p99 during that
+reader's own runs (the median over its rounds).  On a machine the broker, the producer and the
+reader share, the broker's and the producer's stalls reach every reader's tail: a reader's p99 is
+best read next to the producer's in the same rounds.
 """
 
 from __future__ import annotations
@@ -491,9 +494,11 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, di
                 runs = [r for r in cell if r["reader"] == reader]
                 if not runs:
                     continue
-                rows[reader] = _row([r["latencies"] for r in runs if not r["error"]],
-                                    sorted({r["error"] for r in runs if r["error"]}),
-                                    [r["cpu_share"] for r in runs if not r["error"] and r.get("cpu_share") is not None])
+                ok = [r for r in runs if not r["error"]]
+                rows[reader] = _row([r["latencies"] for r in ok], sorted({r["error"] for r in runs if r["error"]}),
+                                    [r["cpu_share"] for r in ok if r.get("cpu_share") is not None])
+                acks = [summarize(list(r["acked"]))["p99"] for r in ok if r.get("acked")]
+                rows[reader]["acked_p99"] = statistics.median(acks) if acks else math.nan
             acked = _row([r["acked"] for r in cell if r.get("acked")], [], [])
             peers = [rows[p]["p99"] for p in PEERS if p in rows and rows[p]["count"]]
             best = min(peers) if peers else None
@@ -503,22 +508,23 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, di
                 f"**{rate:,} records/s, {setting}** (milliseconds; the producer fell behind its pace by at most "
                 f"{behind * 1000:.1f} ms)",
                 "",
-                "| reader | p50 | p99 | p99.9 | max | p99 / best peer's | CPU |",
-                "|---|---:|---:|---:|---:|---:|---:|",
+                "| reader | p50 | p99 | p99.9 | max | p99 / best peer's | CPU | producer's p99, same rounds |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|",
             ]
             for reader, row in rows.items():
                 if not row["count"]:
-                    lines.append(f"| {READERS[reader]} | {'; '.join(row['errors'])[:200] or 'no run'} | | | | | |")
+                    lines.append(f"| {READERS[reader]} | {'; '.join(row['errors'])[:200] or 'no run'} | | | | | | |")
                     continue
                 ratio = f"{row['p99'] / best:.2f}" if best else "-"
                 ratio += _against_java_share(reader, row, rows)
                 cpu = f"{row['cpu_share'] * 100:.0f}%" if row["cpu_share"] is not None else "-"
                 note = " (some runs failed)" if row["errors"] else ""
                 lines.append(f"| {READERS[reader]}{note} | {row['p50'] / 1e6:.2f} | {row['p99'] / 1e6:.2f} | "
-                             f"{row['p99.9'] / 1e6:.2f} | {row['max'] / 1e6:.2f} | {ratio} | {cpu} |")
+                             f"{row['p99.9'] / 1e6:.2f} | {row['max'] / 1e6:.2f} | {ratio} | {cpu} | "
+                             f"{row['acked_p99'] / 1e6:.2f} |")
             if acked["count"]:
                 cells = " | ".join(f"{acked[key] / 1e6:.2f}" for key in ("p50", "p99", "p99.9", "max"))
-                lines.append(f"| producer: produce() to acknowledged | {cells} | | |")
+                lines.append(f"| producer: produce() to acknowledged | {cells} | | | |")
             numbers[f"{setting}/{rate}"] = {**rows, "producer_acked": acked}
     return "\n".join(lines + summary(numbers)), numbers
 
@@ -544,20 +550,21 @@ def summary(numbers: dict[str, Any]) -> list[str]:
         tables = {rate: numbers.get(f"{setting}/{rate}") for rate in rates}
         if not any(tables.values()):
             continue
-        head = " | ".join(f"{rate:,}/s: p50 | p99 | p99.9 | p99 / best peer" for rate in rates)
-        out += ["", f"| reader, `{setting}` | {head} |", "|---|" + "---:|" * 4 * len(rates)]
+        head = " | ".join(f"{rate:,}/s: p50 | p99 | p99.9 | p99 / best peer | producer's p99" for rate in rates)
+        out += ["", f"| reader, `{setting}` | {head} |", "|---|" + "---:|" * 5 * len(rates)]
         for reader, label in [*READERS.items(), ("producer_acked", "producer: `produce()` to acknowledged")]:
             cells = []
             for table in tables.values():
                 table = table or {}
                 row = table.get(reader)
                 if not row or not row["count"]:
-                    cells += ["-"] * 4
+                    cells += ["-"] * 5
                     continue
                 peers = [table[p]["p99"] for p in PEERS if p in table and table[p]["count"]]
                 best = f"{row['p99'] / min(peers):.2f}" if peers and reader != "producer_acked" else ""
                 best += _against_java_share(reader, row, table)
-                cells += [ms(row["p50"]), ms(row["p99"]), ms(row["p99.9"]), best]
+                acked = "" if reader == "producer_acked" else ms(row["acked_p99"])  # in this reader's rounds
+                cells += [ms(row["p50"]), ms(row["p99"]), ms(row["p99.9"]), best, acked]
             out.append(f"| {label} | " + " | ".join(cells) + " |")
     return out
 

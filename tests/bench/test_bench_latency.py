@@ -32,10 +32,10 @@ with_confluent = pytest.mark.skipif(importlib.util.find_spec("confluent_kafka") 
 
 
 def _result(reader: str, values_ms: list[float], round_no: int = 0, error: str | None = None,
-            setting: str = "defaults") -> dict[str, Any]:
+            setting: str = "defaults", acked_ms: float = 1.0) -> dict[str, Any]:
     return {"reader": reader, "rate": 1000, "setting": setting, "round": round_no, "error": error,
             "latencies": array.array("q", [int(v * MS) for v in values_ms]), "cpu_share": 0.25,
-            "acked": array.array("q", [MS] * 10), "producer_behind_s": 0.002}
+            "acked": array.array("q", [int(acked_ms * MS)] * 10), "producer_behind_s": 0.002}
 
 
 def test_percentiles_are_nearest_rank() -> None:
@@ -51,9 +51,10 @@ def test_report_takes_medians_over_rounds_and_the_best_peer() -> None:
     slow = [10.0] * 98 + [50.0, 60.0]  # p50 10, p99 50
     fast = [1.0] * 98 + [4.0, 5.0]  # p50 1, p99 4
     results = [
-        _result("asyncconsumer-getmany", [2.0] * 98 + [6.0, 7.0], 0),  # p99 6
-        _result("asyncconsumer-getmany", [3.0] * 98 + [8.0, 9.0], 1),  # p99 8
-        _result("asyncconsumer-getmany", [4.0] * 98 + [30.0, 40.0], 2),  # p99 30: median of 6, 8, 30 is 8
+        # the producer's p99 in its rounds 2, 5 and 3 ms: the median beside it is 3
+        _result("asyncconsumer-getmany", [2.0] * 98 + [6.0, 7.0], 0, acked_ms=2.0),  # p99 6
+        _result("asyncconsumer-getmany", [3.0] * 98 + [8.0, 9.0], 1, acked_ms=5.0),  # p99 8
+        _result("asyncconsumer-getmany", [4.0] * 98 + [30.0, 40.0], 2, acked_ms=3.0),  # p99 30: median 8
         _result("java-consumer", slow, 0),
         _result("confluent-kafka", fast, 0),
         _result("asyncconsumer-iter", [], 0, error="it broke"),
@@ -68,10 +69,12 @@ def test_report_takes_medians_over_rounds_and_the_best_peer() -> None:
             if line.startswith("| ")}
     ours = rows[latency.READERS["asyncconsumer-getmany"]]
     assert ours[:2] == ["3.00", "8.00"] and ours[4] == "2.00"  # p99 8 against confluent-kafka's 4
+    assert ours[6] == "3.00 |"  # the producer's p99 in getmany's own rounds, not over every run
     assert rows[latency.READERS["java-consumer"]][4] == "12.50"
+    assert rows[latency.READERS["java-consumer"]][6] == "1.00 |"
     assert rows[latency.READERS["confluent-kafka"]][4] == "1.00"
     assert rows[latency.READERS["asyncconsumer-iter"]][0].startswith("it broke")
-    assert rows["producer: produce() to acknowledged"][:2] == ["1.00", "1.00"]
+    assert rows["producer: produce() to acknowledged"][:2] == ["1.00", "1.00"]  # the median over every run
     # the share consumer against the best peer, and against Java's share consumer (12 / 16)
     assert rows[latency.READERS["asyncconsumer-share"]][4] == "3.00 (0.75x Java share)"
     assert rows[latency.READERS["java-share"]][4] == "4.00"
@@ -79,9 +82,10 @@ def test_report_takes_medians_over_rounds_and_the_best_peer() -> None:
     assert "1,000 records/s, defaults" in text and "records/s, low" not in text
     summary = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1:] for line in side_by_side.splitlines()
                if line.startswith("| ")}  # the same, every rate side by side (docs/performance.md's form)
-    assert summary[latency.READERS["asyncconsumer-getmany"]] == ["3.00", "8.00", "9.00", "2.00 |"]
-    assert summary[latency.READERS["asyncconsumer-iter"]] == ["-", "-", "-", "- |"]
-    assert summary[latency.READERS["asyncconsumer-share"]][3] == "3.00 (0.75x Java share) |"
+    assert summary[latency.READERS["asyncconsumer-getmany"]] == ["3.00", "8.00", "9.00", "2.00", "3.00 |"]
+    assert summary[latency.READERS["asyncconsumer-iter"]] == ["-", "-", "-", "-", "- |"]
+    assert summary[latency.READERS["asyncconsumer-share"]][3] == "3.00 (0.75x Java share)"
+    assert summary["producer: `produce()` to acknowledged"] == ["1.00", "1.00", "1.00", "", " |"]
     assert "| reader, `low` |" not in text
 
 
