@@ -2,10 +2,10 @@
 
 Not a performance test: no threshold on latency.  The report is checked on made-up latencies
 (nearest-rank percentiles, each the median over the rounds, p99 against the best peer's, the
-producer's row, a failed reader named); on the session's Apache Kafka, asyncconsumer's
-``getmany()`` and confluent-kafka hand out every measured record of a second at 1,000 a second;
-the whole command, every reader (the Java and Go ones built first) in both settings, in a
-``long`` test.
+producer's row, the producer's p99 in each reader's own rounds, a failed reader named); on the
+session's Apache Kafka, asyncconsumer's ``getmany()`` and confluent-kafka hand out every measured
+record of a second at 1,000 a second; the whole command, every reader (the Java and Go ones built
+first) in both settings, in a ``long`` test.
 """
 
 from __future__ import annotations
