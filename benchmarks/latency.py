@@ -497,8 +497,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, di
                 ok = [r for r in runs if not r["error"]]
                 rows[reader] = _row([r["latencies"] for r in ok], sorted({r["error"] for r in runs if r["error"]}),
                                     [r["cpu_share"] for r in ok if r.get("cpu_share") is not None])
-                acks = [summarize(list(r["acked"]))["p99"] for r in ok if r.get("acked")]
-                rows[reader]["acked_p99"] = statistics.median(acks) if acks else math.nan
+                rows[reader]["acked_p99"] = _row([r["acked"] for r in ok if r.get("acked")], [], [])["p99"]
             acked = _row([r["acked"] for r in cell if r.get("acked")], [], [])
             peers = [rows[p]["p99"] for p in PEERS if p in rows and rows[p]["count"]]
             best = min(peers) if peers else None
