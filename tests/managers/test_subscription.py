@@ -250,3 +250,45 @@ def test_the_invariant_holds_whatever_the_order_of_the_words(steps: list[tuple[s
         else:
             getattr(state, word)(offset)
         assert state.processed <= state.consumed <= state.position <= state.fetch_offset, (word, offset)
+
+
+# -- what the managers' walks are spared: the census of changes ------------------------------------
+
+
+def test_in_phase_sees_every_way_a_phase_changes() -> None:
+    subs = SubscriptionState("earliest", has_group=True)
+    subs.assign([T0, T1])
+    now = 0.0
+    assert subs.in_phase(PartitionPhase.AWAIT_COMMITTED, now) == [subs.partitions[T0], subs.partitions[T1]]
+    subs.seek(T0, 5)  # set_position
+    assert subs.in_phase(PartitionPhase.AWAIT_COMMITTED, now) == [subs.partitions[T1]]
+    subs.partitions[T1].phase = PartitionPhase.AWAIT_RESET  # a direct write, as a missing committed offset does
+    assert subs.in_phase(PartitionPhase.AWAIT_COMMITTED, now) == []
+    assert subs.in_phase(PartitionPhase.AWAIT_RESET, now) == [subs.partitions[T1]]
+    subs.request_reset(T0)
+    assert subs.in_phase(PartitionPhase.AWAIT_RESET, now) == [subs.partitions[T0], subs.partitions[T1]]
+    subs.seek(T0, 7)
+    subs.partitions[T0].await_validation()
+    assert subs.in_phase(PartitionPhase.AWAIT_VALIDATION, now) == [subs.partitions[T0]]
+    subs.add([T2])  # a new partition starts settling
+    assert subs.in_phase(PartitionPhase.AWAIT_COMMITTED, now) == [subs.partitions[T2]]
+    subs.remove([T1])
+    assert subs.in_phase(PartitionPhase.AWAIT_RESET, now) == []
+
+
+def test_changes_count_what_decides_validation_and_not_a_repeated_epoch() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0])
+    subs.seek(T0, 10)
+    state = subs.partitions[T0]
+    before = subs.changes
+    state.validated_for = 5
+    assert subs.changes == before + 1 and state.validated_for == 5
+    state.validated_for = 5  # each answered fetch says it again: no change
+    assert subs.changes == before + 1
+    state.note_fetched_epochs([(10, 5)])  # the first fetched epoch: a position that may need checking
+    assert state.fetched_epoch == 5 and subs.changes == before + 2
+    state.note_fetched_epochs([(20, 5)])  # more of the same epoch
+    assert subs.changes == before + 2
+    state.rewind(10)  # back before the batch: the epoch the position was set with (none)
+    assert state.fetched_epoch is None and subs.changes == before + 3

@@ -341,3 +341,35 @@ def test_nothing_handed_out_with_an_epoch_needs_no_check() -> None:
     move_leader(s, T0, 2, 9)
     s.h.assert_idle("OffsetForLeaderEpoch")
     assert fetched(s.fetch()) == {T0: 10}  # read-ahead dropped, fetched again from the new leader
+
+
+# -- the walk over the partitions happens when something it looks at changed -----------------------
+
+
+def test_an_epoch_fetched_under_the_old_leader_is_checked_once_the_metadata_moved_on() -> None:
+    # The validator walks the partitions only when the metadata, a phase or an epoch changed: here
+    # the leader epoch moves while a fetch is out, when the position has no epoch yet (nothing to
+    # check); the answer, from the old leader's epoch, brings the first epoch, and that is a change.
+    s = Setup()
+    s.start({T0: 10})
+    respond(s.fetch(), {T0: data(T0, high_watermark=10)})  # served by the leader of epoch 5
+    assert state(s).validated_for == 5 and state(s).fetched_epoch is None
+    out = s.fetch()  # asked under epoch 5
+    move_leader(s, T0, 1, 6)
+    s.h.poll()
+    assert s.h.take_all("OffsetForLeaderEpoch") == []  # no epoch to check yet
+    respond(out, {T0: data(T0, records(10, 2, partition_leader_epoch=5), high_watermark=12)})
+    assert state(s).validated_for == 5 and state(s).fetched_epoch == 5
+    state(s).position = state(s).consumed = 12  # handed out: the position now carries epoch 5
+    assert asked(validation(s)) == {T0: (6, 5)}
+    assert state(s).phase is PartitionPhase.AWAIT_VALIDATION
+
+
+def test_nothing_changed_nothing_checked_and_a_seek_with_an_epoch_is_seen() -> None:
+    s = Setup()
+    s.start({T0: 10, T2: 0})
+    consumed_from(s, 10, 2, epoch=5)
+    s.h.assert_idle("OffsetForLeaderEpoch")
+    s.h.assert_idle("OffsetForLeaderEpoch")
+    s.validator.seek(state(s), 11, 4)  # an epoch the leader must vouch for
+    assert asked(validation(s)) == {T0: (5, 4)}

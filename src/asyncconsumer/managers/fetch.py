@@ -46,7 +46,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -65,15 +65,18 @@ log = logging.getLogger("asyncconsumer.fetch")
 DivergenceHandler = Callable[[PartitionState, int, int, int, int], None]
 
 
-#: What a fetch sends for one partition, and the broker's session remembers, compared as a tuple:
-#: ``(fetch_offset, leader_epoch, topic_id, last_fetched_epoch)``, read by the indexes below.  A
-#: plain tuple: a fetch makes one for each partition it covers, and a ``NamedTuple`` costs several
-#: times as much to make.
-SessionPartition = tuple[int, int, bytes, int]
+#: What a fetch asks of one partition, and the broker's session remembers, compared as a tuple:
+#: ``(fetch_offset, leader_epoch, topic_id, last_fetched_epoch, state_epoch)``, read by the
+#: indexes below.  The last is not sent: the partition state's ``epoch`` when the fetch was built
+#: (a seek or reset moves it, and the answer to the old position is then stale); a partition whose
+#: epoch moved is named again, as one whose offset moved.  A plain tuple: a fetch makes one for
+#: each partition it covers, and a ``NamedTuple`` costs several times as much to make.
+SessionPartition = tuple[int, int, bytes, int, int]
 FETCH_OFFSET: Final = 0
 LEADER_EPOCH: Final = 1
 TOPIC_ID: Final = 2
 LAST_FETCHED_EPOCH: Final = 3
+STATE_EPOCH: Final = 4
 
 
 @dataclass(slots=True)
@@ -84,8 +87,6 @@ class FetchSession:
     epoch: int = 0
     #: What the broker remembers per partition: what we last sent for it.
     partitions: dict[TopicPartition, SessionPartition] = field(default_factory=dict)
-    #: The partition states the last request was built for (a partition assigned again has a new one).
-    states: dict[TopicPartition, object] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.session_id, self.epoch = 0, 0
@@ -128,8 +129,8 @@ class FetchManager:
         self._report_error = report_error
         self._on_diverging_epoch = on_diverging_epoch
         self._use_sessions = use_sessions
-        self._in_flight_nodes: set[int] = set()
-        self._in_flight_partitions: set[TopicPartition] = set()
+        #: Node -> the partitions its fetch in flight asks for (one fetch per node).
+        self._in_flight: dict[int, dict[TopicPartition, SessionPartition]] = {}
         self._sessions: dict[int, FetchSession] = defaultdict(FetchSession)
         #: Nodes whose fetch of caught-up partitions is held back, and since when.
         self._held_since: dict[int, float] = {}
@@ -167,7 +168,7 @@ class FetchManager:
         flight: :meth:`poll` skips ``tp`` until its response, whose arrival wakes the loop anyway,
         and a partition in flight never holds its node back (``busy``).  Reading a response's
         partitions one by one then wakes the loop not at all instead of once a partition."""
-        return was_full or tp not in self._in_flight_partitions
+        return was_full or not any(tp in wanted for wanted in self._in_flight.values())
 
     def read_ahead_bytes(self) -> int:
         """How much one partition may have buffered and still be fetched."""
@@ -183,33 +184,42 @@ class FetchManager:
         busy: set[int] = set()  # nodes with a partition whose buffered records are still being read
         # Empty sets and maps are not asked (asking hashes the TopicPartition, ~60 ns): a caught-up
         # consumer has nothing in flight when it builds a fetch and nothing buffered.
-        in_flight = self._in_flight_partitions or None
+        nodes_in_flight = self._in_flight
+        in_flight: Container[TopicPartition] | None = None
+        if len(nodes_in_flight) == 1:
+            in_flight = next(iter(nodes_in_flight.values()))
+        elif nodes_in_flight:
+            in_flight = set().union(*nodes_in_flight.values())
         buffered_by_tp = buffer.bytes_by_partition or None
         preferred = bool(self._preferred)
+        last_node = -1
+        picked: list[tuple[PartitionState, PartitionInfo]] = []
         for state in self._subscriptions.fetchable(now):
             tp = state.tp
-            if in_flight is not None and tp in in_flight:
-                continue
             leader = leaders.get(tp)
             if leader is None:
                 self._metadata.request_update()
                 continue
+            node = self._read_replica(tp, leader.leader, now) if preferred else leader.leader
+            if node in nodes_in_flight:
+                continue  # that node's one fetch is out: nothing goes to it this turn
+            if in_flight is not None and tp in in_flight:
+                continue  # in flight at another node (its leader moved since)
             if state.validated_for != leader.leader_epoch and state.needs_validation(leader.leader_epoch):
                 continue  # the position validator checks it against this leader first
-            node = self._read_replica(tp, leader.leader, now) if preferred else leader.leader
-            buffered = 0 if buffered_by_tp is None else buffered_by_tp.get(tp, 0)
-            if buffered >= share or (full and buffered):
-                busy.add(node)
-                continue
-            picked = by_node.get(node)
-            if picked is None:
-                by_node[node] = [(state, leader)]
-            else:
-                picked.append((state, leader))
+            if buffered_by_tp is not None:
+                buffered = buffered_by_tp.get(tp, 0)
+                if buffered >= share or (full and buffered):
+                    busy.add(node)
+                    continue
+            if node != last_node:  # partitions come mostly leader by leader
+                last_node = node
+                picked = by_node.setdefault(node, [])
+            picked.append((state, leader))
         requests = []
         held: dict[int, float] = {}
         for node, states in by_node.items():
-            if node in self._in_flight_nodes:
+            if node in self._in_flight:
                 continue
             if node in busy and all(self._caught_up(s) for s, _ in states):
                 since = self._held_since.get(node, now)
@@ -282,44 +292,65 @@ class FetchManager:
         cluster = self._metadata.cluster
         topics = cluster.topics
         session = self._sessions[node]
-        # One walk over the partitions: what is fetched from where (``wanted``), what the request
-        # says of each (``entries``, as the broker's session remembers it), and whether the session
-        # must start again: a partition unassigned and assigned again with no request in between (a
-        # new state, no high watermark yet) is still in the broker's session, unchanged; an
-        # incremental response leaves out a partition with no news, so the new state would never
-        # learn its high watermark.  A full fetch answers for every partition.
-        wanted: dict[TopicPartition, tuple[int, int]] = {}
-        entries: dict[TopicPartition, SessionPartition] = {}
-        states: dict[TopicPartition, object] = {}
-        remembered, last_states = session.partitions, session.states
+        # One walk over the partitions: what the request asks of each (``wanted``, as the broker's
+        # session remembers it, and ``changed``: the ones an incremental fetch names), and whether
+        # the session must start again: a partition unassigned and assigned again with no request
+        # in between (a new state, no high watermark yet) is still in the broker's session,
+        # unchanged; an incremental response leaves out a partition with no news, so the new state
+        # would never learn its high watermark.  A full fetch answers for every partition.  Each
+        # partition's key is hashed as few times as may be (a ``TopicPartition`` hashes anew each
+        # time): the dict built here is copied from, not asked, further on.
+        wanted: dict[TopicPartition, SessionPartition] = {}
+        changed: list[TopicPartition] = []
+        remembered = session.partitions
+        known = remembered.get
+        kept = 0  # partitions of this request the session remembers: if fewer than it holds, some go
         reset = False
         have_ids = True
+        topic_name = ""
+        topic_id = ZERO_UUID
         for state, leader in picked:
             tp = state.tp
-            offset = state.fetch_offset
-            wanted[tp] = (offset, state.epoch)
-            states[tp] = state
-            topic = topics.get(tp.topic)
-            topic_id = topic.topic_id if topic else ZERO_UUID
+            if tp.topic != topic_name:  # partitions come mostly topic by topic
+                topic_name = tp.topic
+                topic = topics.get(topic_name)
+                topic_id = topic.topic_id if topic else ZERO_UUID
+                if topic_id == ZERO_UUID:
+                    have_ids = False
             fetched_epoch = state.fetched_epoch
-            entries[tp] = (offset, leader.leader_epoch, topic_id, -1 if fetched_epoch is None else fetched_epoch)
-            if topic_id == ZERO_UUID:
-                have_ids = False
-            if state.high_watermark < 0 and tp in remembered and last_states.get(tp) is not state:
-                reset = True
+            entry = wanted[tp] = (
+                state.fetch_offset,
+                leader.leader_epoch,
+                topic_id,
+                -1 if fetched_epoch is None else fetched_epoch,
+                state.epoch,
+            )
+            before = known(tp)
+            if before is not None:
+                kept += 1
+                if before != entry:
+                    changed.append(tp)
+            else:
+                changed.append(tp)
+            if state.fetch_session is not session:
+                if before is not None and state.high_watermark < 0:
+                    reset = True
+                state.fetch_session = session
         self.requests += 1
-        self._in_flight_nodes.add(node)
-        self._in_flight_partitions.update(wanted)
+        self._in_flight[node] = wanted
         assignment_id = self._subscriptions.assignment_id
         if reset and session.session_id:
             session.reset()
-        session.states = states
-        if have_ids and not session.partitions.keys() <= wanted.keys():  # partitions to forget: their ids too
+        forgets = kept < len(session.partitions)
+        if have_ids and forgets:  # partitions to forget: their ids too
             have_ids = all(e[TOPIC_ID] != ZERO_UUID for tp, e in session.partitions.items() if tp not in wanted)
+        # What ``changed`` and ``forgets`` were worked out against: nothing else changes the session
+        # before this request is built (one fetch a broker; only its answer moves the session on).
+        compared = (session.session_id, session.epoch)
         sent: dict[str, object] = {"full": True}
 
         def partition_entry(tp: TopicPartition, version: int) -> dict[str, object]:
-            entry = entries[tp]
+            entry = wanted[tp]
             return {
                 "partition": tp.partition,
                 "current_leader_epoch": entry[LEADER_EPOCH],
@@ -331,7 +362,7 @@ class FetchManager:
 
         def topic_key(tp: TopicPartition, version: int) -> dict[str, object]:
             if version >= 13:
-                known = entries.get(tp) or session.partitions[tp]
+                known = wanted.get(tp) or session.partitions[tp]
                 return {"topic_id": known[TOPIC_ID]}
             return {"topic": tp.topic}
 
@@ -342,12 +373,12 @@ class FetchManager:
                 forgotten: list[TopicPartition] = []
             else:
                 # Re-send a partition when anything the broker remembers for it changed (offset, epoch).
-                in_session = session.partitions
-                known = in_session.get
-                to_send = [tp for tp, entry in entries.items() if known(tp) != entry]  # entries: wanted's keys
-                forgotten = [] if in_session.keys() <= wanted.keys() else [tp for tp in in_session if tp not in wanted]
+                assert (session.session_id, session.epoch) == compared, "the fetch session moved on"
+                to_send = changed
+                forgotten = [tp for tp in session.partitions if tp not in wanted] if forgets else []
             sent["full"] = full
             sent["forgotten"] = forgotten
+            sent["named"] = to_send
             sent["version"] = version
             topics = by_topic(to_send) if to_send else {}  # a caught-up incremental fetch names none
             gone = by_topic(forgotten) if forgotten else {}
@@ -370,9 +401,9 @@ class FetchManager:
             }
 
         def finish() -> None:
-            self._in_flight_nodes.discard(node)
+            if self._in_flight.get(node) is wanted:
+                del self._in_flight[node]
             self.in_flight_since.pop(node, None)
-            self._in_flight_partitions.difference_update(wanted)
 
         def on_response(now: float, version: int, body: Body) -> None:
             finish()
@@ -388,13 +419,15 @@ class FetchManager:
                     self._from_follower(tp, node)
                 self._fail_partitions(now, wanted, error_for_code(code, f"Fetch from node {node}"))
                 return
-            self._update_session(session, body, sent, entries)
+            self._update_session(session, body, sent, wanted)
             if self._subscriptions.assignment_id != assignment_id and not self._still_assigned(wanted):
                 return
             self.responses += 1
             self.responses_by_node[node] += 1
             before = self.response_bytes
-            unnamed = set(wanted)  # an incremental response leaves out the partitions with no news
+            # An incremental response leaves out the partitions with no news: they count as answered.
+            # (``fromkeys`` and ``update`` copy the keys' hashes from the dict they read.)
+            unnamed = dict.fromkeys(wanted, now)
             for topic in body["responses"]:
                 name = topic["topic"] if version < 13 else cluster.topic_name(topic["topic_id"])
                 if name is None:
@@ -402,10 +435,11 @@ class FetchManager:
                     continue
                 for p in topic["partitions"]:
                     tp = TopicPartition(name, p["partition_index"])
-                    if tp in wanted:
-                        unnamed.discard(tp)
-                        self._handle_partition(now, tp, wanted[tp], entries[tp][LEADER_EPOCH], p, node)
-            self.answered.update(dict.fromkeys(unnamed, now))
+                    sent_as = wanted.get(tp)
+                    if sent_as is not None:
+                        unnamed.pop(tp, None)
+                        self._handle_partition(now, tp, sent_as, p, node)
+            self.answered.update(unnamed)
             size = self.response_bytes - before
             if size > self.response_bytes_max:
                 self.response_bytes_max = size
@@ -437,7 +471,7 @@ class FetchManager:
             extra_timeout_ms=self._max_wait_ms,
         )
 
-    def _still_assigned(self, wanted: dict[TopicPartition, tuple[int, int]]) -> bool:
+    def _still_assigned(self, wanted: dict[TopicPartition, SessionPartition]) -> bool:
         return any(tp in self._subscriptions.partitions for tp in wanted)
 
     def _update_session(
@@ -452,18 +486,22 @@ class FetchManager:
         if body["session_id"] == 0:
             session.reset()
             return
+        # What the broker now remembers is what was sent, whatever changed here since: after a full
+        # fetch every partition's entry, after an incremental one the entries it named (the others
+        # were the same) without the ones it forgot.
         if sent["full"]:
             session.session_id = body["session_id"]
-            session.partitions = {}
-        forgotten = sent.get("forgotten") or []
-        for tp in forgotten:  # type: ignore[attr-defined]
-            session.partitions.pop(tp, None)
-        # What the broker now remembers is what was sent, whatever changed here since.
-        session.partitions.update(entries)
+            session.partitions = dict(entries)
+        else:
+            remembered = session.partitions
+            for tp in sent.get("forgotten") or []:  # type: ignore[attr-defined]
+                remembered.pop(tp, None)
+            for tp in sent["named"]:  # type: ignore[attr-defined]
+                remembered[tp] = entries[tp]
         session.epoch = session.epoch + 1 if not sent["full"] else 1
         # Offsets that move on with this response are sent again next time (they differ).
 
-    def _fail_partitions(self, now: float, wanted: dict[TopicPartition, tuple[int, int]], error: KafkaError) -> None:
+    def _fail_partitions(self, now: float, wanted: dict[TopicPartition, SessionPartition], error: KafkaError) -> None:
         self._metadata.request_update()
         for tp in wanted:
             self.last_errors[tp] = error
@@ -474,10 +512,10 @@ class FetchManager:
             self._report_error(error)
 
     def _handle_partition(
-        self, now: float, tp: TopicPartition, sent: tuple[int, int], leader_epoch: int, p: Body, node: int = -1
+        self, now: float, tp: TopicPartition, sent: SessionPartition, p: Body, node: int = -1
     ) -> None:
         state = self._subscriptions.get(tp)
-        fetch_offset, epoch = sent
+        fetch_offset, leader_epoch, epoch = sent[FETCH_OFFSET], sent[LEADER_EPOCH], sent[STATE_EPOCH]
         if state is None or state.epoch != epoch or state.fetch_offset != fetch_offset:
             return  # seeked, reset or unassigned since the request went out
         if state.phase is not PartitionPhase.FETCHING:

@@ -33,6 +33,14 @@ Leader epochs (KIP-320): ``leader_epoch`` is the epoch of the record before
 Both come from the batch headers the fetch manager saw, else from the epoch
 the position was set with.  ``validated_for`` is the metadata leader epoch the
 fetch position is known to be consistent with.
+
+What a walk over every partition would look for is counted instead: each write of a ``phase``,
+and each change of ``validated_for`` or ``fetched_epoch`` (what decides whether a position needs
+validating) moves ``SubscriptionState.changes``.  The partitions still settling (not yet
+``FETCHING``) are kept from one change to the next, so asking for them (``in_phase``, each loop
+turn of several managers) costs nothing while no partition changed, and the position validator
+walks the partitions only when something it looks at changed (managers/validation.py).  A
+consumer with a thousand partitions caught up then pays for them once a fetch, not once a manager.
 """
 
 from __future__ import annotations
@@ -42,6 +50,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..structs import TopicPartition
+
+
+class _Census:
+    """How many times a phase, a vouched-for leader epoch or a fetched epoch changed: one per
+    ``SubscriptionState``, shared by its partition states (see the module's docstring)."""
+
+    __slots__ = ("changes",)
+
+    def __init__(self) -> None:
+        self.changes = 0
 
 
 class PartitionPhase(enum.Enum):
@@ -64,7 +82,7 @@ class PartitionState:
     ``SubscriptionState.begin_revocation``."""
 
     tp: TopicPartition
-    phase: PartitionPhase
+    _phase: PartitionPhase
     position: int = -1
     fetch_offset: int = -1
     reset_to: str | None = None
@@ -87,17 +105,52 @@ class PartitionState:
     last_stable_offset: int = -1
     log_start_offset: int = -1
     retry_at: float = 0.0
-    #: Metadata leader epoch the fetch position was validated against (or fetched under); None: never.
-    validated_for: int | None = None
+    #: Metadata leader epoch the fetch position was validated against (or fetched under); None:
+    #: never.  Read and written as ``validated_for``, which counts its changes.
+    _validated_for: int | None = None
+    #: Leader epoch of the record before ``fetch_offset``: what validation checks and Fetch's
+    #: ``last_fetched_epoch`` sends (None: unknown).  Kept by the methods that move the epochs
+    #: (read on every fetch of every partition, so a field, not a property); they count its changes.
+    fetched_epoch: int | None = None
+    #: The fetch manager's: the fetch session (one per broker) this state was last fetched in.  A
+    #: partition unassigned and assigned again has a new state, which the broker's session may still
+    #: remember under the old one's offsets (managers/fetch.py starts that session again).
+    fetch_session: object = None
     #: The epoch given when the position was set: it covers offsets before any fetched batch.
     _set_epoch: int | None = None
     #: (first offset, leader epoch) where the epoch of fetched batches changes, in offset order.
     _epoch_starts: list[tuple[int, int]] = field(default_factory=list)
+    #: Where the changes to the phase and the epochs are counted (the owner's, or one of its own).
+    _census: _Census = field(default_factory=_Census, repr=False)
+
+    @property
+    def phase(self) -> PartitionPhase:
+        return self._phase
+
+    @phase.setter
+    def phase(self, phase: PartitionPhase) -> None:
+        self._phase = phase
+        self._census.changes += 1
+
+    @property
+    def validated_for(self) -> int | None:
+        return self._validated_for
+
+    @validated_for.setter
+    def validated_for(self, leader_epoch: int | None) -> None:
+        if leader_epoch != self._validated_for:  # a fetch sets it to the same epoch each time
+            self._validated_for = leader_epoch
+            self._census.changes += 1
+
+    def _fetched_epoch_is(self, epoch: int | None) -> None:
+        if epoch != self.fetched_epoch:
+            self.fetched_epoch = epoch
+            self._census.changes += 1
 
     @property
     def has_position(self) -> bool:
         """The position is known (while it is being validated too: commits keep covering it)."""
-        return self.phase is PartitionPhase.FETCHING or self.phase is PartitionPhase.AWAIT_VALIDATION
+        return self._phase is PartitionPhase.FETCHING or self._phase is PartitionPhase.AWAIT_VALIDATION
 
     @property
     def fetch_limited(self) -> bool:
@@ -109,11 +162,6 @@ class PartitionState:
     def leader_epoch(self) -> int | None:
         """Leader epoch of the record before ``position`` (None when unknown)."""
         return self.epoch_before(self.position)
-
-    @property
-    def fetched_epoch(self) -> int | None:
-        """Leader epoch of the record before ``fetch_offset``: what validation checks."""
-        return self._epoch_starts[-1][1] if self._epoch_starts else self._set_epoch
 
     def epoch_before(self, offset: int) -> int | None:
         """Leader epoch of the record before ``offset`` (what a commit of ``offset`` carries)."""
@@ -145,6 +193,7 @@ class PartitionState:
         self.phase = PartitionPhase.FETCHING
         self.position = self.fetch_offset = self.consumed = self.processed = self.set_at = offset
         self._set_epoch = leader_epoch
+        self._fetched_epoch_is(leader_epoch)
         self._epoch_starts = []
         self.reset_to = None
         self.retry_at = 0.0
@@ -192,6 +241,7 @@ class PartitionState:
             if epoch >= 0 and epoch != known:
                 self._epoch_starts.append((start, epoch))
                 known = epoch
+                self._fetched_epoch_is(epoch)
         # Only the entry covering ``processed`` (the oldest offset a commit may still name) and later
         # ones can still be asked for.
         oldest = self.processed if self.processed >= 0 else self.position
@@ -205,7 +255,8 @@ class PartitionState:
         self.position = self.fetch_offset = offset
         self.consumed = min(self.consumed, offset)
         self.processed = min(self.processed, offset)
-        self._epoch_starts = [e for e in self._epoch_starts if e[0] < offset]
+        starts = self._epoch_starts = [e for e in self._epoch_starts if e[0] < offset]
+        self._fetched_epoch_is(starts[-1][1] if starts else self._set_epoch)
         self.retry_at = 0.0
         self.epoch += 1
 
@@ -239,6 +290,10 @@ class SubscriptionState:
         #: Bumped on every assignment change; fetches started before are stale.
         self.assignment_id = 0
         self._topics: frozenset[str] = frozenset()  # the assignment's topics (asked for each turn)
+        self._census = _Census()
+        #: The partitions not in ``FETCHING``, as of ``changes`` = ``_settling_at`` (see the docstring).
+        self._settling: list[PartitionState] = []
+        self._settling_at = -1
 
     def _initial_phase(self) -> PartitionPhase:
         return PartitionPhase.AWAIT_COMMITTED if self.has_group else PartitionPhase.AWAIT_RESET
@@ -246,13 +301,16 @@ class SubscriptionState:
     def assign(self, tps: Iterable[TopicPartition]) -> set[TopicPartition]:
         """Replace the assignment; returns the partitions that were dropped."""
         wanted = list(dict.fromkeys(tps))
+        census = self._census
         removed = set(self.partitions) - set(wanted)
         kept = {tp: self.partitions[tp] for tp in wanted if tp in self.partitions}
         for tp in removed:
             self.partitions[tp].epoch += 1  # records taken for the application but not handed out are stale
         self.partitions = {
-            tp: kept.get(tp) or PartitionState(tp, self._initial_phase(), reset_to=self.default_reset) for tp in wanted
+            tp: kept.get(tp) or PartitionState(tp, self._initial_phase(), reset_to=self.default_reset, _census=census)
+            for tp in wanted
         }
+        census.changes += 1
         if removed or len(kept) != len(wanted):
             self.assignment_id += 1
         self._topics = frozenset(tp.topic for tp in wanted)
@@ -289,15 +347,28 @@ class SubscriptionState:
         state.retry_at = 0.0
         state.epoch += 1
 
+    @property
+    def changes(self) -> int:
+        """Moves on each change of a partition's phase, vouched-for leader epoch or fetched epoch,
+        and of the assignment: equal values mean nothing of that changed in between."""
+        return self._census.changes
+
     def in_phase(self, phase: PartitionPhase, now: float) -> list[PartitionState]:
-        return [s for s in self.partitions.values() if s.phase is phase and s.retry_at <= now]
+        """The partitions in ``phase`` whose ``retry_at`` has come (in assignment order)."""
+        if phase is PartitionPhase.FETCHING:
+            return [s for s in self.partitions.values() if s._phase is phase and s.retry_at <= now]
+        if self._settling_at != self._census.changes:
+            self._settling_at = self._census.changes
+            fetching = PartitionPhase.FETCHING
+            self._settling = [s for s in self.partitions.values() if s._phase is not fetching]
+        return [s for s in self._settling if s._phase is phase and s.retry_at <= now]
 
     def fetchable(self, now: float) -> list[PartitionState]:
         fetching = PartitionPhase.FETCHING
         return [  # each turn, every partition: PartitionState.fetch_limited written out (its call costs ~250 ns here)
             s
             for s in self.partitions.values()
-            if s.phase is fetching
+            if s._phase is fetching
             and not s.paused
             and not s.revoking
             and s.retry_at <= now

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from ..errors import REFRESH_METADATA_CODES, KafkaError, LogTruncationError, UnsupportedVersionError, error_for_code
 from ..structs import TopicPartition, by_topic
 from .fetch_buffer import FetchBuffer
-from .metadata import MetadataManager
+from .metadata import MetadataManager, PartitionInfo
 from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, PartitionState, SubscriptionState
 
@@ -75,13 +75,32 @@ class PositionValidator:
         self._in_flight: set[TopicPartition] = set()
         #: Brokers that cannot answer OffsetForLeaderEpoch v3+: positions they lead count as valid.
         self.unsupported_nodes: set[int] = set()
+        #: What the last walk over the partitions saw: the cluster snapshot and the subscriptions'
+        #: ``changes``.  While both stay and no partition awaits validation, a walk finds nothing.
+        self._walked_cluster: object = None
+        self._walked_changes = -1
 
     def next_deadline(self, now: float) -> float:
         waiting = self._subscriptions.in_phase(_AWAIT, float("inf"))
         return min((s.retry_at for s in waiting if now < s.retry_at < float("inf")), default=float("inf"))
 
     def poll(self, now: float) -> list[UnsentRequest]:
-        leaders = self._metadata.cluster.leaders
+        # A position needs checking when its partition's leader epoch, phase, vouched-for or fetched
+        # epoch changed (a new cluster snapshot, or ``changes`` moved); one waiting for an answer or
+        # a retry is looked at each turn.
+        cluster = self._metadata.cluster
+        if (
+            cluster is self._walked_cluster
+            and self._subscriptions.changes == self._walked_changes
+            and not self._subscriptions.in_phase(_AWAIT, float("inf"))
+        ):
+            return []
+        requests = self._walk(now, cluster.leaders)
+        self._walked_cluster = cluster
+        self._walked_changes = self._subscriptions.changes  # the walk's own changes are seen to
+        return requests
+
+    def _walk(self, now: float, leaders: dict[TopicPartition, PartitionInfo]) -> list[UnsentRequest]:
         by_node: dict[int, list[PartitionState]] = defaultdict(list)
         for state in self._subscriptions.partitions.values():
             if state.revoking:
