@@ -211,20 +211,25 @@ def test_fatal_code_fails_with_commit_failed_naming_the_partition(code: int) -> 
     s.h.assert_idle("OffsetCommit")
 
 
-@pytest.mark.parametrize("then", ["newer epoch", "fenced"])
+@pytest.mark.parametrize("then", ["newer epoch", "fenced", "lost and back"])
 def test_stale_member_epoch_retries_with_the_newer_epoch_only(then: str) -> None:
     """KIP-848: a commit that crossed a heartbeat bumping the member epoch is answered
     STALE_MEMBER_EPOCH; it goes again with the new epoch.  A member that left the group meanwhile
-    does not commit with an epoch it no longer has (or as a non-member): the commit fails."""
+    does not commit with an epoch it no longer has (or as a non-member): the commit fails.  So does
+    one that lost its partitions and joined again under its member id: they may be another's now."""
     identity = [GroupIdentity(generation=4, member_id="m-1")]
     s = Setup(identity_of=lambda: identity[0])
     s.find_coordinator()
     waiter = s.commits.commit(s.h.now, {T0: OffsetAndMetadata(10)})
     first = s.h.take("OffsetCommit")
     assert first.body()["generation_id_or_member_epoch"] == 4
-    identity[0] = GroupIdentity(generation=5, member_id="m-1") if then == "newer epoch" else GroupIdentity()
+    identity[0] = {
+        "newer epoch": GroupIdentity(generation=5, member_id="m-1"),
+        "fenced": GroupIdentity(),
+        "lost and back": GroupIdentity(generation=5, member_id="m-1", losses=1),
+    }[then]
     first.respond(commit_answer({T0: 113}))
-    if then == "fenced":
+    if then != "newer epoch":
         with pytest.raises(CommitFailedError, match="STALE_MEMBER_EPOCH"):
             waiter.result()
         s.h.advance(BACKOFF)

@@ -356,6 +356,7 @@ def test_fenced_member_loses_partitions_and_rejoins_with_epoch_0(code: int, keep
     s.answer(s.join({T: [0, 1]}, epoch=3), 3)
     for tp in (T0, T1):
         s.subs.seek(tp, 5)
+    before = s.m.identity()
     s.h.advance(INTERVAL_MS / 1000)
     s.answer(s.hb(), 3, error=code)
 
@@ -384,6 +385,8 @@ def test_fenced_member_loses_partitions_and_rejoins_with_epoch_0(code: int, keep
     s.ack()
     assert s.owned_ids(s.hb()) == {T: [1]}
     assert s.m.identity() == GroupIdentity(7, "m-1" if keeps_id else "m-2", None)
+    # A commit built before the loss never goes again under the new epoch (managers/commit.py).
+    assert s.m.identity().losses > before.losses
 
 
 def test_fenced_while_a_revocation_callback_runs() -> None:

@@ -42,6 +42,11 @@ class GroupIdentity:
     generation: int = -1
     member_id: str = ""
     group_instance_id: str | None = None
+    #: How many times the member lost its partitions without giving them up (fenced, its session
+    #: expired): a commit built before a loss never goes again under a later epoch, even of the
+    #: same member id (KIP-848 members rejoin under it).  Not part of what a commit carries, nor
+    #: of equality.
+    losses: int = field(default=0, compare=False)
 
 
 @dataclass(eq=False)
@@ -229,9 +234,10 @@ class CommitManager:
     def _moved_on(self, sent: GroupIdentity) -> bool:
         """KIP-848: STALE_MEMBER_EPOCH answers a commit built just before a heartbeat brought the
         member a newer epoch (the coordinator bumps it whenever the assignment changes).  The same
-        member with a newer epoch commits again; a member that is out of the group does not."""
+        member with a newer epoch commits again; a member that is out of the group does not, nor
+        one that lost its partitions since and joined again (its partitions may be another's now)."""
         now = self._identity()
-        return now.member_id == sent.member_id != "" and now.generation > sent.generation
+        return now.member_id == sent.member_id != "" and now.generation > sent.generation and now.losses == sent.losses
 
     def _commit_request(self, commit: _Commit, node: int) -> UnsentRequest:
         commit.in_flight = True

@@ -92,6 +92,8 @@ class GroupMemberBase(ABC):
         # from (``group_metadata``), and whether the member lost partitions since it last polled.
         self._fencing = (-1, "")
         self._loss_unseen = False
+        #: How many times the partitions were lost (``GroupIdentity.losses``).
+        self._losses = 0
         # The group request in flight (JoinGroup/SyncGroup/LeaveGroup, or the KIP-848 heartbeat),
         # the time before which none is sent, and when the next heartbeat is due.
         self._in_flight = False
@@ -121,8 +123,8 @@ class GroupMemberBase(ABC):
         """What offset commits carry: generation (or member epoch) and member id while a member."""
         outside = self.state in (MemberState.UNSUBSCRIBED, MemberState.LEAVING, MemberState.FENCED)
         if outside or self.generation < self._first_generation:
-            return GroupIdentity(-1, "", self.settings.group_instance_id)
-        return GroupIdentity(self.generation, self.member_id, self.settings.group_instance_id)
+            return GroupIdentity(-1, "", self.settings.group_instance_id, self._losses)
+        return GroupIdentity(self.generation, self.member_id, self.settings.group_instance_id, self._losses)
 
     # -- exactly-once (KIP-447) --------------------------------------------------------------------
 
@@ -149,6 +151,7 @@ class GroupMemberBase(ABC):
         """The partitions went without the application giving them up: until it polls again,
         ``group_metadata`` stays with the membership they were lost from."""
         self._loss_unseen = True
+        self._losses += 1
 
     #: The lowest generation that means "a member": classic starts at 0, KIP-848 epochs at 1.
     _first_generation = 0
