@@ -242,6 +242,33 @@ def test_stale_member_epoch_retries_with_the_newer_epoch_only(then: str) -> None
     assert waiter.result() is None and s.commits.last_committed == {T0: 10}
 
 
+@pytest.mark.parametrize("then", ["newer epoch", "left", "lost and back"])
+def test_a_members_commit_waiting_to_be_sent_goes_only_while_its_membership_lasts(then: str) -> None:
+    """A member's commit that could not go yet (no coordinator) goes under the member's current
+    epoch, but not once the member left or lost its partitions: as a non-member an empty group
+    would take it, and under a new membership it could commit over another member's partitions."""
+    identity = [GroupIdentity(generation=4, member_id="m-1")]
+    s = Setup(identity_of=lambda: identity[0])
+    waiter = s.commits.commit(s.h.now, {T0: OffsetAndMetadata(10)})
+    assert s.h.take_all("OffsetCommit") == [] and not waiter.done()  # looking for the coordinator
+    identity[0] = {
+        "newer epoch": GroupIdentity(generation=5, member_id="m-1"),
+        "left": GroupIdentity(),
+        "lost and back": GroupIdentity(generation=5, member_id="m-1", losses=1),
+    }[then]
+    s.find_coordinator()
+    if then == "newer epoch":
+        sent = s.h.take("OffsetCommit")
+        assert sent.body()["generation_id_or_member_epoch"] == 5 and sent.body()["member_id"] == "m-1"
+        sent.respond(commit_answer({T0: 0}))
+        assert waiter.result() is None and s.commits.last_committed == {T0: 10}
+        return
+    with pytest.raises(CommitFailedError, match=r"t-0.*not sent"):
+        waiter.result()
+    s.h.assert_idle("OffsetCommit")
+    assert s.commits.last_committed == {}
+
+
 def test_commit_times_out_without_a_coordinator() -> None:
     s = Setup()
     waiter = s.commits.commit(s.h.now, {T0: OffsetAndMetadata(10)}, timeout=1.0)

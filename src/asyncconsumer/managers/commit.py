@@ -59,6 +59,8 @@ class _Commit:
     #: Why the last attempt did not commit (a retriable error code, a timed-out request, a lost
     #: connection), for the timeout's message.
     last_error: BaseException | None = None
+    #: Who made it: a member's commit goes only while that membership lasts (``_outlived``).
+    made_by: GroupIdentity = field(default_factory=GroupIdentity)
 
 
 @dataclass(eq=False)
@@ -114,7 +116,7 @@ class CommitManager:
             waiter.set_result(None)
             return waiter
         deadline = now + (timeout if timeout is not None else self._request_timeout)
-        self._commits.append(_Commit(dict(offsets), waiter, deadline))
+        self._commits.append(_Commit(dict(offsets), waiter, deadline, made_by=self._identity()))
         return waiter
 
     def fetch_committed(
@@ -183,6 +185,16 @@ class CommitManager:
                         f"(last error: {commit.last_error or self._coordinator.last_error})"
                     )
                 )
+            elif not commit.in_flight and self._outlived(commit):
+                self._commits.remove(commit)
+                self.commit_failures += 1
+                commit.waiter.set_exception(
+                    CommitFailedError(
+                        f"commit of {_names(commit.offsets)} not sent: the member of group "
+                        f"{self._coordinator.group_id!r} that made it lost its partitions or left the "
+                        "group before it could go (another member may own them now)"
+                    )
+                )
         self._queue_position_fetches(now)
         coordinator = self._coordinator.node_id
         if coordinator is None:
@@ -238,6 +250,17 @@ class CommitManager:
         one that lost its partitions since and joined again (its partitions may be another's now)."""
         now = self._identity()
         return now.member_id == sent.member_id != "" and now.generation > sent.generation and now.losses == sent.losses
+
+    def _outlived(self, commit: _Commit) -> bool:
+        """A member's commit waiting to be sent (no coordinator yet, a retry) whose membership is
+        over: the member left, was fenced or lost its partitions and joined again.  Sent now, it
+        would go as a non-member (which an empty group takes) or under the new membership: either
+        could commit over another member's partitions."""
+        made = commit.made_by
+        if not made.member_id:
+            return False  # not a member's (manual assignment): nothing to outlive
+        now = self._identity()
+        return now.member_id != made.member_id or now.losses != made.losses
 
     def _commit_request(self, commit: _Commit, node: int) -> UnsentRequest:
         commit.in_flight = True
