@@ -176,25 +176,25 @@ class CommitManager:
         for commit in list(self._commits):
             if commit.waiter.done():
                 self._commits.remove(commit)
-            elif now >= commit.deadline and not commit.in_flight:
+                continue
+            if commit.in_flight:
+                continue
+            error: KafkaError | None = None
+            if now >= commit.deadline:
+                error = KafkaTimeoutError(
+                    f"commit of {_names(commit.offsets)} did not complete in time "
+                    f"(last error: {commit.last_error or self._coordinator.last_error})"
+                )
+            elif self._outlived(commit):
+                error = CommitFailedError(
+                    f"commit of {_names(commit.offsets)} not sent: the member of group "
+                    f"{self._coordinator.group_id!r} that made it lost its partitions or left the "
+                    "group before it could go (another member may own them now)"
+                )
+            if error is not None:
                 self._commits.remove(commit)
                 self.commit_failures += 1
-                commit.waiter.set_exception(
-                    KafkaTimeoutError(
-                        f"commit of {_names(commit.offsets)} did not complete in time "
-                        f"(last error: {commit.last_error or self._coordinator.last_error})"
-                    )
-                )
-            elif not commit.in_flight and self._outlived(commit):
-                self._commits.remove(commit)
-                self.commit_failures += 1
-                commit.waiter.set_exception(
-                    CommitFailedError(
-                        f"commit of {_names(commit.offsets)} not sent: the member of group "
-                        f"{self._coordinator.group_id!r} that made it lost its partitions or left the "
-                        "group before it could go (another member may own them now)"
-                    )
-                )
+                commit.waiter.set_exception(error)
         self._queue_position_fetches(now)
         coordinator = self._coordinator.node_id
         if coordinator is None:
