@@ -48,6 +48,11 @@ class GroupIdentity:
     #: of equality.
     losses: int = field(default=0, compare=False)
 
+    def same_membership(self, other: GroupIdentity) -> bool:
+        """Both are of one membership of a member: the same member id, no loss in between (the
+        epoch or generation may have moved on)."""
+        return self.member_id == other.member_id != "" and self.losses == other.losses
+
 
 @dataclass(eq=False)
 class _Commit:
@@ -249,7 +254,7 @@ class CommitManager:
         member with a newer epoch commits again; a member that is out of the group does not, nor
         one that lost its partitions since and joined again (its partitions may be another's now)."""
         now = self._identity()
-        return now.member_id == sent.member_id != "" and now.generation > sent.generation and now.losses == sent.losses
+        return now.same_membership(sent) and now.generation > sent.generation
 
     def _outlived(self, commit: _Commit) -> bool:
         """A member's commit waiting to be sent (no coordinator yet, a retry) whose membership is
@@ -259,8 +264,7 @@ class CommitManager:
         made = commit.made_by
         if not made.member_id:
             return False  # not a member's (manual assignment): nothing to outlive
-        now = self._identity()
-        return now.member_id != made.member_id or now.losses != made.losses
+        return not self._identity().same_membership(made)
 
     def _commit_request(self, commit: _Commit, node: int) -> UnsentRequest:
         commit.in_flight = True
