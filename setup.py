@@ -24,7 +24,7 @@ if not _disabled():
     ext_modules.append(
         Extension(
             "asyncconsumer._speedups",
-            sources=[f"speedups/{name}.c" for name in ("module", "records", "columns", "arrow", "crc32c", "ready", "fields")],
+            sources=[f"speedups/{name}.c" for name in ("module", "records", "columns", "arrow", "crc32c", "ready", "fields", "codec")],
             depends=["speedups/speedups.h"],
             optional=True,
         )

@@ -1,12 +1,13 @@
 """Produce-to-hand-out latency: ``python -m benchmarks.latency``.
 
     python -m benchmarks.latency [--rates 1000,50000] [--seconds 10] [--warm-up 3] [--rounds 1]
-                                 [--settings defaults,low] [--readers a,b] [--json F] [--markdown F]
+                                 [--settings defaults,low] [--readers a,b] [--partitions 4]
+                                 [--json F] [--markdown F]
 
 How long a record takes from the producer's ``produce()`` call to the moment a reader's API hands
 it to the application, at a steady rate, on one Apache Kafka broker on this machine.  Every reader
-runs in a process of its own, one at a time, each on a fresh topic (4 partitions), interleaved
-(the order rotates each round):
+runs in a process of its own, one at a time, each on a fresh topic (``--partitions``, 4 by default,
+every one of them assigned to the reader), interleaved (the order rotates each round):
 
 - asyncconsumer ``async for`` and ``getmany()`` (``Consumer``, every partition assigned from the
   beginning), and ``ShareConsumer.getmany()`` (a share group of its own reading from the earliest
@@ -280,7 +281,8 @@ def record(flag: int) -> bytes:
     return _STAMP.pack(time.time_ns(), flag) + b"x" * (VALUE_SIZE - _STAMP.size)
 
 
-def produce(producer: Any, topic: str, rate: int, warm_up: float, seconds: float) -> dict[str, Any]:
+def produce(producer: Any, topic: str, rate: int, warm_up: float, seconds: float,
+            partitions: int = PARTITIONS) -> dict[str, Any]:
     """``warm_up`` then ``seconds`` of records at ``rate`` a second to ``topic``'s partitions in turn,
     stamped with the clock; the measured ones' produce-to-acknowledged latencies (ns)."""
     acked = array.array("q")
@@ -302,7 +304,7 @@ def produce(producer: Any, topic: str, rate: int, warm_up: float, seconds: float
     while sent < total:
         due = min(total, int((clock() - started) * rate) + 1)
         while sent < due:
-            send(topic, pack(now_ns(), sent >= warm) + pad, KEY, partition=sent % PARTITIONS, on_delivery=on_delivery)
+            send(topic, pack(now_ns(), sent >= warm) + pad, KEY, partition=sent % partitions, on_delivery=on_delivery)
             sent += 1
         producer.poll(0)
         ahead = sent / rate - (clock() - started)
@@ -316,13 +318,14 @@ def produce(producer: Any, topic: str, rate: int, warm_up: float, seconds: float
             "rate": total / elapsed if elapsed > 0 else 0.0, "max_behind_s": lag}
 
 
-def prime(producer: Any, topic: str, lines: queue.Queue[str | None], timeout: float) -> None:
+def prime(producer: Any, topic: str, lines: queue.Queue[str | None], timeout: float,
+          partitions: int = PARTITIONS) -> None:
     """Warm-up records (20 a second) until the reader says READY: it has its first record."""
     deadline = time.monotonic() + timeout
     sent = 0
     seen: list[str] = []
     while time.monotonic() < deadline:
-        producer.produce(topic, record(0), KEY, partition=sent % PARTITIONS)
+        producer.produce(topic, record(0), KEY, partition=sent % partitions)
         producer.poll(0)
         sent += 1
         try:
@@ -343,12 +346,12 @@ def _admin(bootstrap: str) -> Any:
     return AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
 
 
-def create_topic(bootstrap: str) -> str:
+def create_topic(bootstrap: str, partitions: int = PARTITIONS) -> str:
     from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
     name = f"latency-{uuid.uuid4().hex[:10]}"
     admin = _admin(bootstrap)  # kept alive until the answer is in (a dropped client cancels it)
-    admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(timeout=60)
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=60)
     return name
 
 
@@ -368,14 +371,14 @@ def _cpu_of(pid: int) -> float | None:
 
 
 def reader_command(reader: str, broker: brokers.Broker, topic: str, count: int, out: str, low: bool,
-                   java: Path | None, group: str | None) -> list[str]:
-    base = ("--bootstrap", broker.bootstrap, "--topic", topic, "--partitions", str(PARTITIONS), "--count", str(count))
+                   java: Path | None, group: str | None, partitions: int = PARTITIONS) -> list[str]:
+    base = ("--bootstrap", broker.bootstrap, "--topic", topic, "--partitions", str(partitions), "--count", str(count))
     if reader in JAVA_READERS:
         assert java is not None
         extra = [f"fetch.max.wait.ms={LOW_WAIT_MS}"] if low else []
         if group is not None:
             extra.append(f"share={group}")
-        return java_command(broker.handle, java, broker.bootstrap, topic, str(PARTITIONS), str(count), out, *extra)
+        return java_command(broker.handle, java, broker.bootstrap, topic, str(partitions), str(count), out, *extra)
     if reader == franz.CLIENT:
         wait = ("--fetch-max-wait-ms", str(LOW_WAIT_MS)) if low else ()
         return franz.command("latency", *base, "--out", out, *wait)
@@ -385,12 +388,12 @@ def reader_command(reader: str, broker: brokers.Broker, topic: str, count: int, 
 
 
 def measure_one(reader: str, broker: brokers.Broker, rate: int, low: bool, warm_up: float, seconds: float,
-                java: Path | None) -> dict[str, Any]:
+                java: Path | None, partitions: int = PARTITIONS) -> dict[str, Any]:
     """One reader at one rate and setting on a fresh topic: its latencies (ns, measured records),
     the producer's, the reader's CPU share over the measured seconds, and what went wrong."""
     from .share import share_group_from_earliest
 
-    topic = create_topic(broker.bootstrap)
+    topic = create_topic(broker.bootstrap, partitions)
     count = int(rate * seconds)
     group = share_group_from_earliest(broker.bootstrap) if reader in SHARE_READERS else None
     result: dict[str, Any] = {"reader": reader, "rate": rate, "setting": "low" if low else "defaults",
@@ -398,7 +401,7 @@ def measure_one(reader: str, broker: brokers.Broker, rate: int, low: bool, warm_
     send = producer(broker.bootstrap)
     with tempfile.TemporaryDirectory(prefix="asyncconsumer-latency-") as tmp:
         out = str(Path(tmp, "latencies"))
-        command = reader_command(reader, broker, topic, count, out, low, java, group)
+        command = reader_command(reader, broker, topic, count, out, low, java, group, partitions)
         with open(Path(tmp, "stderr"), "w+") as err:
             proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True,
                                     stdin=subprocess.DEVNULL, cwd=ROOT, env=client_env({}))
@@ -412,9 +415,9 @@ def measure_one(reader: str, broker: brokers.Broker, rate: int, low: bool, warm_
 
             threading.Thread(target=pump, daemon=True).start()
             try:
-                prime(send, topic, lines, START_TIMEOUT_S)
+                prime(send, topic, lines, START_TIMEOUT_S, partitions)
                 cpu0 = _cpu_of(proc.pid)
-                produced = produce(send, topic, rate, warm_up, seconds)
+                produced = produce(send, topic, rate, warm_up, seconds, partitions)
                 cpu1 = _cpu_of(proc.pid)
                 proc.wait(timeout=120)
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -479,7 +482,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, di
         "## Latency: produce to hand-out",
         "",
         f"{meta['date']}; {meta['broker']}; {meta['machine']}; Python {meta['python']}.  "
-        f"{PARTITIONS} partitions, {VALUE_SIZE} B values, {meta['warm_up']:g} s warm-up then {meta['seconds']:g} s "
+        f"{meta.get('partitions', PARTITIONS)} partitions, {VALUE_SIZE} B values, {meta['warm_up']:g} s warm-up then {meta['seconds']:g} s "
         f"measured per reader, medians of {meta['rounds']} round(s); load average {meta['load'][0]:.1f} at the start, "
         f"{meta['load'][1]:.1f} at the end.  `low`: fetch max wait {LOW_WAIT_MS} ms on every reader.",
     ]
@@ -581,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds of an unrecorded read at each rate first, for the broker (default 15)")
     parser.add_argument("--settings", default=",".join(SETTINGS), help="defaults,low (default: both)")
     parser.add_argument("--readers", default=",".join(READERS), help="comma-separated (default: %(default)s)")
+    parser.add_argument("--partitions", type=int, default=PARTITIONS,
+                        help="the topic's partitions, every one assigned to the reader (default %(default)s)")
     parser.add_argument("--json", type=Path, help="write the numbers here")
     parser.add_argument("--markdown", type=Path, help="write the report here")
     args = parser.parse_args(argv)
@@ -588,11 +593,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = args.settings.split(",")
     if unknown := [r for r in readers if r not in READERS] + [s for s in settings if s not in SETTINGS]:
         parser.error(f"unknown readers or settings: {unknown}")
+    if args.partitions < 1:
+        parser.error("--partitions must be at least 1")
     rates = [int(r) for r in args.rates.split(",")]
     broker = brokers.start("kafka", log)
     try:
         text, numbers = measure(broker, readers, rates, settings, seconds=args.seconds, warm_up=args.warm_up,
-                                rounds=args.rounds, broker_warm_up=args.broker_warm_up)
+                                rounds=args.rounds, broker_warm_up=args.broker_warm_up, partitions=args.partitions)
     finally:
         broker.stop()
     print(text)
@@ -604,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure(broker: brokers.Broker, readers: list[str], rates: list[int], settings: list[str], *, seconds: float,
-            warm_up: float, rounds: int, broker_warm_up: float) -> tuple[str, dict[str, Any]]:
+            warm_up: float, rounds: int, broker_warm_up: float,
+            partitions: int = PARTITIONS) -> tuple[str, dict[str, Any]]:
     """Every reader at every rate in every setting for ``rounds`` rounds on ``broker`` (Apache Kafka):
     the Markdown report and its numbers (every run's summary; ``errors``: the runs that failed)."""
     readers = list(readers)
@@ -620,7 +628,7 @@ def measure(broker: brokers.Broker, readers: list[str], rates: list[int], settin
         readers.remove(franz.CLIENT)
     for rate in rates if broker_warm_up > 0 else ():  # a broker just started is slow at first (its JIT)
         log(f"warming the broker up: confluent-kafka at {rate}/s for {broker_warm_up:g} s")
-        measure_one("confluent-kafka", broker, rate, False, 0.0, broker_warm_up, java)
+        measure_one("confluent-kafka", broker, rate, False, 0.0, broker_warm_up, java, partitions)
     load0 = os.getloadavg()[0]
     results = []
     for round_no in range(rounds):
@@ -628,7 +636,7 @@ def measure(broker: brokers.Broker, readers: list[str], rates: list[int], settin
         for setting in settings:
             for rate in rates:
                 for reader in order:
-                    result = measure_one(reader, broker, rate, setting == "low", warm_up, seconds, java)
+                    result = measure_one(reader, broker, rate, setting == "low", warm_up, seconds, java, partitions)
                     result["round"] = round_no
                     results.append(result)
                     got = summarize(list(result["latencies"])) if result["latencies"] else None
@@ -641,6 +649,7 @@ def measure(broker: brokers.Broker, readers: list[str], rates: list[int], settin
     meta = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "broker": broker.description,
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "python": platform.python_version(),
             "rounds": rounds, "seconds": seconds, "warm_up": warm_up, "load": (load0, os.getloadavg()[0]),
+            "partitions": partitions,
             "versions": _versions()}
     text, tables = report(results, meta)
     text += "\n" + "".join(f"\n- {note}" for note in notes) if notes else ""

@@ -183,6 +183,12 @@ PyDoc_STRVAR(slot_fields_doc,
              "Replace a NamedTuple class's field getters by member descriptors at the tuple items'\n"
              "offsets: the same values, read by the interpreter without a call (fields.c).");
 
+PyDoc_STRVAR(decode_message_doc,
+             "decode_message(programs, view) -> list[dict] | None\n\n"
+             "Parse one message struct after another from a frame's memoryview, each by its program\n"
+             "(protocol/messages.py MessageStruct.program()): the compiled twin of MessageStruct._parse.\n"
+             "None when the frame does not read as those structs: the Python decoder then says why.");
+
 static PyMethodDef methods[] = {
     {"decode_batch", (PyCFunction)(void (*)(void))decode_batch, METH_FASTCALL, decode_batch_doc},
     {"bind", (PyCFunction)bind, METH_VARARGS, bind_doc},
@@ -194,6 +200,7 @@ static PyMethodDef methods[] = {
     {"int32_steps", (PyCFunction)int32_steps, METH_VARARGS, int32_steps_doc},
     {"ready", (PyCFunction)ready, METH_O, ready_doc},
     {"slot_fields", (PyCFunction)slot_fields, METH_O, slot_fields_doc},
+    {"decode_message", (PyCFunction)(void (*)(void))decode_message, METH_FASTCALL, decode_message_doc},
     {NULL, NULL, 0, NULL},
 };
 

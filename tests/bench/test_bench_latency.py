@@ -108,12 +108,14 @@ def _check(run: dict[str, Any], count: int) -> None:
 
 
 @with_confluent
-@pytest.mark.parametrize("reader", ["asyncconsumer-getmany", "confluent-kafka"])
-def test_a_reader_hands_out_every_measured_record(apache_kafka: Any, reader: str) -> None:
+@pytest.mark.parametrize(("reader", "partitions"),
+                         [("asyncconsumer-getmany", 4), ("confluent-kafka", 4), ("asyncconsumer-getmany", 16)])
+def test_a_reader_hands_out_every_measured_record(apache_kafka: Any, reader: str, partitions: int) -> None:
     """One reader, one second at 1,000 records/s on the session's broker: every measured record's
-    latency comes back from the reader's process, none negative or absurd, with the producer's."""
+    latency comes back from the reader's process, none negative or absurd, with the producer's.
+    With more partitions (``--partitions``) the records go to every one and the reader reads them all."""
     broker = brokers.Broker("kafka", apache_kafka.bootstrap, None, "the session's broker", apache_kafka.broker)
-    run = latency.measure_one(reader, broker, 1000, False, 0.2, 1.0, None)
+    run = latency.measure_one(reader, broker, 1000, False, 0.2, 1.0, None, partitions)
     assert run["error"] is None, run
     values = sorted(run["latencies"])
     assert len(values) == 1000 and 0 < values[0] and values[-1] < 120e9, values[:3] + values[-3:]

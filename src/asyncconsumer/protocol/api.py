@@ -18,6 +18,7 @@ Bytes after the body are ignored, as the Java client does.
 from __future__ import annotations
 
 import functools
+import importlib
 import io
 import struct
 from collections.abc import Mapping
@@ -26,8 +27,9 @@ from typing import Any
 from construct import Container
 
 from ._schemas import SCHEMAS
-from .messages import MessageStruct, in_range, struct_for
-from .primitives import DECODE_ERRORS, FrameReader, ProtocolDecodeError, ProtocolEncodeError
+from .messages import MessageStruct, Program, in_range, struct_for
+from .primitives import DECODE_ERRORS, FrameReader, ProtocolDecodeError, ProtocolEncodeError, byte_view
+from .records import DECODER
 
 __all__ = [
     "API_KEYS",
@@ -48,6 +50,13 @@ __all__ = [
 ]
 
 Frame = bytes | bytearray | memoryview
+
+#: The compiled twin of the struct walk (speedups/codec.c), with the compiled record decoder (the
+#: same switch, ``ASYNCCONSUMER_NO_EXTENSION``): the frame to dicts in one call, or None when the
+#: frame is not well formed, and the Python walk then names the problem.
+_decode_message: Any = (
+    getattr(importlib.import_module("asyncconsumer._speedups"), "decode_message", None) if DECODER == "c" else None
+)
 
 API_KEYS: dict[str, int] = {
     s["name"].removesuffix("Request"): s["api_key"] for s in SCHEMAS.values() if s["type"] == "request"
@@ -185,8 +194,19 @@ def _encode(parts: list[tuple[MessageStruct, Mapping[str, Any]]], what: str, pre
     return stream.getvalue()
 
 
+@functools.cache
+def _programs(*structs: MessageStruct) -> tuple[Program, ...]:
+    return tuple(s.program() for s in structs)
+
+
 def _decode(structs: list[MessageStruct], frame: Frame, what: str) -> list[dict[str, Any]]:
-    reader = FrameReader(frame)
+    view = byte_view(frame)
+    if _decode_message is not None:
+        bodies: list[dict[str, Any]] | None = _decode_message(_programs(*structs), view)
+        if bodies is not None:
+            return bodies
+        # Not a well-formed frame of these structs: the Python decoder says what is wrong (or answers).
+    reader = FrameReader(view)
     context = Container()
     bodies = []
     try:

@@ -211,6 +211,20 @@ class MessageStruct(_Base):
         self.tagged_out.sort(key=lambda item: item[0])
         #: ``positional`` as the codec walks it, runs of fixed-width numbers taken at once.
         self.steps = _runs(self.positional)
+        self._program: Program | None = None
+
+    def program(self) -> Program:
+        """This struct as the compiled decoder walks it (speedups/codec.c ``decode_message``):
+        ``(template, steps, tagged, fill)``: the defaults every result starts from, the positional
+        fields as ``(key, node)`` in wire order, the tagged ones as ``{tag: (key, node)}`` (None in
+        a version that is not flexible), and ``fill`` as :meth:`_parse` uses it.  A node is
+        ``(op, flags, sub)``: an ``OP_*``, ``F_FLEXIBLE | F_NULLABLE``, and an array's element node
+        or a struct's program.  Made on first use and kept."""
+        if self._program is None:
+            steps = tuple((key, _node(sub)) for key, sub, _ in self.positional)
+            tagged = {tag: (key, _node(sub)) for tag, (key, sub) in self.tagged.items()} if self.flexible else None
+            self._program = (self.template, steps, tagged, tuple(self.fill))
+        return self._program
 
     def _parse(self, stream: Any, context: Any, path: Any) -> dict[str, Any]:
         result = self.template.copy()
@@ -304,6 +318,38 @@ class MessageStruct(_Base):
         except ENCODE_ERRORS as exc:
             raise _LocatedEncodeError(f"{self.where}{key}: {exc}") from None
         return obj
+
+
+# The compiled decoder's ops and flags (speedups/codec.c has the same numbers).
+OP_BOOL, OP_INT8, OP_INT16, OP_INT32, OP_INT64, OP_UINT16, OP_UINT32, OP_FLOAT64, OP_UUID = range(9)
+OP_STRING, OP_BYTES, OP_RECORDS, OP_ARRAY, OP_STRUCT, OP_NULLABLE_STRUCT = range(9, 15)
+F_FLEXIBLE, F_NULLABLE = 1, 2
+_FIXED_OPS = {"b": OP_INT8, "h": OP_INT16, "l": OP_INT32, "q": OP_INT64, "H": OP_UINT16, "L": OP_UINT32,
+              "d": OP_FLOAT64}
+#: A struct's program and a field's node (:meth:`MessageStruct.program`).
+Program = tuple[dict[str, Any], tuple[tuple[str, Any], ...], dict[int, tuple[str, Any]] | None,
+                tuple[tuple[str, Callable[[], Any]], ...]]
+Node = tuple[int, int, Any]
+
+
+def _node(sub: Any) -> Node:
+    """The compiled decoder's node for one field's construct (``MessageStruct.program``)."""
+    kind = type(sub)
+    if sub is BOOL:
+        return (OP_BOOL, 0, None)
+    if sub is UUID:
+        return (OP_UUID, 0, None)
+    if kind is Fixed:
+        return (_FIXED_OPS[sub.code], 0, None)
+    if kind is MessageStruct:
+        return (OP_STRUCT, 0, sub.program())
+    if kind is NullableStruct:
+        return (OP_NULLABLE_STRUCT, 0, sub.subcon.program())
+    flags = (F_FLEXIBLE if sub.flexible else 0) | (F_NULLABLE if sub.nullable else 0)
+    if kind is Array:
+        return (OP_ARRAY, flags, _node(sub.subcon))
+    ops = {String: OP_STRING, Bytes: OP_BYTES, Records: OP_RECORDS}
+    return (ops[kind], flags, None)
 
 
 def field_construct(field: Field, version: int, flexible: bool, where: str) -> Any:

@@ -68,6 +68,14 @@ _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 
 
+def byte_view(data: bytes | bytearray | memoryview) -> memoryview:
+    """``data`` as a flat memoryview of bytes (format ``B``), without copying it."""
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
 class FrameReader:
     """Read-only stream over a ``memoryview``: the subset of ``io.BytesIO`` that construct uses.
 
@@ -78,12 +86,9 @@ class FrameReader:
     __slots__ = ("end", "pos", "view")
 
     def __init__(self, data: bytes | bytearray | memoryview) -> None:
-        view = memoryview(data)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-        self.view = view
+        self.view = byte_view(data)
         self.pos = 0
-        self.end = len(view)
+        self.end = len(self.view)
 
     def read(self, n: int = -1) -> bytes:
         start = self.pos
