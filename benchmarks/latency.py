@@ -482,7 +482,8 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[str, di
         "## Latency: produce to hand-out",
         "",
         f"{meta['date']}; {meta['broker']}; {meta['machine']}; Python {meta['python']}.  "
-        f"{meta.get('partitions', PARTITIONS)} partitions, {VALUE_SIZE} B values, {meta['warm_up']:g} s warm-up then {meta['seconds']:g} s "
+        f"{meta.get('partitions', PARTITIONS)} partitions, {VALUE_SIZE} B values, "
+        f"{meta['warm_up']:g} s warm-up then {meta['seconds']:g} s "
         f"measured per reader, medians of {meta['rounds']} round(s); load average {meta['load'][0]:.1f} at the start, "
         f"{meta['load'][1]:.1f} at the end.  `low`: fetch max wait {LOW_WAIT_MS} ms on every reader.",
     ]

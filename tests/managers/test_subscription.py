@@ -292,3 +292,50 @@ def test_changes_count_what_decides_validation_and_not_a_repeated_epoch() -> Non
     assert subs.changes == before + 2
     state.rewind(10)  # back before the batch: the epoch the position was set with (none)
     assert state.fetched_epoch is None and subs.changes == before + 3
+
+
+class _CountedWalks(dict[TopicPartition, PartitionState]):
+    """The partitions' dict, counting the walks over it."""
+
+    walks = 0
+
+    def values(self):  # type: ignore[override]
+        self.walks += 1
+        return super().values()
+
+
+def test_next_retry_is_the_earliest_backoff_and_walks_only_while_one_may_be_ahead() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0, T1, T2])
+    for tp in (T0, T1, T2):
+        subs.seek(tp, 0)
+    subs.partitions = counted = _CountedWalks(subs.partitions)
+    assert subs.next_retry(1.0) == float("inf") and counted.walks == 0  # nobody ever backed off
+    subs.partitions[T0].retry_at = 5.0  # a fetch error
+    subs.partitions[T1].retry_at = 3.0
+    subs.partitions[T2].retry_at = float("inf")  # until the application seeks: not a deadline
+    assert subs.next_retry(1.0) == 3.0
+    assert subs.next_retry(4.0) == 5.0
+    walks = counted.walks
+    assert subs.next_retry(5.0) == float("inf") and subs.next_retry(9.0) == float("inf")
+    assert counted.walks == walks  # the latest backoff written has passed: no walk
+    subs.partitions[T1].retry_at = 12.0  # another error, later
+    assert subs.next_retry(10.0) == 12.0
+    subs.seek(T1, 3)  # a seek ends the backoff: the next walk finds none ahead
+    assert subs.next_retry(10.0) == float("inf")
+    walks = counted.walks
+    assert subs.next_retry(10.5) == float("inf") and counted.walks == walks
+    subs.request_reset(T2)
+    subs.partitions[T2].retry_at = 11.0  # a failed lookup's backoff counts too
+    assert subs.next_retry(10.5) == 11.0
+
+
+def test_a_partition_assigned_again_brings_no_stale_backoff() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0])
+    subs.seek(T0, 0)
+    subs.partitions[T0].retry_at = 5.0
+    subs.remove([T0])
+    assert subs.next_retry(1.0) == float("inf")  # the walk finds no partition backing off
+    subs.add([T0])
+    assert subs.partitions[T0].retry_at == 0.0 and subs.next_retry(1.0) == float("inf")

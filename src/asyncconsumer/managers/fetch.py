@@ -157,9 +157,8 @@ class FetchManager:
         self.unfiltered_aborts_seen = False
 
     def next_deadline(self, now: float) -> float:
-        waiting = [s.retry_at for s in self._subscriptions.partitions.values() if s.retry_at > now]
-        waiting.extend(since + self._max_wait_ms / 1000 for since in self._held_since.values())
-        return min(waiting, default=float("inf"))
+        held = [since + self._max_wait_ms / 1000 for since in self._held_since.values()]
+        return min([self._subscriptions.next_retry(now), *held])
 
     def may_fetch_after_release(self, tp: TopicPartition, was_full: bool) -> bool:
         """Whether a completed fetch of ``tp`` leaving the buffer (``was_full``: the buffer was

@@ -41,11 +41,14 @@ validating) moves ``SubscriptionState.changes``.  The partitions still settling 
 turn of several managers) costs nothing while no partition changed, and the position validator
 walks the partitions only when something it looks at changed (managers/validation.py).  A
 consumer with a thousand partitions caught up then pays for them once a fetch, not once a manager.
+The latest backoff written (``retry_at``) is kept too, so that ``next_retry`` walks the partitions
+only while one of them may still be backing off.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -53,13 +56,15 @@ from ..structs import TopicPartition
 
 
 class _Census:
-    """How many times a phase, a vouched-for leader epoch or a fetched epoch changed: one per
-    ``SubscriptionState``, shared by its partition states (see the module's docstring)."""
+    """How many times a phase, a vouched-for leader epoch or a fetched epoch changed, and no
+    partition's finite ``retry_at`` is later than ``retry_until``: one per ``SubscriptionState``,
+    shared by its partition states (see the module's docstring)."""
 
-    __slots__ = ("changes",)
+    __slots__ = ("changes", "retry_until")
 
     def __init__(self) -> None:
         self.changes = 0
+        self.retry_until = 0.0
 
 
 class PartitionPhase(enum.Enum):
@@ -104,7 +109,9 @@ class PartitionState:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
-    retry_at: float = 0.0
+    #: Not before then (a backoff after an error; ``inf``: until the application seeks).  Read and
+    #: written as ``retry_at``, which keeps the census's latest backoff.
+    _retry_at: float = 0.0
     #: Metadata leader epoch the fetch position was validated against (or fetched under); None:
     #: never.  Read and written as ``validated_for``, which counts its changes.
     _validated_for: int | None = None
@@ -131,6 +138,17 @@ class PartitionState:
     def phase(self, phase: PartitionPhase) -> None:
         self._phase = phase
         self._census.changes += 1
+
+    @property
+    def retry_at(self) -> float:
+        return self._retry_at
+
+    @retry_at.setter
+    def retry_at(self, at: float) -> None:
+        self._retry_at = at
+        census = self._census
+        if census.retry_until < at < math.inf:
+            census.retry_until = at
 
     @property
     def validated_for(self) -> int | None:
@@ -356,12 +374,22 @@ class SubscriptionState:
     def in_phase(self, phase: PartitionPhase, now: float) -> list[PartitionState]:
         """The partitions in ``phase`` whose ``retry_at`` has come (in assignment order)."""
         if phase is PartitionPhase.FETCHING:
-            return [s for s in self.partitions.values() if s._phase is phase and s.retry_at <= now]
+            return [s for s in self.partitions.values() if s._phase is phase and s._retry_at <= now]
         if self._settling_at != self._census.changes:
             self._settling_at = self._census.changes
             fetching = PartitionPhase.FETCHING
             self._settling = [s for s in self.partitions.values() if s._phase is not fetching]
-        return [s for s in self._settling if s._phase is phase and s.retry_at <= now]
+        return [s for s in self._settling if s._phase is phase and s._retry_at <= now]
+
+    def next_retry(self, now: float) -> float:
+        """The earliest finite ``retry_at`` after ``now`` of any partition (``inf``: none).  Walks
+        the partitions only while the latest backoff written is still ahead."""
+        census = self._census
+        if census.retry_until <= now:  # every finite retry_at is at or before it
+            return math.inf
+        ahead = [s._retry_at for s in self.partitions.values() if now < s._retry_at < math.inf]
+        census.retry_until = max(ahead, default=0.0)
+        return min(ahead, default=math.inf)
 
     def fetchable(self, now: float) -> list[PartitionState]:
         fetching = PartitionPhase.FETCHING
@@ -371,7 +399,7 @@ class SubscriptionState:
             if s._phase is fetching
             and not s.paused
             and not s.revoking
-            and s.retry_at <= now
+            and s._retry_at <= now
             and (s.fetch_end is None or s.fetch_offset < s.fetch_end)
         ]
 
