@@ -1,6 +1,7 @@
 /*
  * decode_message(programs, view): Kafka protocol messages (headers and bodies) parsed to plain
- * dicts, the compiled twin of protocol/messages.py's MessageStruct._parse (speedups.h lists the
+ * dicts, the compiled twin of protocol/messages.py's MessageStruct._parse; encode_message(programs,
+ * bodies, prefix) the twin of MessageStruct._build for plain bodies (speedups.h lists the
  * extension's files).
  *
  * The layout is not written here: protocol/messages.py compiles each MessageStruct, itself built
@@ -12,12 +13,19 @@
  * fields the wire did not carry.  A node is ``(op, flags, sub)``: one of the ops below, F_FLEXIBLE
  * and F_NULLABLE, and for an array its element's node, for a struct its program.
  *
- * It answers only for well-formed input: on anything it cannot read (a length past the end, a
+ * The decoder answers only for well-formed input: on anything it cannot read (a length past the end, a
  * null where none is allowed, invalid UTF-8, a Python error) it returns None, and the caller runs
  * the Python decoder on the same frame, which raises the error that names the field (or, if it
  * reads the frame after all, answers).  So every message this returns is one the Python decoder
  * returns too, with the same keys and values: tests/protocol/test_codec_compiled.py checks it on
  * every message and version, and on garbage.
+ *
+ * The encoder writes only what is plain: dicts with str keys that this version knows, none of the
+ * fields the version lacks nor tagged fields given (the Python encoder decides whether those are
+ * dropped, written or refused), values of exactly the types the decoder returns (bool, int in
+ * range, float, str, bytes, bytearray or memoryview, list or tuple, dict, None where allowed).
+ * For anything else it returns None and the Python encoder writes the body, or raises the error
+ * that names the field.  The same test checks both write the same bytes.
  */
 
 #include "speedups.h"
@@ -393,5 +401,318 @@ decode_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyList_SET_ITEM(out, i, body);
     }
     PyBuffer_Release(&buffer);
+    return out;
+}
+
+/* ------------------------------------------------------------------ encode_message */
+
+/* The bytes written so far (grown by doubling). */
+typedef struct {
+    char *buf;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} writer;
+
+static int
+reserve(writer *w, Py_ssize_t n)
+{
+    if (w->len + n <= w->cap) {
+        return 0;
+    }
+    Py_ssize_t cap = w->cap ? w->cap : 256;
+    while (cap < w->len + n) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    char *grown = PyMem_Realloc(w->buf, (size_t)cap);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    w->buf = grown;
+    w->cap = cap;
+    return 0;
+}
+
+static inline int
+put(writer *w, const void *data, Py_ssize_t n)
+{
+    if (reserve(w, n) < 0) {
+        return -1;
+    }
+    memcpy(w->buf + w->len, data, (size_t)n);
+    w->len += n;
+    return 0;
+}
+
+static inline int
+put_be(writer *w, uint64_t value, int size)
+{
+    unsigned char out[8];
+    for (int i = 0; i < size; i++) {
+        out[i] = (unsigned char)(value >> (8 * (size - 1 - i)));
+    }
+    return put(w, out, size);
+}
+
+/* An unsigned varint of at most 32 bits, as write_uvarint writes it (-1: out of range). */
+static int
+put_uvarint(writer *w, int64_t value)
+{
+    if (value < 0 || value > 0xFFFFFFFFLL) {
+        return -1;
+    }
+    unsigned char out[5];
+    int n = 0;
+    uint64_t v = (uint64_t)value;
+    while (v > 0x7F) {
+        out[n++] = (unsigned char)((v & 0x7F) | 0x80);
+        v >>= 7;
+    }
+    out[n++] = (unsigned char)v;
+    return put(w, out, n);
+}
+
+/* A length or count (or -1 for null): a compact varint of one more (flexible), else an int32
+ * (``wide``) or an int16 (-1: it does not fit). */
+static int
+put_length(writer *w, int flags, int wide, int64_t n)
+{
+    if (flags & F_FLEXIBLE) {
+        return put_uvarint(w, n + 1);
+    }
+    if (wide) {
+        if (n > INT32_MAX) {
+            return -1;
+        }
+        return put_be(w, (uint64_t)(uint32_t)(int32_t)n, 4);
+    }
+    if (n > 0x7FFF) {
+        return -1;
+    }
+    return put_be(w, (uint64_t)(uint16_t)(int16_t)n, 2);
+}
+
+/* An int in [lo, hi], big-endian in ``size`` bytes (-1: not an int, or out of range). */
+static int
+put_int(writer *w, PyObject *value, long long lo, long long hi, int size)
+{
+    if (!PyLong_Check(value)) {
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred()) || v < lo || v > hi) {
+        return -1;
+    }
+    return put_be(w, (uint64_t)v, size);
+}
+
+static int encode_struct(writer *w, PyObject *program, PyObject *obj);
+
+/* 0, or -1 where the Python encoder must answer (a value it may take that this does not, or an
+ * error it raises with the field's name). */
+static int
+encode_node(writer *w, PyObject *node, PyObject *value)
+{
+    long op = PyLong_AsLong(PyTuple_GET_ITEM(node, 0));
+    int flags = (int)PyLong_AsLong(PyTuple_GET_ITEM(node, 1));
+    switch (op) {
+    case OP_BOOL: {
+        if (value != Py_True && value != Py_False) {
+            return -1;
+        }
+        unsigned char b = value == Py_True;
+        return put(w, &b, 1);
+    }
+    case OP_INT8:
+        return put_int(w, value, INT8_MIN, INT8_MAX, 1);
+    case OP_INT16:
+        return put_int(w, value, INT16_MIN, INT16_MAX, 2);
+    case OP_UINT16:
+        return put_int(w, value, 0, UINT16_MAX, 2);
+    case OP_INT32:
+        return put_int(w, value, INT32_MIN, INT32_MAX, 4);
+    case OP_UINT32:
+        return put_int(w, value, 0, UINT32_MAX, 4);
+    case OP_INT64:
+        return put_int(w, value, INT64_MIN, INT64_MAX, 8);
+    case OP_FLOAT64: {
+        if (!PyFloat_CheckExact(value)) {
+            return -1;
+        }
+        double d = PyFloat_AS_DOUBLE(value);
+        uint64_t bits;
+        memcpy(&bits, &d, sizeof bits);
+        return put_be(w, bits, 8);
+    }
+    case OP_UUID:
+        if (!PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) != 16) {
+            return -1;
+        }
+        return put(w, PyBytes_AS_STRING(value), 16);
+    case OP_STRING: {
+        if (value == Py_None) {
+            return (flags & F_NULLABLE) ? put_length(w, flags, 0, -1) : -1;
+        }
+        if (!PyUnicode_CheckExact(value)) {
+            return -1;
+        }
+        Py_ssize_t n;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(value, &n);
+        if (utf8 == NULL || put_length(w, flags, 0, n) < 0) {
+            return -1;
+        }
+        return put(w, utf8, n);
+    }
+    case OP_BYTES:
+    case OP_RECORDS: {
+        if (value == Py_None) {
+            return (flags & F_NULLABLE) ? put_length(w, flags, 1, -1) : -1;
+        }
+        if (!PyBytes_CheckExact(value) && !PyByteArray_CheckExact(value) && !PyMemoryView_Check(value)) {
+            return -1;
+        }
+        Py_buffer view;
+        if (PyObject_GetBuffer(value, &view, PyBUF_SIMPLE) < 0) {
+            return -1;
+        }
+        int rc = put_length(w, flags, 1, view.len) < 0 ? -1 : put(w, view.buf, view.len);
+        PyBuffer_Release(&view);
+        return rc;
+    }
+    case OP_ARRAY: {
+        if (value == Py_None) {
+            return (flags & F_NULLABLE) ? put_length(w, flags, 1, -1) : -1;
+        }
+        if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value)) {
+            return -1;
+        }
+        PyObject *element = PyTuple_GET_ITEM(node, 2);
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+        if (put_length(w, flags, 1, n) < 0) {
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            /* Read again each time, and held while written: the list is the caller's. */
+            if (i >= PySequence_Fast_GET_SIZE(value)) {
+                return -1;
+            }
+            PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(value, i));
+            int rc = encode_node(w, element, item);
+            Py_DECREF(item);
+            if (rc < 0) {
+                return -1;
+            }
+        }
+        return 0;
+    }
+    case OP_STRUCT:
+        return PyDict_CheckExact(value) ? encode_struct(w, PyTuple_GET_ITEM(node, 2), value) : -1;
+    case OP_NULLABLE_STRUCT: {
+        unsigned char marker = value == Py_None ? 0xFF : 0x01;
+        if ((marker == 0x01 && !PyDict_CheckExact(value)) || put(w, &marker, 1) < 0) {
+            return -1;
+        }
+        return marker == 0xFF ? 0 : encode_struct(w, PyTuple_GET_ITEM(node, 2), value);
+    }
+    default:
+        return -1;
+    }
+}
+
+/* A struct's fields from the dict ``obj`` (its program: see MessageStruct.program()). Only the
+ * plain case: every key known to this version, none of the fields this version lacks or of the
+ * tagged ones given (the Python encoder decides whether those are dropped, written or refused). */
+static int
+encode_struct(writer *w, PyObject *program, PyObject *obj)
+{
+    PyObject *steps = PyTuple_GET_ITEM(program, 1);
+    PyObject *tagged = PyTuple_GET_ITEM(program, 2);
+    PyObject *all_keys = PyTuple_GET_ITEM(program, 4);
+    PyObject *absent = PyTuple_GET_ITEM(program, 5);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(obj, &pos, &key, &value)) {
+        /* Keys of exact str only: comparing them runs no Python code while the dict is walked. */
+        int known = PyUnicode_CheckExact(key) ? PySet_Contains(all_keys, key) : -1;
+        if (known <= 0) {
+            return -1;
+        }
+    }
+    Py_ssize_t nabsent = PyTuple_GET_SIZE(absent);
+    for (Py_ssize_t i = 0; i < nabsent; i++) {
+        int in = PyDict_Contains(obj, PyTuple_GET_ITEM(absent, i));
+        if (in != 0) {
+            return -1;
+        }
+    }
+    Py_ssize_t nsteps = PyTuple_GET_SIZE(steps);
+    for (Py_ssize_t i = 0; i < nsteps; i++) {
+        PyObject *step = PyTuple_GET_ITEM(steps, i);
+        value = PyDict_GetItemWithError(obj, PyTuple_GET_ITEM(step, 0)); /* borrowed */
+        if (value == NULL) {
+            if (PyErr_Occurred()) {
+                return -1;
+            }
+            value = PyTuple_GET_ITEM(step, 2); /* the field's default */
+        }
+        if (encode_node(w, PyTuple_GET_ITEM(step, 1), value) < 0) {
+            return -1;
+        }
+    }
+    if (tagged != Py_None) {
+        pos = 0;
+        PyObject *tag, *entry;
+        while (PyDict_Next(tagged, &pos, &tag, &entry)) {
+            int in = PyDict_Contains(obj, PyTuple_GET_ITEM(entry, 0));
+            if (in != 0) {
+                return -1;
+            }
+        }
+        unsigned char none = 0; /* no tagged field */
+        return put(w, &none, 1);
+    }
+    return 0;
+}
+
+PyObject *
+encode_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 3 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[1]) || !PyBytes_Check(args[2]) ||
+        PyTuple_GET_SIZE(args[0]) != PyTuple_GET_SIZE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "encode_message(programs: tuple, bodies: tuple, prefix: bytes)");
+        return NULL;
+    }
+    writer w = {NULL, 0, 0};
+    PyObject *prefix = args[2];
+    PyObject *out = NULL;
+    if (reserve(&w, 256) < 0 || put(&w, "\0\0\0\0", 4) < 0 ||
+        put(&w, PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix)) < 0) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[0]); i++) {
+        PyObject *body = PyTuple_GET_ITEM(args[1], i);
+        if (!PyDict_CheckExact(body) || encode_struct(&w, PyTuple_GET_ITEM(args[0], i), body) < 0) {
+            PyErr_Clear(); /* the Python encoder answers: it writes this body after all, or names what is wrong */
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    if (w.len - 4 > INT32_MAX) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    uint32_t size = (uint32_t)(w.len - 4);
+    for (int i = 0; i < 4; i++) {
+        w.buf[i] = (char)(size >> (8 * (3 - i)));
+    }
+    out = PyBytes_FromStringAndSize(w.buf, w.len);
+done:
+    PyMem_Free(w.buf);
     return out;
 }

@@ -189,6 +189,12 @@ PyDoc_STRVAR(decode_message_doc,
              "(protocol/messages.py MessageStruct.program()): the compiled twin of MessageStruct._parse.\n"
              "None when the frame does not read as those structs: the Python decoder then says why.");
 
+PyDoc_STRVAR(encode_message_doc,
+             "encode_message(programs, bodies, prefix) -> bytes | None\n\n"
+             "A frame: its int32 size, ``prefix`` (a request header), then each body by its program\n"
+             "(protocol/messages.py MessageStruct.program()): the compiled twin of MessageStruct._build\n"
+             "for plain bodies.  None for any other: the Python encoder then writes it or says why not.");
+
 static PyMethodDef methods[] = {
     {"decode_batch", (PyCFunction)(void (*)(void))decode_batch, METH_FASTCALL, decode_batch_doc},
     {"bind", (PyCFunction)bind, METH_VARARGS, bind_doc},
@@ -201,6 +207,7 @@ static PyMethodDef methods[] = {
     {"ready", (PyCFunction)ready, METH_O, ready_doc},
     {"slot_fields", (PyCFunction)slot_fields, METH_O, slot_fields_doc},
     {"decode_message", (PyCFunction)(void (*)(void))decode_message, METH_FASTCALL, decode_message_doc},
+    {"encode_message", (PyCFunction)(void (*)(void))encode_message, METH_FASTCALL, encode_message_doc},
     {NULL, NULL, 0, NULL},
 };
 

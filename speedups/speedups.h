@@ -15,8 +15,9 @@
  *                 instruction, carry-less folding with VPCLMULQDQ, a table elsewhere
  *     ready.c     async for: ready(value), an awaitable already complete; ChunkBase, the fields of
  *                 a chunk of records; RecordStream, the common case of Consumer.__anext__ in C
- *     codec.c     decode_message: protocol messages (headers, bodies) to dicts, walking the programs
- *                 protocol/messages.py compiles from the message definitions (its MessageStruct's twin)
+ *     codec.c     decode_message / encode_message: protocol messages (headers, bodies) to dicts and
+ *                 back, walking the programs protocol/messages.py compiles from the message
+ *                 definitions (MessageStruct's twin)
  *     fields.c    slot_fields(cls): a NamedTuple's field getters as member descriptors, which the
  *                 interpreter reads without a call (ConsumerRecord, ShareConsumerRecord)
  *     module.c    the module table: bind(), the names the extension reads on Python objects
@@ -420,6 +421,7 @@ INTERNAL extern PyTypeObject ChunkBaseType;
 INTERNAL PyObject *ready(PyObject *module, PyObject *value);
 INTERNAL PyObject *slot_fields(PyObject *module, PyObject *arg);
 INTERNAL PyObject *decode_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+INTERNAL PyObject *encode_message(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* 1: ``t`` subclasses tuple and adds nothing to its layout (a NamedTuple: __slots__ = ()); else 0. */
 INTERNAL int plain_tuple_subclass(PyTypeObject *t);
 

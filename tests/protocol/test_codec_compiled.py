@@ -1,9 +1,11 @@
-"""The compiled message decoder (speedups/codec.c ``decode_message``) against the Python one.
+"""The compiled message codec (speedups/codec.c) against the Python walks.
 
 ``protocol/api.py`` decodes every response and request with the compiled walk when the extension
 is there, and falls back to the Python walk when the compiled one does not answer.  So the two must
 agree on every frame the compiled one answers for, and it must never answer where the Python one
 raises: checked here on bodies generated for every message and version, and on mutated frames.
+Encoding likewise: the compiled encoder writes plain bodies only, byte for byte as the Python walk
+does, and leaves every other body (and every error) to it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from asyncconsumer.protocol.primitives import DECODE_ERRORS, FrameReader, byte_v
 from .test_protocol_codec import _body, _cases, _plain
 
 compiled = api._decode_message
+compiled_encode = api._encode_message
 pytestmark = pytest.mark.skipif(compiled is None, reason=f"no compiled codec: {records.DECODER_DETAIL}")
 
 _SETTINGS = settings(
@@ -47,6 +50,12 @@ def _frame(name: str, version: int, body: dict[str, Any]) -> bytes:
     if kind == "request":
         return api.encode_request(api_name, version, body, correlation_id=7, client_id="c")[4:]
     return api.encode_response(api_name, version, body, correlation_id=7)[4:]
+
+
+def _encoded_by_python(monkeypatch: pytest.MonkeyPatch, name: str, version: int, body: dict[str, Any]) -> bytes:
+    with monkeypatch.context() as patch:
+        patch.setattr(api, "_encode_message", None)
+        return _frame(name, version, body)
 
 
 def _python(structs: list[messages.MessageStruct], frame: bytes | memoryview) -> list[dict[str, Any]] | None:
@@ -132,3 +141,74 @@ def test_absent_tagged_defaults_are_fresh_per_decode() -> None:
     assert first[0]["diverging_epoch"] == first[1]["diverging_epoch"]
     assert first[0]["diverging_epoch"] is not first[1]["diverging_epoch"]
     assert first[0]["diverging_epoch"] is not second[0]["diverging_epoch"]
+
+
+@pytest.mark.parametrize(("name", "version"), _cases("request") + _cases("response"))
+@_SETTINGS
+@given(data=st.data())
+def test_both_encoders_write_the_same_bytes(name: str, version: int, data: st.DataObject) -> None:
+    body = data.draw(_body(SCHEMAS[name]["fields"], version))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        expected = _encoded_by_python(monkeypatch, name, version, body)
+    assert _frame(name, version, body) == expected
+    structs = _structs(name, version)
+    plain = {key: value for key, value in body.items() if key in structs[-1].all_keys}
+    if SCHEMAS[name]["type"] == "response":
+        header = {"correlation_id": 7}
+    else:
+        header = {"request_api_key": api.API_KEYS[name.removesuffix("Request")], "request_api_version": version,
+                  "correlation_id": 7, "client_id": "c"}
+    ours = compiled_encode(api._programs(*structs), (header, plain), b"")
+    if ours is not None:  # a plain body: what the Python walk writes, byte for byte
+        assert ours[4:] == expected
+
+
+def test_a_fetch_request_is_encoded_by_the_compiled_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    body = {"max_wait_ms": 500, "min_bytes": 1, "session_id": 3, "session_epoch": 2, "rack_id": "",
+            "topics": [{"topic_id": b"\x02" * 16, "partitions": [
+                {"partition": 1, "fetch_offset": 10, "current_leader_epoch": 4, "last_fetched_epoch": 4,
+                 "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}],
+            "forgotten_topics_data": []}
+    expected = api.encode_request("Fetch", 17, body, correlation_id=9, client_id="me")
+
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("the Python walk ran")
+
+    monkeypatch.setattr(messages.MessageStruct, "_build", refuse)
+    assert api.encode_request("Fetch", 17, body, correlation_id=9, client_id="me") == expected
+    header, decoded = api.decode_request("Fetch", 17, expected[4:])
+    assert decoded["topics"][0]["partitions"][0]["fetch_offset"] == 10 and header["client_id"] == "me"
+
+
+def _outcome(call: Any) -> Any:
+    try:
+        return call()
+    except api.ProtocolEncodeError as exc:
+        return f"error: {exc}"
+
+
+@pytest.mark.parametrize("body", [
+    {"max_wait_ms": 2**31},  # out of an int32's range: the Python walk names the field
+    {"max_wait_ms": 1.5},  # not an int
+    {"rack_id": None},  # null where the version allows none
+    {"cluster_id": "c"},  # a tagged field given: the Python walk writes it (not its default)
+    {"cluster_id": None},  # a tagged field at its default: the Python walk leaves it out
+    {"replica_id": 5},  # a field this version lacks, not ignorable and not its default
+    {"replica_id": -1},  # ... at its default: dropped
+    {"no_such_field": 1},  # a key no version knows
+    {"topics": "abc"},  # not a list
+    {"topics": [{"topic_id": "x" * 16, "partitions": []}]},  # a uuid that is not bytes
+], ids=["range", "type", "null", "tagged", "tagged-default", "absent", "absent-default", "unknown", "array",
+        "uuid"])
+def test_the_compiled_encoder_leaves_what_is_not_plain_to_the_python_walk(
+        body: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    structs = _structs("FetchRequest", 17)
+    header = {"request_api_key": 1, "request_api_version": 17, "correlation_id": 1, "client_id": None}
+    assert compiled_encode(api._programs(*structs), (header, body), b"") is None
+
+    def encode() -> Any:
+        return api.encode_request("Fetch", 17, body, correlation_id=1, client_id=None)
+
+    with_compiled = _outcome(encode)
+    monkeypatch.setattr(api, "_encode_message", None)
+    assert with_compiled == _outcome(encode)

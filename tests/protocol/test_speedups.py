@@ -36,7 +36,7 @@ from asyncconsumer.protocol.record_writer import (
     encode_varint,
 )
 from asyncconsumer.protocol.records import RecordBatch, decode_batch_py, iter_batches
-from asyncconsumer.structs import ConsumerRecord, ShareConsumerRecord
+from asyncconsumer.structs import ConsumerRecord, ShareConsumerRecord, TopicPartition
 
 
 def _compiled() -> tuple[Callable[..., Any] | None, str]:
@@ -421,7 +421,7 @@ def test_bind_rejects_a_record_type_with_fields() -> None:
 # ------------------------------------------------------------------ slot_fields(): the records' field getters
 
 
-@pytest.mark.parametrize("cls", [ConsumerRecord, ShareConsumerRecord])
+@pytest.mark.parametrize("cls", [ConsumerRecord, ShareConsumerRecord, TopicPartition])
 def test_record_fields_read_as_member_descriptors_with_the_same_values(cls: type) -> None:
     """``record.value`` reads the tuple's item through a member descriptor (one load once the
     interpreter specializes it) instead of collections' ``_tuplegetter``: same values, same

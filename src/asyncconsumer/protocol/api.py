@@ -51,12 +51,13 @@ __all__ = [
 
 Frame = bytes | bytearray | memoryview
 
-#: The compiled twin of the struct walk (speedups/codec.c), with the compiled record decoder (the
-#: same switch, ``ASYNCCONSUMER_NO_EXTENSION``): the frame to dicts in one call, or None when the
-#: frame is not well formed, and the Python walk then names the problem.
-_decode_message: Any = (
-    getattr(importlib.import_module("asyncconsumer._speedups"), "decode_message", None) if DECODER == "c" else None
-)
+#: The compiled twins of the struct walks (speedups/codec.c), with the compiled record decoder (the
+#: same switch, ``ASYNCCONSUMER_NO_EXTENSION``): a frame to dicts in one call, or None when the
+#: frame is not well formed, and the Python walk then names the problem; plain bodies to a frame,
+#: or None for any other, which the Python walk then writes or refuses.
+_speedups: Any = importlib.import_module("asyncconsumer._speedups") if DECODER == "c" else None
+_decode_message: Any = getattr(_speedups, "decode_message", None)
+_encode_message: Any = getattr(_speedups, "encode_message", None)
 
 API_KEYS: dict[str, int] = {
     s["name"].removesuffix("Request"): s["api_key"] for s in SCHEMAS.values() if s["type"] == "request"
@@ -179,6 +180,11 @@ def _request_header(api: str, version: int, client_id: str | None) -> tuple[byte
 
 
 def _encode(parts: list[tuple[MessageStruct, Mapping[str, Any]]], what: str, prefix: bytes = b"") -> bytes:
+    if _encode_message is not None:
+        frame: bytes | None = _encode_message(tuple(s.program() for s, _ in parts), tuple(b for _, b in parts), prefix)
+        if frame is not None:
+            return frame
+        # Not a plain body (see speedups/codec.c): the Python walk writes it, or names what is wrong.
     stream = io.BytesIO()
     stream.write(b"\0\0\0\0")  # size, patched below
     stream.write(prefix)

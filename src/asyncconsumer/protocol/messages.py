@@ -214,16 +214,18 @@ class MessageStruct(_Base):
         self._program: Program | None = None
 
     def program(self) -> Program:
-        """This struct as the compiled decoder walks it (speedups/codec.c ``decode_message``):
-        ``(template, steps, tagged, fill)``: the defaults every result starts from, the positional
-        fields as ``(key, node)`` in wire order, the tagged ones as ``{tag: (key, node)}`` (None in
-        a version that is not flexible), and ``fill`` as :meth:`_parse` uses it.  A node is
-        ``(op, flags, sub)``: an ``OP_*``, ``F_FLEXIBLE | F_NULLABLE``, and an array's element node
-        or a struct's program.  Made on first use and kept."""
+        """This struct as the compiled codec walks it (speedups/codec.c ``decode_message`` and
+        ``encode_message``): ``(template, steps, tagged, fill, keys, absent)``: the defaults every
+        result starts from, the positional fields as ``(key, node, default)`` in wire order, the
+        tagged ones as ``{tag: (key, node)}`` (None in a version that is not flexible), ``fill`` as
+        :meth:`_parse` uses it, every key the struct knows, and the keys of the fields this
+        version lacks.  A node is ``(op, flags, sub)``: an ``OP_*``, ``F_FLEXIBLE | F_NULLABLE``,
+        and an array's element node or a struct's program.  Made on first use and kept."""
         if self._program is None:
-            steps = tuple((key, _node(sub)) for key, sub, _ in self.positional)
+            steps = tuple((key, _node(sub), default) for key, sub, default in self.positional)
             tagged = {tag: (key, _node(sub)) for tag, (key, sub) in self.tagged.items()} if self.flexible else None
-            self._program = (self.template, steps, tagged, tuple(self.fill))
+            absent = tuple(f["key"] for f in self.absent)
+            self._program = (self.template, steps, tagged, tuple(self.fill), self.all_keys, absent)
         return self._program
 
     def _parse(self, stream: Any, context: Any, path: Any) -> dict[str, Any]:
@@ -327,8 +329,8 @@ F_FLEXIBLE, F_NULLABLE = 1, 2
 _FIXED_OPS = {"b": OP_INT8, "h": OP_INT16, "l": OP_INT32, "q": OP_INT64, "H": OP_UINT16, "L": OP_UINT32,
               "d": OP_FLOAT64}
 #: A struct's program and a field's node (:meth:`MessageStruct.program`).
-Program = tuple[dict[str, Any], tuple[tuple[str, Any], ...], dict[int, tuple[str, Any]] | None,
-                tuple[tuple[str, Callable[[], Any]], ...]]
+Program = tuple[dict[str, Any], tuple[tuple[str, Any, Any], ...], dict[int, tuple[str, Any]] | None,
+                tuple[tuple[str, Callable[[], Any]], ...], frozenset[str], tuple[str, ...]]
 Node = tuple[int, int, Any]
 
 
