@@ -51,6 +51,9 @@ enum op {
 #define F_FLEXIBLE 1
 #define F_NULLABLE 2
 
+/* The bytes of each fixed-width op, OP_BOOL to OP_UUID. */
+static const Py_ssize_t FIXED_SIZE[] = {1, 1, 2, 4, 8, 2, 4, 8, 16};
+
 typedef struct {
     const unsigned char *buf;
     Py_ssize_t pos;
@@ -139,64 +142,34 @@ parse_node(reader *r, PyObject *node)
     int flags = (int)PyLong_AsLong(PyTuple_GET_ITEM(node, 1));
     const unsigned char *p = r->buf + r->pos;
     int64_t n;
+    if (op >= OP_BOOL && op <= OP_UUID) { /* fixed width: the bytes are there, or nothing is read */
+        if (!has(r, FIXED_SIZE[op])) {
+            return FAIL;
+        }
+        r->pos += FIXED_SIZE[op];
+    }
     switch (op) {
     case OP_BOOL:
-        if (!has(r, 1)) {
-            return FAIL;
-        }
-        r->pos += 1;
         return PyBool_FromLong(p[0] != 0);
     case OP_INT8:
-        if (!has(r, 1)) {
-            return FAIL;
-        }
-        r->pos += 1;
         return PyLong_FromLong((int8_t)p[0]);
     case OP_INT16:
-        if (!has(r, 2)) {
-            return FAIL;
-        }
-        r->pos += 2;
         return PyLong_FromLong((int16_t)be_u16(p));
     case OP_UINT16:
-        if (!has(r, 2)) {
-            return FAIL;
-        }
-        r->pos += 2;
         return PyLong_FromLong(be_u16(p));
     case OP_INT32:
-        if (!has(r, 4)) {
-            return FAIL;
-        }
-        r->pos += 4;
         return PyLong_FromLong((int32_t)be_u32(p));
     case OP_UINT32:
-        if (!has(r, 4)) {
-            return FAIL;
-        }
-        r->pos += 4;
         return PyLong_FromUnsignedLong(be_u32(p));
     case OP_INT64:
-        if (!has(r, 8)) {
-            return FAIL;
-        }
-        r->pos += 8;
         return PyLong_FromLongLong(be_i64(p));
     case OP_FLOAT64: {
-        if (!has(r, 8)) {
-            return FAIL;
-        }
-        r->pos += 8;
         uint64_t bits = (uint64_t)be_i64(p);
         double d;
         memcpy(&d, &bits, sizeof d);
         return PyFloat_FromDouble(d);
     }
     case OP_UUID:
-        if (!has(r, 16)) {
-            return FAIL;
-        }
-        r->pos += 16;
         return PyBytes_FromStringAndSize((const char *)p, 16);
     case OP_STRING:
     case OP_BYTES:

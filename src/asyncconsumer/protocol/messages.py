@@ -322,7 +322,8 @@ class MessageStruct(_Base):
         return obj
 
 
-# The compiled decoder's ops and flags (speedups/codec.c has the same numbers).
+# The compiled codec's ops and flags (speedups/codec.c has the same numbers; the tests of
+# tests/protocol/test_codec_compiled.py fail on any mismatch).
 OP_BOOL, OP_INT8, OP_INT16, OP_INT32, OP_INT64, OP_UINT16, OP_UINT32, OP_FLOAT64, OP_UUID = range(9)
 OP_STRING, OP_BYTES, OP_RECORDS, OP_ARRAY, OP_STRUCT, OP_NULLABLE_STRUCT = range(9, 15)
 F_FLEXIBLE, F_NULLABLE = 1, 2
@@ -335,7 +336,7 @@ Node = tuple[int, int, Any]
 
 
 def _node(sub: Any) -> Node:
-    """The compiled decoder's node for one field's construct (``MessageStruct.program``)."""
+    """The compiled codec's node for one field's construct (``MessageStruct.program``)."""
     kind = type(sub)
     if sub is BOOL:
         return (OP_BOOL, 0, None)
