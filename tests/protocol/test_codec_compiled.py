@@ -152,14 +152,13 @@ def test_both_encoders_write_the_same_bytes(name: str, version: int, data: st.Da
         expected = _encoded_by_python(monkeypatch, name, version, body)
     assert _frame(name, version, body) == expected
     structs = _structs(name, version)
-    plain = {key: value for key, value in body.items() if key in structs[-1].all_keys}
     if SCHEMAS[name]["type"] == "response":
         header = {"correlation_id": 7}
     else:
         header = {"request_api_key": api.API_KEYS[name.removesuffix("Request")], "request_api_version": version,
                   "correlation_id": 7, "client_id": "c"}
-    ours = compiled_encode(api._programs(*structs), (header, plain), b"")
-    if ours is not None:  # a plain body: what the Python walk writes, byte for byte
+    ours = compiled_encode(api._programs(*structs), (header, body), b"")
+    if ours is not None:  # a plain body (about half the bodies drawn): what the Python walk writes, byte for byte
         assert ours[4:] == expected
 
 

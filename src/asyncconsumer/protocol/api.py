@@ -179,9 +179,15 @@ def _request_header(api: str, version: int, client_id: str | None) -> tuple[byte
     return encoded[:4], encoded[8:]
 
 
+@functools.cache
+def _programs(*structs: MessageStruct) -> tuple[Program, ...]:
+    """The compiled codec's programs of ``structs`` (``MessageStruct.program``), kept per combination."""
+    return tuple(s.program() for s in structs)
+
+
 def _encode(parts: list[tuple[MessageStruct, Mapping[str, Any]]], what: str, prefix: bytes = b"") -> bytes:
     if _encode_message is not None:
-        frame: bytes | None = _encode_message(tuple(s.program() for s, _ in parts), tuple(b for _, b in parts), prefix)
+        frame: bytes | None = _encode_message(_programs(*[s for s, _ in parts]), tuple(b for _, b in parts), prefix)
         if frame is not None:
             return frame
         # Not a plain body (see speedups/codec.c): the Python walk writes it, or names what is wrong.
@@ -198,11 +204,6 @@ def _encode(parts: list[tuple[MessageStruct, Mapping[str, Any]]], what: str, pre
     stream.seek(0)
     stream.write(_SIZE.pack(size))
     return stream.getvalue()
-
-
-@functools.cache
-def _programs(*structs: MessageStruct) -> tuple[Program, ...]:
-    return tuple(s.program() for s in structs)
 
 
 def _decode(structs: list[MessageStruct], frame: Frame, what: str) -> list[dict[str, Any]]:

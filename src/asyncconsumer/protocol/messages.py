@@ -329,6 +329,7 @@ OP_STRING, OP_BYTES, OP_RECORDS, OP_ARRAY, OP_STRUCT, OP_NULLABLE_STRUCT = range
 F_FLEXIBLE, F_NULLABLE = 1, 2
 _FIXED_OPS = {"b": OP_INT8, "h": OP_INT16, "l": OP_INT32, "q": OP_INT64, "H": OP_UINT16, "L": OP_UINT32,
               "d": OP_FLOAT64}
+_LENGTH_OPS = {String: OP_STRING, Bytes: OP_BYTES, Records: OP_RECORDS}
 #: A struct's program and a field's node (:meth:`MessageStruct.program`).
 Program = tuple[dict[str, Any], tuple[tuple[str, Any, Any], ...], dict[int, tuple[str, Any]] | None,
                 tuple[tuple[str, Callable[[], Any]], ...], frozenset[str], tuple[str, ...]]
@@ -351,8 +352,7 @@ def _node(sub: Any) -> Node:
     flags = (F_FLEXIBLE if sub.flexible else 0) | (F_NULLABLE if sub.nullable else 0)
     if kind is Array:
         return (OP_ARRAY, flags, _node(sub.subcon))
-    ops = {String: OP_STRING, Bytes: OP_BYTES, Records: OP_RECORDS}
-    return (ops[kind], flags, None)
+    return (_LENGTH_OPS[kind], flags, None)
 
 
 def field_construct(field: Field, version: int, flexible: bool, where: str) -> Any:
