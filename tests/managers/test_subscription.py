@@ -294,6 +294,42 @@ def test_changes_count_what_decides_validation_and_not_a_repeated_epoch() -> Non
     assert state.fetched_epoch is None and subs.changes == before + 3
 
 
+def test_moves_count_every_other_write_that_decides_what_is_fetched() -> None:
+    subs = SubscriptionState("earliest", has_group=False)
+    subs.assign([T0, T1])
+    subs.seek(T0, 10)
+    state = subs.partitions[T0]
+
+    def moved(step: str) -> bool:
+        before = subs.moves
+        {
+            "pause": state.pause,
+            "resume": state.resume,
+            "limit": lambda: state.fetch_until(14),
+            "fetched below the limit": lambda: state.fetched(12),
+            "fetched to the limit": lambda: state.fetched(14),
+            "fetched past it again": lambda: state.fetched(16),
+            "no limit": lambda: state.fetch_until(None),
+            "fetched without a limit": lambda: state.fetched(20),
+            "backoff": lambda: setattr(state, "retry_at", 50.0),
+            "the same backoff": lambda: setattr(state, "retry_at", 50.0),
+            "backoff over": lambda: setattr(state, "retry_at", 0.0),
+            "rewind": lambda: state.rewind(12),
+            "revocation": lambda: subs.begin_revocation([T0]),
+            "taken": lambda: state.taken(12),
+        }[step]()
+        return subs.moves != before
+
+    assert [step for step in (
+        "pause", "resume", "limit", "fetched below the limit", "fetched to the limit", "fetched past it again",
+        "no limit", "fetched without a limit", "backoff", "the same backoff", "backoff over", "rewind",
+        "revocation", "taken",
+    ) if moved(step)] == [
+        "pause", "resume", "limit", "fetched to the limit", "fetched past it again", "no limit", "backoff",
+        "backoff over", "rewind", "revocation",
+    ]
+
+
 class _CountedWalks(dict[TopicPartition, PartitionState]):
     """The partitions' dict, counting the walks over it."""
 

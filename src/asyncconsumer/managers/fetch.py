@@ -22,6 +22,13 @@ partition of that broker has its share buffered, such a fetch is held back
 (for at most ``fetch_max_wait_ms``) and goes out with the next fetch of the
 busy ones, which the broker answers at once.
 
+What to fetch costs what changed: a walk over every partition finds the ones to fetch, by node
+(``_Plan``), and the next turns use it again while nothing it looked at moved (the subscription's
+``changes`` and ``moves``, the cluster snapshot, no backoff ending, no preferred replica, no
+partition with its share of the buffer).  Each node's fetch is then a copy of its last one, with
+the partitions a response named since looked at again: only ``fetched()`` moves a fetch offset
+without moving the counts.  ``tests/managers/test_fetch_plan.py`` checks it against a walk a turn.
+
 Incremental fetch sessions (KIP-227): after a full fetch the broker remembers
 the partitions; later requests name only partitions whose fetch offset moved,
 and list the ones to forget.
@@ -45,8 +52,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections import defaultdict
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -90,7 +98,81 @@ class FetchSession:
 
     def reset(self) -> None:
         self.session_id, self.epoch = 0, 0
-        self.partitions.clear()
+        self.partitions = {}  # a new dict: the one it held may be a request's (``_update_session``)
+
+
+@dataclass(slots=True, eq=False)
+class _Plan:
+    """The partitions a walk found fetchable, grouped by the node each is fetched from, and what
+    that walk depended on.  While none of it moves (see ``SubscriptionState.moves``), each node's
+    next fetch asks for the same partitions, and only a response moves their fetch offsets."""
+
+    changes: int
+    moves: int
+    cluster: object
+    #: The earliest backoff that ends: the partitions must be walked again then.
+    until: float
+    by_node: dict[int, list[tuple[PartitionState, PartitionInfo]]]
+    #: Nothing depends on more than the above: no replica preferred, no partition without a leader.
+    usable: bool
+
+
+class _AnswerTimes:
+    """When each partition last had a fetch answered without an error for it: what the stall watch
+    reads, a few times a second, while a consumer with many partitions gets hundreds of answers a
+    second that each cover every partition it asked for (an incremental answer leaves out the ones
+    with no news: they count as answered).
+
+    So an answer is kept whole, per node, as (when, what was asked, the partitions it did not
+    answer: an error, or a position that moved since), and written out only when read, or when
+    the node's next answer is not for the same partitions.  The next answer to a request built from
+    the last one (the same partitions) replaces it: it is newer for every partition but those it
+    leaves unanswered, which keep the older time.  Answers are written out oldest first, so every
+    partition's time only moves forward."""
+
+    __slots__ = ("_kept", "_times")
+
+    def __init__(self) -> None:
+        self._times: dict[TopicPartition, float] = {}
+        self._kept: dict[int, tuple[float, dict[TopicPartition, SessionPartition], set[TopicPartition]]] = {}
+
+    def note(
+        self,
+        node: int,
+        when: float,
+        asked: dict[TopicPartition, SessionPartition],
+        unanswered: set[TopicPartition],
+        built_from: dict[TopicPartition, SessionPartition] | None,
+    ) -> None:
+        """``node`` answered a request of ``asked`` (``built_from``: the request it was copied
+        from, which asked for the same partitions) at ``when``, but for ``unanswered``."""
+        kept = self._kept.get(node)
+        if kept is not None:
+            if kept[1] is built_from:
+                times = self._times
+                for tp in unanswered - kept[2]:  # answered then, not now: the older time stands
+                    if times.get(tp, -math.inf) < kept[0]:
+                        times[tp] = kept[0]
+            else:
+                self._write_out(kept[0])
+        self._kept[node] = (when, asked, unanswered)
+
+    def _write_out(self, until: float) -> None:
+        """Every answer kept from ``until`` or before, oldest first."""
+        for node, (when, asked, unanswered) in sorted(self._kept.items(), key=lambda item: item[1][0]):
+            if when > until:
+                break
+            del self._kept[node]
+            fresh = dict.fromkeys(asked, when)  # copies the keys' hashes
+            for tp in unanswered:
+                del fresh[tp]
+            self._times.update(fresh)
+
+    def times(self) -> dict[TopicPartition, float]:
+        """Partition -> when (a live dict: the stall watch drops partitions no longer assigned)."""
+        if self._kept:
+            self._write_out(math.inf)
+        return self._times
 
 
 class FetchManager:
@@ -134,6 +216,13 @@ class FetchManager:
         self._sessions: dict[int, FetchSession] = defaultdict(FetchSession)
         #: Nodes whose fetch of caught-up partitions is held back, and since when.
         self._held_since: dict[int, float] = {}
+        #: The last walk's plan; per node, the plan its fetch in flight was built from, and its last
+        #: request of all the plan's partitions (the plan, what it asked, whether every topic id was
+        #: known); the partitions named by responses since (their entries may have moved).
+        self._plan: _Plan | None = None
+        self._built_under: dict[int, _Plan] = {}
+        self._last: dict[int, tuple[_Plan, dict[TopicPartition, SessionPartition], bool]] = {}
+        self._advanced: dict[TopicPartition, None] = {}
         #: Requests whose responses arrived with data (for tests and metrics).
         self.responses = 0
         #: The same, per broker that served them (fetching from followers shows here).
@@ -149,12 +238,17 @@ class FetchManager:
         #: When each partition last had a fetch answered without an error for it (an incremental
         #: response that leaves it out, having nothing new, counts), and why the last one failed:
         #: what the stall watch (managers/stall_watch.py) reports.
-        self.answered: dict[TopicPartition, float] = {}
+        self._answers = _AnswerTimes()
         self.last_errors: dict[TopicPartition, BaseException] = {}
         #: Node -> when its fetch in flight was sent.
         self.in_flight_since: dict[int, float] = {}
         #: Whether a broker was seen letting an aborted transaction through (read_committed; said once).
         self.unfiltered_aborts_seen = False
+
+    @property
+    def answered(self) -> dict[TopicPartition, float]:
+        """Partition -> when a fetch last answered it without an error (the stall watch's)."""
+        return self._answers.times()
 
     def next_deadline(self, now: float) -> float:
         held = [since + self._max_wait_ms / 1000 for since in self._held_since.values()]
@@ -175,12 +269,65 @@ class FetchManager:
         return max(self._partition_max_bytes, share)
 
     def poll(self, now: float) -> list[UnsentRequest]:
+        subscriptions = self._subscriptions
         buffer = self._buffer
-        full = buffer.full  # then only partitions with nothing buffered are fetched
-        leaders = self._metadata.cluster.leaders
         share = self.read_ahead_bytes()
+        buffered_by_tp = buffer.bytes_by_partition or None
+        plan = self._plan
+        if (
+            plan is not None
+            and plan.usable
+            and plan.cluster is self._metadata.cluster
+            and plan.changes == subscriptions.changes
+            and plan.moves == subscriptions.moves
+            and now < plan.until
+            and not self._preferred
+            and not buffer.full
+            and (buffered_by_tp is None or max(buffered_by_tp.values()) < share)
+            and all(self._built_under.get(node) is plan for node in self._in_flight)
+        ):
+            # Nothing the walk looked at moved: every node not waiting for its fetch is asked for
+            # the same partitions as last time, and only those a response moved need a look.
+            requests = []
+            for node, picked in plan.by_node.items():
+                if node not in self._in_flight:
+                    requests.append(self._request(node, picked, plan))
+                    self.in_flight_since[node] = now
+            self._held_since = {}
+            return requests
+        return self._walk(now, share, buffered_by_tp)
+
+    def _walk(self, now: float, share: int, buffered_by_tp: Mapping[TopicPartition, int] | None) -> list[UnsentRequest]:
+        """Every partition looked at: which may be fetched, from where (the plan, kept for the next
+        turns), then which of those this turn leaves out (their node's fetch is out, or they are in
+        flight at another node, or they have their share of the buffer)."""
+        subscriptions = self._subscriptions
+        cluster = self._metadata.cluster
+        leaders = cluster.leaders
+        full = self._buffer.full  # then only partitions with nothing buffered are fetched
         by_node: dict[int, list[tuple[PartitionState, PartitionInfo]]] = {}
-        busy: set[int] = set()  # nodes with a partition whose buffered records are still being read
+        preferred = bool(self._preferred)
+        usable = not preferred
+        last_node = -1
+        picked: list[tuple[PartitionState, PartitionInfo]] = []
+        for state in subscriptions.fetchable(now):
+            tp = state.tp
+            leader = leaders.get(tp)
+            if leader is None:
+                self._metadata.request_update()
+                usable = False
+                continue
+            node = self._read_replica(tp, leader.leader, now) if preferred else leader.leader
+            if state.validated_for != leader.leader_epoch and state.needs_validation(leader.leader_epoch):
+                continue  # the position validator checks it against this leader first
+            if node != last_node:  # partitions come mostly leader by leader
+                last_node = node
+                picked = by_node.setdefault(node, [])
+            picked.append((state, leader))
+        plan = self._plan = _Plan(
+            subscriptions.changes, subscriptions.moves, cluster, subscriptions.next_retry(now), by_node, usable
+        )
+        self._advanced.clear()  # every node's next request compares all its partitions again
         # Empty sets and maps are not asked (asking hashes the TopicPartition, ~60 ns): a caught-up
         # consumer has nothing in flight when it builds a fetch and nothing buffered.
         nodes_in_flight = self._in_flight
@@ -189,43 +336,35 @@ class FetchManager:
             in_flight = next(iter(nodes_in_flight.values()))
         elif nodes_in_flight:
             in_flight = set().union(*nodes_in_flight.values())
-        buffered_by_tp = buffer.bytes_by_partition or None
-        preferred = bool(self._preferred)
-        last_node = -1
-        picked: list[tuple[PartitionState, PartitionInfo]] = []
-        for state in self._subscriptions.fetchable(now):
-            tp = state.tp
-            leader = leaders.get(tp)
-            if leader is None:
-                self._metadata.request_update()
-                continue
-            node = self._read_replica(tp, leader.leader, now) if preferred else leader.leader
-            if node in nodes_in_flight:
-                continue  # that node's one fetch is out: nothing goes to it this turn
-            if in_flight is not None and tp in in_flight:
-                continue  # in flight at another node (its leader moved since)
-            if state.validated_for != leader.leader_epoch and state.needs_validation(leader.leader_epoch):
-                continue  # the position validator checks it against this leader first
-            if buffered_by_tp is not None:
-                buffered = buffered_by_tp.get(tp, 0)
-                if buffered >= share or (full and buffered):
-                    busy.add(node)
-                    continue
-            if node != last_node:  # partitions come mostly leader by leader
-                last_node = node
-                picked = by_node.setdefault(node, [])
-            picked.append((state, leader))
         requests = []
         held: dict[int, float] = {}
-        for node, states in by_node.items():
-            if node in self._in_flight:
-                continue
-            if node in busy and all(self._caught_up(s) for s, _ in states):
-                since = self._held_since.get(node, now)
-                if now < since + self._max_wait_ms / 1000:
-                    held[node] = since
+        for node, planned in by_node.items():
+            if node in nodes_in_flight:
+                continue  # that node's one fetch is out: nothing goes to it this turn
+            states = planned
+            if in_flight is not None or buffered_by_tp is not None:
+                states = []
+                busy = False  # a partition whose buffered records are still being read
+                for entry in planned:
+                    tp = entry[0].tp
+                    if in_flight is not None and tp in in_flight:
+                        continue  # in flight at another node (its leader moved since)
+                    if buffered_by_tp is not None:
+                        buffered = buffered_by_tp.get(tp, 0)
+                        if buffered >= share or (full and buffered):
+                            busy = True
+                            continue
+                    states.append(entry)
+                if not states:
                     continue
-            requests.append(self._request(node, states))
+                if busy and all(self._caught_up(s) for s, _ in states):
+                    since = self._held_since.get(node, now)
+                    if now < since + self._max_wait_ms / 1000:
+                        held[node] = since
+                        continue
+                if len(states) == len(planned):
+                    states = planned
+            requests.append(self._request(node, states, plan if states is planned else None))
             self.in_flight_since[node] = now
         self._held_since = held
         return requests
@@ -287,18 +426,21 @@ class FetchManager:
             end = state.last_stable_offset
         return 0 <= end <= state.fetch_offset
 
-    def _request(self, node: int, picked: list[tuple[PartitionState, PartitionInfo]]) -> UnsentRequest:
-        cluster = self._metadata.cluster
-        topics = cluster.topics
-        session = self._sessions[node]
-        # One walk over the partitions: what the request asks of each (``wanted``, as the broker's
-        # session remembers it, and ``changed``: the ones an incremental fetch names), and whether
-        # the session must start again: a partition unassigned and assigned again with no request
-        # in between (a new state, no high watermark yet) is still in the broker's session,
-        # unchanged; an incremental response leaves out a partition with no news, so the new state
-        # would never learn its high watermark.  A full fetch answers for every partition.  Each
-        # partition's key is hashed as few times as may be (a ``TopicPartition`` hashes anew each
-        # time): the dict built here is copied from, not asked, further on.
+    def _compare(
+        self, session: FetchSession, picked: list[tuple[PartitionState, PartitionInfo]]
+    ) -> tuple[dict[TopicPartition, SessionPartition], list[TopicPartition], bool, bool, bool]:
+        """What a request of ``picked`` asks of each partition, and against the broker's session:
+        (wanted, changed, forgets, reset, have_ids: every partition's topic id is known).
+
+        One walk over the partitions: what the request asks of each (``wanted``, as the broker's
+        session remembers it, and ``changed``: the ones an incremental fetch names), and whether the
+        session must start again (``reset``): a partition unassigned and assigned again with no
+        request in between (a new state, no high watermark yet) is still in the broker's session,
+        unchanged; an incremental response leaves out a partition with no news, so the new state
+        would never learn its high watermark.  A full fetch answers for every partition.  Each
+        partition's key is hashed as few times as may be (a ``TopicPartition`` hashes anew each
+        time): the dict built here is copied from, not asked, further on."""
+        topics = self._metadata.cluster.topics
         wanted: dict[TopicPartition, SessionPartition] = {}
         changed: list[TopicPartition] = []
         remembered = session.partitions
@@ -335,12 +477,72 @@ class FetchManager:
                 if before is not None and state.high_watermark < 0:
                     reset = True
                 state.fetch_session = session
+        advanced = self._advanced
+        if advanced:  # looked at now: not again by the node's next request
+            for tp in [tp for tp in advanced if tp in wanted]:
+                del advanced[tp]
+        return wanted, changed, kept < len(remembered), reset, have_ids
+
+    def _moved_since(
+        self, before: dict[TopicPartition, SessionPartition], session: FetchSession
+    ) -> tuple[dict[TopicPartition, SessionPartition], list[TopicPartition]]:
+        """The node's last request, ``before``, asked for the same partitions under the same plan:
+        only the ones a response named since (``_advanced``) may have moved.  (wanted, changed),
+        as :meth:`_compare` would find them."""
+        wanted = before.copy()
+        changed: list[TopicPartition] = []
+        advanced = self._advanced
+        if advanced:
+            partitions = self._subscriptions.partitions
+            for tp in [tp for tp in advanced if tp in before]:
+                del advanced[tp]
+                state = partitions[tp]
+                was = before[tp]
+                fetched_epoch = state.fetched_epoch
+                entry = (
+                    state.fetch_offset,
+                    was[LEADER_EPOCH],
+                    was[TOPIC_ID],
+                    -1 if fetched_epoch is None else fetched_epoch,
+                    state.epoch,
+                )
+                if entry != was:
+                    wanted[tp] = entry
+                    changed.append(tp)
+        if session.partitions is not before:  # no session (it started again): all of them
+            changed = list(wanted)
+        return wanted, changed
+
+    def _request(
+        self, node: int, picked: list[tuple[PartitionState, PartitionInfo]], plan: _Plan | None
+    ) -> UnsentRequest:
+        """A fetch of ``picked`` from ``node``; ``plan``: they are all its partitions in that plan."""
+        cluster = self._metadata.cluster
+        session = self._sessions[node]
+        last = self._last.pop(node, None)
+        if (
+            plan is not None
+            and last is not None
+            and last[0] is plan
+            and (session.partitions is last[1] or not (session.session_id or session.partitions))
+        ):
+            built_from: dict[TopicPartition, SessionPartition] | None = last[1]
+            wanted, changed = self._moved_since(last[1], session)
+            have_ids, forgets, reset = last[2], False, False
+        else:
+            built_from = None
+            wanted, changed, forgets, reset, have_ids = self._compare(session, picked)
+        if plan is not None:
+            self._last[node] = (plan, wanted, have_ids)
+            self._built_under[node] = plan
+        else:
+            self._built_under.pop(node, None)
         self.requests += 1
         self._in_flight[node] = wanted
         assignment_id = self._subscriptions.assignment_id
         if reset and session.session_id:
             session.reset()
-        forgets = kept < len(session.partitions)
+            forgets = False
         if have_ids and forgets:  # partitions to forget: their ids too
             have_ids = all(e[TOPIC_ID] != ZERO_UUID for tp, e in session.partitions.items() if tp not in wanted)
         # What ``changed`` and ``forgets`` were worked out against: nothing else changes the session
@@ -424,9 +626,8 @@ class FetchManager:
             self.responses += 1
             self.responses_by_node[node] += 1
             before = self.response_bytes
-            # An incremental response leaves out the partitions with no news: they count as answered.
-            # (``fromkeys`` and ``update`` copy the keys' hashes from the dict they read.)
-            unnamed = dict.fromkeys(wanted, now)
+            unanswered: set[TopicPartition] = set()
+            advanced = self._advanced
             for topic in body["responses"]:
                 name = topic["topic"] if version < 13 else cluster.topic_name(topic["topic_id"])
                 if name is None:
@@ -436,9 +637,11 @@ class FetchManager:
                     tp = TopicPartition(name, p["partition_index"])
                     sent_as = wanted.get(tp)
                     if sent_as is not None:
-                        unnamed.pop(tp, None)
-                        self._handle_partition(now, tp, sent_as, p, node)
-            self.answered.update(unnamed)
+                        advanced[tp] = None
+                        if not self._handle_partition(now, tp, sent_as, p, node):
+                            unanswered.add(tp)
+            # An incremental response leaves out the partitions with no news: they count as answered.
+            self._answers.note(node, now, wanted, unanswered, built_from)
             size = self.response_bytes - before
             if size > self.response_bytes_max:
                 self.response_bytes_max = size
@@ -487,16 +690,12 @@ class FetchManager:
             return
         # What the broker now remembers is what was sent, whatever changed here since: after a full
         # fetch every partition's entry, after an incremental one the entries it named (the others
-        # were the same) without the ones it forgot.
+        # were the same) without the ones it forgot: ``entries`` either way.  The request's own dict
+        # (nothing writes to it once built): a node's next request that finds it here knows the
+        # session holds what that request asked.
         if sent["full"]:
             session.session_id = body["session_id"]
-            session.partitions = dict(entries)
-        else:
-            remembered = session.partitions
-            for tp in sent.get("forgotten") or []:  # type: ignore[attr-defined]
-                remembered.pop(tp, None)
-            for tp in sent["named"]:  # type: ignore[attr-defined]
-                remembered[tp] = entries[tp]
+        session.partitions = entries
         session.epoch = session.epoch + 1 if not sent["full"] else 1
         # Offsets that move on with this response are sent again next time (they differ).
 
@@ -512,18 +711,25 @@ class FetchManager:
 
     def _handle_partition(
         self, now: float, tp: TopicPartition, sent: SessionPartition, p: Body, node: int = -1
-    ) -> None:
+    ) -> bool:
+        """Files one partition's answer; whether it counts as answered (for the stall watch): the
+        request still stands for it, and no error."""
         state = self._subscriptions.get(tp)
-        fetch_offset, leader_epoch, epoch = sent[FETCH_OFFSET], sent[LEADER_EPOCH], sent[STATE_EPOCH]
+        fetch_offset, epoch = sent[FETCH_OFFSET], sent[STATE_EPOCH]
         if state is None or state.epoch != epoch or state.fetch_offset != fetch_offset:
-            return  # seeked, reset or unassigned since the request went out
+            return False  # seeked, reset or unassigned since the request went out
         if state.phase is not PartitionPhase.FETCHING:
-            return  # awaiting validation since: this data may be from a diverged log
+            return False  # awaiting validation since: this data may be from a diverged log
+        self._file_partition(now, tp, state, sent, p, node)
+        return not p["error_code"]
+
+    def _file_partition(
+        self, now: float, tp: TopicPartition, state: PartitionState, sent: SessionPartition, p: Body, node: int
+    ) -> None:
+        fetch_offset, leader_epoch, epoch = sent[FETCH_OFFSET], sent[LEADER_EPOCH], sent[STATE_EPOCH]
         code = p["error_code"]
         if code:
             self.last_errors[tp] = error_for_code(code, f"fetching {tp} from node {node}")
-        else:
-            self.answered[tp] = now
         if code and self._from_follower(tp, node):
             # Whatever went wrong at the follower (it may not have the offset yet: it lags the
             # leader), the leader is asked next, and decides about resets and errors.

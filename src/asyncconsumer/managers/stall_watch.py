@@ -80,7 +80,8 @@ class StallWatch:
         for gone in [tp for tp in self._expected_since if tp not in partitions]:
             self._expected_since.pop(gone, None)
             self.warned.pop(gone, None)
-        for table in (self._fetcher.answered, self._fetcher.last_errors):
+        answered = self._fetcher.answered
+        for table in (answered, self._fetcher.last_errors):
             for gone in [tp for tp in table if tp not in partitions]:
                 del table[gone]
         share = self._fetcher.read_ahead_bytes()
@@ -93,7 +94,7 @@ class StallWatch:
                 if self.warned.pop(tp, None) is not None and buffered:
                     log.info("%s fetched again", tp)
                 continue
-            since = max(self._expected_since.setdefault(tp, now), self._fetcher.answered.get(tp, float("-inf")))
+            since = max(self._expected_since.setdefault(tp, now), answered.get(tp, float("-inf")))
             if tp in self.warned and since > self.warned[tp]:
                 log.info("%s fetched again after %.1fs", tp, since - self.warned.pop(tp))
             if now - since <= self.quiet_after or tp in self.warned:

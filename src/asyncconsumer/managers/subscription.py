@@ -42,7 +42,10 @@ turn of several managers) costs nothing while no partition changed, and the posi
 walks the partitions only when something it looks at changed (managers/validation.py).  A
 consumer with a thousand partitions caught up then pays for them once a fetch, not once a manager.
 The latest backoff written (``retry_at``) is kept too, so that ``next_retry`` walks the partitions
-only while one of them may still be backing off.
+only while one of them may still be backing off.  And every other write that decides whether a
+partition is fetched, or from where (a pause, a limit, a revocation, a rewind, a backoff) moves
+``SubscriptionState.moves``, so that the fetch manager walks the partitions again only when one of
+the two counts, the assignment or the cluster moved (managers/fetch.py).
 """
 
 from __future__ import annotations
@@ -56,14 +59,16 @@ from ..structs import TopicPartition
 
 
 class _Census:
-    """How many times a phase, a vouched-for leader epoch or a fetched epoch changed, and no
+    """How many times a phase, a vouched-for leader epoch or a fetched epoch changed, how many
+    times anything else that decides whether a partition is fetched did (``moves``), and no
     partition's finite ``retry_at`` is later than ``retry_until``: one per ``SubscriptionState``,
     shared by its partition states (see the module's docstring)."""
 
-    __slots__ = ("changes", "retry_until")
+    __slots__ = ("changes", "moves", "retry_until")
 
     def __init__(self) -> None:
         self.changes = 0
+        self.moves = 0
         self.retry_until = 0.0
 
 
@@ -145,8 +150,10 @@ class PartitionState:
 
     @retry_at.setter
     def retry_at(self, at: float) -> None:
-        self._retry_at = at
         census = self._census
+        if at != self._retry_at:
+            census.moves += 1
+        self._retry_at = at
         if census.retry_until < at < math.inf:
             census.retry_until = at
 
@@ -194,14 +201,17 @@ class PartitionState:
         """Neither fetched nor handed out until ``resume()`` (``Consumer.pause()``, or a partition
         stream that is full)."""
         self.paused = True
+        self._census.moves += 1
 
     def resume(self) -> None:
         """Fetched and handed out again after ``pause()``."""
         self.paused = False
+        self._census.moves += 1
 
     def fetch_until(self, offset: int | None) -> None:
         """Fetch only while ``fetch_offset`` is below ``offset`` (None: no limit; see ``fetch_end``)."""
         self.fetch_end = offset
+        self._census.moves += 1
 
     def set_position(self, offset: int, leader_epoch: int | None = None) -> None:
         # Going back within what the leader already served (the application putting records
@@ -220,9 +230,12 @@ class PartitionState:
     # -- the offsets' vocabulary (processed <= consumed <= position <= fetch_offset) ----------------
 
     def fetched(self, offset: int) -> None:
-        """Records before ``offset`` were fetched (the next fetch starts there)."""
+        """Records before ``offset`` were fetched (the next fetch starts there).  Reaching the
+        ``fetch_until()`` limit counts as a move (the partition is no longer fetched)."""
         if offset > self.fetch_offset:
             self.fetch_offset = offset
+            if self.fetch_end is not None and offset >= self.fetch_end:
+                self._census.moves += 1
 
     def taken(self, offset: int) -> None:
         """Records before ``offset`` were taken from the buffer, or skipped with the transaction
@@ -277,6 +290,7 @@ class PartitionState:
         self._fetched_epoch_is(starts[-1][1] if starts else self._set_epoch)
         self.retry_at = 0.0
         self.epoch += 1
+        self._census.moves += 1
 
     def await_validation(self) -> None:
         """KIP-320: stop at what the application was handed and have the leader confirm it.  The
@@ -353,6 +367,7 @@ class SubscriptionState:
             state = self.partitions.get(tp)
             if state is not None:
                 state.revoking = True
+                self._census.moves += 1
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self.partitions[tp].set_position(offset)
@@ -370,6 +385,15 @@ class SubscriptionState:
         """Moves on each change of a partition's phase, vouched-for leader epoch or fetched epoch,
         and of the assignment: equal values mean nothing of that changed in between."""
         return self._census.changes
+
+    @property
+    def moves(self) -> int:
+        """Moves on each write of anything else that decides whether a partition is fetched, or
+        from where: ``pause``/``resume``, ``fetch_until`` (and a fetch reaching its limit), a
+        revocation, a ``rewind``, and a change of ``retry_at``.  With ``changes``, the assignment
+        and the cluster's leaders unchanged, the partitions fetched are those of the last walk,
+        until its earliest backoff ends, and only ``fetched()`` moved their fetch offsets."""
+        return self._census.moves
 
     def in_phase(self, phase: PartitionPhase, now: float) -> list[PartitionState]:
         """The partitions in ``phase`` whose ``retry_at`` has come (in assignment order)."""

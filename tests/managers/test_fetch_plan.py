@@ -1,0 +1,234 @@
+"""The fetch manager's plan: a fetch that walks only what changed asks exactly what a full walk would.
+
+Two fetch managers live through the same random history (records arriving, partitions failing,
+seeks, pauses, limits, leaders moving, assignments changing, time passing, the buffer filling and
+emptying, sessions lost): one keeps its plan from turn to turn, the other walks every partition
+every turn (its plan dropped before each poll).  Every turn both must send the same requests, and
+report the same answer times to the stall watch.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from asyncconsumer.managers.fetch import FetchManager
+from asyncconsumer.structs import TopicPartition
+
+from .scripted import Sent, fetch_body, fetch_partition, load_metadata, metadata_body
+from .test_fetch import Setup, records
+
+TPS = [TopicPartition(t, p) for t in ("t", "u") for p in range(4)]
+NOT_LEADER = 6
+FETCH_SESSION_ID_NOT_FOUND = 70
+
+
+class EagerAnswers:
+    """The answer times written at each answer (what the fetch manager keeps until read)."""
+
+    def __init__(self) -> None:
+        self._times: dict[TopicPartition, float] = {}
+
+    def note(self, node: int, when: float, asked: dict[TopicPartition, Any], unanswered: set[TopicPartition],
+             built_from: object) -> None:
+        for tp in asked:
+            if tp not in unanswered:
+                self._times[tp] = when
+
+    def times(self) -> dict[TopicPartition, float]:
+        return self._times
+
+
+def walking(fetcher: FetchManager) -> None:
+    """Make ``fetcher`` walk every partition each turn (no plan kept from the turn before), and
+    write its answer times at once."""
+    fetcher._answers = EagerAnswers()  # type: ignore[assignment]
+    poll = fetcher.poll
+
+    def poll_walking(now: float) -> list[Any]:
+        fetcher._plan = None
+        return poll(now)
+
+    fetcher.poll = poll_walking  # type: ignore[method-assign]
+
+
+def request_of(sent: Sent) -> tuple[Any, ...]:
+    """What a request asks, in an order-free form (the plan may name partitions in another order)."""
+    body = sent.body()
+    topics = {
+        (str(t.get("topic_id", t.get("topic"))), p["partition"], p["fetch_offset"], p["current_leader_epoch"],
+         p["last_fetched_epoch"])
+        for t in body["topics"] for p in t["partitions"]
+    }
+    gone = {(str(t.get("topic_id", t.get("topic"))), p) for t in body["forgotten_topics_data"] for p in t["partitions"]}
+    return sent.node_id, sent.version, body["session_id"], body["session_epoch"], sorted(topics), sorted(gone)
+
+
+def settle(s: Setup) -> None:
+    """One loop turn, the metadata and position validations it asks for answered at once (the
+    leaders as they are; no log truncated)."""
+    for _ in range(3):
+        s.h.poll()
+        for sent in s.h.take_all("Metadata"):
+            sent.respond(metadata_body(s.leaders))
+        for sent in s.h.take_all("OffsetForLeaderEpoch"):
+            sent.respond({"topics": [
+                {"topic": t["topic"], "partitions": [
+                    {"error_code": 0, "partition": p["partition"], "leader_epoch": p["leader_epoch"],
+                     "end_offset": 1 << 30} for p in t["partitions"]]}
+                for t in sent.body()["topics"]]})
+    assert all(p.api == "Fetch" for p in s.h.pending), s.h.pending
+
+
+class Twins:
+    def __init__(self, rng: random.Random, buffer_bytes: int, versions: dict[str, int] | None) -> None:
+        self.rng = rng
+        leaders = {tp: (1 + tp.partition % 2, 3) for tp in TPS}
+        self.planned = Setup(leaders=leaders, buffer_bytes=buffer_bytes, versions=versions)
+        self.walking = Setup(leaders=leaders, buffer_bytes=buffer_bytes, versions=versions)
+        walking(self.walking.fetcher)
+        self.pending: list[tuple[Sent, Sent]] = []
+        for s in self.both:
+            s.start({tp: 0 for tp in TPS[:6]})
+        self.end: dict[TopicPartition, int] = dict.fromkeys(TPS, 0)  # the log's end, per partition
+
+    @property
+    def both(self) -> tuple[Setup, Setup]:
+        return self.planned, self.walking
+
+    def turn(self) -> None:
+        for s in self.both:
+            settle(s)
+        # The requests sent this turn (those still in flight were taken from the harness before).
+        mine = sorted(self.planned.h.take_all("Fetch"), key=lambda s: s.node_id or 0)
+        theirs = sorted(self.walking.h.take_all("Fetch"), key=lambda s: s.node_id or 0)
+        assert [request_of(s) for s in mine] == [request_of(s) for s in theirs]
+        self.pending += list(zip(mine, theirs, strict=True))
+        if self.rng.random() < 0.1:  # reading them writes out the answers kept (see _AnswerTimes)
+            assert self.planned.fetcher.answered == self.walking.fetcher.answered
+        for tp, state in self.planned.subs.partitions.items():
+            other = self.walking.subs.partitions[tp]
+            assert (state.fetch_offset, state.epoch, state.paused) == (other.fetch_offset, other.epoch, other.paused)
+
+    def answer(self) -> None:
+        """Answer some of the fetches in flight: records for some partitions, errors for a few."""
+        rng = self.rng
+        keep = []
+        for mine, theirs in self.pending:
+            if rng.random() < 0.2:
+                keep.append((mine, theirs))
+                continue
+            roll = rng.random()
+            if roll < 0.05:
+                for s in (mine, theirs):
+                    s.respond(fetch_body(s.version, {}, session_id=0, error_code=FETCH_SESSION_ID_NOT_FOUND))
+                continue
+            if roll < 0.08:
+                for s in (mine, theirs):
+                    s.fail(ConnectionError("lost"))
+                continue
+            asked = [tp for tp in self.planned.subs.partitions if self._asked(mine, tp)]
+            parts: dict[TopicPartition, dict[str, Any]] = {}
+            for tp in asked:
+                pick = rng.random()
+                offset = self.planned.subs.partitions[tp].fetch_offset
+                if pick < 0.3:
+                    count = rng.randint(1, 3)
+                    self.end[tp] = max(self.end[tp], offset + count)
+                    parts[tp] = fetch_partition(tp.partition, records=records(offset, count),
+                                                high_watermark=self.end[tp])
+                elif pick < 0.35:
+                    parts[tp] = fetch_partition(tp.partition, records=None, error_code=NOT_LEADER)
+                elif pick < 0.45:
+                    parts[tp] = fetch_partition(tp.partition, records=b"", high_watermark=self.end[tp])
+            for s in (mine, theirs):
+                s.respond(fetch_body(s.version, parts, session_id=7))
+        self.pending = keep
+
+    def _asked(self, sent: Sent, tp: TopicPartition) -> bool:
+        return tp in self.planned.fetcher._in_flight.get(sent.node_id or 0, {})
+
+    def step(self) -> None:
+        rng = self.rng
+        roll = rng.random()
+        tp = rng.choice(TPS)
+        offset, count, limit = rng.randint(0, self.end[tp]), rng.randint(1, 3), rng.randint(0, 3)
+        other_node = rng.random() < 0.5
+        for s in self.both:
+            state = s.subs.partitions.get(tp)
+            if roll < 0.35:
+                pass  # only answers and time
+            elif roll < 0.45 and state is not None:
+                s.subs.seek(tp, offset)
+            elif roll < 0.55 and state is not None:
+                state.resume() if state.paused else state.pause()
+            elif roll < 0.62 and state is not None:
+                state.fetch_until(None if state.fetch_end is not None else state.fetch_offset + limit)
+            elif roll < 0.70:
+                for fetch in s.buffer.fetches()[:count]:
+                    s.buffer.remove(fetch)
+            elif roll < 0.76:
+                node, epoch = s.leaders[tp]
+                s.leaders[tp] = (3 - node if other_node else node, epoch + 1)
+                load_metadata(s.metadata, s.clock, s.leaders)
+            elif roll < 0.80:
+                assigned = [t for t in TPS if t in s.subs.partitions]
+                gone = state is not None and len(assigned) > 1
+                wanted = [t for t in assigned if t != tp] if gone else [*assigned, tp]
+                s.subs.assign(wanted)
+                if state is None:
+                    s.subs.seek(tp, 0)
+            elif roll < 0.85 and state is not None and state.has_position:
+                state.rewind(min(offset, state.fetch_offset))
+        if rng.random() < 0.3:
+            delay = rng.choice([0.01, 0.13, 0.6])
+            for s in self.both:
+                s.clock.advance(delay)
+        self.answer()
+        self.turn()
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("buffer_bytes", [700, 1 << 20])
+@pytest.mark.parametrize("version", [None, 12])
+def test_a_plan_kept_between_turns_asks_what_a_walk_would(seed: int, buffer_bytes: int, version: int | None) -> None:
+    twins = Twins(random.Random(seed), buffer_bytes, {"Fetch": version} if version else None)
+    twins.turn()
+    for _ in range(150):
+        twins.step()
+    assert twins.planned.fetcher.answered == twins.walking.fetcher.answered
+
+
+def test_a_caught_up_consumer_walks_its_partitions_only_when_something_moved() -> None:
+    tps = [TopicPartition("t", p) for p in range(50)]
+    s = Setup(leaders={tp: (1, 3) for tp in tps})
+    s.start(dict.fromkeys(tps, 0))
+    walks = 0
+    fetchable = s.subs.fetchable
+
+    def counted(now: float) -> list[Any]:
+        nonlocal walks
+        walks += 1
+        return fetchable(now)
+
+    s.subs.fetchable = counted  # type: ignore[method-assign]
+    sent = s.fetch()
+    sent.respond(fetch_body(sent.version, {tp: fetch_partition(tp.partition, high_watermark=0) for tp in tps},
+                            session_id=7))
+    for offset in range(4):  # a record for one partition each time: the same plan
+        if offset == 2:  # after the first answer (the epochs vouched for, a batch's epoch seen)
+            assert walks == 3
+        sent = s.fetch()
+        respond_with = {tps[7]: fetch_partition(7, records=records(offset, 1), high_watermark=offset + 1)}
+        sent.respond(fetch_body(sent.version, respond_with, session_id=7))
+        s.buffer.remove(s.buffer.fetches()[0])
+    assert walks == 3
+    sent = s.fetch()
+    assert {p["partition"]: p["fetch_offset"] for t in sent.body()["topics"] for p in t["partitions"]} == {7: 4}
+    sent.respond(fetch_body(sent.version, {}, session_id=7))
+    s.subs.partitions[tps[3]].pause()  # a move: walked again, and the paused partition forgotten
+    sent = s.fetch()
+    assert walks == 4
+    assert [p for t in sent.body()["forgotten_topics_data"] for p in t["partitions"]] == [3]
