@@ -352,6 +352,13 @@ def create_topic(bootstrap: str, partitions: int = PARTITIONS) -> str:
     name = f"latency-{uuid.uuid4().hex[:10]}"
     admin = _admin(bootstrap)  # kept alive until the answer is in (a dropped client cancels it)
     admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=60)
+    # Created is not yet served: the broker's metadata may list part of a large topic's partitions
+    # for a moment (a reader assigned all of them would be told the topic has fewer).
+    deadline = time.monotonic() + 60
+    while len(admin.list_topics(name, timeout=10).topics[name].partitions) < partitions:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {name}: not all {partitions} partitions in the metadata after 60 s")
+        time.sleep(0.1)
     return name
 
 
