@@ -1,10 +1,11 @@
 """The fetch manager's plan: a fetch that walks only what changed asks exactly what a full walk would.
 
 Two fetch managers live through the same random history (records arriving, partitions failing,
-seeks, pauses, limits, leaders moving, assignments changing, time passing, the buffer filling and
-emptying, sessions lost): one keeps its plan from turn to turn, the other walks every partition
-every turn (its plan dropped before each poll).  Every turn both must send the same requests, and
-report the same answer times to the stall watch.
+seeks, pauses, limits, rewinds, leaders moving or unknown, read replicas named and given up,
+assignments changing, metadata requests lost, time passing, the buffer filling and emptying,
+sessions lost): one keeps its plan from turn to turn, the other walks every partition every turn
+(its plan dropped before each poll).  Every turn both must send the same requests and ask for
+metadata as often, and they must report the same answer times to the stall watch.
 """
 
 from __future__ import annotations
@@ -66,13 +67,19 @@ def request_of(sent: Sent) -> tuple[Any, ...]:
     return sent.node_id, sent.version, body["session_id"], body["session_epoch"], sorted(topics), sorted(gone)
 
 
-def settle(s: Setup) -> None:
+def settle(s: Setup, lost: list[bool]) -> int:
     """One loop turn, the metadata and position validations it asks for answered at once (the
-    leaders as they are; no log truncated)."""
-    for _ in range(3):
+    leaders as they are, or a metadata request lost where ``lost`` says; no log truncated).
+    Returns how many metadata requests were sent."""
+    asked = 0
+    for fail in lost:
         s.h.poll()
         for sent in s.h.take_all("Metadata"):
-            sent.respond(metadata_body(s.leaders))
+            asked += 1
+            if fail:
+                sent.fail(ConnectionError("lost"))
+            else:
+                sent.respond(metadata_body(s.leaders))
         for sent in s.h.take_all("OffsetForLeaderEpoch"):
             sent.respond({"topics": [
                 {"topic": t["topic"], "partitions": [
@@ -80,15 +87,19 @@ def settle(s: Setup) -> None:
                      "end_offset": 1 << 30} for p in t["partitions"]]}
                 for t in sent.body()["topics"]]})
     assert all(p.api == "Fetch" for p in s.h.pending), s.h.pending
+    return asked
 
 
 class Twins:
     def __init__(self, rng: random.Random, buffer_bytes: int, versions: dict[str, int] | None) -> None:
         self.rng = rng
         leaders = {tp: (1 + tp.partition % 2, 3) for tp in TPS}
+        self.leaders = dict(leaders)  # each partition's leader, also while the metadata lists none
         self.planned = Setup(leaders=leaders, buffer_bytes=buffer_bytes, versions=versions)
         self.walking = Setup(leaders=leaders, buffer_bytes=buffer_bytes, versions=versions)
         walking(self.walking.fetcher)
+        for s in self.both:
+            s.fetcher._preferred_ttl = 1.0  # read replicas chosen for a second: their choices end too
         self.pending: list[tuple[Sent, Sent]] = []
         for s in self.both:
             s.start({tp: 0 for tp in TPS[:6]})
@@ -99,8 +110,8 @@ class Twins:
         return self.planned, self.walking
 
     def turn(self) -> None:
-        for s in self.both:
-            settle(s)
+        lost = [self.rng.random() < 0.2 for _ in range(3)]
+        assert settle(self.planned, lost) == settle(self.walking, lost)  # the same metadata asked for
         # The requests sent this turn (those still in flight were taken from the harness before).
         mine = sorted(self.planned.h.take_all("Fetch"), key=lambda s: s.node_id or 0)
         theirs = sorted(self.walking.h.take_all("Fetch"), key=lambda s: s.node_id or 0)
@@ -143,6 +154,9 @@ class Twins:
                     parts[tp] = fetch_partition(tp.partition, records=None, error_code=NOT_LEADER)
                 elif pick < 0.45:
                     parts[tp] = fetch_partition(tp.partition, records=b"", high_watermark=self.end[tp])
+                elif pick < 0.5:  # KIP-392: read from the other broker (now and then one not known)
+                    parts[tp] = fetch_partition(tp.partition, records=b"", high_watermark=self.end[tp])
+                    parts[tp]["preferred_read_replica"] = 9 if pick < 0.455 else 3 - (mine.node_id or 1)
             for s in (mine, theirs):
                 s.respond(fetch_body(s.version, parts, session_id=7))
         self.pending = keep
@@ -169,9 +183,9 @@ class Twins:
             elif roll < 0.70:
                 for fetch in s.buffer.fetches()[:count]:
                     s.buffer.remove(fetch)
-            elif roll < 0.76:
+            elif roll < 0.76 and tp in s.leaders:
                 node, epoch = s.leaders[tp]
-                s.leaders[tp] = (3 - node if other_node else node, epoch + 1)
+                s.leaders[tp] = self.leaders[tp] = (3 - node if other_node else node, epoch + 1)
                 load_metadata(s.metadata, s.clock, s.leaders)
             elif roll < 0.80:
                 assigned = [t for t in TPS if t in s.subs.partitions]
@@ -182,6 +196,12 @@ class Twins:
                     s.subs.seek(tp, 0)
             elif roll < 0.85 and state is not None and state.has_position:
                 state.rewind(min(offset, state.fetch_offset))
+            elif roll < 0.88:  # the metadata loses the partition's leader, or finds it again
+                if tp in s.leaders:
+                    del s.leaders[tp]
+                else:
+                    s.leaders[tp] = self.leaders[tp]
+                load_metadata(s.metadata, s.clock, s.leaders)
         if rng.random() < 0.3:
             delay = rng.choice([0.01, 0.13, 0.6])
             for s in self.both:

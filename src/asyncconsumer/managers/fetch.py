@@ -24,10 +24,10 @@ busy ones, which the broker answers at once.
 
 What to fetch costs what changed: a walk over every partition finds the ones to fetch, by node
 (``_Plan``), and the next turns use it again while nothing it looked at moved (the subscription's
-``changes`` and ``moves``, the cluster snapshot, no backoff ending, no preferred replica, no
-partition with its share of the buffer).  Each node's fetch is then a copy of its last one, with
-the partitions a response named since looked at again: only ``fetched()`` moves a fetch offset
-without moving the counts.  ``tests/managers/test_fetch_plan.py`` checks it against a walk a turn.
+``changes`` and ``moves``, the cluster snapshot, the read replicas chosen), no backoff or choice of
+replica ends, and no partition has its share of the buffer.  Each node's fetch is then a copy of
+its last one, with the partitions a response named since looked at again: only ``fetched()``
+moves a fetch offset without moving the counts.  ``tests/managers/test_fetch_plan.py`` checks it against a walk a turn.
 
 Incremental fetch sessions (KIP-227): after a full fetch the broker remembers
 the partitions; later requests name only partitions whose fetch offset moved,
@@ -105,16 +105,19 @@ class FetchSession:
 class _Plan:
     """The partitions a walk found fetchable, grouped by the node each is fetched from, and what
     that walk depended on.  While none of it moves (see ``SubscriptionState.moves``), each node's
-    next fetch asks for the same partitions, and only a response moves their fetch offsets."""
+    next fetch asks for the same partitions, and only a response moves their fetch offsets.  A
+    partition without a leader, or a read replica the metadata does not list yet, has the walk ask
+    for metadata: its answer is a new ``Cluster``, so the partitions are walked again then (and the
+    metadata manager asks again by itself when a request fails)."""
 
     changes: int
     moves: int
+    #: ``FetchManager._preferred_moves``: the read replicas the leaders named.
+    preferred_moves: int
     cluster: object
-    #: The earliest backoff that ends: the partitions must be walked again then.
+    #: The earliest backoff or read replica's choice that ends: the partitions are walked again then.
     until: float
     by_node: dict[int, list[tuple[PartitionState, PartitionInfo]]]
-    #: Nothing depends on more than the above: no replica preferred, no partition without a leader.
-    usable: bool
 
 
 class _AnswerTimes:
@@ -124,11 +127,11 @@ class _AnswerTimes:
     with no news: they count as answered).
 
     So an answer is kept whole, per node, as (when, what was asked, the partitions it did not
-    answer: an error, or a position that moved since), and written out only when read, or when
-    the node's next answer is not for the same partitions.  The next answer to a request built from
-    the last one (the same partitions) replaces it: it is newer for every partition but those it
-    leaves unanswered, which keep the older time.  Answers are written out oldest first, so every
-    partition's time only moves forward."""
+    answer: an error, or a position that moved since), and written out only when read, or when the
+    node's next answer does not cover it: the next answer to a request built from the last one (the
+    same partitions) that leaves no partition unanswered that the last one answered replaces it,
+    any other answer has it written out first.  Answers are written out oldest first (every one up
+    to the one written), so every partition's time only moves forward."""
 
     __slots__ = ("_kept", "_times")
 
@@ -147,14 +150,8 @@ class _AnswerTimes:
         """``node`` answered a request of ``asked`` (``built_from``: the request it was copied
         from, which asked for the same partitions) at ``when``, but for ``unanswered``."""
         kept = self._kept.get(node)
-        if kept is not None:
-            if kept[1] is built_from:
-                times = self._times
-                for tp in unanswered - kept[2]:  # answered then, not now: the older time stands
-                    if times.get(tp, -math.inf) < kept[0]:
-                        times[tp] = kept[0]
-            else:
-                self._write_out(kept[0])
+        if kept is not None and not (kept[1] is built_from and unanswered <= kept[2]):
+            self._write_out(kept[0])  # not every partition it answered is answered again
         self._kept[node] = (when, asked, unanswered)
 
     def _write_out(self, until: float) -> None:
@@ -234,6 +231,8 @@ class FetchManager:
         self.response_bytes_max = 0
         #: KIP-392: partition -> (the replica the leader named, until when it is used).
         self._preferred: dict[TopicPartition, tuple[int, float]] = {}
+        #: Moves on each change of ``_preferred`` (what a plan was made under).
+        self._preferred_moves = 0
         self._preferred_ttl = preferred_replica_ttl
         #: When each partition last had a fetch answered without an error for it (an incremental
         #: response that leaves it out, having nothing new, counts), and why the last one failed:
@@ -276,12 +275,11 @@ class FetchManager:
         plan = self._plan
         if (
             plan is not None
-            and plan.usable
             and plan.cluster is self._metadata.cluster
             and plan.changes == subscriptions.changes
             and plan.moves == subscriptions.moves
             and now < plan.until
-            and not self._preferred
+            and plan.preferred_moves == self._preferred_moves
             and not buffer.full
             and (buffered_by_tp is None or max(buffered_by_tp.values()) < share)
             and all(self._built_under.get(node) is plan for node in self._in_flight)
@@ -307,7 +305,6 @@ class FetchManager:
         full = self._buffer.full  # then only partitions with nothing buffered are fetched
         by_node: dict[int, list[tuple[PartitionState, PartitionInfo]]] = {}
         preferred = bool(self._preferred)
-        usable = not preferred
         last_node = -1
         picked: list[tuple[PartitionState, PartitionInfo]] = []
         for state in subscriptions.fetchable(now):
@@ -315,7 +312,6 @@ class FetchManager:
             leader = leaders.get(tp)
             if leader is None:
                 self._metadata.request_update()
-                usable = False
                 continue
             node = self._read_replica(tp, leader.leader, now) if preferred else leader.leader
             if state.validated_for != leader.leader_epoch and state.needs_validation(leader.leader_epoch):
@@ -324,8 +320,11 @@ class FetchManager:
                 last_node = node
                 picked = by_node.setdefault(node, [])
             picked.append((state, leader))
+        until = subscriptions.next_retry(now)
+        if self._preferred:  # the plan lasts while every choice of replica does
+            until = min(until, *(ends for _, ends in self._preferred.values()))
         plan = self._plan = _Plan(
-            subscriptions.changes, subscriptions.moves, cluster, subscriptions.next_retry(now), by_node, usable
+            subscriptions.changes, subscriptions.moves, self._preferred_moves, cluster, until, by_node
         )
         self._advanced.clear()  # every node's next request compares all its partitions again
         # Empty sets and maps are not asked (asking hashes the TopicPartition, ~60 ns): a caught-up
@@ -387,6 +386,7 @@ class FetchManager:
         node, until = preferred
         if now >= until:
             del self._preferred[tp]
+            self._preferred_moves += 1
             return leader
         if node not in self._metadata.cluster.brokers:
             self._metadata.request_update()  # a broker back since the last metadata: learn its address
@@ -416,6 +416,7 @@ class FetchManager:
         if preferred is None or preferred[0] != node:
             return False
         del self._preferred[tp]
+        self._preferred_moves += 1
         log.debug("fetching %s from the leader again (a fetch from replica %s failed)", tp, node)
         return True
 
@@ -740,6 +741,7 @@ class FetchManager:
         if code == 0 and replica is not None and replica >= 0 and replica != node:
             log.debug("fetching %s from replica %s (named by node %s)", tp, replica, node)
             self._preferred[tp] = (replica, now + self._preferred_ttl)
+            self._preferred_moves += 1
         diverging = p.get("diverging_epoch") or {}
         if code == 0 and diverging.get("epoch", -1) >= 0:
             self._on_diverging_epoch(state, fetch_offset, diverging["epoch"], diverging["end_offset"], leader_epoch)
