@@ -213,11 +213,11 @@ class FetchManager:
         self._sessions: dict[int, FetchSession] = defaultdict(FetchSession)
         #: Nodes whose fetch of caught-up partitions is held back, and since when.
         self._held_since: dict[int, float] = {}
-        #: The last walk's plan; per node, the plan its fetch in flight was built from, and its last
-        #: request of all the plan's partitions (the plan, what it asked, whether every topic id was
-        #: known); the partitions named by responses since (their entries may have moved).
+        #: The last walk's plan; per node, its last request if that asked for all of a plan's
+        #: partitions (the plan, what it asked, whether every topic id was known: also what its
+        #: fetch in flight was built from); the partitions named by responses since (their entries
+        #: may have moved).
         self._plan: _Plan | None = None
-        self._built_under: dict[int, _Plan] = {}
         self._last: dict[int, tuple[_Plan, dict[TopicPartition, SessionPartition], bool]] = {}
         self._advanced: dict[TopicPartition, None] = {}
         #: Requests whose responses arrived with data (for tests and metrics).
@@ -282,7 +282,7 @@ class FetchManager:
             and plan.preferred_moves == self._preferred_moves
             and not buffer.full
             and (buffered_by_tp is None or max(buffered_by_tp.values()) < share)
-            and all(self._built_under.get(node) is plan for node in self._in_flight)
+            and all(self._built_from(node) is plan for node in self._in_flight)
         ):
             # Nothing the walk looked at moved: every node not waiting for its fetch is asked for
             # the same partitions as last time, and only those a response moved need a look.
@@ -294,6 +294,12 @@ class FetchManager:
             self._held_since = {}
             return requests
         return self._walk(now, share, buffered_by_tp)
+
+    def _built_from(self, node: int) -> _Plan | None:
+        """The plan ``node``'s last request asked for all the partitions of (None: some were left
+        out, or it was not built from a plan)."""
+        last = self._last.get(node)
+        return last[0] if last is not None else None
 
     def _walk(self, now: float, share: int, buffered_by_tp: Mapping[TopicPartition, int] | None) -> list[UnsentRequest]:
         """Every partition looked at: which may be fetched, from where (the plan, kept for the next
@@ -535,9 +541,6 @@ class FetchManager:
             wanted, changed, forgets, reset, have_ids = self._compare(session, picked)
         if plan is not None:
             self._last[node] = (plan, wanted, have_ids)
-            self._built_under[node] = plan
-        else:
-            self._built_under.pop(node, None)
         self.requests += 1
         self._in_flight[node] = wanted
         assignment_id = self._subscriptions.assignment_id
