@@ -1,7 +1,8 @@
 """Instructions per record of a read, between git revisions: ``python -m benchmarks.instructions``.
 
     python -m benchmarks.instructions REV [REV...] [--clients asyncconsumer-getmany,...]
-                                      [--value-size 100] [--records 1000000] [--base 100000] [--json F]
+                                      [--value-size 100] [--records 1000000] [--base 100000]
+                                      [--partitions 4] [--json F]
 
 Wall-clock A/Bs on this shared 2-core machine move by 10-30% from round to round; instruction
 counts do not.  Each reader (benchmarks/clients.py) of each revision reads the same topic on one
@@ -98,14 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--base", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=ds.PARTITIONS,
+                        help=f"the topic's partitions, all read (default {ds.PARTITIONS})")
     parser.add_argument("--rounds", type=int, default=1, help="repeat every measurement (default 1)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         parser.error("valgrind is not installed (apt-get install valgrind)")
     clients = args.clients.split(",")
-    dataset = ds.Dataset(f"{args.value_size} B x {args.records:,}", f"bench-instr-{args.value_size}b-{args.records}",
-                         args.records, args.value_size)
+    dataset = ds.Dataset(f"{args.value_size} B x {args.records:,}",
+                         f"bench-instr-{args.value_size}b-{args.records}-{args.partitions}p",
+                         args.records, args.value_size, partitions=args.partitions)
     rows: list[dict[str, Any]] = []
     with on_kafka(args.revisions, dataset, "asyncconsumer-instr-") as (exported, bootstrap):
         for round_no in range(args.rounds):

@@ -26,6 +26,9 @@ pytestmark = pytest.mark.anyio
 class _Subscriptions:
     partitions: dict[Any, Any] = {}
 
+    def finished(self) -> None:
+        pass
+
 
 class _Engine:
     """What ``poll_for`` asks of the engine; ``passes`` hand-overs' worth of ``loop_runs_next()``."""

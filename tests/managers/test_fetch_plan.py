@@ -19,7 +19,7 @@ from asyncconsumer.managers.fetch import FetchManager
 from asyncconsumer.structs import TopicPartition
 
 from .scripted import Sent, fetch_body, fetch_partition, load_metadata, metadata_body
-from .test_fetch import Setup, records
+from .test_fetch import MAX_WAIT_MS, Setup, records
 
 TPS = [TopicPartition(t, p) for t in ("t", "u") for p in range(4)]
 NOT_LEADER = 6
@@ -252,3 +252,44 @@ def test_a_caught_up_consumer_walks_its_partitions_only_when_something_moved() -
     sent = s.fetch()
     assert walks == 4
     assert [p for t in sent.body()["forgotten_topics_data"] for p in t["partitions"]] == [3]
+
+
+def test_a_consumer_with_records_waiting_in_the_buffer_walks_only_when_something_moved() -> None:
+    """Records buffered for one partition (a backlog being read): each turn leaves that partition out
+    of the plan's fetch, and nothing is walked again while the plan holds."""
+    tps = [TopicPartition("t", p) for p in range(50)]
+    s = Setup(leaders={tp: (1, 3) for tp in tps}, buffer_bytes=1 << 17)  # a share of 4 KiB each
+    s.start(dict.fromkeys(tps, 0))
+    walks = 0
+    fetchable = s.subs.fetchable
+
+    def counted(now: float) -> list[Any]:
+        nonlocal walks
+        walks += 1
+        return fetchable(now)
+
+    s.subs.fetchable = counted  # type: ignore[method-assign]
+    sent = s.fetch()
+    backlog = records(0, 600)  # more than the partition's share (max_partition_fetch_bytes)
+    sent.respond(fetch_body(sent.version, {tp: fetch_partition(tp.partition, high_watermark=0) for tp in tps}
+                            | {tps[7]: fetch_partition(7, records=backlog, high_watermark=1000)}, session_id=7))
+    assert s.buffer.bytes_by_partition[tps[7]] >= s.fetcher.read_ahead_bytes()
+    before = walks
+    for turn in range(5):
+        if turn == 2:  # after the first answers (the epochs vouched for, the batches' epochs seen)
+            assert walks == before + 2
+            before = walks
+        s.h.assert_idle("Fetch")  # the others are caught up: held for fetch_max_wait_ms
+        s.h.advance(MAX_WAIT_MS / 1000)
+        sent = s.fetch()
+        assert tps[7] not in {TopicPartition("t", p["partition"]) for t in sent.body()["topics"]
+                              for p in t["partitions"]}
+        sent.respond(fetch_body(sent.version, {tps[3]: fetch_partition(3, records=records(turn, 1),
+                                                                       high_watermark=turn + 1)}, session_id=7))
+        s.buffer.remove(next(f for f in s.buffer.fetches() if f.tp == tps[3]))
+    assert walks == before
+    s.buffer.remove(s.buffer.fetches()[0])  # the backlog's records taken: fetched again, same plan
+    sent = s.fetch()
+    assert {p["partition"]: p["fetch_offset"] for t in sent.body()["topics"] for p in t["partitions"]} == {
+        3: 5, 7: 600}  # what moved since each was last asked
+    assert walks == before

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -251,6 +253,60 @@ def test_the_invariant_holds_whatever_the_order_of_the_words(steps: list[tuple[s
             getattr(state, word)(offset)
         assert state.processed <= state.consumed <= state.position <= state.fetch_offset, (word, offset)
 
+
+
+def _one_history(seed: int) -> None:
+    """Two subscriptions through the same random words: one finishes a poll with
+    ``SubscriptionState.finished()``, its twin with the walk over every partition."""
+    rng = random.Random(seed)
+    twins = [SubscriptionState("earliest", has_group=False) for _ in range(2)]
+    for subs in twins:
+        subs.assign([T0, T1])
+        for tp in (T0, T1):
+            subs.seek(tp, 10)
+    words = [*["fetched", "taken", "handed_out", "step", "finished"] * 4, "committed_through", "rewind", "seek",
+             "assign"]
+    for _ in range(80):
+        word, tp, step = rng.choice(words), rng.choice([T0, T0, T1, T2]), rng.randrange(20)
+        for i, subs in enumerate(twins):
+            state = subs.partitions.get(tp)
+            if word == "assign":  # a partition unassigned, or assigned again (a new state)
+                subs.assign([t for t in (T0, T1, T2) if t != tp] if state else [*subs.partitions, tp])
+            elif word == "finished":
+                if i == 0:
+                    subs.finished()
+                else:
+                    for each in subs.partitions.values():
+                        each.finished()
+            elif state is None:
+                continue
+            elif word == "seek":
+                subs.seek(tp, 5 + step)
+            elif word == "rewind":  # anywhere up to the fetch offset (a bad batch's, a chunk's first record)
+                state.rewind(max(0, state.fetch_offset - step))
+            elif word == "step":  # async for's step (Python or C) writes ``consumed`` for a record taken
+                if state.consumed < state.position:
+                    state.consumed = min(state.position, state.consumed + 1 + step)
+            elif word == "fetched":
+                state.fetched(state.fetch_offset + step)
+            elif word == "taken":
+                state.taken(state.position + step)
+            elif word == "handed_out":
+                state.handed_out(state.consumed + step)
+            else:
+                state.committed_through(state.processed + step)
+        mine, walked = ({tp: offsets(s) for tp, s in subs.partitions.items()} for subs in twins)
+        assert mine == walked, (seed, word, tp, step)
+        if word == "finished":  # nothing kept that is unassigned or has nothing left to hand out
+            kept = twins[0]._census.unfinished
+            assert all(twins[0].partitions.get(s.tp) is s and s.consumed < s.position for s in kept), seed
+
+
+def test_a_poll_finishes_the_partitions_as_the_walk_over_all_of_them_would() -> None:
+    """A poll costs what moved: ``SubscriptionState.finished()`` looks only at the partitions with
+    records taken since they were all handed out, and leaves every partition as the walk did."""
+    for seed in range(400):
+        _one_history(seed)
 
 # -- what the managers' walks are spared: the census of changes ------------------------------------
 

@@ -253,8 +253,7 @@ class Collector(Generic[KT, VT]):
     @staticmethod
     def _mark_processed(engine: Engine) -> None:
         # A new poll means the application is done with what it got before (auto-commit).
-        for state in engine.subscriptions.partitions.values():
-            state.finished()
+        engine.subscriptions.finished()
 
     def fetch_walk(
         self, engine: Engine, only: set[TopicPartition] | None, *, hand_out: bool = True

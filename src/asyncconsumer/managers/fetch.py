@@ -274,13 +274,16 @@ class FetchManager:
         buffered_by_tp = buffer.bytes_by_partition or None
         plan = self._plan
         if (
-            plan is not None
-            and plan.cluster is self._metadata.cluster
-            and plan.changes == subscriptions.changes
-            and plan.moves == subscriptions.moves
-            and now < plan.until
-            and plan.preferred_moves == self._preferred_moves
-            and not buffer.full
+            plan is None
+            or plan.cluster is not self._metadata.cluster
+            or plan.changes != subscriptions.changes
+            or plan.moves != subscriptions.moves
+            or now >= plan.until
+            or plan.preferred_moves != self._preferred_moves
+        ):
+            plan = self._walk(now)
+        elif (
+            not buffer.full
             and (buffered_by_tp is None or max(buffered_by_tp.values()) < share)
             and all(self._built_from(node) is plan for node in self._in_flight)
         ):
@@ -293,7 +296,7 @@ class FetchManager:
                     self.in_flight_since[node] = now
             self._held_since = {}
             return requests
-        return self._walk(now, share, buffered_by_tp)
+        return self._requests(now, plan, share, buffered_by_tp)
 
     def _built_from(self, node: int) -> _Plan | None:
         """The plan ``node``'s last request asked for all the partitions of (None: some were left
@@ -301,14 +304,12 @@ class FetchManager:
         last = self._last.get(node)
         return last[0] if last is not None else None
 
-    def _walk(self, now: float, share: int, buffered_by_tp: Mapping[TopicPartition, int] | None) -> list[UnsentRequest]:
-        """Every partition looked at: which may be fetched, from where (the plan, kept for the next
-        turns), then which of those this turn leaves out (their node's fetch is out, or they are in
-        flight at another node, or they have their share of the buffer)."""
+    def _walk(self, now: float) -> _Plan:
+        """Every partition looked at: which may be fetched, and from where (the plan, kept for the
+        next turns while nothing it looked at moves)."""
         subscriptions = self._subscriptions
         cluster = self._metadata.cluster
         leaders = cluster.leaders
-        full = self._buffer.full  # then only partitions with nothing buffered are fetched
         by_node: dict[int, list[tuple[PartitionState, PartitionInfo]]] = {}
         preferred = bool(self._preferred)
         last_node = -1
@@ -333,6 +334,14 @@ class FetchManager:
             subscriptions.changes, subscriptions.moves, self._preferred_moves, cluster, until, by_node
         )
         self._advanced.clear()  # every node's next request compares all its partitions again
+        return plan
+
+    def _requests(
+        self, now: float, plan: _Plan, share: int, buffered_by_tp: Mapping[TopicPartition, int] | None
+    ) -> list[UnsentRequest]:
+        """The plan's fetches, but for what this turn leaves out: nodes whose fetch is out,
+        partitions in flight at another node, and partitions with their share of the buffer."""
+        full = self._buffer.full  # then only partitions with nothing buffered are fetched
         # Empty sets and maps are not asked (asking hashes the TopicPartition, ~60 ns): a caught-up
         # consumer has nothing in flight when it builds a fetch and nothing buffered.
         nodes_in_flight = self._in_flight
@@ -343,7 +352,7 @@ class FetchManager:
             in_flight = set().union(*nodes_in_flight.values())
         requests = []
         held: dict[int, float] = {}
-        for node, planned in by_node.items():
+        for node, planned in plan.by_node.items():
             if node in nodes_in_flight:
                 continue  # that node's one fetch is out: nothing goes to it this turn
             states = planned

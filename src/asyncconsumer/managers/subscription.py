@@ -45,7 +45,9 @@ The latest backoff written (``retry_at``) is kept too, so that ``next_retry`` wa
 only while one of them may still be backing off.  And every other write that decides whether a
 partition is fetched, or from where (a pause, a limit, a revocation, a rewind, a backoff) moves
 ``SubscriptionState.moves``, so that the fetch manager walks the partitions again only when one of
-the two counts, the assignment or the cluster moved (managers/fetch.py).
+the two counts, the assignment or the cluster moved (managers/fetch.py).  A poll finishes only the
+partitions with records taken since they were last all handed out (``SubscriptionState.finished``):
+``taken`` and ``rewind`` note them.
 """
 
 from __future__ import annotations
@@ -60,16 +62,21 @@ from ..structs import TopicPartition
 
 class _Census:
     """How many times a phase, a vouched-for leader epoch or a fetched epoch changed, how many
-    times anything else that decides whether a partition is fetched did (``moves``), and no
-    partition's finite ``retry_at`` is later than ``retry_until``: one per ``SubscriptionState``,
-    shared by its partition states (see the module's docstring)."""
+    times anything else that decides whether a partition is fetched did (``moves``), no
+    partition's finite ``retry_at`` is later than ``retry_until``, and which partitions had records
+    taken since the application last finished with all it was handed (``unfinished``): one per
+    ``SubscriptionState``, shared by its partition states (see the module's docstring)."""
 
-    __slots__ = ("changes", "moves", "retry_until")
+    __slots__ = ("changes", "moves", "retry_until", "unfinished")
 
     def __init__(self) -> None:
         self.changes = 0
         self.moves = 0
         self.retry_until = 0.0
+        #: Every partition whose ``processed`` may be behind ``consumed``, or whose ``consumed``
+        #: may still move (records taken, not all handed out): ``taken()`` adds it,
+        #: ``SubscriptionState.finished()`` drops it once nothing taken is left to hand out.
+        self.unfinished: set[PartitionState] = set()
 
 
 class PartitionPhase(enum.Enum):
@@ -242,6 +249,7 @@ class PartitionState:
         markers, aborted batches or compaction gaps a fetch ended with."""
         if offset > self.position:
             self.position = min(offset, self.fetch_offset)
+            self._census.unfinished.add(self)
 
     def handed_out(self, offset: int) -> None:
         """Records before ``offset`` were handed to the application: ``commit()`` covers them.
@@ -286,6 +294,7 @@ class PartitionState:
         self.position = self.fetch_offset = offset
         self.consumed = min(self.consumed, offset)
         self.processed = min(self.processed, offset)
+        self._census.unfinished.add(self)  # the position may have moved forward
         starts = self._epoch_starts = [e for e in self._epoch_starts if e[0] < offset]
         self._fetched_epoch_is(starts[-1][1] if starts else self._set_epoch)
         self.retry_at = 0.0
@@ -394,6 +403,25 @@ class SubscriptionState:
         and the cluster's leaders unchanged, the partitions fetched are those of the last walk,
         until its earliest backoff ends, and only ``fetched()`` moved their fetch offsets."""
         return self._census.moves
+
+    def finished(self) -> None:
+        """A new poll: the application is done with what it was handed (``PartitionState.finished``
+        for every assigned partition).  Only the partitions with records taken since they were
+        last all handed out are looked at: ``consumed`` never passes ``position``, which moves
+        forward only through ``taken()`` and ``rewind()`` (both add the partition;
+        ``set_position`` sets the offsets equal), so the others' ``processed`` is already
+        ``consumed``."""
+        unfinished = self._census.unfinished
+        if not unfinished:
+            return
+        partitions = self.partitions
+        for state in list(unfinished):
+            if partitions.get(state.tp) is not state:  # no longer assigned
+                unfinished.discard(state)
+                continue
+            state.finished()
+            if state.consumed >= state.position:  # all it took was handed out
+                unfinished.discard(state)
 
     def in_phase(self, phase: PartitionPhase, now: float) -> list[PartitionState]:
         """The partitions in ``phase`` whose ``retry_at`` has come (in assignment order)."""
