@@ -221,36 +221,42 @@ def test_a_plan_kept_between_turns_asks_what_a_walk_would(seed: int, buffer_byte
     assert twins.planned.fetcher.answered == twins.walking.fetcher.answered
 
 
+class CountedWalks:
+    """Counts the fetch manager's walks over the partitions (its calls of ``fetchable``)."""
+
+    def __init__(self, s: Setup) -> None:
+        self.count = 0
+        fetchable = s.subs.fetchable
+
+        def counted(now: float) -> list[Any]:
+            self.count += 1
+            return fetchable(now)
+
+        s.subs.fetchable = counted  # type: ignore[method-assign]
+
+
 def test_a_caught_up_consumer_walks_its_partitions_only_when_something_moved() -> None:
     tps = [TopicPartition("t", p) for p in range(50)]
     s = Setup(leaders={tp: (1, 3) for tp in tps})
     s.start(dict.fromkeys(tps, 0))
-    walks = 0
-    fetchable = s.subs.fetchable
-
-    def counted(now: float) -> list[Any]:
-        nonlocal walks
-        walks += 1
-        return fetchable(now)
-
-    s.subs.fetchable = counted  # type: ignore[method-assign]
+    walks = CountedWalks(s)
     sent = s.fetch()
     sent.respond(fetch_body(sent.version, {tp: fetch_partition(tp.partition, high_watermark=0) for tp in tps},
                             session_id=7))
     for offset in range(4):  # a record for one partition each time: the same plan
         if offset == 2:  # after the first answer (the epochs vouched for, a batch's epoch seen)
-            assert walks == 3
+            assert walks.count == 3
         sent = s.fetch()
         respond_with = {tps[7]: fetch_partition(7, records=records(offset, 1), high_watermark=offset + 1)}
         sent.respond(fetch_body(sent.version, respond_with, session_id=7))
         s.buffer.remove(s.buffer.fetches()[0])
-    assert walks == 3
+    assert walks.count == 3
     sent = s.fetch()
     assert {p["partition"]: p["fetch_offset"] for t in sent.body()["topics"] for p in t["partitions"]} == {7: 4}
     sent.respond(fetch_body(sent.version, {}, session_id=7))
     s.subs.partitions[tps[3]].pause()  # a move: walked again, and the paused partition forgotten
     sent = s.fetch()
-    assert walks == 4
+    assert walks.count == 4
     assert [p for t in sent.body()["forgotten_topics_data"] for p in t["partitions"]] == [3]
 
 
@@ -260,25 +266,17 @@ def test_a_consumer_with_records_waiting_in_the_buffer_walks_only_when_something
     tps = [TopicPartition("t", p) for p in range(50)]
     s = Setup(leaders={tp: (1, 3) for tp in tps}, buffer_bytes=1 << 17)  # a share of 4 KiB each
     s.start(dict.fromkeys(tps, 0))
-    walks = 0
-    fetchable = s.subs.fetchable
-
-    def counted(now: float) -> list[Any]:
-        nonlocal walks
-        walks += 1
-        return fetchable(now)
-
-    s.subs.fetchable = counted  # type: ignore[method-assign]
+    walks = CountedWalks(s)
     sent = s.fetch()
     backlog = records(0, 600)  # more than the partition's share (max_partition_fetch_bytes)
     sent.respond(fetch_body(sent.version, {tp: fetch_partition(tp.partition, high_watermark=0) for tp in tps}
                             | {tps[7]: fetch_partition(7, records=backlog, high_watermark=1000)}, session_id=7))
     assert s.buffer.bytes_by_partition[tps[7]] >= s.fetcher.read_ahead_bytes()
-    before = walks
+    before = walks.count
     for turn in range(5):
         if turn == 2:  # after the first answers (the epochs vouched for, the batches' epochs seen)
-            assert walks == before + 2
-            before = walks
+            assert walks.count == before + 2
+            before = walks.count
         s.h.assert_idle("Fetch")  # the others are caught up: held for fetch_max_wait_ms
         s.h.advance(MAX_WAIT_MS / 1000)
         sent = s.fetch()
@@ -287,9 +285,9 @@ def test_a_consumer_with_records_waiting_in_the_buffer_walks_only_when_something
         sent.respond(fetch_body(sent.version, {tps[3]: fetch_partition(3, records=records(turn, 1),
                                                                        high_watermark=turn + 1)}, session_id=7))
         s.buffer.remove(next(f for f in s.buffer.fetches() if f.tp == tps[3]))
-    assert walks == before
+    assert walks.count == before
     s.buffer.remove(s.buffer.fetches()[0])  # the backlog's records taken: fetched again, same plan
     sent = s.fetch()
     assert {p["partition"]: p["fetch_offset"] for t in sent.body()["topics"] for p in t["partitions"]} == {
         3: 5, 7: 600}  # what moved since each was last asked
-    assert walks == before
+    assert walks.count == before
