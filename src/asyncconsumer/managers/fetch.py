@@ -371,9 +371,9 @@ class FetchManager:
                     states.append(entry)
                 if not states:
                     continue
-                if busy and all(self._caught_up(s) for s, _ in states):
+                if busy:
                     since = self._held_since.get(node, now)
-                    if now < since + self._max_wait_ms / 1000:
+                    if now < since + self._max_wait_ms / 1000 and self._caught_up(states):
                         held[node] = since
                         continue
                 if len(states) == len(planned):
@@ -435,12 +435,17 @@ class FetchManager:
         log.debug("fetching %s from the leader again (a fetch from replica %s failed)", tp, node)
         return True
 
-    def _caught_up(self, state: PartitionState) -> bool:
-        """At the end of the log as of the last response: a fetch would wait for new records."""
-        end = state.high_watermark
-        if self._read_committed and state.last_stable_offset >= 0:
-            end = state.last_stable_offset
-        return 0 <= end <= state.fetch_offset
+    def _caught_up(self, picked: list[tuple[PartitionState, PartitionInfo]]) -> bool:
+        """Every one at the end of the log as of the last response: a fetch would wait for new
+        records.  (One call for them all: a backlog over many partitions asks each turn.)"""
+        committed = self._read_committed
+        for state, _ in picked:
+            end = state.high_watermark
+            if committed and state.last_stable_offset >= 0:
+                end = state.last_stable_offset
+            if not 0 <= end <= state.fetch_offset:
+                return False
+        return True
 
     def _compare(
         self, session: FetchSession, picked: list[tuple[PartitionState, PartitionInfo]]
