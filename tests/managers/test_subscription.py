@@ -254,7 +254,6 @@ def test_the_invariant_holds_whatever_the_order_of_the_words(steps: list[tuple[s
         assert state.processed <= state.consumed <= state.position <= state.fetch_offset, (word, offset)
 
 
-
 def _one_history(seed: int) -> None:
     """Two subscriptions through the same random words: one finishes a poll with
     ``SubscriptionState.finished()``, its twin with the walk over every partition."""
