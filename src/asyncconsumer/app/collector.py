@@ -200,7 +200,7 @@ class Collector(Generic[KT, VT]):
         rebalance callbacks, raise background errors and call ``collect()`` until it returns
         something (falsy: nothing yet), waiting up to ``timeout`` seconds (None: no limit) for the
         background loop's news; None when the time is up (or, with ``return_on_wake``, on news)."""
-        self._mark_processed(engine)
+        engine.subscriptions.finished()  # a new poll: done with what it was handed before (auto-commit)
         # Let the background loop run before the application works through what this poll takes:
         # it sends the next fetch (read-ahead) and reads the sockets meanwhile.  Right after a
         # hand-over (engine/core.py) the loop runs as soon as this task waits or yields, so a poll
@@ -249,11 +249,6 @@ class Collector(Generic[KT, VT]):
         if error is not None:
             raise error
         engine.check_running()
-
-    @staticmethod
-    def _mark_processed(engine: Engine) -> None:
-        # A new poll means the application is done with what it got before (auto-commit).
-        engine.subscriptions.finished()
 
     def fetch_walk(
         self, engine: Engine, only: set[TopicPartition] | None, *, hand_out: bool = True

@@ -24,10 +24,11 @@ busy ones, which the broker answers at once.
 
 What to fetch costs what changed: a walk over every partition finds the ones to fetch, by node
 (``_Plan``), and the next turns use it again while nothing it looked at moved (the subscription's
-``changes`` and ``moves``, the cluster snapshot, the read replicas chosen), no backoff or choice of
-replica ends, and no partition has its share of the buffer.  Each node's fetch is then a copy of
-its last one, with the partitions a response named since looked at again: only ``fetched()``
-moves a fetch offset without moving the counts.  ``tests/managers/test_fetch_plan.py`` checks it against a walk a turn.
+``changes`` and ``moves``, the cluster snapshot, the read replicas chosen) and no backoff or choice
+of replica ends; each turn leaves out of it what is in flight or has its share of the buffer.
+While nothing is left out, each node's fetch is a copy of its last one, with the partitions a
+response named since looked at again: only ``fetched()`` moves a fetch offset without moving the
+counts.  ``tests/managers/test_fetch_plan.py`` checks it against a walk a turn.
 
 Incremental fetch sessions (KIP-227): after a full fetch the broker remembers
 the partitions; later requests name only partitions whose fetch offset moved,
@@ -105,7 +106,8 @@ class FetchSession:
 class _Plan:
     """The partitions a walk found fetchable, grouped by the node each is fetched from, and what
     that walk depended on.  While none of it moves (see ``SubscriptionState.moves``), each node's
-    next fetch asks for the same partitions, and only a response moves their fetch offsets.  A
+    next fetch asks for the same partitions (less what the turn leaves out), and only a response
+    moves their fetch offsets.  A
     partition without a leader, or a read replica the metadata does not list yet, has the walk ask
     for metadata: its answer is a new ``Cluster``, so the partitions are walked again then (and the
     metadata manager asks again by itself when a request fails)."""

@@ -74,7 +74,7 @@ class _Census:
         self.moves = 0
         self.retry_until = 0.0
         #: Every partition whose ``processed`` may be behind ``consumed``, or whose ``consumed``
-        #: may still move (records taken, not all handed out): ``taken()`` adds it,
+        #: may still move (records taken, not all handed out): ``taken()`` and ``rewind()`` add it,
         #: ``SubscriptionState.finished()`` drops it once nothing taken is left to hand out.
         self.unfinished: set[PartitionState] = set()
 
