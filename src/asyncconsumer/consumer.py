@@ -404,7 +404,9 @@ class Consumer(ClientBase, Generic[KT, VT]):
         states = self._states(partitions, "pause")
         for state in states:
             state.pause()
-        self._collector.drop_chunks(self._running(), {state.tp for state in states})
+        engine = self._running()
+        self._collector.drop_chunks(engine, {state.tp for state in states})
+        engine.wake()  # a fetch held back while a paused partition's records were read may go now
 
     @bracketed_sync("resume")
     def resume(self, *partitions: TopicPartition) -> None:

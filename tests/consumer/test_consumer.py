@@ -106,6 +106,34 @@ def produce_one_per_batch(produce: Callable[..., Any], topic: str, records: list
         produce(topic, [record])
 
 
+async def test_pausing_the_partition_being_read_wakes_the_loop_for_the_held_fetch(
+    bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
+) -> None:
+    """While tp0's records fill its share of the buffer, the fetch of caught-up tp1 is held back
+    (for up to ``fetch_max_wait_ms``).  Pausing tp0 ends the hold, so it wakes the loop to send
+    tp1's fetch (as ``resume()`` does), not leaving it to the loop's next reason to turn."""
+    topic = new_topic(2)
+    produce(topic, ((0, None, b"x" * 1000) for _ in range(20)))
+    tp0, tp1 = tps(topic, 2)
+    async with consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=20_000,
+                        max_partition_fetch_bytes=512, fetch_buffer_bytes=1024) as c:
+        c.assign([tp0, tp1])
+        first = await c.getmany(tp0, timeout=10, max_records=1)
+        assert [r.offset for r in first[tp0]] == [0]  # tp0 has more buffered: busy
+        assert await c.position(tp1) == 0
+        await anyio.sleep(0.3)  # the loop's turns after the answer: tp1's fetch is held
+        engine = c._engine
+        assert engine is not None
+        wakes: list[bool] = []
+        wake = engine.wake
+        engine.wake = lambda: (wakes.append(True), wake())[1]  # type: ignore[method-assign]
+        c.pause(tp0)
+        assert wakes
+        produce(topic, [(1, None, b"late")])
+        got = await c.getmany(tp1, timeout=10)
+        assert [r.value for r in got[tp1]] == [b"late"]
+
+
 async def test_seek_pause_resume_position(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:

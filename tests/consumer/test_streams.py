@@ -99,6 +99,8 @@ class ScriptedSource:
         self._notified = anyio.Event()
         self.takes = 0
         self.notifications = 0
+        #: Whether the partition was paused at each wake of the loop.
+        self.wakes: list[bool] = []
 
     def partitions(self) -> dict[TopicPartition, PartitionState]:
         return {TP: self.state}
@@ -111,7 +113,7 @@ class ScriptedSource:
         return records
 
     def wake(self) -> None:
-        pass
+        self.wakes.append(self.state.paused)
 
     def notify(self) -> None:
         self.notifications += 1
@@ -152,6 +154,8 @@ async def test_a_small_stream_is_refilled_as_soon_as_its_reader_makes_room() -> 
     assert got == list(range(200))
     assert source.notifications <= 200 // 5 + 1  # once per half a buffer, not once per record
     assert paused_while_full[0] and not source.state.paused  # back-pressure still pauses, until all is in
+    # Each pause and resume woke the loop: a pause may end a hold on the partitions' other fetches.
+    assert True in source.wakes and False in source.wakes
 
 
 async def test_finish_waits_for_the_record_in_hand_and_drops_the_rest() -> None:

@@ -349,6 +349,48 @@ def test_held_fetch_goes_with_the_busy_partition() -> None:
     assert s.fetcher.next_deadline(s.clock.now) == float("inf")  # nothing held any more
 
 
+def test_a_release_that_leaves_the_hold_standing_does_not_wake_the_loop() -> None:
+    """Two partitions of node 1 are being read (each with its share buffered, every record
+    fetched); T2 is caught up, its fetch held.  The first partition read out joins the held ones
+    (no wake: the next poll would send nothing); the last one ends the hold."""
+    s = Setup(buffer_bytes=6 * PARTITION_MAX)  # a share of 2 * PARTITION_MAX each
+    s.start({T0: 0, U0: 0, T2: 50})
+    respond(s.fetch(), {T0: data(T0, records(0, 600), high_watermark=600),
+                        U0: data(U0, records(0, 600), high_watermark=600),
+                        T2: data(T2, b"", high_watermark=50)})
+    assert not s.buffer.full
+    assert s.fetches() == []
+    deadline = s.fetcher.next_deadline(s.clock.now)
+    s.clock.advance(0.1)
+    t0, u0 = buffered(s)
+    s.buffer.remove(t0)
+    assert s.released == [(T0, False)]
+    assert s.fetches() == []  # the wake it did not get would have sent nothing
+    assert s.fetcher.next_deadline(s.clock.now) == deadline  # held since as before
+    s.buffer.remove(u0)
+    assert s.released[-1] == (U0, True)
+    assert fetched(s.fetch()) == {T0: 600, U0: 600, T2: 50}
+
+
+def test_the_last_busy_partition_of_a_node_read_out_wakes_the_loop_though_the_buffer_stays_full() -> None:
+    """Node 1's fetch of caught-up T2 is held while T0's records are read; node 2's records keep
+    the buffer full.  T0 read out leaves node 1 nothing busy: its fetch goes (partitions with
+    nothing buffered are fetched even while the buffer is full)."""
+    s = Setup()
+    s.start({T0: 0, T1: 0, T2: 50})
+    first = {r.node_id: r for r in s.fetches()}
+    respond(first[1], {T0: data(T0, records(0, 3), high_watermark=3), T2: data(T2, b"", high_watermark=50)})
+    respond(first[2], {T1: data(T1, records(0, 3), high_watermark=100)})
+    t0, t1 = buffered(s)
+    s.buffer.max_bytes = t1.frame_bytes  # full, and still full without T0's frame
+    assert s.buffer.full
+    assert s.fetches() == []  # T2 held for busy T0; T1 (node 2) has records buffered
+    s.buffer.remove(t0)
+    assert s.buffer.full
+    assert s.released == [(T0, True)]
+    assert fetched(s.fetch()) == {T0: 3, T2: 50}
+
+
 def test_partition_with_records_to_read_is_not_held() -> None:
     s = busy_and_caught_up()
     s.subs.partitions[T2].high_watermark = 60  # more records since

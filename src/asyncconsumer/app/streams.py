@@ -238,6 +238,7 @@ class PartitionStreams(Generic[KT, VT]):
             elif not state.paused:
                 self._held.add(tp)
                 state.pause()  # back-pressure: stop fetching and returning this partition
+                self._source.wake()  # a fetch held back while its records were read may go now
 
     async def before_revoke(self, partitions: set[TopicPartition], *, lost: bool) -> None:
         """Stop feeding the streams of ``partitions`` and let their readers finish what they hold,

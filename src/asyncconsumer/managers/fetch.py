@@ -20,7 +20,12 @@ broker for up to ``fetch_max_wait_ms``, and with one fetch per broker the
 partitions still being read could not be fetched meanwhile.  So while some
 partition of that broker has its share buffered, such a fetch is held back
 (for at most ``fetch_max_wait_ms``) and goes out with the next fetch of the
-busy ones, which the broker answers at once.
+busy ones, which the broker answers at once.  A hold counts its busy partitions
+(``_Hold``): a completed fetch leaving the buffer wakes the loop only when a
+fetch may follow (``may_fetch_after_release``), and while the hold stands (its
+partition, caught up, has joined the held ones, and another is still busy)
+none may, so reading a backlog over many partitions does not turn the loop for
+each of them.
 
 What to fetch costs what changed: a walk over every partition finds the ones to fetch, by node
 (``_Plan``), and the next turns use it again while nothing it looked at moved (the subscription's
@@ -55,7 +60,7 @@ import functools
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -120,6 +125,16 @@ class _Plan:
     #: The earliest backoff or read replica's choice that ends: the partitions are walked again then.
     until: float
     by_node: dict[int, list[tuple[PartitionState, PartitionInfo]]]
+
+
+@dataclass(slots=True, eq=False)
+class _Hold:
+    """A node's fetch of caught-up partitions, held back while some of its partitions have their
+    share of the buffer (``busy``: how many are left; a partition stops being busy only when its
+    own records leave the buffer, or when the buffer stops being full, which wakes the loop)."""
+
+    since: float
+    busy: int
 
 
 class _AnswerTimes:
@@ -213,8 +228,9 @@ class FetchManager:
         #: Node -> the partitions its fetch in flight asks for (one fetch per node).
         self._in_flight: dict[int, dict[TopicPartition, SessionPartition]] = {}
         self._sessions: dict[int, FetchSession] = defaultdict(FetchSession)
-        #: Nodes whose fetch of caught-up partitions is held back, and since when.
-        self._held_since: dict[int, float] = {}
+        #: Nodes whose fetch of caught-up partitions is held back; the busy partitions holding each.
+        self._holds: dict[int, _Hold] = {}
+        self._held_by: dict[TopicPartition, int] = {}
         #: The last walk's plan; per node, its last request if that asked for all of a plan's
         #: partitions (the plan, what it asked, whether every topic id was known: also what its
         #: fetch in flight was built from); the partitions named by responses since (their entries
@@ -252,17 +268,51 @@ class FetchManager:
         return self._answers.times()
 
     def next_deadline(self, now: float) -> float:
-        held = [since + self._max_wait_ms / 1000 for since in self._held_since.values()]
+        held = [hold.since + self._max_wait_ms / 1000 for hold in self._holds.values()]
         return min([self._subscriptions.next_retry(now), *held])
 
     def may_fetch_after_release(self, tp: TopicPartition, was_full: bool) -> bool:
         """Whether a completed fetch of ``tp`` leaving the buffer (``was_full``: the buffer was
         full before) may let :meth:`poll` send something it would not have sent before: a full
-        buffer has room now, or ``tp`` may be fetched again.  Not while a fetch of ``tp`` is in
-        flight: :meth:`poll` skips ``tp`` until its response, whose arrival wakes the loop anyway,
-        and a partition in flight never holds its node back (``busy``).  Reading a response's
-        partitions one by one then wakes the loop not at all instead of once a partition."""
-        return was_full or not any(tp in wanted for wanted in self._in_flight.values())
+        buffer has room now, or ``tp`` may be fetched again.
+
+        Not while a fetch of ``tp`` is in flight: :meth:`poll` skips ``tp`` until its response,
+        whose arrival wakes the loop anyway, and a partition in flight never holds its node back.
+        Reading a response's partitions one by one then wakes the loop not at all instead of once
+        a partition.  Nor while the hold of ``tp``'s node stands: ``tp``, caught up, joins the
+        held partitions, and another of the node's partitions is still busy (reading a backlog
+        over many partitions, once each has been fetched to its end)."""
+        if was_full and not self._buffer.full:
+            return True  # room: partitions with records buffered may be fetched again
+        if any(tp in wanted for wanted in self._in_flight.values()):
+            return False
+        node = self._held_by.get(tp)
+        return node is None or not self._still_held(tp, node)
+
+    def _still_held(self, tp: TopicPartition, node: int) -> bool:
+        """Whether ``node``'s hold stands with (some of) busy ``tp``'s records gone from the buffer,
+        everything else as the turn that held it saw it (changes since wake the loop themselves)."""
+        plan = self._plan
+        subscriptions = self._subscriptions
+        if (
+            plan is None
+            or plan.changes != subscriptions.changes
+            or plan.moves != subscriptions.moves
+            or plan.cluster is not self._metadata.cluster
+            or plan.preferred_moves != self._preferred_moves
+        ):
+            return False  # the next turn walks again: let it
+        buffer = self._buffer
+        left = buffer.buffered_bytes(tp)
+        if left and (buffer.full or left >= self.read_ahead_bytes()):
+            return True  # still busy
+        state = subscriptions.partitions.get(tp)
+        if state is None or not self._caught_up([(state, None)]):
+            return False  # it has records to fetch: a held fetch goes out with it
+        del self._held_by[tp]
+        hold = self._holds[node]
+        hold.busy -= 1
+        return hold.busy > 0
 
     def read_ahead_bytes(self) -> int:
         """How much one partition may have buffered and still be fetched."""
@@ -296,7 +346,7 @@ class FetchManager:
                 if node not in self._in_flight:
                     requests.append(self._request(node, picked, plan))
                     self.in_flight_since[node] = now
-            self._held_since = {}
+            self._holds, self._held_by = {}, {}
             return requests
         return self._requests(now, plan, share, buffered_by_tp)
 
@@ -353,14 +403,15 @@ class FetchManager:
         elif nodes_in_flight:
             in_flight = set().union(*nodes_in_flight.values())
         requests = []
-        held: dict[int, float] = {}
+        holds: dict[int, _Hold] = {}
+        held_by: dict[TopicPartition, int] = {}
         for node, planned in plan.by_node.items():
             if node in nodes_in_flight:
                 continue  # that node's one fetch is out: nothing goes to it this turn
             states = planned
             if in_flight is not None or buffered_by_tp is not None:
                 states = []
-                busy = False  # a partition whose buffered records are still being read
+                busy = []  # partitions whose buffered records are still being read
                 for entry in planned:
                     tp = entry[0].tp
                     if in_flight is not None and tp in in_flight:
@@ -368,21 +419,23 @@ class FetchManager:
                     if buffered_by_tp is not None:
                         buffered = buffered_by_tp.get(tp, 0)
                         if buffered >= share or (full and buffered):
-                            busy = True
+                            busy.append(tp)
                             continue
                     states.append(entry)
                 if not states:
                     continue
                 if busy:
-                    since = self._held_since.get(node, now)
+                    hold = self._holds.get(node)
+                    since = now if hold is None else hold.since
                     if now < since + self._max_wait_ms / 1000 and self._caught_up(states):
-                        held[node] = since
+                        holds[node] = _Hold(since, len(busy))
+                        held_by.update(dict.fromkeys(busy, node))
                         continue
                 if len(states) == len(planned):
                     states = planned
             requests.append(self._request(node, states, plan if states is planned else None))
             self.in_flight_since[node] = now
-        self._held_since = held
+        self._holds, self._held_by = holds, held_by
         return requests
 
     def node_for(self, tp: TopicPartition, now: float) -> int | None:
@@ -437,7 +490,7 @@ class FetchManager:
         log.debug("fetching %s from the leader again (a fetch from replica %s failed)", tp, node)
         return True
 
-    def _caught_up(self, picked: list[tuple[PartitionState, PartitionInfo]]) -> bool:
+    def _caught_up(self, picked: Iterable[tuple[PartitionState, object]]) -> bool:
         """Every one at the end of the log as of the last response: a fetch would wait for new
         records.  (One call for them all: a backlog over many partitions asks each turn.)"""
         committed = self._read_committed
