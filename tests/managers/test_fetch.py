@@ -259,6 +259,37 @@ def test_a_release_wakes_the_loop_only_when_a_fetch_may_follow() -> None:
     assert T2 in fetched(s.fetch())
 
 
+def test_a_release_while_its_broker_has_a_fetch_out_does_not_wake_the_loop() -> None:
+    """T2's records are read out while node 1's fetch (of T0 alone: T2 had its share buffered)
+    is out: nothing can go to node 1 before that answer, whose arrival wakes the loop anyway."""
+    s = Setup(buffer_bytes=4 * PARTITION_MAX)
+    s.start({T0: 0, T2: 0})
+    respond(s.fetch(), {T0: data(T0, b"", high_watermark=10_000),
+                        T2: data(T2, payload_of(2 * PARTITION_MAX), high_watermark=10_000)})
+    out = s.fetch()
+    assert fetched(out) == {T0: 0}
+    s.buffer.remove(buffered(s)[0])
+    assert s.released == [(T2, False)]
+    s.h.assert_idle("Fetch")
+    respond(out, {})
+    assert T2 in fetched(s.fetch())
+
+
+def test_a_release_wakes_the_loop_for_the_read_replica_while_the_leader_has_a_fetch_out() -> None:
+    """T0 is fetched from the replica its leader named (node 2): its records read out while node 1
+    (its leader, and T2's) has a fetch out, it may still go to node 2."""
+    s = Setup(buffer_bytes=4 * PARTITION_MAX)
+    s.start({T0: 0, T2: 0})
+    t0 = data(T0, payload_of(2 * PARTITION_MAX), high_watermark=10_000) | {"preferred_read_replica": 2}
+    respond(s.fetch(), {T0: t0, T2: data(T2, b"", high_watermark=10_000)})
+    out = s.fetch()
+    assert (out.node_id, fetched(out)) == (1, {T2: 0})
+    s.buffer.remove(buffered(s)[0])
+    assert s.released == [(T0, True)]
+    replica = s.fetch()
+    assert (replica.node_id, set(fetched(replica))) == (2, {T0})
+
+
 def test_a_release_from_a_full_buffer_wakes_the_loop() -> None:
     """Even for a partition in flight: the room it leaves lets the others be fetched."""
     payload = records(0, 1)
@@ -974,6 +1005,15 @@ def test_the_preferred_read_replica_expires_after_its_time_to_live() -> None:
     s.h.advance(300)  # metadata_max_age_ms's default: the leader is asked again
     respond(follower, {T0: data(T0, high_watermark=20)})
     assert s.fetch().node_id == 1
+
+
+def test_the_choice_of_a_read_replica_ending_wakes_the_loop() -> None:
+    """The loop turns when the choice ends, fetch in flight or not: a partition read out of the
+    buffer is judged by the fetch manager's plan (``may_fetch_after_release``), which holds till
+    then."""
+    s = Setup()
+    on_follower(s)
+    assert s.fetcher.next_deadline(s.clock.now) == pytest.approx(s.clock.now + 300)
 
 
 @pytest.mark.parametrize("code", [1, 6, 9])  # OFFSET_OUT_OF_RANGE, NOT_LEADER_OR_FOLLOWER, REPLICA_NOT_AVAILABLE

@@ -125,6 +125,15 @@ class _Plan:
     #: The earliest backoff or read replica's choice that ends: the partitions are walked again then.
     until: float
     by_node: dict[int, list[tuple[PartitionState, PartitionInfo]]]
+    #: Partition -> its node, made when first asked.
+    _nodes: dict[TopicPartition, int] | None = None
+
+    def node_of(self, tp: TopicPartition) -> int | None:
+        """The node ``tp`` is fetched from in this plan (None: it is not fetched)."""
+        nodes = self._nodes
+        if nodes is None:
+            nodes = self._nodes = {state.tp: node for node, picked in self.by_node.items() for state, _ in picked}
+        return nodes.get(tp)
 
 
 @dataclass(slots=True, eq=False)
@@ -269,7 +278,9 @@ class FetchManager:
 
     def next_deadline(self, now: float) -> float:
         held = [hold.since + self._max_wait_ms / 1000 for hold in self._holds.values()]
-        return min([self._subscriptions.next_retry(now), *held])
+        # The plan's end too: a release's wake is judged by the plan (may_fetch_after_release).
+        plan_ends = math.inf if self._plan is None else self._plan.until
+        return min([self._subscriptions.next_retry(now), *held, plan_ends])
 
     def may_fetch_after_release(self, tp: TopicPartition, was_full: bool) -> bool:
         """Whether a completed fetch of ``tp`` leaving the buffer (``was_full``: the buffer was
@@ -279,34 +290,45 @@ class FetchManager:
         Not while a fetch of ``tp`` is in flight: :meth:`poll` skips ``tp`` until its response,
         whose arrival wakes the loop anyway, and a partition in flight never holds its node back.
         Reading a response's partitions one by one then wakes the loop not at all instead of once
-        a partition.  Nor while the hold of ``tp``'s node stands: ``tp``, caught up, joins the
+        a partition.  Nor while ``tp``'s broker has its fetch in flight (it gets no other till
+        that answer), nor while the hold of ``tp``'s node stands: ``tp``, caught up, joins the
         held partitions, and another of the node's partitions is still busy (reading a backlog
         over many partitions, once each has been fetched to its end)."""
         if was_full and not self._buffer.full:
             return True  # room: partitions with records buffered may be fetched again
-        if any(tp in wanted for wanted in self._in_flight.values()):
+        in_flight = self._in_flight
+        if any(tp in wanted for wanted in in_flight.values()):
             return False
         node = self._held_by.get(tp)
-        return node is None or not self._still_held(tp, node)
+        if node is not None:
+            return not self._still_held(tp, node)
+        plan = self._plan
+        if in_flight and plan is not None and self._plan_current(plan):
+            return plan.node_of(tp) not in in_flight
+        return True
+
+    def _plan_current(self, plan: _Plan) -> bool:
+        """The counts, the cluster and the read replicas ``plan`` was made under have not moved (its
+        ``until`` aside): the next turn uses it again."""
+        subscriptions = self._subscriptions
+        return (
+            plan.changes == subscriptions.changes
+            and plan.moves == subscriptions.moves
+            and plan.cluster is self._metadata.cluster
+            and plan.preferred_moves == self._preferred_moves
+        )
 
     def _still_held(self, tp: TopicPartition, node: int) -> bool:
         """Whether ``node``'s hold stands with (some of) busy ``tp``'s records gone from the buffer,
-        everything else as the turn that held it saw it (changes since wake the loop themselves)."""
+        everything else as the turn that held it saw it."""
         plan = self._plan
-        subscriptions = self._subscriptions
-        if (
-            plan is None
-            or plan.changes != subscriptions.changes
-            or plan.moves != subscriptions.moves
-            or plan.cluster is not self._metadata.cluster
-            or plan.preferred_moves != self._preferred_moves
-        ):
-            return False  # the next turn walks again: let it
+        if plan is None or not self._plan_current(plan):
+            return False
         buffer = self._buffer
         left = buffer.buffered_bytes(tp)
         if left and (buffer.full or left >= self.read_ahead_bytes()):
             return True  # still busy
-        state = subscriptions.partitions.get(tp)
+        state = self._subscriptions.partitions.get(tp)
         if state is None or not self._caught_up([(state, None)]):
             return False  # it has records to fetch: a held fetch goes out with it
         del self._held_by[tp]
@@ -320,19 +342,11 @@ class FetchManager:
         return max(self._partition_max_bytes, share)
 
     def poll(self, now: float) -> list[UnsentRequest]:
-        subscriptions = self._subscriptions
         buffer = self._buffer
         share = self.read_ahead_bytes()
         buffered_by_tp = buffer.bytes_by_partition or None
         plan = self._plan
-        if (
-            plan is None
-            or plan.cluster is not self._metadata.cluster
-            or plan.changes != subscriptions.changes
-            or plan.moves != subscriptions.moves
-            or now >= plan.until
-            or plan.preferred_moves != self._preferred_moves
-        ):
+        if plan is None or now >= plan.until or not self._plan_current(plan):
             plan = self._walk(now)
         elif (
             not buffer.full
