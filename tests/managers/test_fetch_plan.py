@@ -8,7 +8,7 @@ sessions lost): one keeps its plan from turn to turn, the other walks every part
 metadata as often, and they must report the same answer times to the stall watch.
 
 The planned twin turns as the engine's loop does, when woken: by an answer, by the application's
-changes (but a pause), by a deadline of its managers, or by a completed fetch leaving the buffer
+changes, by a deadline of its managers, or by a completed fetch leaving the buffer
 when ``may_fetch_after_release`` says a fetch may follow.  The walking twin turns every step, so
 in a step that woke nothing it must find nothing to send either.
 """
@@ -124,7 +124,7 @@ class Twins:
         may_fetch = fetcher.may_fetch_after_release
 
         def noted(tp: TopicPartition, was_full: bool) -> bool:
-            held = tp in getattr(fetcher, "_held_by", ())
+            held = tp in fetcher._held_by
             wake = may_fetch(tp, was_full)
             self.held_releases += held and not wake
             return wake
@@ -207,10 +207,11 @@ class Twins:
 
     def step(self) -> None:
         rng = self.rng
-        roll = 0.65 if rng.random() < self.reading else rng.random()  # a backlog: reads, one at a time
+        reading = rng.random() < self.reading  # a backlog: reads, one partition at a time
+        roll = 0.65 if reading else rng.random()
         tp = rng.choice(TPS)
         offset, limit = rng.randint(0, self.end[tp]), rng.randint(0, 3)
-        count = 1 if roll == 0.65 else rng.randint(1, 3)
+        count = 1 if reading else rng.randint(1, 3)
         other_node = rng.random() < 0.5
         if roll >= 0.35 and not 0.62 <= roll < 0.70:
             self.woken = True  # the application's changes wake the loop (releases: see below)
