@@ -20,11 +20,13 @@ broker for up to ``fetch_max_wait_ms``, and with one fetch per broker the
 partitions still being read could not be fetched meanwhile.  So while some
 partition of that broker has its share buffered, such a fetch is held back
 (for at most ``fetch_max_wait_ms``) and goes out with the next fetch of the
-busy ones, which the broker answers at once.  A hold counts its busy partitions
-(``_Hold``): a completed fetch leaving the buffer wakes the loop only when a
-fetch may follow (``may_fetch_after_release``), and while the hold stands (its
-partition, caught up, has joined the held ones, and another is still busy)
-none may, so reading a backlog over many partitions does not turn the loop for
+busy ones, which the broker answers at once.
+
+A completed fetch leaving the buffer wakes the loop only when a fetch may follow
+(``may_fetch_after_release``): not while its partition or its broker has a fetch
+out, nor while a hold stands (it counts its busy partitions, ``_Hold``: one read
+out, at the end of its log too, joins the held ones while another is still
+busy).  So reading a backlog over many partitions does not turn the loop for
 each of them.
 
 What to fetch costs what changed: a walk over every partition finds the ones to fetch, by node
