@@ -124,9 +124,14 @@ async def test_pausing_the_partition_being_read_wakes_the_loop_for_the_held_fetc
         await anyio.sleep(0.3)  # the loop's turns after the answer: tp1's fetch is held
         engine = c._engine
         assert engine is not None
-        wakes: list[bool] = []
+        wakes = []
         wake = engine.wake
-        engine.wake = lambda: (wakes.append(True), wake())[1]  # type: ignore[method-assign]
+
+        def counted() -> None:
+            wakes.append(True)
+            wake()
+
+        engine.wake = counted  # type: ignore[method-assign]
         c.pause(tp0)
         assert wakes
         produce(topic, [(1, None, b"late")])

@@ -301,13 +301,13 @@ class FetchManager:
         in_flight = self._in_flight
         if any(tp in wanted for wanted in in_flight.values()):
             return False
+        plan = self._plan
+        if plan is None or not self._plan_current(plan):
+            return True  # the next turn walks again: the holds and the plan's nodes are the last turn's
         node = self._held_by.get(tp)
         if node is not None:
             return not self._still_held(tp, node)
-        plan = self._plan
-        if in_flight and plan is not None and self._plan_current(plan):
-            return plan.node_of(tp) not in in_flight
-        return True
+        return not in_flight or plan.node_of(tp) not in in_flight
 
     def _plan_current(self, plan: _Plan) -> bool:
         """The counts, the cluster and the read replicas ``plan`` was made under have not moved (its
@@ -322,10 +322,7 @@ class FetchManager:
 
     def _still_held(self, tp: TopicPartition, node: int) -> bool:
         """Whether ``node``'s hold stands with (some of) busy ``tp``'s records gone from the buffer,
-        everything else as the turn that held it saw it."""
-        plan = self._plan
-        if plan is None or not self._plan_current(plan):
-            return False
+        the plan as the turn that held it saw it."""
         buffer = self._buffer
         left = buffer.buffered_bytes(tp)
         if left and (buffer.full or left >= self.read_ahead_bytes()):
@@ -362,7 +359,8 @@ class FetchManager:
                 if node not in self._in_flight:
                     requests.append(self._request(node, picked, plan))
                     self.in_flight_since[node] = now
-            self._holds, self._held_by = {}, {}
+            if self._holds:  # nothing is held while nothing is busy (no new dicts each fetch)
+                self._holds, self._held_by = {}, {}
             return requests
         return self._requests(now, plan, share, buffered_by_tp)
 
