@@ -11,8 +11,11 @@ from collections.abc import Callable
 import anyio
 import pytest
 
+from asyncconsumer._runtime import current_async_library
 from asyncconsumer.config import build_config
 from asyncconsumer.engine.core import LoopCore
+from asyncconsumer.engine.loop import Engine
+from asyncconsumer.errors import KafkaConnectionError, KafkaError
 from asyncconsumer.managers.requests import UnsentRequest
 
 pytestmark = pytest.mark.anyio
@@ -201,3 +204,176 @@ async def test_a_stop_while_the_application_takes_its_turn_ends_the_loop_at_once
         loop._on_complete(_response(log), 0, {}, None)
         with anyio.fail_after(0.5):  # not the loop's one-second sleep
             await loop.wait_stopped()
+
+
+# -- an answer that comes while the loop sleeps goes to its manager at once ------------------------
+
+
+class _Ticker:
+    """A task that counts its turns (one a turn of the event loop)."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    async def run(self) -> None:
+        while True:
+            self.turns += 1
+            await anyio.lowlevel.checkpoint()
+
+
+class _AtOnce(LoopCore):
+    ANSWER_AT_ONCE = frozenset({"Fetch"})  # as the consumer's loop (engine/loop.py)
+
+
+@pytest.mark.parametrize("kind", [_AtOnce, Engine])
+async def test_an_answer_while_the_loop_sleeps_is_filed_by_the_task_that_read_it(kind: type[LoopCore]) -> None:
+    """Filed before ``_on_complete`` returns (the reader's task); then the application and the
+    loop's turn, in that order on asyncio (trio runs them in either order)."""
+    for _ in range(TRIES):
+        log: list[str] = []
+        loop = _new_loop(log, kind)
+        async with anyio.create_task_group() as tg:
+            await tg.start(loop.run)
+            tg.start_soon(_waiting_app, loop, log, lambda: None)
+            await anyio.sleep(0.05)
+            log.clear()
+            loop._on_complete(_response(log), 0, {}, None)
+            assert log == ["filed"]
+            await anyio.sleep(0.05)
+            loop.stop()
+        assert log[0] == "filed" and sorted(log[1:]) == ["app", "poll"], log
+        if current_async_library() == "asyncio":
+            assert log == ["filed", "app", "poll"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio runs the tasks of one step in either order
+async def test_an_answer_taken_at_once_wakes_the_application_a_turn_of_the_event_loop_sooner() -> None:
+    async def turns_to_the_application(kind: type[LoopCore]) -> int:
+        ticker = _Ticker()
+        loop = _new_loop([], kind)
+        woken: list[int] = []
+        async with anyio.create_task_group() as tg:
+            await tg.start(loop.run)
+            tg.start_soon(_waiting_app, loop, [], lambda: woken.append(ticker.turns))
+            await anyio.sleep(0.05)
+            tg.start_soon(ticker.run)
+            await anyio.sleep(0.01)
+            before = ticker.turns
+            loop._on_complete(_response([]), 0, {}, None)
+            await anyio.sleep(0.01)
+            loop.stop()
+            tg.cancel_scope.cancel()
+        return woken[0] - before
+
+    assert await turns_to_the_application(_AtOnce) == await turns_to_the_application(LoopCore) - 1
+
+
+async def test_the_application_woken_by_an_answer_taken_at_once_is_told_once_that_the_loop_runs_next() -> None:
+    log: list[str] = []
+    loop = _new_loop(log, _AtOnce)
+
+    def asks() -> None:
+        log.extend(f"next {loop.loop_runs_next()}" for _ in range(2))
+
+    app_first = ["filed", "app", "next True", "next False", "poll"]
+    loop_first = ["filed", "poll", "app", "next False", "next False"]  # trio may: the loop's turn took the pass back
+    log_of_turn = await _one_response(loop, log, asks)
+    assert log_of_turn in ([app_first] if current_async_library() == "asyncio" else [app_first, loop_first])
+    assert not loop.loop_runs_next()
+
+
+class _CompletesDuringPoll(_Logged):
+    """A manager whose first poll ends a request there and then (as ``NetworkClient.send`` does when
+    the request cannot be built)."""
+
+    def __init__(self, log: list[str], loop: LoopCore, body: dict[str, object] | None) -> None:
+        super().__init__(log)
+        self.loop, self.body, self.done = loop, body, False
+
+    def poll(self, now: float) -> list[UnsentRequest]:
+        self.log.append("poll")
+        if not self.done:
+            self.done = True
+            self.loop._on_complete(_response(self.log), 0, self.body, None)
+            self.log.append("poll done")
+        return []
+
+
+async def test_an_answer_during_a_turn_is_left_to_the_next_turn() -> None:
+    log: list[str] = []
+    loop = _AtOnce(build_config({"bootstrap_servers": "127.0.0.1:1"}))
+    loop.managers = [_CompletesDuringPoll(log, loop, {})]
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        await anyio.sleep(0.05)
+        loop.stop()
+    assert log[:4] == ["poll", "poll done", "filed", "poll"], log
+
+
+async def test_an_answer_behind_queued_events_waits_for_the_turn_that_runs_them() -> None:
+    log: list[str] = []
+    loop = _new_loop(log, _AtOnce)
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        await anyio.sleep(0.05)
+        log.clear()
+        loop.post(lambda now: log.append("event"))
+        loop._on_complete(_response(log), 0, {}, None)
+        assert log == []
+        await anyio.sleep(0.05)
+        loop.stop()
+    assert log == ["event", "filed", "poll"]
+
+
+@pytest.mark.parametrize("api, error", [("Fetch", KafkaConnectionError("gone")), ("Metadata", None)])
+async def test_errors_and_other_answers_wait_for_the_turn(api: str, error: BaseException | None) -> None:
+    log: list[str] = []
+    loop = _new_loop(log, _AtOnce)
+
+    def on_error(now: float, error: BaseException) -> None:
+        log.append("failed")
+
+    request = UnsentRequest(api, lambda version: {}, lambda now, version, body: log.append("filed"), on_error)
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        await anyio.sleep(0.05)
+        log.clear()
+        loop._on_complete(request, 0, None if error else {}, error)
+        assert log == []
+        await anyio.sleep(0.05)
+        loop.stop()
+    assert log == ["failed" if error else "filed", "poll"]
+
+
+async def test_a_handler_that_fails_on_an_answer_taken_at_once_is_reported_to_the_application() -> None:
+    """Not to the connection's reader that read the answer (it would close the connection)."""
+    log: list[str] = []
+    loop = _new_loop(log, _AtOnce)
+
+    def broken(now: float, version: int, body: object) -> None:
+        raise ValueError("a bug")
+
+    request = UnsentRequest("Fetch", lambda version: {}, broken, lambda now, error: None)
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        await anyio.sleep(0.05)
+        loop._on_complete(request, 0, {}, None)
+        error = loop.pop_error()
+        loop.stop()
+    assert isinstance(error, KafkaError) and "internal error handling Fetch" in str(error) and "a bug" in str(error)
+
+
+async def test_the_pass_of_an_answer_taken_at_once_ends_with_the_loops_turn() -> None:
+    """No application was waiting: the loop's turn ran before any poll, so a later poll is not told
+    that the loop runs next."""
+    log: list[str] = []
+    loop = _new_loop(log, _AtOnce)
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        await anyio.sleep(0.05)
+        log.clear()
+        loop._on_complete(_response(log), 0, {}, None)
+        await anyio.sleep(0.05)
+        assert log == ["filed", "poll"]
+        assert not loop.loop_runs_next()
+        loop.stop()

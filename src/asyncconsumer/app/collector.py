@@ -203,10 +203,10 @@ class Collector(Generic[KT, VT]):
         engine.subscriptions.finished()  # a new poll: done with what it was handed before (auto-commit)
         # Let the background loop run before the application works through what this poll takes:
         # it sends the next fetch (read-ahead) and reads the sockets meanwhile.  Right after a
-        # hand-over (engine/core.py) the loop runs as soon as this task waits or yields, so a poll
-        # that finds nothing and waits needs no turn of its own first (at low rates, one turn of
-        # the event loop a fetch); one that takes records yields once it has them, shielded
-        # (cancelled there, records taken would be lost).
+        # hand-over, or a Fetch answer taken at once (engine/core.py), the loop runs as soon as
+        # this task waits or yields, so a poll that finds nothing and waits needs no turn of its
+        # own first (at low rates, one turn of the event loop a fetch); one that takes records
+        # yields once it has them, shielded (cancelled there, records taken would be lost).
         yield_after = engine.loop_runs_next()
         if yield_after:
             await anyio.lowlevel.checkpoint_if_cancelled()

@@ -3,17 +3,19 @@
 
 A loop is one task that owns the sockets and the request managers. Each turn it runs queued
 application events (closures the public API posts with ``call()``/``post()``), hands completed
-responses to the managers that sent them, lets each subclass do its own per-turn checks
-(``_before_poll``), yields (in the consumer's loop) if the application was waiting for news, so it
-takes the records before the next requests are built (``_hand_over``), polls every manager for
-unsent requests and gives them to the network client, then sleeps until the earliest manager
-deadline or until something wakes it. How late it runs again is the event loop's lag
-(``managers/loop_lag.py``): a loop blocked by the application for long enough is named in a WARNING
-with the deadline it put at risk (``_deadlines``, extended by each subclass). Every few seconds it
-also has the buffer pools give back what they have not used for a while (engine/buffers.py: the
-frame pool, and the consumer's Arrow column pool). It never raises into the caller's task group:
-failures become background events (errors the application side raises at its next call), and a bug
-in the loop itself ends it with ``fatal_error`` set, after which every call says so.
+responses to the managers that sent them (an answer in ``ANSWER_AT_ONCE`` that comes while the loop
+sleeps goes to its manager at once, from the connection's reader task: ``_on_complete``), lets each
+subclass do its own per-turn checks (``_before_poll``), yields (in the consumer's loop) if the
+application was waiting for news, so it takes the records before the next requests are built
+(``_hand_over``), polls every manager for unsent requests and gives them to the network client,
+then sleeps until the earliest manager deadline or until something wakes it. How late it runs again
+is the event loop's lag (``managers/loop_lag.py``): a loop blocked by the application for long
+enough is named in a WARNING with the deadline it put at risk (``_deadlines``, extended by each
+subclass). Every few seconds it also has the buffer pools give back what they have not used for a
+while (engine/buffers.py: the frame pool, and the consumer's Arrow column pool). It never raises
+into the caller's task group: failures become background events (errors the application side raises
+at its next call), and a bug in the loop itself ends it with ``fatal_error`` set, after which every
+call says so.
 
 The subclass builds its managers and lists them in ``managers``; everything else, including SASL
 logins on new connections, is here.
@@ -60,6 +62,9 @@ class LoopCore:
     #: Whether a turn whose responses an application task was waiting for yields to it before the
     #: managers run (``_hand_over``).
     HAND_OVER: ClassVar[bool] = True
+    #: The requests whose answers go to their manager at once, in the task that read them, when the
+    #: loop is asleep between turns with nothing queued (``_on_complete``).
+    ANSWER_AT_ONCE: ClassVar[frozenset[str]] = frozenset()
     #: Built by the subclass (both loops keep cluster metadata).
     metadata: MetadataManager
 
@@ -78,9 +83,11 @@ class LoopCore:
         self._alarm_at = float("inf")
         self._rearm = anyio.Event()
         self._app_event = anyio.Event()
-        #: A hand-over is under way: the loop runs again right after the application task it let
-        #: in (``loop_runs_next``).
+        #: The loop runs again right after the application task now woken (``loop_runs_next``): a
+        #: hand-over is under way, or an answer taken at once woke both.
         self._handing_over = False
+        #: The loop sleeps between turns (``_on_complete`` may hand an answer to its manager).
+        self._asleep = False
         self._task_group: anyio.abc.TaskGroup | None = None
         self._stopped = anyio.Event()
         self.fatal_error: BaseException | None = None
@@ -203,7 +210,12 @@ class LoopCore:
             self._wake_at = due
             if due < self._alarm_at:
                 self._rearm.set()
-            await self._wake_event.wait()
+            self._asleep = True
+            try:
+                await self._wake_event.wait()
+            finally:
+                self._asleep = False
+            self._handing_over = False
             self._wake_at = float("inf")
             self._take_wake()
 
@@ -333,6 +345,19 @@ class LoopCore:
     def _on_complete(
         self, request: UnsentRequest, version: int, body: Body | None, error: BaseException | None
     ) -> None:
+        """A request ended: its outcome goes to the loop's next turn; or, for an answer in
+        ``ANSWER_AT_ONCE`` that comes while the loop sleeps between turns with nothing queued, to
+        its manager now, in the task that read it (the connection's reader).  Nothing else is
+        touching the managers then, and the answer is handled as the turn would have, first thing:
+        the application task waiting for records wakes a turn of the event loop sooner, and the
+        loop, woken after it, runs its turn to send what follows (``loop_runs_next``)."""
+        if self._asleep and not self._woken and body is not None and error is None \
+                and request.api in self.ANSWER_AT_ONCE:
+            self.notify_app()  # first: asyncio runs the application's task before the loop's
+            self._complete(self.clock(), request, version, body, None)
+            self._handing_over = True
+            self.wake()
+            return
         self._completions.append((request, version, body, error))
         self.wake()
 
@@ -340,15 +365,19 @@ class LoopCore:
         if self._completions:
             self.notify_app()  # positions, offsets or errors may have changed: let waiters re-check
         while self._completions:
-            request, version, body, error = self._completions.popleft()
-            try:
-                if error is None and body is not None:
-                    request.on_response(now, version, body)
-                else:
-                    request.on_error(now, error or KafkaError("no response"))
-            except Exception as exc:
-                self.log.exception("handling a %s response failed", request.api)
-                self.report_error(KafkaError(f"internal error handling {request.api}: {exc!r}"))
+            self._complete(now, *self._completions.popleft())
+
+    def _complete(
+        self, now: float, request: UnsentRequest, version: int, body: Body | None, error: BaseException | None
+    ) -> None:
+        try:
+            if error is None and body is not None:
+                request.on_response(now, version, body)
+            else:
+                request.on_error(now, error or KafkaError("no response"))
+        except Exception as exc:
+            self.log.exception("handling a %s response failed", request.api)
+            self.report_error(KafkaError(f"internal error handling {request.api}: {exc!r}"))
 
     # -- background events (to the application side) ----------------------------------------------
 
@@ -366,9 +395,10 @@ class LoopCore:
         self._app_event.set()
 
     def loop_runs_next(self) -> bool:
-        """The loop is handing over (``_hand_over``) and runs again as soon as the calling task
-        waits or yields: a poll need not yield to let it run first.  True once per hand-over, so
-        a task that keeps finding records still lets the loop run between its polls."""
+        """The loop is handing over (``_hand_over``), or an answer taken at once woke the calling
+        task before the loop (``_on_complete``), and the loop runs as soon as the calling task
+        waits or yields: a poll need not yield to let it run first.  True once each time, so a
+        task that keeps finding records still lets the loop run between its polls."""
         if self._handing_over:
             self._handing_over = False
             return True

@@ -52,6 +52,8 @@ class Engine(LoopCore):
 
     OWNER = "consumer"
     log = log
+    # A caught-up consumer's records come a turn of the event loop sooner (engine/core.py).
+    ANSWER_AT_ONCE = frozenset({"Fetch"})
 
     def __init__(self, config: ConsumerConfig, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(config, clock)
