@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from support.ticker import Ticker
 
 from asyncconsumer.app.client import PollOwner
 from asyncconsumer.app.collector import Collector
@@ -58,23 +59,11 @@ class _Engine:
         pass
 
 
-class _Ticker:
-    """A task that counts its turns."""
-
-    def __init__(self) -> None:
-        self.turns = 0
-
-    async def run(self) -> None:
-        while True:
-            self.turns += 1
-            await anyio.lowlevel.checkpoint()
-
-
 def _collector() -> Collector[Any, Any]:
     return Collector(build_config({"bootstrap_servers": "127.0.0.1:1"}), RebalanceRunner(build_config({})), PollOwner())
 
 
-async def _poll(engine: _Engine, results: list[Any], ticker: _Ticker, seen: list[int]) -> Any:
+async def _poll(engine: _Engine, results: list[Any], ticker: Ticker, seen: list[int]) -> Any:
     """One ``poll_for`` whose ``collect()`` gives ``results`` in turn, noting the ticker's turns at
     each collect and at the return."""
 
@@ -88,7 +77,7 @@ async def _poll(engine: _Engine, results: list[Any], ticker: _Ticker, seen: list
 
 
 async def _with_ticker(engine: _Engine, results: list[Any], *, set_event: bool = False) -> tuple[Any, list[int]]:
-    ticker = _Ticker()
+    ticker = Ticker()
     seen: list[int] = []
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker.run)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import anyio
 import pytest
+from support.ticker import Ticker
 
 from asyncconsumer._runtime import current_async_library
 from asyncconsumer.config import build_config
@@ -112,16 +113,28 @@ async def _waiting_app(loop: LoopCore, log: list[str], then: Callable[[], None] 
 async def _one_response(loop: LoopCore, log: list[str], app: Callable[[], None] | None) -> list[str]:
     """The log of a loop's turns around one response, with an application task waiting for news
     (``app`` run when it wakes) or none; from the response on."""
+    return (await _answer(loop, log, app=app))[1]
+
+
+async def _answer(loop: LoopCore, log: list[str], request: UnsentRequest | None = None,
+                  body: dict[str, object] | None = None, error: BaseException | None = None, *,
+                  app: Callable[[], None] | None = None,
+                  before: Callable[[], object] = lambda: None) -> tuple[list[str], list[str]]:
+    """A sleeping loop gets one outcome of ``request`` (a Fetch logging "filed"; ``body`` ``{}``
+    unless there is an ``error``), ``before`` run just before it: the log as ``_on_complete``
+    returned, and the log of the turns after (both from the outcome on)."""
     async with anyio.create_task_group() as tg:
         await tg.start(loop.run)
         if app is not None:
             tg.start_soon(_waiting_app, loop, log, app)
         await anyio.sleep(0.05)  # the loop's first turn is done; it sleeps, the application waits
         log.clear()
-        loop._on_complete(_response(log), 0, {}, None)
+        before()
+        loop._on_complete(request or _response(log), 0, body if body is not None or error else {}, error)
+        at_once = list(log)
         await anyio.sleep(0.05)
         loop.stop()
-    return log
+    return at_once, log
 
 
 def _new_loop(log: list[str], kind: type[LoopCore] = LoopCore) -> LoopCore:
@@ -209,18 +222,6 @@ async def test_a_stop_while_the_application_takes_its_turn_ends_the_loop_at_once
 # -- an answer that comes while the loop sleeps goes to its manager at once ------------------------
 
 
-class _Ticker:
-    """A task that counts its turns (one a turn of the event loop)."""
-
-    def __init__(self) -> None:
-        self.turns = 0
-
-    async def run(self) -> None:
-        while True:
-            self.turns += 1
-            await anyio.lowlevel.checkpoint()
-
-
 class _AtOnce(LoopCore):
     ANSWER_AT_ONCE = frozenset({"Fetch"})  # as the consumer's loop (engine/loop.py)
 
@@ -231,16 +232,8 @@ async def test_an_answer_while_the_loop_sleeps_is_filed_by_the_task_that_read_it
     loop's turn, in that order on asyncio (trio runs them in either order)."""
     for _ in range(TRIES):
         log: list[str] = []
-        loop = _new_loop(log, kind)
-        async with anyio.create_task_group() as tg:
-            await tg.start(loop.run)
-            tg.start_soon(_waiting_app, loop, log, lambda: None)
-            await anyio.sleep(0.05)
-            log.clear()
-            loop._on_complete(_response(log), 0, {}, None)
-            assert log == ["filed"]
-            await anyio.sleep(0.05)
-            loop.stop()
+        at_once, log = await _answer(_new_loop(log, kind), log, app=lambda: None)
+        assert at_once == ["filed"]
         assert log[0] == "filed" and sorted(log[1:]) == ["app", "poll"], log
         if current_async_library() == "asyncio":
             assert log == ["filed", "app", "poll"]
@@ -249,7 +242,7 @@ async def test_an_answer_while_the_loop_sleeps_is_filed_by_the_task_that_read_it
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio runs the tasks of one step in either order
 async def test_an_answer_taken_at_once_wakes_the_application_a_turn_of_the_event_loop_sooner() -> None:
     async def turns_to_the_application(kind: type[LoopCore]) -> int:
-        ticker = _Ticker()
+        ticker = Ticker()
         loop = _new_loop([], kind)
         woken: list[int] = []
         async with anyio.create_task_group() as tg:
@@ -313,15 +306,8 @@ async def test_an_answer_during_a_turn_is_left_to_the_next_turn() -> None:
 async def test_an_answer_behind_queued_events_waits_for_the_turn_that_runs_them() -> None:
     log: list[str] = []
     loop = _new_loop(log, _AtOnce)
-    async with anyio.create_task_group() as tg:
-        await tg.start(loop.run)
-        await anyio.sleep(0.05)
-        log.clear()
-        loop.post(lambda now: log.append("event"))
-        loop._on_complete(_response(log), 0, {}, None)
-        assert log == []
-        await anyio.sleep(0.05)
-        loop.stop()
+    at_once, log = await _answer(loop, log, before=lambda: loop.post(lambda now: log.append("event")))
+    assert at_once == []
     assert log == ["event", "filed", "poll"]
 
 
@@ -334,14 +320,8 @@ async def test_errors_and_other_answers_wait_for_the_turn(api: str, error: BaseE
         log.append("failed")
 
     request = UnsentRequest(api, lambda version: {}, lambda now, version, body: log.append("filed"), on_error)
-    async with anyio.create_task_group() as tg:
-        await tg.start(loop.run)
-        await anyio.sleep(0.05)
-        log.clear()
-        loop._on_complete(request, 0, None if error else {}, error)
-        assert log == []
-        await anyio.sleep(0.05)
-        loop.stop()
+    at_once, log = await _answer(loop, log, request, error=error)
+    assert at_once == []
     assert log == ["failed" if error else "filed", "poll"]
 
 
@@ -368,12 +348,6 @@ async def test_the_pass_of_an_answer_taken_at_once_ends_with_the_loops_turn() ->
     that the loop runs next."""
     log: list[str] = []
     loop = _new_loop(log, _AtOnce)
-    async with anyio.create_task_group() as tg:
-        await tg.start(loop.run)
-        await anyio.sleep(0.05)
-        log.clear()
-        loop._on_complete(_response(log), 0, {}, None)
-        await anyio.sleep(0.05)
-        assert log == ["filed", "poll"]
-        assert not loop.loop_runs_next()
-        loop.stop()
+    _, log = await _answer(loop, log)
+    assert log == ["filed", "poll"]
+    assert not loop.loop_runs_next()
