@@ -117,12 +117,11 @@ async def _one_response(loop: LoopCore, log: list[str], app: Callable[[], None] 
 
 
 async def _answer(loop: LoopCore, log: list[str], request: UnsentRequest | None = None,
-                  body: dict[str, object] | None = None, error: BaseException | None = None, *,
-                  app: Callable[[], None] | None = None,
+                  error: BaseException | None = None, *, app: Callable[[], None] | None = None,
                   before: Callable[[], object] = lambda: None) -> tuple[list[str], list[str]]:
-    """A sleeping loop gets one outcome of ``request`` (a Fetch logging "filed"; ``body`` ``{}``
-    unless there is an ``error``), ``before`` run just before it: the log as ``_on_complete``
-    returned, and the log of the turns after (both from the outcome on)."""
+    """A sleeping loop gets one outcome of ``request`` (a Fetch logging "filed"): ``error``, or an
+    answer; ``before`` runs just before it.  The log as ``_on_complete`` returned, and the log of
+    the turns after (both from the outcome on)."""
     async with anyio.create_task_group() as tg:
         await tg.start(loop.run)
         if app is not None:
@@ -130,7 +129,7 @@ async def _answer(loop: LoopCore, log: list[str], request: UnsentRequest | None 
         await anyio.sleep(0.05)  # the loop's first turn is done; it sleeps, the application waits
         log.clear()
         before()
-        loop._on_complete(request or _response(log), 0, body if body is not None or error else {}, error)
+        loop._on_complete(request or _response(log), 0, None if error else {}, error)
         at_once = list(log)
         await anyio.sleep(0.05)
         loop.stop()
@@ -279,15 +278,15 @@ class _CompletesDuringPoll(_Logged):
     """A manager whose first poll ends a request there and then (as ``NetworkClient.send`` does when
     the request cannot be built)."""
 
-    def __init__(self, log: list[str], loop: LoopCore, body: dict[str, object] | None) -> None:
+    def __init__(self, log: list[str], loop: LoopCore) -> None:
         super().__init__(log)
-        self.loop, self.body, self.done = loop, body, False
+        self.loop, self.done = loop, False
 
     def poll(self, now: float) -> list[UnsentRequest]:
         self.log.append("poll")
         if not self.done:
             self.done = True
-            self.loop._on_complete(_response(self.log), 0, self.body, None)
+            self.loop._on_complete(_response(self.log), 0, {}, None)
             self.log.append("poll done")
         return []
 
@@ -295,7 +294,7 @@ class _CompletesDuringPoll(_Logged):
 async def test_an_answer_during_a_turn_is_left_to_the_next_turn() -> None:
     log: list[str] = []
     loop = _AtOnce(build_config({"bootstrap_servers": "127.0.0.1:1"}))
-    loop.managers = [_CompletesDuringPoll(log, loop, {})]
+    loop.managers = [_CompletesDuringPoll(log, loop)]
     async with anyio.create_task_group() as tg:
         await tg.start(loop.run)
         await anyio.sleep(0.05)
@@ -333,13 +332,8 @@ async def test_a_handler_that_fails_on_an_answer_taken_at_once_is_reported_to_th
     def broken(now: float, version: int, body: object) -> None:
         raise ValueError("a bug")
 
-    request = UnsentRequest("Fetch", lambda version: {}, broken, lambda now, error: None)
-    async with anyio.create_task_group() as tg:
-        await tg.start(loop.run)
-        await anyio.sleep(0.05)
-        loop._on_complete(request, 0, {}, None)
-        error = loop.pop_error()
-        loop.stop()
+    await _answer(loop, log, UnsentRequest("Fetch", lambda version: {}, broken, lambda now, error: None))
+    error = loop.pop_error()
     assert isinstance(error, KafkaError) and "internal error handling Fetch" in str(error) and "a bug" in str(error)
 
 
