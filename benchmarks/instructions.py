@@ -2,7 +2,7 @@
 
     python -m benchmarks.instructions REV [REV...] [--clients asyncconsumer-getmany,...]
                                       [--value-size 100] [--records 1000000] [--base 100000]
-                                      [--partitions 4] [--json F]
+                                      [--partitions 4] [--cpu N] [--json F]
 
 Wall-clock A/Bs on this shared 2-core machine move by 10-30% from round to round; instruction
 counts do not.  Each reader (benchmarks/clients.py) of each revision reads the same topic on one
@@ -11,7 +11,13 @@ records, and the difference divided by the difference in records is its instruct
 start-up, imports, connecting and the first fetches cancel out.  The reader's process is the only
 one counted (the broker runs outside valgrind), so the count is the same whatever else the
 machine does, up to what depends on timing: how many records a fetch response carries and how
-often the event loop wakes (a few percent; run twice to see it).
+often the event loop wakes (a few percent; run twice to see it).  What the consumer does by the
+clock counts against fewer records a second under valgrind, which runs the reader some 50 times
+slower: the stall watch's looks at every partition (twice a second) and the fetch round trips
+between two polls.  With few partitions that is noise; with 1,000 it is part of the count a record
+that a read at full speed does not pay.  ``--cpu N`` also reads both counts
+``N`` times without valgrind, interleaved, and prints the median CPU time a record of the
+difference (noisier, but at full speed).
 
 The revisions are exported as benchmarks/ab.py does (``git archive``, the compiled decoder built
 for each when its C sources differ from the working tree's); ``WORKTREE`` names the working tree
@@ -25,6 +31,7 @@ import contextlib
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -72,6 +79,21 @@ def instructions(client: str, dataset: ds.Dataset, count: int, bootstrap: str, s
     return total
 
 
+def cpu_seconds(client: str, dataset: ds.Dataset, count: int, bootstrap: str, src: Path | None) -> tuple[float, int]:
+    """The CPU seconds (user and system) of one read of ``count`` records by ``client`` at full
+    speed, and the records it read (a poll may take a few more than asked)."""
+    command = runner.module_command("benchmarks.clients", client, bootstrap=bootstrap, topic=dataset.topic,
+                                    partitions=dataset.partitions, count=count)
+    env = runner.client_env({})
+    if src is not None:
+        env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}"
+    result = runner.run_json(command, 600, env)
+    records = int(result.get("records") or 0)
+    if result.get("error") or records < count:
+        raise RuntimeError(f"{client} read {records} of {count}: {result.get('error')}")
+    return float(result["cpu_s"]), records
+
+
 def trees(revisions: list[str], into: Path) -> dict[str, Path | None]:
     """Each revision's exported ``src`` (benchmarks/ab.py), None for ``WORKTREE`` (the tree as it is)."""
     return {rev: None if rev == WORKTREE else ab.export(rev, into / f"rev{i}") for i, rev in enumerate(revisions)}
@@ -102,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=ds.PARTITIONS,
                         help=f"the topic's partitions, all read (default {ds.PARTITIONS})")
     parser.add_argument("--rounds", type=int, default=1, help="repeat every measurement (default 1)")
+    parser.add_argument("--cpu", type=int, default=0, metavar="N",
+                        help="also N interleaved reads without valgrind: CPU time a record (default 0: none)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
@@ -121,6 +145,15 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"revision": rev, "client": client, "round": round_no, "base": small,
                                  "whole": large, "per_record": per})
                     runner.log(f"{client} {rev}: {per:,.1f} instructions a record ({small:,} / {large:,})")
+        cpu: dict[tuple[str, str], list[float]] = {}
+        cpu_base: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.cpu):
+            for client in clients:
+                for rev, src in exported.items():
+                    base_s, base_n = cpu_seconds(client, dataset, args.base, bootstrap, src)
+                    whole_s, whole_n = cpu_seconds(client, dataset, args.records, bootstrap, src)
+                    cpu.setdefault((client, rev), []).append((whole_s - base_s) / (whole_n - base_n) * 1e6)
+                    cpu_base.setdefault((client, rev), []).append(base_s)
     print(f"instructions a record, {dataset.describe()} (reads of {args.records:,} less reads of {args.base:,})")
     first = args.revisions[0]
     for client in clients:
@@ -129,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
             per = [r["per_record"] for r in rows if r["client"] == client and r["revision"] == rev]
             ratio = f"  {sum(per) / len(per) / (sum(base) / len(base)):.3f}x {first}" if rev != first else ""
             print(f"{client:24s} {rev:12s} " + ", ".join(f"{p:,.1f}" for p in per) + ratio)
+    if cpu:
+        print(f"CPU time a record (us) of the difference, medians of {args.cpu} reads without valgrind;"
+              f" the whole read of {args.base:,} (s)")
+        for (client, rev), values in cpu.items():
+            base = cpu_base[client, rev]
+            print(f"{client:24s} {rev:12s} {statistics.median(values):.3f}  ("
+                  + ", ".join(f"{v:.3f}" for v in sorted(values)) + f");  {statistics.median(base):.3f} s")
+            rows.append({"revision": rev, "client": client, "cpu_us_per_record": values, "cpu_base_s": base})
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -14,7 +14,7 @@ from asyncconsumer.managers.stall_watch import StallWatch
 from asyncconsumer.managers.subscription import PartitionPhase
 from asyncconsumer.structs import TopicPartition
 
-from .test_fetch import T0, T1, Setup, data, records, respond
+from .test_fetch import T0, T1, T2, Setup, data, records, respond
 
 QUIET = 6.0
 
@@ -155,3 +155,17 @@ def test_one_warning_per_broker_and_unassigned_partitions_are_forgotten(log: pyt
     s.subs.assign([])
     s.check_after(1.0)
     assert s.watch.warned == {} and s.fetcher.answered == {} and len(log.messages) == 1
+
+
+def test_a_partition_swapped_for_another_is_forgotten(log: pytest.LogCaptureFixture) -> None:
+    """As many partitions assigned as before, one of them new: what was kept for the one that went
+    is dropped all the same."""
+    s = Watched()
+    s.start({T0: 0, T2: 0})
+    respond(s.fetch(), {T0: data(T0, high_watermark=0), T2: data(T2, high_watermark=0)})
+    s.check_after(QUIET + 0.5)
+    assert set(s.watch.warned) == {T0, T2} and set(s.fetcher.answered) == {T0, T2}
+    s.subs.assign([T0, T1])
+    s.check_after(1.0)
+    assert T2 not in s.watch.warned and T2 not in s.fetcher.answered and T2 not in s.watch._expected_since
+    assert T0 in s.watch.warned and T1 in s.watch._expected_since
