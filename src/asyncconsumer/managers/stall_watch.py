@@ -89,7 +89,7 @@ class StallWatch:
         warned = self.warned
         quiet_after = self.quiet_after
         stuck: dict[int | None, list[tuple[TopicPartition, float, str]]] = defaultdict(list)
-        # Every assigned partition, a few times a second, so ``PartitionState.fetch_limited`` and
+        # Every assigned partition, twice a second, so ``PartitionState.fetch_limited`` and
         # ``FetchBuffer.buffered_bytes`` are written out: about 0.3 us a partition.
         for tp, state in partitions.items():
             buffered = buffered_by_tp.get(tp, 0) if buffered_by_tp else 0
