@@ -318,6 +318,8 @@ class KafkaNode:
         self._owner = owner
         self.node_id = node_id
         self.ports = ports
+        #: Every client port the node has listened on: a move never goes back to one.
+        self._former_ports: set[int] = set()
         self.directory = directory
         self.log_file = directory / "broker.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -421,7 +423,14 @@ class KafkaNode:
         if self.roles == "controller":
             raise KafkaBrokerError(f"node {self.node_id} is a controller: its port is in every node's voter set")
         self.stop()
-        fresh = iter(free_ports(len(dataclasses.fields(_Ports)) - 1))
+        # A port the node just left is free again and may be drawn: a client that knew the old
+        # address would then find the node there (or another of its listeners).
+        self._former_ports.update(p for p in dataclasses.astuple(self.ports) if p != self.ports.controller)
+        while True:
+            drawn = free_ports(len(dataclasses.fields(_Ports)) - 1)
+            if self._former_ports.isdisjoint(drawn):
+                break
+        fresh = iter(drawn)
         self.ports = _Ports(**{f.name: getattr(self.ports, f.name) if f.name == "controller" else next(fresh)
                                for f in dataclasses.fields(_Ports)})
         self._owner.configure(self)
