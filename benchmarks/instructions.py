@@ -11,13 +11,14 @@ records, and the difference divided by the difference in records is its instruct
 start-up, imports, connecting and the first fetches cancel out.  The reader's process is the only
 one counted (the broker runs outside valgrind), so the count is the same whatever else the
 machine does, up to what depends on timing: how many records a fetch response carries and how
-often the event loop wakes (a few percent; run twice to see it).  What the consumer does by the
-clock counts against fewer records a second under valgrind, which runs the reader some 50 times
-slower: the stall watch's looks at every partition (twice a second) and the fetch round trips
-between two polls.  With few partitions that is noise; with 1,000 it is part of the count a record
-that a read at full speed does not pay.  ``--cpu N`` also reads both counts
-``N`` times without valgrind, interleaved, and prints the median CPU time a record of the
-difference (noisier, but at full speed).
+often the event loop wakes (a few percent; run twice to see it).
+
+Valgrind runs the reader some 50 times slower, so what the consumer does by the clock (the stall
+watch's look at every partition twice a second, the fetch round trips between two polls) falls on
+fewer records than at full speed: with few partitions that is noise, with 1,000 it is part of the
+count a record.  ``--cpu N`` also reads both counts ``N`` times without valgrind, interleaved, and
+prints the median CPU time a record of the difference and the base read's CPU (noisier, but at
+full speed).
 
 The revisions are exported as benchmarks/ab.py does (``git archive``, the compiled decoder built
 for each when its C sources differ from the working tree's); ``WORKTREE`` names the working tree
