@@ -66,7 +66,7 @@ from support.pressure import cpu_pressure
 from support.proxy import ChaosProxy
 
 from asyncconsumer import TopicPartition
-from asyncconsumer.managers.stall_watch import CHECK_INTERVAL
+from asyncconsumer.managers.stall_watch import check_interval
 from asyncconsumer.testing import KafkaCluster, KafkaNode
 from asyncconsumer.testing._probe import metadata_brokers
 
@@ -264,9 +264,7 @@ async def test_cuts_and_stalls_of_every_nodes_client_connections_lose_nothing_an
     net_waits = delays(producer, readers, began, ended, net=True)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     bound = readers[0].consumer.config.quiet_partition_warning_s
-    # The watch looks every min(CHECK_INTERVAL, bound / 4) seconds: a partition quiet for just over
-    # the bound is named at its next look.
-    late = bound + min(CHECK_INTERVAL, bound / 4)
+    late = bound + check_interval(bound)  # a partition quiet for just over the bound is named at the next look
     named = quiet_warnings(caplog.records, topic)
     silent = {p: [(w, d, a) for w, d, a in ws if w > late and not any(d <= t <= a for t in named[p])]
               for p, ws in net_waits.items()}

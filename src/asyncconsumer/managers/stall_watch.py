@@ -40,6 +40,12 @@ log = logging.getLogger("asyncconsumer.fetch")
 #: The longest time between two checks, in seconds.
 CHECK_INTERVAL = 0.5
 
+
+def check_interval(quiet_after: float) -> float:
+    """The time between two checks of a watch whose bound is ``quiet_after``: a partition quiet for
+    just over the bound is named at most this much later."""
+    return min(CHECK_INTERVAL, quiet_after / 4)
+
 #: Position lookups, by phase: what the partition is waiting for.
 _WAITING_FOR = {
     PartitionPhase.AWAIT_COMMITTED: "waiting for its committed offset from the group coordinator",
@@ -78,7 +84,7 @@ class StallWatch:
     def check(self, now: float) -> None:
         if now < self._next_check:
             return
-        self._next_check = now + min(CHECK_INTERVAL, self.quiet_after / 4)
+        self._next_check = now + check_interval(self.quiet_after)
         partitions = self._subscriptions.partitions
         answered = self._fetcher.answered
         self._forget_unassigned(partitions, answered)
