@@ -56,10 +56,8 @@ def callgrind(command: list[str], src: Path | None, timeout: float = 3600) -> tu
     with tempfile.TemporaryDirectory(prefix="asyncconsumer-callgrind-") as tmp:
         out = Path(tmp, "callgrind.out")
         full = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--trace-children=no", *command]
-        env = runner.client_env({})
-        if src is not None:
-            env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}"
-        proc = subprocess.run(full, capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout, check=False)
+        proc = subprocess.run(full, capture_output=True, text=True, cwd=ROOT, env=_env(src), timeout=timeout,
+                              check=False)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
         result = json.loads(lines[-1]) if lines else {"error": proc.stderr[-500:]}
         if result.get("error"):
@@ -70,11 +68,23 @@ def callgrind(command: list[str], src: Path | None, timeout: float = 3600) -> tu
         return int(match.group(1)), result
 
 
+def _env(src: Path | None) -> dict[str, str]:
+    """A reader's environment, with ``src`` (None: the working tree's) first on ``PYTHONPATH``."""
+    env = runner.client_env({})
+    if src is not None:
+        env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}"
+    return env
+
+
+def _read(client: str, dataset: ds.Dataset, count: int, bootstrap: str) -> list[str]:
+    """The command of one read of ``count`` records of ``dataset`` by ``client``."""
+    return runner.module_command("benchmarks.clients", client, bootstrap=bootstrap, topic=dataset.topic,
+                                 partitions=dataset.partitions, count=count)
+
+
 def instructions(client: str, dataset: ds.Dataset, count: int, bootstrap: str, src: Path | None) -> int:
     """The instructions (callgrind's Ir) of one read of ``count`` records by ``client``."""
-    command = runner.module_command("benchmarks.clients", client, bootstrap=bootstrap, topic=dataset.topic,
-                                    partitions=dataset.partitions, count=count)
-    total, result = callgrind(command, src)
+    total, result = callgrind(_read(client, dataset, count, bootstrap), src)
     if result.get("records") != count:
         raise RuntimeError(f"{client} read {result.get('records')} of {count}")
     return total
@@ -83,12 +93,7 @@ def instructions(client: str, dataset: ds.Dataset, count: int, bootstrap: str, s
 def cpu_seconds(client: str, dataset: ds.Dataset, count: int, bootstrap: str, src: Path | None) -> tuple[float, int]:
     """The CPU seconds (user and system) of one read of ``count`` records by ``client`` at full
     speed, and the records it read (a poll may take a few more than asked)."""
-    command = runner.module_command("benchmarks.clients", client, bootstrap=bootstrap, topic=dataset.topic,
-                                    partitions=dataset.partitions, count=count)
-    env = runner.client_env({})
-    if src is not None:
-        env["PYTHONPATH"] = f"{src}:{env['PYTHONPATH']}"
-    result = runner.run_json(command, 600, env)
+    result = runner.run_json(_read(client, dataset, count, bootstrap), 600, _env(src))
     records = int(result.get("records") or 0)
     if result.get("error") or records < count:
         raise RuntimeError(f"{client} read {records} of {count}: {result.get('error')}")
