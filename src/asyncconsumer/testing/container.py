@@ -43,9 +43,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Self
 
+from ._ports import PortLease, lease_ports
 from ._probe import wait_for_metadata
 from ._process import Service
-from .kafka import KAFKA_VERSION, KafkaBrokerError, broker_settings, error_lines, free_ports, new_cluster_id
+from .kafka import KAFKA_VERSION, KafkaBrokerError, broker_settings, error_lines, new_cluster_id
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer
@@ -138,6 +139,7 @@ class ContainerBroker(Service):
         self.startup_seconds: float | None = None
         self.port: int | None = None
         self.controller_port: int | None = None
+        self._lease = PortLease([], [])
         self._container: DockerContainer | None = None
 
     def __repr__(self) -> str:
@@ -200,10 +202,12 @@ class ContainerBroker(Service):
         except ImportError as exc:
             raise ContainerBrokerError(f"the container broker needs testcontainers: {_INSTALL} ({exc})") from None
         began = time.monotonic()
-        port, controller_port = free_ports(2)
+        self._lease = lease_ports(2)  # held until stop(): no other broker is drawn onto them
+        port, controller_port = self._lease.ports
         try:
             container = DockerContainer(self.image, env=self.environment(port, controller_port))
         except docker.errors.DockerException as exc:
+            self.stop()
             raise ContainerBrokerError(
                 f"no Docker daemon answers ({exc}); start one, or point DOCKER_HOST at it"
             ) from None
@@ -267,6 +271,7 @@ class ContainerBroker(Service):
 
     def stop(self) -> None:
         """Remove the container and its volumes (it is killed; its data goes with it)."""
+        self._lease.release()
         container, self._container = self._container, None
         if container is None:
             return

@@ -24,7 +24,8 @@ The story of one start:
    from).  A failed download is a :class:`KafkaDownloadError` naming the jar, the address and the
    reason.  Both steps, and the command lines that run a class of those jars, are ``_java.py``'s
    (:func:`find_java`, :func:`kafka_libs`, re-exported here).
-3. **Format.** Every node gets a temporary directory, free loopback ports and a
+3. **Format.** Every node gets a temporary directory, loopback ports leased for the cluster's
+   life (``_ports.py``: no other cluster, in any process, is drawn onto them) and a
    ``server.properties``: combined broker+controller nodes (KRaft) with a static voter set,
    internal topics sized for the cluster, short group timers (classic, KIP-848 and share groups)
    and, per node, PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL listeners.  With
@@ -54,7 +55,6 @@ import dataclasses
 import os
 import re
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -80,6 +80,7 @@ from ._java import (
     java_command,
     kafka_libs,
 )
+from ._ports import PortLease, lease_ports
 from ._probe import wait_for_metadata, wait_for_port
 from ._process import Service, parent_death_signal, stop_process
 
@@ -229,20 +230,6 @@ def broker_settings(nodes: int = 1, version: str = KAFKA_VERSION) -> dict[str, s
 # -------------------------------------------------------------------------------------- nodes
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (bound together, then released, so no two are the same)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((LOOPBACK, 0))
-            sockets.append(sock)
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def new_cluster_id() -> str:
     """A random KRaft cluster id: 16 random bytes in URL-safe base64, as Kafka's own ``Uuid``.
 
@@ -318,8 +305,6 @@ class KafkaNode:
         self._owner = owner
         self.node_id = node_id
         self.ports = ports
-        #: Every client port the node has listened on: a move never goes back to one.
-        self._former_ports: set[int] = set()
         self.directory = directory
         self.log_file = directory / "broker.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -423,14 +408,9 @@ class KafkaNode:
         if self.roles == "controller":
             raise KafkaBrokerError(f"node {self.node_id} is a controller: its port is in every node's voter set")
         self.stop()
-        # A port the node just left is free again and may be drawn: a client that knew the old
-        # address would then find the node there (or another of its listeners).
-        self._former_ports.update(p for p in dataclasses.astuple(self.ports) if p != self.ports.controller)
-        while True:
-            drawn = free_ports(len(dataclasses.fields(_Ports)) - 1)
-            if self._former_ports.isdisjoint(drawn):
-                break
-        fresh = iter(drawn)
+        # The ports left stay leased until the cluster stops: nobody (this node included) is drawn
+        # onto them, so a client that knew the old address finds nobody there.
+        fresh = iter(self._owner.lease_ports(len(dataclasses.fields(_Ports)) - 1))
         self.ports = _Ports(**{f.name: getattr(self.ports, f.name) if f.name == "controller" else next(fresh)
                                for f in dataclasses.fields(_Ports)})
         self._owner.configure(self)
@@ -502,6 +482,7 @@ class _KafkaProcesses(Service):
         self._libs: Path | None = None
         self._directory: Path | None = None
         self._tls: TLSMaterial | None = None
+        self._leases: list[PortLease] = []
         self.nodes: list[KafkaNode] = []
         #: KafkaBroker's ``oauth_jwks_url`` (None: the unsecured OAUTHBEARER validator).
         self.oauth_jwks_url: str | None = None
@@ -609,7 +590,7 @@ class _KafkaProcesses(Service):
                 self._tls_material()
             width = len(dataclasses.fields(_Ports))
             total = self._count + self._controller_count
-            ports = free_ports(width * total)
+            ports = self.lease_ports(width * total)
             for index in range(total):
                 directory = self._directory / f"node-{index + 1}"
                 directory.mkdir()
@@ -679,6 +660,16 @@ class _KafkaProcesses(Service):
         directory, self._directory = self._directory, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
+        leases, self._leases = self._leases, []
+        for lease in leases:
+            lease.release()
+
+    def lease_ports(self, count: int) -> list[int]:
+        """``count`` loopback ports held for this cluster (no other lease, in any process, gets
+        them) until :meth:`stop`: a node restarting, or moved away, leaves nobody a port to take."""
+        lease = lease_ports(count)
+        self._leases.append(lease)
+        return lease.ports
 
     # -- configuration ----------------------------------------------------------------------------
 
