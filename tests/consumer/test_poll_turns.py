@@ -52,6 +52,10 @@ class _Engine:
     def app_event(self) -> anyio.Event:
         return self.event
 
+    async def wait_app(self, event: anyio.Event, deadline: float) -> None:
+        with anyio.CancelScope(deadline=deadline):  # as LoopCore's before its loop runs
+            await event.wait()
+
     def pop_error(self) -> None:
         return None
 

@@ -345,3 +345,38 @@ async def test_the_pass_of_an_answer_taken_at_once_ends_with_the_loops_turn() ->
     _, log = await _answer(loop, log)
     assert log == ["filed", "poll"]
     assert not loop.loop_runs_next()
+
+
+async def test_a_polls_wait_for_news_ends_at_its_deadline_or_at_the_news_whichever_comes_first() -> None:
+    """``wait_app``: a poll's timed wait (on asyncio a timer of the loop's sets the application's
+    event at the deadline; on trio a cancel scope).  The loop's wake events are the backend's own."""
+    loop = LoopCore(build_config({"bootstrap_servers": "127.0.0.1:1"}))
+    loop.managers = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        event = loop.app_event()
+        assert isinstance(event, anyio.Event)
+        start = anyio.current_time()
+        await loop.wait_app(event, start + 0.2)
+        waited = anyio.current_time() - start
+        assert 0.2 <= waited < 0.5, waited
+
+        news = loop.app_event()
+        assert isinstance(news, anyio.Event) and not news.is_set()
+        start = anyio.current_time()
+        tg.start_soon(_notify_after, loop, 0.05)
+        await loop.wait_app(news, start + 5.0)
+        assert anyio.current_time() - start < 1.0
+
+        quiet = loop.app_event()
+        with anyio.move_on_after(0.05) as scope:  # cancelled from outside: the cancellation comes through
+            await loop.wait_app(quiet, anyio.current_time() + 0.1)
+        assert scope.cancelled_caught
+        await anyio.sleep(0.2)  # past the deadline of the cancelled wait: its timer went with it
+        assert not quiet.is_set()
+        loop.stop()
+
+
+async def _notify_after(loop: LoopCore, delay: float) -> None:
+    await anyio.sleep(delay)
+    loop.notify_app()

@@ -231,11 +231,10 @@ class Collector(Generic[KT, VT]):
                 return None
             self.waiting += 1  # a poll waiting for records is polling now (metrics: last poll age 0)
             try:
-                if deadline == math.inf:  # no timeout (async for, batches()): no cancel scope and timer to set up
+                if deadline == math.inf:  # no timeout (async for, batches()): no timer to set up
                     await event.wait()
                 else:
-                    with anyio.CancelScope(deadline=deadline):
-                        await event.wait()
+                    await engine.wait_app(event, deadline)
             finally:
                 self.waiting -= 1
             yield_after = False  # the wait let the loop run

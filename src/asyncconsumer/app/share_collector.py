@@ -132,11 +132,9 @@ class ShareCollector(Generic[KT, VT]):
             if deadline is None:
                 await event.wait()
             else:
-                remaining = deadline - anyio.current_time()
-                if remaining <= 0:
+                if deadline <= anyio.current_time():
                     return []
-                with anyio.move_on_after(remaining):
-                    await event.wait()
+                await engine.wait_app(event, deadline)
 
     def hand_out(self, record: ShareConsumerRecord[KT, VT]) -> ShareConsumerRecord[KT, VT]:
         """``record`` goes to the application: into the ledger, counted."""
