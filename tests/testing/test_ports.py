@@ -1,4 +1,4 @@
-"""Leased loopback ports (``asyncconsumer.testing._ports``): what the test brokers listen on, drawn
+"""Leased loopback ports (``asyncconsumer.testing.ports``): what the test brokers listen on, drawn
 so that no two leases, in this process or another, hold the same port."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import textwrap
 
 import pytest
 
-from asyncconsumer.testing import _ports
-from asyncconsumer.testing._ports import drawing_range, lease_ports
+from asyncconsumer.testing import ports as ports_module
 from asyncconsumer.testing.kafka import KafkaCluster
+from asyncconsumer.testing.ports import drawing_range, lease_ports
 
-pytestmark = pytest.mark.skipif(_ports.fcntl is None, reason="leases need fcntl (POSIX)")
+pytestmark = pytest.mark.skipif(ports_module.fcntl is None, reason="leases need fcntl (POSIX)")
 
 
 def _free(count: int) -> list[int]:
@@ -64,7 +64,7 @@ def test_another_process_holds_its_lease_until_it_exits() -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys
-            from asyncconsumer.testing._ports import lease_ports
+            from asyncconsumer.testing.ports import lease_ports
             lease = lease_ports(2, candidates={ports!r})
             print(lease.ports, flush=True)
             sys.stdin.read()

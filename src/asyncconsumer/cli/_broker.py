@@ -12,7 +12,6 @@ stops the broker process by its pid and removes its files (Tansu keeps its data 
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -24,7 +23,9 @@ from typing import IO, Protocol
 import anyio
 
 from ..testing import EmbeddedBroker, EmbeddedBrokerError, JavaNotFoundError, KafkaBroker, KafkaDownloadError
+from ..testing.broker import free_port
 from ..testing.kafka import MIN_JAVA, find_java, kafka_libs
+from ..testing.ports import port_free
 from ._client import ProduceClient
 
 DEFAULT_PORT = 9092
@@ -62,22 +63,6 @@ class TopicSpec:
         if not name or not count.isdigit() or int(count) < 1:
             raise ValueError(f"{text!r} is not NAME or NAME:PARTITIONS (partitions a number >= 1)")
         return cls(name, int(count))
-
-
-def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((LOOPBACK, port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
 
 
 def choose_port(port: int | None, err: IO[str]) -> int:

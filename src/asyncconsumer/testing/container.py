@@ -43,10 +43,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Self
 
-from ._ports import PortLease, lease_ports
 from ._probe import wait_for_metadata
 from ._process import Service
 from .kafka import KAFKA_VERSION, KafkaBrokerError, broker_settings, error_lines, new_cluster_id
+from .ports import PortLease, lease_ports
 
 if TYPE_CHECKING:
     from testcontainers.core.container import DockerContainer

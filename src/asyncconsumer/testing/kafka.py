@@ -25,7 +25,7 @@ The story of one start:
    reason.  Both steps, and the command lines that run a class of those jars, are ``_java.py``'s
    (:func:`find_java`, :func:`kafka_libs`, re-exported here).
 3. **Format.** Every node gets a temporary directory, loopback ports leased for the cluster's
-   life (``_ports.py``: no other cluster, in any process, is drawn onto them) and a
+   life (``ports.py``: no other cluster, in any process, is drawn onto them) and a
    ``server.properties``: combined broker+controller nodes (KRaft) with a static voter set,
    internal topics sized for the cluster, short group timers (classic, KIP-848 and share groups)
    and, per node, PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL listeners.  With
@@ -80,9 +80,9 @@ from ._java import (
     java_command,
     kafka_libs,
 )
-from ._ports import PortLease, lease_ports
 from ._probe import wait_for_metadata, wait_for_port
 from ._process import Service, parent_death_signal, stop_process
+from .ports import PortLease, lease_ports
 
 if TYPE_CHECKING:
     from .certs import TLSMaterial

@@ -15,7 +15,15 @@ client finds a stranger at an address that should be dead.  So:
   exit (the kernel drops the lock then, so a crashed test leaks nothing).  A port somebody else
   holds, or one that does not bind (somebody listens), is passed over.
 
-Where there is no ``fcntl`` (Windows), ports are drawn by binding port 0, unleased, as before.
+Where there is no ``fcntl`` (Windows), ports are drawn by binding port 0, unleased.
+
+A server of your own that tests start beside the brokers can lease its ports the same way::
+
+    from asyncconsumer.testing.ports import lease_ports
+
+    with lease_ports(1) as lease:
+        (port,) = lease.ports
+        ...                                     # start the server on 127.0.0.1:port, stop it
 """
 
 from __future__ import annotations
@@ -103,7 +111,7 @@ def _hold(directory: Path, port: int) -> int | None:
     return None
 
 
-def _binds(port: int) -> bool:
+def port_free(port: int) -> bool:
     """Whether ``port`` binds on loopback now, as a broker's listener would (SO_REUSEADDR: a port
     in TIME_WAIT is free to a listener)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -152,7 +160,7 @@ def lease_ports(count: int, *, candidates: Iterable[int] | None = None) -> PortL
             fd = _hold(directory, port)
             if fd is None:
                 continue
-            if not _binds(port):
+            if not port_free(port):
                 _let_go(directory / str(port), fd)
                 continue
             ports.append(port)
