@@ -49,6 +49,7 @@ from typing import IO, Self
 
 from ._java import JavaNotFoundError, cache_dir, file_lock, find_java
 from ._process import Service, parent_death_signal, stop_process
+from .broker import free_port
 
 __all__ = [
     "APICURIO_VERSION",
@@ -229,14 +230,6 @@ def _build(target: Path, out: IO[str]) -> None:
     print(f"asyncconsumer: built Apicurio Registry in {time.monotonic() - began:.0f} s", file=out, flush=True)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
 class SchemaRegistry(Service):
     """Apicurio Registry on a free loopback port, for tests; Confluent's API at :attr:`url`.
 
@@ -249,7 +242,7 @@ class SchemaRegistry(Service):
     """
 
     def __init__(self, *, port: int | None = None, startup_timeout: float = 120.0, heap_mb: int = 256) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.startup_timeout = startup_timeout
         self.heap_mb = heap_mb
         self.startup_seconds: float | None = None
