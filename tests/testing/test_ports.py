@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -25,7 +26,7 @@ def _free(count: int) -> list[int]:
 
 def test_ports_are_drawn_below_the_ephemeral_range() -> None:
     ports = drawing_range()
-    low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     assert len(ports) >= 2000
     assert ports.stop <= low or ports.start > high
     lease = lease_ports(20)

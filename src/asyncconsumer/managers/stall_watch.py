@@ -46,6 +46,7 @@ def check_interval(quiet_after: float) -> float:
     just over the bound is named at most this much later."""
     return min(CHECK_INTERVAL, quiet_after / 4)
 
+
 #: Position lookups, by phase: what the partition is waiting for.
 _WAITING_FOR = {
     PartitionPhase.AWAIT_COMMITTED: "waiting for its committed offset from the group coordinator",
