@@ -12,7 +12,8 @@ client finds a stranger at an address that should be dead.  So:
   takes theirs;
 - each drawn port is *leased*: an ``flock`` on a file named after it, in a directory of the user's
   under the system's temporary directory, held until :meth:`PortLease.release` or the process's
-  exit (the kernel drops the lock then, so a crashed test leaks nothing).  A port somebody else
+  exit (the kernel drops the lock then, so a crashed test leaks no port: only its empty file
+  stays, for the next taker of the port to remove).  A port somebody else
   holds, or one that does not bind (somebody listens), is passed over.
 
 Where there is no ``fcntl`` (Windows), ports are drawn by binding port 0, unleased.
