@@ -624,6 +624,29 @@ async def test_small_frames_are_copied_large_ones_are_views_of_their_chunk() -> 
     assert bytes(spanning) == b"x" * 100_000 + b"y" * 50_000  # across two reads: assembled once
 
 
+async def test_bytes_fed_between_frames_deliver_every_whole_frame_and_keep_the_rest() -> None:
+    """``_take_frames`` (what the socket's readiness callback feeds, engine/sockets.py): each whole
+    response goes to its request at once, a part of one stays for the reader to finish."""
+    conn = BrokerConnection(1, HOST, 1, client_id="t", request_timeout=1, setup_timeout=1, ssl_context=None)
+    waiters: dict[int, Waiter[Any]] = {}
+    for correlation_id in (1, 2, 3, 4):
+        waiters[correlation_id] = Waiter()
+        conn._pending[correlation_id] = ("Heartbeat", 4, waiters[correlation_id])
+    frames = {cid: api.encode_response("Heartbeat", 4, {"error_code": cid}, correlation_id=cid) for cid in (1, 2, 3, 4)}
+
+    assert conn._take_frames(frames[1]) is True  # one whole frame: nothing kept
+    assert waiters[1].result()["error_code"] == 1 and conn._pos >= len(conn._chunk)
+    assert conn._take_frames(frames[2] + frames[3][:2]) is False  # not even the rest's size
+    assert waiters[2].result()["error_code"] == 2 and not waiters[3].done()
+    assert bytes(conn._chunk[conn._pos :]) == frames[3][:2]
+    conn._chunk, conn._pos = memoryview(b""), 0
+    assert conn._take_frames(frames[3] + frames[4][:-1]) is False  # the size, not all the frame
+    assert waiters[3].result()["error_code"] == 3 and not waiters[4].done()
+    assert bytes(conn._chunk[conn._pos :]) == frames[4][:-1]
+    with pytest.raises(ProtocolError, match="bad response frame size"):
+        conn._take_frames(b"HTTP/1.1 400 Bad Request")
+
+
 async def test_large_frames_spanning_reads_reuse_a_pooled_buffer_once_released() -> None:
     from asyncconsumer.engine.buffers import BufferPool
 

@@ -219,6 +219,135 @@ async def test_uvloop_waits_as_anyio_does(monkeypatch: pytest.MonkeyPatch, wakes
             assert watches == ["add_reader", "remove_reader"] * len(wakes)  # a pair for every wait
 
 
+class Feed:
+    """A ``receive_fed`` consumer: keeps what it is given, with whether a task ran it; keeps
+    (returns False for) whatever ends in ``b"+"``, raises on ``b"!"``, and uses anyio in between
+    (which must work in the loop's callback as in a task)."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[bytes, bool]] = []
+        self.arrived = anyio.Event()
+
+    def __call__(self, data: bytes) -> bool:
+        assert anyio.current_time() > 0 and not anyio.Event().is_set()
+        if data.endswith(b"!"):
+            raise ValueError("feed refused")
+        self.got.append((bytes(data), asyncio.current_task() is not None))
+        self.arrived.set()
+        self.arrived = anyio.Event()
+        return not data.endswith(b"+")
+
+
+@contextmanager
+def plain_asyncio() -> Iterator[None]:
+    """As under ``asyncio.run()``, not ``anyio.run()``: sniffio (which anyio asks, where it is
+    installed) has no library set in the context, only the running task to go by; in a loop's
+    callback there is none.  (Entered in the test's own task: its tasks copy its context.)"""
+    try:
+        import sniffio
+    except ImportError:
+        yield
+        return
+    token = sniffio.current_async_library_cvar.set(None)
+    try:
+        yield
+    finally:
+        sniffio.current_async_library_cvar.reset(token)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio and uvloop: no feeding (feeds is False)
+async def test_receive_fed_hands_on_whole_answers_from_the_loop_without_waking_the_reader(wakes: list[int]) -> None:
+    """While the reader waits, the loop's readiness callback reads and feeds each answer; the
+    reader wakes only for bytes the feed keeps."""
+    with plain_asyncio():
+        await _fed_from_the_loop(wakes)
+
+
+async def _fed_from_the_loop(wakes: list[int]) -> None:
+    async with peer(echo_each) as (host, port):
+        async with await connect(host, port) as stream:
+            assert stream.feeds
+            feed = Feed()
+            async with anyio.create_task_group() as group:
+                with anyio.fail_after(10):
+                    reader = anyio.Event()
+
+                    async def read() -> None:
+                        await stream.receive_fed(feed)
+                        reader.set()
+
+                    group.start_soon(read)
+                    for answer in (b"a", b"b", b"c"):
+                        arrived = feed.arrived
+                        await stream.send(answer)
+                        await arrived.wait()
+                    assert feed.got == [(b"a", False), (b"b", False), (b"c", False)]  # in no task: the callback
+                    assert len(wakes) == 1 and not reader.is_set()
+                    await stream.send(b"d+")
+                    await reader.wait()
+                    assert feed.got[-1] == (b"d+", False) and len(wakes) == 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_receive_fed_feeds_what_is_there_from_the_task_and_returns(wakes: list[int]) -> None:
+    async with peer(echo_each) as (host, port):
+        async with await connect(host, port) as stream:
+            feed = Feed()
+            with anyio.fail_after(10):
+                await stream.send(b"here")
+                await until_readable(stream)
+                await stream.receive_fed(feed)  # returns after a read in the task, kept or not
+            assert feed.got == [(b"here", True)] and not wakes
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_receive_fed_raises_what_the_feed_raises_and_the_end_of_stream() -> None:
+    async with peer(echo_each) as (host, port):
+        async with await connect(host, port) as stream:
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(stream.send, b"bad!", name="sends once the reader waits")
+                    with pytest.raises(ValueError, match="feed refused"):
+                        await stream.receive_fed(Feed())
+                await stream.send(b"close")
+                with pytest.raises(anyio.EndOfStream):
+                    while True:
+                        await stream.receive_fed(Feed())
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_receive_fed_cancelled_while_waiting_loses_no_bytes() -> None:
+    async with peer(echo_each) as (host, port):
+        async with await connect(host, port) as stream:
+            feed = Feed()
+            with anyio.move_on_after(0.1) as scope:
+                await stream.receive_fed(feed)
+            assert scope.cancelled_caught and not feed.got
+            await stream.send(b"later")
+            with anyio.fail_after(10):
+                await until_readable(stream)
+                assert await stream.receive(100) == b"later"  # nobody fed it: still in the socket
+
+
+async def echo_each(conn: anyio.abc.SocketStream) -> None:
+    """A peer that sends back each piece it receives, and closes when it receives ``close``."""
+    while (data := await conn.receive()) != b"close":
+        await conn.send(data)
+
+
+async def until_readable(stream: SocketStream) -> None:
+    """Until the kernel holds bytes for ``stream`` (looked at without reading them)."""
+    raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+    for _ in range(1000):
+        try:
+            if raw.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                return
+        except BlockingIOError:
+            pass
+        await anyio.sleep(0.01)
+    raise AssertionError("nothing arrived in 10 s")
+
+
 async def test_closing_wakes_a_reader_waiting_for_the_rest_of_a_frame() -> None:
     async def stall(conn: anyio.abc.SocketStream) -> None:
         await conn.send(b"x" * 10)

@@ -25,6 +25,11 @@ rest while later requests wait for the send lock.  One watchdog task per connect
 such requests at their deadlines, as ``request_version()`` does its own: the connection
 closes with a ``KafkaTimeoutError``.
 
+On asyncio's own loop the reader task is not woken for a response that arrives whole between
+frames: the socket's readiness callback reads it and delivers it (``_take_frames``,
+``SocketStream.receive_fed`` in engine/sockets.py).  The reader task finishes the frames that
+arrive in pieces.
+
 Set-up negotiates API versions.  Given ``expect`` (the cluster id and broker id the connection is
 meant to reach), ApiVersions goes out in v5 with both (KIP-1242): a broker that is another node,
 or in another cluster (an address reused by a replacement machine, a misrouted connection), answers
@@ -581,12 +586,40 @@ class BrokerConnection:
             await self._close_stream()
 
     async def _read_frames(self, stream: anyio.abc.ByteStream) -> None:
+        fed = stream if isinstance(stream, SocketStream) and stream.feeds else None
         while True:
+            if fed is not None and self._pos >= len(self._chunk):
+                # Between frames: what arrives goes to _take_frames, from the loop's readiness
+                # callback while this task waits; it comes back for a frame only part there.
+                self._chunk, self._pos = _EMPTY, 0
+                await fed.receive_fed(self._take_frames, _SOCKET_CHUNK)
+                if self._pos >= len(self._chunk):
+                    continue
             header = await self._read_exactly(stream, 4)
             size = int.from_bytes(header, "big", signed=True)
             if not 4 <= size <= self._max_frame_bytes:
                 raise self._bad_frame_size(bytes(header), size)
             self._deliver(await self._read_exactly(stream, size))
+
+    def _take_frames(self, data: bytes) -> bool:
+        """Bytes read between frames (``SocketStream.receive_fed``): every whole frame in them is
+        delivered now; True when nothing is left, else the rest is kept (``_chunk``) for the reader.
+        Frames are views of ``data`` or copies, by ``_read_exactly``'s rule."""
+        chunk = memoryview(data)
+        pos, end = 0, len(chunk)
+        while end - pos >= 4:
+            size = int.from_bytes(chunk[pos : pos + 4], "big", signed=True)
+            if not 4 <= size <= self._max_frame_bytes:
+                raise self._bad_frame_size(bytes(chunk[pos : pos + 4]), size)
+            start = pos + 4
+            if end - start < size:
+                break
+            pos = start + size
+            self._deliver(chunk[start:pos] if size * 4 >= end else bytearray(chunk[start:pos]))
+        if pos == end:
+            return True
+        self._chunk, self._pos = chunk, pos
+        return False
 
     @property
     def answered(self) -> int:

@@ -18,6 +18,13 @@ reader once a frame instead of once a piece, but on Linux it held a broker's sen
 milliseconds at a time: a backlog of 1 KiB records read at half the rate.) Small frames and frame
 headers are read ahead in chunks of up to 64 KiB (:meth:`SocketStream.receive`).
 
+A reader between frames waits with :meth:`SocketStream.receive_fed` where the loop is asyncio's
+own: the readiness callback then reads the socket and hands the bytes to the reader's ``feed``
+itself, which delivers every whole frame in them at once.  A small response (a caught-up
+consumer's fetch answer) reaches its request in the turn the loop sees it, without the reader task
+waking for it (a turn of the event loop, a future and the task's coroutines, about an eighth of a
+fetch round trip's instructions); the reader wakes only to finish a frame not all there yet.
+
 Checkpoints follow anyio's streams: a call is a cancellation point *before* it takes or sends
 anything, and lets other tasks run.  Two calls can lose bytes when cancelled part way, and both
 then leave a stream the caller must close: :meth:`receive_exactly_into` (the bytes already read)
@@ -52,6 +59,12 @@ from anyio import notify_closing, wait_readable, wait_writable
 
 from .._runtime import current_async_library
 
+_sniffio_local: Any
+try:  # anyio asks sniffio where it is installed, and sniffio finds no task in a loop's callback
+    from sniffio import thread_local as _sniffio_local
+except ImportError:  # pragma: no cover - anyio then asks asyncio for the running loop
+    _sniffio_local = None
+
 __all__ = ["NEXT_ADDRESS_AFTER", "SocketStream", "connect"]
 
 _In = TypeVar("_In")
@@ -69,7 +82,7 @@ class SocketStream(anyio.abc.ByteStream):
     once :meth:`aclose` was called, also in a task waiting to read or write then.
     """
 
-    __slots__ = ("_closed", "_loop", "_sock", "_stale", "_waiter", "_watching")
+    __slots__ = ("_closed", "_feed", "_loop", "_sock", "_stale", "_waiter", "_watching")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -83,6 +96,8 @@ class SocketStream(anyio.abc.ByteStream):
         self._watching = False
         #: The loop's next report may predate the woken reader's read (see :meth:`_readable`).
         self._stale = False
+        #: While :meth:`receive_fed` waits: what takes the bytes, and how many a read.
+        self._feed: tuple[Callable[[bytes], bool], int] | None = None
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` bytes, at least one, as soon as the kernel holds any."""
@@ -104,6 +119,34 @@ class SocketStream(anyio.abc.ByteStream):
             await anyio.lowlevel.checkpoint()
             return data
         return await self._receive_when_readable(max_bytes)
+
+    @property
+    def feeds(self) -> bool:
+        """:meth:`receive_fed` applies: asyncio's own selector loop runs the stream's readiness callback."""
+        return self._loop is not None
+
+    async def receive_fed(self, feed: Callable[[bytes], bool], max_bytes: int = 65536) -> None:
+        """Hand what arrives to ``feed`` (up to ``max_bytes`` a read), which returns False when it
+        kept bytes for the caller to go on with; only where :attr:`feeds`.
+
+        What the kernel holds now is read and fed from the caller's task, and the call returns
+        (the caller looks at what ``feed`` kept).  Otherwise the caller waits, and the loop's
+        readiness callback reads the socket and calls ``feed`` itself, until ``feed`` keeps bytes:
+        a response that arrives whole is handed on in the turn the loop sees it, without waking
+        the caller (a turn of the event loop and the caller's task).  ``feed`` runs in no task
+        there: it must not await or use a cancel scope.  What ``feed`` raises, and the stream's
+        own errors, are raised here.  Cancelled while it waits, nothing is lost: bytes are read
+        only into ``feed``."""
+        data = self._read_now(self._sock.recv, max_bytes)
+        if data is not None:
+            feed(data)  # whatever it kept: the caller looks, after the checkpoint
+            await anyio.lowlevel.checkpoint()
+            return
+        self._feed = feed, max_bytes
+        try:
+            await self._wait_readable()
+        finally:
+            self._feed = None
 
     async def _receive_when_readable(self, max_bytes: int) -> bytes:
         """The kernel held nothing: wait until it holds a byte (or the stream ends), then read."""
@@ -148,8 +191,31 @@ class SocketStream(anyio.abc.ByteStream):
         if waiter is None:
             self._unwatch()
         elif not waiter.done():
+            feed = self._feed
+            if feed is not None and not self._fed(feed, waiter):
+                return
             waiter.set_result(None)
             self._stale = True
+
+    def _fed(self, feed: tuple[Callable[[bytes], bool], int], waiter: asyncio.Future[None]) -> bool:
+        """:meth:`receive_fed`'s read in the readiness callback: True when the waiting reader is to
+        go on (``feed`` kept bytes), False when it waits on (all handed on, or nothing read); an
+        error goes to the reader."""
+        take, max_bytes = feed
+        try:
+            data = self._read_now(self._sock.recv, max_bytes)
+            if data is None:
+                return False
+            if _sniffio_local is None:
+                return not take(data)
+            library, _sniffio_local.name = _sniffio_local.name, "asyncio"
+            try:
+                return not take(data)
+            finally:
+                _sniffio_local.name = library
+        except Exception as exc:
+            waiter.set_exception(exc)
+            return False
 
     def _unwatch(self) -> None:
         if self._watching and self._loop is not None:
