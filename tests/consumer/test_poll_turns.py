@@ -56,6 +56,9 @@ class _Engine:
         with anyio.CancelScope(deadline=deadline):  # as LoopCore's before its loop runs
             await event.wait()
 
+    def app_time(self) -> float:
+        return anyio.current_time()
+
     def pop_error(self) -> None:
         return None
 

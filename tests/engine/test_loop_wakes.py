@@ -357,6 +357,7 @@ async def test_a_polls_wait_for_news_ends_at_its_deadline_or_at_the_news_whichev
         event = loop.app_event()
         assert isinstance(event, anyio.Event)
         start = anyio.current_time()
+        assert start <= loop.app_time() <= anyio.current_time()  # the deadlines' clock (trio's has an offset)
         with anyio.fail_after(5):  # a wait that misses its deadline fails here instead of hanging
             await loop.wait_app(event, start + 0.2)
         waited = anyio.current_time() - start

@@ -157,7 +157,7 @@ class Collector(Generic[KT, VT]):
     async def poll(self, engine: Engine, only: set[TopicPartition] | None, limit: int, timeout: float | None, *,
                    mark_consumed: bool, return_on_wake: bool = False
                    ) -> dict[TopicPartition, list[ConsumerRecord[KT, VT]]]:
-        deadline = None if timeout is None else anyio.current_time() + timeout
+        deadline = None if timeout is None else engine.app_time() + timeout
         while True:
             records = await self.take(engine, only, limit, timeout, hand_out=mark_consumed,
                                       return_on_wake=return_on_wake)
@@ -178,7 +178,7 @@ class Collector(Generic[KT, VT]):
                 return result
             # Every record taken was skipped (or went back): poll again in the time left.
             if deadline is not None:
-                timeout = deadline - anyio.current_time()
+                timeout = deadline - engine.app_time()
                 if timeout <= 0:
                     return result
 
@@ -214,7 +214,7 @@ class Collector(Generic[KT, VT]):
             await anyio.lowlevel.checkpoint()
         # The timeout bounds the wait for records only: a rebalance callback that runs inside this
         # call has its own deadline (rebalance_timeout_ms) and is not cut short by a short poll.
-        deadline = anyio.current_time() + (float("inf") if timeout is None else timeout)
+        deadline = math.inf if timeout is None else engine.app_time() + timeout
         woken = False
         while True:
             engine.app_polled()  # waiting inside a poll is polling (max_poll_interval_ms)
@@ -227,7 +227,7 @@ class Collector(Generic[KT, VT]):
                 if got and yield_after:
                     await anyio.lowlevel.cancel_shielded_checkpoint()
                 return got
-            if deadline <= anyio.current_time():
+            if deadline <= engine.app_time():
                 return None
             self.waiting += 1  # a poll waiting for records is polling now (metrics: last poll age 0)
             try:

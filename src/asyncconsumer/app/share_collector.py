@@ -112,7 +112,7 @@ class ShareCollector(Generic[KT, VT]):
         to ``limit`` records, waiting up to ``timeout`` seconds (None: until some arrive)."""
         await self.report_acknowledgements(engine)
         self._begin_poll(engine)
-        deadline = None if timeout is None else anyio.current_time() + timeout
+        deadline = None if timeout is None else engine.app_time() + timeout
         while True:
             error = engine.pop_error()
             if error is not None:
@@ -132,7 +132,7 @@ class ShareCollector(Generic[KT, VT]):
             if deadline is None:
                 await event.wait()
             else:
-                if deadline <= anyio.current_time():
+                if deadline <= engine.app_time():
                     return []
                 await engine.wait_app(event, deadline)
 

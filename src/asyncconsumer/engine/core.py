@@ -434,6 +434,12 @@ class LoopCore:
         finally:
             timer.cancel()
 
+    def app_time(self) -> float:
+        """anyio's clock, which :meth:`wait_app`'s deadlines are on: on asyncio the event loop's
+        own, read without anyio's lookup of the running backend (a poll reads it twice)."""
+        loop = self._asyncio_loop
+        return anyio.current_time() if loop is None else loop.time()
+
     def app_event(self) -> anyio.Event:
         if self._app_event.is_set():
             self._app_event = self._new_event()
