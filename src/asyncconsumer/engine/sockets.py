@@ -18,12 +18,14 @@ reader once a frame instead of once a piece, but on Linux it held a broker's sen
 milliseconds at a time: a backlog of 1 KiB records read at half the rate.) Small frames and frame
 headers are read ahead in chunks of up to 64 KiB (:meth:`SocketStream.receive`).
 
-A reader between frames waits with :meth:`SocketStream.receive_fed` where the loop is asyncio's
-own: the readiness callback then reads the socket and hands the bytes to the reader's ``feed``
-itself, which delivers every whole frame in them at once.  A small response (a caught-up
-consumer's fetch answer) reaches its request in the turn the loop sees it, without the reader task
-waking for it (a turn of the event loop, a future and the task's coroutines, about an eighth of a
-fetch round trip's instructions); the reader wakes only to finish a frame not all there yet.
+Where the loop is asyncio's own, its readiness callback reads the socket for a waiting reader:
+between frames (:meth:`SocketStream.receive_fed`) it hands the bytes to the reader's ``feed``,
+which delivers every whole frame in them at once, so a small response (a caught-up consumer's
+fetch answer) reaches its request in the turn the loop sees it, without the reader task waking for
+it (a turn of the event loop, a future and the task's coroutines: about an eighth of a fetch round
+trip's instructions); and it reads each piece of a large frame into the frame's buffer
+(:meth:`SocketStream.receive_exactly_into`), so the reader wakes once, with the frame whole, not
+once a piece.
 
 Checkpoints follow anyio's streams: a call is a cancellation point *before* it takes or sends
 anything, and lets other tasks run.  Two calls can lose bytes when cancelled part way, and both
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import math
 import os
 import socket
@@ -82,7 +85,7 @@ class SocketStream(anyio.abc.ByteStream):
     once :meth:`aclose` was called, also in a task waiting to read or write then.
     """
 
-    __slots__ = ("_closed", "_feed", "_loop", "_sock", "_stale", "_waiter", "_watching")
+    __slots__ = ("_closed", "_loop", "_on_readable", "_sock", "_stale", "_waiter", "_watching")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -96,8 +99,9 @@ class SocketStream(anyio.abc.ByteStream):
         self._watching = False
         #: The loop's next report may predate the woken reader's read (see :meth:`_readable`).
         self._stale = False
-        #: While :meth:`receive_fed` waits: what takes the bytes, and how many a read.
-        self._feed: tuple[Callable[[bytes], bool], int] | None = None
+        #: While the reader waits: the read the readiness callback makes for it, True when the
+        #: reader is to go on (:meth:`receive_fed`, :meth:`receive_exactly_into`); None: just wake it.
+        self._on_readable: Callable[[], bool] | None = None
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` bytes, at least one, as soon as the kernel holds any."""
@@ -142,11 +146,7 @@ class SocketStream(anyio.abc.ByteStream):
             feed(data)  # whatever it kept: the caller looks, after the checkpoint
             await anyio.lowlevel.checkpoint()
             return
-        self._feed = feed, max_bytes
-        try:
-            await self._wait_readable()
-        finally:
-            self._feed = None
+        await self._wait_reading(functools.partial(self._feed_once, feed, max_bytes))
 
     async def _receive_when_readable(self, max_bytes: int) -> bytes:
         """The kernel held nothing: wait until it holds a byte (or the stream ends), then read."""
@@ -191,31 +191,43 @@ class SocketStream(anyio.abc.ByteStream):
         if waiter is None:
             self._unwatch()
         elif not waiter.done():
-            feed = self._feed
-            if feed is not None and not self._fed(feed, waiter):
-                return
+            read = self._on_readable
+            if read is not None:
+                try:
+                    if not read():
+                        return  # the reader waits on
+                except Exception as exc:  # the stream's errors, or the feed's: the reader's
+                    waiter.set_exception(exc)
+                    return
             waiter.set_result(None)
             self._stale = True
 
-    def _fed(self, feed: tuple[Callable[[bytes], bool], int], waiter: asyncio.Future[None]) -> bool:
-        """:meth:`receive_fed`'s read in the readiness callback: True when the waiting reader is to
-        go on (``feed`` kept bytes), False when it waits on (all handed on, or nothing read); an
-        error goes to the reader."""
-        take, max_bytes = feed
+    async def _wait_reading(self, read: Callable[[], bool]) -> None:
+        """:meth:`_wait_readable` on asyncio's selector loop, the loop's readiness callback calling
+        ``read()`` for the reader each time until it returns True (or raises)."""
+        self._on_readable = read
         try:
-            data = self._read_now(self._sock.recv, max_bytes)
-            if data is None:
-                return False
-            if _sniffio_local is None:
-                return not take(data)
-            library, _sniffio_local.name = _sniffio_local.name, "asyncio"
-            try:
-                return not take(data)
-            finally:
-                _sniffio_local.name = library
-        except Exception as exc:
-            waiter.set_exception(exc)
+            await self._wait_readable()
+        finally:
+            self._on_readable = None
+
+    def _feed_once(self, feed: Callable[[bytes], bool], max_bytes: int) -> bool:
+        """:meth:`receive_fed`'s read in the readiness callback: True when ``feed`` kept bytes."""
+        data = self._read_now(self._sock.recv, max_bytes)
+        if data is None:
             return False
+        if _sniffio_local is None:
+            return not feed(data)
+        library, _sniffio_local.name = _sniffio_local.name, "asyncio"
+        try:
+            return not feed(data)
+        finally:
+            _sniffio_local.name = library
+
+    def _fill_once(self, buffer: memoryview, filled: list[int]) -> bool:
+        """:meth:`receive_exactly_into`'s read in the readiness callback: True when ``buffer`` is full."""
+        filled[0] += self._read_now(self._sock.recv_into, buffer[filled[0] :]) or 0
+        return filled[0] >= len(buffer)
 
     def _unwatch(self) -> None:
         if self._watching and self._loop is not None:
@@ -231,8 +243,14 @@ class SocketStream(anyio.abc.ByteStream):
         while filled < size:
             filled += self._read_now(self._sock.recv_into, buffer[filled:]) or 0
             if filled < size:
-                await self._wait_readable()
                 waited = True
+                if self._loop is None:
+                    await self._wait_readable()
+                    continue
+                # asyncio's loop reads each piece from its readiness callback: the reader wakes once, full
+                progress = [filled]
+                await self._wait_reading(functools.partial(self._fill_once, buffer, progress))
+                filled = progress[0]
         if not waited:
             await anyio.lowlevel.cancel_shielded_checkpoint()
 
