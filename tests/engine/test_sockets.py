@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -348,6 +349,45 @@ async def test_receive_fed_cancelled_while_waiting_loses_no_bytes() -> None:
             with anyio.fail_after(10):
                 await until_readable(stream)
                 assert await stream.receive(100) == b"later"  # nobody fed it: still in the socket
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("ending", ["cancel", "close"])
+async def test_a_feed_that_cancels_its_reader_or_closes_the_stream_ends_the_wait_quietly(
+    ending: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a feed delivers may end the reader (a response's handler closing the connection): the
+    callback then leaves the reader's wait alone (completing it again would raise in the loop)."""
+
+    async def send_later(conn: anyio.abc.SocketStream) -> None:
+        await anyio.sleep(0.1)
+        await conn.send(b"x")
+        await anyio.sleep(5)
+
+    ended: list[BaseException | None] = []
+    async with peer(send_later) as (host, port):
+        async with await connect(host, port) as stream:
+            scope = anyio.CancelScope()
+
+            def feed(data: bytes) -> bool:
+                if ending == "cancel":
+                    scope.cancel()
+                else:
+                    stream._close()
+                return False  # "bytes kept": the reader would be woken
+
+            with anyio.fail_after(10), scope:
+                try:
+                    await stream.receive_fed(feed)
+                    ended.append(None)
+                except anyio.ClosedResourceError as exc:
+                    ended.append(exc)
+            await anyio.sleep(0.05)  # any late callback has run
+    if ending == "cancel":
+        assert scope.cancel_called and not ended  # the cancellation came through
+    else:
+        assert len(ended) == 1 and isinstance(ended[0], anyio.ClosedResourceError)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 async def echo_each(conn: anyio.abc.SocketStream) -> None:

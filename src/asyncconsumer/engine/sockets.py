@@ -197,7 +197,10 @@ class SocketStream(anyio.abc.ByteStream):
                     if not read():
                         return  # the reader waits on
                 except Exception as exc:  # the stream's errors, or the feed's: the reader's
-                    waiter.set_exception(exc)
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                    return
+                if waiter.done():  # what the feed delivered closed the stream, or cancelled the reader
                     return
             waiter.set_result(None)
             self._stale = True
