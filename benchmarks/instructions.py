@@ -68,6 +68,10 @@ def callgrind(command: list[str], src: Path | None, timeout: float = 3600) -> tu
         return int(match.group(1)), result
 
 
+#: Readers that stop only at the end of a fetch response (the Fetch loop that decodes nothing).
+WHOLE_RESPONSES = frozenset({"asyncconsumer-fetch-only"})
+
+
 def _env(src: Path | None) -> dict[str, str]:
     """A reader's environment, with ``src`` (None: the working tree's) first on ``PYTHONPATH``."""
     env = runner.client_env({})
@@ -137,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         parser.error("valgrind is not installed (apt-get install valgrind)")
     clients = args.clients.split(",")
+    whole = [client for client in clients if client in WHOLE_RESPONSES]
+    if whole:
+        parser.error(f"{', '.join(whole)} read whole fetch responses, not a count of records: "
+                     "instructions per record need reads that stop at the count")
     dataset = ds.Dataset(f"{args.value_size} B x {args.records:,}",
                          f"bench-instr-{args.value_size}b-{args.records}-{args.partitions}p",
                          args.records, args.value_size, partitions=args.partitions)
