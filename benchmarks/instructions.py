@@ -68,8 +68,9 @@ def callgrind(command: list[str], src: Path | None, timeout: float = 3600) -> tu
         return int(match.group(1)), result
 
 
-#: Readers that stop only at the end of a fetch response (the Fetch loop that decodes nothing).
-WHOLE_RESPONSES = frozenset({"asyncconsumer-fetch-only"})
+#: Readers that stop only at the end of a fetch response or a batch (the Fetch loop that decodes
+#: nothing, `arrow_batches()`).
+WHOLE_RESPONSES = frozenset({"asyncconsumer-fetch-only", "asyncconsumer-arrow"})
 
 
 def _env(src: Path | None) -> dict[str, str]:
