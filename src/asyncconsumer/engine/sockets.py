@@ -178,7 +178,8 @@ class SocketStream(anyio.abc.ByteStream):
             self._waiter = None
 
     def _readable(self) -> None:
-        """The loop saw the socket readable: wake the reader, or stop watching if none waits.
+        """The loop saw the socket readable: wake the reader, or first read for it (its
+        ``_on_readable``, which says whether to wake it); stop watching if none waits.
 
         The report after a wake is passed over: the loop polls before it runs the woken reader, so
         that report was made before the reader read what woke it, and would wake its next wait
