@@ -361,7 +361,7 @@ async def test_a_polls_wait_for_news_ends_at_its_deadline_or_at_the_news_whichev
         with anyio.fail_after(5):  # a wait that misses its deadline fails here instead of hanging
             await loop.wait_app(event, start + 0.2)
         waited = anyio.current_time() - start
-        assert 0.19 <= waited < 1.0, waited
+        assert 0.2 - 1e-6 <= waited < 1.0, waited  # never early; late on a loaded machine
 
         news = loop.app_event()
         assert isinstance(news, anyio.Event) and not news.is_set()

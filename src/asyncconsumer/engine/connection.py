@@ -82,6 +82,12 @@ _READ_CHUNK = 1 << 20
 _SOCKET_CHUNK = 64 << 10
 _EMPTY = memoryview(b"")
 
+
+def _part(chunk: memoryview, start: int, end: int) -> memoryview | bytearray:
+    """``chunk[start:end]`` for a frame: a view, or a copy when it is under a quarter of the chunk
+    (the fetch buffer counts a response's own bytes, so a small one must not pin a large chunk)."""
+    return chunk[start:end] if (end - start) * 4 >= len(chunk) else bytearray(chunk[start:end])
+
 #: Response frames larger than this are refused before anything is allocated.  It stays
 #: under 0x14030000 (~320 MiB), the smallest size a TLS record header reads as, so a
 #: plaintext client on a TLS listener fails on the first reply, like one on an HTTP port
@@ -545,7 +551,7 @@ class BrokerConnection:
         end = start + size
         if end <= len(chunk):
             self._pos = end
-            return chunk[start:end] if size * 4 >= len(chunk) else bytearray(chunk[start:end])
+            return _part(chunk, start, end)
         buffer = self._frames.take(size)
         filled = len(chunk) - start
         buffer[:filled] = chunk[start:]
@@ -595,31 +601,34 @@ class BrokerConnection:
                 await fed.receive_fed(self._take_frames, _SOCKET_CHUNK)
                 if self._pos >= len(self._chunk):
                     continue
-            header = await self._read_exactly(stream, 4)
-            size = int.from_bytes(header, "big", signed=True)
-            if not 4 <= size <= self._max_frame_bytes:
-                raise self._bad_frame_size(bytes(header), size)
+            size = self._frame_size(await self._read_exactly(stream, 4))
             self._deliver(await self._read_exactly(stream, size))
+
+    def _frame_size(self, header: memoryview | bytearray) -> int:
+        """The size a frame's 4-byte header gives, checked before anything is allocated for it."""
+        size = int.from_bytes(header, "big", signed=True)
+        if not 4 <= size <= self._max_frame_bytes:
+            raise self._bad_frame_size(bytes(header), size)
+        return size
 
     def _take_frames(self, data: bytes) -> bool:
         """Bytes read between frames (``SocketStream.receive_fed``): every whole frame in them is
-        delivered now; True when nothing is left, else the rest is kept (``_chunk``) for the reader.
-        Frames are views of ``data`` or copies, by ``_read_exactly``'s rule."""
-        chunk = memoryview(data)
-        pos, end = 0, len(chunk)
-        while end - pos >= 4:
-            size = int.from_bytes(chunk[pos : pos + 4], "big", signed=True)
-            if not 4 <= size <= self._max_frame_bytes:
-                raise self._bad_frame_size(bytes(chunk[pos : pos + 4]), size)
+        delivered now (views or copies, by ``_read_exactly``'s rule); True when nothing is left,
+        else the rest stays in the chunk for the reader."""
+        chunk = self._chunk = memoryview(data)
+        pos = self._pos = 0
+        length = len(chunk)
+        while length - pos >= 4:
             start = pos + 4
-            if end - start < size:
+            end = start + self._frame_size(chunk[pos:start])
+            if end > length:
                 break
-            pos = start + size
-            self._deliver(chunk[start:pos] if size * 4 >= end else bytearray(chunk[start:pos]))
-        if pos == end:
-            return True
-        self._chunk, self._pos = chunk, pos
-        return False
+            pos = self._pos = end
+            self._deliver(_part(chunk, start, end))
+        if pos < length:
+            return False
+        self._chunk, self._pos = _EMPTY, 0  # pins nothing while the reader waits
+        return True
 
     @property
     def answered(self) -> int:
