@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from typing import Literal
 
-__all__ = ["current_async_library"]
+import anyio
+
+__all__ = ["current_async_library", "loop_clock"]
 
 
 def current_async_library() -> Literal["asyncio", "trio"] | None:
@@ -32,3 +35,12 @@ def current_async_library() -> Literal["asyncio", "trio"] | None:
     except RuntimeError:
         return None
     return "asyncio"
+
+
+def loop_clock() -> Callable[[], float]:
+    """The running event loop's clock, the one anyio's deadlines are on, as a function to call
+    later: on asyncio the loop's own ``time`` (``anyio.current_time()`` looks the backend up on
+    every call), elsewhere ``anyio.current_time``.  Only for use on the loop it was taken on."""
+    if current_async_library() == "asyncio":
+        return asyncio.get_running_loop().time
+    return anyio.current_time

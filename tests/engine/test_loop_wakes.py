@@ -12,7 +12,7 @@ import anyio
 import pytest
 from support.ticker import Ticker
 
-from asyncconsumer._runtime import current_async_library
+from asyncconsumer._runtime import current_async_library, loop_clock
 from asyncconsumer.config import build_config
 from asyncconsumer.engine.core import LoopCore
 from asyncconsumer.engine.loop import Engine
@@ -345,6 +345,15 @@ async def test_the_pass_of_an_answer_taken_at_once_ends_with_the_loops_turn() ->
     _, log = await _answer(loop, log)
     assert log == ["filed", "poll"]
     assert not loop.loop_runs_next()
+
+
+async def test_the_loop_clock_reads_the_clock_anyios_deadlines_are_on() -> None:
+    """``loop_clock()``: what a connection times its requests by (trio's clock has an offset, so a
+    process clock would fail there)."""
+    clock = loop_clock()
+    start = anyio.current_time()
+    await anyio.sleep(0.01)
+    assert start < clock() <= anyio.current_time()
 
 
 async def test_a_polls_wait_for_news_ends_at_its_deadline_or_at_the_news_whichever_comes_first() -> None:

@@ -331,6 +331,33 @@ def test_in_phase_sees_every_way_a_phase_changes() -> None:
     assert subs.in_phase(PartitionPhase.AWAIT_RESET, now) == []
 
 
+def test_settling_is_true_while_any_position_is_awaited() -> None:
+    """The position managers skip their turn while ``settling()`` is false: it must turn true with
+    every way a partition leaves ``FETCHING`` (and false once the last one is back)."""
+    subs = SubscriptionState("earliest", has_group=True)
+    assert not subs.settling()
+    subs.assign([T0, T1])
+    assert subs.settling()  # both await their committed offsets
+    subs.seek(T0, 5)
+    assert subs.settling()
+    subs.seek(T1, 5)
+    assert not subs.settling()
+    subs.request_reset(T1)
+    assert subs.settling()
+    subs.seek(T1, 6)
+    assert not subs.settling()
+    subs.partitions[T0].await_validation()
+    assert subs.settling()
+    subs.partitions[T0].phase = PartitionPhase.FETCHING
+    assert not subs.settling()
+    subs.partitions[T1].phase = PartitionPhase.AWAIT_RESET  # a direct write, as a missing committed offset does
+    assert subs.settling()
+    subs.remove([T1])
+    assert not subs.settling()
+    subs.add([T2])
+    assert subs.settling()
+
+
 def test_changes_count_what_decides_validation_and_not_a_repeated_epoch() -> None:
     subs = SubscriptionState("earliest", has_group=False)
     subs.assign([T0])

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 
+from .._runtime import loop_clock
 from .._version import __version__
 from ..errors import (
     KafkaConnectionError,
@@ -234,6 +235,8 @@ class BrokerConnection:
         self._deadlines: dict[int, tuple[float, float]] = {}
         self._watch_event: anyio.Event | None = None
         self._watch_until = float("inf")
+        #: The event loop's clock, which the requests' deadlines are on (``loop_clock``, set by ``open``).
+        self._now: Callable[[], float] = anyio.current_time
         self._watch_scope = anyio.CancelScope()
         self._next_correlation_id = 1
         # Bytes received but not yet consumed: ``_chunk[_pos:]`` (an offset, so taking a
@@ -280,6 +283,7 @@ class BrokerConnection:
 
     async def open(self, spawn: Spawn) -> None:
         """Connect, negotiate API versions and authenticate; raise a typed error on failure."""
+        self._now = loop_clock()
         where = f"{self.host}:{self.port}"
         try:
             with anyio.fail_after(self._setup_timeout):
@@ -485,7 +489,7 @@ class BrokerConnection:
         assert self.can_send_now and isinstance(stream, SocketStream) and self._spawn is not None
         correlation_id, frame = self._frame(api, version, body)
         timeout = self._request_timeout + extra_timeout
-        deadline = anyio.current_time() + timeout
+        deadline = self._now() + timeout
         self._pending[correlation_id] = (api, version, outcome)
         self._deadlines[correlation_id] = (deadline, timeout)
         try:
@@ -528,11 +532,11 @@ class BrokerConnection:
                     continue
                 correlation_id = min(self._deadlines, key=self._deadlines.__getitem__)
                 deadline, timeout = self._deadlines[correlation_id]
-                if anyio.current_time() >= deadline:
+                if self._now() >= deadline:
                     self._timed_out(self._pending[correlation_id][0], timeout)
                     return
                 self._watch_until = deadline
-                with anyio.move_on_after(deadline - anyio.current_time()):
+                with anyio.move_on_after(deadline - self._now()):
                     await event.wait()
 
     async def _read_exactly(self, stream: anyio.abc.ByteStream, size: int) -> memoryview | bytearray:
@@ -656,7 +660,7 @@ class BrokerConnection:
         if lifetime_ms <= 0:
             self._reauth_at = self._session_ends = None
             return
-        now = anyio.current_time()
+        now = self._now()
         self._session_ends = now + lifetime_ms / 1000
         self._reauth_at = now + reauthentication_delay(lifetime_ms)
         log.debug("%r: session lifetime %d ms, re-authenticating in %.3fs", self, lifetime_ms, self._reauth_at - now)
@@ -669,7 +673,7 @@ class BrokerConnection:
         try:
             with self._reauth_scope:
                 while self._reauth_at is not None and self._closed_error is None:
-                    delay = self._reauth_at - anyio.current_time()
+                    delay = self._reauth_at - self._now()
                     if delay > 0:
                         await anyio.sleep(delay)  # then look again: an early re-authentication moves it
                     else:
@@ -681,7 +685,7 @@ class BrokerConnection:
         """Hold a request while the connection re-authenticates, or until it has when it is due."""
         if self._reauth_at is None:
             return
-        now = anyio.current_time()
+        now = self._now()
         if self._session_ends is not None and now >= self._session_ends and self._reauth_gate is None:
             # Too late (the loop did not get to run): the broker closes the connection on any request.
             self._fail(KafkaConnectionError(

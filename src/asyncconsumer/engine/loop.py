@@ -213,7 +213,10 @@ class Engine(LoopCore):
     # -- metadata ---------------------------------------------------------------------------------
 
     def _topics_of_interest(self) -> set[str]:
-        topics = self.subscriptions.topics() | self.offsets.topics_of_interest()
+        topics = self.subscriptions.topics()  # a copy
+        looked_up = self.offsets.topics_of_interest()
+        if looked_up:
+            topics |= looked_up
         if self.membership is not None:
             topics |= self.membership.topics_of_interest()
         return topics

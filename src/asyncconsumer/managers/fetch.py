@@ -279,10 +279,15 @@ class FetchManager:
         return self._answers.times()
 
     def next_deadline(self, now: float) -> float:
-        held = [hold.since + self._max_wait_ms / 1000 for hold in self._holds.values()]
+        deadline = self._subscriptions.next_retry(now)
         # The plan's end too: a release's wake is judged by the plan (may_fetch_after_release).
-        plan_ends = math.inf if self._plan is None else self._plan.until
-        return min([self._subscriptions.next_retry(now), *held, plan_ends])
+        plan = self._plan
+        if plan is not None and plan.until < deadline:
+            deadline = plan.until
+        if self._holds:
+            wait = self._max_wait_ms / 1000
+            deadline = min(deadline, *(hold.since + wait for hold in self._holds.values()))
+        return deadline
 
     def may_fetch_after_release(self, tp: TopicPartition, was_full: bool) -> bool:
         """Whether a completed fetch of ``tp`` leaving the buffer (``was_full``: the buffer was

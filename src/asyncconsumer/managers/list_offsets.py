@@ -144,17 +144,21 @@ class ListOffsetsManager:
             lookup.waiter.set_exception(error)
 
     def topics_of_interest(self) -> set[str]:
-        return {tp.topic for lookup in self._lookups for tp in lookup.timestamps}
+        return {tp.topic for lookup in self._lookups for tp in lookup.timestamps} if self._lookups else set()
 
     def next_deadline(self, now: float) -> float:
         # Only future retries: what could be sent now was sent by poll(), and what waits for a
         # leader is woken by the metadata response.
+        if not self._lookups and not self._subscriptions.settling():
+            return float("inf")
         deadlines = [lk.retry_at for lk in self._lookups if lk.retry_at > now]
         resets = self._subscriptions.in_phase(PartitionPhase.AWAIT_RESET, float("inf"))
         deadlines += [s.retry_at for s in resets if now < s.retry_at < float("inf")]
         return min(deadlines, default=float("inf"))
 
     def poll(self, now: float) -> list[UnsentRequest]:
+        if not self._lookups and not self._confirmations and not self._subscriptions.settling():
+            return []  # most turns: every position known, nothing asked
         requests = self._poll_lookups(now)
         requests += self._poll_resets(now)
         confirmations, self._confirmations = self._confirmations, []

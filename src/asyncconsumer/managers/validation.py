@@ -81,6 +81,8 @@ class PositionValidator:
         self._walked_changes = -1
 
     def next_deadline(self, now: float) -> float:
+        if not self._subscriptions.settling():
+            return float("inf")
         waiting = self._subscriptions.in_phase(_AWAIT, float("inf"))
         return min((s.retry_at for s in waiting if now < s.retry_at < float("inf")), default=float("inf"))
 
