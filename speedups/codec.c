@@ -20,10 +20,12 @@
  * returns too, with the same keys and values: tests/protocol/test_codec_compiled.py checks it on
  * every message and version, and on garbage.
  *
- * The encoder writes only what is plain: dicts with str keys that this version knows, none of the
- * fields the version lacks nor tagged fields given (the Python encoder decides whether those are
- * dropped, written or refused), values of exactly the types the decoder returns (bool, int in
- * range, float, str, bytes, bytearray or memoryview, list or tuple, dict, None where allowed).
+ * The encoder writes only what is plain: dicts with str keys that this version knows, no tagged
+ * fields given (the Python encoder decides whether those are written), a field the version lacks
+ * only if it is ignorable or its value is its default (an int or str equal to it, an empty array,
+ * or the default object itself: the Python encoder drops those, and refuses or drops any other), values of
+ * exactly the types the decoder returns (bool, int in range, float, str, bytes, bytearray or
+ * memoryview, list or tuple, dict, None where allowed).
  * For anything else it returns None and the Python encoder writes the body, or raises the error
  * that names the field.  The same test checks both write the same bytes.
  */
@@ -597,9 +599,31 @@ encode_node(writer *w, PyObject *node, PyObject *value)
     }
 }
 
+/* Whether a field this version lacks may be in the body at ``value`` (``spec`` is its program's
+ * ``(key, ignorable, default)``): it is ignorable, or its value is its default (the object itself,
+ * an empty list or tuple for an array, or an int or str of the default's exact type equal to it).  Anything else is for the Python
+ * encoder to drop or refuse.  1 yes, 0 no, -1 error. */
+static int
+absent_may_go(PyObject *spec, PyObject *value)
+{
+    PyObject *dflt = PyTuple_GET_ITEM(spec, 2);
+    if (PyTuple_GET_ITEM(spec, 1) == Py_True || value == dflt) {
+        return 1;
+    }
+    if (PyTuple_CheckExact(dflt) && PyTuple_GET_SIZE(dflt) == 0) { /* an array's default: empty */
+        return (PyList_CheckExact(value) && PyList_GET_SIZE(value) == 0) ||
+               (PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == 0);
+    }
+    if (Py_TYPE(value) != Py_TYPE(dflt) || !(PyLong_CheckExact(value) || PyUnicode_CheckExact(value))) {
+        return 0;
+    }
+    return PyObject_RichCompareBool(value, dflt, Py_EQ);
+}
+
 /* A struct's fields from the dict ``obj`` (its program: see MessageStruct.program()). Only the
- * plain case: every key known to this version, none of the fields this version lacks or of the
- * tagged ones given (the Python encoder decides whether those are dropped, written or refused). */
+ * plain case: every key known to this version, a field this version lacks only where the Python
+ * encoder would drop it (absent_may_go; it is not written), none of the tagged ones given (the
+ * Python encoder decides whether those are written). */
 static int
 encode_struct(writer *w, PyObject *program, PyObject *obj)
 {
@@ -618,8 +642,15 @@ encode_struct(writer *w, PyObject *program, PyObject *obj)
     }
     Py_ssize_t nabsent = PyTuple_GET_SIZE(absent);
     for (Py_ssize_t i = 0; i < nabsent; i++) {
-        int in = PyDict_Contains(obj, PyTuple_GET_ITEM(absent, i));
-        if (in != 0) {
+        PyObject *spec = PyTuple_GET_ITEM(absent, i);
+        PyObject *given = PyDict_GetItemWithError(obj, PyTuple_GET_ITEM(spec, 0)); /* borrowed */
+        if (given == NULL) {
+            if (PyErr_Occurred()) {
+                return -1;
+            }
+            continue;
+        }
+        if (absent_may_go(spec, given) != 1) {
             return -1;
         }
     }

@@ -24,6 +24,7 @@ from asyncconsumer.managers.metadata import MetadataManager
 from asyncconsumer.managers.requests import Body, UnsentRequest
 from asyncconsumer.protocol.api import (
     SUPPORTED_VERSIONS,
+    compiled_encoder_writes,
     decode_request,
     decode_response,
     encode_request,
@@ -64,7 +65,9 @@ class Manager(Protocol):
 
 
 def request_roundtrip(api: str, version: int, body: Body) -> Body:
-    """``body`` as the broker would decode it (raises if the schema rejects it)."""
+    """``body`` as the broker would decode it (raises if the schema rejects it).  It must be a body
+    the compiled encoder writes itself, as every request the managers build is."""
+    assert compiled_encoder_writes(api, version, body) is not False, f"{api} v{version}: not plain: {body}"
     frame = encode_request(api, version, body, correlation_id=7, client_id="scripted")
     return decode_request(api, version, frame[4:])[1]
 

@@ -193,12 +193,13 @@ def _outcome(call: Any) -> Any:
     {"cluster_id": "c"},  # a tagged field given: the Python walk writes it (not its default)
     {"cluster_id": None},  # a tagged field at its default: the Python walk leaves it out
     {"replica_id": 5},  # a field this version lacks, not ignorable and not its default
-    {"replica_id": -1},  # ... at its default: dropped
+    {"replica_id": -1.0},  # ... at its default as a float: the Python walk drops it
+    {"replica_state": {"replica_epoch": -1}},  # ... a struct at its default: compared by the Python walk
     {"no_such_field": 1},  # a key no version knows
     {"topics": "abc"},  # not a list
     {"topics": [{"topic_id": "x" * 16, "partitions": []}]},  # a uuid that is not bytes
-], ids=["range", "type", "null", "tagged", "tagged-default", "absent", "absent-default", "unknown", "array",
-        "uuid"])
+], ids=["range", "type", "null", "tagged", "tagged-default", "absent", "absent-default-float", "absent-struct",
+        "unknown", "array", "uuid"])
 def test_the_compiled_encoder_leaves_what_is_not_plain_to_the_python_walk(
         body: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     structs = _structs("FetchRequest", 17)
@@ -211,3 +212,21 @@ def test_the_compiled_encoder_leaves_what_is_not_plain_to_the_python_walk(
     with_compiled = _outcome(encode)
     monkeypatch.setattr(api, "_encode_message", None)
     assert with_compiled == _outcome(encode)
+
+
+@pytest.mark.parametrize(("version", "body"), [
+    (17, {"replica_id": -1}),  # a field this version lacks, at its default
+    (6, {"session_id": 5}),  # an ignorable field this version lacks (v7+), at any value
+    (4, {"max_wait_ms": 1, "replica_id": -1, "rack_id": ""}),  # ignorable (v11+), at its default
+    (6, {"forgotten_topics_data": []}),  # an array this version lacks (v7+), empty
+], ids=["absent-default", "absent-ignorable", "absent-ignorable-str", "absent-empty-array"])
+def test_the_compiled_encoder_drops_what_the_python_walk_drops(
+        version: int, body: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A body built once for every version (a field some versions lack, at its default or ignorable)
+    is still plain: the compiled encoder leaves the field out, as the Python walk does."""
+    structs = _structs("FetchRequest", version)
+    header = {"request_api_key": 1, "request_api_version": version, "correlation_id": 1, "client_id": None}
+    ours = compiled_encode(api._programs(*structs), (header, body), b"")
+    assert ours is not None
+    monkeypatch.setattr(api, "_encode_message", None)
+    assert ours == api.encode_request("Fetch", version, body, correlation_id=1, client_id=None)

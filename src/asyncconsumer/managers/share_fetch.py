@@ -323,8 +323,8 @@ class ShareFetchManager:
                 "max_bytes": self._max_bytes,
                 "max_records": self.max_records,
                 "batch_size": self.max_records,
-                "topics": self._topics(send, taken, fetch=True),
-                "forgotten_topics_data": self._topics(forget, {}, fetch=False, forgotten=True),
+                "topics": self._topics(send, taken),
+                "forgotten_topics_data": self._topics(forget, {}, forgotten=True),
                 **({"share_acquire_mode": ACQUIRE_MODES[self.acquire_mode]} if version >= 2 else {}),
             }
 
@@ -359,7 +359,6 @@ class ShareFetchManager:
         tps: Iterable[TopicPartition],
         taken: dict[TopicPartition, tuple[dict[int, int], list[_Commit]]],
         *,
-        fetch: bool,
         forgotten: bool = False,
     ) -> list[Body]:
         grouped: dict[bytes, list[Any]] = {}
@@ -372,8 +371,6 @@ class ShareFetchManager:
                 continue
             acks = taken.get(tp, ({}, []))[0]
             entry: Body = {"partition_index": tp.partition, "acknowledgement_batches": ack_batches(acks)}
-            if fetch:
-                entry["partition_max_bytes"] = 0
             grouped.setdefault(tid, []).append(entry)
         return [{"topic_id": tid, "partitions": parts} for tid, parts in grouped.items()]
 
@@ -479,7 +476,7 @@ class ShareFetchManager:
                 "group_id": self.group_id,
                 "member_id": member_id,
                 "share_session_epoch": epoch,
-                "topics": self._topics(taken, taken, fetch=False),
+                "topics": self._topics(taken, taken),
             }
             if version >= 2:
                 body["is_renew_ack"] = renew

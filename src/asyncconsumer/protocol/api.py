@@ -244,6 +244,17 @@ def encode_request(
     return _encode([(header_struct, header), (body_struct, body)], what)
 
 
+def compiled_encoder_writes(api: str, version: int, body: Mapping[str, Any]) -> bool | None:
+    """Whether the compiled encoder writes this request ``body`` itself (None: no compiled codec in
+    this build).  What it leaves to the Python walk (a field this version lacks, a tagged field
+    given, a value of another type: see speedups/codec.c) costs ten times as much to encode, so the
+    bodies a manager builds on every turn should be plain."""
+    if _encode_message is None:
+        return None
+    _, body_struct = _request_structs(api, version)
+    return _encode_message(_programs(body_struct), (body,), b"") is not None
+
+
 def decode_request(api: str, version: int, frame: Frame) -> tuple[dict[str, Any], dict[str, Any]]:
     """Parse a request frame (bytes after the size prefix) into ``(header, body)``."""
     header_struct, body_struct = _request_structs(api, version)

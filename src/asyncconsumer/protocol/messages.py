@@ -218,13 +218,15 @@ class MessageStruct(_Base):
         ``encode_message``): ``(template, steps, tagged, fill, keys, absent)``: the defaults every
         result starts from, the positional fields as ``(key, node, default)`` in wire order, the
         tagged ones as ``{tag: (key, node)}`` (None in a version that is not flexible), ``fill`` as
-        :meth:`_parse` uses it, every key the struct knows, and the keys of the fields this
-        version lacks.  A node is ``(op, flags, sub)``: an ``OP_*``, ``F_FLEXIBLE | F_NULLABLE``,
-        and an array's element node or a struct's program.  Made on first use and kept."""
+        :meth:`_parse` uses it, every key the struct knows, and the fields this version lacks as
+        ``(key, ignorable, default)``: a body may carry one if it is ignorable or at that default
+        (``_build`` drops it; the compiled encoder compares only ints, strings and empty arrays,
+        and leaves any other value to ``_build``).  A node is ``(op, flags, sub)``: an ``OP_*``,
+        ``F_FLEXIBLE | F_NULLABLE``, and an array's element node or a struct's program.  Made on first use and kept."""
         if self._program is None:
             steps = tuple((key, _node(sub), default) for key, sub, default in self.positional)
             tagged = {tag: (key, _node(sub)) for tag, (key, sub) in self.tagged.items()} if self.flexible else None
-            absent = tuple(f["key"] for f in self.absent)
+            absent = tuple((f["key"], bool(f["ignorable"]), f["default"]) for f in self.absent)
             self._program = (self.template, steps, tagged, tuple(self.fill), self.all_keys, absent)
         return self._program
 
