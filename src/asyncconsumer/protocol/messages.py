@@ -334,7 +334,7 @@ _FIXED_OPS = {"b": OP_INT8, "h": OP_INT16, "l": OP_INT32, "q": OP_INT64, "H": OP
 _LENGTH_OPS = {String: OP_STRING, Bytes: OP_BYTES, Records: OP_RECORDS}
 #: A struct's program and a field's node (:meth:`MessageStruct.program`).
 Program = tuple[dict[str, Any], tuple[tuple[str, Any, Any], ...], dict[int, tuple[str, Any]] | None,
-                tuple[tuple[str, Callable[[], Any]], ...], frozenset[str], tuple[str, ...]]
+                tuple[tuple[str, Callable[[], Any]], ...], frozenset[str], tuple[tuple[str, bool, Any], ...]]
 Node = tuple[int, int, Any]
 
 
