@@ -219,6 +219,18 @@ def test_after_not_leader_the_partition_is_fetched_from_its_new_leader_and_forgo
     assert s.errors == []
 
 
+def test_acknowledgements_of_a_partition_whose_leader_is_unknown_fail_with_a_typed_error() -> None:
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 1), acquired=[(0, 0, 1)])))
+    s.fetcher.acknowledge(P0, 0, ACCEPT)
+    waiter = s.fetcher.commit()
+    load_metadata(s.metadata, s.clock, {P0: (-1, 1), P1: (2, 0)})  # P0's leader is gone
+    s.h.assert_idle("ShareAcknowledge")
+    error = waiter.result()[P0]
+    assert isinstance(error, KafkaError) and "no leader known for jobs-0" in str(error), error
+    assert s.fetcher.pending_acknowledgements() == 0
+
+
 def test_a_partition_error_new_metadata_cannot_fix_is_reported() -> None:
     s = Setup({P0})
     s.h.take("ShareFetch").respond(fetch_answer(partition(0, code=29)))  # TOPIC_AUTHORIZATION_FAILED

@@ -22,7 +22,7 @@ per leader, may go past it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,7 +35,7 @@ from ..errors import (
 )
 from ..protocol.records import decode_batch, iter_batches
 from ..structs import AcknowledgeType, ConsumerRecord, TopicPartition
-from .metadata import MetadataManager
+from .metadata import MetadataManager, PartitionInfo
 from .requests import Body, UnsentRequest
 from .waiter import Waiter
 
@@ -238,36 +238,35 @@ class ShareFetchManager:
             return min(self._retry_at.values())
         return float("inf")
 
-    def _leader(self, tp: TopicPartition) -> int | None:
-        info = self._metadata.cluster.leader(tp)
-        return info.leader if info is not None else None
-
     def _topic_id(self, topic: str) -> bytes | None:
         info = self._metadata.cluster.topics.get(topic)
         return info.topic_id if info is not None else None
 
-    def _acks_for(self, node: int) -> list[TopicPartition]:
-        return [tp for tp, acks in self._acks.items() if acks and self._leader(tp) == node]
+    def _acks_for(self, node: int, leaders: Mapping[TopicPartition, PartitionInfo]) -> list[TopicPartition]:
+        return [tp for tp, acks in self._acks.items()
+                if acks and (info := leaders.get(tp)) is not None and info.leader == node]
 
     def poll(self, now: float) -> list[UnsentRequest]:
+        leaders = self._metadata.cluster.leaders  # this turn's snapshot: one dict lookup a partition
         by_node: dict[int, list[TopicPartition]] = {}
         for tp in self._assignment():
-            node = self._leader(tp)
-            if node is None:
+            info = leaders.get(tp)
+            if info is None:
                 self._metadata.request_update()
                 continue
-            by_node.setdefault(node, []).append(tp)
+            by_node.setdefault(info.leader, []).append(tp)
         for tp in list(self._acks):
-            if self._acks[tp] and self._leader(tp) is None:
+            if self._acks[tp] and tp not in leaders:
                 self._fail_acks(tp, KafkaError(f"no leader known for {tp}: its acknowledgements are dropped"))
         requests: list[UnsentRequest] = []
-        nodes = set(by_node) | set(self._sessions) | {n for tp in self._acks if (n := self._leader(tp)) is not None}
+        nodes = set(by_node) | set(self._sessions) | {
+            info.leader for tp in self._acks if (info := leaders.get(tp)) is not None}
         for node in nodes:
             session = self._sessions.setdefault(node, _Session())
             if session.in_flight or now < self._retry_at.get(node, 0.0):
                 continue
             self._retry_at.pop(node, None)
-            acked = self._acks_for(node)
+            acked = self._acks_for(node, leaders)
             if self.closing:
                 if session.epoch == 0:
                     for tp in acked:  # no session to carry them: the locks run out instead
