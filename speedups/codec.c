@@ -23,9 +23,9 @@
  * The encoder writes only what is plain: dicts with str keys that this version knows, no tagged
  * fields given (the Python encoder decides whether those are written), a field the version lacks
  * only if it is ignorable or its value is its default (an int or str equal to it, an empty array,
- * or the default object itself: the Python encoder drops those, and refuses or drops any other), values of
- * exactly the types the decoder returns (bool, int in range, float, str, bytes, bytearray or
- * memoryview, list or tuple, dict, None where allowed).
+ * or the default object itself: the Python encoder drops those, and refuses or drops any other),
+ * values of exactly the types the decoder returns (bool, int in range, float, str, bytes,
+ * bytearray or memoryview, list or tuple, dict, None where allowed).
  * For anything else it returns None and the Python encoder writes the body, or raises the error
  * that names the field.  The same test checks both write the same bytes.
  */
@@ -601,8 +601,8 @@ encode_node(writer *w, PyObject *node, PyObject *value)
 
 /* Whether a field this version lacks may be in the body at ``value`` (``spec`` is its program's
  * ``(key, ignorable, default)``): it is ignorable, or its value is its default (the object itself,
- * an empty list or tuple for an array, or an int or str of the default's exact type equal to it).  Anything else is for the Python
- * encoder to drop or refuse.  1 yes, 0 no, -1 error. */
+ * an empty list or tuple for an array, or an int or str of the default's exact type equal to it).
+ * Anything else is for the Python encoder to drop or refuse.  1 yes, 0 no, -1 error. */
 static int
 absent_may_go(PyObject *spec, PyObject *value)
 {

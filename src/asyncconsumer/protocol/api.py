@@ -246,9 +246,9 @@ def encode_request(
 
 def compiled_encoder_writes(api: str, version: int, body: Mapping[str, Any]) -> bool | None:
     """Whether the compiled encoder writes this request ``body`` itself (None: no compiled codec in
-    this build).  What it leaves to the Python walk (a field this version lacks, a tagged field
-    given, a value of another type: see speedups/codec.c) costs ten times as much to encode, so the
-    bodies a manager builds on every turn should be plain."""
+    this build).  What it leaves to the Python walk (a field this version lacks at a value other
+    than its default, a tagged field given, a value of another type: see speedups/codec.c) costs
+    many times as much to encode, so the bodies a manager builds on every turn should be plain."""
     if _encode_message is None:
         return None
     _, body_struct = _request_structs(api, version)

@@ -222,7 +222,8 @@ class MessageStruct(_Base):
         ``(key, ignorable, default)``: a body may carry one if it is ignorable or at that default
         (``_build`` drops it; the compiled encoder compares only ints, strings and empty arrays,
         and leaves any other value to ``_build``).  A node is ``(op, flags, sub)``: an ``OP_*``,
-        ``F_FLEXIBLE | F_NULLABLE``, and an array's element node or a struct's program.  Made on first use and kept."""
+        ``F_FLEXIBLE | F_NULLABLE``, and an array's element node or a struct's program.  Made on
+        first use and kept."""
         if self._program is None:
             steps = tuple((key, _node(sub), default) for key, sub, default in self.positional)
             tagged = {tag: (key, _node(sub)) for tag, (key, sub) in self.tagged.items()} if self.flexible else None
