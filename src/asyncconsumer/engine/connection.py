@@ -83,12 +83,6 @@ _READ_CHUNK = 1 << 20
 _SOCKET_CHUNK = 64 << 10
 _EMPTY = memoryview(b"")
 
-
-def _part(chunk: memoryview, start: int, end: int) -> memoryview | bytearray:
-    """``chunk[start:end]`` for a frame: a view, or a copy when it is under a quarter of the chunk
-    (the fetch buffer counts a response's own bytes, so a small one must not pin a large chunk)."""
-    return chunk[start:end] if (end - start) * 4 >= len(chunk) else bytearray(chunk[start:end])
-
 #: Response frames larger than this are refused before anything is allocated.  It stays
 #: under 0x14030000 (~320 MiB), the smallest size a TLS record header reads as, so a
 #: plaintext client on a TLS listener fails on the first reply, like one on an HTTP port
@@ -96,6 +90,12 @@ def _part(chunk: memoryview, start: int, end: int) -> memoryview | bytearray:
 MAX_FRAME_BYTES = 256 << 20
 #: Room above ``fetch_max_bytes``: a broker may return one batch past it to make progress.
 _FRAME_HEADROOM = 64 << 20
+
+
+def _part(chunk: memoryview, start: int, end: int) -> memoryview | bytearray:
+    """``chunk[start:end]`` for a frame: a view, or a copy when it is under a quarter of the chunk
+    (the fetch buffer counts a response's own bytes, so a small one must not pin a large chunk)."""
+    return chunk[start:end] if (end - start) * 4 >= len(chunk) else bytearray(chunk[start:end])
 
 
 def frame_limit(fetch_max_bytes: int) -> int:

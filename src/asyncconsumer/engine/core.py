@@ -33,7 +33,7 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 import anyio.abc
 
-from .._runtime import current_async_library
+from .._runtime import current_async_library, loop_clock
 from ..config import ConsumerConfig
 from ..errors import ConsumerClosedError, KafkaError, KafkaTimeoutError
 from ..managers.loop_lag import Deadline, LoopLagWatch
@@ -81,6 +81,8 @@ class LoopCore:
         self._new_event: Callable[[], anyio.Event] = anyio.Event
         #: The running asyncio loop once the loop runs on one (``wait_app``'s timer); None elsewhere.
         self._asyncio_loop: asyncio.AbstractEventLoop | None = None
+        #: anyio's clock, read without its backend lookup once the loop runs (``app_time``).
+        self._app_clock: Callable[[], float] = anyio.current_time
         self._wake_event = anyio.Event()
         self._woken = False
         # When the loop is to run its next turn at the latest (its clock; inf while it runs), and
@@ -185,6 +187,7 @@ class LoopCore:
         backend = current_async_library()
         self._hand_over_yields = 2 if backend == "trio" else 1
         self._asyncio_loop = asyncio.get_running_loop() if backend == "asyncio" else None
+        self._app_clock = loop_clock()
         lag = self.loop_lag
         while not self.closed:
             now = self.clock()
@@ -437,8 +440,7 @@ class LoopCore:
     def app_time(self) -> float:
         """anyio's clock, which :meth:`wait_app`'s deadlines are on: on asyncio the event loop's
         own, read without anyio's lookup of the running backend (a poll reads it twice)."""
-        loop = self._asyncio_loop
-        return anyio.current_time() if loop is None else loop.time()
+        return self._app_clock()
 
     def app_event(self) -> anyio.Event:
         if self._app_event.is_set():
