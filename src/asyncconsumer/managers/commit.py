@@ -161,9 +161,14 @@ class CommitManager:
 
     # -- the manager protocol ---------------------------------------------------------------------
 
+    def _quiet(self) -> bool:
+        """No commit or offset fetch pending and no position awaited: most turns, where only the
+        auto-commit's time matters."""
+        return not self._commits and not self._fetches and not self._subscriptions.settling()
+
     def next_deadline(self, now: float) -> float:
-        if not self._commits and not self._fetches and not self._subscriptions.settling():
-            return max(now, self._next_auto_commit)  # most turns: only the auto-commit's time
+        if self._quiet():
+            return max(now, self._next_auto_commit)
         times = [self._next_auto_commit]
         times += [c.deadline for c in self._commits]
         if self._coordinator.node_id is not None:  # otherwise the coordinator manager's deadline wakes us
@@ -180,8 +185,8 @@ class CommitManager:
             offsets = self.processed_offsets()
             if offsets:
                 self.commit(now, offsets)
-        if not self._commits and not self._fetches and not self._subscriptions.settling():
-            return []  # most turns: nothing to send, no position to fetch
+        if self._quiet():
+            return []
         for commit in list(self._commits):
             if commit.waiter.done():
                 self._commits.remove(commit)

@@ -427,14 +427,11 @@ class SubscriptionState:
         """The partitions in ``phase`` whose ``retry_at`` has come (in assignment order)."""
         if phase is PartitionPhase.FETCHING:
             return [s for s in self.partitions.values() if s._phase is phase and s._retry_at <= now]
-        settling = self._settling if self._settling_at == self._census.changes else self._not_fetching()
-        return [s for s in settling if s._phase is phase and s._retry_at <= now]
+        return [s for s in self._not_fetching() if s._phase is phase and s._retry_at <= now]
 
     def settling(self) -> bool:
         """Some assigned partition waits for its position (its committed offset, a reset or a
         validation): the position managers have nothing to do each turn while none does."""
-        if self._settling_at == self._census.changes:
-            return bool(self._settling)
         return bool(self._not_fetching())
 
     def _not_fetching(self) -> list[PartitionState]:
