@@ -21,9 +21,11 @@ class Topics:
 
     def __init__(self, *names: str) -> None:
         self.names = set(names)
+        self.asked = 0
 
-    def __call__(self) -> set[str]:
-        return set(self.names)
+    def __call__(self) -> frozenset[str]:
+        self.asked += 1
+        return frozenset(self.names)
 
 
 def make(*topics: str) -> tuple[MetadataManager, Scripted, Topics, list[Cluster]]:
@@ -266,6 +268,23 @@ def test_no_busy_deadline_when_nothing_can_be_sent() -> None:
     interest.names.clear()  # e.g. every partition unassigned
     h.assert_idle()
     assert manager.next_deadline(h.now) > h.now
+
+
+def test_a_turn_asks_for_the_topics_of_interest_once() -> None:
+    """The loop's turn polls and then asks for the next deadline at the same time: the deadline
+    reads what the poll found; asked at any other time, it asks for the topics again."""
+    manager, h, interest, _ = make()
+    h.take("Metadata").respond(metadata_body({}, brokers=[0]))
+    h.advance(1.0)
+    asked = interest.asked
+    assert manager.poll(h.now) == []
+    assert manager.next_deadline(h.now) == float("inf")  # no topics, brokers known: nothing to ask
+    assert interest.asked == asked + 1
+    interest.names.add("c")  # a subscription between turns (its event wakes the loop)
+    answered = h.now - 1.0
+    assert manager.next_deadline(h.now + 0.01) == answered + MAX_AGE  # topics to refresh now
+    assert interest.asked == asked + 2
+    assert [t["name"] for t in h.take("Metadata").body()["topics"]] == ["c"]
 
 
 @pytest.mark.parametrize("version", range(4, 13))

@@ -374,3 +374,24 @@ def test_a_seek_with_an_epoch_after_quiet_turns_is_checked() -> None:
     s.h.assert_idle("OffsetForLeaderEpoch")
     s.validator.seek(state(s), 11, 4)  # an epoch the leader must vouch for
     assert asked(validation(s)) == {T0: (5, 4)}
+
+
+def test_quiet_turns_do_not_look_for_partitions_awaiting_a_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every position fetching and nothing changed: the validator's turn is over at once, without
+    # looking through the partitions for one awaiting its answer (each turn is each fetch's).
+    s = after_epoch_bump()
+    answer(validation(s), {T0: (5, 20)})
+    looked: list[PartitionPhase] = []
+    in_phase = s.subs.in_phase
+
+    def counted(phase: PartitionPhase, now: float) -> list[PartitionState]:
+        looked.append(phase)
+        return in_phase(phase, now)
+
+    monkeypatch.setattr(s.subs, "in_phase", counted)
+    for _ in range(3):
+        assert s.validator.poll(s.clock.now) == []
+        assert s.validator.next_deadline(s.clock.now) == float("inf")
+    assert PartitionPhase.AWAIT_VALIDATION not in looked
+    move_leader(s, T0, 1, 7)  # and a change is still seen
+    assert asked(validation(s)) == {T0: (7, 5)}

@@ -196,7 +196,8 @@ class LoopCore:
                 self._next_trim = now + TRIM_INTERVAL
                 for pool in self._pools:
                     pool.trim()
-            self._run_events(now)
+            if self._events:
+                self._run_events(now)
             hand_over = False
             if self._completions:
                 hand_over = self.HAND_OVER and self._app_event.statistics().tasks_waiting > 0

@@ -212,13 +212,15 @@ class Engine(LoopCore):
 
     # -- metadata ---------------------------------------------------------------------------------
 
-    def _topics_of_interest(self) -> set[str]:
-        topics = self.subscriptions.topics()  # a copy
+    def _topics_of_interest(self) -> frozenset[str]:
+        """Asked by the metadata manager each turn: without a copy while one source has them all."""
+        topics = self.subscriptions.topics()
         looked_up = self.offsets.topics_of_interest()
         if looked_up:
             topics |= looked_up
         if self.membership is not None:
-            topics |= self.membership.topics_of_interest()
+            member = self.membership.topics_of_interest()
+            topics = member if not topics else topics | member
         return topics
 
     def _classic_membership(self) -> MembershipManager:

@@ -518,6 +518,11 @@ class NetworkClient:
         log.debug("node %s unreachable (%s); next attempt in %.3fs", node_id, error, delay)
 
     def drop_dead_connections(self) -> None:
+        for connection in self._connections.values():
+            if not connection.connected:
+                break
+        else:
+            return  # all alive (each turn)
         for node_id, connection in list(self._connections.items()):
             if not connection.connected:
                 del self._connections[node_id]

@@ -49,7 +49,7 @@ class ShareEngine(LoopCore):
         self.metadata = MetadataManager(
             max_age=config.metadata_max_age_ms / 1000,
             retry_backoff=retry,
-            topics_of_interest=lambda: set(self.membership.subscription),
+            topics_of_interest=lambda: self.membership.subscription,
             on_update=self._on_metadata,
             bootstrap=self.network,
             recovery_strategy=config.metadata_recovery_strategy,

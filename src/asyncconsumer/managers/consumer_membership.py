@@ -134,8 +134,8 @@ class ConsumerMembershipManager(GroupMemberBase):
     _first_generation = 1
     _group_size_setting = "group.consumer.max.size"
 
-    def topics_of_interest(self) -> set[str]:
-        return set(self.topics)
+    def topics_of_interest(self) -> frozenset[str]:
+        return self.topics
 
     @property
     def pending_topic_ids(self) -> frozenset[IdPartition]:

@@ -43,6 +43,8 @@ from .requests import Body, UnsentRequest
 from .subscription import PartitionPhase, SubscriptionState
 from .waiter import Waiter
 
+_NONE: frozenset[str] = frozenset()
+
 log = logging.getLogger("asyncconsumer.offsets")
 
 EARLIEST = -2
@@ -143,8 +145,8 @@ class ListOffsetsManager:
         for lookup in lookups:
             lookup.waiter.set_exception(error)
 
-    def topics_of_interest(self) -> set[str]:
-        return {tp.topic for lookup in self._lookups for tp in lookup.timestamps} if self._lookups else set()
+    def topics_of_interest(self) -> frozenset[str]:
+        return frozenset(tp.topic for lookup in self._lookups for tp in lookup.timestamps) if self._lookups else _NONE
 
     def next_deadline(self, now: float) -> float:
         # Only future retries: what could be sent now was sent by poll(), and what waits for a

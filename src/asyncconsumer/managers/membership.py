@@ -111,9 +111,9 @@ class MembershipManager(GroupMemberBase):
             common &= set(assignor.supported_protocols)
         return RebalanceProtocol.COOPERATIVE if RebalanceProtocol.COOPERATIVE in common else RebalanceProtocol.EAGER
 
-    def topics_of_interest(self) -> set[str]:
+    def topics_of_interest(self) -> frozenset[str]:
         """Our subscribed topics, and as leader every member's (to compute the assignment)."""
-        return set(self.topics) | set(self._group_topics)
+        return self.topics | self._group_topics if self._group_topics else self.topics
 
     # -- application requests ---------------------------------------------------------------------
 

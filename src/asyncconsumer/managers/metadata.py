@@ -51,6 +51,7 @@ network client's.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -197,7 +198,7 @@ class MetadataManager:
         *,
         max_age: float,
         retry_backoff: float,
-        topics_of_interest: Callable[[], set[str]],
+        topics_of_interest: Callable[[], frozenset[str]],
         on_update: Callable[[Cluster], None],
         want_all_topics: Callable[[], bool] = lambda: False,
         bootstrap: BootstrapControl | None = None,
@@ -217,11 +218,14 @@ class MetadataManager:
         self._in_flight = False
         self._last_refresh = float("-inf")
         self._retry_at = 0.0
-        self._last_topics: set[str] = set()
+        self._last_topics: frozenset[str] = frozenset()
         #: Topics of interest missing from the last answer: when to ask again, and the wait after that.
         self._missing_retry: float | None = None
         self._missing_backoff = 0.0
         self._last_want_all = False
+        #: The last poll's time, and whether it found topics of interest (or all were wanted).
+        self._polled_at = -math.inf
+        self._interested = False
         self._all_topics_waiters: list[Waiter[Cluster]] = []
         self._all_in_flight = False
         self.last_error: KafkaError | None = None
@@ -254,24 +258,33 @@ class MetadataManager:
             waiter.set_exception(error)
 
     def next_deadline(self, now: float) -> float:
-        deadlines = [float("inf")]
+        deadline = math.inf
         if self._all_topics_waiters and not self._all_in_flight:
-            deadlines.append(max(now, self._retry_at))
-        sendable = bool(self._topics_of_interest()) or self._want_all() or not self.cluster.brokers
-        if sendable and not self._in_flight:
-            deadlines.append(max(now, self._retry_at, self._due_at()))
+            deadline = max(now, self._retry_at)
+        if not self._in_flight and self._sendable(now):
+            deadline = min(deadline, max(now, self._retry_at, self._due_at()))
         if self._attempt_started is not None and self._may_rebootstrap():
-            deadlines.append(max(now, self._attempt_started + self._trigger))
-        return min(deadlines)
+            deadline = min(deadline, max(now, self._attempt_started + self._trigger))
+        return deadline
+
+    def _sendable(self, now: float) -> bool:
+        """A regular refresh has something to ask: topics of interest, every topic, or the brokers
+        (none known yet).  Called with the ``now`` of the :meth:`poll` just before (the loop's
+        turn), it reads what that poll found instead of asking for the topics again."""
+        if now == self._polled_at:
+            interested = self._interested
+        else:
+            interested = bool(self._topics_of_interest()) or self._want_all()
+        return interested or not self.cluster.brokers
 
     def _due_at(self) -> float:
         """When the next regular refresh may go: at once for new topics (or the first one) and
         when asked for, but ``retry_backoff`` after the last answer if that too was asked for;
         else when the last answer is too old."""
-        if self._new_topics or self._last_refresh == float("-inf"):
-            return float("-inf")
+        if self._new_topics or self._last_refresh == -math.inf:
+            return -math.inf
         if self._requested:
-            return self._last_refresh + self._retry_backoff if self._on_request else float("-inf")
+            return self._last_refresh + self._retry_backoff if self._on_request else -math.inf
         if self._missing_retry is not None:
             return min(self._missing_retry, self._last_refresh + self._max_age)
         return self._last_refresh + self._max_age
@@ -279,15 +292,20 @@ class MetadataManager:
     def poll(self, now: float) -> list[UnsentRequest]:
         topics = self._topics_of_interest()
         want_all = self._want_all()
-        self._check_recovery(now, bool(topics) or want_all)
+        if topics != self._last_topics or want_all != self._last_want_all:
+            self._requested = self._new_topics = True
+        self._polled_at, self._interested = now, bool(topics) or want_all
+        sendable = self._interested or not self.cluster.brokers
+        due = sendable and not self._in_flight and now >= self._retry_at and now >= self._due_at()
+        rebootstraps = self.rebootstraps
+        self._check_recovery(now, due)
+        if self.rebootstraps != rebootstraps:
+            due = True  # back to bootstrap_servers: ask them at once
         requests = []
         if self._all_topics_waiters and not self._all_in_flight and now >= self._retry_at:
             self._all_in_flight = True
             requests.append(self._request(None, everything=True))
-        if topics != self._last_topics or want_all != self._last_want_all:
-            self._requested = self._new_topics = True
-        due = now >= self._due_at()
-        if due and not self._in_flight and now >= self._retry_at and (topics or want_all or not self.cluster.brokers):
+        if due:
             self._in_flight = True
             self._on_request = self._requested and not self._new_topics and now - self._last_refresh < self._max_age
             self._requested = self._new_topics = False
@@ -302,9 +320,8 @@ class MetadataManager:
         """There is metadata to give up on (and a network client to do it)."""
         return self._bootstrap is not None and bool(self.cluster.brokers)
 
-    def _check_recovery(self, now: float, interested: bool) -> None:
-        sendable = interested or not self.cluster.brokers
-        due = sendable and not self._in_flight and now >= self._retry_at and now >= self._due_at()
+    def _check_recovery(self, now: float, due: bool) -> None:
+        """``due``: a regular refresh goes this turn (:meth:`poll`)."""
         if due and self._attempt_started is None:
             self._attempt_started = now
         if not self._may_rebootstrap():

@@ -464,5 +464,6 @@ class SubscriptionState:
             and (s.fetch_end is None or s.fetch_offset < s.fetch_end)
         ]
 
-    def topics(self) -> set[str]:
-        return set(self._topics)
+    def topics(self) -> frozenset[str]:
+        """The assignment's topics."""
+        return self._topics

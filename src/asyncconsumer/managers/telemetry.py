@@ -95,6 +95,9 @@ class TelemetryState(Enum):
 
 
 S = TelemetryState
+#: The states that wait for ``_next_at`` (read once a turn, without the enum class's lookups).
+_WAITING = (S.SUBSCRIPTION_NEEDED, S.PUSH_NEEDED)
+_TERMINATING_PUSH = S.TERMINATING_PUSH_NEEDED
 #: Where each state may go next (Java's ``ClientTelemetryState.validateTransition``).
 TRANSITIONS: dict[TelemetryState, frozenset[TelemetryState]] = {
     S.SUBSCRIPTION_NEEDED: frozenset({S.SUBSCRIPTION_IN_PROGRESS, S.TERMINATED}),
@@ -281,9 +284,10 @@ class TelemetryManager:
     # -- the loop's side ---------------------------------------------------------------------------
 
     def next_deadline(self, now: float) -> float:
-        if self.state in (S.SUBSCRIPTION_NEEDED, S.PUSH_NEEDED):
+        state = self.state
+        if state in _WAITING:
             return max(now, self._next_at)
-        if self.state is S.TERMINATING_PUSH_NEEDED:
+        if state is _TERMINATING_PUSH:
             return now
         return math.inf
 
@@ -291,6 +295,8 @@ class TelemetryManager:
         if self._started is None:
             self._started = self._last_at = now
         state = self.state
+        if now < self._next_at and state is not _TERMINATING_PUSH:
+            return []  # nothing is due (the turns in between)
         if state is S.SUBSCRIPTION_NEEDED and now >= self._next_at:
             self._move(S.SUBSCRIPTION_IN_PROGRESS)
             instance = self.subscription.client_instance_id.bytes if self.subscription is not None else ZERO_UUID

@@ -91,10 +91,11 @@ class PositionValidator:
         # epoch changed (a new cluster snapshot, or ``changes`` moved); one waiting for an answer or
         # a retry is looked at each turn.
         cluster = self._metadata.cluster
+        subscriptions = self._subscriptions
         if (
             cluster is self._walked_cluster
-            and self._subscriptions.changes == self._walked_changes
-            and not self._subscriptions.in_phase(_AWAIT, float("inf"))
+            and subscriptions.changes == self._walked_changes
+            and not (subscriptions.settling() and subscriptions.in_phase(_AWAIT, float("inf")))
         ):
             return []
         requests = self._walk(now, cluster.leaders)
