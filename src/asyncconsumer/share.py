@@ -138,7 +138,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         # OpenTelemetry (asyncconsumer.otel): records handed out and request durations; no lag.
         ref = weakref.ref(self)
         telemetry = telemetry_for(
-            config, None, lambda: dict(c._collector.delivered) if (c := ref()) is not None else {},
+            config, None, lambda: c._collector.delivered_by_partition() if (c := ref()) is not None else {},
             lambda: dict(c._collector.deserializers.skipped) if (c := ref()) is not None else {},
         )
         attach_telemetry(self._engine, telemetry)

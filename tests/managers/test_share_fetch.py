@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from asyncconsumer.errors import (
     REFRESH_METADATA_CODES,
@@ -14,9 +16,9 @@ from asyncconsumer.errors import (
     ShareSessionNotFoundError,
     UnsupportedVersionError,
 )
-from asyncconsumer.managers.share_fetch import GAP, ShareBatch, ShareFetchManager, ack_batches
+from asyncconsumer.managers.share_fetch import GAP, ShareBatch, ShareFetchManager, ack_batches, acquired
 from asyncconsumer.protocol.record_writer import build_batch
-from asyncconsumer.structs import AcknowledgeType, TopicPartition
+from asyncconsumer.structs import AcknowledgeType, ConsumerRecord, ShareConsumerRecord, TopicPartition
 
 from .scripted import FakeClock, Scripted, load_metadata, new_metadata, topic_id, version_range
 
@@ -82,6 +84,16 @@ def test_ack_batches_are_runs_of_one_type() -> None:
         {"first_offset": 7, "last_offset": 8, "acknowledge_types": [RELEASE]},
         {"first_offset": 9, "last_offset": 9, "acknowledge_types": [ACCEPT]},
     ]
+    # A poll's records, all accepted: one batch; with a hole, or one of another type, more.
+    assert ack_batches(dict.fromkeys(range(40, 0, -1), ACCEPT)) == [
+        {"first_offset": 1, "last_offset": 40, "acknowledge_types": [ACCEPT]}]
+    assert ack_batches({1: ACCEPT, 2: ACCEPT, 4: ACCEPT}) == [
+        {"first_offset": 1, "last_offset": 2, "acknowledge_types": [ACCEPT]},
+        {"first_offset": 4, "last_offset": 4, "acknowledge_types": [ACCEPT]}]
+    assert ack_batches({1: ACCEPT, 2: GAP, 3: ACCEPT}) == [
+        {"first_offset": 1, "last_offset": 1, "acknowledge_types": [ACCEPT]},
+        {"first_offset": 2, "last_offset": 2, "acknowledge_types": [GAP]},
+        {"first_offset": 3, "last_offset": 3, "acknowledge_types": [ACCEPT]}]
 
 
 def test_one_session_per_leader_opened_with_epoch_0_and_every_partition() -> None:
@@ -101,7 +113,7 @@ def test_acquired_records_are_handed_over_with_delivery_count_and_lock_deadline(
     sent = s.h.take("ShareFetch")
     sent.respond(fetch_answer(partition(0, data=records(0, 4), acquired=[(0, 1, 1), (2, 3, 2)]), lock_ms=7000))
     assert len(s.batches) == 1
-    got = [(a.record.offset, a.record.value, a.delivery_count) for a in s.batches[0].records]
+    got = [(a.offset, a.value, a.delivery_count) for a in s.batches[0].records]
     assert got == [(0, b"v0", 1), (1, b"v1", 1), (2, b"v2", 2), (3, b"v3", 2)]
     assert s.batches[0].records[0].lock_deadline == s.clock.now + 7.0
     assert s.fetcher.lock_timeout == 7.0
@@ -110,7 +122,7 @@ def test_acquired_records_are_handed_over_with_delivery_count_and_lock_deadline(
 def test_records_outside_the_acquired_ranges_are_dropped_and_missing_offsets_acknowledged_as_gaps() -> None:
     s = Setup({P0})
     s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 3), acquired=[(1, 4, 1)])))
-    assert [a.record.offset for a in s.batches[0].records] == [1, 2]
+    assert [a.offset for a in s.batches[0].records] == [1, 2]
     assert s.fetcher._acks[P0] == {3: GAP, 4: GAP}
 
 
@@ -409,3 +421,34 @@ def test_record_limit_on_a_broker_without_share_fetch_v2_is_a_typed_error_naming
     s.h.advance(0.2)
     s.h.take("ShareFetch").fail(UnsupportedVersionError("again"))
     assert len(s.errors) == 2  # every attempt says so: each poll raises it until the option changes
+
+
+def _acquired_by_offset(
+    offsets: list[int], ranges: list[tuple[int, int, int]]
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """What ``acquired`` must find, offset by offset: (offset, delivery count) of each record a
+    range covers, and the covered offsets with no record."""
+    count = {o: c for first, last, c in ranges for o in range(first, last + 1)}
+    got = [(o, count[o]) for o in offsets if o in count]
+    return got, sorted(set(count) - set(offsets))
+
+
+@given(
+    offsets=st.lists(st.integers(0, 60), unique=True).map(sorted),
+    cuts=st.lists(st.integers(0, 62), unique=True, max_size=12).map(sorted),
+    counts=st.lists(st.integers(1, 5), min_size=6, max_size=6),
+)
+@settings(max_examples=300, deadline=None)
+def test_acquired_takes_the_records_the_ranges_cover_and_names_the_gaps(
+    offsets: list[int], cuts: list[int], counts: list[int]
+) -> None:
+    # Ranges from pairs of cut points (disjoint, given in any order), records anywhere around them.
+    ranges = [(cuts[i], cuts[i + 1], counts[i // 2 % 6]) for i in range(0, len(cuts) - 1, 2)][::-1]
+    if not ranges:
+        return
+    raw = [ConsumerRecord("t", 0, o, 0, 0, None, b"v%d" % o, -1, 2, (), None) for o in offsets]
+    body = [{"first_offset": f, "last_offset": last, "delivery_count": c} for f, last, c in ranges]
+    out, gaps = acquired(raw, body, 9.5)
+    assert ([(r.offset, r.delivery_count) for r in out], sorted(gaps)) == _acquired_by_offset(offsets, ranges)
+    assert all(type(r) is ShareConsumerRecord and r.lock_deadline == 9.5 and r.value == b"v%d" % r.offset
+               for r in out)

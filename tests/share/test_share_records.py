@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from asyncconsumer.app.share_collector import _share_record
-from asyncconsumer.managers.share_fetch import AcquiredRecord
+from asyncconsumer.app.share_collector import _with
 from asyncconsumer.structs import ConsumerRecord, ShareConsumerRecord
 
 
@@ -11,7 +10,8 @@ def test_a_share_record_has_every_field_of_the_class() -> None:
     raw: ConsumerRecord[bytes, bytes] = ConsumerRecord(
         "t", 3, 42, 1_700_000_000_000, 0, b"k", b"v", 1, 1, (("h", b"x"),), 7
     )
-    got = _share_record(AcquiredRecord(raw, 2, 123.5), "key", {"value": 1})
+    acquired = ShareConsumerRecord(*raw, delivery_count=2, lock_deadline=123.5)
+    got = _with(acquired, "key", {"value": 1})
     assert type(got) is ShareConsumerRecord
     assert len(got) == len(ShareConsumerRecord._fields)  # a field added to the class is made here too
     assert got == ShareConsumerRecord(

@@ -39,7 +39,7 @@ Undeserialized = Raw | ShareConsumerRecord[bytes, bytes]
 class Pending(NamedTuple):
     """A record whose key or value deserializer returned an awaitable (``Deserializers.begin``)."""
 
-    record: Raw
+    record: Undeserialized
     field: Literal["key", "value"]
     awaitable: Awaitable[Any]
     #: The key deserialized already, when the value is the one awaited.
@@ -64,8 +64,10 @@ def awaitable(value: object) -> bool:
     return False
 
 
-def replaced(record: Raw, key: Any, value: Any) -> Any:
-    """``record._replace(key=key, value=value)``, at half the cost (it is paid per record)."""
+def replaced(record: Undeserialized, key: Any, value: Any) -> Any:
+    """``record._replace(key=key, value=value)``, at half the cost (it is paid per record).  Of a
+    share record it keeps a ``ConsumerRecord``'s fields only: the share collector reads the key and
+    value and puts them back into its own record."""
     r = record
     return tuple.__new__(type(r), (r[0], r[1], r[2], r[3], r[4], key, value, r[7], r[8], r[9], r[10]))
 
@@ -94,7 +96,7 @@ class Deserializers:
 
     # -- deserializing ------------------------------------------------------------------------------
 
-    def record(self, record: Raw) -> Any:
+    def record(self, record: Undeserialized) -> Any:
         """``record`` with its key and value deserialized by ``f(data)`` deserializers (``sync``);
         what a deserializer raises becomes a ``RecordDeserializationError`` (not settled)."""
         key_fn, value_fn = self.key, self.value
@@ -111,7 +113,7 @@ class Deserializers:
                 raise self.failure(record, "value", exc) from exc
         return replaced(record, key, value)
 
-    def begin(self, record: Raw) -> Any:
+    def begin(self, record: Undeserialized) -> Any:
         """``record`` deserialized, whatever the forms, when no deserializer returns an awaitable;
         else a ``Pending`` for ``finish``.  Raises ``RecordDeserializationError`` (not settled).
         Split from ``finish`` so that a record needing no await costs no coroutine."""
@@ -144,7 +146,7 @@ class Deserializers:
                 return await self.finish(Pending(record, "value", value, result))
         return replaced(record, result, value)
 
-    def _call(self, function: Any, kind: DeserializerKind | None, data: bytes, record: Raw,
+    def _call(self, function: Any, kind: DeserializerKind | None, data: bytes, record: Undeserialized,
               field: Literal["key", "value"]) -> Any:
         """The deserializer's result: the value, or (not for ``f(data)``) perhaps an awaitable."""
         try:

@@ -25,7 +25,9 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Literal, NamedTuple
+from itertools import groupby
+from operator import itemgetter
+from typing import Any, Generic, Literal, NamedTuple, cast
 
 import anyio
 from typing_extensions import TypeVar
@@ -41,7 +43,7 @@ from ..errors import (
     KafkaTimeoutError,
     RecordDeserializationError,
 )
-from ..managers.share_fetch import AckResults, AcquiredRecord, ShareBatch
+from ..managers.share_fetch import AckResults, ShareBatch
 from ..structs import AcknowledgeType, ShareConsumerRecord, TopicPartition
 from .deserializers import Deserializers, Pending
 
@@ -79,6 +81,12 @@ def _key(record: ShareConsumerRecord[Any, Any]) -> _Key:
     return record.topic, record.partition, record.offset
 
 
+#: A record's (or a ledger key's) topic and partition, its ledger key, and a key's offset.
+_PARTITION = itemgetter(0, 1)
+_COORDINATES = itemgetter(0, 1, 2)
+_OFFSET = itemgetter(2)
+
+
 class ShareCollector(Generic[KT, VT]):
     """Takes acquired records from the share loop for one share consumer and keeps its ledger."""
 
@@ -97,8 +105,9 @@ class ShareCollector(Generic[KT, VT]):
         #: after the one that raised the error (``_told``), at ``commit()`` or at ``close()``.
         self.undecodable: dict[_Key, AcknowledgeType] = {}
         self._told: set[_Key] = set()
-        #: Records handed to the application, per partition (metrics() and OpenTelemetry).
-        self.delivered: Counter[TopicPartition] = Counter()
+        #: Records handed to the application, per (topic, partition) (metrics() and OpenTelemetry:
+        #: :meth:`delivered_by_partition`).
+        self.delivered: Counter[tuple[str, int]] = Counter()
         self.deserializers = Deserializers(config, log, _release_hint)
         #: Set by ``close_out``: records deserialized while the consumer closed are not handed out.
         self.closing = False
@@ -138,20 +147,28 @@ class ShareCollector(Generic[KT, VT]):
 
     def hand_out(self, record: ShareConsumerRecord[KT, VT]) -> ShareConsumerRecord[KT, VT]:
         """``record`` goes to the application: into the ledger, counted."""
-        self.unacked[_key(record)] = record
-        self.delivered[record.topic_partition] += 1
+        self.unacked[_COORDINATES(record)] = record
+        self.delivered[_PARTITION(record)] += 1
         return record
+
+    def delivered_by_partition(self) -> dict[TopicPartition, int]:
+        return {TopicPartition(*tp): n for tp, n in self.delivered.items()}
 
     def hand_out_all(
         self, records: list[ShareConsumerRecord[KT, VT]]
     ) -> dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]]:
-        """``records`` go to the application, by partition (``getmany()``)."""
+        """``records`` go to the application, by partition (``getmany()``): into the ledger and
+        counted by runs of one partition (a batch's records come together), not one by one."""
         out: dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]] = {}
-        for r in records:
-            self.unacked[_key(r)] = r
-            out.setdefault(r.topic_partition, []).append(r)
-        for tp, handed in out.items():
-            self.delivered[tp] += len(handed)
+        self.unacked.update(zip(map(_COORDINATES, records), records, strict=True))
+        for (topic, partition), run in groupby(records, _PARTITION):
+            tp = TopicPartition(topic, partition)
+            handed = out.get(tp)
+            if handed is None:
+                handed = out[tp] = []
+            before = len(handed)
+            handed += run
+            self.delivered[tp] += len(handed) - before
         return out
 
     def _begin_poll(self, engine: ShareEngine) -> None:
@@ -166,13 +183,15 @@ class ShareCollector(Generic[KT, VT]):
             )
 
     def _accept_delivered(self, engine: ShareEngine) -> None:
-        records = list(self.unacked.values())
+        keys = list(self.unacked)
         self.unacked.clear()
-        if records:
+        if keys:
+            runs = [(TopicPartition(topic, partition), list(map(_OFFSET, run)))
+                    for (topic, partition), run in groupby(keys, _PARTITION)]
 
             def ack(now: float) -> None:
-                for r in records:
-                    engine.fetcher.acknowledge(r.topic_partition, r.offset, AcknowledgeType.ACCEPT)
+                for tp, offsets in runs:
+                    engine.fetcher.acknowledge_all(tp, offsets, AcknowledgeType.ACCEPT)
 
             engine.post(ack)
 
@@ -187,23 +206,27 @@ class ShareCollector(Generic[KT, VT]):
         bad: RecordDeserializationError | None = None
         while engine.batches and len(out) < limit and bad is None:
             batch: ShareBatch = engine.batches[0]
+            if decode is None:  # handed out as they are
+                some = batch.records[: limit - len(out)]
+                out += cast("list[ShareConsumerRecord[KT, VT]]", some)
+                taken.append((batch, len(some)))
+                self._used(engine, taken[-1:])
+                continue
             count = 0  # of the batch's records: handed out, or released or rejected as undecodable
             for a in batch.records[: limit - len(out)]:
                 count += 1
-                r = a.record
-                if decode is not None:
-                    try:
-                        r = decode(r)
-                    except RecordDeserializationError as exc:
-                        if des.skip(r, exc, REJECTED):
-                            acks.append((batch.tp, r.offset, AcknowledgeType.REJECT))
-                            continue
-                        # Released: it comes back (delivery_count + 1) until the group's delivery
-                        # limit archives it.  The records after it stay for the poll after the error.
-                        bad = exc
-                        self.undecodable[(r.topic, r.partition, r.offset)] = AcknowledgeType.RELEASE
-                        break
-                out.append(_share_record(a, r.key, r.value))
+                try:
+                    r = decode(a)
+                except RecordDeserializationError as exc:
+                    if des.skip(a, exc, REJECTED):
+                        acks.append((batch.tp, a.offset, AcknowledgeType.REJECT))
+                        continue
+                    # Released: it comes back (delivery_count + 1) until the group's delivery
+                    # limit archives it.  The records after it stay for the poll after the error.
+                    bad = exc
+                    self.undecodable[_COORDINATES(a)] = AcknowledgeType.RELEASE
+                    break
+                out.append(_with(a, r.key, r.value))
             taken.append((batch, count))
             self._used(engine, taken[-1:])
         return self._finish(engine, taken, acks, out, bad)
@@ -224,21 +247,20 @@ class ShareCollector(Generic[KT, VT]):
                     break
                 count += 1
                 try:
-                    r = des.begin(a.record)
+                    r = des.begin(a)
                     if type(r) is Pending:
                         r = await des.finish(r)
                 except RecordDeserializationError as exc:
-                    raw = _share_record(a, a.record.key, a.record.value)
-                    error = await des.settle(raw, exc, REJECTED)
+                    error = await des.settle(a, exc, REJECTED)
                     self._check_open()
                     if error is None:
-                        acks.append((batch.tp, a.record.offset, AcknowledgeType.REJECT))
+                        acks.append((batch.tp, a.offset, AcknowledgeType.REJECT))
                         continue
                     bad = error
-                    self.undecodable[(batch.tp.topic, batch.tp.partition, a.record.offset)] = AcknowledgeType.RELEASE
+                    self.undecodable[_COORDINATES(a)] = AcknowledgeType.RELEASE
                     break
                 self._check_open()
-                out.append(_share_record(a, r.key, r.value))
+                out.append(_with(a, r.key, r.value))
             taken.append((batch, count))
             if len(out) >= limit or bad is not None:
                 break
@@ -410,8 +432,7 @@ class ShareCollector(Generic[KT, VT]):
                 fetcher.acknowledge(r.topic_partition, r.offset, AcknowledgeType.RELEASE)
             while engine.batches:
                 batch = engine.batches.popleft()
-                for a in batch.records:
-                    fetcher.acknowledge(batch.tp, a.record.offset, AcknowledgeType.RELEASE)
+                fetcher.acknowledge_all(batch.tp, [a.offset for a in batch.records], AcknowledgeType.RELEASE)
                 fetcher.records_handed_out(batch.node_id, len(batch.records), batch.size)
             if close_sessions:
                 fetcher.start_closing()
@@ -419,15 +440,11 @@ class ShareCollector(Generic[KT, VT]):
         return release
 
 
-def _share_record(a: AcquiredRecord, key: Any, value: Any) -> Any:
-    """The ``ShareConsumerRecord`` of an acquired record, with this key and value (made by
-    ``tuple.__new__``, as ``NamedTuple._make`` and ``deserializers.replaced`` do, without the
-    class's Python-level ``__new__``: half the cost of a record)."""
-    r = a.record
-    return tuple.__new__(ShareConsumerRecord, (
-        r.topic, r.partition, r.offset, r.timestamp, r.timestamp_type, key, value, r.serialized_key_size,
-        r.serialized_value_size, r.headers, r.leader_epoch, a.delivery_count, a.lock_deadline,
-    ))
+def _with(a: ShareConsumerRecord[bytes, bytes], key: Any, value: Any) -> Any:
+    """Acquired record ``a`` with this key and value (deserialized: the deserializers' own record,
+    ``deserializers.replaced``, has a ``ConsumerRecord``'s fields only), made by ``tuple.__new__``
+    as ``NamedTuple._make`` does, without the class's Python-level ``__new__``."""
+    return tuple.__new__(ShareConsumerRecord, (a[0], a[1], a[2], a[3], a[4], key, value, *a[7:]))
 
 
 def _release_hint(record: Any) -> str:

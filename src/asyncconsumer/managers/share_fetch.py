@@ -22,8 +22,11 @@ per leader, may go past it).
 from __future__ import annotations
 
 import logging
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add, itemgetter
 from typing import Any, Literal
 
 from ..errors import (
@@ -34,7 +37,7 @@ from ..errors import (
     error_for_code,
 )
 from ..protocol.records import decode_batch, iter_batches
-from ..structs import AcknowledgeType, ConsumerRecord, TopicPartition
+from ..structs import AcknowledgeType, ConsumerRecord, ShareConsumerRecord, TopicPartition
 from .metadata import MetadataManager, PartitionInfo
 from .requests import Body, UnsentRequest
 from .waiter import Waiter
@@ -44,6 +47,10 @@ log = logging.getLogger("asyncconsumer.share")
 #: The acknowledgement type of an acquired offset with no record (a control batch, compacted away):
 #: the protocol's, never one the application sends (those are ``AcknowledgeType``'s).
 GAP = 0
+_RENEW = AcknowledgeType.RENEW
+_OFFSET = itemgetter(2)
+_FIRST = itemgetter("first_offset")
+_make = tuple.__new__
 #: ``share_acquire_mode`` (KIP-1206, ShareFetch v2): "batch_optimized" acquires whole record batches
 #: (an acquisition may pass ``max_poll_records``); "record_limit" at most ``max_poll_records`` records.
 ShareAcquireMode = Literal["batch_optimized", "record_limit"]
@@ -55,19 +62,13 @@ AckResults = dict[TopicPartition, KafkaError | None]
 
 
 @dataclass(slots=True)
-class AcquiredRecord:
-    """A raw record as the broker acquired it for this member."""
-
-    record: ConsumerRecord[bytes, bytes]
-    delivery_count: int
-    lock_deadline: float
-
-
-@dataclass(slots=True)
 class ShareBatch:
+    """One partition's acquired records of one ShareFetch response, in offset order, each with its
+    delivery count and lock deadline (as the application gets them, with raw key and value)."""
+
     node_id: int
     tp: TopicPartition
-    records: list[AcquiredRecord]
+    records: list[ShareConsumerRecord[bytes, bytes]]
     #: The bytes of this partition's records in the response (what it holds of the fetch buffer).
     size: int = 0
 
@@ -95,11 +96,36 @@ class _Commit:
                 self.waiter.set_result(self.results)
 
 
+def acquired(
+    records: list[ConsumerRecord[bytes, bytes]], ranges: Iterable[Body], deadline: float
+) -> tuple[list[ShareConsumerRecord[bytes, bytes]], list[int]]:
+    """The records of a ShareFetch answer's partition that its ``AcquiredRecords`` ranges cover, as
+    share records with the range's delivery count and ``deadline``; and the offsets of the ranges
+    with no record (a control batch's, compacted away).  ``records`` are in offset order and may
+    start before the first range or run past the last (a batch's records, acquired or not).  A
+    range's records are found by bisection and made without a Python step per record."""
+    out: list[ShareConsumerRecord[bytes, bytes]] = []
+    gaps: list[int] = []
+    for r in sorted(ranges, key=_FIRST):
+        first, last = r["first_offset"], r["last_offset"]
+        start = bisect_left(records, first, key=_OFFSET)
+        stop = bisect_right(records, last, start, key=_OFFSET)
+        taken = records[start:stop]
+        if len(taken) != last - first + 1:  # offsets are unique: else every one is there
+            gaps += sorted(set(range(first, last + 1)).difference(map(_OFFSET, taken)))
+        if taken:
+            out += map(_make, repeat(ShareConsumerRecord), map(add, taken, repeat((r["delivery_count"], deadline))))
+    return out, gaps
+
+
 def ack_batches(acks: dict[int, int]) -> list[Body]:
     """``{offset: type}`` as acknowledgement batches: runs of consecutive offsets with one type."""
     batches: list[Body] = []
+    offsets = sorted(acks)
+    if offsets and offsets[-1] - offsets[0] + 1 == len(offsets) and len(kinds := set(acks.values())) == 1:
+        return [{"first_offset": offsets[0], "last_offset": offsets[-1], "acknowledge_types": list(kinds)}]
     first = last = kind = None
-    for offset in sorted(acks):
+    for offset in offsets:
         t = acks[offset]
         if last is not None and offset == last + 1 and t == kind:
             last = offset
@@ -182,7 +208,13 @@ class ShareFetchManager:
 
     def acknowledge(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
         self._acks.setdefault(tp, {})[offset] = kind
-        if kind == AcknowledgeType.RENEW:
+        if kind is _RENEW:
+            self._urgent.add(tp)
+
+    def acknowledge_all(self, tp: TopicPartition, offsets: Iterable[int], kind: AcknowledgeType) -> None:
+        """``acknowledge`` for each of ``offsets`` (a poll's records of ``tp``, say)."""
+        self._acks.setdefault(tp, {}).update(dict.fromkeys(offsets, kind))
+        if kind is _RENEW:
             self._urgent.add(tp)
 
     def commit(self) -> Waiter[AckResults]:
@@ -432,26 +464,19 @@ class ShareFetchManager:
                 self._settle(entry, tp, None)
 
     def _acquired(self, node: int, tp: TopicPartition, session: _Session, p: Body, deadline: float) -> None:
-        ranges = p.get("acquired_records") or []
+        ranges = p.get("acquired_records")
         if not ranges:
             return
-        counts: dict[int, int] = {}
-        for r in ranges:
-            for offset in range(r["first_offset"], r["last_offset"] + 1):
-                counts[offset] = r["delivery_count"]
-        out: list[AcquiredRecord] = []
         records = p.get("records")
+        decoded = []
         if records:
             for batch in iter_batches(records, topic=tp.topic, partition=tp.partition, check_crcs=self._check_crcs):
-                for record in decode_batch(batch, tp.topic, tp.partition):
-                    count = counts.pop(record.offset, None)
-                    if count is not None:
-                        out.append(AcquiredRecord(record, count, deadline))
-        for offset in counts:  # acquired, but no record there (control batch, compacted away)
-            self._acks.setdefault(tp, {})[offset] = GAP
+                decoded += decode_batch(batch, tp.topic, tp.partition)
+        out, gaps = acquired(decoded, ranges, deadline)
+        if gaps:  # acquired, but no record there (control batch, compacted away)
+            self._acks.setdefault(tp, {}).update(dict.fromkeys(gaps, GAP))
         if out and self.closing:  # arrived while closing: straight back to the group
-            for a in out:
-                self._acks.setdefault(tp, {})[a.record.offset] = AcknowledgeType.RELEASE
+            self._acks.setdefault(tp, {}).update(dict.fromkeys([r.offset for r in out], AcknowledgeType.RELEASE))
         elif out:
             size = len(records) if records else 0
             self.records_acquired += len(out)
@@ -524,7 +549,7 @@ class ShareFetchManager:
         self, taken: tuple[dict[int, int], list[_Commit]], tp: TopicPartition, error: KafkaError | None
     ) -> None:
         acks, commits = taken
-        offsets = tuple(sorted(o for o, kind in acks.items() if kind != GAP))
+        offsets = tuple(sorted(acks if GAP not in acks.values() else [o for o, k in acks.items() if k != GAP]))
         if offsets:
             self.outcomes.append((tp, offsets, error))
             if error is None:
