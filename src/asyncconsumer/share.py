@@ -327,7 +327,8 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
             return
         if offset is not None or kind is not None:
             raise ConfigTypeError("acknowledge() takes (record, type) or (topic, partition, offset, type)")
-        self._collector.acknowledge(engine, record, AcknowledgeType(type))
+        ack_type = type if type.__class__ is AcknowledgeType else AcknowledgeType(type)  # no call for one
+        self._collector.acknowledge(engine, record, ack_type)
 
     @bracketed_sync("acquisition_lock_timeout_ms")
     def acquisition_lock_timeout_ms(self) -> int | None:

@@ -391,3 +391,31 @@ async def test_a_polls_wait_for_news_ends_at_its_deadline_or_at_the_news_whichev
 async def _notify_after(loop: LoopCore, delay: float) -> None:
     await anyio.sleep(delay)
     loop.notify_app()
+
+
+# -- application events -------------------------------------------------------------------------
+
+
+async def test_posted_events_run_in_order_with_called_ones_and_a_failing_one_is_reported() -> None:
+    """``post`` queues an event nobody waits for (the share consumer posts its acknowledgements):
+    it runs in its place among the ``call``s, and what it raises is an internal error the next poll
+    sees, not an exception lost in a waiter nobody reads."""
+    loop = LoopCore(build_config({"bootstrap_servers": "127.0.0.1:1"}))
+    ran: list[str] = []
+
+    def fails(now: float) -> None:
+        raise ValueError("a bug")
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        posts = loop.posts
+        loop.post(lambda now: ran.append("first"))
+        loop.post(fails)
+        assert await loop.call(lambda now: ran.append("called") or "result") == "result"
+        loop.post(lambda now: ran.append("last"))
+        await loop.call(lambda now: None)
+        loop.stop()
+    assert ran == ["first", "called", "last"]
+    assert loop.posts == posts + 5
+    error = loop.pop_error()
+    assert isinstance(error, KafkaError) and "a bug" in str(error)

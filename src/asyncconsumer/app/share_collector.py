@@ -81,6 +81,7 @@ def _key(record: ShareConsumerRecord[Any, Any]) -> _Key:
     return record.topic, record.partition, record.offset
 
 
+_RENEW = AcknowledgeType.RENEW
 #: A record's (or a ledger key's) topic and partition, its ledger key, and a key's offset.
 _PARTITION = itemgetter(0, 1)
 _COORDINATES = itemgetter(0, 1, 2)
@@ -111,6 +112,11 @@ class ShareCollector(Generic[KT, VT]):
         self.deserializers = Deserializers(config, log, _release_hint)
         #: Set by ``close_out``: records deserialized while the consumer closed are not handed out.
         self.closing = False
+        #: Acknowledgements queued in the last event posted (``_queue_ack``), its engine, and the
+        #: engine's ``posts`` just after it.
+        self._ack_queue: list[tuple[_Key, AcknowledgeType]] | None = None
+        self._ack_engine: ShareEngine | None = None
+        self._ack_posts = -1
 
     # -- one poll -----------------------------------------------------------------------------------
 
@@ -161,14 +167,11 @@ class ShareCollector(Generic[KT, VT]):
         counted by runs of one partition (a batch's records come together), not one by one."""
         out: dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]] = {}
         self.unacked.update(zip(map(_COORDINATES, records), records, strict=True))
-        for (topic, partition), run in groupby(records, _PARTITION):
+        for (topic, partition), group in groupby(records, _PARTITION):
+            run = list(group)
             tp = TopicPartition(topic, partition)
-            handed = out.get(tp)
-            if handed is None:
-                handed = out[tp] = []
-            before = len(handed)
-            handed += run
-            self.delivered[tp] += len(handed) - before
+            out.setdefault(tp, []).extend(run)
+            self.delivered[tp] += len(run)
         return out
 
     def _begin_poll(self, engine: ShareEngine) -> None:
@@ -315,13 +318,13 @@ class ShareCollector(Generic[KT, VT]):
 
     def acknowledge(self, engine: ShareEngine, record: ShareConsumerRecord[KT, VT], kind: AcknowledgeType) -> None:
         """Settle ``record`` in the ledger and queue its acknowledgement for the loop."""
-        key = _key(record)
+        key = _COORDINATES(record)
         if key not in self.unacked:
             raise IllegalStateError(
                 f"{record.topic}-{record.partition} offset {record.offset} is not a record this consumer "
                 "handed out and has not acknowledged yet"
             )
-        deadline = self.lock_deadline(record)
+        deadline = self._renewed.get(key, record.lock_deadline) if self._renewed else record.lock_deadline
         now = time.monotonic()
         if deadline and now > deadline:
             del self.unacked[key]
@@ -330,14 +333,40 @@ class ShareCollector(Generic[KT, VT]):
                 f"the acquisition lock of {record.topic}-{record.partition} offset {record.offset} ran out "
                 f"{now - deadline:.1f}s ago: the record is back in the group"
             )
-        if kind == AcknowledgeType.RENEW:
+        if kind is _RENEW:
             # The broker restarts the lock when it gets the renewal: a little after now.
             self._renewed[key] = now + engine.fetcher.lock_timeout
         else:
             del self.unacked[key]
-            self._renewed.pop(key, None)
-        tp = record.topic_partition
-        engine.post(lambda now: engine.fetcher.acknowledge(tp, record.offset, kind))
+            if self._renewed:
+                self._renewed.pop(key, None)
+        self._queue_ack(engine, key, kind)
+
+    def _queue_ack(self, engine: ShareEngine, key: _Key, kind: AcknowledgeType) -> None:
+        """Queue an acknowledgement for the loop: with those queued just before it, in one event,
+        while no other event was queued since (acknowledgements and the other events reach the
+        loop in the order the application made them, and a record's costs no event of its own)."""
+        queue = self._ack_queue
+        if queue is None or self._ack_engine is not engine or engine.posts != self._ack_posts:
+            queue = self._ack_queue = []
+            self._ack_engine = engine
+            engine.post(self._sender(engine, queue))
+            self._ack_posts = engine.posts
+        queue.append((key, kind))
+
+    def _sender(self, engine: ShareEngine, queue: list[tuple[_Key, AcknowledgeType]]) -> Callable[[float], None]:
+        def send(now: float) -> None:
+            if self._ack_queue is queue:
+                self._ack_queue = None  # the next acknowledgement starts a new event
+            fetcher = engine.fetcher
+            partitions: dict[tuple[str, int], TopicPartition] = {}
+            for (topic, partition, offset), kind in queue:
+                tp = partitions.get((topic, partition))
+                if tp is None:
+                    tp = partitions[topic, partition] = TopicPartition(topic, partition)
+                fetcher.acknowledge(tp, offset, kind)
+
+        return send
 
     def acknowledge_at(self, engine: ShareEngine, topic: str, partition: int, offset: int,
                        kind: AcknowledgeType) -> None:

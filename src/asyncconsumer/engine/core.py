@@ -72,7 +72,11 @@ class LoopCore:
     def __init__(self, config: ConsumerConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
-        self._events: deque[tuple[Callable[[float], Any], Waiter[Any]]] = deque()
+        #: Application events: a function to run on the loop, and the waiter of its result (None:
+        #: nobody waits, ``post``).
+        self._events: deque[tuple[Callable[[float], Any], Waiter[Any] | None]] = deque()
+        #: Events queued so far (``post`` and ``call``): equal counts mean none was queued in between.
+        self.posts = 0
         self._completions: deque[tuple[UnsentRequest, int, Body | None, BaseException | None]] = deque()
         self._errors: deque[KafkaError] = deque()
         #: Makes the loop's and the application's wake events: ``anyio.Event`` until the loop runs,
@@ -167,7 +171,8 @@ class LoopCore:
             error = self.fatal_error or ConsumerClosedError(f"the {self.OWNER} is closed")
             events, self._events = self._events, deque()
             for _, waiter in events:
-                waiter.set_exception(error)
+                if waiter is not None:
+                    waiter.set_exception(error)
             self._fail_pending(error)
             self._stopped.set()
             self._app_event.set()
@@ -326,8 +331,11 @@ class LoopCore:
     # -- application events -----------------------------------------------------------------------
 
     def post(self, fn: Callable[[float], Any]) -> None:
-        """Queue an application event whose result nobody waits for."""
-        self._events.append((fn, Waiter()))
+        """Queue an application event whose result nobody waits for (no waiter made: the share
+        consumer posts one for each record it acknowledges); what it raises is reported as an
+        internal error, as for a response handler."""
+        self._events.append((fn, None))
+        self.posts += 1
         self.wake()
 
     async def call(self, fn: Callable[[float], T]) -> T:
@@ -335,6 +343,7 @@ class LoopCore:
         self.check_running()
         waiter: Waiter[T] = Waiter()
         self._events.append((fn, waiter))
+        self.posts += 1
         self.wake()
         return await waiter.wait()
 
@@ -347,6 +356,13 @@ class LoopCore:
     def _run_events(self, now: float) -> None:
         while self._events:
             fn, waiter = self._events.popleft()
+            if waiter is None:  # posted
+                try:
+                    fn(now)
+                except Exception as exc:
+                    self.log.exception("an application event of the %s failed", self.OWNER)
+                    self.report_error(KafkaError(f"internal error running an application event: {exc!r}"))
+                continue
             if waiter.done():
                 continue
             try:
