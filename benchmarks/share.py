@@ -2,6 +2,7 @@
 Apache Kafka's own ``org.apache.kafka.tools.ShareConsumerPerformance``, same broker and data.
 
     python -m benchmarks.share [--bootstrap HOST:PORT] [--records 200000] [--partitions 4] [--size 100]
+                               [--acknowledgement-mode implicit|explicit]
 
 Without ``--bootstrap`` a one-node Apache Kafka 4.4.0 (``asyncconsumer.testing.KafkaBroker``) is
 started.  One topic is produced once (confluent-kafka); each client reads it in a share group of
@@ -74,24 +75,31 @@ def produce(bootstrap: str, topic: str, count: int, size: int) -> None:
     producer.flush(60)
 
 
-async def run_ours(bootstrap: str, topic: str, count: int) -> dict[str, Any]:
+async def run_ours(bootstrap: str, topic: str, count: int, mode: str = "implicit") -> dict[str, Any]:
     group = await anyio.to_thread.run_sync(share_group_from_earliest, bootstrap)
     got = 0
     first = last = 0.0
-    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group) as consumer:
+    explicit = mode == "explicit"
+    async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             share_acknowledgement_mode="explicit" if explicit else "implicit") as consumer:
         consumer.subscribe([topic])
         subscribed = time.perf_counter()
         with anyio.fail_after(300):
             while got < count:
                 batch = await consumer.getmany(timeout=1.0)
-                n = sum(len(records) for records in batch.values())
+                n = 0
+                for records in batch.values():
+                    n += len(records)
+                    if explicit:  # each record accepted by itself, as an application would
+                        for record in records:
+                            consumer.acknowledge(record)
                 if n and not got:
                     first = time.perf_counter()
                 got += n
             last = time.perf_counter()
         await consumer.commit()
     seconds = last - subscribed
-    return {"client": "asyncconsumer ShareConsumer (implicit)", "records": got, "seconds": round(seconds, 3),
+    return {"client": f"asyncconsumer ShareConsumer ({mode})", "records": got, "seconds": round(seconds, 3),
             "records_per_s": round(got / seconds) if seconds > 0 else None,
             "records_per_s_from_first_record": round(got / (last - first)) if last > first else None}
 
@@ -139,12 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--acknowledgement-mode", choices=["implicit", "explicit"], default="implicit",
+                        help="ours only; explicit: every record acknowledged by its own call (Java's tool "
+                             "reads in implicit mode either way)")
     args = parser.parse_args(argv)
     with broker(args.bootstrap) as bootstrap:
         topic = create_topic(bootstrap, args.partitions)
         produce(bootstrap, topic, args.records, args.size)
         java = run_java(bootstrap, topic, args.records)
-        ours = anyio.run(run_ours, bootstrap, topic, args.records)
+        ours = anyio.run(run_ours, bootstrap, topic, args.records, args.acknowledgement_mode)
     print(json.dumps({"java_tool_row": java["tool_row"]}), file=sys.stderr)
     java = {k: v for k, v in java.items() if k != "tool_row"}
     for row in (ours, java):
