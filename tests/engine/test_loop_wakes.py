@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -383,8 +384,27 @@ async def test_a_polls_wait_for_news_ends_at_its_deadline_or_at_the_news_whichev
         with anyio.move_on_after(0.05) as scope:  # cancelled from outside: the cancellation comes through
             await loop.wait_app(quiet, anyio.current_time() + 0.1)
         assert scope.cancelled_caught
-        await anyio.sleep(0.2)  # past the deadline of the cancelled wait: its timer went with it
-        assert not quiet.is_set()
+
+        # Waits that end with news leave their alarm to a later wait whose deadline is no earlier:
+        # it rings first (a wake with no news), and that wait goes on to its own deadline.
+        start = anyio.current_time()
+        for _ in range(5):
+            soon = loop.app_event()
+            tg.start_soon(_notify_after, loop, 0.01)
+            await loop.wait_app(soon, anyio.current_time() + 0.3)
+        late = start + 0.3 + 0.2
+        while anyio.current_time() < late:
+            event = loop.app_event()
+            with anyio.fail_after(2):
+                await loop.wait_app(event, late)
+        assert late <= anyio.current_time() < late + 1.0
+        # A deadline earlier than the alarm's gets an alarm of its own.
+        tg.start_soon(_notify_after, loop, 0.01)
+        await loop.wait_app(loop.app_event(), anyio.current_time() + 5.0)  # leaves an alarm 5 s away
+        start = anyio.current_time()
+        with anyio.fail_after(2):
+            await loop.wait_app(loop.app_event(), start + 0.05)
+        assert 0.05 - 1e-6 <= anyio.current_time() - start < 1.0
         loop.stop()
 
 
@@ -419,3 +439,37 @@ async def test_posted_events_run_in_order_with_called_ones_and_a_failing_one_is_
     assert loop.posts == posts + 5
     error = loop.pop_error()
     assert isinstance(error, KafkaError) and "a bug" in str(error)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_polls_that_keep_finding_news_share_one_timer(anyio_backend: str) -> None:
+    """On asyncio a poll's timed wait sets a timer of the loop's; waits that end with news leave it
+    for the next wait whose deadline is no earlier: one timer every timeout, not one a poll."""
+    import asyncio
+
+    loop = LoopCore(build_config({"bootstrap_servers": "127.0.0.1:1"}))
+    loop.managers = []
+    running = asyncio.get_running_loop()
+    timers: list[float] = []  # set for our waits' deadlines (the loop's own tasks set others)
+    deadlines: set[float] = set()
+    call_at = running.call_at
+
+    def counted(when: float, callback: Callable[..., object], *args: object, **kwargs: Any) -> asyncio.TimerHandle:
+        if when in deadlines:
+            timers.append(when)
+        return call_at(when, callback, *args, **kwargs)
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(loop.run)
+        running.call_at = counted  # type: ignore[method-assign]
+        try:
+            for _ in range(20):
+                event = loop.app_event()
+                running.call_soon(loop.notify_app)  # news, at the next turn of the event loop
+                deadline = anyio.current_time() + 1.0
+                deadlines.add(deadline)
+                await loop.wait_app(event, deadline)
+        finally:
+            running.call_at = call_at  # type: ignore[method-assign]
+        loop.stop()
+    assert len(timers) == 1, timers

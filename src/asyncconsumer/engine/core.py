@@ -96,6 +96,9 @@ class LoopCore:
         self._alarm_at = float("inf")
         self._rearm = anyio.Event()
         self._app_event = anyio.Event()
+        #: ``wait_app``'s timer on asyncio, and when it rings (inf: none).
+        self._app_alarm: asyncio.TimerHandle | None = None
+        self._app_alarm_at = float("inf")
         #: The loop runs again right after the application task now woken (``loop_runs_next``): a
         #: hand-over is under way, or an answer taken at once woke both.
         self._handing_over = False
@@ -174,6 +177,8 @@ class LoopCore:
                 if waiter is not None:
                     waiter.set_exception(error)
             self._fail_pending(error)
+            if self._app_alarm is not None:
+                self._app_alarm.cancel()
             self._stopped.set()
             self._app_event.set()
 
@@ -438,21 +443,30 @@ class LoopCore:
         """Until ``event`` (an :meth:`app_event`) is set or the anyio clock reaches ``deadline``: a
         poll's wait for news with a timeout.
 
-        On asyncio a timer of the loop's sets the event at the deadline (the poll woken then finds
-        its time up; a wake with no news is what every waiter of the application's event expects),
-        instead of a cancel scope: anyio's scope and its timer cost about as much again as the wait
-        itself (12-16 µs against 4 for the timer), once for every poll that waits.  Elsewhere, and
-        before the loop runs, a cancel scope."""
+        On asyncio a timer of the loop's, the application's alarm, sets the application's event
+        at the deadline (the poll woken then finds its time up; a wake with no news is what every
+        waiter of that event expects), instead of a cancel scope: anyio's scope and its timer cost
+        about as much again as the wait itself.  The alarm stays when the wait ends with news, and a
+        later wait whose deadline is no earlier keeps it (it rings first, and that poll waits again
+        from there with an alarm of its own), so polls that keep finding records make one timer
+        every timeout instead of one each, and leave no cancelled timers to asyncio's heap (whose
+        entries compare in Python).  Elsewhere, and before the loop runs, a cancel scope."""
         loop = self._asyncio_loop
         if loop is None:
             with anyio.CancelScope(deadline=deadline):
                 await event.wait()
             return
-        timer = loop.call_at(deadline, event.set)
-        try:
-            await event.wait()
-        finally:
-            timer.cancel()
+        if deadline < self._app_alarm_at:  # none rings by then
+            if self._app_alarm is not None:
+                self._app_alarm.cancel()
+            self._app_alarm = loop.call_at(deadline, self._ring_app_alarm)
+            self._app_alarm_at = deadline
+        await event.wait()
+
+    def _ring_app_alarm(self) -> None:
+        self._app_alarm = None
+        self._app_alarm_at = float("inf")
+        self._app_event.set()
 
     def app_time(self) -> float:
         """anyio's clock, which :meth:`wait_app`'s deadlines are on: on asyncio the event loop's
