@@ -77,10 +77,6 @@ log = logging.getLogger("asyncconsumer.share")
 REJECTED = "rejected"
 
 
-def _key(record: ShareConsumerRecord[Any, Any]) -> _Key:
-    return record.topic, record.partition, record.offset
-
-
 _RENEW = AcknowledgeType.RENEW
 #: A record's (or a ledger key's) topic and partition, its ledger key, and a key's offset.
 _PARTITION = itemgetter(0, 1)
@@ -324,7 +320,7 @@ class ShareCollector(Generic[KT, VT]):
                 f"{record.topic}-{record.partition} offset {record.offset} is not a record this consumer "
                 "handed out and has not acknowledged yet"
             )
-        deadline = self._renewed.get(key, record.lock_deadline) if self._renewed else record.lock_deadline
+        deadline = self.lock_deadline(record)
         now = time.monotonic()
         if deadline and now > deadline:
             del self.unacked[key]
@@ -403,7 +399,7 @@ class ShareCollector(Generic[KT, VT]):
 
     def lock_deadline(self, record: ShareConsumerRecord[KT, VT]) -> float:
         """When ``record``'s acquisition lock runs out (``time.monotonic()`` clock), renewals included."""
-        return self._renewed.get(_key(record), record.lock_deadline)
+        return self._renewed.get(_COORDINATES(record), record.lock_deadline) if self._renewed else record.lock_deadline
 
     async def commit(self, engine: ShareEngine, timeout: float) -> AckResults:
         """Send the queued acknowledgements now (implicit mode: accept what was handed out first) and

@@ -211,8 +211,9 @@ class ShareFetchManager:
         if kind is _RENEW:
             self._urgent.add(tp)
 
-    def acknowledge_all(self, tp: TopicPartition, offsets: Iterable[int], kind: AcknowledgeType) -> None:
-        """``acknowledge`` for each of ``offsets`` (a poll's records of ``tp``, say)."""
+    def acknowledge_all(self, tp: TopicPartition, offsets: Iterable[int], kind: int) -> None:
+        """``acknowledge`` for each of ``offsets`` (a poll's records of ``tp``, say); ``kind`` an
+        ``AcknowledgeType``, or ``GAP``."""
         self._acks.setdefault(tp, {}).update(dict.fromkeys(offsets, kind))
         if kind is _RENEW:
             self._urgent.add(tp)
@@ -474,9 +475,9 @@ class ShareFetchManager:
                 decoded += decode_batch(batch, tp.topic, tp.partition)
         out, gaps = acquired(decoded, ranges, deadline)
         if gaps:  # acquired, but no record there (control batch, compacted away)
-            self._acks.setdefault(tp, {}).update(dict.fromkeys(gaps, GAP))
+            self.acknowledge_all(tp, gaps, GAP)
         if out and self.closing:  # arrived while closing: straight back to the group
-            self._acks.setdefault(tp, {}).update(dict.fromkeys([r.offset for r in out], AcknowledgeType.RELEASE))
+            self.acknowledge_all(tp, [r.offset for r in out], AcknowledgeType.RELEASE)
         elif out:
             size = len(records) if records else 0
             self.records_acquired += len(out)

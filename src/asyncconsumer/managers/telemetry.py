@@ -295,15 +295,17 @@ class TelemetryManager:
         if self._started is None:
             self._started = self._last_at = now
         state = self.state
-        if now < self._next_at and state is not _TERMINATING_PUSH:
+        if state is _TERMINATING_PUSH:
+            return self._push(now, terminating=True)
+        if now < self._next_at:
             return []  # nothing is due (the turns in between)
-        if state is S.SUBSCRIPTION_NEEDED and now >= self._next_at:
+        if state is S.SUBSCRIPTION_NEEDED:
             self._move(S.SUBSCRIPTION_IN_PROGRESS)
             instance = self.subscription.client_instance_id.bytes if self.subscription is not None else ZERO_UUID
             return [UnsentRequest("GetTelemetrySubscriptions", lambda version: {"client_instance_id": instance},
                                   self._on_subscription, self._on_subscription_error)]
-        if (state is S.PUSH_NEEDED and now >= self._next_at) or state is S.TERMINATING_PUSH_NEEDED:
-            return self._push(now, terminating=state is S.TERMINATING_PUSH_NEEDED)
+        if state is S.PUSH_NEEDED:
+            return self._push(now, terminating=False)
         return []
 
     def close(self, now: float) -> None:
