@@ -314,7 +314,9 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         coming back.  RENEW keeps a record acquired (and needs a later ACCEPT/RELEASE/REJECT); a
         record whose lock already ran out raises ``AcquisitionLockExpiredError`` (the broker gave
         it back); anything else raises ``IllegalStateError``."""
-        engine = self._running()
+        engine = self._engine
+        if engine is None or self._closed or engine.closed or not engine.running:  # check_running(), no call
+            engine = self._running()  # raises, saying why
         if isinstance(record, str):  # (topic, partition, offset, type): ``type`` holds the partition
             partition = type
             if isinstance(partition, (bool, AcknowledgeType)) or not isinstance(partition, int):

@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from asyncconsumer import ConcurrentAccessError, Consumer, TopicPartition
+from asyncconsumer.errors import IllegalStateError
 from asyncconsumer.listener import RebalanceListener
 from asyncconsumer.managers.membership import CallbackKind, CallbackRequest
 from examples.custom_acquire import POLL_OPERATIONS, SharedPollConsumer, consume_with_two_pollers
@@ -163,6 +164,34 @@ async def test_shared_poll_consumer_release_runs_when_the_poll_fails(anyio_backe
         await consumer.getmany(timeout=0)  # acquire, then the call raises, then release
     assert consumer.active_polls == 0
     assert sum(consumer.polls_by_task.values()) == 1
+
+
+def test_plain_calls_skip_the_default_brackets_and_keep_a_custom_rules() -> None:
+    """With the default acquire()/release(), which do nothing for a call that is not a poll, such a
+    call (``assignment()``, ``pause()``...) runs without its wrapper; a subclass with its own rule
+    still sees every one of them."""
+    seen: list[tuple[str, str]] = []
+
+    class Recording(Consumer[bytes, bytes]):
+        def acquire(self, operation: str) -> None:
+            seen.append(("acquire", operation))
+
+        def release(self, operation: str) -> None:
+            seen.append(("release", operation))
+
+    plain: Consumer[bytes, bytes] = Consumer()
+    assert "assignment" in vars(plain) and "getmany" not in vars(plain)
+    assert not hasattr(vars(plain)["assignment"], "__wrapped__")
+    assert plain.assignment() == set()
+    with pytest.raises(IllegalStateError, match="not started"):
+        plain.assign([TopicPartition("t", 0)])
+    recording = Recording()
+    assert "assignment" not in vars(recording)
+    assert recording.assignment() == set()
+    with pytest.raises(IllegalStateError, match="not started"):  # released all the same
+        recording.assign([TopicPartition("t", 0)])
+    assert seen == [("acquire", "assignment"), ("release", "assignment"), ("acquire", "assign"),
+                    ("release", "assign")]
 
 
 async def test_example_reads_every_record_from_two_polling_tasks(

@@ -153,6 +153,42 @@ def test_acknowledgements_ride_on_the_next_share_fetch() -> None:
     assert s.fetcher.pending_acknowledgements() == 0
 
 
+def test_acknowledge_each_queues_what_acknowledge_would_one_at_a_time() -> None:
+    """The application's queue of explicit acknowledgements, in runs of a partition and back again:
+    what rides on the next ShareFetch is what ``acknowledge`` one by one would have sent (the last
+    kind of an offset wins), and a RENEW among them goes at once in a ShareAcknowledge."""
+    queue = [(("jobs", 0, 0), ACCEPT), (("jobs", 0, 1), REJECT), (("jobs", 1, 5), RELEASE),
+             (("jobs", 0, 2), ACCEPT), (("jobs", 0, 1), ACCEPT), (("jobs", 1, 6), RELEASE)]
+    sent: list[Any] = []
+    for each in (True, False):
+        s = Setup()  # jobs-0 led by node 1, jobs-1 by node 2: a ShareFetch each
+        s.h.poll()
+        first = {r.node_id: r for r in s.h.take_all("ShareFetch")}
+        first[1].respond(fetch_answer(partition(0, data=records(0, 3), acquired=[(0, 2, 1)])))
+        first[2].respond(fetch_answer(partition(1, data=records(5, 2), acquired=[(5, 6, 1)])))
+        s.fetcher.records_handed_out(1, 3)
+        s.fetcher.records_handed_out(2, 2)
+        if each:
+            s.fetcher.acknowledge_each(queue)
+        else:
+            for (topic, index, offset), kind in queue:
+                s.fetcher.acknowledge(TopicPartition(topic, index), offset, kind)
+        s.h.poll()
+        sent.append([p for r in s.h.take_all("ShareFetch") for t in r.body()["topics"] for p in t["partitions"]])
+        assert s.fetcher.pending_acknowledgements() == 0
+    assert sent[0] == sent[1]
+    batches = {p["partition_index"]: p["acknowledgement_batches"] for p in sent[0]}
+    assert batches == {
+        0: [{"first_offset": 0, "last_offset": 2, "acknowledge_types": [ACCEPT]}],
+        1: [{"first_offset": 5, "last_offset": 6, "acknowledge_types": [RELEASE]}],
+    }
+    s = Setup({P0})
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 1), acquired=[(0, 0, 1)])))
+    s.fetcher.records_handed_out(1, 1)
+    s.fetcher.acknowledge_each([(("jobs", 0, 0), RENEW)])
+    assert s.h.take("ShareAcknowledge").at(2).body()["is_renew_ack"] is True
+
+
 def test_commit_sends_a_share_acknowledge_when_not_fetching_and_reports_per_partition() -> None:
     s = Setup({P0})
     s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 2), acquired=[(0, 1, 1)])))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from asyncconsumer.app.share_collector import ShareCollector, _with
@@ -37,6 +37,10 @@ class _Fetcher:
 
     def acknowledge(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
         self.acks.append((tp, [offset], kind))
+
+    def acknowledge_each(self, acks: Iterable[tuple[tuple[str, int, int], AcknowledgeType]]) -> None:
+        for (topic, partition, offset), kind in acks:
+            self.acknowledge(TopicPartition(topic, partition), offset, kind)
 
 
 class _Engine:

@@ -81,6 +81,10 @@ def bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[
     return decorate
 
 
+#: The attribute naming a ``bracketed_sync`` wrapper's operation (``ClientBase._unbracketed``).
+_SYNC_OPERATION = "_bracketed_operation"
+
+
 def bracketed_sync(operation: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Run a plain public method between ``acquire(operation)`` and ``release(operation)``."""
 
@@ -94,6 +98,7 @@ def bracketed_sync(operation: str) -> Callable[[Callable[P, R]], Callable[P, R]]
             finally:
                 self.release(operation)
 
+        wrapper.__dict__[_SYNC_OPERATION] = operation
         return wrapper
 
     return decorate
@@ -142,6 +147,22 @@ class ClientBase:
     #: The operations the default ``acquire`` rule treats as polls (one polling task at a time).
     POLL_OPERATIONS: ClassVar[frozenset[str]] = frozenset()
 
+    #: The ``bracketed_sync`` methods whose operation is not a poll: (name, the method inside the
+    #: wrapper); see ``__init__``.
+    _unbracketed: ClassVar[tuple[tuple[str, Callable[..., Any]], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        found: dict[str, Any] = {}
+        for klass in reversed(cls.__mro__):
+            found.update(vars(klass))
+        cls._unbracketed = tuple(
+            (name, value.__wrapped__)
+            for name, value in found.items()
+            if getattr(value, _SYNC_OPERATION, None) is not None
+            and getattr(value, _SYNC_OPERATION) not in cls.POLL_OPERATIONS
+        )
+
     def __init__(self) -> None:
         self._engine: LoopCore | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -154,6 +175,12 @@ class ClientBase:
         # ``async for`` may hand out records already taken without acquire()/release() when they
         # are the default ones: it does not await, so no other task sees the client in between.
         self._default_hooks = type(self).acquire is ClientBase.acquire and type(self).release is ClientBase.release
+        if self._default_hooks:
+            # The default acquire()/release() do nothing for an operation that is not a poll, so
+            # this instance's plain methods of those are the methods themselves, without the
+            # wrapper's call (``ShareConsumer.acknowledge()`` is called once a record).
+            for name, method in self._unbracketed:
+                setattr(self, name, method.__get__(self))
 
     # -- hooks for the subclass -------------------------------------------------------------------
 

@@ -315,28 +315,34 @@ class ShareCollector(Generic[KT, VT]):
     def acknowledge(self, engine: ShareEngine, record: ShareConsumerRecord[KT, VT], kind: AcknowledgeType) -> None:
         """Settle ``record`` in the ledger and queue its acknowledgement for the loop."""
         key = _COORDINATES(record)
-        if key not in self.unacked:
+        unacked = self.unacked
+        # Settled at once but for a renewal, which keeps the record in the ledger (one look-up).
+        if (key in unacked) if kind is _RENEW else (unacked.pop(key, None) is not None):
+            renewed = self._renewed
+            deadline = renewed.get(key, record.lock_deadline) if renewed else record.lock_deadline  # lock_deadline()
+            now = time.monotonic()
+            if deadline and now > deadline:
+                unacked.pop(key, None)
+                renewed.pop(key, None)
+                raise AcquisitionLockExpiredError(
+                    f"the acquisition lock of {record.topic}-{record.partition} offset {record.offset} ran out "
+                    f"{now - deadline:.1f}s ago: the record is back in the group"
+                )
+            if kind is _RENEW:
+                # The broker restarts the lock when it gets the renewal: a little after now.
+                renewed[key] = now + engine.fetcher.lock_timeout
+            elif renewed:
+                renewed.pop(key, None)
+        else:
             raise IllegalStateError(
                 f"{record.topic}-{record.partition} offset {record.offset} is not a record this consumer "
                 "handed out and has not acknowledged yet"
             )
-        deadline = self.lock_deadline(record)
-        now = time.monotonic()
-        if deadline and now > deadline:
-            del self.unacked[key]
-            self._renewed.pop(key, None)
-            raise AcquisitionLockExpiredError(
-                f"the acquisition lock of {record.topic}-{record.partition} offset {record.offset} ran out "
-                f"{now - deadline:.1f}s ago: the record is back in the group"
-            )
-        if kind is _RENEW:
-            # The broker restarts the lock when it gets the renewal: a little after now.
-            self._renewed[key] = now + engine.fetcher.lock_timeout
+        queue = self._ack_queue
+        if queue is not None and self._ack_engine is engine and engine.posts == self._ack_posts:
+            queue.append((key, kind))  # _queue_ack's usual case, without the call
         else:
-            del self.unacked[key]
-            if self._renewed:
-                self._renewed.pop(key, None)
-        self._queue_ack(engine, key, kind)
+            self._queue_ack(engine, key, kind)
 
     def _queue_ack(self, engine: ShareEngine, key: _Key, kind: AcknowledgeType) -> None:
         """Queue an acknowledgement for the loop: with those queued just before it, in one event,
@@ -354,13 +360,7 @@ class ShareCollector(Generic[KT, VT]):
         def send(now: float) -> None:
             if self._ack_queue is queue:
                 self._ack_queue = None  # the next acknowledgement starts a new event
-            fetcher = engine.fetcher
-            partitions: dict[tuple[str, int], TopicPartition] = {}
-            for (topic, partition, offset), kind in queue:
-                tp = partitions.get((topic, partition))
-                if tp is None:
-                    tp = partitions[topic, partition] = TopicPartition(topic, partition)
-                fetcher.acknowledge(tp, offset, kind)
+            engine.fetcher.acknowledge_each(queue)
 
         return send
 
@@ -392,8 +392,7 @@ class ShareCollector(Generic[KT, VT]):
         self._told.difference_update(keys)
 
         def send(now: float) -> None:
-            for (topic, partition, offset), kind in acks.items():
-                engine.fetcher.acknowledge(TopicPartition(topic, partition), offset, kind)
+            engine.fetcher.acknowledge_each(acks.items())
 
         engine.post(send)
 

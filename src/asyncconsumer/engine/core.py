@@ -105,6 +105,8 @@ class LoopCore:
         #: The loop sleeps between turns (``_on_complete`` may hand an answer to its manager).
         self._asleep = False
         self._task_group: anyio.abc.TaskGroup | None = None
+        #: The loop runs (``run()`` started it and has not ended); see ``closed`` for a stop under way.
+        self.running = False
         self._stopped = anyio.Event()
         self.fatal_error: BaseException | None = None
         self.closed = False
@@ -157,6 +159,7 @@ class LoopCore:
         try:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
+                self.running = True
                 tg.start_soon(self._alarm)
                 task_status.started()
                 try:
@@ -168,6 +171,7 @@ class LoopCore:
             self.fatal_error = exc
         finally:
             self._task_group = None
+            self.running = False
             with anyio.CancelScope(shield=True), anyio.move_on_after(self._close_within):
                 await self.network.aclose()
             self.closed = True

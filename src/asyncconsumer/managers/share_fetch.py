@@ -211,6 +211,23 @@ class ShareFetchManager:
         if kind is _RENEW:
             self._urgent.add(tp)
 
+    def acknowledge_each(self, acks: Iterable[tuple[tuple[str, int, int], AcknowledgeType]]) -> None:
+        """``acknowledge`` for each ``((topic, partition, offset), kind)``, in order: the application's
+        queue of explicit acknowledgements, where a run of one partition's records shares its
+        entry (no call, and no ``TopicPartition`` made, a record)."""
+        queued, urgent = self._acks, self._urgent
+        topic, partition = "", -1  # no partition's: the first acknowledgement starts a run
+        tp = TopicPartition(topic, partition)
+        pending: dict[int, int] = {}
+        for (t, p, offset), kind in acks:
+            if p != partition or t != topic:
+                topic, partition = t, p
+                tp = TopicPartition(t, p)
+                pending = queued.setdefault(tp, {})
+            pending[offset] = kind
+            if kind is _RENEW:
+                urgent.add(tp)
+
     def acknowledge_all(self, tp: TopicPartition, offsets: Iterable[int], kind: int) -> None:
         """``acknowledge`` for each of ``offsets`` (a poll's records of ``tp``, say); ``kind`` an
         ``AcknowledgeType``, or ``GAP``."""
