@@ -175,7 +175,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
 
     async def _bootstrap(self) -> None:
         engine = self._running()
-        await engine.wait_for_metadata(self._config.request_timeout_ms / 1000)
+        await engine.wait_for_metadata(self._config.request_timeout_ms / 1000, all_topics=False)
 
     async def close(self, timeout: float = 30.0, *, membership: MembershipOperation = "default") -> None:
         """Commit (with auto-commit on), leave, stop the loop and close connections.

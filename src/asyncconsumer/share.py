@@ -151,7 +151,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
 
     async def _bootstrap(self) -> None:
         engine = self._running()
-        await engine.wait_for_metadata(self._config.request_timeout_ms / 1000)
+        await engine.wait_for_metadata(self._config.request_timeout_ms / 1000, all_topics=False)
         if self._topics:
             topics = self._topics
             engine.post(lambda now: engine.membership.subscribe(topics))

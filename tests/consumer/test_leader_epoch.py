@@ -112,8 +112,9 @@ async def test_a_leader_epoch_that_moves_has_the_position_checked_and_reading_go
         async with consumer(bootstrap, reconnect_backoff_max_ms=500) as c:
             c.assign([tp])
             assert await read(c, 5) == list(range(5))  # the other five wait as read-ahead
-            # The reset to the earliest offset came with the leader's epoch: checked once, at 0.
-            assert answers(validation_log, tp) == [{"offset": 0, "epoch": 0, "end": 10, "asked": 0, "current": 0}]
+            # The reset to the earliest offset was answered by the leader under its epoch (as the
+            # ListOffsets request named it): nothing to check, as in Java's consumer.
+            assert answers(validation_log, tp) == []
             validation_log.clear()
             await anyio.to_thread.run_sync(kafka.node.restart)
             with anyio.fail_after(30):

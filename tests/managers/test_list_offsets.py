@@ -267,6 +267,22 @@ def test_reset_looks_up_and_sets_position(strategy: str, timestamp: int) -> None
     s.h.assert_idle("ListOffsets")
 
 
+def test_a_reset_answered_under_the_named_leader_epoch_needs_no_validation_at_that_epoch() -> None:
+    """KIP-320: the leader answers ListOffsets only at the ``current_leader_epoch`` the request
+    named, so the position is what that leader has: no OffsetForLeaderEpoch before fetching (Java's
+    consumer skips it after a reset too), while a later epoch has it checked as any position."""
+    s = Setup("earliest")
+    s.subs.assign([T0])
+    state = s.subs.partitions[T0]
+    request = s.h.take("ListOffsets")
+    assert partitions(request) == {("t", 0): (EARLIEST, 5)}
+    request.respond(answer({T0: (0, -1, 3)}))  # the first record's epoch, older than the leader's
+    assert (state.phase, state.position, state.leader_epoch) == (PartitionPhase.FETCHING, 0, 3)
+    assert state.validated_for == 5
+    assert not state.needs_validation(5)
+    assert state.needs_validation(6)
+
+
 def test_reset_uses_the_partitions_own_strategy() -> None:
     s = Setup("earliest")
     s.subs.assign([T0, T2])

@@ -249,6 +249,24 @@ def test_fetch_all_topics_resolves_waiter() -> None:
     assert manager.cluster.leader(TopicPartition("a", 1)) == PartitionInfo(2, 3)
 
 
+def test_next_answer_is_the_first_steps_brokers_only_request_and_waits_out_a_failure() -> None:
+    """A client's first step waits for the brokers to answer: the regular request, naming no topic
+    while none is of interest (not every topic: a large cluster's would be megabytes)."""
+    manager, h, _, _ = make()
+    waiter = manager.next_answer()
+    request = h.take("Metadata")
+    assert request.body()["topics"] == []
+    request.fail(KafkaConnectionError("down"))
+    assert not waiter.done()
+    h.advance(BACKOFF)
+    h.take("Metadata").respond(metadata_body({}, brokers=[0, 1]))
+    assert set(waiter.result().brokers) == {0, 1}
+    later = manager.next_answer()  # asked again: a refresh goes out after the backoff
+    manager.fail_all(KafkaConnectionError("gone"))
+    with pytest.raises(KafkaConnectionError, match="gone"):
+        later.result()
+
+
 def test_fetch_all_topics_waiters_share_one_request_and_retry_after_error() -> None:
     manager, h, _, _ = make()
     h.take("Metadata").respond(metadata_body({}, brokers=[0]))

@@ -317,9 +317,12 @@ class LoopCore:
 
     # -- metadata ----------------------------------------------------------------------------------
 
-    async def wait_for_metadata(self, timeout: float) -> Cluster:
-        """A fresh all-topics metadata snapshot (for ``topics()``)."""
-        waiter = await self.call(lambda now: self.metadata.fetch_all_topics())
+    async def wait_for_metadata(self, timeout: float, *, all_topics: bool = True) -> Cluster:
+        """A fresh all-topics metadata snapshot (for ``topics()``); with ``all_topics=False`` the
+        cluster after the next Metadata answer, whatever it asked (a client's first step: the
+        brokers answer)."""
+        metadata = self.metadata
+        waiter = await self.call(lambda now: metadata.fetch_all_topics() if all_topics else metadata.next_answer())
         with anyio.move_on_after(timeout):
             while True:
                 with anyio.move_on_after(0.05):

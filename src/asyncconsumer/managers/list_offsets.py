@@ -244,6 +244,7 @@ class ListOffsetsManager:
     def _poll_resets(self, now: float) -> list[UnsentRequest]:
         cluster = self._metadata.cluster
         by_leader: dict[int, dict[TopicPartition, int]] = defaultdict(dict)
+        sent_under: dict[TopicPartition, int] = {}  # the leader epoch each request names (build)
         missing: list[TopicPartition] = []
         for state in self._subscriptions.in_phase(PartitionPhase.AWAIT_RESET, now):
             tp = state.tp
@@ -258,6 +259,7 @@ class ListOffsetsManager:
                 self._metadata.request_update()
                 continue
             by_leader[leader.leader][tp] = timestamp
+            sent_under[tp] = leader.leader_epoch
         if missing:
             for tp in missing:
                 self._subscriptions.partitions[tp].retry_at = float("inf")  # until the user seeks
@@ -266,12 +268,18 @@ class ListOffsetsManager:
         for node, parts in by_leader.items():
             epochs = {tp: self._subscriptions.partitions[tp].epoch for tp in parts}
             self._resets_in_flight.update(parts)
-            requests.append(self._request(node, parts, self._reset_handler(parts, epochs)))
+            requests.append(self._request(node, parts, self._reset_handler(parts, epochs, sent_under)))
         return requests
 
     def _reset_handler(
-        self, parts: dict[TopicPartition, int], epochs: dict[TopicPartition, int]
+        self, parts: dict[TopicPartition, int], epochs: dict[TopicPartition, int], sent_under: dict[TopicPartition, int]
     ) -> Callable[[float, dict[TopicPartition, OffsetResult] | KafkaError], None]:
+        """A reset's answers become positions.  One that the leader gave under the leader epoch
+        the request named (``current_leader_epoch``: the broker answers only at that epoch, else
+        with FENCED/UNKNOWN_LEADER_EPOCH) is what that leader has, so it counts as validated for
+        that epoch (KIP-320: no OffsetForLeaderEpoch before the first fetch; Java's consumer
+        skips the check after a reset too); a later epoch has it checked as any position."""
+
         def handle(now: float, outcome: dict[TopicPartition, OffsetResult] | KafkaError) -> None:
             self._resets_in_flight.difference_update(parts)
             for tp in parts:
@@ -292,6 +300,8 @@ class ListOffsetsManager:
                 offset, _, leader_epoch = result
                 log.debug("reset %s to %s offset %d", tp, state.reset_to, offset)
                 state.set_position(offset, leader_epoch)
+                if sent_under[tp] >= 0:
+                    state.validated_for = sent_under[tp]
 
         return handle
 

@@ -227,6 +227,7 @@ class MetadataManager:
         self._polled_at = -math.inf
         self._interested = False
         self._all_topics_waiters: list[Waiter[Cluster]] = []
+        self._answer_waiters: list[Waiter[Cluster]] = []  # next_answer()
         self._all_in_flight = False
         self.last_error: KafkaError | None = None
         #: Bumped on every response, so waiters know a refresh happened.
@@ -252,8 +253,17 @@ class MetadataManager:
         self._all_topics_waiters.append(waiter)
         return waiter
 
+    def next_answer(self) -> Waiter[Cluster]:
+        """The cluster after the next Metadata answer of either kind, a regular refresh asked for
+        now (a client's first step: the brokers answer, without the cost of every topic)."""
+        waiter: Waiter[Cluster] = Waiter()
+        self._answer_waiters.append(waiter)
+        self.request_update()
+        return waiter
+
     def fail_all(self, error: BaseException) -> None:
-        waiters, self._all_topics_waiters = self._all_topics_waiters, []
+        waiters = self._all_topics_waiters + self._answer_waiters
+        self._all_topics_waiters, self._answer_waiters = [], []
         for waiter in waiters:
             waiter.set_exception(error)
 
@@ -422,6 +432,10 @@ class MetadataManager:
         self.last_error = None
         self.version += 1
         self._on_update(self.cluster)
+        if self._answer_waiters:
+            waiters, self._answer_waiters = self._answer_waiters, []
+            for waiter in waiters:
+                waiter.set_result(self.cluster)
 
     def _backoff_missing(self, now: float, errors: dict[str, KafkaError]) -> None:
         """Topics of interest the answer says do not exist: ask again soon, each time waiting twice
