@@ -141,6 +141,7 @@ class Consumer(ClientBase, Generic[KT, VT]):
         import asyncio
 
         engine = self._new_engine()
+        self._direct_plain_calls(True)
         started = asyncio.get_running_loop().create_future()
 
         class _Status:

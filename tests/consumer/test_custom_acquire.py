@@ -7,7 +7,9 @@ need a running event loop only for ``anyio.get_current_task()``.
 
 from __future__ import annotations
 
+import gc
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +17,6 @@ import anyio
 import pytest
 
 from asyncconsumer import ConcurrentAccessError, Consumer, TopicPartition
-from asyncconsumer.errors import IllegalStateError
 from asyncconsumer.listener import RebalanceListener
 from asyncconsumer.managers.membership import CallbackKind, CallbackRequest
 from examples.custom_acquire import POLL_OPERATIONS, SharedPollConsumer, consume_with_two_pollers
@@ -166,10 +167,13 @@ async def test_shared_poll_consumer_release_runs_when_the_poll_fails(anyio_backe
     assert sum(consumer.polls_by_task.values()) == 1
 
 
-def test_plain_calls_skip_the_default_brackets_and_keep_a_custom_rules() -> None:
+async def test_plain_calls_skip_the_default_brackets_while_running_and_keep_a_custom_rules(
+    anyio_backend: str, bootstrap: str
+) -> None:
     """With the default acquire()/release(), which do nothing for a call that is not a poll, such a
-    call (``assignment()``, ``pause()``...) runs without its wrapper; a subclass with its own rule
-    still sees every one of them."""
+    call (``assignment()``, ``pause()``...) runs without its wrapper while the consumer runs; after
+    it stops nothing of that is left (a dropped consumer is freed at once, no reference cycle).  A
+    subclass with its own rule still sees every call."""
     seen: list[tuple[str, str]] = []
 
     class Recording(Consumer[bytes, bytes]):
@@ -179,19 +183,28 @@ def test_plain_calls_skip_the_default_brackets_and_keep_a_custom_rules() -> None
         def release(self, operation: str) -> None:
             seen.append(("release", operation))
 
-    plain: Consumer[bytes, bytes] = Consumer()
-    assert "assignment" in vars(plain) and "getmany" not in vars(plain)
-    assert not hasattr(vars(plain)["assignment"], "__wrapped__")
-    assert plain.assignment() == set()
-    with pytest.raises(IllegalStateError, match="not started"):
-        plain.assign([TopicPartition("t", 0)])
-    recording = Recording()
-    assert "assignment" not in vars(recording)
-    assert recording.assignment() == set()
-    with pytest.raises(IllegalStateError, match="not started"):  # released all the same
-        recording.assign([TopicPartition("t", 0)])
-    assert seen == [("acquire", "assignment"), ("release", "assignment"), ("acquire", "assign"),
-                    ("release", "assign")]
+    tp = TopicPartition("t", 0)
+    plain: Consumer[bytes, bytes] = Consumer(bootstrap_servers=bootstrap)
+    assert "assignment" not in vars(plain)
+    async with plain:
+        assert "assignment" in vars(plain) and "getmany" not in vars(plain)
+        assert not hasattr(vars(plain)["assignment"], "__wrapped__")
+        plain.assign([tp])
+        assert plain.assignment() == {tp}
+    assert "assignment" not in vars(plain)
+    gone = weakref.ref(plain)
+    gc.disable()  # freed by its reference count, not by a collection
+    try:
+        del plain
+        assert gone() is None
+    finally:
+        gc.enable()
+    async with Recording(bootstrap_servers=bootstrap) as recording:
+        assert "assignment" not in vars(recording)
+        recording.assign([tp])
+        assert recording.assignment() == {tp}
+    assert [call for call in seen if call[1] in ("assign", "assignment")] == [
+        ("acquire", "assign"), ("release", "assign"), ("acquire", "assignment"), ("release", "assignment")]
 
 
 async def test_example_reads_every_record_from_two_polling_tasks(

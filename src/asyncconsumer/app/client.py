@@ -148,7 +148,7 @@ class ClientBase:
     POLL_OPERATIONS: ClassVar[frozenset[str]] = frozenset()
 
     #: The ``bracketed_sync`` methods whose operation is not a poll: (name, the method inside the
-    #: wrapper); see ``__init__``.
+    #: wrapper); see ``_direct_plain_calls``.
     _unbracketed: ClassVar[tuple[tuple[str, Callable[..., Any]], ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -175,12 +175,21 @@ class ClientBase:
         # ``async for`` may hand out records already taken without acquire()/release() when they
         # are the default ones: it does not await, so no other task sees the client in between.
         self._default_hooks = type(self).acquire is ClientBase.acquire and type(self).release is ClientBase.release
-        if self._default_hooks:
-            # The default acquire()/release() do nothing for an operation that is not a poll, so
-            # this instance's plain methods of those are the methods themselves, without the
-            # wrapper's call (``ShareConsumer.acknowledge()`` is called once a record).
-            for name, method in self._unbracketed:
+
+    def _direct_plain_calls(self, direct: bool) -> None:
+        """While the client runs with the default ``acquire()``/``release()``, which do nothing for
+        an operation that is not a poll, its plain (not async) methods of those operations are set
+        on the instance as the methods themselves, without the wrapper's call
+        (``ShareConsumer.acknowledge()`` is called once a record).  Taken off when it stops: a
+        method bound on the instance is a reference cycle, which would keep a dropped client (and
+        its buffers) until the cyclic GC runs."""
+        if not self._default_hooks:
+            return
+        for name, method in self._unbracketed:
+            if direct:
                 setattr(self, name, method.__get__(self))
+            else:
+                self.__dict__.pop(name, None)
 
     # -- hooks for the subclass -------------------------------------------------------------------
 
@@ -215,6 +224,7 @@ class ClientBase:
         self._task_group = task_group
         try:
             engine = self._new_engine()
+            self._direct_plain_calls(True)
             await task_group.start(engine.run)
             await self._bootstrap()
         except BaseException:
@@ -245,6 +255,7 @@ class ClientBase:
         engine = self._engine
         if engine is None:
             return
+        self._direct_plain_calls(False)
         began = anyio.current_time()
         await self._push_final_metrics(engine, timeout / 2)
         timeout = max(0.0, timeout - (anyio.current_time() - began))
