@@ -315,7 +315,7 @@ class ShareConsumer(ClientBase, Generic[KT, VT]):
         record whose lock already ran out raises ``AcquisitionLockExpiredError`` (the broker gave
         it back); anything else raises ``IllegalStateError``."""
         engine = self._engine
-        if engine is None or self._closed or engine.closed or not engine.running:  # check_running(), no call
+        if engine is None or self._closed or engine.closed or not engine.running:  # _running()'s checks, no call
             engine = self._running()  # raises, saying why
         if isinstance(record, str):  # (topic, partition, offset, type): ``type`` holds the partition
             partition = type

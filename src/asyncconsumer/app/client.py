@@ -159,8 +159,8 @@ class ClientBase:
         cls._unbracketed = tuple(
             (name, value.__wrapped__)
             for name, value in found.items()
-            if getattr(value, _SYNC_OPERATION, None) is not None
-            and getattr(value, _SYNC_OPERATION) not in cls.POLL_OPERATIONS
+            if (operation := getattr(value, _SYNC_OPERATION, None)) is not None
+            and operation not in cls.POLL_OPERATIONS
         )
 
     def __init__(self) -> None:

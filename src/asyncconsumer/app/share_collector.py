@@ -108,7 +108,7 @@ class ShareCollector(Generic[KT, VT]):
         self.deserializers = Deserializers(config, log, _release_hint)
         #: Set by ``close_out``: records deserialized while the consumer closed are not handed out.
         self.closing = False
-        #: Acknowledgements queued in the last event posted (``_queue_ack``), its engine, and the
+        #: Acknowledgements queued in the last event posted (``acknowledge``), its engine, and the
         #: engine's ``posts`` just after it.
         self._ack_queue: list[tuple[_Key, AcknowledgeType]] | None = None
         self._ack_engine: ShareEngine | None = None
@@ -319,7 +319,7 @@ class ShareCollector(Generic[KT, VT]):
         # Settled at once but for a renewal, which keeps the record in the ledger (one look-up).
         if (key in unacked) if kind is _RENEW else (unacked.pop(key, None) is not None):
             renewed = self._renewed
-            deadline = renewed.get(key, record.lock_deadline) if renewed else record.lock_deadline  # lock_deadline()
+            deadline = self.lock_deadline(record)
             now = time.monotonic()
             if deadline and now > deadline:
                 unacked.pop(key, None)
@@ -338,16 +338,9 @@ class ShareCollector(Generic[KT, VT]):
                 f"{record.topic}-{record.partition} offset {record.offset} is not a record this consumer "
                 "handed out and has not acknowledged yet"
             )
-        queue = self._ack_queue
-        if queue is not None and self._ack_engine is engine and engine.posts == self._ack_posts:
-            queue.append((key, kind))  # _queue_ack's usual case, without the call
-        else:
-            self._queue_ack(engine, key, kind)
-
-    def _queue_ack(self, engine: ShareEngine, key: _Key, kind: AcknowledgeType) -> None:
-        """Queue an acknowledgement for the loop: with those queued just before it, in one event,
-        while no other event was queued since (acknowledgements and the other events reach the
-        loop in the order the application made them, and a record's costs no event of its own)."""
+        # Queued for the loop with those queued just before it, in one event, while no other event
+        # was queued since (acknowledgements and the other events reach the loop in the order the
+        # application made them, and a record's costs no event of its own).
         queue = self._ack_queue
         if queue is None or self._ack_engine is not engine or engine.posts != self._ack_posts:
             queue = self._ack_queue = []

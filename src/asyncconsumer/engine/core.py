@@ -362,7 +362,7 @@ class LoopCore:
     def check_running(self) -> None:
         if self.fatal_error is not None:
             raise ConsumerClosedError(f"the {self.OWNER}'s background loop failed: {self.fatal_error!r}")
-        if self.closed or self._task_group is None:
+        if self.closed or not self.running:
             raise ConsumerClosedError(f"the {self.OWNER} is not running: use 'async with' or 'await start()'")
 
     def _run_events(self, now: float) -> None:
