@@ -116,6 +116,23 @@ def test_request_update_while_in_flight_sends_again_after_the_response() -> None
     h.assert_idle()
 
 
+def test_leaders_asked_for_while_a_refresh_naming_the_topic_is_in_flight_wait_for_its_answer() -> None:
+    manager, h, interest, _ = make("a")
+    first = h.take("Metadata")
+    manager.request_leaders("a")  # every turn until the answer: a reset right after assign()
+    manager.request_leaders("a")
+    h.assert_idle()
+    first.respond(metadata_body(LEADERS))
+    h.assert_idle()  # that answer named "a": nothing more to ask
+    # A topic the refresh in flight does not name is asked for after it.
+    interest.names.add("b")
+    second = h.take("Metadata")
+    manager.request_leaders("c")
+    second.respond(metadata_body(LEADERS))
+    h.take("Metadata").respond(metadata_body(LEADERS))
+    h.assert_idle()
+
+
 def test_requested_refreshes_wait_the_backoff_after_each_answer() -> None:
     # A partition that has no leader in any answer (its topic was deleted) asks for a refresh on
     # every loop turn: that must make one request per retry_backoff_ms, not one per round trip.

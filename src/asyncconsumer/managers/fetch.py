@@ -389,7 +389,7 @@ class FetchManager:
             tp = state.tp
             leader = leaders.get(tp)
             if leader is None:
-                self._metadata.request_update()
+                self._metadata.request_leaders(tp.topic)
                 continue
             node = self._read_replica(tp, leader.leader, now) if preferred else leader.leader
             if state.validated_for != leader.leader_epoch and state.needs_validation(leader.leader_epoch):

@@ -193,7 +193,7 @@ class ListOffsetsManager:
                     lookup.waiter.set_exception(self._topic_error(tp))
                     break
                 if leader is None:
-                    self._metadata.request_update()
+                    self._metadata.request_leaders(tp.topic)
                     continue
                 by_leader[leader.leader][tp] = ts
             else:
@@ -256,7 +256,7 @@ class ListOffsetsManager:
                 continue
             leader = cluster.leader(tp)
             if leader is None:
-                self._metadata.request_update()
+                self._metadata.request_leaders(tp.topic)
                 continue
             by_leader[leader.leader][tp] = timestamp
             sent_under[tp] = leader.leader_epoch

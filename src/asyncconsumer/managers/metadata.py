@@ -248,6 +248,14 @@ class MetadataManager:
     def request_update(self) -> None:
         self._requested = True
 
+    def request_leaders(self, topic: str) -> None:
+        """A partition of ``topic`` has no known leader: :meth:`request_update`, unless the refresh
+        in flight asks for ``topic`` already (its answer brings the leaders, or says why there are
+        none).  A manager meets the unknown leader at every turn until that answer (a position reset
+        right after ``assign()``), and each ask would have another refresh sent after it."""
+        if not (self._in_flight and (self._last_want_all or topic in self._last_topics)):
+            self._requested = True
+
     def fetch_all_topics(self) -> Waiter[Cluster]:
         waiter: Waiter[Cluster] = Waiter()
         self._all_topics_waiters.append(waiter)

@@ -302,7 +302,7 @@ class ShareFetchManager:
         for tp in self._assignment():
             info = leaders.get(tp)
             if info is None:
-                self._metadata.request_update()
+                self._metadata.request_leaders(tp.topic)
                 continue
             by_node.setdefault(info.leader, []).append(tp)
         for tp in list(self._acks):

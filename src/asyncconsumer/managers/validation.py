@@ -111,7 +111,7 @@ class PositionValidator:
             leader = leaders.get(state.tp)
             if leader is None:
                 if state.phase is _AWAIT:
-                    self._metadata.request_update()
+                    self._metadata.request_leaders(state.tp.topic)
                 continue
             if state.validated_for == leader.leader_epoch and state.phase is not _AWAIT:
                 continue  # vouched for by this leader, not waiting: nothing to do (the common case, each turn)
