@@ -95,3 +95,20 @@ def test_a_cluster_holds_every_port_it_drew_until_it_stops() -> None:
     cluster.stop()
     with lease_ports(6, candidates=first + moved) as lease:
         assert sorted(lease.ports) == sorted(first + moved)
+
+
+@pytest.mark.parametrize("service", ["EmbeddedBroker", "SchemaRegistry"])
+def test_the_embedded_broker_and_the_registry_hold_the_port_they_drew_until_they_stop(service: str) -> None:
+    """Their default port is leased as the Kafka brokers' are (below the ephemeral range, where no
+    outgoing connection takes it between the draw and the bind); a port given is the caller's."""
+    from asyncconsumer import testing
+
+    server = getattr(testing, service)()
+    assert server.port in drawing_range()
+    with pytest.raises(OSError):
+        lease_ports(1, candidates=[server.port])
+    server.stop()  # never started: stopping gives the port back all the same
+    with lease_ports(1, candidates=[server.port]) as lease:
+        assert lease.ports == [server.port]
+        given = getattr(testing, service)(port=server.port)  # the caller's port: no lease of its own
+        given.stop()

@@ -19,6 +19,7 @@ import time
 from typing import Self
 
 from ._process import Service, parent_death_signal, stop_process
+from .ports import PortLease, lease_ports
 
 LOOPBACK = "127.0.0.1"
 
@@ -48,7 +49,8 @@ def broker_binary() -> str:
 class EmbeddedBroker(Service):
     """The Tansu broker as a child process, on ``127.0.0.1``.
 
-    ``port``: where it listens (default: a free port); ``advertised_port``: the port its metadata
+    ``port``: where it listens (default: a free port, leased as ``KafkaBroker``'s are until
+    :meth:`stop`, see ``asyncconsumer.testing.ports``); ``advertised_port``: the port its metadata
     names (default: ``port``; point it at a proxy to send clients through it).
     ``startup_timeout``: seconds :meth:`start` waits for the port to accept connections.
     """
@@ -60,7 +62,11 @@ class EmbeddedBroker(Service):
         advertised_port: int | None = None,
         startup_timeout: float = 20.0,
     ) -> None:
-        self.port = port or free_port()
+        self._lease: PortLease | None = None
+        if not port:
+            self._lease = lease_ports(1)
+            (port,) = self._lease.ports
+        self.port = port
         self.advertised_port = advertised_port or self.port
         self._startup_timeout = startup_timeout
         self._process: subprocess.Popen[bytes] | None = None
@@ -123,3 +129,6 @@ class EmbeddedBroker(Service):
         """Stop the process by its pid: SIGTERM, then SIGKILL after ``timeout`` s."""
         process, self._process = self._process, None
         stop_process(process, timeout)
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()

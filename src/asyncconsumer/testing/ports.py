@@ -1,5 +1,6 @@
-"""Loopback ports for the test brokers (``KafkaBroker``, ``KafkaCluster``, ``ContainerBroker``),
-drawn so that two processes on one machine never take the same one.
+"""Loopback ports for the test servers (``KafkaBroker``, ``KafkaCluster``, ``ContainerBroker``,
+``EmbeddedBroker``, ``SchemaRegistry``), drawn so that two processes on one machine never take the
+same one.
 
 A port found free by binding it is free only until somebody binds it, and a broker binds its ports
 seconds after they are drawn (a JVM starts, a node restarts on the ports it had).  Meanwhile two
