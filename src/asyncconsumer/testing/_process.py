@@ -12,6 +12,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Self
 
+from .ports import PortLease, lease_ports
+
 
 def stop_process(process: subprocess.Popen[Any] | None, timeout: float) -> None:
     """Stop ``process`` by its pid: SIGTERM, and SIGKILL when it has not ended after ``timeout`` s."""
@@ -37,6 +39,22 @@ class Service(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None:
         """Stop it and remove what it wrote; safe to call twice."""
+
+    _port_lease: PortLease | None = None
+
+    def _own_port(self, port: int | None) -> int:
+        """``port`` if given; else one leased for this service (``asyncconsumer.testing.ports``:
+        below the ephemeral range, no other lease gets it) until :meth:`_release_port`."""
+        if port:
+            return port
+        self._port_lease = lease_ports(1)
+        return self._port_lease.ports[0]
+
+    def _release_port(self) -> None:
+        """Give back the port :meth:`_own_port` leased (a :meth:`stop`'s last step; safe twice)."""
+        lease, self._port_lease = self._port_lease, None
+        if lease is not None:
+            lease.release()
 
     def __enter__(self) -> Self:
         return self.start()

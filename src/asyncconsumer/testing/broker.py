@@ -19,7 +19,6 @@ import time
 from typing import Self
 
 from ._process import Service, parent_death_signal, stop_process
-from .ports import PortLease, lease_ports
 
 LOOPBACK = "127.0.0.1"
 
@@ -62,11 +61,7 @@ class EmbeddedBroker(Service):
         advertised_port: int | None = None,
         startup_timeout: float = 20.0,
     ) -> None:
-        self._lease: PortLease | None = None
-        if not port:
-            self._lease = lease_ports(1)
-            (port,) = self._lease.ports
-        self.port = port
+        self.port = self._own_port(port)
         self.advertised_port = advertised_port or self.port
         self._startup_timeout = startup_timeout
         self._process: subprocess.Popen[bytes] | None = None
@@ -129,6 +124,4 @@ class EmbeddedBroker(Service):
         """Stop the process by its pid: SIGTERM, then SIGKILL after ``timeout`` s."""
         process, self._process = self._process, None
         stop_process(process, timeout)
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.release()
+        self._release_port()

@@ -49,7 +49,6 @@ from typing import IO, Self
 
 from ._java import JavaNotFoundError, cache_dir, file_lock, find_java
 from ._process import Service, parent_death_signal, stop_process
-from .ports import PortLease, lease_ports
 
 __all__ = [
     "APICURIO_VERSION",
@@ -242,11 +241,7 @@ class SchemaRegistry(Service):
     """
 
     def __init__(self, *, port: int | None = None, startup_timeout: float = 120.0, heap_mb: int = 256) -> None:
-        self._lease: PortLease | None = None
-        if not port:  # leased below the ephemeral range until stop(), as the test brokers' ports
-            self._lease = lease_ports(1)
-            (port,) = self._lease.ports
-        self.port = port
+        self.port = self._own_port(port)
         self.startup_timeout = startup_timeout
         self.heap_mb = heap_mb
         self.startup_seconds: float | None = None
@@ -353,9 +348,7 @@ class SchemaRegistry(Service):
         directory, self._directory = self._directory, None
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.release()
+        self._release_port()
 
     # -- what tests look at ---------------------------------------------------------------------------
 
