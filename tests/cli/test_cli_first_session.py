@@ -26,6 +26,8 @@ from confluent_kafka import Producer as RdProducer
 from confluent_kafka import TopicPartition as RdPartition
 from support.producer import create_topic
 
+from asyncconsumer.testing.ports import drawing_range
+
 pytestmark = pytest.mark.broker
 
 CLI = [sys.executable, "-m", "asyncconsumer"]
@@ -263,6 +265,8 @@ def test_a_port_in_use_is_one_line_or_avoided() -> None:
         with broker("--kind", "embedded") as b:
             port = int(b["bootstrap"].rpartition(":")[2])
             assert port != 9092
+            # leased below the ephemeral range, where no outgoing connection takes it first
+            assert port in drawing_range(), (port, drawing_range())
             err = stop(b["proc"], signal.SIGTERM)
             assert f"Port 9092 is in use (another broker?): listening on port {port} instead." in err, err
 

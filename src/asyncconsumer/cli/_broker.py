@@ -4,7 +4,9 @@ It starts Apache Kafka (:class:`~asyncconsumer.testing.KafkaBroker`, one KRaft n
 PLAINTEXT listener, from Kafka's jars) where Java 17 or newer is found, else the embedded Tansu
 broker (:class:`~asyncconsumer.testing.EmbeddedBroker`), and says which one and, for Tansu, what
 it lacks.  It listens on ``127.0.0.1``: on port 9092 unless that is taken (then on a free port, and
-it says so) or ``--port`` names another; ``--port`` with a taken port is an error.  Topics named
+it says so) or ``--port`` names another; ``--port`` with a taken port is an error.  A free port is
+one the broker leases below the kernel's ephemeral range (``asyncconsumer.testing.ports``), so no
+outgoing connection can take it before the broker binds it.  Topics named
 with ``--topic NAME[:PARTITIONS]`` are created before the address is printed.  Ctrl-C or SIGTERM
 stops the broker process by its pid and removes its files (Tansu keeps its data in memory).
 """
@@ -23,7 +25,6 @@ from typing import IO, Protocol
 import anyio
 
 from ..testing import EmbeddedBroker, EmbeddedBrokerError, JavaNotFoundError, KafkaBroker, KafkaDownloadError
-from ..testing.broker import free_port
 from ..testing.kafka import MIN_JAVA, find_java, kafka_libs
 from ..testing.ports import port_free
 from ._client import ProduceClient
@@ -65,17 +66,14 @@ class TopicSpec:
         return cls(name, int(count))
 
 
-def choose_port(port: int | None, err: IO[str]) -> int:
-    """``port`` if given (taken: an error); else 9092, or a free port when 9092 is taken (said on ``err``)."""
+def choose_port(port: int | None) -> int | None:
+    """``port`` if given (taken: an error); else 9092 if it is free.  None: a free port, which the
+    broker leases itself (``--port 0``, or 9092 taken)."""
     if port is not None:
         if port and not port_free(port):
             raise BrokerCommandError(f"port {port} on {LOOPBACK} is in use (another broker?): choose another --port")
-        return port or free_port()
-    if port_free(DEFAULT_PORT):
-        return DEFAULT_PORT
-    chosen = free_port()
-    err.write(f"Port {DEFAULT_PORT} is in use (another broker?): listening on port {chosen} instead.\n")
-    return chosen
+        return port or None
+    return DEFAULT_PORT if port_free(DEFAULT_PORT) else None
 
 
 class _Stop(Exception):
@@ -98,11 +96,12 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _start_kafka(port: int, err: IO[str]) -> tuple[_Running, str]:
+def _start_kafka(port: int | None, err: IO[str]) -> tuple[_Running, str]:
     broker = KafkaBroker(listeners=("PLAINTEXT",), port=port, heap_mb=512)
     kafka_libs(broker.version, progress=err)  # the first start downloads the jars, saying so on err
     # The JVM takes a while and prints nothing meanwhile: say so before, not only after.
-    err.write(f"Starting Apache Kafka {broker.version} on {LOOPBACK}:{port} (a JVM: 15 to 40 s, "
+    where = f"{LOOPBACK}:{port}" if port else f"a free port of {LOOPBACK}"
+    err.write(f"Starting Apache Kafka {broker.version} on {where} (a JVM: 15 to 40 s, "
               "longer on a busy machine) ...\n")
     err.flush()
     broker.start()
@@ -110,7 +109,7 @@ def _start_kafka(port: int, err: IO[str]) -> tuple[_Running, str]:
     return broker, f"Apache Kafka {broker.version} (one KRaft node; its files, in {files}, are removed when it stops)"
 
 
-def _start_embedded(port: int, why: str | None) -> tuple[_Running, str]:
+def _start_embedded(port: int | None, why: str | None) -> tuple[_Running, str]:
     """The embedded broker; ``why``: why not Apache Kafka (None: it was asked for)."""
     try:
         broker = EmbeddedBroker(port=port).start()
@@ -122,9 +121,9 @@ def _start_embedded(port: int, why: str | None) -> tuple[_Running, str]:
     return broker, f"the embedded Tansu broker, data in memory{reason}.\n{TANSU_LACKS}"
 
 
-def start(kind: str, port: int, err: IO[str]) -> tuple[_Running, str]:
-    """Start the broker ``kind`` asks for ("auto", "kafka", "embedded"); returns it and its description.
-    Progress (a download, a slow start) goes to ``err``."""
+def start(kind: str, port: int | None, err: IO[str]) -> tuple[_Running, str]:
+    """Start the broker ``kind`` asks for ("auto", "kafka", "embedded") on ``port`` (None: a free one it
+    leases); returns it and its description.  Progress (a download, a slow start) goes to ``err``."""
     if kind == "embedded":
         return _start_embedded(port, None)
     try:
@@ -154,7 +153,11 @@ def serve(kind: str, port: int | None, topics: Sequence[TopicSpec], out: IO[str]
     broker: _Running | None = None
     with _stop_on_signals():
         try:
-            broker, description = start(kind, choose_port(port, err), err)
+            chosen = choose_port(port)
+            broker, description = start(kind, chosen, err)
+            if port is None and chosen is None:
+                listening = broker.bootstrap.rpartition(":")[2]
+                err.write(f"Port {DEFAULT_PORT} is in use (another broker?): listening on port {listening} instead.\n")
             for spec, created in anyio.run(create_topics, broker.bootstrap, topics):
                 state = "created" if created else "exists already"
                 out.write(f"Topic {spec.name}: {state} ({spec.partitions} partition(s) asked for)\n")
