@@ -33,7 +33,7 @@ from typing import Any, ClassVar, TypeVar
 import anyio
 import anyio.abc
 
-from .._runtime import current_async_library, loop_clock
+from .._runtime import WakeEvent, current_async_library, loop_clock, wake_event_factory
 from ..config import ConsumerConfig
 from ..errors import ConsumerClosedError, KafkaError, KafkaTimeoutError
 from ..managers.loop_lag import Deadline, LoopLagWatch
@@ -80,22 +80,22 @@ class LoopCore:
         self._completions: deque[tuple[UnsentRequest, int, Body | None, BaseException | None]] = deque()
         self._errors: deque[KafkaError] = deque()
         #: Makes the loop's and the application's wake events: ``anyio.Event`` until the loop runs,
-        #: then the running backend's own class, made directly, without ``anyio.Event()``'s look-up
-        #: of the backend through sniffio (six calls, twice each fetch round trip).
-        self._new_event: Callable[[], anyio.Event] = anyio.Event
+        #: then ``_runtime.wake_event_factory()``'s: asyncio's own event on asyncio, the backend's
+        #: class elsewhere (made directly, without ``anyio.Event()``'s look-up of the backend).
+        self._new_event: Callable[[], WakeEvent] = anyio.Event
         #: The running asyncio loop once the loop runs on one (``wait_app``'s timer); None elsewhere.
         self._asyncio_loop: asyncio.AbstractEventLoop | None = None
         #: anyio's clock, read without its backend lookup once the loop runs (``app_time``).
         self._app_clock: Callable[[], float] = anyio.current_time
-        self._wake_event = anyio.Event()
+        self._wake_event: WakeEvent = anyio.Event()
         self._woken = False
         # When the loop is to run its next turn at the latest (its clock; inf while it runs), and
         # the alarm task that wakes it then: when that task means to look next, and what tells it
         # to look sooner (see ``_alarm``).
         self._wake_at = float("inf")
         self._alarm_at = float("inf")
-        self._rearm = anyio.Event()
-        self._app_event = anyio.Event()
+        self._rearm: WakeEvent = anyio.Event()
+        self._app_event: WakeEvent = anyio.Event()
         #: ``wait_app``'s timer on asyncio, and when it rings (inf: none).
         self._app_alarm: asyncio.TimerHandle | None = None
         self._app_alarm_at = float("inf")
@@ -196,7 +196,7 @@ class LoopCore:
         await self._stopped.wait()
 
     async def _loop(self) -> None:
-        self._new_event = type(anyio.Event())
+        self._new_event = wake_event_factory()
         self._on_start()
         backend = current_async_library()
         self._hand_over_yields = 2 if backend == "trio" else 1
@@ -446,7 +446,7 @@ class LoopCore:
             return True
         return False
 
-    async def wait_app(self, event: anyio.Event, deadline: float) -> None:
+    async def wait_app(self, event: WakeEvent, deadline: float) -> None:
         """Until ``event`` (an :meth:`app_event`) is set or the anyio clock reaches ``deadline``: a
         poll's wait for news with a timeout.
 
@@ -480,7 +480,7 @@ class LoopCore:
         own, read without anyio's lookup of the running backend (a poll reads it twice)."""
         return self._app_clock()
 
-    def app_event(self) -> anyio.Event:
+    def app_event(self) -> WakeEvent:
         if self._app_event.is_set():
             self._app_event = self._new_event()
         return self._app_event
