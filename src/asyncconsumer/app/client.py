@@ -18,7 +18,7 @@ import inspect
 import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, ClassVar, ParamSpec, Self, TypeVar, cast
+from typing import Any, ClassVar, ParamSpec, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -66,7 +66,7 @@ def bracketed(operation: str) -> Callable[[Callable[P, Awaitable[R]]], Callable[
 
         @functools.wraps(method)
         async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            self = cast("ClientBase", args[0])
+            self: ClientBase = args[0]  # type: ignore[assignment]  # the instance; no typing.cast() call a poll
             if "timeout_ms" in kwargs:
                 raise ConfigTypeError(timeout_ms_hint)
             check_timeout(kwargs.get("timeout"), operation)
@@ -91,7 +91,7 @@ def bracketed_sync(operation: str) -> Callable[[Callable[P, R]], Callable[P, R]]
     def decorate(method: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(method)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            self = cast("ClientBase", args[0])
+            self: ClientBase = args[0]  # type: ignore[assignment]  # the instance; no typing.cast() call a poll
             self.acquire(operation)
             try:
                 return method(*args, **kwargs)
