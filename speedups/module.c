@@ -168,6 +168,11 @@ PyDoc_STRVAR(export_arrow_doc,
 PyDoc_STRVAR(decode_batch_doc,
              "decode_batch(batch, topic, partition) -> list[ConsumerRecord]\n\n"
              "Decode every record of a RecordBatch; the compiled twin of records.decode_batch_py.");
+PyDoc_STRVAR(decode_next_doc,
+             "decode_next(data, pos, position, check_crcs, topic, partition) -> (records, next_pos) | None\n\n"
+             "A row read's walk over a record set from byte ``pos``: the records of the next plain v2 batch\n"
+             "not before ``position`` (control batches passed over) and the byte after it; (None, pos) at\n"
+             "the end; None: the batch at ``pos`` is for the Python walk (records.iter_batches).");
 PyDoc_STRVAR(bind_doc,
              "bind(record_type, corrupt_error, fallback, decompress) -> None\n\n"
              "Give the decoder the record type, the error class, the Python decoder (for legacy\n"
@@ -201,6 +206,7 @@ static PyMethodDef methods[] = {
     {"crc32c", (PyCFunction)crc32c_py, METH_O, crc32c_doc},
     {"crc32c_kernel", (PyCFunction)crc32c_kernel_py, METH_VARARGS, crc32c_kernel_doc},
     {"scan_batches", (PyCFunction)scan_batches, METH_O, scan_batches_doc},
+    {"decode_next", (PyCFunction)(void (*)(void))decode_next, METH_FASTCALL, decode_next_doc},
     {"export_arrow", (PyCFunction)export_arrow, METH_O, export_arrow_doc},
     {"arrow_address", (PyCFunction)arrow_address, METH_O, arrow_address_doc},
     {"int32_steps", (PyCFunction)int32_steps, METH_VARARGS, int32_steps_doc},

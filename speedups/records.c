@@ -27,6 +27,14 @@
  *     scan_batches(data) -> (next_offset, complete, epochs)
  *
  * reads batch headers only, for the background loop.
+ *
+ *     decode_next(data, pos, position, check_crcs, topic, partition) -> (records, next_pos) | None
+ *
+ * is a row read's walk over a fetched record set (``CompletedFetch``, read_uncommitted) one batch
+ * at a time without a RecordBatch object: the batch headers read here, the CRC checked, control
+ * batches and batches before ``position`` passed over, the next plain batch decoded.  None hands
+ * the batch at ``pos`` to the Python walk (``iter_batches``), which reads what is not plain
+ * (compressed, legacy, a length or CRC that is wrong, which it then reports).
  */
 
 #include "speedups.h"
@@ -545,6 +553,132 @@ scan_batches(PyObject *module, PyObject *arg)
 done:
     Py_XDECREF(next);
     Py_XDECREF(epochs);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* decode_next(data, pos, position, check_crcs, topic, partition) -> (records, next_pos) | None:
+ * from byte ``pos`` of the record set ``data``, the records of the next uncompressed v2 batch that
+ * is not a control batch and does not end before ``position`` (all of its records: the caller drops
+ * those before ``position``), and the byte after that batch; ``(None, pos)`` at the end of the data
+ * (a truncated trailing batch included, as ``iter_batches`` stops there).  None: the batch at
+ * ``pos`` (where the walk got to) is one for the Python walk, as described above. */
+PyObject *
+decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "decode_next(data, pos, position, check_crcs, topic, partition) takes exactly 6 arguments");
+        return NULL;
+    }
+    if (record_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "asyncconsumer._speedups.bind() was not called");
+        return NULL;
+    }
+    PyObject *topic = args[4], *partition = args[5];
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    long long position = PyLong_AsLongLong(args[2]);
+    int check_crcs = PyObject_IsTrue(args[3]);
+    if ((pos == -1 || position == -1 || check_crcs < 0) && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *d = (const unsigned char *)view.buf;
+    const Py_ssize_t n = view.len;
+    PyObject *result = NULL;
+    if (pos < 0) {
+        PyErr_SetString(PyExc_ValueError, "decode_next: pos must not be negative");
+        goto done;
+    }
+    for (;;) {
+        if (n - pos <= 16) { /* no magic byte: the end */
+            result = Py_BuildValue("(On)", Py_None, pos);
+            goto done;
+        }
+        if (d[pos + 16] != 2 || n - pos < V2_HEADER_SIZE) {
+            goto python; /* legacy, or too short for a v2 header: the Python walk decides */
+        }
+        const int32_t length = (int32_t)be_u32(d + pos + 8);
+        if (length < V2_HEADER_SIZE - LOG_OVERHEAD) {
+            goto python; /* corrupt: the Python walk says so */
+        }
+        const Py_ssize_t batch_end = pos + LOG_OVERHEAD + (Py_ssize_t)length;
+        if (batch_end > n) { /* a truncated trailing batch: the next fetch starts here */
+            result = Py_BuildValue("(On)", Py_None, pos);
+            goto done;
+        }
+        if (check_crcs && crc32c(d + pos + 21, (size_t)(batch_end - pos - 21)) != be_u32(d + pos + 17)) {
+            goto python; /* the Python walk raises the mismatch */
+        }
+        const int attrs = (int)(((unsigned)d[pos + 21] << 8) | d[pos + 22]);
+        const int64_t base_offset = be_i64(d + pos);
+        const int32_t last_delta = (int32_t)be_u32(d + pos + 23);
+        int64_t last_offset;
+        if (add_overflows(base_offset, (int64_t)last_delta, &last_offset)) {
+            goto python;
+        }
+        if ((attrs & 0x07) != CODEC_NONE) {
+            if (last_offset < position || (attrs & 0x20)) {
+                pos = batch_end; /* passed over as the Python walk would: no need to decompress */
+                continue;
+            }
+            goto python; /* compressed: decompressed by the Python walk's batch */
+        }
+        if ((attrs & 0x20) || last_offset < position) { /* a control batch, or all before the position */
+            pos = batch_end;
+            continue;
+        }
+        const int32_t epoch = (int32_t)be_u32(d + pos + 12);
+        batch_info bi;
+        parser p;
+        p.nkeys = 0;
+        p.buf = d;
+        p.pos = pos + V2_HEADER_SIZE;
+        p.end = batch_end;
+        bi.count = (int32_t)be_u32(d + pos + 57);
+        bi.base_offset = base_offset;
+        bi.base_timestamp = be_i64(d + pos + 27);
+        bi.log_append_time = (attrs & 0x08) != 0;
+        bi.topic = topic;
+        bi.partition = partition;
+        PyObject *ts_type = PyLong_FromLong(bi.log_append_time ? 1 : 0);
+        PyObject *epoch_obj = epoch >= 0 ? PyLong_FromLong((long)epoch) : Py_NewRef(Py_None);
+        PyObject *log_ts = bi.log_append_time ? PyLong_FromLongLong((long long)be_i64(d + pos + 35)) : NULL;
+        PyObject *records = NULL;
+        if (ts_type != NULL && epoch_obj != NULL && (log_ts != NULL || !bi.log_append_time)) {
+            bi.timestamp_type = ts_type;
+            bi.leader_epoch = epoch_obj;
+            bi.log_append_ts = log_ts;
+            int status = OK;
+            records = parse_records(&p, &bi, &status);
+            if (records == NULL && (status == ERR_CORRUPT || status == ERR_FALLBACK)) {
+                PyErr_Clear(); /* the Python walk decodes it, and reports what is wrong */
+                for (int i = 0; i < p.nkeys; i++) {
+                    Py_DECREF(p.key_str[i]);
+                }
+                Py_DECREF(ts_type);
+                Py_DECREF(epoch_obj);
+                Py_XDECREF(log_ts);
+                goto python;
+            }
+        }
+        for (int i = 0; i < p.nkeys; i++) {
+            Py_DECREF(p.key_str[i]);
+        }
+        Py_XDECREF(ts_type);
+        Py_XDECREF(epoch_obj);
+        Py_XDECREF(log_ts);
+        if (records != NULL) {
+            result = Py_BuildValue("(Nn)", records, batch_end);
+        }
+        goto done;
+    }
+python:
+    result = Py_NewRef(Py_None);
+done:
     PyBuffer_Release(&view);
     return result;
 }

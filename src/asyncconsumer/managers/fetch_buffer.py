@@ -31,6 +31,7 @@ from ..protocol.records import (
     AbortedTransactionFilter,
     RecordBatch,
     decode_batch,
+    decode_next,
     iter_batches,
     next_batch_to_read,
     offset_after_batch,
@@ -41,7 +42,15 @@ Record = ConsumerRecord[bytes, bytes]
 
 
 class CompletedFetch:
-    """One partition's data from one fetch response."""
+    """One partition's data from one fetch response.
+
+    A row read (:meth:`take`) walks its batches one at a time.  With the compiled decoder and
+    read_uncommitted the walk is ``decode_next``'s (protocol/records.py): the byte where it got to
+    (``_walk``), each plain batch decoded straight from the record set; a batch it leaves to Python
+    (compressed, legacy, not valid) is read by ``iter_batches`` from that byte, and the walk goes on
+    after it.  Otherwise (read_committed, whose aborted transactions need the batches' producer ids;
+    the Python decoder) the walk is ``iter_batches``'s throughout.
+    """
 
     __slots__ = (
         "_aborted",
@@ -54,6 +63,7 @@ class CompletedFetch:
         "_max_decompressed",
         "_on_unlisted_abort",
         "_pending",
+        "_walk",
         "epoch",
         "error",
         "exhausted",
@@ -93,7 +103,9 @@ class CompletedFetch:
         self.exhausted = False
         self.error: RecordError | None = None
         self._check_crcs = check_crcs
-        self._batches: Iterator[RecordBatch] = iter_batches(
+        #: The compiled walk's next byte (None: the walk is ``_batches``'s).
+        self._walk: int | None = 0 if decode_next is not None and aborted is None else None
+        self._batches: Iterator[RecordBatch] = iter(()) if self._walk is not None else iter_batches(
             records,
             topic=tp.topic,
             partition=tp.partition,
@@ -191,13 +203,16 @@ class CompletedFetch:
 
     def _restart_rows(self) -> None:
         tp = self.tp
-        self._batches = iter_batches(
-            self._data,
-            topic=tp.topic,
-            partition=tp.partition,
-            check_crcs=self._check_crcs,
-            max_decompressed=self._max_decompressed,
-        )
+        if self._walk is not None:
+            self._walk = 0
+        else:
+            self._batches = iter_batches(
+                self._data,
+                topic=tp.topic,
+                partition=tp.partition,
+                check_crcs=self._check_crcs,
+                max_decompressed=self._max_decompressed,
+            )
         aborted = self._aborted_list
         self._aborted = AbortedTransactionFilter(aborted, self._on_unlisted_abort) if aborted is not None else None
         self._pending = []
@@ -208,9 +223,7 @@ class CompletedFetch:
         return offset_after_batch(self._data, base_offset)
 
     def _next_batch(self, position: int) -> bool:
-        tp = self.tp
-        while (batch := next_batch_to_read(self._batches, position, self._aborted)) is not None:
-            records = decode_batch(batch, tp.topic, tp.partition)
+        while (records := self._next_records(position)) is not None:
             if records and records[0].offset < position:
                 records = [r for r in records if r.offset >= position]
             if records:
@@ -220,6 +233,30 @@ class CompletedFetch:
         self._pending = []
         self._index = 0
         return False
+
+    def _next_records(self, position: int) -> list[Record] | None:
+        """The records of the walk's next batch with any at or after ``position`` (all of them:
+        the caller drops those before it); None at the end."""
+        tp = self.tp
+        walk = self._walk
+        if walk is None:
+            batch = next_batch_to_read(self._batches, position, self._aborted)
+            return None if batch is None else decode_batch(batch, tp.topic, tp.partition)
+        while True:
+            assert decode_next is not None  # a compiled walk only with the compiled decoder
+            got = decode_next(self._data, walk, position, self._check_crcs, tp.topic, tp.partition)
+            if got is not None:
+                records, self._walk = got
+                return records
+            # A batch the compiled walk leaves to Python: read from its first byte, the walk after it.
+            batch = next(iter_batches(self._data, topic=tp.topic, partition=tp.partition,
+                                      check_crcs=self._check_crcs, start=walk,
+                                      max_decompressed=self._max_decompressed), None)
+            if batch is None:
+                return None
+            walk = self._walk = walk + batch.size_in_bytes
+            if batch.last_offset >= position and not batch.is_control:
+                return decode_batch(batch, tp.topic, tp.partition)
 
 
 class FetchBuffer:

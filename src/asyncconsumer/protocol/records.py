@@ -927,6 +927,20 @@ scan_batches: _Scanner = cast(
     else scan_batches_py,
 )
 
+_NextDecoder = Callable[[Any, int, int, bool, str, int], "tuple[list[ConsumerRecord[bytes, bytes]] | None, int] | None"]
+#: ``decode_next(data, pos, position, check_crcs, topic, partition) -> (records, next_pos) | None``:
+#: a row read's walk over a record set a batch at a time without a :class:`RecordBatch` (speedups/
+#: records.c): the records of the next plain v2 batch from byte ``pos`` that is not a control batch
+#: and does not end before ``position`` (all of its records), and the byte after it; ``(None, pos)``
+#: at the end of the data; None when the batch at ``pos`` is one for :func:`iter_batches` (compressed,
+#: legacy, or not valid: it reports what is wrong).  None itself with the Python decoder (and with an
+#: extension built before it had one): the walk is then :func:`iter_batches`'s alone.  A batch of one
+#: record costs about a tenth of what the Python walk's :class:`RecordBatch` and generator step do.
+decode_next: _NextDecoder | None = cast(
+    "_NextDecoder | None",
+    getattr(importlib.import_module("asyncconsumer._speedups"), "decode_next", None) if DECODER == "c" else None,
+)
+
 #: ``HW_CRC32C``: whether the compiled decoder checks CRCs with the CPU's CRC-32C instruction (then
 #: the batch checks here use it, and the column walk checks CRCs itself: protocol/columnar.py).
 _crc32c, HW_CRC32C = _select_crc32c()

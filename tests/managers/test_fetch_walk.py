@@ -1,0 +1,154 @@
+"""A row read's walk over a fetched record set: the compiled walk (``decode_next``, a batch at a
+time straight from the bytes) hands out what the Python walk (``iter_batches``, a ``RecordBatch``
+a batch) does, record for record and error for error, whatever the record set holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from asyncconsumer.errors import CorruptRecordError, RecordError
+from asyncconsumer.managers import fetch_buffer
+from asyncconsumer.managers.fetch_buffer import CompletedFetch
+from asyncconsumer.protocol import records as records_module
+from asyncconsumer.protocol.compression import CODEC_GZIP, CODEC_SNAPPY
+from asyncconsumer.protocol.record_writer import build_batch, build_control_batch, build_legacy_message_set
+from asyncconsumer.structs import TopicPartition
+
+pytestmark = pytest.mark.skipif(records_module.decode_next is None, reason="the compiled decoder is not in use")
+
+TP = TopicPartition("orders", 3)
+
+
+def plain(base: int, n: int, **kwargs: Any) -> bytes:
+    return build_batch([(b"k%d" % (base + i), b"v%d" % (base + i), ()) for i in range(n)], base_offset=base, **kwargs)
+
+
+def mixed() -> list[bytes]:
+    """Every kind of batch a fetch may carry, in offset order: 0-29."""
+    return [
+        plain(0, 3),
+        build_batch([(None, b"v3", (("h", b"x"), ("h", None))), (b"k4", None, ())], base_offset=3,
+                    partition_leader_epoch=7),
+        plain(5, 2, compression=CODEC_GZIP),
+        build_control_batch("commit", 9, base_offset=7),
+        plain(8, 2, is_transactional=True, producer_id=9, producer_epoch=0),
+        plain(10, 1, timestamp_type=1, max_timestamp=1_800_000_000_000),  # LogAppendTime
+        build_legacy_message_set([(b"k11", b"v11"), (None, b"v12")], base_offset=11),
+        plain(13, 2, compression=CODEC_SNAPPY),
+        plain(15, 1, partition_leader_epoch=-1),
+        build_batch([(b"k%d" % i, b"v%d" % i) for i in (16, 18)], base_offset=16, offset_deltas=[0, 2]),  # a gap
+        *(plain(offset, 1) for offset in range(19, 30)),  # one record a batch, as at low rates
+    ]
+
+
+def walk(data: bytes, position: int, limit: int, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Everything one CompletedFetch hands out from ``position`` in takes of ``limit``: each take's
+    records, or the error it raised (the walk's end)."""
+    with monkeypatch.context() as patch:
+        if not compiled:
+            patch.setattr(fetch_buffer, "decode_next", None)
+        fetch = CompletedFetch(TP, 0, position, memoryview(data), next_offset=-1, check_crcs=True, aborted=None)
+        assert (fetch._walk is not None) is compiled
+        taken: list[Any] = []
+        while not fetch.exhausted:
+            try:
+                got = fetch.take(limit, position)
+            except RecordError as exc:
+                taken.append((type(exc), str(exc), exc.offset))
+                break
+            taken.append(got)
+            if got:
+                position = got[-1].offset + 1
+        return taken
+
+
+def both(data: bytes, position: int, limit: int, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    python = walk(data, position, limit, False, monkeypatch)
+    compiled = walk(data, position, limit, True, monkeypatch)
+    assert compiled == python
+    return compiled
+
+
+@pytest.mark.parametrize("position", [0, 1, 3, 7, 8, 11, 12, 17, 29])
+@pytest.mark.parametrize("limit", [1, 2, 500])
+def test_every_kind_of_batch_from_any_position(position: int, limit: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    taken = both(b"".join(mixed()), position, limit, monkeypatch)
+    offsets = [r.offset for chunk in taken for r in chunk]
+    assert offsets == [o for o in range(30) if o >= position and o not in (7, 17)]  # the marker, the gap
+
+
+def test_a_truncated_trailing_batch_ends_the_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = b"".join(mixed()[:2]) + plain(5, 3)[:-4]
+    taken = both(data, 0, 500, monkeypatch)
+    assert [r.offset for chunk in taken for r in chunk] == [0, 1, 2, 3, 4]
+
+
+def corrupt(data: bytes) -> bytes:
+    broken = bytearray(data)
+    broken[-1] ^= 0xFF  # inside the CRC-covered records
+    return bytes(broken)
+
+
+def bad_length(data: bytes) -> bytes:
+    broken = bytearray(data)
+    broken[8:12] = (10).to_bytes(4, "big")  # shorter than a v2 header
+    return bytes(broken)
+
+
+@pytest.mark.parametrize("spoil", [corrupt, bad_length])
+@pytest.mark.parametrize("limit", [1, 500])
+def test_a_bad_batch_raises_the_same_error_after_the_records_before_it(
+    spoil: Any, limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches = mixed()
+    batches[8] = spoil(batches[8])  # offset 15
+    taken = both(b"".join(batches), 0, limit, monkeypatch)
+    assert [r.offset for chunk in taken[:-1] for r in chunk] == [o for o in range(15) if o != 7]
+    error, message, offset = taken[-1]
+    assert issubclass(error, CorruptRecordError) and offset == 15 and "orders-3" in message
+
+
+def test_a_record_the_compiled_parser_refuses_is_the_python_decoders_to_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose CRC is right but whose records do not parse (a count one too many): the
+    compiled walk leaves it to the Python walk, whose decoder says what is wrong."""
+    good = plain(0, 2)
+    batch = build_batch([(b"k0", b"v0"), (b"k1", b"v1")], record_count=3)
+    taken = both(good + build_batch([], base_offset=2, raw_records=batch[61:], record_count=3,
+                                    last_offset_delta=2), 0, 500, monkeypatch)
+    assert [r.offset for r in taken[0]] == [0, 1]
+    assert issubclass(taken[-1][0], CorruptRecordError)
+
+
+def test_the_compiled_walk_needs_no_record_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain batches go straight from the bytes: ``iter_batches`` is not called for them (it is
+    for a compressed one)."""
+    calls: list[int] = []
+    real = fetch_buffer.iter_batches
+
+    def counting(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        calls.append(kwargs.get("start", 0))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fetch_buffer, "iter_batches", counting)
+    batches = [plain(0, 2), plain(2, 2, compression=CODEC_GZIP), plain(4, 2)]
+    fetch = CompletedFetch(TP, 0, 0, memoryview(b"".join(batches)), next_offset=-1, check_crcs=True, aborted=None)
+    assert [r.offset for r in fetch.take(500, 0)] == [0, 1, 2, 3, 4, 5]
+    assert calls == [len(batches[0])]
+
+
+def test_read_committed_walks_in_python() -> None:
+    fetch = CompletedFetch(TP, 0, 0, memoryview(plain(0, 2)), next_offset=-1, check_crcs=True, aborted=[])
+    assert fetch._walk is None
+    assert [r.offset for r in fetch.take(500, 0)] == [0, 1]
+
+
+def test_switching_to_the_columns_and_back_restarts_the_compiled_walk_at_the_position() -> None:
+    data = b"".join(plain(base, 2) for base in range(0, 10, 2))
+    fetch = CompletedFetch(TP, 0, 0, memoryview(data), next_offset=-1, check_crcs=True, aborted=None)
+    assert [r.offset for r in fetch.take(3, 0)] == [0, 1, 2]
+    columns = fetch.take_columns(2, 3, allocate=None)  # the rest of the batch at the position: offset 3
+    assert columns.count == 1
+    assert [r.offset for r in fetch.take(500, 4)] == [4, 5, 6, 7, 8, 9]
