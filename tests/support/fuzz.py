@@ -463,6 +463,34 @@ def _decode(decode: Callable[..., Any], data: bytes | memoryview) -> tuple[str, 
     return "records", out
 
 
+def walks() -> list[tuple[str, Callable[[bytes | memoryview], tuple[str, Any]]]]:
+    """The row reads' own walk over a record set, compared with the decoders' (the compiled
+    ``decode_next`` walk where the compiled decoder runs; none otherwise)."""
+    from asyncconsumer.protocol import records
+
+    return [("c-walk", _walk)] if records.decode_next is not None else []
+
+
+def _walk(data: bytes | memoryview) -> tuple[str, Any]:
+    """:func:`_decode`'s answer from ``CompletedFetch.take`` (managers/fetch_buffer.py), which walks
+    plain batches with ``decode_next`` and leaves the rest to ``iter_batches``: every batch from
+    the lowest position, control batches giving nothing, as the decoders do."""
+    from asyncconsumer.managers.fetch_buffer import CompletedFetch
+    from asyncconsumer.structs import TopicPartition
+
+    out: list[Any] = []
+    fetch = CompletedFetch(TopicPartition(TOPIC, PARTITION), 0, 0, memoryview(data), -1, check_crcs=True,
+                           aborted=None, max_decompressed=LIMIT)
+    try:
+        while got := fetch.take(1 << 30, -(1 << 63)):
+            out.extend((tuple(r), type(r.key), type(r.value)) for r in got)
+    except RecordError as exc:
+        return "error", (type(exc).__name__, exc.partition, exc.offset, len(out))
+    except Exception as exc:
+        return "untyped", f"{type(exc).__name__}: {exc}"
+    return "records", out
+
+
 def run(
     seed: int,
     start: int,
@@ -479,6 +507,7 @@ def run(
     even ones from ``bytes``.
     """
     items = corpus()
+    extra = walks() if decs is None else []
     decs = decoders() if decs is None else decs
     outcomes: Counter[str] = Counter()
     mutations: Counter[str] = Counter()
@@ -493,7 +522,7 @@ def run(
         name, kind, data = case(seed, index, items)
         mutations[kind.split("+")[0]] += 1
         buf: bytes | memoryview = memoryview(bytearray(data)) if index % 2 else data
-        results = [(dname, _decode(fn, buf)) for dname, fn in decs]
+        results = [(dname, _decode(fn, buf)) for dname, fn in decs] + [(name, walk(buf)) for name, walk in extra]
         done += 1
         untyped = [(d, r[1]) for d, r in results if r[0] == "untyped"]
         if untyped:
@@ -519,7 +548,7 @@ def run(
     return {
         "cases": done,
         "seconds": round(time.monotonic() - t0, 2),
-        "decoders": [d for d, _ in decs],
+        "decoders": [d for d, _ in decs] + [name for name, _ in extra],
         "outcomes": dict(outcomes),
         "mutations": dict(mutations),
         "failures": failures[:20],
