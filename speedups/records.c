@@ -610,9 +610,6 @@ decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             result = Py_BuildValue("(On)", Py_None, pos);
             goto done;
         }
-        if (check_crcs && crc32c(d + pos + 21, (size_t)(batch_end - pos - 21)) != be_u32(d + pos + 17)) {
-            goto python; /* the Python walk raises the mismatch */
-        }
         const int attrs = (int)(((unsigned)d[pos + 21] << 8) | d[pos + 22]);
         const int64_t base_offset = be_i64(d + pos);
         const int32_t last_delta = (int32_t)be_u32(d + pos + 23);
@@ -620,14 +617,16 @@ decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (add_overflows(base_offset, (int64_t)last_delta, &last_offset)) {
             goto python;
         }
-        if ((attrs & 0x07) != CODEC_NONE) {
-            if (last_offset < position || (attrs & 0x20)) {
-                pos = batch_end; /* passed over as the Python walk would: no need to decompress */
-                continue;
-            }
-            goto python; /* compressed: decompressed by the Python walk's batch */
+        const int skip = (attrs & 0x20) || last_offset < position; /* a control batch, or all before */
+        if (!skip && (attrs & 0x07) != CODEC_NONE) {
+            goto python; /* compressed: the Python walk's batch checks the CRC and decompresses it */
         }
-        if ((attrs & 0x20) || last_offset < position) { /* a control batch, or all before the position */
+        /* (the attributes and offsets above are read before the CRC is checked: with a wrong CRC the
+         * batch goes to the Python walk, which raises, whatever they said) */
+        if (check_crcs && crc32c(d + pos + 21, (size_t)(batch_end - pos - 21)) != be_u32(d + pos + 17)) {
+            goto python; /* the Python walk raises the mismatch */
+        }
+        if (skip) {
             pos = batch_end;
             continue;
         }
@@ -648,22 +647,13 @@ decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *epoch_obj = epoch >= 0 ? PyLong_FromLong((long)epoch) : Py_NewRef(Py_None);
         PyObject *log_ts = bi.log_append_time ? PyLong_FromLongLong((long long)be_i64(d + pos + 35)) : NULL;
         PyObject *records = NULL;
+        int status = ERR_PYTHON;
         if (ts_type != NULL && epoch_obj != NULL && (log_ts != NULL || !bi.log_append_time)) {
             bi.timestamp_type = ts_type;
             bi.leader_epoch = epoch_obj;
             bi.log_append_ts = log_ts;
-            int status = OK;
+            status = OK;
             records = parse_records(&p, &bi, &status);
-            if (records == NULL && (status == ERR_CORRUPT || status == ERR_FALLBACK)) {
-                PyErr_Clear(); /* the Python walk decodes it, and reports what is wrong */
-                for (int i = 0; i < p.nkeys; i++) {
-                    Py_DECREF(p.key_str[i]);
-                }
-                Py_DECREF(ts_type);
-                Py_DECREF(epoch_obj);
-                Py_XDECREF(log_ts);
-                goto python;
-            }
         }
         for (int i = 0; i < p.nkeys; i++) {
             Py_DECREF(p.key_str[i]);
@@ -673,6 +663,9 @@ decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(log_ts);
         if (records != NULL) {
             result = Py_BuildValue("(Nn)", records, batch_end);
+        }
+        else if (status == ERR_CORRUPT || status == ERR_FALLBACK) {
+            goto python; /* the Python walk decodes it, and reports what is wrong */
         }
         goto done;
     }
