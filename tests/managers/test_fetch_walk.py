@@ -126,13 +126,13 @@ def test_the_compiled_walk_needs_no_record_batch(monkeypatch: pytest.MonkeyPatch
     """Plain batches go straight from the bytes: ``iter_batches`` is not called for them (it is
     for a compressed one)."""
     calls: list[int] = []
-    real = fetch_buffer.iter_batches
+    real = records_module.iter_batches
 
     def counting(*args: Any, **kwargs: Any) -> Iterator[Any]:
         calls.append(kwargs.get("start", 0))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fetch_buffer, "iter_batches", counting)
+    monkeypatch.setattr(records_module, "iter_batches", counting)
     batches = [plain(0, 2), plain(2, 2, compression=CODEC_GZIP), plain(4, 2)]
     fetch = CompletedFetch(TP, 0, 0, memoryview(b"".join(batches)), next_offset=-1, check_crcs=True, aborted=None)
     assert [r.offset for r in fetch.take(500, 0)] == [0, 1, 2, 3, 4, 5]
@@ -152,3 +152,48 @@ def test_switching_to_the_columns_and_back_restarts_the_compiled_walk_at_the_pos
     columns = fetch.take_columns(2, 3, allocate=None)  # the rest of the batch at the position: offset 3
     assert columns.count == 1
     assert [r.offset for r in fetch.take(500, 4)] == [4, 5, 6, 7, 8, 9]
+
+
+# -- the share consumer's read of a whole record set ------------------------------------------------
+
+
+def read_set(data: bytes, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], Any, Any]:
+    with monkeypatch.context() as patch:
+        if not compiled:
+            patch.setattr(records_module, "decode_next", None)
+        read = records_module.decode_record_set(data, topic=TP.topic, partition=TP.partition)
+    error = read.error and (type(read.error), str(read.error), read.error.offset)
+    return read.records, error, read.failed
+
+
+def read_both(data: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], Any, Any]:
+    python = read_set(data, False, monkeypatch)
+    compiled = read_set(data, True, monkeypatch)
+    assert compiled == python
+    return compiled
+
+
+def test_a_record_set_reads_alike_in_both_walks(monkeypatch: pytest.MonkeyPatch) -> None:
+    got, error, failed = read_both(b"".join(mixed()), monkeypatch)
+    assert [r.offset for r in got] == [o for o in range(30) if o not in (7, 17)]
+    assert error is None and failed is None
+    assert got == [r for chunk in both(b"".join(mixed()), 0, 500, monkeypatch) for r in chunk]
+
+
+@pytest.mark.parametrize(("spoil", "failed"), [(corrupt, range(15, 16)), (bad_length, None)])
+def test_a_record_set_read_stops_at_a_bad_batch_and_names_it(
+    spoil: Any, failed: range | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records before it, its error, and its offsets when its header can be trusted (a wrong
+    CRC) but not when its length is wrong."""
+    batches = mixed()
+    batches[8] = spoil(batches[8])  # offset 15
+    got, error, where = read_both(b"".join(batches), monkeypatch)
+    assert [r.offset for r in got] == [o for o in range(15) if o != 7]
+    assert issubclass(error[0], CorruptRecordError) and error[2] == 15
+    assert where == failed
+
+
+def test_a_record_set_read_ends_at_a_truncated_trailing_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    got, error, _ = read_both(b"".join(mixed()[:2]) + plain(5, 3)[:-4], monkeypatch)
+    assert [r.offset for r in got] == [0, 1, 2, 3, 4] and error is None

@@ -11,12 +11,14 @@ from hypothesis import strategies as st
 
 from asyncconsumer.errors import (
     REFRESH_METADATA_CODES,
+    CorruptRecordError,
     InvalidRecordStateError,
     KafkaError,
     ShareSessionNotFoundError,
     UnsupportedVersionError,
 )
 from asyncconsumer.managers.share_fetch import GAP, ShareBatch, ShareFetchManager, ack_batches, acquired
+from asyncconsumer.protocol.compression import CODEC_GZIP
 from asyncconsumer.protocol.record_writer import build_batch
 from asyncconsumer.structs import AcknowledgeType, ConsumerRecord, ShareConsumerRecord, TopicPartition
 
@@ -32,9 +34,11 @@ P1 = TopicPartition("jobs", 1)
 
 
 class Setup:
-    def __init__(self, assigned: set[TopicPartition] | None = None, **options: Any) -> None:
+    def __init__(
+        self, assigned: set[TopicPartition] | None = None, *, one_leader: bool = False, **options: Any
+    ) -> None:
         self.clock = FakeClock()
-        self.metadata = new_metadata(self.clock, {P0: (1, 0), P1: (2, 0)})
+        self.metadata = new_metadata(self.clock, {P0: (1, 0), P1: (1 if one_leader else 2, 0)})
         self.assigned = {P0, P1} if assigned is None else assigned
         self.batches: list[ShareBatch] = []
         self.errors: list[KafkaError] = []
@@ -343,6 +347,59 @@ def test_records_arriving_while_closing_are_released() -> None:
     final = s.h.take("ShareAcknowledge")
     assert final.body()["topics"][0]["partitions"][0]["acknowledgement_batches"] == [
         {"first_offset": 0, "last_offset": 1, "acknowledge_types": [RELEASE]}]
+
+
+def acks_sent(s: Setup) -> dict[int, list[Any]]:
+    """The acknowledgement batches the next ShareFetch carries, by partition."""
+    (topic,) = s.h.take("ShareFetch").body()["topics"]
+    return {p["partition_index"]: p["acknowledgement_batches"] for p in topic["partitions"]}
+
+
+def corrupt(batch: bytes) -> bytes:
+    spoilt = bytearray(batch)
+    spoilt[-1] ^= 0xFF  # inside the CRC-covered records
+    return bytes(spoilt)
+
+
+def test_a_corrupt_batch_is_rejected_and_reported_and_the_records_around_it_are_not_lost() -> None:
+    """As Java's share consumer: the records before the bad batch are handed out, its acquired
+    records rejected (it would fail again), the typed error goes to the application; the records
+    after it are released to come again, and the other partitions of the answer are unaffected."""
+    s = Setup({P0, P1}, one_leader=True)
+    data = records(0, 2) + corrupt(records(2, 3)) + records(5, 2)
+    s.h.take("ShareFetch").respond(fetch_answer(
+        partition(0, data=data, acquired=[(1, 6, 1)]), partition(1, data=records(0, 2), acquired=[(0, 1, 1)])))
+    assert [(b.tp, [r.offset for r in b.records]) for b in s.batches] == [(P0, [1]), (P1, [0, 1])]
+    (error,) = s.errors
+    assert isinstance(error, CorruptRecordError)
+    assert (error.topic, error.partition, error.offset) == ("jobs", 0, 2) and "CRC" in str(error)
+    assert "3 acquired record(s) of the batch rejected, 2 after it released" in error.__notes__[0]
+    s.fetcher.records_handed_out(1, 3)
+    assert acks_sent(s)[0] == [
+        {"first_offset": 2, "last_offset": 4, "acknowledge_types": [REJECT]},
+        {"first_offset": 5, "last_offset": 6, "acknowledge_types": [RELEASE]},
+    ]
+
+
+def test_a_batch_whose_length_cannot_be_trusted_releases_everything_after_the_records_read() -> None:
+    s = Setup({P0})
+    bad = bytearray(records(2, 3))
+    bad[8:12] = (10).to_bytes(4, "big")  # shorter than a v2 header: nothing after it can be read
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 2) + bytes(bad), acquired=[(0, 4, 1)])))
+    assert [r.offset for r in s.batches[0].records] == [0, 1]
+    assert isinstance(s.errors[0], CorruptRecordError)
+    s.fetcher.records_handed_out(1, 2)
+    assert acks_sent(s)[0] == [{"first_offset": 2, "last_offset": 4, "acknowledge_types": [RELEASE]}]
+
+
+def test_the_decompression_bound_holds_for_share_fetches() -> None:
+    s = Setup({P0}, max_decompressed=100)
+    data = build_batch([(None, b"x" * 1000)], base_offset=0, compression=CODEC_GZIP)
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=data, acquired=[(0, 0, 1)])))
+    assert s.batches == []
+    (error,) = s.errors
+    assert isinstance(error, CorruptRecordError) and "max_batch_decompressed_bytes" in str(error)
+    assert acks_sent(s)[0] == [{"first_offset": 0, "last_offset": 0, "acknowledge_types": [REJECT]}]
 
 
 def test_no_share_fetch_while_the_buffer_is_at_fetch_buffer_bytes_and_again_once_records_are_taken() -> None:

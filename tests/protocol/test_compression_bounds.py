@@ -26,6 +26,7 @@ from support.childproc import run_limited
 from asyncconsumer import ConsumerConfig
 from asyncconsumer.config import build_config
 from asyncconsumer.engine.loop import Engine
+from asyncconsumer.engine.share_loop import ShareEngine
 from asyncconsumer.errors import ConfigError, CorruptRecordError
 from asyncconsumer.protocol.compression import (
     CODEC_GZIP,
@@ -204,3 +205,8 @@ def test_the_consumer_hands_its_bound_to_the_fetcher() -> None:
     engine = Engine(build_config({"max_batch_decompressed_bytes": 5 * MiB}))
     assert engine.fetcher._max_decompressed == 5 * MiB
     assert Engine(ConsumerConfig()).fetcher._max_decompressed == DEFAULT_MAX_SIZE
+
+
+def test_the_share_consumer_hands_its_bound_to_its_fetcher() -> None:
+    config = build_config({"group_id": "workers", "max_batch_decompressed_bytes": 5 * MiB})
+    assert ShareEngine(config, max_records=50).fetcher._max_decompressed == 5 * MiB

@@ -1,5 +1,6 @@
 """Fault suite, decoder part: mutated batches through both record decoders (and the row reads'
-compiled walk, ``CompletedFetch.take`` with ``decode_next``) and the decompressors.
+compiled walk, ``CompletedFetch.take`` with ``decode_next``, and the share consumer's
+``decode_record_set``) and the decompressors.
 
 The mutations and the checks are in tests/support/fuzz.py.  Each run happens in a child process
 under ``RLIMIT_AS = 1 GiB`` (tests/support/childproc.py), so a decoder that aborts the process
@@ -107,7 +108,7 @@ def test_both_decoders_agree_on_mutated_batches() -> None:
     print(f"\nfuzz decoders seed={SEED}: {result}")
     _check(result)
     if records.DECODER == "c":
-        assert result["decoders"] == ["python", "c", "c-walk"]
+        assert result["decoders"] == ["python", "c", "c-walk", "share-read"]
     # the mutations reach every outcome: decoded records and every typed error
     for outcome in ("decoded", "CorruptRecordError", "UnsupportedMagicError", "UnsupportedCodecError"):
         assert result["outcomes"].get(outcome, 0) > 0, outcome

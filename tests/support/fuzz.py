@@ -464,11 +464,12 @@ def _decode(decode: Callable[..., Any], data: bytes | memoryview) -> tuple[str, 
 
 
 def walks() -> list[tuple[str, Callable[[bytes | memoryview], tuple[str, Any]]]]:
-    """The row reads' own walk over a record set, compared with the decoders' (the compiled
-    ``decode_next`` walk where the compiled decoder runs; none otherwise)."""
+    """The readers' own walks over a record set, compared with the decoders': the row reads' (the
+    compiled ``decode_next`` walk, where the compiled decoder runs) and the share consumer's
+    ``decode_record_set``."""
     from asyncconsumer.protocol import records
 
-    return [("c-walk", _walk)] if records.decode_next is not None else []
+    return ([("c-walk", _walk)] if records.decode_next is not None else []) + [("share-read", _share_read)]
 
 
 def _walk(data: bytes | memoryview) -> tuple[str, Any]:
@@ -488,6 +489,21 @@ def _walk(data: bytes | memoryview) -> tuple[str, Any]:
         return "error", (type(exc).__name__, exc.partition, exc.offset, len(out))
     except Exception as exc:
         return "untyped", f"{type(exc).__name__}: {exc}"
+    return "records", out
+
+
+def _share_read(data: bytes | memoryview) -> tuple[str, Any]:
+    """:func:`_decode`'s answer from ``decode_record_set`` (the share consumer's read of a
+    ShareFetch answer): the records up to the first batch that cannot be read, and its error."""
+    from asyncconsumer.protocol.records import decode_record_set
+
+    try:
+        read = decode_record_set(data, topic=TOPIC, partition=PARTITION, max_decompressed=LIMIT)
+    except Exception as exc:
+        return "untyped", f"{type(exc).__name__}: {exc}"
+    out = [(tuple(r), type(r.key), type(r.value)) for r in read.records]
+    if read.error is not None:
+        return "error", (type(read.error).__name__, read.error.partition, read.error.offset, len(out))
     return "records", out
 
 

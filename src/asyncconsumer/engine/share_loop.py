@@ -78,6 +78,7 @@ class ShareEngine(LoopCore):
             max_records=max_records,
             retry_backoff=retry,
             check_crcs=config.check_crcs,
+            max_decompressed=config.batch_decompress_limit,
             buffer_bytes=config.fetch_buffer_bytes,
             acquire_mode=acquire_mode,
         )

@@ -34,6 +34,7 @@ from ..protocol.records import (
     decode_next,
     iter_batches,
     next_batch_to_read,
+    next_records_py,
     offset_after_batch,
 )
 from ..structs import ConsumerRecord, TopicPartition
@@ -236,27 +237,21 @@ class CompletedFetch:
 
     def _next_records(self, position: int) -> list[Record] | None:
         """The records of the walk's next batch with any at or after ``position`` (all of them:
-        the caller drops those before it); None at the end."""
+        the caller drops those before it), ``[]`` for a batch the Python step passes over; None at
+        the end."""
         tp = self.tp
         walk = self._walk
         if walk is None:
             batch = next_batch_to_read(self._batches, position, self._aborted)
             return None if batch is None else decode_batch(batch, tp.topic, tp.partition)
-        while True:
-            assert decode_next is not None  # a compiled walk only with the compiled decoder
-            got = decode_next(self._data, walk, position, self._check_crcs, tp.topic, tp.partition)
-            if got is not None:
-                records, self._walk = got
-                return records
-            # A batch the compiled walk leaves to Python: read from its first byte, the walk after it.
-            batch = next(iter_batches(self._data, topic=tp.topic, partition=tp.partition,
-                                      check_crcs=self._check_crcs, start=walk,
-                                      max_decompressed=self._max_decompressed), None)
-            if batch is None:
-                return None
-            walk = self._walk = walk + batch.size_in_bytes
-            if batch.last_offset >= position and not batch.is_control:
-                return decode_batch(batch, tp.topic, tp.partition)
+        assert decode_next is not None  # a compiled walk only with the compiled decoder
+        # A batch the compiled walk leaves to Python (compressed, legacy, not valid): read from its
+        # first byte, the compiled walk after it.
+        data = self._data
+        records, self._walk = decode_next(data, walk, position, self._check_crcs, tp.topic, tp.partition) or (
+            next_records_py(data, walk, position, tp.topic, tp.partition, self._check_crcs, self._max_decompressed)
+        )
+        return records
 
 
 class FetchBuffer:

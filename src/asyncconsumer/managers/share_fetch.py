@@ -36,7 +36,8 @@ from ..errors import (
     UnsupportedVersionError,
     error_for_code,
 )
-from ..protocol.records import decode_batch, iter_batches
+from ..protocol.compression import DEFAULT_MAX_SIZE
+from ..protocol.records import RecordSetRead, decode_record_set
 from ..structs import AcknowledgeType, ConsumerRecord, ShareConsumerRecord, TopicPartition
 from .metadata import MetadataManager, PartitionInfo
 from .requests import Body, UnsentRequest
@@ -156,6 +157,7 @@ class ShareFetchManager:
         max_records: int = 500,
         retry_backoff: float = 0.1,
         check_crcs: bool = True,
+        max_decompressed: int = DEFAULT_MAX_SIZE,
         buffer_bytes: int = 2**63 - 1,
         acquire_mode: ShareAcquireMode = "batch_optimized",
     ) -> None:
@@ -172,6 +174,8 @@ class ShareFetchManager:
         self.max_records = max_records
         self._retry_backoff = retry_backoff
         self._check_crcs = check_crcs
+        #: ``batch_decompress_limit``: the most one compressed batch may decompress to.
+        self._max_decompressed = max_decompressed
         #: ``fetch_buffer_bytes``: no ShareFetch while the records not handed out hold this much.
         self.max_buffer_bytes = buffer_bytes
         self.buffered_bytes = 0
@@ -486,11 +490,13 @@ class ShareFetchManager:
         if not ranges:
             return
         records = p.get("records")
-        decoded = []
-        if records:
-            for batch in iter_batches(records, topic=tp.topic, partition=tp.partition, check_crcs=self._check_crcs):
-                decoded += decode_batch(batch, tp.topic, tp.partition)
-        out, gaps = acquired(decoded, ranges, deadline)
+        read = decode_record_set(
+            records, topic=tp.topic, partition=tp.partition, check_crcs=self._check_crcs,
+            max_decompressed=self._max_decompressed,
+        ) if records else RecordSetRead([])
+        if read.error is not None:
+            ranges = self._unreadable(tp, read, ranges)
+        out, gaps = acquired(read.records, ranges, deadline)
         if gaps:  # acquired, but no record there (control batch, compacted away)
             self.acknowledge_all(tp, gaps, GAP)
         if out and self.closing:  # arrived while closing: straight back to the group
@@ -502,6 +508,32 @@ class ShareFetchManager:
             session.buffered += len(out)
             self.buffered_bytes += size
             self._on_batch(ShareBatch(node, tp, out, size))
+
+    def _unreadable(self, tp: TopicPartition, read: RecordSetRead, ranges: list[Body]) -> list[Body]:
+        """A record set that could not be read to its end: as Java's share consumer, the acquired
+        records of the batch that failed are rejected (archived: it would fail again) and the
+        error goes to the application; those after it (or all from the last record read, when
+        the failed batch's extent is unknown) are released to be fetched again.  Returns the
+        ranges of the records read, which are handed out as usual."""
+        error = read.error
+        assert error is not None
+        stop = read.failed.start if read.failed else (read.records[-1].offset + 1 if read.records else -1)
+        kept: list[Body] = []
+        unread: list[int] = []
+        for r in ranges:
+            first, last = r["first_offset"], r["last_offset"]
+            if first < stop:
+                kept.append(r if last < stop else {**r, "last_offset": stop - 1})
+            unread += range(max(first, stop), last + 1)
+        rejected = [o for o in unread if o in read.failed] if read.failed else []
+        released = [o for o in unread if not read.failed or o not in read.failed]
+        self.acknowledge_all(tp, rejected, AcknowledgeType.REJECT)
+        self.acknowledge_all(tp, released, AcknowledgeType.RELEASE)
+        outcome = f"{len(rejected)} acquired record(s) of the batch rejected, {len(released)} after it released"
+        error.add_note(f"share consumer: {outcome}")
+        log.warning("share fetch of %s: %s; %s", tp, error, outcome)
+        self._report_error(error)
+        return kept
 
     # -- ShareAcknowledge -----------------------------------------------------------------------------
 

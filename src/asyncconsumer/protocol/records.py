@@ -26,7 +26,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from ..errors import CorruptRecordError, RecordError, UnsupportedMagicError
 from ..structs import ConsumerRecord, ShareConsumerRecord, TopicPartition
@@ -39,15 +39,18 @@ __all__ = [
     "NO_TIMESTAMP_TYPE",
     "AbortedTransactionFilter",
     "RecordBatch",
+    "RecordSetRead",
     "control_record_type",
     "DECODER",
     "DECODER_DETAIL",
     "HW_CRC32C",
     "decode_batch",
     "decode_batch_py",
+    "decode_record_set",
     "iter_batches",
     "next_batch_to_read",
     "next_offset_after",
+    "next_records_py",
     "offset_after_batch",
     "scan_batches",
     "scan_batches_py",
@@ -940,6 +943,73 @@ decode_next: _NextDecoder | None = cast(
     "_NextDecoder | None",
     getattr(importlib.import_module("asyncconsumer._speedups"), "decode_next", None) if DECODER == "c" else None,
 )
+
+
+def next_records_py(
+    data: Any, pos: int, position: int, topic: str, partition: int, check_crcs: bool, max_decompressed: int
+) -> tuple[list[ConsumerRecord[bytes, bytes]] | None, int]:
+    """One step of the walk in Python, for a batch :data:`decode_next` leaves to it: the records of
+    the batch at byte ``pos`` (``[]`` for a control batch or one that ends before ``position``) and
+    the byte after it; ``(None, pos)`` at the end of the data.  Raises what :func:`iter_batches` and
+    :data:`decode_batch` raise for a batch that is not valid."""
+    batch = next(
+        iter_batches(
+            data, topic=topic, partition=partition, check_crcs=check_crcs, start=pos, max_decompressed=max_decompressed
+        ),
+        None,
+    )
+    if batch is None:
+        return None, pos
+    after = pos + batch.size_in_bytes
+    if batch.is_control or batch.last_offset < position:
+        return [], after
+    return decode_batch(batch, topic, partition), after
+
+
+class RecordSetRead(NamedTuple):
+    """What :func:`decode_record_set` read of a record set."""
+
+    #: The records, control batches left out, in the order of the bytes.
+    records: list[ConsumerRecord[bytes, bytes]]
+    #: What stopped the read before the end of the data; None when it got there.
+    error: RecordError | None = None
+    #: The offsets of the batch that failed, when its header can be trusted (a v2 batch whose
+    #: length ends within the data); None otherwise: from there on nothing is known.
+    failed: range | None = None
+
+
+def decode_record_set(
+    data: Any, *, topic: str, partition: int, check_crcs: bool = True, max_decompressed: int = DEFAULT_MAX_SIZE
+) -> RecordSetRead:
+    """Every record of a record set, up to its first batch that cannot be read (a truncated
+    trailing batch ends it too): the share consumer's read of a ShareFetch answer.  The walk is
+    :data:`decode_next`'s with the compiled decoder (a batch of one record without a
+    :class:`RecordBatch`), handing a batch to :func:`next_records_py` where it must."""
+    out: list[ConsumerRecord[bytes, bytes]] = []
+    pos = 0
+    lowest = -(1 << 63)  # the position: no batch is passed over for its offsets
+    try:
+        while True:
+            records, after = (decode_next and decode_next(data, pos, lowest, check_crcs, topic, partition)) or (
+                next_records_py(data, pos, lowest, topic, partition, check_crcs, max_decompressed)
+            )
+            if records is None:
+                return RecordSetRead(out)
+            out += records
+            pos = after
+    except RecordError as exc:
+        return RecordSetRead(out, exc, _batch_offsets(data, pos))
+
+
+def _batch_offsets(data: Any, pos: int) -> range | None:
+    """The offsets of the v2 batch at byte ``pos`` from its header, if it ends within ``data``."""
+    view = memoryview(data)[pos:]
+    if len(view) < V2_HEADER_SIZE or view[_MAGIC_AT] != 2:
+        return None
+    base, length = _OFFSET_LENGTH.unpack_from(view)
+    if length < _MIN_LENGTH[2] or LOG_OVERHEAD + length > len(view):
+        return None
+    return range(base, base + int.from_bytes(view[23:27], "big", signed=True) + 1)
 
 #: ``HW_CRC32C``: whether the compiled decoder checks CRCs with the CPU's CRC-32C instruction (then
 #: the batch checks here use it, and the column walk checks CRCs itself: protocol/columnar.py).
