@@ -169,10 +169,11 @@ PyDoc_STRVAR(decode_batch_doc,
              "decode_batch(batch, topic, partition) -> list[ConsumerRecord]\n\n"
              "Decode every record of a RecordBatch; the compiled twin of records.decode_batch_py.");
 PyDoc_STRVAR(decode_next_doc,
-             "decode_next(data, pos, position, check_crcs, topic, partition) -> (records, next_pos) | None\n\n"
+             "decode_next(data, pos, position, check_crcs, topic, partition[, max_records]) -> (records, next_pos) | None\n\n"
              "A row read's walk over a record set from byte ``pos``: the records of the next plain v2 batch\n"
              "not before ``position`` (control batches passed over) and the byte after it; (None, pos) at\n"
-             "the end; None: the batch at ``pos`` is for the Python walk (records.iter_batches).");
+             "the end; None: the batch at ``pos`` is for the Python walk (records.iter_batches).  With\n"
+             "max_records > 0, whole plain batches after it too, until at least that many records.");
 PyDoc_STRVAR(bind_doc,
              "bind(record_type, corrupt_error, fallback, decompress) -> None\n\n"
              "Give the decoder the record type, the error class, the Python decoder (for legacy\n"

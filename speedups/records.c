@@ -28,11 +28,12 @@
  *
  * reads batch headers only, for the background loop.
  *
- *     decode_next(data, pos, position, check_crcs, topic, partition) -> (records, next_pos) | None
+ *     decode_next(data, pos, position, check_crcs, topic, partition[, max_records]) -> (records, next_pos) | None
  *
- * is a row read's walk over a fetched record set (``CompletedFetch``, read_uncommitted) one batch
- * at a time without a RecordBatch object: the batch headers read here, the CRC checked, control
- * batches and batches before ``position`` passed over, the next plain batch decoded.  None hands
+ * is a row read's walk over a fetched record set (``CompletedFetch``, read_uncommitted) a batch
+ * at a time, or as many plain batches as ``max_records`` takes, without a RecordBatch object: the
+ * batch headers read here, the CRC checked, control batches and batches before ``position`` passed
+ * over, the plain batches decoded.  None hands
  * the batch at ``pos`` to the Python walk (``iter_batches``), which reads what is not plain
  * (compressed, legacy, a length or CRC that is wrong, which it then reports).
  */
@@ -557,18 +558,24 @@ done:
     return result;
 }
 
-/* decode_next(data, pos, position, check_crcs, topic, partition) -> (records, next_pos) | None:
+/* decode_next(data, pos, position, check_crcs, topic, partition[, max_records]) -> (records, next_pos) | None:
  * from byte ``pos`` of the record set ``data``, the records of the next uncompressed v2 batch that
  * is not a control batch and does not end before ``position`` (all of its records: the caller drops
  * those before ``position``), and the byte after that batch; ``(None, pos)`` at the end of the data
  * (a truncated trailing batch included, as ``iter_batches`` stops there).  None: the batch at
- * ``pos`` (where the walk got to) is one for the Python walk, as described above. */
+ * ``pos`` (where the walk got to) is one for the Python walk, as described above.
+ *
+ * With ``max_records`` > 0 the walk goes on over the plain batches after that one (whole batches)
+ * until it holds at least that many records, and returns them all with the byte it stopped at: the
+ * end, or a batch for the Python walk, which the next call then answers None for.  Records written
+ * a batch each (a slow producer's) then cost one call a take, not one a record. */
 PyObject *
 decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6) {
+    if (nargs != 6 && nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "decode_next(data, pos, position, check_crcs, topic, partition) takes exactly 6 arguments");
+                        "decode_next(data, pos, position, check_crcs, topic, partition[, max_records]) takes 6 or 7 "
+                        "arguments");
         return NULL;
     }
     if (record_type == NULL) {
@@ -579,7 +586,8 @@ decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
     long long position = PyLong_AsLongLong(args[2]);
     int check_crcs = PyObject_IsTrue(args[3]);
-    if ((pos == -1 || position == -1 || check_crcs < 0) && PyErr_Occurred()) {
+    Py_ssize_t max_records = nargs == 7 ? PyLong_AsSsize_t(args[6]) : 0;
+    if ((pos == -1 || position == -1 || check_crcs < 0 || max_records == -1) && PyErr_Occurred()) {
         return NULL;
     }
     Py_buffer view;
@@ -589,14 +597,14 @@ decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const unsigned char *d = (const unsigned char *)view.buf;
     const Py_ssize_t n = view.len;
     PyObject *result = NULL;
+    PyObject *gathered = NULL; /* the records of the batches before ``pos`` (``max_records`` > 0) */
     if (pos < 0) {
         PyErr_SetString(PyExc_ValueError, "decode_next: pos must not be negative");
         goto done;
     }
     for (;;) {
         if (n - pos <= 16) { /* no magic byte: the end */
-            result = Py_BuildValue("(On)", Py_None, pos);
-            goto done;
+            goto end;
         }
         if (d[pos + 16] != 2 || n - pos < V2_HEADER_SIZE) {
             goto python; /* legacy, or too short for a v2 header: the Python walk decides */
@@ -607,8 +615,7 @@ decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         const Py_ssize_t batch_end = pos + LOG_OVERHEAD + (Py_ssize_t)length;
         if (batch_end > n) { /* a truncated trailing batch: the next fetch starts here */
-            result = Py_BuildValue("(On)", Py_None, pos);
-            goto done;
+            goto end;
         }
         const int attrs = (int)(((unsigned)d[pos + 21] << 8) | d[pos + 22]);
         const int64_t base_offset = be_i64(d + pos);
@@ -661,17 +668,37 @@ decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(ts_type);
         Py_XDECREF(epoch_obj);
         Py_XDECREF(log_ts);
-        if (records != NULL) {
-            result = Py_BuildValue("(Nn)", records, batch_end);
+        if (records == NULL) {
+            if (status == ERR_CORRUPT || status == ERR_FALLBACK) {
+                goto python; /* the Python walk decodes it, and reports what is wrong */
+            }
+            goto done;
         }
-        else if (status == ERR_CORRUPT || status == ERR_FALLBACK) {
-            goto python; /* the Python walk decodes it, and reports what is wrong */
+        pos = batch_end;
+        if (gathered == NULL) {
+            gathered = records;
         }
-        goto done;
+        else {
+            const Py_ssize_t at = PyList_GET_SIZE(gathered);
+            const int failed = PyList_SetSlice(gathered, at, at, records);
+            Py_DECREF(records);
+            if (failed < 0) {
+                goto done;
+            }
+        }
+        if (PyList_GET_SIZE(gathered) >= max_records) {
+            goto end;
+        }
     }
 python:
-    result = Py_NewRef(Py_None);
+    if (gathered == NULL) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+end: /* the records gathered (None: none) and the byte the walk stopped at */
+    result = Py_BuildValue("(On)", gathered != NULL ? gathered : Py_None, pos);
 done:
+    Py_XDECREF(gathered);
     PyBuffer_Release(&view);
     return result;
 }

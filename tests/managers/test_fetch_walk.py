@@ -197,3 +197,51 @@ def test_a_record_set_read_stops_at_a_bad_batch_and_names_it(
 def test_a_record_set_read_ends_at_a_truncated_trailing_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     got, error, _ = read_both(b"".join(mixed()[:2]) + plain(5, 3)[:-4], monkeypatch)
     assert [r.offset for r in got] == [0, 1, 2, 3, 4] and error is None
+
+
+# -- several batches a call ---------------------------------------------------------------------
+
+
+def test_decode_next_gathers_whole_plain_batches_up_to_max_records() -> None:
+    decode_next = records_module.decode_next
+    assert decode_next is not None
+    batches = [plain(0, 3), plain(3, 1), build_control_batch("commit", 9, base_offset=4), plain(5, 2),
+               plain(7, 2, compression=CODEC_GZIP), plain(9, 1)]
+    data = b"".join(batches)
+    ends = [sum(map(len, batches[: i + 1])) for i in range(len(batches))]
+
+    def offsets(got: Any) -> Any:
+        return None if got is None else ([r.offset for r in got[0]] if got[0] is not None else None, got[1])
+
+    assert offsets(decode_next(data, 0, 0, True, TP.topic, TP.partition)) == ([0, 1, 2], ends[0])  # one batch
+    assert offsets(decode_next(data, 0, 0, True, TP.topic, TP.partition, 4)) == ([0, 1, 2, 3], ends[1])
+    assert offsets(decode_next(data, 0, 0, True, TP.topic, TP.partition, 5)) == ([0, 1, 2, 3, 5, 6], ends[3])
+    # it stops before the compressed batch, which the next call leaves to the Python walk
+    assert offsets(decode_next(data, 0, 2, True, TP.topic, TP.partition, 100)) == ([0, 1, 2, 3, 5, 6], ends[3])
+    assert decode_next(data, ends[3], 0, True, TP.topic, TP.partition, 100) is None
+    assert offsets(decode_next(data, ends[4], 0, True, TP.topic, TP.partition, 100)) == ([9], ends[5])
+    assert offsets(decode_next(data, ends[5], 0, True, TP.topic, TP.partition, 100)) == (None, ends[5])
+    # before a corrupt batch and a truncated one alike: what it has, then the Python walk's turn or the end
+    spoilt = plain(0, 2) + corrupt(plain(2, 2))
+    assert offsets(decode_next(spoilt, 0, 0, True, TP.topic, TP.partition, 100)) == ([0, 1], len(plain(0, 2)))
+    assert decode_next(spoilt, len(plain(0, 2)), 0, True, TP.topic, TP.partition, 100) is None
+    cut = plain(0, 2) + plain(2, 2)[:-3]
+    assert offsets(decode_next(cut, 0, 0, True, TP.topic, TP.partition, 100)) == ([0, 1], len(plain(0, 2)))
+
+
+def test_a_take_of_one_record_batches_is_one_compiled_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = fetch_buffer.decode_next
+    assert real is not None
+    calls: list[int] = []
+
+    def counting(*args: Any) -> Any:
+        calls.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(fetch_buffer, "decode_next", counting)
+    data = b"".join(plain(offset, 1) for offset in range(100))
+    fetch = CompletedFetch(TP, 0, 0, memoryview(data), next_offset=-1, check_crcs=True, aborted=None)
+    assert [r.offset for r in fetch.take(60, 0)] == list(range(60))
+    assert calls == [60]
+    assert [r.offset for r in fetch.take(500, 60)] == list(range(60, 100))
+    assert calls == [60, 500, 460]  # the last answers the end

@@ -143,7 +143,7 @@ class CompletedFetch:
                     self.exhausted = True
                     raise self.error
                 try:
-                    more = self._next_batch(position)
+                    more = self._next_batch(position, max_records - len(out))
                 except RecordError as exc:
                     self.error = exc
                     continue
@@ -223,8 +223,8 @@ class CompletedFetch:
         """The offset after the batch starting at ``base_offset`` (headers only), -1 if not found."""
         return offset_after_batch(self._data, base_offset)
 
-    def _next_batch(self, position: int) -> bool:
-        while (records := self._next_records(position)) is not None:
+    def _next_batch(self, position: int, want: int = 0) -> bool:
+        while (records := self._next_records(position, want)) is not None:
             if records and records[0].offset < position:
                 records = [r for r in records if r.offset >= position]
             if records:
@@ -235,10 +235,11 @@ class CompletedFetch:
         self._index = 0
         return False
 
-    def _next_records(self, position: int) -> list[Record] | None:
+    def _next_records(self, position: int, want: int = 0) -> list[Record] | None:
         """The records of the walk's next batch with any at or after ``position`` (all of them:
         the caller drops those before it), ``[]`` for a batch the Python step passes over; None at
-        the end."""
+        the end.  The compiled walk goes on over the plain batches after it until it has ``want``
+        records (whole batches: the caller keeps what it does not take)."""
         tp = self.tp
         walk = self._walk
         if walk is None:
@@ -248,7 +249,7 @@ class CompletedFetch:
         # A batch the compiled walk leaves to Python (compressed, legacy, not valid): read from its
         # first byte, the compiled walk after it.
         data = self._data
-        records, self._walk = decode_next(data, walk, position, self._check_crcs, tp.topic, tp.partition) or (
+        records, self._walk = decode_next(data, walk, position, self._check_crcs, tp.topic, tp.partition, want) or (
             next_records_py(data, walk, position, tp.topic, tp.partition, self._check_crcs, self._max_decompressed)
         )
         return records

@@ -26,7 +26,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 from ..errors import CorruptRecordError, RecordError, UnsupportedMagicError
 from ..structs import ConsumerRecord, ShareConsumerRecord, TopicPartition
@@ -930,15 +930,23 @@ scan_batches: _Scanner = cast(
     else scan_batches_py,
 )
 
-_NextDecoder = Callable[[Any, int, int, bool, str, int], "tuple[list[ConsumerRecord[bytes, bytes]] | None, int] | None"]
-#: ``decode_next(data, pos, position, check_crcs, topic, partition) -> (records, next_pos) | None``:
-#: a row read's walk over a record set a batch at a time without a :class:`RecordBatch` (speedups/
-#: records.c): the records of the next plain v2 batch from byte ``pos`` that is not a control batch
-#: and does not end before ``position`` (all of its records), and the byte after it; ``(None, pos)``
-#: at the end of the data; None when the batch at ``pos`` is one for :func:`iter_batches` (compressed,
-#: legacy, or not valid: it reports what is wrong).  None itself with the Python decoder (and with an
-#: extension built before it had one): the walk is then :func:`iter_batches`'s alone.  A batch of one
-#: record costs about a tenth of what the Python walk's :class:`RecordBatch` and generator step do.
+class _NextDecoder(Protocol):
+    def __call__(
+        self, data: Any, pos: int, position: int, check_crcs: bool, topic: str, partition: int, max_records: int = 0, /
+    ) -> tuple[list[ConsumerRecord[bytes, bytes]] | None, int] | None: ...
+
+
+#: ``decode_next(data, pos, position, check_crcs, topic, partition[, max_records]) -> (records,
+#: next_pos) | None``: a row read's walk over a record set without a :class:`RecordBatch`
+#: (speedups/records.c): the records of the next plain v2 batch from byte ``pos`` that is not a
+#: control batch and does not end before ``position`` (all of its records), and the byte after it;
+#: ``(None, pos)`` at the end of the data; None when the batch at ``pos`` is one for
+#: :func:`iter_batches` (compressed, legacy, or not valid: it reports what is wrong).  With
+#: ``max_records`` > 0, the whole plain batches after it too until it has that many records (it
+#: stops before a batch for :func:`iter_batches`).  None itself with the Python decoder (and with an
+#: extension built before it had one): the walk is then :func:`iter_batches`'s alone.  A batch of
+#: one record costs about a twentieth of what the Python walk's :class:`RecordBatch` and generator
+#: step do.
 decode_next: _NextDecoder | None = cast(
     "_NextDecoder | None",
     getattr(importlib.import_module("asyncconsumer._speedups"), "decode_next", None) if DECODER == "c" else None,
@@ -966,6 +974,9 @@ def next_records_py(
     return decode_batch(batch, topic, partition), after
 
 
+_ALL = 1 << 62  # decode_next's max_records for a whole record set
+
+
 class RecordSetRead(NamedTuple):
     """What :func:`decode_record_set` read of a record set."""
 
@@ -990,9 +1001,9 @@ def decode_record_set(
     lowest = -(1 << 63)  # the position: no batch is passed over for its offsets
     try:
         while True:
-            records, after = (decode_next and decode_next(data, pos, lowest, check_crcs, topic, partition)) or (
-                next_records_py(data, pos, lowest, topic, partition, check_crcs, max_decompressed)
-            )
+            records, after = (
+                decode_next and decode_next(data, pos, lowest, check_crcs, topic, partition, _ALL)
+            ) or next_records_py(data, pos, lowest, topic, partition, check_crcs, max_decompressed)
             if records is None:
                 return RecordSetRead(out)
             out += records
