@@ -22,6 +22,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 import pytest
+from security.test_security import security_options
 from support.share import apache_kafka_bootstrap, share_group  # noqa: F401 (a fixture: bootstrap)
 
 from asyncconsumer import (
@@ -215,20 +216,28 @@ async def test_the_meter_provider_sees_delivered_records_and_share_request_durat
     assert lag == []  # a share group has no position per member
 
 
-@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
-async def test_a_share_consumer_logs_in_with_sasl(
-    apache_kafka: Any, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any], mechanism: str
+SECURED = [("SASL_PLAINTEXT", "PLAIN"), ("SASL_PLAINTEXT", "SCRAM-SHA-256"), ("SSL", None),
+           ("SASL_SSL", "SCRAM-SHA-512"), ("SASL_PLAINTEXT", "OAUTHBEARER"), ("SASL_SSL", "OAUTHBEARER")]
+
+
+@pytest.mark.parametrize(("listener", "mechanism"), SECURED, ids=[f"{lst}-{m or 'tls'}" for lst, m in SECURED])
+async def test_a_share_consumer_reads_over_every_secured_listener(
+    apache_kafka: Any, bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any],
+    listener: str, mechanism: str | None,
 ) -> None:
-    """The share loop logs its connections in as the consumer's does (engine/core.py)."""
+    """The share loop connects and logs in as the consumer's does (engine/core.py): TLS with the
+    brokers' CA and host name checked, SASL PLAIN, SCRAM and OAUTHBEARER (an async token provider)."""
     topic = new_topic(1)
     group = await group_for(bootstrap)
     await anyio.to_thread.run_sync(lambda: produce(topic, values(3)))
-    options = apache_kafka.broker.consumer_options("SASL_PLAINTEXT", mechanism=mechanism)
+    options = security_options(apache_kafka.broker, listener, mechanism)
     async with ShareConsumer(group_id=group, **options) as consumer:
         consumer.subscribe([topic])
         got = await poll_until(consumer, 3)
         assert sorted(r.value for r in got) == values(3)
         assert all(e is None for e in (await consumer.commit()).values())
+    if mechanism == "OAUTHBEARER":
+        assert options["sasl_oauth_token_provider"].calls >= 1
 
 
 async def test_reject_is_never_redelivered(
