@@ -625,6 +625,9 @@ decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto python;
         }
         const int skip = (attrs & 0x20) || last_offset < position; /* a control batch, or all before */
+        if (gathered != NULL && !skip && base_offset < position) {
+            goto end; /* records before the position past the first batch: the caller drops only the first's */
+        }
         if (!skip && (attrs & 0x07) != CODEC_NONE) {
             goto python; /* compressed: the Python walk's batch checks the CRC and decompresses it */
         }

@@ -117,6 +117,12 @@ class CorruptRecordError(RecordError):
     """A batch failed its CRC check, or its bytes are inconsistent."""
 
 
+class DecompressionLimitError(CorruptRecordError):
+    """A compressed batch decompresses (or says it does) to more than one batch may hold here
+    (``max_batch_decompressed_bytes``), or to more than the process could allocate: the data may be
+    sound, and a reader with more room could read it."""
+
+
 class UnsupportedMagicError(RecordError):
     """A batch has a message-format version ('magic') this client cannot read."""
 

@@ -157,16 +157,16 @@ def test_switching_to_the_columns_and_back_restarts_the_compiled_walk_at_the_pos
 # -- the share consumer's read of a whole record set ------------------------------------------------
 
 
-def read_set(data: bytes, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], Any, Any]:
+def read_set(data: bytes, compiled: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any], bool]:
     with monkeypatch.context() as patch:
         if not compiled:
             patch.setattr(records_module, "decode_next", None)
         read = records_module.decode_record_set(data, topic=TP.topic, partition=TP.partition)
-    error = read.error and (type(read.error), str(read.error), read.error.offset)
-    return read.records, error, read.failed
+    failed = [(type(error), str(error), error.offset, before) for error, before in read.failed]
+    return read.records, failed, read.stopped
 
 
-def read_both(data: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], Any, Any]:
+def read_both(data: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], list[Any], bool]:
     python = read_set(data, False, monkeypatch)
     compiled = read_set(data, True, monkeypatch)
     assert compiled == python
@@ -174,29 +174,33 @@ def read_both(data: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], 
 
 
 def test_a_record_set_reads_alike_in_both_walks(monkeypatch: pytest.MonkeyPatch) -> None:
-    got, error, failed = read_both(b"".join(mixed()), monkeypatch)
+    got, failed, stopped = read_both(b"".join(mixed()), monkeypatch)
     assert [r.offset for r in got] == [o for o in range(30) if o not in (7, 17)]
-    assert error is None and failed is None
+    assert failed == [] and not stopped
     assert got == [r for chunk in both(b"".join(mixed()), 0, 500, monkeypatch) for r in chunk]
 
 
-@pytest.mark.parametrize(("spoil", "failed"), [(corrupt, range(15, 16)), (bad_length, None)])
-def test_a_record_set_read_stops_at_a_bad_batch_and_names_it(
-    spoil: Any, failed: range | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The records before it, its error, and its offsets when its header can be trusted (a wrong
-    CRC) but not when its length is wrong."""
+def test_a_record_set_read_goes_past_a_bad_batch_whose_length_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong CRC: the batch is named (with the records before it) and the read goes on after it."""
     batches = mixed()
-    batches[8] = spoil(batches[8])  # offset 15
-    got, error, where = read_both(b"".join(batches), monkeypatch)
+    batches[8] = corrupt(batches[8])  # offset 15
+    got, failed, stopped = read_both(b"".join(batches), monkeypatch)
+    assert [r.offset for r in got] == [o for o in range(30) if o not in (7, 15, 17)]
+    ((error, _, offset, before),) = failed
+    assert issubclass(error, CorruptRecordError) and offset == 15 and before == 14 and not stopped
+
+
+def test_a_record_set_read_stops_at_a_batch_whose_length_is_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    batches = mixed()
+    batches[8] = bad_length(batches[8])
+    got, failed, stopped = read_both(b"".join(batches), monkeypatch)
     assert [r.offset for r in got] == [o for o in range(15) if o != 7]
-    assert issubclass(error[0], CorruptRecordError) and error[2] == 15
-    assert where == failed
+    assert [(f[0], f[2], f[3]) for f in failed] == [(CorruptRecordError, 15, 14)] and stopped
 
 
 def test_a_record_set_read_ends_at_a_truncated_trailing_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    got, error, _ = read_both(b"".join(mixed()[:2]) + plain(5, 3)[:-4], monkeypatch)
-    assert [r.offset for r in got] == [0, 1, 2, 3, 4] and error is None
+    got, failed, stopped = read_both(b"".join(mixed()[:2]) + plain(5, 3)[:-4], monkeypatch)
+    assert [r.offset for r in got] == [0, 1, 2, 3, 4] and failed == [] and not stopped
 
 
 # -- several batches a call ---------------------------------------------------------------------
@@ -245,3 +249,15 @@ def test_a_take_of_one_record_batches_is_one_compiled_call(monkeypatch: pytest.M
     assert calls == [60]
     assert [r.offset for r in fetch.take(500, 60)] == list(range(60, 100))
     assert calls == [60, 500, 460]  # the last answers the end
+
+
+@pytest.mark.parametrize("limit", [1, 2, 500])
+def test_a_later_batch_starting_before_the_position_is_not_gathered_unfiltered(
+    limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offsets that go back between batches (a damaged base offset, outside the CRC): the records
+    of a later batch before the position are dropped as the first batch's are."""
+    data = plain(10, 1) + plain(4, 3) + plain(20, 2)
+    taken = both(data, 5, limit, monkeypatch)
+    # a take of one moves the position past 10 first, so the batch at 4-6 is then all behind it
+    assert [r.offset for chunk in taken for r in chunk] == ([10, 20, 21] if limit == 1 else [10, 5, 6, 20, 21])

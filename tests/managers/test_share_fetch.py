@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from asyncconsumer.errors import (
     REFRESH_METADATA_CODES,
     CorruptRecordError,
+    DecompressionLimitError,
     InvalidRecordStateError,
     KafkaError,
     ShareSessionNotFoundError,
@@ -361,45 +362,53 @@ def corrupt(batch: bytes) -> bytes:
     return bytes(spoilt)
 
 
-def test_a_corrupt_batch_is_rejected_and_reported_and_the_records_around_it_are_not_lost() -> None:
-    """As Java's share consumer: the records before the bad batch are handed out, its acquired
-    records rejected (it would fail again), the typed error goes to the application; the records
-    after it are released to come again, and the other partitions of the answer are unaffected."""
+def test_a_corrupt_batch_is_rejected_and_reported_and_the_records_around_it_are_handed_out() -> None:
+    """As Java's share consumer: the records before and after the bad batch are handed out, its
+    acquired records rejected (they would fail again), the typed error goes to the application;
+    the other partitions of the answer are unaffected."""
     s = Setup({P0, P1}, one_leader=True)
     data = records(0, 2) + corrupt(records(2, 3)) + records(5, 2)
     s.h.take("ShareFetch").respond(fetch_answer(
         partition(0, data=data, acquired=[(1, 6, 1)]), partition(1, data=records(0, 2), acquired=[(0, 1, 1)])))
-    assert [(b.tp, [r.offset for r in b.records]) for b in s.batches] == [(P0, [1]), (P1, [0, 1])]
+    assert [(b.tp, [r.offset for r in b.records]) for b in s.batches] == [(P0, [1, 5, 6]), (P1, [0, 1])]
     (error,) = s.errors
     assert isinstance(error, CorruptRecordError)
     assert (error.topic, error.partition, error.offset) == ("jobs", 0, 2) and "CRC" in str(error)
-    assert "3 acquired record(s) of the batch rejected, 2 after it released" in error.__notes__[0]
-    s.fetcher.records_handed_out(1, 3)
-    assert acks_sent(s)[0] == [
-        {"first_offset": 2, "last_offset": 4, "acknowledge_types": [REJECT]},
-        {"first_offset": 5, "last_offset": 6, "acknowledge_types": [RELEASE]},
-    ]
+    assert "its 3 acquired record(s) rejected" in error.__notes__[0]
+    s.fetcher.records_handed_out(1, 5)
+    assert acks_sent(s)[0] == [{"first_offset": 2, "last_offset": 4, "acknowledge_types": [REJECT]}]
 
 
-def test_a_batch_whose_length_cannot_be_trusted_releases_everything_after_the_records_read() -> None:
+def test_a_batch_whose_length_cannot_be_trusted_releases_everything_from_it_on() -> None:
     s = Setup({P0})
     bad = bytearray(records(2, 3))
     bad[8:12] = (10).to_bytes(4, "big")  # shorter than a v2 header: nothing after it can be read
-    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 2) + bytes(bad), acquired=[(0, 4, 1)])))
+    data = records(0, 2) + bytes(bad) + records(5, 2)
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=data, acquired=[(0, 6, 1)])))
     assert [r.offset for r in s.batches[0].records] == [0, 1]
     assert isinstance(s.errors[0], CorruptRecordError)
+    assert "5 acquired record(s) from it on released" in s.errors[0].__notes__[0]
     s.fetcher.records_handed_out(1, 2)
-    assert acks_sent(s)[0] == [{"first_offset": 2, "last_offset": 4, "acknowledge_types": [RELEASE]}]
+    assert acks_sent(s)[0] == [{"first_offset": 2, "last_offset": 6, "acknowledge_types": [RELEASE]}]
 
 
-def test_the_decompression_bound_holds_for_share_fetches() -> None:
+def test_a_batch_past_the_decompression_bound_is_released_for_a_member_with_more_room() -> None:
     s = Setup({P0}, max_decompressed=100)
-    data = build_batch([(None, b"x" * 1000)], base_offset=0, compression=CODEC_GZIP)
-    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=data, acquired=[(0, 0, 1)])))
-    assert s.batches == []
+    data = build_batch([(None, b"x" * 1000)], base_offset=0, compression=CODEC_GZIP) + records(1, 1)
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=data, acquired=[(0, 1, 1)])))
+    assert [r.offset for r in s.batches[0].records] == [1]
     (error,) = s.errors
-    assert isinstance(error, CorruptRecordError) and "max_batch_decompressed_bytes" in str(error)
-    assert acks_sent(s)[0] == [{"first_offset": 0, "last_offset": 0, "acknowledge_types": [REJECT]}]
+    assert isinstance(error, DecompressionLimitError) and "max_batch_decompressed_bytes" in str(error)
+    s.fetcher.records_handed_out(1, 1)
+    assert acks_sent(s)[0] == [{"first_offset": 0, "last_offset": 0, "acknowledge_types": [RELEASE]}]
+
+
+def test_a_bad_batch_with_no_acquired_record_is_not_the_applications_error() -> None:
+    s = Setup({P0})
+    data = corrupt(records(0, 2)) + records(2, 2)
+    s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=data, acquired=[(2, 3, 1)])))
+    assert [r.offset for r in s.batches[0].records] == [2, 3]
+    assert s.errors == [] and s.fetcher._acks.get(P0, {}) == {}
 
 
 def test_no_share_fetch_while_the_buffer_is_at_fetch_buffer_bytes_and_again_once_records_are_taken() -> None:

@@ -38,7 +38,7 @@ from asyncconsumer import (
     ShareConsumerRecord,
     TopicPartition,
 )
-from asyncconsumer.errors import CorruptRecordError
+from asyncconsumer.errors import DecompressionLimitError
 from asyncconsumer.share import ShareAcquireMode
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180), pytest.mark.broker_feature("share_groups")]
@@ -284,33 +284,34 @@ async def test_an_undecodable_record_is_released_and_the_records_after_it_come_d
     assert "it was released" in str(errors[0][1])
 
 
-async def test_a_batch_over_the_decompression_bound_is_rejected_and_the_records_around_it_come(
+async def test_a_batch_over_the_decompression_bound_is_released_until_the_delivery_limit(
     bootstrap: str, new_topic: Callable[..., str], produce: Callable[..., Any]
 ) -> None:
-    """A gzip batch that decompresses to more than ``max_batch_decompressed_bytes``: the poll
-    raises CorruptRecordError naming it, its record is rejected (never comes back), and the
-    records before and after it (separate batches, produced by confluent-kafka) are handed out."""
+    """A gzip batch that decompresses to more than ``max_batch_decompressed_bytes``: each poll
+    that meets it raises DecompressionLimitError naming it, and its record is released (a member
+    with more room could read it) until the group's delivery limit archives it; the records
+    before and after it (separate batches, produced by confluent-kafka) are handed out once."""
     topic = new_topic(1)
-    group = await group_for(bootstrap, share_record_lock_duration_ms=2000)
+    group = await group_for(bootstrap, share_record_lock_duration_ms=2000, share_delivery_count_limit=2)
     for batch in ([b"a0", b"a1"], [bytes(256 * 1024)], [b"c3", b"c4"]):  # one batch each: offsets 0-1, 2, 3-4
         await anyio.to_thread.run_sync(lambda batch=batch: produce(topic, batch, "gzip"))
     seen: list[int] = []
-    errors: list[CorruptRecordError] = []
+    errors: list[DecompressionLimitError] = []
     async with ShareConsumer(bootstrap_servers=bootstrap, group_id=group,
                              max_batch_decompressed_bytes=64 * 1024) as consumer:
         consumer.subscribe([topic])
         with anyio.fail_after(30):
-            while len(seen) < 4 or not errors:
+            while len(seen) < 4 or len(errors) < 2:
                 try:
                     polled = await consumer.getmany(timeout=0.5)
-                except CorruptRecordError as exc:
+                except DecompressionLimitError as exc:
                     errors.append(exc)
                     continue
                 seen += [r.offset for records in polled.values() for r in records]
-        assert await nothing_more(consumer, 4.0) == []  # longer than the lock: rejected, not locked
+        assert await nothing_more(consumer, 4.0) == []  # longer than the lock: archived, not locked
     assert sorted(seen) == [0, 1, 3, 4]
-    assert [(e.topic, e.partition, e.offset) for e in errors] == [(topic, 0, 2)]
-    assert "max_batch_decompressed_bytes" in str(errors[0])
+    assert [(e.topic, e.partition, e.offset) for e in errors] == [(topic, 0, 2)] * 2
+    assert "max_batch_decompressed_bytes" in str(errors[0]) and "released" in errors[0].__notes__[0]
 
 
 async def test_implicit_mode_accepts_what_was_handed_out_at_the_next_poll(

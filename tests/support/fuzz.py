@@ -494,17 +494,18 @@ def _walk(data: bytes | memoryview) -> tuple[str, Any]:
 
 def _share_read(data: bytes | memoryview) -> tuple[str, Any]:
     """:func:`_decode`'s answer from ``decode_record_set`` (the share consumer's read of a
-    ShareFetch answer): the records up to the first batch that cannot be read, and its error."""
+    ShareFetch answer): the records up to the first batch that cannot be read, and its error (the
+    read goes on after such a batch when its length holds; what it reads there is not compared)."""
     from asyncconsumer.protocol.records import decode_record_set
 
     try:
         read = decode_record_set(data, topic=TOPIC, partition=PARTITION, max_decompressed=LIMIT)
     except Exception as exc:
         return "untyped", f"{type(exc).__name__}: {exc}"
-    out = [(tuple(r), type(r.key), type(r.value)) for r in read.records]
-    if read.error is not None:
-        return "error", (type(read.error).__name__, read.error.partition, read.error.offset, len(out))
-    return "records", out
+    if read.failed:
+        error, before = read.failed[0]
+        return "error", (type(error).__name__, error.partition, error.offset, before)
+    return "records", [(tuple(r), type(r.key), type(r.value)) for r in read.records]
 
 
 def run(

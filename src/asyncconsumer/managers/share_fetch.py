@@ -32,7 +32,10 @@ from typing import Any, Literal
 from ..errors import (
     REFRESH_METADATA_CODES,
     SHARE_SESSION_CODES,
+    CorruptRecordError,
+    DecompressionLimitError,
     KafkaError,
+    RecordError,
     UnsupportedVersionError,
     error_for_code,
 )
@@ -494,9 +497,9 @@ class ShareFetchManager:
             records, topic=tp.topic, partition=tp.partition, check_crcs=self._check_crcs,
             max_decompressed=self._max_decompressed,
         ) if records else RecordSetRead([])
-        if read.error is not None:
-            ranges = self._unreadable(tp, read, ranges)
         out, gaps = acquired(read.records, ranges, deadline)
+        if read.failed:
+            gaps = self._unreadable(tp, read, gaps)
         if gaps:  # acquired, but no record there (control batch, compacted away)
             self.acknowledge_all(tp, gaps, GAP)
         if out and self.closing:  # arrived while closing: straight back to the group
@@ -509,31 +512,45 @@ class ShareFetchManager:
             self.buffered_bytes += size
             self._on_batch(ShareBatch(node, tp, out, size))
 
-    def _unreadable(self, tp: TopicPartition, read: RecordSetRead, ranges: list[Body]) -> list[Body]:
-        """A record set that could not be read to its end: as Java's share consumer, the acquired
-        records of the batch that failed are rejected (archived: it would fail again) and the
-        error goes to the application; those after it (or all from the last record read, when
-        the failed batch's extent is unknown) are released to be fetched again.  Returns the
-        ranges of the records read, which are handed out as usual."""
-        error = read.error
-        assert error is not None
-        stop = read.failed.start if read.failed else (read.records[-1].offset + 1 if read.records else -1)
-        kept: list[Body] = []
-        unread: list[int] = []
-        for r in ranges:
-            first, last = r["first_offset"], r["last_offset"]
-            if first < stop:
-                kept.append(r if last < stop else {**r, "last_offset": stop - 1})
-            unread += range(max(first, stop), last + 1)
-        rejected = [o for o in unread if o in read.failed] if read.failed else []
-        released = [o for o in unread if not read.failed or o not in read.failed]
-        self.acknowledge_all(tp, rejected, AcknowledgeType.REJECT)
-        self.acknowledge_all(tp, released, AcknowledgeType.RELEASE)
-        outcome = f"{len(rejected)} acquired record(s) of the batch rejected, {len(released)} after it released"
-        error.add_note(f"share consumer: {outcome}")
-        log.warning("share fetch of %s: %s; %s", tp, error, outcome)
-        self._report_error(error)
-        return kept
+    def _unreadable(self, tp: TopicPartition, read: RecordSetRead, gaps: list[int]) -> list[int]:
+        """An answer with batches that could not be read: the acquired offsets with no record
+        between the records read before such a batch and those read after it are its records, not
+        gaps.  As Java's share consumer does, they are rejected (archived: they would fail again)
+        when the batch is corrupt, and the error goes to the application.  They are released
+        instead, for another member or a later try (the delivery limit bounds the tries), when the
+        batch may be sound but cannot be read here (a codec's library missing, past
+        ``max_batch_decompressed_bytes``, a format this client does not read), and when the read
+        stopped at the batch (its length is wrong): then every acquired offset after the records
+        read is unread, the batch's and those after it alike.  Returns the gaps left."""
+        records = read.records
+        spans = [
+            (records[before - 1].offset if before else -(1 << 63),
+             records[before].offset if before < len(records) else 1 << 63, error)
+            for error, before in read.failed
+        ]
+        left: list[int] = []
+        hit: dict[int, tuple[RecordError, list[int]]] = {}
+        for offset in gaps:
+            for i, (after, before, error) in enumerate(spans):
+                if after < offset < before:
+                    hit.setdefault(i, (error, []))[1].append(offset)
+                    break
+            else:
+                left.append(offset)
+        for i, (error, offsets) in hit.items():
+            stopped = read.stopped and i == len(spans) - 1
+            corrupt = isinstance(error, CorruptRecordError) and not isinstance(error, DecompressionLimitError)
+            kind = AcknowledgeType.REJECT if corrupt and not stopped else AcknowledgeType.RELEASE
+            self.acknowledge_all(tp, offsets, kind)
+            outcome = (f"{len(offsets)} acquired record(s) from it on released (where it ends is not known)"
+                       if stopped else f"its {len(offsets)} acquired record(s) {'rejected' if corrupt else 'released'}")
+            error.add_note(f"share consumer: {outcome}")
+            log.warning("share fetch of %s: %s; %s", tp, error, outcome)
+            self._report_error(error)
+        for i, (error, _) in enumerate(read.failed):
+            if i not in hit:
+                log.debug("share fetch of %s: %s (in no acquired record's batch)", tp, error)
+        return left
 
     # -- ShareAcknowledge -----------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import threading
 import zlib
 from typing import Any
 
-from ..errors import CorruptRecordError, UnsupportedCodecError
+from ..errors import CorruptRecordError, DecompressionLimitError, UnsupportedCodecError
 
 __all__ = [
     "CODEC_GZIP",
@@ -61,10 +61,10 @@ Buffer = bytes | bytearray | memoryview
 DEFAULT_MAX_SIZE = 200 << 20
 
 
-def _too_large(name: str, declared: int | None, max_size: int) -> CorruptRecordError:
+def _too_large(name: str, declared: int | None, max_size: int) -> DecompressionLimitError:
     """``declared``: the size the data says it holds, None when decoding ran past ``max_size``."""
     what = f"declares {declared} bytes uncompressed" if declared is not None else "decompresses to"
-    return CorruptRecordError(
+    return DecompressionLimitError(
         f"{name} data {what} more than the {max_size} bytes one batch may hold (max_batch_decompressed_bytes)"
     )
 
@@ -419,7 +419,7 @@ def decompress(codec: int, data: Buffer, *, legacy_lz4: bool = False, max_size: 
         raise
     except MemoryError as exc:
         name = CODEC_NAMES[codec]
-        raise CorruptRecordError(f"{name} data could not be decompressed: out of memory") from exc
+        raise DecompressionLimitError(f"{name} data could not be decompressed: out of memory") from exc
     except Exception as exc:  # each library has its own error type
         name = CODEC_NAMES[codec]
         raise CorruptRecordError(f"{name} data is corrupt: {type(exc).__name__}: {exc}") from exc

@@ -24,6 +24,7 @@ import importlib
 import logging
 import os
 import struct
+import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple, Protocol, cast
@@ -974,7 +975,7 @@ def next_records_py(
     return decode_batch(batch, topic, partition), after
 
 
-_ALL = 1 << 62  # decode_next's max_records for a whole record set
+_ALL = sys.maxsize  # decode_next's max_records for a whole record set
 
 
 class RecordSetRead(NamedTuple):
@@ -982,45 +983,54 @@ class RecordSetRead(NamedTuple):
 
     #: The records, control batches left out, in the order of the bytes.
     records: list[ConsumerRecord[bytes, bytes]]
-    #: What stopped the read before the end of the data; None when it got there.
-    error: RecordError | None = None
-    #: The offsets of the batch that failed, when its header can be trusted (a v2 batch whose
-    #: length ends within the data); None otherwise: from there on nothing is known.
-    failed: range | None = None
+    #: The batches that could not be read, in the order of the bytes: each one's error and how
+    #: many of ``records`` come before it.  The read goes on after a batch whose length lies within
+    #: the data; after any other it stops (``stopped``).
+    failed: tuple[tuple[RecordError, int], ...] = ()
+    #: Whether the read stopped at the last of ``failed``: nothing after it was read.
+    stopped: bool = False
 
 
 def decode_record_set(
     data: Any, *, topic: str, partition: int, check_crcs: bool = True, max_decompressed: int = DEFAULT_MAX_SIZE
 ) -> RecordSetRead:
-    """Every record of a record set, up to its first batch that cannot be read (a truncated
-    trailing batch ends it too): the share consumer's read of a ShareFetch answer.  The walk is
-    :data:`decode_next`'s with the compiled decoder (a batch of one record without a
+    """Every record of a record set but those of batches that cannot be read (a truncated
+    trailing batch ends it): the share consumer's read of a ShareFetch answer.  The walk is
+    :data:`decode_next`'s with the compiled decoder (the whole answer in one call, no
     :class:`RecordBatch`), handing a batch to :func:`next_records_py` where it must."""
     out: list[ConsumerRecord[bytes, bytes]] = []
+    failed: list[tuple[RecordError, int]] = []
     pos = 0
     lowest = -(1 << 63)  # the position: no batch is passed over for its offsets
-    try:
-        while True:
+    while True:
+        try:
             records, after = (
                 decode_next and decode_next(data, pos, lowest, check_crcs, topic, partition, _ALL)
             ) or next_records_py(data, pos, lowest, topic, partition, check_crcs, max_decompressed)
-            if records is None:
-                return RecordSetRead(out)
-            out += records
-            pos = after
-    except RecordError as exc:
-        return RecordSetRead(out, exc, _batch_offsets(data, pos))
+        except RecordError as exc:
+            failed.append((exc, len(out)))
+            end = _batch_end(data, pos)
+            if end is None:
+                return RecordSetRead(out, tuple(failed), stopped=True)
+            records, after = [], end
+        if records is None:
+            break
+        out += records
+        pos = after
+    return RecordSetRead(out, tuple(failed))
 
 
-def _batch_offsets(data: Any, pos: int) -> range | None:
-    """The offsets of the v2 batch at byte ``pos`` from its header, if it ends within ``data``."""
+def _batch_end(data: Any, pos: int) -> int | None:
+    """The byte after the batch at ``pos`` by its length, if that lies within ``data`` and is no
+    shorter than its format's header (else None: where the next batch starts is not known)."""
     view = memoryview(data)[pos:]
-    if len(view) < V2_HEADER_SIZE or view[_MAGIC_AT] != 2:
+    if len(view) <= _MAGIC_AT:
         return None
-    base, length = _OFFSET_LENGTH.unpack_from(view)
-    if length < _MIN_LENGTH[2] or LOG_OVERHEAD + length > len(view):
+    least = _MIN_LENGTH.get(view[_MAGIC_AT])
+    length: int = _OFFSET_LENGTH.unpack_from(view)[1]
+    if least is None or length < least or LOG_OVERHEAD + length > len(view):
         return None
-    return range(base, base + int.from_bytes(view[23:27], "big", signed=True) + 1)
+    return pos + LOG_OVERHEAD + length
 
 #: ``HW_CRC32C``: whether the compiled decoder checks CRCs with the CPU's CRC-32C instruction (then
 #: the batch checks here use it, and the column walk checks CRCs itself: protocol/columnar.py).
