@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from asyncconsumer.errors import CorruptRecordError, RecordError
 from asyncconsumer.managers import fetch_buffer
@@ -261,3 +263,36 @@ def test_a_later_batch_starting_before_the_position_is_not_gathered_unfiltered(
     taken = both(data, 5, limit, monkeypatch)
     # a take of one moves the position past 10 first, so the batch at 4-6 is then all behind it
     assert [r.offset for chunk in taken for r in chunk] == ([10, 20, 21] if limit == 1 else [10, 5, 6, 20, 21])
+
+
+_KINDS = st.sampled_from(["plain", "plain", "plain", "gzip", "control", "legacy", "corrupt"])
+
+
+@st.composite
+def record_sets(draw: st.DrawFn) -> bytes:
+    """Batches of every kind with base offsets that mostly rise but may go back (as a damaged
+    base offset, outside the CRC, makes them)."""
+    out = []
+    offset = draw(st.integers(0, 5))
+    for _ in range(draw(st.integers(1, 8))):
+        kind, n = draw(_KINDS), draw(st.integers(1, 4))
+        offset = max(0, offset + draw(st.integers(-6, 3)))
+        if kind == "control":
+            out.append(build_control_batch("commit", 9, base_offset=offset))
+            n = 1
+        elif kind == "legacy":
+            out.append(build_legacy_message_set([(b"k", b"v%d" % i) for i in range(n)], base_offset=offset))
+        else:
+            batch = plain(offset, n, compression=CODEC_GZIP) if kind == "gzip" else plain(offset, n)
+            out.append(corrupt(batch) if kind == "corrupt" else batch)
+        offset += n
+    return b"".join(out)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=record_sets(), position=st.integers(0, 30), limit=st.sampled_from([1, 2, 3, 500]))
+def test_both_walks_agree_on_any_record_set_position_and_limit(
+    data: bytes, position: int, limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken = both(data, position, limit, monkeypatch)
+    assert all(r.offset >= position for chunk in taken if isinstance(chunk, list) for r in chunk)
