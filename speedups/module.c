@@ -174,6 +174,10 @@ PyDoc_STRVAR(decode_next_doc,
              "not before ``position`` (control batches passed over) and the byte after it; (None, pos) at\n"
              "the end; None: the batch at ``pos`` is for the Python walk (records.iter_batches).  With\n"
              "max_records > 0, whole plain batches after it too, until at least that many records.");
+PyDoc_STRVAR(extend_records_doc,
+             "extend_records(cls, records, start, stop, extra) -> list\n\n"
+             "For each tuple of records[start:stop], a cls (a tuple subclass adding no fields) holding its\n"
+             "items and then extra's: ``tuple.__new__(cls, record + extra)`` with one allocation.");
 PyDoc_STRVAR(bind_doc,
              "bind(record_type, corrupt_error, fallback, decompress) -> None\n\n"
              "Give the decoder the record type, the error class, the Python decoder (for legacy\n"
@@ -208,6 +212,7 @@ static PyMethodDef methods[] = {
     {"crc32c_kernel", (PyCFunction)crc32c_kernel_py, METH_VARARGS, crc32c_kernel_doc},
     {"scan_batches", (PyCFunction)scan_batches, METH_O, scan_batches_doc},
     {"decode_next", (PyCFunction)(void (*)(void))decode_next, METH_FASTCALL, decode_next_doc},
+    {"extend_records", (PyCFunction)(void (*)(void))extend_records, METH_FASTCALL, extend_records_doc},
     {"export_arrow", (PyCFunction)export_arrow, METH_O, export_arrow_doc},
     {"arrow_address", (PyCFunction)arrow_address, METH_O, arrow_address_doc},
     {"int32_steps", (PyCFunction)int32_steps, METH_VARARGS, int32_steps_doc},

@@ -705,3 +705,60 @@ done:
     PyBuffer_Release(&view);
     return result;
 }
+
+/* extend_records(cls, records, start, stop, extra) -> list: for each record of ``records[start:stop]``
+ * (tuples), a ``cls`` (a tuple subclass adding nothing to tuple's layout) holding its items and then
+ * ``extra``'s: the share consumer's records made from the decoder's with their delivery count and
+ * lock deadline, one allocation each (``tuple.__new__(cls, record + extra)`` makes two). */
+PyObject *
+extend_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "extend_records(cls, records, start, stop, extra) takes exactly 5 arguments");
+        return NULL;
+    }
+    if (!PyType_Check(args[0]) || !plain_tuple_subclass((PyTypeObject *)args[0])) {
+        PyErr_SetString(PyExc_TypeError, "extend_records: cls must be a tuple subclass without extra fields");
+        return NULL;
+    }
+    if (!PyList_Check(args[1]) || !PyTuple_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "extend_records: records must be a list and extra a tuple");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    PyObject *records = args[1], *extra = args[4];
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]), stop = PyLong_AsSsize_t(args[3]);
+    if ((start == -1 || stop == -1) && PyErr_Occurred()) {
+        return NULL;
+    }
+    const Py_ssize_t n = PyList_GET_SIZE(records);
+    start = start < 0 ? 0 : (start > n ? n : start);
+    stop = stop < start ? start : (stop > n ? n : stop);
+    const Py_ssize_t m = PyTuple_GET_SIZE(extra);
+    PyObject *out = PyList_New(stop - start);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = start; i < stop; i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(record)) {
+            PyErr_SetString(PyExc_TypeError, "extend_records: every record must be a tuple");
+            Py_DECREF(out);
+            return NULL;
+        }
+        const Py_ssize_t k = PyTuple_GET_SIZE(record);
+        PyObject *made = cls->tp_alloc(cls, k + m);
+        if (made == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        for (Py_ssize_t j = 0; j < k; j++) {
+            PyTuple_SET_ITEM(made, j, Py_NewRef(PyTuple_GET_ITEM(record, j)));
+        }
+        for (Py_ssize_t j = 0; j < m; j++) {
+            PyTuple_SET_ITEM(made, k + j, Py_NewRef(PyTuple_GET_ITEM(extra, j)));
+        }
+        PyList_SET_ITEM(out, i - start, made);
+    }
+    return out;
+}

@@ -411,6 +411,7 @@ INTERNAL extern PyTypeObject ColumnBuilderType;
 INTERNAL PyObject *decode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 INTERNAL PyObject *scan_batches(PyObject *module, PyObject *arg);
 INTERNAL PyObject *decode_next(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+INTERNAL PyObject *extend_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 INTERNAL PyObject *crc32c_py(PyObject *module, PyObject *arg);
 INTERNAL PyObject *crc32c_kernel_py(PyObject *module, PyObject *args);
 INTERNAL PyObject *export_arrow(PyObject *module, PyObject *node);

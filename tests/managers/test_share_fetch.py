@@ -554,3 +554,20 @@ def test_acquired_takes_the_records_the_ranges_cover_and_names_the_gaps(
     assert ([(r.offset, r.delivery_count) for r in out], sorted(gaps)) == _acquired_by_offset(offsets, ranges)
     assert all(type(r) is ShareConsumerRecord and r.lock_deadline == 9.5 and r.value == b"v%d" % r.offset
                for r in out)
+
+
+def test_share_records_are_made_alike_compiled_and_in_python() -> None:
+    from asyncconsumer.protocol import records as records_module
+
+    decoded = records_module.decode_record_set(records(0, 5), topic="jobs", partition=0).records
+    made = records_module.extend_records(ShareConsumerRecord, decoded, 1, 4, (3, 12.5))
+    assert made == records_module.extend_records_py(ShareConsumerRecord, decoded, 1, 4, (3, 12.5))
+    assert [type(r) for r in made] == [ShareConsumerRecord] * 3
+    assert [(r.offset, r.value, r.delivery_count, r.lock_deadline) for r in made] == [
+        (1, b"v1", 3, 12.5), (2, b"v2", 3, 12.5), (3, b"v3", 3, 12.5)]
+    assert records_module.extend_records(ShareConsumerRecord, decoded, 4, 2, ()) == []
+    if records_module.extend_records is not records_module.extend_records_py:
+        with pytest.raises(TypeError, match="tuple subclass"):
+            records_module.extend_records(dict, decoded, 0, 1, ())
+        with pytest.raises(TypeError, match="must be a tuple"):
+            records_module.extend_records(ShareConsumerRecord, [object()], 0, 1, ())

@@ -25,8 +25,7 @@ import logging
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import add, itemgetter
+from operator import itemgetter
 from typing import Any, Literal
 
 from ..errors import (
@@ -40,7 +39,7 @@ from ..errors import (
     error_for_code,
 )
 from ..protocol.compression import DEFAULT_MAX_SIZE
-from ..protocol.records import RecordSetRead, decode_record_set
+from ..protocol.records import RecordSetRead, decode_record_set, extend_records
 from ..structs import AcknowledgeType, ConsumerRecord, ShareConsumerRecord, TopicPartition
 from .metadata import MetadataManager, PartitionInfo
 from .requests import Body, UnsentRequest
@@ -54,7 +53,6 @@ GAP = 0
 _RENEW = AcknowledgeType.RENEW
 _OFFSET = itemgetter(2)
 _FIRST = itemgetter("first_offset")
-_make = tuple.__new__
 #: ``share_acquire_mode`` (KIP-1206, ShareFetch v2): "batch_optimized" acquires whole record batches
 #: (an acquisition may pass ``max_poll_records``); "record_limit" at most ``max_poll_records`` records.
 ShareAcquireMode = Literal["batch_optimized", "record_limit"]
@@ -114,11 +112,10 @@ def acquired(
         first, last = r["first_offset"], r["last_offset"]
         start = bisect_left(records, first, key=_OFFSET)
         stop = bisect_right(records, last, start, key=_OFFSET)
-        taken = records[start:stop]
-        if len(taken) != last - first + 1:  # offsets are unique: else every one is there
-            gaps += sorted(set(range(first, last + 1)).difference(map(_OFFSET, taken)))
-        if taken:
-            out += map(_make, repeat(ShareConsumerRecord), map(add, taken, repeat((r["delivery_count"], deadline))))
+        if stop - start != last - first + 1:  # offsets are unique: else every one is there
+            gaps += sorted(set(range(first, last + 1)).difference(map(_OFFSET, records[start:stop])))
+        if stop > start:
+            out += extend_records(ShareConsumerRecord, records, start, stop, (r["delivery_count"], deadline))
     return out, gaps
 
 

@@ -27,11 +27,15 @@ import struct
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple, Protocol, cast
+from itertools import repeat
+from operator import add
+from typing import Any, NamedTuple, Protocol, TypeVar, cast
 
 from ..errors import CorruptRecordError, RecordError, UnsupportedMagicError
 from ..structs import ConsumerRecord, ShareConsumerRecord, TopicPartition
 from .compression import CODEC_NONE, DEFAULT_MAX_SIZE, decompress
+
+T = TypeVar("T")
 
 __all__ = [
     "CONTROL_ABORT",
@@ -48,6 +52,8 @@ __all__ = [
     "decode_batch",
     "decode_batch_py",
     "decode_record_set",
+    "extend_records",
+    "extend_records_py",
     "iter_batches",
     "next_batch_to_read",
     "next_offset_after",
@@ -1031,6 +1037,25 @@ def _batch_end(data: Any, pos: int) -> int | None:
     if least is None or length < least or LOG_OVERHEAD + length > len(view):
         return None
     return pos + LOG_OVERHEAD + length
+
+def extend_records_py(cls: type[T], records: list[Any], start: int, stop: int, extra: tuple[Any, ...]) -> list[T]:
+    """For each tuple of ``records[start:stop]``, a ``cls`` (a tuple subclass) holding its items and
+    then ``extra``'s: the pure-Python twin of the compiled ``extend_records``."""
+    return list(map(_tuple_new, repeat(cls), map(add, records[start:stop], repeat(extra))))
+
+
+_tuple_new: Any = tuple.__new__
+
+#: ``extend_records(cls, records, start, stop, extra) -> list[cls]``: the share consumer's records
+#: (``cls`` is :class:`ShareConsumerRecord`) from the decoder's with a delivery count and a lock
+#: deadline (``extra``); compiled, one allocation a record instead of two (about 40 ns a record
+#: against 360).
+extend_records: Callable[..., list[Any]] = cast(
+    "Callable[..., list[Any]]",
+    getattr(importlib.import_module("asyncconsumer._speedups"), "extend_records", extend_records_py)
+    if DECODER == "c"
+    else extend_records_py,
+)
 
 #: ``HW_CRC32C``: whether the compiled decoder checks CRCs with the CPU's CRC-32C instruction (then
 #: the batch checks here use it, and the column walk checks CRCs itself: protocol/columnar.py).
