@@ -1038,6 +1038,7 @@ def _batch_end(data: Any, pos: int) -> int | None:
         return None
     return pos + LOG_OVERHEAD + length
 
+
 def extend_records_py(cls: type[T], records: list[Any], start: int, stop: int, extra: tuple[Any, ...]) -> list[T]:
     """For each tuple of ``records[start:stop]``, a ``cls`` (a tuple subclass) holding its items and
     then ``extra``'s: the pure-Python twin of the compiled ``extend_records``."""
@@ -1048,8 +1049,8 @@ _tuple_new: Any = tuple.__new__
 
 #: ``extend_records(cls, records, start, stop, extra) -> list[cls]``: the share consumer's records
 #: (``cls`` is :class:`ShareConsumerRecord`) from the decoder's with a delivery count and a lock
-#: deadline (``extra``); compiled, one allocation a record instead of two (about 40 ns a record
-#: against 360).
+#: deadline (``extra``); compiled, one allocation a record instead of two (with the acquired ranges
+#: matched, about 200 ns a record against 360).
 extend_records: Callable[..., list[Any]] = cast(
     "Callable[..., list[Any]]",
     getattr(importlib.import_module("asyncconsumer._speedups"), "extend_records", extend_records_py)
