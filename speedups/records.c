@@ -33,9 +33,9 @@
  * is a row read's walk over a fetched record set (``CompletedFetch``, read_uncommitted) a batch
  * at a time, or as many plain batches as ``max_records`` takes, without a RecordBatch object: the
  * batch headers read here, the CRC checked, control batches and batches before ``position`` passed
- * over, the plain batches decoded.  None hands
- * the batch at ``pos`` to the Python walk (``iter_batches``), which reads what is not plain
- * (compressed, legacy, a length or CRC that is wrong, which it then reports).
+ * over, the plain batches decoded.  None hands the batch at ``pos`` to the Python walk
+ * (``iter_batches``), which reads what is not plain (compressed, legacy, a length or CRC that is
+ * wrong, which it then reports).
  */
 
 #include "speedups.h"
