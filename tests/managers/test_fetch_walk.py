@@ -236,7 +236,7 @@ def test_decode_next_gathers_whole_plain_batches_up_to_max_records() -> None:
 
 
 def test_a_take_of_one_record_batches_is_one_compiled_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = fetch_buffer.decode_next
+    real = records_module.decode_next
     assert real is not None
     calls: list[int] = []
 
@@ -244,7 +244,7 @@ def test_a_take_of_one_record_batches_is_one_compiled_call(monkeypatch: pytest.M
         calls.append(args[-1])
         return real(*args)
 
-    monkeypatch.setattr(fetch_buffer, "decode_next", counting)
+    monkeypatch.setattr(records_module, "decode_next", counting)
     data = b"".join(plain(offset, 1) for offset in range(100))
     fetch = CompletedFetch(TP, 0, 0, memoryview(data), next_offset=-1, check_crcs=True, aborted=None)
     assert [r.offset for r in fetch.take(60, 0)] == list(range(60))

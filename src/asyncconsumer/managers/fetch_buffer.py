@@ -34,7 +34,7 @@ from ..protocol.records import (
     decode_next,
     iter_batches,
     next_batch_to_read,
-    next_records_py,
+    next_records,
     offset_after_batch,
 )
 from ..structs import ConsumerRecord, TopicPartition
@@ -223,7 +223,7 @@ class CompletedFetch:
         """The offset after the batch starting at ``base_offset`` (headers only), -1 if not found."""
         return offset_after_batch(self._data, base_offset)
 
-    def _next_batch(self, position: int, want: int = 0) -> bool:
+    def _next_batch(self, position: int, want: int) -> bool:
         while (records := self._next_records(position, want)) is not None:
             if records and records[0].offset < position:
                 records = [r for r in records if r.offset >= position]
@@ -235,7 +235,7 @@ class CompletedFetch:
         self._index = 0
         return False
 
-    def _next_records(self, position: int, want: int = 0) -> list[Record] | None:
+    def _next_records(self, position: int, want: int) -> list[Record] | None:
         """The records of the walk's next batch with any at or after ``position`` (all of them:
         the caller drops those before it), ``[]`` for a batch the Python step passes over; None at
         the end.  The compiled walk goes on over the plain batches after it until it has ``want``
@@ -245,12 +245,8 @@ class CompletedFetch:
         if walk is None:
             batch = next_batch_to_read(self._batches, position, self._aborted)
             return None if batch is None else decode_batch(batch, tp.topic, tp.partition)
-        assert decode_next is not None  # a compiled walk only with the compiled decoder
-        # A batch the compiled walk leaves to Python (compressed, legacy, not valid): read from its
-        # first byte, the compiled walk after it.
-        data = self._data
-        records, self._walk = decode_next(data, walk, position, self._check_crcs, tp.topic, tp.partition, want) or (
-            next_records_py(data, walk, position, tp.topic, tp.partition, self._check_crcs, self._max_decompressed)
+        records, self._walk = next_records(
+            self._data, walk, position, tp.topic, tp.partition, self._check_crcs, self._max_decompressed, want
         )
         return records
 

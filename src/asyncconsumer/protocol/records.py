@@ -57,6 +57,7 @@ __all__ = [
     "iter_batches",
     "next_batch_to_read",
     "next_offset_after",
+    "next_records",
     "next_records_py",
     "offset_after_batch",
     "scan_batches",
@@ -981,6 +982,18 @@ def next_records_py(
     return decode_batch(batch, topic, partition), after
 
 
+def next_records(
+    data: Any, pos: int, position: int, topic: str, partition: int, check_crcs: bool, max_decompressed: int,
+    max_records: int,
+) -> tuple[list[ConsumerRecord[bytes, bytes]] | None, int]:
+    """The walk's next step from byte ``pos``: :data:`decode_next`'s (whole plain batches up to
+    ``max_records`` records) where the compiled decoder runs, else, or for a batch it leaves to
+    Python, :func:`next_records_py`'s (that batch alone).  ``(None, pos)`` at the end of the data."""
+    return (decode_next and decode_next(data, pos, position, check_crcs, topic, partition, max_records)) or (
+        next_records_py(data, pos, position, topic, partition, check_crcs, max_decompressed)
+    )
+
+
 _ALL = sys.maxsize  # decode_next's max_records for a whole record set
 
 
@@ -1010,9 +1023,7 @@ def decode_record_set(
     lowest = -(1 << 63)  # the position: no batch is passed over for its offsets
     while True:
         try:
-            records, after = (
-                decode_next and decode_next(data, pos, lowest, check_crcs, topic, partition, _ALL)
-            ) or next_records_py(data, pos, lowest, topic, partition, check_crcs, max_decompressed)
+            records, after = next_records(data, pos, lowest, topic, partition, check_crcs, max_decompressed, _ALL)
         except RecordError as exc:
             failed.append((exc, len(out)))
             end = _batch_end(data, pos)
@@ -1039,13 +1050,13 @@ def _batch_end(data: Any, pos: int) -> int | None:
     return pos + LOG_OVERHEAD + length
 
 
+_tuple_new: Any = tuple.__new__
+
+
 def extend_records_py(cls: type[T], records: list[Any], start: int, stop: int, extra: tuple[Any, ...]) -> list[T]:
     """For each tuple of ``records[start:stop]``, a ``cls`` (a tuple subclass) holding its items and
     then ``extra``'s: the pure-Python twin of the compiled ``extend_records``."""
     return list(map(_tuple_new, repeat(cls), map(add, records[start:stop], repeat(extra))))
-
-
-_tuple_new: Any = tuple.__new__
 
 #: ``extend_records(cls, records, start, stop, extra) -> list[cls]``: the share consumer's records
 #: (``cls`` is :class:`ShareConsumerRecord`) from the decoder's with a delivery count and a lock
