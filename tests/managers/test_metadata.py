@@ -368,3 +368,29 @@ def test_unknown_epoch_is_not_compared() -> None:
     h.take("Metadata").respond(metadata_body({a0: (1, 7)}))
     refresh(manager, h, {a0: (2, -1)}, brokers=[1, 2])  # a broker without epochs in Metadata
     assert manager.cluster.leader(a0) == PartitionInfo(2, -1)
+
+
+def test_an_answer_naming_no_broker_is_ignored_and_asked_again_after_the_backoff() -> None:
+    """A broker starting up, or shutting down (fenced), may answer with no live broker: nothing is
+    taken from it (brokers, leaders, waiters), and the refresh goes again after the backoff."""
+    manager, h, _, updates = make("a")
+    h.take("Metadata").respond(metadata_body(LEADERS, brokers=[1, 2]))
+    before = manager.cluster
+    manager.request_update()
+    h.advance(BACKOFF)
+    h.take("Metadata").respond(metadata_body({}, brokers=[]))
+    assert manager.cluster is before and updates == [before]
+    assert "named no broker" in str(manager.last_error)
+    assert manager.next_deadline(h.now) == h.now + BACKOFF
+    waiter = manager.fetch_all_topics()  # Consumer.topics(): the same rule
+    h.assert_idle()
+    h.advance(BACKOFF)
+    h.poll()
+    regular, everything = sorted(h.take_all("Metadata"), key=lambda r: r.body()["topics"] is None)
+    everything.respond(metadata_body({}, brokers=[]))
+    assert not waiter.done()
+    regular.respond(metadata_body(LEADERS, brokers=[1, 2]))
+    assert manager.last_error is None and len(updates) == 2
+    h.advance(BACKOFF)
+    h.take("Metadata").respond(metadata_body(LEADERS, brokers=[1, 2]))
+    assert waiter.done() and set(waiter.result().brokers) == {1, 2}

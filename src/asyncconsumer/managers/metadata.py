@@ -18,7 +18,10 @@ share the same request path.
 A broker that has not caught up may answer with a partition's leader epoch
 older than one already seen; that partition keeps what we knew (as in the
 Java client), so leaders and epochs never go back.  A changed topic id (the
-topic was re-created) starts its epochs afresh.
+topic was re-created) starts its epochs afresh.  An answer that names no broker
+at all (a broker starting up, or shutting down and fenced) is no news: it is
+ignored and asked again after the backoff, as in the Java client, so that it
+never leaves the consumer with no broker but the bootstrap servers.
 
 Rebootstrap (KIP-899, KIP-1102)
 -------------------------------
@@ -190,6 +193,8 @@ RecoveryStrategy = Literal["rebootstrap", "none"]
 #: The longest wait before a topic of interest that does not exist is asked for again (s): Java's
 #: ``retry.backoff.max.ms`` default.
 MISSING_TOPIC_BACKOFF_MAX = 1.0
+#: Why a Metadata answer naming no broker was not taken (the manager's ``last_error`` until the next).
+NO_BROKERS = "a Metadata answer named no broker (a broker starting up or shutting down): ignored, asking again"
 
 
 class MetadataManager:
@@ -393,6 +398,13 @@ class MetadataManager:
                 if code == RebootstrapRequiredError.code:
                     self._rebootstrap_required = True
                 self._handle_error(now, error_for_code(code, "Metadata"), everything)
+                return
+            if not body["brokers"]:
+                # A broker starting up, or shutting down, may know of no live broker (itself
+                # fenced): that is no news of the cluster, and taking it as such would leave
+                # nothing to send to but the bootstrap servers, whatever the recovery strategy.
+                # Ignored and asked again after the backoff, as the Java client does.
+                self._handle_error(now, KafkaError(NO_BROKERS), everything)
                 return
             self._handle(now, body, everything)
 
