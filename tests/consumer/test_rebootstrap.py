@@ -19,6 +19,7 @@ replaced at once and a group of two members, is ``long``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -30,7 +31,7 @@ from support.producer import create_topic, produce
 from support.proxy import ChaosProxy
 
 from asyncconsumer import Consumer, TopicPartition
-from asyncconsumer.errors import NoBrokersAvailableError
+from asyncconsumer.errors import KafkaError, NoBrokersAvailableError
 from asyncconsumer.testing import KafkaBroker, KafkaCluster, KafkaNode
 from asyncconsumer.testing.kafka import LOOPBACK
 
@@ -195,6 +196,45 @@ async def test_with_none_the_consumer_keeps_to_the_old_address_and_says_so(
         with pytest.raises(NoBrokersAvailableError, match=f"known brokers 1 at {old}.*'none'"):
             await consumer.topics(timeout=5)
         await consumer.close(timeout=3)  # its group's coordinator is gone too: no need to wait for it
+
+
+async def test_with_none_a_broker_shutting_down_never_sends_the_consumer_to_bootstrap_servers(
+    broker: KafkaBroker, apache_kafka: Any
+) -> None:
+    """Apache Kafka answers Metadata with no broker at all for a moment while it shuts down.  Such an
+    answer is no news of the cluster: taken for one, it left the consumer nothing to ask but
+    ``bootstrap_servers``, whatever its strategy.  Here those lead to another cluster while the
+    consumer asks for metadata as fast as it can and its one broker restarts (same address): with
+    ``"none"`` not one connection goes there, and the topic is still seen after."""
+    node = broker.node
+    topic = await on_thread(create_topic, node.bootstrap, f"rb-{uuid.uuid4().hex[:8]}", 1)
+    other = apache_kafka.broker.node
+    async with ChaosProxy(LOOPBACK, node.ports.plaintext) as front, Consumer(
+        bootstrap_servers=front.address, metadata_recovery_strategy="none", **FAST
+    ) as consumer:
+        assert topic in await consumer.topics(timeout=30)
+        front.retarget(LOOPBACK, other.ports.plaintext)  # bootstrap_servers now lead elsewhere
+        await front.drop_all()
+        accepted = front.connections_accepted
+        asked = 0
+
+        async def ask_on(until: anyio.Event) -> None:
+            nonlocal asked
+            while not until.is_set():
+                with contextlib.suppress(KafkaError):
+                    await consumer.topics(timeout=1)
+                    asked += 1
+
+        done = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask_on, done)
+            await on_thread(node.restart)
+            with anyio.fail_after(60):  # until the topic is seen again, or the consumer went elsewhere
+                while front.connections_accepted == accepted and topic not in await consumer.topics(timeout=5):
+                    pass
+            done.set()
+        assert asked > 1
+        assert front.connections_accepted == accepted, "the consumer went back to bootstrap_servers"
 
 
 @pytest.mark.long  # a three-node cluster of its own, restarted whole: a minute or two
