@@ -12,6 +12,8 @@ and the records are still there.  Records come from confluent-kafka, on the node
 - ``"none"``: it keeps trying the old address; it reads nothing more, a WARNING says it will not
   go back, and a call that needs metadata (``topics()``) fails with ``NoBrokersAvailableError``
   naming the known brokers and the strategy (the Java consumer's ``poll()`` likewise returns nothing, for ever).
+- A broker that shuts down answers Metadata naming no broker for a moment: that is no news (as in
+  the Java client), so a restart never sends a ``"none"`` consumer to ``bootstrap_servers``.
 
 The single-node scenarios run in the suite; the same with a three-node cluster, every node
 replaced at once and a group of two members, is ``long``.
