@@ -266,8 +266,7 @@ async def test_share_a_record_that_cannot_be_deserialized_is_rejected_by_its_coo
     rest = collector.hand_out_all(await collector.poll(engine, 10, 0))
     assert [r.value for r in rest[JOBS0]] == ["v3"]
     engine._run_events(h.now)
-    assert engine.fetcher._acks[JOBS0] == {0: AcknowledgeType.ACCEPT, 1: AcknowledgeType.ACCEPT,
-                                           2: AcknowledgeType.REJECT}
+    assert engine.fetcher.queued(JOBS0) == [(0, 1, AcknowledgeType.ACCEPT), (2, 2, AcknowledgeType.REJECT)]
 
 
 def test_share_unsubscribe_frees_the_fetch_buffer_so_a_new_subscription_fetches() -> None:

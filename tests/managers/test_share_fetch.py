@@ -18,7 +18,7 @@ from asyncconsumer.errors import (
     ShareSessionNotFoundError,
     UnsupportedVersionError,
 )
-from asyncconsumer.managers.share_fetch import GAP, ShareBatch, ShareFetchManager, ack_batches, acquired
+from asyncconsumer.managers.share_fetch import GAP, ShareBatch, ShareFetchManager, acquired
 from asyncconsumer.protocol.compression import CODEC_GZIP
 from asyncconsumer.protocol.record_writer import build_batch
 from asyncconsumer.structs import AcknowledgeType, ConsumerRecord, ShareConsumerRecord, TopicPartition
@@ -82,25 +82,6 @@ def by_node(sent: list[Any]) -> dict[int | None, Any]:
     return {s.node_id: s for s in sent}
 
 
-def test_ack_batches_are_runs_of_one_type() -> None:
-    assert ack_batches({}) == []
-    assert ack_batches({5: ACCEPT, 6: ACCEPT, 7: RELEASE, 9: ACCEPT, 8: RELEASE}) == [
-        {"first_offset": 5, "last_offset": 6, "acknowledge_types": [ACCEPT]},
-        {"first_offset": 7, "last_offset": 8, "acknowledge_types": [RELEASE]},
-        {"first_offset": 9, "last_offset": 9, "acknowledge_types": [ACCEPT]},
-    ]
-    # A poll's records, all accepted: one batch; with a hole, or one of another type, more.
-    assert ack_batches(dict.fromkeys(range(40, 0, -1), ACCEPT)) == [
-        {"first_offset": 1, "last_offset": 40, "acknowledge_types": [ACCEPT]}]
-    assert ack_batches({1: ACCEPT, 2: ACCEPT, 4: ACCEPT}) == [
-        {"first_offset": 1, "last_offset": 2, "acknowledge_types": [ACCEPT]},
-        {"first_offset": 4, "last_offset": 4, "acknowledge_types": [ACCEPT]}]
-    assert ack_batches({1: ACCEPT, 2: GAP, 3: ACCEPT}) == [
-        {"first_offset": 1, "last_offset": 1, "acknowledge_types": [ACCEPT]},
-        {"first_offset": 2, "last_offset": 2, "acknowledge_types": [GAP]},
-        {"first_offset": 3, "last_offset": 3, "acknowledge_types": [ACCEPT]}]
-
-
 def test_one_session_per_leader_opened_with_epoch_0_and_every_partition() -> None:
     s = Setup()
     sent = by_node(s.h.sent("ShareFetch"))
@@ -128,7 +109,7 @@ def test_records_outside_the_acquired_ranges_are_dropped_and_missing_offsets_ack
     s = Setup({P0})
     s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(0, 3), acquired=[(1, 4, 1)])))
     assert [a.offset for a in s.batches[0].records] == [1, 2]
-    assert s.fetcher._acks[P0] == {3: GAP, 4: GAP}
+    assert s.fetcher.queued(P0) == [(3, 4, GAP)]
 
 
 def test_no_new_fetch_while_the_last_records_are_not_handed_out() -> None:
@@ -192,6 +173,18 @@ def test_acknowledge_each_queues_what_acknowledge_would_one_at_a_time() -> None:
     s.fetcher.records_handed_out(1, 1)
     s.fetcher.acknowledge_each([(("jobs", 0, 0), RENEW)])
     assert s.h.take("ShareAcknowledge").at(2).body()["is_renew_ack"] is True
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1]), st.integers(0, 12),
+                          st.sampled_from([ACCEPT, RELEASE, REJECT, RENEW])), max_size=40))
+def test_acknowledge_each_files_the_runs_acknowledge_would(queue: list[tuple[int, int, AcknowledgeType]]) -> None:
+    each, one = Setup(), Setup()
+    each.fetcher.acknowledge_each([(("jobs", p, offset), kind) for p, offset, kind in queue])
+    for p, offset, kind in queue:
+        one.fetcher.acknowledge(TopicPartition("jobs", p), offset, kind)
+    assert [each.fetcher.queued(tp) for tp in (P0, P1)] == [one.fetcher.queued(tp) for tp in (P0, P1)]
+    assert each.fetcher.pending_acknowledgements() == len({(p, offset) for p, offset, _ in queue})
 
 
 def test_commit_sends_a_share_acknowledge_when_not_fetching_and_reports_per_partition() -> None:
@@ -453,14 +446,14 @@ def test_outcomes_of_every_acknowledgement_are_kept_for_the_callback_without_gap
     for offset, kind in [(0, ACCEPT), (1, RELEASE), (2, REJECT)]:
         s.fetcher.acknowledge(P0, offset, kind)
     s.h.take("ShareFetch").respond(fetch_answer(partition(0)))  # rode on the fetch, with GAPs 3 and 4
-    assert s.fetcher.outcomes == [(P0, (0, 1, 2), None)]
+    assert [(tp, ledger.acknowledged(), error) for tp, ledger, error in s.fetcher.outcomes] == [(P0, (0, 1, 2), None)]
     s.fetcher.outcomes.clear()
     s.h.take("ShareFetch").respond(fetch_answer(partition(0, data=records(5, 1), acquired=[(5, 5, 1)])))
     s.fetcher.acknowledge(P0, 5, ACCEPT)
     s.fetcher.commit()
     s.h.take("ShareAcknowledge").respond(ack_answer((0, 121)))  # INVALID_RECORD_STATE
-    ((tp, offsets, error),) = s.fetcher.outcomes
-    assert (tp, offsets) == (P0, (5,)) and isinstance(error, InvalidRecordStateError)
+    ((tp, ledger, error),) = s.fetcher.outcomes
+    assert (tp, ledger.acknowledged()) == (P0, (5,)) and isinstance(error, InvalidRecordStateError)
 
 
 def test_outcomes_of_acknowledgements_lost_with_the_session_carry_its_error() -> None:
@@ -469,8 +462,8 @@ def test_outcomes_of_acknowledgements_lost_with_the_session_carry_its_error() ->
     s.fetcher.records_handed_out(1, 1)
     s.fetcher.acknowledge(P0, 0, ACCEPT)
     s.h.take("ShareFetch").respond(fetch_answer(code=122))  # SHARE_SESSION_NOT_FOUND
-    ((tp, offsets, error),) = s.fetcher.outcomes
-    assert (tp, offsets) == (P0, (0,)) and isinstance(error, ShareSessionNotFoundError)
+    ((tp, ledger, error),) = s.fetcher.outcomes
+    assert (tp, ledger.acknowledged()) == (P0, (0,)) and isinstance(error, ShareSessionNotFoundError)
 
 
 def test_the_counters_for_metrics_count_requests_records_and_acknowledgements_by_outcome() -> None:

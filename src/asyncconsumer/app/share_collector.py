@@ -417,10 +417,10 @@ class ShareCollector(Generic[KT, VT]):
         if not outcomes or callback is None:
             return
         calls: list[dict[TopicPartition, AcknowledgementResult]] = [{}]
-        for tp, offsets, error in outcomes:
+        for tp, ledger, error in outcomes:
             if tp in calls[-1]:
                 calls.append({})
-            calls[-1][tp] = AcknowledgementResult(offsets, error)
+            calls[-1][tp] = AcknowledgementResult(ledger.acknowledged(), error)
         for results in calls:
             result = callback(results)
             if inspect.isawaitable(result):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any, Literal
@@ -43,13 +43,13 @@ from ..protocol.records import RecordSetRead, decode_record_set, extend_records
 from ..structs import AcknowledgeType, ConsumerRecord, ShareConsumerRecord, TopicPartition
 from .metadata import MetadataManager, PartitionInfo
 from .requests import Body, UnsentRequest
+from .share_acks import GAP, AckLedger
 from .waiter import Waiter
 
 log = logging.getLogger("asyncconsumer.share")
 
-#: The acknowledgement type of an acquired offset with no record (a control batch, compacted away):
-#: the protocol's, never one the application sends (those are ``AcknowledgeType``'s).
-GAP = 0
+__all__ = ["GAP", "AckResults", "ShareAcquireMode", "ShareBatch", "ShareFetchManager", "acquired"]
+
 _RENEW = AcknowledgeType.RENEW
 _OFFSET = itemgetter(2)
 _FIRST = itemgetter("first_offset")
@@ -98,6 +98,10 @@ class _Commit:
                 self.waiter.set_result(self.results)
 
 
+#: A partition's acknowledgements taken into a request: its ledger and the commits waiting for them.
+_Taken = tuple[AckLedger, list[_Commit]]
+
+
 def acquired(
     records: list[ConsumerRecord[bytes, bytes]], ranges: Iterable[Body], deadline: float
 ) -> tuple[list[ShareConsumerRecord[bytes, bytes]], list[int]]:
@@ -117,27 +121,6 @@ def acquired(
         if stop > start:
             out += extend_records(ShareConsumerRecord, records, start, stop, (r["delivery_count"], deadline))
     return out, gaps
-
-
-def ack_batches(acks: dict[int, int]) -> list[Body]:
-    """``{offset: type}`` as acknowledgement batches: runs of consecutive offsets with one type."""
-    batches: list[Body] = []
-    offsets = sorted(acks)
-    if offsets and offsets[-1] - offsets[0] + 1 == len(offsets) and len(kinds := set(acks.values())) == 1:
-        return [{"first_offset": offsets[0], "last_offset": offsets[-1], "acknowledge_types": list(kinds)}]
-    first = last = kind = None
-    for offset in offsets:
-        t = acks[offset]
-        if last is not None and offset == last + 1 and t == kind:
-            last = offset
-            continue
-        if first is not None:
-            batches.append({"first_offset": first, "last_offset": last, "acknowledge_types": [kind]})
-        first = last = offset
-        kind = t
-    if first is not None:
-        batches.append({"first_offset": first, "last_offset": last, "acknowledge_types": [kind]})
-    return batches
 
 
 class ShareFetchManager:
@@ -182,8 +165,8 @@ class ShareFetchManager:
         self.acquire_mode: ShareAcquireMode = acquire_mode
         self._sessions: dict[int, _Session] = {}
         self._retry_at: dict[int, float] = {}
-        #: Acknowledgements not sent yet: partition -> {offset: type}.
-        self._acks: dict[TopicPartition, dict[int, int]] = {}
+        #: Acknowledgements not sent yet, a ledger of runs a partition.
+        self._acks: dict[TopicPartition, AckLedger] = {}
         self._commits: dict[TopicPartition, list[_Commit]] = {}
         self._urgent: set[TopicPartition] = set()
         #: Partitions whose acknowledgements are on their way, with the commits waiting for them.
@@ -205,37 +188,51 @@ class ShareFetchManager:
         self.acknowledged = 0
         self.acknowledgement_failures = 0
         #: Acknowledgements the broker answered (or that failed), for the application's
-        #: acknowledgement-commit callback: (partition, offsets (no GAPs), error or None).
-        self.outcomes: list[tuple[TopicPartition, tuple[int, ...], KafkaError | None]] = []
+        #: acknowledgement-commit callback: (partition, its ledger as sent, error or None).
+        self.outcomes: list[tuple[TopicPartition, AckLedger, KafkaError | None]] = []
 
     # -- application side (through engine events) -------------------------------------------------
 
+    def _ledger(self, tp: TopicPartition) -> AckLedger:
+        ledger = self._acks.get(tp)
+        if ledger is None:
+            ledger = self._acks[tp] = AckLedger()
+        return ledger
+
     def acknowledge(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
-        self._acks.setdefault(tp, {})[offset] = kind
+        self._ledger(tp).add_range(offset, offset, kind)
         if kind is _RENEW:
             self._urgent.add(tp)
 
     def acknowledge_each(self, acks: Iterable[tuple[tuple[str, int, int], AcknowledgeType]]) -> None:
         """``acknowledge`` for each ``((topic, partition, offset), kind)``, in order: the application's
-        queue of explicit acknowledgements, where a run of one partition's records shares its
-        entry (no call, and no ``TopicPartition`` made, a record)."""
-        queued, urgent = self._acks, self._urgent
+        queue of explicit acknowledgements, where a run of one partition's consecutive offsets of
+        one type is one step of its ledger (no call, and no ``TopicPartition`` made, a record)."""
+        urgent = self._urgent
         topic, partition = "", -1  # no partition's: the first acknowledgement starts a run
-        tp = TopicPartition(topic, partition)
-        pending: dict[int, int] = {}
+        tp, ledger = TopicPartition(topic, partition), AckLedger()  # (replaced before any use)
+        first = last = run_kind = -1
         for (t, p, offset), kind in acks:
+            if offset == last + 1 and kind == run_kind and p == partition and t == topic:
+                last = offset
+                continue
+            if first >= 0:
+                ledger.add_range(first, last, run_kind)
             if p != partition or t != topic:
                 topic, partition = t, p
                 tp = TopicPartition(t, p)
-                pending = queued.setdefault(tp, {})
-            pending[offset] = kind
+                ledger = self._ledger(tp)
             if kind is _RENEW:
                 urgent.add(tp)
+            first = last = offset
+            run_kind = kind
+        if first >= 0:
+            ledger.add_range(first, last, run_kind)
 
-    def acknowledge_all(self, tp: TopicPartition, offsets: Iterable[int], kind: int) -> None:
-        """``acknowledge`` for each of ``offsets`` (a poll's records of ``tp``, say); ``kind`` an
-        ``AcknowledgeType``, or ``GAP``."""
-        self._acks.setdefault(tp, {}).update(dict.fromkeys(offsets, kind))
+    def acknowledge_all(self, tp: TopicPartition, offsets: Sequence[int], kind: int) -> None:
+        """``acknowledge`` for each of ``offsets`` (a poll's records of ``tp``, say: one run of the
+        ledger); ``kind`` an ``AcknowledgeType``, or ``GAP``."""
+        self._ledger(tp).add_all(offsets, kind)
         if kind is _RENEW:
             self._urgent.add(tp)
 
@@ -269,6 +266,11 @@ class ShareFetchManager:
 
     def pending_acknowledgements(self) -> int:
         return sum(len(a) for a in self._acks.values())
+
+    def queued(self, tp: TopicPartition) -> list[tuple[int, int, int]]:
+        """``tp``'s acknowledgements not sent yet: ``(first, last, type)`` runs, ascending."""
+        ledger = self._acks.get(tp)
+        return ledger.runs() if ledger is not None else []
 
     def start_closing(self) -> None:
         """Close every share session (epoch -1) carrying the acknowledgements still queued."""
@@ -330,7 +332,7 @@ class ShareFetchManager:
                     requests.append(self._acknowledge(now, node, session, acked, final=True))
                 continue
             wanted = set(by_node.get(node, ()))
-            renew = any(AcknowledgeType.RENEW in self._acks[tp].values() for tp in acked)
+            renew = any(self._acks[tp].has(_RENEW) for tp in acked)
             urgent = [tp for tp in acked if tp in self._urgent]
             fetchable = wanted and session.buffered == 0 and not self.buffer_full and self._can_fetch()
             if urgent and session.epoch != 0 and (renew or not fetchable):
@@ -341,11 +343,12 @@ class ShareFetchManager:
 
     # -- ShareFetch ---------------------------------------------------------------------------------
 
-    def _take_acks(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, tuple[dict[int, int], list[_Commit]]]:
-        taken = {}
+    def _take_acks(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, _Taken]:
+        taken: dict[TopicPartition, _Taken] = {}
         for tp in tps:
             commits = self._commits.pop(tp, [])
-            taken[tp] = (self._acks.pop(tp, {}), commits)
+            ledger = self._acks.pop(tp, None)
+            taken[tp] = (ledger if ledger is not None else AckLedger(), commits)
             self._sending[tp] = commits
             self._urgent.discard(tp)
         return taken
@@ -410,7 +413,7 @@ class ShareFetchManager:
     def _topics(
         self,
         tps: Iterable[TopicPartition],
-        taken: dict[TopicPartition, tuple[dict[int, int], list[_Commit]]],
+        taken: dict[TopicPartition, _Taken],
         *,
         forgotten: bool = False,
     ) -> list[Body]:
@@ -422,8 +425,9 @@ class ShareFetchManager:
             if forgotten:
                 grouped.setdefault(tid, []).append(tp.partition)
                 continue
-            acks = taken.get(tp, ({}, []))[0]
-            entry: Body = {"partition_index": tp.partition, "acknowledgement_batches": ack_batches(acks)}
+            sent = taken.get(tp)
+            entry: Body = {"partition_index": tp.partition,
+                           "acknowledgement_batches": sent[0].batches() if sent is not None else []}
             grouped.setdefault(tid, []).append(entry)
         return [{"topic_id": tid, "partitions": parts} for tid, parts in grouped.items()]
 
@@ -438,7 +442,7 @@ class ShareFetchManager:
         epoch: int,
         sent: set[TopicPartition],
         forget: set[TopicPartition],
-        taken: dict[TopicPartition, tuple[dict[int, int], list[_Commit]]],
+        taken: dict[TopicPartition, _Taken],
         body: Body,
     ) -> None:
         self.responses += 1
@@ -609,24 +613,22 @@ class ShareFetchManager:
 
     # -- outcomes -----------------------------------------------------------------------------------
 
-    def _settle(
-        self, taken: tuple[dict[int, int], list[_Commit]], tp: TopicPartition, error: KafkaError | None
-    ) -> None:
+    def _settle(self, taken: _Taken, tp: TopicPartition, error: KafkaError | None) -> None:
         acks, commits = taken
-        offsets = tuple(sorted(acks if GAP not in acks.values() else [o for o, k in acks.items() if k != GAP]))
-        if offsets:
-            self.outcomes.append((tp, offsets, error))
+        count = acks.acknowledged_count()
+        if count:
+            self.outcomes.append((tp, acks, error))
             if error is None:
-                self.acknowledged += len(offsets)
+                self.acknowledged += count
             else:
-                self.acknowledgement_failures += len(offsets)
+                self.acknowledgement_failures += count
         if self._sending.get(tp) is commits:
             del self._sending[tp]
         for commit in commits:
             commit.settle(tp, error)
 
     def _fail_acks(self, tp: TopicPartition, error: KafkaError) -> None:
-        acks = self._acks.pop(tp, None) or {}
+        acks = self._acks.pop(tp, None) or AckLedger()
         self._urgent.discard(tp)
         self._settle((acks, self._commits.pop(tp, [])), tp, error)
 
@@ -635,7 +637,7 @@ class ShareFetchManager:
         now: float,
         node: int,
         session: _Session,
-        taken: dict[TopicPartition, tuple[dict[int, int], list[_Commit]]],
+        taken: dict[TopicPartition, _Taken],
         error: BaseException,
     ) -> None:
         kafka_error = error if isinstance(error, KafkaError) else KafkaError(repr(error))
