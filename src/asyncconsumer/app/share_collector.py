@@ -95,6 +95,11 @@ class ShareCollector(Generic[KT, VT]):
         self.pending: deque[ShareConsumerRecord[KT, VT]] = deque()
         #: The ledger: records handed out and not acknowledged yet (RENEW keeps a record here).
         self.unacked: dict[_Key, ShareConsumerRecord[KT, VT]] = {}
+        #: Implicit mode: ``getmany()``'s hand-outs since the last poll, a partition's run at a time,
+        #: while the ledger holds just them (None once it may not: a record acknowledged or handed
+        #: out by ``async for``); the next poll accepts them without a look at the ledger's keys.
+        self._handed: list[tuple[TopicPartition, list[ShareConsumerRecord[KT, VT]]]] | None = (
+            [] if mode == "implicit" else None)
         #: Lock deadlines moved by RENEW.
         self._renewed: dict[_Key, float] = {}
         #: Records that could not be deserialized (never handed out), with their acknowledgement:
@@ -150,6 +155,7 @@ class ShareCollector(Generic[KT, VT]):
     def hand_out(self, record: ShareConsumerRecord[KT, VT]) -> ShareConsumerRecord[KT, VT]:
         """``record`` goes to the application: into the ledger, counted."""
         self.unacked[_COORDINATES(record)] = record
+        self._handed = None
         self.delivered[_PARTITION(record)] += 1
         return record
 
@@ -163,11 +169,14 @@ class ShareCollector(Generic[KT, VT]):
         counted by runs of one partition (a batch's records come together), not one by one."""
         out: dict[TopicPartition, list[ShareConsumerRecord[KT, VT]]] = {}
         self.unacked.update(zip(map(_COORDINATES, records), records, strict=True))
+        handed = self._handed
         for (topic, partition), group in groupby(records, _PARTITION):
             run = list(group)
             tp = TopicPartition(topic, partition)
             out.setdefault(tp, []).extend(run)
             self.delivered[tp] += len(run)
+            if handed is not None:
+                handed.append((tp, run))
         return out
 
     def _begin_poll(self, engine: ShareEngine) -> None:
@@ -182,11 +191,15 @@ class ShareCollector(Generic[KT, VT]):
             )
 
     def _accept_delivered(self, engine: ShareEngine) -> None:
-        keys = list(self.unacked)
+        """Implicit mode: accept every record handed out since the last poll."""
+        handed, self._handed = self._handed, []
+        if handed is not None and sum(len(run) for _, run in handed) == len(self.unacked):
+            runs = [(tp, list(map(_OFFSET, run))) for tp, run in handed]  # the ledger is just these
+        else:
+            runs = [(TopicPartition(topic, partition), list(map(_OFFSET, keys)))
+                    for (topic, partition), keys in groupby(self.unacked, _PARTITION)]
         self.unacked.clear()
-        if keys:
-            runs = [(TopicPartition(topic, partition), list(map(_OFFSET, run)))
-                    for (topic, partition), run in groupby(keys, _PARTITION)]
+        if runs:
 
             def ack(now: float) -> None:
                 for tp, offsets in runs:
@@ -318,6 +331,7 @@ class ShareCollector(Generic[KT, VT]):
         unacked = self.unacked
         # Settled at once but for a renewal, which keeps the record in the ledger (one look-up).
         if (key in unacked) if kind is _RENEW else (unacked.pop(key, None) is not None):
+            self._handed = None  # (implicit mode: the ledger is no longer just what was handed out)
             renewed = self._renewed
             deadline = self.lock_deadline(record)
             now = time.monotonic()
@@ -435,6 +449,7 @@ class ShareCollector(Generic[KT, VT]):
         self.closing = close_sessions  # (unsubscribe(): polls go on after a new subscribe())
         unacked = list(self.unacked.values())
         self.unacked.clear()
+        self._handed = [] if implicit else None
         self._renewed.clear()
         undelivered = list(self.pending)
         self.pending.clear()
