@@ -295,13 +295,13 @@ def test_secured_listeners_write_their_client_settings_and_print_no_password(apa
     (owner-only, the password in it and nowhere in the command's output), which our ``consume`` and
     Kafka's own ConsoleConsumer both connect with; records written over PLAINTEXT by librdkafka."""
     with broker("--kind", "kafka", "--port", "0", "--listener", "SASL_SSL", "--listener", "SSL",
-                "--user", "ann:pw-7:not-printed", "--topic", "events") as b:
+                "--user", "ann:pw-7:not;printed!#$", "--topic", "events") as b:
         out = b["out"]
         files = dict(re.findall(r"^(SSL|SASL_SSL) listener: \S+; client settings.* in (\S+)$", out, re.MULTILINE))
         assert set(files) == {"SSL", "SASL_SSL"}, out
         assert "SASL_SSL listener:" in out and "as ann (SCRAM-SHA-512)" in out
         sasl = Path(files["SASL_SSL"])
-        assert 'username="ann" password="pw-7:not-printed"' in sasl.read_text()
+        assert 'username="ann" password="pw-7:not;printed!#$"' in sasl.read_text()
         assert sasl.stat().st_mode & 0o777 == 0o600
         producer = RdProducer({"bootstrap.servers": b["bootstrap"], "log_level": 3})
         for value in (b"one", b"two"):
@@ -332,6 +332,8 @@ def test_secured_listener_mistakes_are_one_line() -> None:
     result = run("broker", "--kind", "embedded", "--port", "0", "--listener", "SSL", "--user", "ann:pw")
     assert (result.returncode, result.stderr) == (
         1, "asyncconsumer: error: --user is for a SASL listener: add --listener SASL_PLAINTEXT or SASL_SSL\n")
-    result = run("broker", "--port", "0", "--listener", "SASL_SSL", "--user", "ann-secret-pw")
-    assert result.returncode == 2 and "a user is NAME:PASSWORD" in result.stderr, result.stderr
-    assert "ann-secret-pw" not in result.stderr
+    for user, problem in [("ann-secret-pw", "a user is NAME:PASSWORD"), ("ann smith:secret-pw", "a user's name"),
+                          ("ann:secret,pw", "a user's password"), ("ann:secret=pw", "a user's password")]:
+        result = run("broker", "--port", "0", "--listener", "SASL_SSL", "--user", user)
+        assert result.returncode == 2 and problem in result.stderr, result.stderr
+        assert "secret" not in result.stderr

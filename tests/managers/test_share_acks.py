@@ -73,6 +73,18 @@ def test_an_offset_acknowledged_again_takes_its_last_type() -> None:
     assert ledger.runs() == [(0, 9, RELEASE)] and len(ledger) == 10
 
 
+def test_runs_stay_whole_whatever_the_order() -> None:
+    """Offsets acknowledged backwards, or every other one first, end as one run: the ledger never
+    holds more runs than the wire will carry batches."""
+    backwards, halves = AckLedger(), AckLedger()
+    for offset in range(999, -1, -1):
+        backwards.add(offset, ACCEPT)
+    halves.add_all(list(range(0, 1000, 2)), ACCEPT)
+    assert len(halves.runs()) == 500
+    halves.add_all(list(range(1, 1000, 2)), ACCEPT)
+    assert backwards.runs() == halves.runs() == [(0, 999, ACCEPT)]
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_the_ledger_agrees_with_a_map_of_offset_to_type(seed: int) -> None:
     rng = random.Random(seed)

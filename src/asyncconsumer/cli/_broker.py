@@ -20,6 +20,8 @@ whose path is printed; it goes with the broker's other files.
 
 from __future__ import annotations
 
+import importlib.util
+import re
 import secrets
 import signal
 import threading
@@ -81,14 +83,25 @@ class TopicSpec:
         return cls(name, int(count))
 
 
+#: What a ``--user`` name may hold: the broker's PLAIN user list (a JAAS line) takes it unquoted.
+_USER_NAME = re.compile(r"[A-Za-z0-9._@+-]+")
+#: And a password: printable ASCII (Kafka's tools read a properties file as ISO-8859-1), without
+#: what the JAAS lines and the storage tool's SCRAM credential list (``[name=...,password=...]``)
+#: cannot carry.
+_PASSWORD = re.compile(r"[\x21-\x7e]+")
+_NOT_IN_PASSWORD = frozenset("\"',=[\\]")
+
+
 def parse_user(text: str) -> tuple[str, str]:
-    """``NAME:PASSWORD`` (the password may hold colons; neither part empty, no quote or backslash,
-    which the JAAS line could not carry)."""
+    """``NAME:PASSWORD`` (the password may hold colons); the error never repeats ``text``."""
     name, sep, password = text.partition(":")
     if not sep or not name or not password:
         raise ValueError("a user is NAME:PASSWORD, both not empty")
-    if any(c in text for c in '"\\\n'):
-        raise ValueError("a user's name and password may not hold a quote, a backslash or a line break")
+    if not _USER_NAME.fullmatch(name):
+        raise ValueError("a user's name may hold letters, digits and . _ @ + - only")
+    if not _PASSWORD.fullmatch(password) or not _NOT_IN_PASSWORD.isdisjoint(password):
+        raise ValueError("a user's password may hold printable ASCII only, without spaces, quotes, backslashes "
+                         "or any of , = [ ]")
     return name, password
 
 
@@ -157,6 +170,10 @@ def start(
     Progress (a download, a slow start) goes to ``err``."""
     if listeners and kind == "embedded":
         raise BrokerCommandError("--listener needs Apache Kafka: the embedded broker has a PLAINTEXT listener only")
+    if any(name in ("SSL", "SASL_SSL") for name in listeners) and importlib.util.find_spec("cryptography") is None:
+        raise BrokerCommandError(
+            "the SSL and SASL_SSL listeners need throw-away certificates, made with the 'cryptography' package: "
+            "pip install cryptography (or try --listener SASL_PLAINTEXT)")
     if kind == "embedded":
         return _start_embedded(port, None)
     try:

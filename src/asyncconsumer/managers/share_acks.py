@@ -7,10 +7,11 @@ control batch's, compacted away) as GAP when they arrive.  The wire carries them
 runs, not offsets: a poll's 500 records of a partition are one run, added in one step and sent as
 one batch.
 
-The runs are sorted and never overlap.  An offset acknowledged again takes its new type (the last
-word wins, as with a map of offset to type); adding after the last run, the common case, appends
-or extends it, and anything else (a GAP found behind records already acknowledged, explicit
-acknowledgements out of order) cuts the runs it overlaps by bisection.
+The runs are sorted, never overlap, and are kept whole (two runs that touch differ in type).  An
+offset acknowledged again takes its new type (the last word wins, as with a map of offset to
+type); adding after the last run, the common case, appends or extends it, and anything else (a GAP
+found behind records already acknowledged, explicit acknowledgements out of order) replaces the
+runs it overlaps, found by bisection, and joins the runs of its type it touches.
 """
 
 from __future__ import annotations
@@ -84,31 +85,39 @@ class AckLedger:
             self.count += last - first + 1
             return
         i = bisect_left(lasts, first)  # the first run that ends at or after ``first``
-        j = bisect_right(firsts, last)  # the first run that starts after ``last``
-        new_firsts, new_lasts, new_kinds = [first], [last], [kind]
+        j = bisect_right(firsts, last)  # the first run that starts after ``last``: runs i..j-1 overlap
         removed = 0
         for k in range(i, j):
             removed += min(lasts[k], last) - max(firsts[k], first) + 1
-        if i < j and firsts[i] < first:  # the head of a run cut in two
-            new_firsts.insert(0, firsts[i])
-            new_lasts.insert(0, first - 1)
-            new_kinds.insert(0, kinds[i])
-        if i < j and lasts[j - 1] > last:  # and its tail
-            new_firsts.append(last + 1)
-            new_lasts.append(lasts[j - 1])
-            new_kinds.append(kinds[j - 1])
-        firsts[i:j], lasts[i:j], kinds[i:j] = new_firsts, new_lasts, new_kinds
+        low, high = first, last
+        head: tuple[int, int, int] | None = None
+        tail: tuple[int, int, int] | None = None
+        if i < j and firsts[i] < first:  # a run cut at ``first``: its head stays, or joins the new run
+            if kinds[i] == kind:
+                low = firsts[i]
+            else:
+                head = (firsts[i], first - 1, kinds[i])
+        if i < j and lasts[j - 1] > last:  # and one cut at ``last``: its tail
+            if kinds[j - 1] == kind:
+                high = lasts[j - 1]
+            else:
+                tail = (last + 1, lasts[j - 1], kinds[j - 1])
+        if i > 0 and lasts[i - 1] + 1 == low and kinds[i - 1] == kind:  # touching runs of the type join
+            i -= 1
+            low = firsts[i]
+        if j < len(firsts) and firsts[j] == high + 1 and kinds[j] == kind:
+            high = lasts[j]
+            j += 1
+        pieces = [run for run in (head, (low, high, kind), tail) if run is not None]
+        firsts[i:j] = [run[0] for run in pieces]
+        lasts[i:j] = [run[1] for run in pieces]
+        kinds[i:j] = [run[2] for run in pieces]
         self.count += last - first + 1 - removed
 
     def runs(self) -> list[tuple[int, int, int]]:
-        """``(first, last, kind)`` for each run of consecutive offsets of one type, ascending."""
-        out: list[tuple[int, int, int]] = []
-        for first, last, kind in zip(self._firsts, self._lasts, self._kinds, strict=True):
-            if out and out[-1][2] == kind and out[-1][1] + 1 == first:
-                out[-1] = (out[-1][0], last, kind)
-            else:
-                out.append((first, last, kind))
-        return out
+        """``(first, last, kind)`` for each run of consecutive offsets of one type, ascending (the
+        runs are kept whole: two that touch differ in type)."""
+        return list(zip(self._firsts, self._lasts, self._kinds, strict=True))
 
     def batches(self) -> list[dict[str, Any]]:
         """The runs as the protocol's ``AcknowledgementBatches`` (one type a batch)."""
