@@ -320,6 +320,23 @@ def test_secured_listeners_write_their_client_settings_and_print_no_password(apa
             "--topic", "events", "--from-beginning", "--max-messages", "2", "--timeout-ms", "60000")
         done = subprocess.run(java, capture_output=True, timeout=120)
         assert sorted(done.stdout.split()) == [b"one", b"two"], done.stderr.decode()[-2000:]
+        # Our produce through each secured listener too, read back over PLAINTEXT by librdkafka.
+        for listener, path in files.items():
+            server = Path(path).read_text().split("bootstrap.servers=")[1].split()[0]
+            result = run("produce", "--bootstrap-server", server, "--command-config", path, "--topic", "events",
+                         stdin=f"via-{listener}\n".encode())
+            assert (result.returncode, result.stderr) == (0, "Produced a total of 1 messages\n"), result.stderr
+        assert sorted(v for _, _, v in read_all(b["bootstrap"], "events", 4)) == [
+            b"one", b"two", b"via-SASL_SSL", b"via-SSL"]
+        # A wrong password: one line naming the failed login, the password in no output.
+        wrong = sasl.with_name("wrong.properties")
+        wrong.write_text(sasl.read_text().replace("pw-7:not;printed!#$", "pw-8-wrong"))
+        server = sasl.read_text().split("bootstrap.servers=")[1].split()[0]
+        result = run("produce", "--bootstrap-server", server, "--command-config", str(wrong), "--topic", "events",
+                     stdin=b"x\n")
+        assert result.returncode == 1 and "pw-8" not in result.stderr, result.stderr
+        assert result.stderr.splitlines()[-1].startswith("asyncconsumer: error: "), result.stderr
+        assert "authentication" in result.stderr.lower(), result.stderr
         err = stop(b["proc"], signal.SIGTERM)
         assert "pw-7" not in out + err
     assert not sasl.exists()  # removed with the broker's files

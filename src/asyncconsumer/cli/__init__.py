@@ -35,6 +35,7 @@ from ._run import (
     Interrupt,
     LagArgs,
     _UsageError,
+    connection_config,
     consume,
     lag,
     run_interruptible,
@@ -344,7 +345,21 @@ def broker_command(
     help="A line reader property (repeatable): parse.key, key.separator, parse.headers, headers.delimiter, "
          "headers.separator, headers.key.separator, null.marker, ignore.error.",
 )
-def produce_command(bootstrap_server: str, topic: str, partition: int | None, reader_property: tuple[str, ...]) -> None:
+@click.option(
+    "--command-config",
+    "command_config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="A Java properties file of connection settings (security.protocol, ssl.*, sasl.mechanism PLAIN or SCRAM, "
+    "sasl.jaas.config).",
+)
+def produce_command(
+    bootstrap_server: str,
+    topic: str,
+    partition: int | None,
+    reader_property: tuple[str, ...],
+    command_config: Path | None,
+) -> None:
     """Write each line of stdin as a record (like kafka-console-producer)."""
     from . import _produce
 
@@ -352,7 +367,12 @@ def produce_command(bootstrap_server: str, topic: str, partition: int | None, re
         line_format = _produce.LineFormat.from_properties(parse_pairs(reader_property, "--property"))
     except (ValueError, KafkaError) as exc:
         raise click.BadParameter(str(exc), param_hint="--property") from None
-    args = _produce.ProduceArgs(bootstrap=bootstrap_server, topic=topic, partition=partition, line_format=line_format)
+    try:
+        security = connection_config(_properties(bootstrap_server, (), command_config)) if command_config else None
+    except KafkaError as exc:
+        _fail(_one_line(exc))
+    args = _produce.ProduceArgs(bootstrap=bootstrap_server, topic=topic, partition=partition, line_format=line_format,
+                                security=security)
     _run(lambda interrupt: _produce.produce(args, _produce.stdin_bytes(), sys.stderr))
 
 

@@ -14,12 +14,15 @@ typed errors), one connection per broker, with three requests:
 
 Keyed records go where Kafka's producer puts them (:func:`partition_for_key`, murmur2 as in
 ``Utils.murmur2``); records without a key go to one partition per batch (as the sticky partitioner
-does).  Plaintext only: for a secured cluster use Kafka's own tools.
+does).  A ``ConsumerConfig`` given as ``security`` secures the connections as the consumer's are:
+TLS (its ``ssl_context``, or the system's trusted CAs) and a SASL login with PLAIN or SCRAM
+(OAUTHBEARER is refused: its token cache belongs to the consumer's loop).
 """
 
 from __future__ import annotations
 
 import random
+import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,10 +32,12 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 
-from ..config import parse_host_port
-from ..engine.connection import BrokerConnection
+from ..config import ConsumerConfig, parse_host_port
+from ..engine.connection import BrokerConnection, SaslHook
+from ..engine.sasl import create_mechanism
 from ..errors import (
     REFRESH_METADATA_CODES,
+    ConfigError,
     KafkaConnectionError,
     KafkaError,
     KafkaTimeoutError,
@@ -95,10 +100,30 @@ class TopicLayout:
 class ProduceClient:
     """``async with ProduceClient("host:port,...") as client:``: connections opened on first use."""
 
-    def __init__(self, bootstrap: str, *, client_id: str = "asyncconsumer-cli", request_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        client_id: str = "asyncconsumer-cli",
+        request_timeout: float = 30.0,
+        security: ConsumerConfig | None = None,
+    ) -> None:
         self._bootstrap = [parse_host_port(s.strip()) for s in bootstrap.split(",") if s.strip()]
         if not self._bootstrap:
             raise KafkaError("no bootstrap server given")
+        self._ssl_context: ssl.SSLContext | None = None
+        self._sasl: SaslHook | None = None
+        if security is not None and security.uses_tls:
+            self._ssl_context = security.ssl_context or ssl.create_default_context()
+        if security is not None and security.uses_sasl:
+            if security.sasl_mechanism == "OAUTHBEARER":
+                raise ConfigError("sasl.mechanism OAUTHBEARER: this command logs in with PLAIN or SCRAM only")
+            mechanism = (security.sasl_mechanism, security.sasl_plain_username, security.sasl_plain_password)
+
+            async def log_in(connection: BrokerConnection) -> int:
+                return await connection.log_in(create_mechanism(*mechanism, None))
+
+            self._sasl = log_in
         self._client_id = client_id
         self._timeout = request_timeout
         self._brokers: dict[int, tuple[str, int]] = {}
@@ -126,7 +151,7 @@ class ProduceClient:
         assert self._group is not None
         connection = BrokerConnection(
             node_id, host, port, client_id=self._client_id, request_timeout=self._timeout,
-            setup_timeout=min(10.0, self._timeout), ssl_context=None,
+            setup_timeout=min(10.0, self._timeout), ssl_context=self._ssl_context, sasl=self._sasl,
         )
         await connection.open(self._spawn)
         self._connections[node_id] = connection

@@ -21,6 +21,7 @@ from typing import IO
 
 import anyio
 
+from ..config import ConsumerConfig
 from ..errors import KafkaError
 from ..protocol.record_writer import Header, Record
 from ._client import ProduceClient, TopicLayout, partition_for_key
@@ -175,6 +176,8 @@ class ProduceArgs:
     partition: int | None
     line_format: LineFormat
     request_timeout: float = 30.0
+    #: The connection's security (``--command-config``): None, PLAINTEXT.
+    security: ConsumerConfig | None = None
 
 
 class _Lines:
@@ -236,7 +239,8 @@ async def produce(args: ProduceArgs, stdin: IO[bytes], err: IO[str]) -> int:
     reader = _Lines(stdin.fileno())
     count = 0
     try:
-        async with ProduceClient(args.bootstrap, request_timeout=args.request_timeout) as client:
+        client = ProduceClient(args.bootstrap, request_timeout=args.request_timeout, security=args.security)
+        async with client:
             layout = await client.topic(args.topic)
             if args.partition is not None and args.partition >= layout.partitions:
                 raise ProduceUsageError(

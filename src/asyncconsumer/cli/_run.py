@@ -24,7 +24,7 @@ from typing import IO, Any
 import anyio
 import anyio.to_thread
 
-from ..config import parse_host_port, property_option
+from ..config import ConsumerConfig, from_properties, parse_host_port, property_option
 from ..consumer import Consumer
 from ..errors import ConfigError, NoBrokersAvailableError
 from ..structs import TopicPartition
@@ -123,6 +123,15 @@ def _with_property_names(error: ConfigError, properties: Mapping[str, Any]) -> C
         if option != key:
             text = re.sub(rf"(?<![\w.]){re.escape(option)}(?!\w)", key, text)
     return ConfigError(text) if text != str(error) else error
+
+
+def connection_config(properties: Mapping[str, str]) -> ConsumerConfig:
+    """``from_properties``'s config (what ``produce`` takes its connection's security from), its errors
+    naming the properties as the user typed them."""
+    try:
+        return from_properties(properties)
+    except ConfigError as exc:
+        raise _with_property_names(exc, properties) from None
 
 
 def new_consumer(properties: Mapping[str, str], overrides: Mapping[str, Any]) -> Consumer[bytes, bytes]:

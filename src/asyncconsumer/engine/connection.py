@@ -64,7 +64,7 @@ from ..errors import (
 from ..managers.waiter import Waiter
 from ..protocol import api as protocol
 from .buffers import BufferPool
-from .sasl import reauthentication_delay
+from .sasl import SaslMechanism, authenticate, reauthentication_delay
 from .sockets import SocketStream, connect
 
 log = logging.getLogger("asyncconsumer.connection")
@@ -379,6 +379,17 @@ class BrokerConnection:
         return protocol.broker_release(self.api_versions)
 
     # -- requests -------------------------------------------------------------------------------
+
+    async def log_in(self, mechanism: SaslMechanism) -> int:
+        """SaslHandshake, then SaslAuthenticate rounds until ``mechanism`` completes, at the versions
+        this connection negotiated; returns the session lifetime the broker set (ms, 0: none)."""
+        handshake_version = self.choose_version("SaslHandshake")
+        try:
+            authenticate_version: int | None = self.choose_version("SaslAuthenticate")
+        except KafkaError:
+            authenticate_version = None
+        return await authenticate(self.request_version, mechanism, handshake_version=handshake_version,
+                                  authenticate_version=authenticate_version)
 
     async def request_version(self, api: str, version: int, body: Body, extra_timeout: float = 0.0) -> Body:
         """Send one request at a given version and wait for its response.

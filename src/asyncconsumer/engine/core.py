@@ -497,15 +497,4 @@ class LoopCore:
         mechanism = sasl_module.create_mechanism(
             config.sasl_mechanism, config.sasl_plain_username, config.sasl_plain_password, token
         )
-
-        async def request(api: str, version: int, body: dict[str, Any]) -> dict[str, Any]:
-            return await connection.request_version(api, version, body)
-
-        handshake_version = connection.choose_version("SaslHandshake")
-        try:
-            authenticate_version: int | None = connection.choose_version("SaslAuthenticate")
-        except KafkaError:
-            authenticate_version = None
-        return await sasl_module.authenticate(
-            request, mechanism, handshake_version=handshake_version, authenticate_version=authenticate_version
-        )
+        return await connection.log_in(mechanism)
