@@ -293,6 +293,13 @@ class ConsumerConfig:
     def uses_sasl(self) -> bool:
         return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context a connection uses: ``ssl_context``, else one trusting the system's CAs
+        (made at each call); None without TLS."""
+        if not self.uses_tls:
+            return None
+        return self.ssl_context if self.ssl_context is not None else ssl.create_default_context()
+
     @property
     def batch_decompress_limit(self) -> int:
         """The most one compressed batch may decompress to: ``max_batch_decompressed_bytes``, or

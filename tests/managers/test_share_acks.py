@@ -44,7 +44,9 @@ def test_a_polls_records_are_one_run_and_one_batch() -> None:
 
 
 def test_holes_and_types_split_the_runs() -> None:
-    ledger = AckLedger.of([(5, ACCEPT), (6, ACCEPT), (7, RELEASE), (9, ACCEPT), (8, RELEASE)])
+    ledger = AckLedger()
+    for offset, kind in [(5, ACCEPT), (6, ACCEPT), (7, RELEASE), (9, ACCEPT), (8, RELEASE)]:
+        ledger.add(offset, kind)
     assert ledger.batches() == [
         {"first_offset": 5, "last_offset": 6, "acknowledge_types": [ACCEPT]},
         {"first_offset": 7, "last_offset": 8, "acknowledge_types": [RELEASE]},

@@ -235,13 +235,15 @@ def serve(
     """Start, create the topics, print the address, and run until SIGINT/SIGTERM; 0 when stopped so."""
     broker: _Running | None = None
     asked = tuple(dict.fromkeys(listeners))
-    if users and not any(name.startswith("SASL") for name in asked):
+    sasl = any(name.startswith("SASL") for name in asked)
+    if users and not sasl:
         raise BrokerCommandError("--user is for a SASL listener: add --listener SASL_PLAINTEXT or SASL_SSL")
+    # The broker's SASL users: those given, else one with a random password (None: no SASL listener).
+    sasl_users = (dict(users) or {DEFAULT_USER: secrets.token_urlsafe(18)}) if sasl else None
     with _stop_on_signals():
         try:
             chosen = choose_port(port)
-            broker, description = start(
-                kind, chosen, err, asked, dict(users) if users else {DEFAULT_USER: secrets.token_urlsafe(18)})
+            broker, description = start(kind, chosen, err, asked, sasl_users)
             if port is None and chosen is None:
                 listening = broker.bootstrap.rpartition(":")[2]
                 err.write(f"Port {DEFAULT_PORT} is in use (another broker?): listening on port {listening} instead.\n")

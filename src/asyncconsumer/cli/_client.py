@@ -15,14 +15,13 @@ typed errors), one connection per broker, with three requests:
 Keyed records go where Kafka's producer puts them (:func:`partition_for_key`, murmur2 as in
 ``Utils.murmur2``); records without a key go to one partition per batch (as the sticky partitioner
 does).  A ``ConsumerConfig`` given as ``security`` secures the connections as the consumer's are:
-TLS (its ``ssl_context``, or the system's trusted CAs) and a SASL login with PLAIN or SCRAM
+TLS (``ConsumerConfig.tls_context``) and a SASL login with PLAIN or SCRAM
 (OAUTHBEARER is refused: its token cache belongs to the consumer's loop).
 """
 
 from __future__ import annotations
 
 import random
-import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -111,10 +110,8 @@ class ProduceClient:
         self._bootstrap = [parse_host_port(s.strip()) for s in bootstrap.split(",") if s.strip()]
         if not self._bootstrap:
             raise KafkaError("no bootstrap server given")
-        self._ssl_context: ssl.SSLContext | None = None
+        self._ssl_context = security.tls_context() if security is not None else None
         self._sasl: SaslHook | None = None
-        if security is not None and security.uses_tls:
-            self._ssl_context = security.ssl_context or ssl.create_default_context()
         if security is not None and security.uses_sasl:
             if security.sasl_mechanism == "OAUTHBEARER":
                 raise ConfigError("sasl.mechanism OAUTHBEARER: this command logs in with PLAIN or SCRAM only")

@@ -33,10 +33,10 @@ from __future__ import annotations
 
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 
@@ -483,14 +483,9 @@ class NetworkClient:
             return None
         return self._cluster_id, (2**31 - 1 - node_id if node_id > COORDINATOR_IDS else node_id)
 
-    def _ssl_context(self) -> Any:
-        if not self._config.uses_tls:
-            return None
-        if self._config.ssl_context is not None:
-            return self._config.ssl_context
-        import ssl
-
-        return ssl.create_default_context()
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        """A new connection's TLS context (the config's; a seam the certificate tests replace)."""
+        return self._config.tls_context()
 
     @staticmethod
     def _note_closed(health: _NodeHealth, connection: BrokerConnection) -> None:

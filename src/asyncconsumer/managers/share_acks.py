@@ -17,7 +17,7 @@ runs it overlaps, found by bisection, and joins the runs of its type it touches.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from typing import Any
 
@@ -143,11 +143,3 @@ class AckLedger:
         return self.count - sum(
             last - first + 1 for first, last, k in zip(self._firsts, self._lasts, self._kinds, strict=True) if k == GAP
         )
-
-    @classmethod
-    def of(cls, acks: Iterable[tuple[int, int]]) -> AckLedger:
-        """A ledger of ``(offset, kind)`` pairs, in the order given (the last word wins)."""
-        ledger = cls()
-        for offset, kind in acks:
-            ledger.add(offset, kind)
-        return ledger
